@@ -1,0 +1,40 @@
+# The README's two commands:
+#   make demo   set up .venv and run the main job on the embedded default (local backend)
+#   make test   set up .venv, lint, type-check, and run the whole suite on a real 2-node Slurm
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Pinned for this repo's own dev/CI installs: these resolve offline from the machine's wheel
+# cache. Users installing hpc-ddp get the ranges in pyproject.toml instead.
+PINS := torch==2.14.1 torchvision==0.29.1
+
+.PHONY: venv demo test lint unit cluster-up cluster-down bench clean
+
+$(BIN)/hpc-ddp: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(PINS) -e '.[dev]'
+	@touch $@
+
+venv: $(BIN)/hpc-ddp
+
+demo: venv
+	$(BIN)/hpc-ddp submit jobs/quickstart.yaml --backend local --wait
+
+lint: venv
+	$(BIN)/ruff check hpc_ddp tests benchmarks
+	$(BIN)/ruff format --check hpc_ddp tests benchmarks
+	$(BIN)/mypy
+
+# The Slurm suite brings the dev cluster up itself (tests/conftest.py) and takes it down after.
+test: venv lint
+	$(BIN)/pytest -q
+
+unit: venv
+	$(BIN)/pytest -q -m "not slurm"
+
+bench: venv
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,94 @@
+"""Entry point of the ``hpc-ddp`` command: ``main(argv)`` over one small handler per sub-command.
+
+Each handler lives in its own module and is imported only when its sub-command runs, so the
+login-node paths (submit, status, logs, cancel) never pay for torch or submitit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Callable
+
+from hpc_ddp import __version__
+from hpc_ddp.errors import HpcDdpError
+
+# sub-command -> (module under hpc_ddp.cli, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "submit": ("cmd_submit", "validate a job config, render its sbatch script and submit it"),
+    "status": ("cmd_status", "show runs: state, attempts, last checkpoint and loss"),
+    "logs": ("cmd_logs", "print (or follow) a run's logs"),
+    "cancel": ("cmd_cancel", "cancel a run's Slurm job"),
+    "checkpoints": ("cmd_checkpoints", "list a run's checkpoints"),
+    "sweep": ("cmd_sweep", "expand a sweep file into one Slurm job array and submit it"),
+    "results": ("cmd_results", "gather every sweep task's metrics into one table"),
+    "run": ("cmd_run", "on a Slurm task (or local process): run the job in RUN_DIR"),
+    "dev-cluster": ("cmd_devcluster", "a real two-node Slurm on this machine (root, Debian)"),
+}
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole argument parser; each sub-command module adds its own arguments."""
+    parser = argparse.ArgumentParser(
+        prog="hpc-ddp",
+        description="PyTorch DDP on Slurm that survives preemption, time limits and requeues.",
+    )
+    parser.add_argument("--version", action="version", version=f"hpc-ddp {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        sp.set_defaults(_module=module)
+        _load(module).add_arguments(sp)
+    return parser
+
+
+def _load(module: str):  # type: ignore[no-untyped-def]
+    return importlib.import_module(f"hpc_ddp.cli.{module}")
+
+
+def _command_name(argv: list[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI on ``argv`` and return the exit code (2: usage/config, 1: failure)."""
+    argv = sys.argv[1:] if argv is None else argv
+    # Build only the parser of the sub-command asked for: importing every handler would pull
+    # in modules the login-node paths must not load.
+    name = _command_name(argv)
+    parser = build_parser() if name not in COMMANDS else _single_parser(name)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        handler: Handler = _load(args._module).run
+        return handler(args)
+    except HpcDdpError as exc:
+        print(f"hpc-ddp {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+def _single_parser(name: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hpc-ddp")
+    parser.add_argument("--version", action="version", version=f"hpc-ddp {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    module, help_text = COMMANDS[name]
+    sp = sub.add_parser(name, help=help_text, description=help_text)
+    sp.set_defaults(_module=module)
+    _load(module).add_arguments(sp)
+    return parser
+
+
+def entrypoint() -> None:
+    """Console-script wrapper around :func:`main`."""
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""The one exception tree of hpc-ddp.
+
+Every error a user can cause derives from :class:`HpcDdpError`; the CLI maps the tree to exit
+codes (2 for usage and config errors, 1 for failed submissions and runtime failures) and prints
+the message, never a traceback. Messages name the bad value and end with a ``HINT:`` that says
+how to fix it.
+
+    HpcDdpError
+    ├── ConfigError                 a job, site or sweep file is wrong (exit 2)
+    │   └── OverrideError           a KEY=VALUE on the command line is wrong
+    ├── RenderError                 a template could not be rendered (exit 2)
+    ├── SlurmError                  talking to Slurm failed (exit 1)
+    │   ├── SubmissionError         sbatch refused or printed something unparsable
+    │   └── SlurmUnavailableError   no Slurm command on PATH / controller unreachable
+    ├── DistEnvError                the task's environment is inconsistent (exit 1)
+    ├── CheckpointError             no loadable checkpoint where one was required
+    ├── RunDirError                 a run directory is missing or damaged
+    └── DevClusterError             the local dev cluster could not be set up
+"""
+
+from __future__ import annotations
+
+
+class HpcDdpError(Exception):
+    """Base of every error hpc-ddp raises on purpose."""
+
+    exit_code: int = 1
+
+
+class ConfigError(HpcDdpError):
+    """A job, site-profile or sweep file (or an override) is invalid."""
+
+    exit_code = 2
+
+
+class OverrideError(ConfigError):
+    """A ``KEY=VALUE`` override from the command line is malformed or names no key."""
+
+
+class RenderError(HpcDdpError):
+    """The sbatch template could not be found or rendered."""
+
+    exit_code = 2
+
+
+class SlurmError(HpcDdpError):
+    """A Slurm command failed."""
+
+
+class SubmissionError(SlurmError):
+    """``sbatch`` refused the job or printed output that is not a job id."""
+
+
+class SlurmUnavailableError(SlurmError):
+    """Slurm's commands are not on PATH or the controller does not answer."""
+
+
+class DistEnvError(HpcDdpError):
+    """The distributed environment of a task is missing values or contradicts itself."""
+
+
+class CheckpointError(HpcDdpError):
+    """A checkpoint that was required could not be found or loaded."""
+
+
+class RunDirError(HpcDdpError):
+    """A run directory is missing, or its manifest is unreadable."""
+
+
+class DevClusterError(HpcDdpError):
+    """The local development Slurm cluster could not be brought up or down."""

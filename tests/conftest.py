@@ -1,0 +1,87 @@
+"""Shared fixtures: the real dev cluster for tests marked ``slurm``.
+
+The cluster is brought up once per session (``hpc-ddp dev-cluster up``) and taken down at the
+end unless it was already running before the tests started: the machine is left as it was
+found. Under ``CI=true`` a Slurm test that cannot get its cluster fails; elsewhere it skips.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from hpc_ddp import devcluster
+from hpc_ddp.errors import HpcDdpError
+
+REPO = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A running dev cluster and the environment its clients need."""
+
+    state_dir: Path
+    conf: Path
+    env: dict[str, str]
+    hosts_before: str
+
+    def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client command against this cluster."""
+        return subprocess.run(argv, env=self.env, capture_output=True, text=True, check=check)
+
+    def wait_gone(self, job_id: str, timeout_s: float = 60.0) -> None:
+        """Wait until ``job_id`` has left squeue (finished in any state)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            out = self.run("squeue", "-h", "-j", job_id, "-o", "%T", check=False).stdout
+            if not out.strip():
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"job {job_id} still queued after {timeout_s} s")
+
+
+def _unavailable(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(f"CI=true and the dev Slurm cluster is unavailable: {reason}")
+    pytest.skip(f"dev Slurm cluster unavailable: {reason}")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[Cluster]:
+    """The two-node dev cluster (n1, n2), up for the whole session."""
+    if os.geteuid() != 0:
+        _unavailable("the dev cluster needs root")
+    state_dir = devcluster.state_dir_from(os.environ)
+    layout = devcluster.layout_for(state_dir)
+    was_running = devcluster.pid_alive(layout.ctld_pid) is not None
+    hosts_before = devcluster.HOSTS_FILE.read_text()
+    try:
+        result = devcluster.up(state_dir, os.environ)
+    except HpcDdpError as exc:
+        _unavailable(str(exc))
+    previous_conf = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(result.conf)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    yield Cluster(state_dir, result.conf, env, hosts_before)
+    if previous_conf is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = previous_conf
+    if not was_running:
+        devcluster.down(state_dir)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Slurm tests get the cluster fixture without naming it."""
+    del config
+    for item in items:
+        if item.get_closest_marker("slurm") and "slurm_cluster" not in item.fixturenames:  # type: ignore[attr-defined]
+            item.fixturenames.insert(0, "slurm_cluster")  # type: ignore[attr-defined]
