@@ -212,7 +212,8 @@ def _fold(attempts: list[Attempt], event: Any) -> None:
                     message=_opt_str(event.get("message")),
                 )
                 return
-        log.warning("ledger: end of attempt %d without its start; ignored", number)
+        if not any(entry.attempt == number for entry in attempts):
+            log.warning("ledger: end of attempt %d without its start; ignored", number)
     else:
         raise ValueError(f"unknown event {kind!r}")
 

@@ -51,6 +51,10 @@ def _load(module: str):  # type: ignore[no-untyped-def]
     return importlib.import_module(f"hpc_ddp.cli.{module}")
 
 
+def _is_override(arg: str) -> bool:
+    return "=" in arg and not arg.startswith("-")
+
+
 def _command_name(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
@@ -62,7 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     # in modules the login-node paths must not load.
     name = _command_name(argv)
     parser = build_parser() if name not in COMMANDS else _single_parser(name)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # `submit x.yaml --dry-run train.lr=0.1`: argparse stops filling the KEY=VALUE positional
+    # once an option came between; collect such stragglers, refuse anything else.
+    if hasattr(args, "overrides"):
+        args.overrides = [*args.overrides, *(a for a in extra if _is_override(a))]
+        extra = [a for a in extra if not _is_override(a)]
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

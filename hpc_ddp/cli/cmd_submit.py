@@ -1,0 +1,153 @@
+"""``hpc-ddp submit CONFIG [KEY=VALUE ...]``: validate, render, write the run dir, submit.
+
+Exit codes: 0 submitted (or dry run shown), 2 usage or config error, 1 failed submission.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from hpc_ddp.config_load import find_site_profile, load_job_config
+from hpc_ddp.errors import ConfigError
+from hpc_ddp.slurm_client import SlurmClient
+from hpc_ddp.submission import Prepared, materialize, prepare, record, schedule_slurm
+
+RUNS_DIR_ENV = "HPC_DDP_RUNS_DIR"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add this sub-command's arguments."""
+    parser.add_argument("config", help="job config YAML (see jobs/)")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.lr=0.05"
+    )
+    parser.add_argument(
+        "--backend",
+        choices=["auto", "slurm", "local"],
+        default="auto",
+        help="auto: Slurm when sbatch is on PATH, else local processes (default)",
+    )
+    parser.add_argument(
+        "--site", help="site profile YAML (default $HPC_DDP_SITE or ~/.config/hpc-ddp/site.yaml)"
+    )
+    parser.add_argument(
+        "--runs-dir",
+        help=f"where run directories are created (default ${RUNS_DIR_ENV} or ./runs)",
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="print the script and command only")
+    mode.add_argument(
+        "--test-only", action="store_true", help="ask Slurm (sbatch --test-only) if it can run"
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    parser.add_argument("--wait", action="store_true", help="wait until the job has finished")
+
+
+def choose_backend(requested: str, sbatch_path: str | None) -> str:
+    """``auto`` means Slurm when ``sbatch`` is on PATH, else the local backend."""
+    if requested != "auto":
+        return requested
+    return "slurm" if sbatch_path else "local"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Submit (or show) one job."""
+    config_path = Path(args.config)
+    site = find_site_profile(args.site, os.environ, Path.home())
+    cfg = load_job_config(config_path, args.overrides, site_profile=site)
+    backend = choose_backend(args.backend, shutil.which("sbatch"))
+    if backend == "local" and args.test_only:
+        raise ConfigError("--test-only asks Slurm; HINT: use --backend slurm on a Slurm cluster.")
+    client = SlurmClient()
+    runs_dir = Path(args.runs_dir or os.environ.get(RUNS_DIR_ENV) or "runs")
+    prepared = prepare(
+        cfg,
+        config_path=config_path,
+        runs_dir=runs_dir,
+        python=sys.executable,
+        invocation=["hpc-ddp", "submit", *sys.argv[2:]]
+        if sys.argv[1:2] == ["submit"]
+        else ["hpc-ddp", "submit", args.config, *args.overrides],
+        client=client,
+    )
+    if args.dry_run:
+        return _show_dry_run(prepared, backend, args.json)
+    if args.test_only:
+        return _test_only(prepared, client)
+    if backend == "local":
+        return _submit_local(prepared, args)
+    manifest = schedule_slurm(prepared, client)
+    _report(prepared, "slurm", manifest.job_id, args.json)
+    if args.wait:
+        from hpc_ddp.cli.cmd_status import wait_for_jobs
+
+        return wait_for_jobs(client, [manifest.job_id or ""])
+    return 0
+
+
+def _show_dry_run(prepared: Prepared, backend: str, as_json: bool) -> int:
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "backend": backend,
+                    "run_dir": str(prepared.paths.root),
+                    "command": list(prepared.sbatch_argv),
+                    "script": prepared.script,
+                }
+            )
+        )
+    else:
+        print(prepared.script, end="")
+        print(f"# backend: {backend}; would run: {' '.join(prepared.sbatch_argv)}")
+        print(f"# run directory: {prepared.paths.root}")
+    return 0
+
+
+def _test_only(prepared: Prepared, client: SlurmClient) -> int:
+    materialize(prepared)
+    try:
+        message = client.submit(prepared.paths.script, test_only=True).message
+    finally:
+        shutil.rmtree(prepared.paths.root, ignore_errors=True)
+    print(message)
+    return 0
+
+
+def _submit_local(prepared: Prepared, args: argparse.Namespace) -> int:
+    from hpc_ddp.local_backend import submit_local, wait_local
+
+    materialize(prepared)
+    job = submit_local(prepared.cfg, prepared.paths)
+    record(prepared, backend="local", job_id=job.job_id, command=["submitit-local", job.job_id])
+    _report(prepared, "local", job.job_id, args.json)
+    if not args.wait:
+        return 0
+    state = wait_local(job)
+    print(f"local job {job.job_id}: {state}", file=sys.stderr)
+    return 0 if state == "FINISHED" else 1
+
+
+def _report(prepared: Prepared, backend: str, job_id: str | None, as_json: bool) -> None:
+    logs = prepared.paths.logs
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "backend": backend,
+                    "job_id": job_id,
+                    "run_dir": str(prepared.paths.root),
+                    "logs": str(logs),
+                }
+            )
+        )
+        return
+    print(f"submitted {prepared.cfg.name} as {backend} job {job_id}")
+    print(f"  run dir: {prepared.paths.root}")
+    print(f"  logs:    {logs}/ (rank-N.out, rank-N.err)")
+    print(f"  watch:   hpc-ddp status {prepared.paths.root}")
