@@ -1,6 +1,7 @@
 """Login-node speed: ``hpc-ddp submit --dry-run`` against importing submitit and torch.
 
-Target: a dry run faster than ``python -c "import submitit"``. Run: ``python benchmarks/bench_dry_run.py``.
+Target: a dry run faster than ``python -c "import submitit"``.
+Run: ``python -m benchmarks.bench_dry_run``.
 """
 
 from __future__ import annotations

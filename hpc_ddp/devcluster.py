@@ -181,7 +181,11 @@ def wait_idle(layout: ClusterLayout, timeout_s: float = 60.0) -> None:
     env = slurm_env(layout)
     while time.monotonic() < deadline:
         done = subprocess.run(
-            ["sinfo", "-h", "-N", "-o", "%N %t"], env=env, capture_output=True, text=True, check=False
+            ["sinfo", "-h", "-N", "-o", "%N %t"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         states = parse_sinfo_states(done.stdout)
         if all(states.get(n, "").rstrip("*~#") in ("idle", "mix", "alloc") for n in NODE_NAMES):
@@ -189,7 +193,8 @@ def wait_idle(layout: ClusterLayout, timeout_s: float = 60.0) -> None:
         time.sleep(0.2)
     raise DevClusterError(
         f"nodes did not become idle within {timeout_s:.0f} s: {states or 'no answer from sinfo'}. "
-        f"HINT: see {layout.ctld_dir / 'slurmctld.log'} and {layout.state_dir / 'nodes'}/*/slurmd.log."
+        f"HINT: see {layout.ctld_dir / 'slurmctld.log'} and "
+        f"{layout.state_dir / 'nodes'}/*/slurmd.log."
     )
 
 
@@ -278,5 +283,7 @@ def status(state_dir: Path) -> tuple[dict[str, int | None], str]:
     pids = {name: pid_alive(path) for name, path in layout.pid_files().items()}
     if pids["slurmctld"] is None:
         return pids, "slurmctld is not running"
-    done = subprocess.run(["sinfo"], env=slurm_env(layout), capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        ["sinfo"], env=slurm_env(layout), capture_output=True, text=True, check=False
+    )
     return pids, (done.stdout or done.stderr).rstrip()

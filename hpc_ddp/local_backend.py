@@ -44,6 +44,10 @@ def run_task(run_dir: str, master_port: int) -> int:
     from hpc_ddp.runtime import run_job
 
     env = submitit.JobEnvironment()
+    # Started from inside a Slurm allocation, the tasks would inherit its job id and ask Slurm
+    # to requeue a job that is not theirs: a local run is not a Slurm job.
+    for key in [k for k in os.environ if k.startswith(("SLURM_", "SLURMD_"))]:
+        del os.environ[key]
     os.environ.update(
         {
             "RANK": str(env.global_rank),

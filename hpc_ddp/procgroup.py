@@ -103,8 +103,8 @@ def init_process_group(
     whose peers never come fails with an error instead of hanging. With ``init_method: env``
     this writes the rank variables into ``os.environ``.
     """
-    import torch  # noqa: PLC0415  (lazy: importing torch takes seconds)
-    import torch.distributed as tdist  # noqa: PLC0415
+    import torch
+    import torch.distributed as tdist
 
     if cfg.init_method not in INIT_METHODS:
         raise DistEnvError(

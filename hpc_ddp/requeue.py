@@ -57,7 +57,8 @@ class Coordinator:
         self.ledger = ledger
         self.cfg = cfg
         self.client = client or SlurmClient()
-        self.under_slurm = dist.job_ref is not None and dist.launcher == "slurm"
+        # Inside a Slurm job, also for a `command:` child that got torchrun-style variables.
+        self.under_slurm = dist.job_ref is not None
         self._ended = False
 
     @property
@@ -123,9 +124,14 @@ class Coordinator:
             if not requested:
                 message += "; the requeue request failed (see the log)"
                 exit_code = 1
-        elif verdict.request_requeue and not decision.requeue and verdict.cause not in (
-            EndCause.CANCELLED,
-            EndCause.FINISHED,
+        elif (
+            verdict.request_requeue
+            and not decision.requeue
+            and verdict.cause
+            not in (
+                EndCause.CANCELLED,
+                EndCause.FINISHED,
+            )
         ):
             exit_code = BUDGET_EXIT_CODE
             message = f"requeue budget exhausted: {decision.reason}"

@@ -28,7 +28,8 @@ def test_conf_has_two_nodes_three_partitions_and_fast_requeue() -> None:
     assert "SlurmctldHost=box(127.0.0.1)" in conf
     nodes = [line for line in conf.splitlines() if line.startswith("NodeName=")]
     assert [n.split()[0] for n in nodes] == ["NodeName=n1", "NodeName=n2"]
-    assert "Port=17001" in nodes[0] and "Port=17002" in nodes[1]
+    assert "Port=17001" in nodes[0]
+    assert "Port=17002" in nodes[1]
     assert all("CPUs=4" in n for n in nodes)
     assert "cred_expire=10" in conf
     parts = {line.split()[0]: line for line in conf.splitlines() if line.startswith("Partition")}
@@ -44,7 +45,8 @@ def test_conf_has_two_nodes_three_partitions_and_fast_requeue() -> None:
 )
 def test_hosts_entry_round_trips(original: str) -> None:
     added = add_hosts_entry(original)
-    assert "127.0.0.1 n1 n2" in added and HOSTS_MARKER in added
+    assert "127.0.0.1 n1 n2" in added
+    assert HOSTS_MARKER in added
     assert add_hosts_entry(added) == added  # idempotent
     expected = original if not original or original.endswith("\n") else original + "\n"
     assert remove_hosts_entry(added) == expected

@@ -161,5 +161,8 @@ def wait_for_jobs(client: SlurmClient, job_ids: Sequence[str], poll_s: float = 1
             states.append(client.show_job(job).get("JobState", "UNKNOWN"))
         except SlurmError:
             states.append("UNKNOWN")
-    print(f"finished: {', '.join(f'{j} {s}' for j, s in zip(job_ids, states))}", file=sys.stderr)
+    print(
+        f"finished: {', '.join(f'{j} {s}' for j, s in zip(job_ids, states, strict=False))}",
+        file=sys.stderr,
+    )
     return 0 if all(s == "COMPLETED" for s in states) else 1

@@ -17,7 +17,9 @@ import torch.distributed as dist
 rank = int(os.environ["SLURM_PROCID"])
 world = int(os.environ["SLURM_NTASKS"])
 nodelist = os.environ["SLURM_STEP_NODELIST"]
-first_node = subprocess.check_output(["scontrol", "show", "hostnames", nodelist], text=True).split()[0]
+first_node = subprocess.check_output(
+    ["scontrol", "show", "hostnames", nodelist], text=True
+).split()[0]
 port = 20000 + int(os.environ["SLURM_JOB_ID"]) % 10000
 dist.init_process_group(
     "gloo",

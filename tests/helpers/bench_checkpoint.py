@@ -1,0 +1,57 @@
+"""Measure what a checkpoint costs the training loop, for the default mlp and resnet18.
+
+Usage: bench_checkpoint.py RUN_DIR [MODEL ...]. One process, CPU, SGD with momentum (so the
+optimizer state is as large as the weights). Prints one JSON line per model: the time
+``Session.checkpoint()`` blocks the training thread (RNG gather + CPU snapshot), the time until
+the file is durable (digest + torch.save + fsync + rename, on the background thread), and the
+file size. Not a test; numbers for the report.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from hpc_ddp.config import JobConfig, TrainConfig
+from hpc_ddp.models import build_model
+from hpc_ddp.session import Session
+
+
+def measure(run_dir: Path, name: str, repeats: int = 3) -> dict[str, object]:
+    cfg = JobConfig(name="bench", train=TrainConfig(model=name, keep_last=2))
+    with Session(run_dir / name, cfg, env={}) as s:
+        model = s.wrap(build_model(cfg.train))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        model(torch.randn(2, 3, 32, 32)).sum().backward()
+        opt.step()
+        s.restore(model=model, optimizer=opt)
+        blocking, durable = [], []
+        for _ in range(repeats):
+            s.progress.step += 1
+            start = time.perf_counter()
+            s.checkpoint()
+            blocking.append(time.perf_counter() - start)
+            s.checkpoint(wait=True)
+            durable.append(time.perf_counter() - start)
+        path = s.paths.checkpoints / f"step-{s.progress.step:08d}.pt"
+        return {
+            "model": name,
+            "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+            "file_mb": path.stat().st_size / 2**20,
+            "blocking_s": min(blocking),
+            "durable_s": min(durable),
+        }
+
+
+def main() -> None:
+    run_dir = Path(sys.argv[1])
+    for name in sys.argv[2:] or ["mlp", "resnet18"]:
+        print(json.dumps(measure(run_dir, name)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""One rank of the stop-flag test: loop over "steps" with a collective each, agree between them.
+
+Writes READY_DIR/rank-<r> once running, then loops until the ranks agree on a stop, and prints
+``{"rank", "step", "signal"}`` as JSON. Rank 1 is slower, so rank 0 is usually blocked inside
+an all-reduce when a signal reaches rank 1.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from hpc_ddp.stopflag import StopFlag
+
+
+def main() -> None:
+    ready_dir = Path(sys.argv[1])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    flag = StopFlag([signal.SIGUSR2, signal.SIGTERM]).install()
+    work = torch.ones(1000)
+    step = 0
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        step += 1
+        dist.all_reduce(work)  # "training": a collective inside every step
+        work.fill_(1.0)
+        if rank == 1:
+            time.sleep(0.002)
+        if step == 20:
+            (ready_dir / f"rank-{rank}").write_text("")
+        if flag.agree() is not None:
+            break
+    flag.close()
+    print(json.dumps({"rank": rank, "step": step, "signal": flag.agreed}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
