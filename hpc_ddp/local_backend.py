@@ -58,6 +58,7 @@ def run_task(run_dir: str, master_port: int) -> int:
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(master_port),
             "HPC_DDP_LOCAL_JOB_ID": str(env.job_id),
+            "HPC_DDP_PER_RANK_LOGS": "1",
         }
     )
     from hpc_ddp.rundir import RunPaths

@@ -114,9 +114,13 @@ class _RankFilter(logging.Filter):
         return True
 
 
-def setup_rank_logging(logger: logging.Logger, rank: int) -> logging.Handler | None:
+def setup_rank_logging(
+    logger: logging.Logger, rank: int, *, every_rank: bool = False
+) -> logging.Handler | None:
     """Rank-tagged lines on stderr from ``logger``: INFO on rank 0, warnings elsewhere.
 
+    ``every_rank`` gives INFO on all ranks: right when each rank writes its own log file
+    (srun ``--output=rank-%t.out``), wrong on a shared terminal where lines would repeat.
     Does nothing (returns None) when the application has configured logging itself.
     """
     if logger.handlers or logging.getLogger().handlers:
@@ -125,5 +129,5 @@ def setup_rank_logging(logger: logging.Logger, rank: int) -> logging.Handler | N
     handler.addFilter(_RankFilter(rank))
     handler.setFormatter(logging.Formatter("%(asctime)s [rank %(rank)s] %(message)s", "%H:%M:%S"))
     logger.addHandler(handler)
-    logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    logger.setLevel(logging.INFO if rank == 0 or every_rank else logging.WARNING)
     return handler

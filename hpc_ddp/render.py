@@ -84,6 +84,13 @@ class RenderContext:
     version: str
     array: str | None = None
     """Slurm array spec (``0-5%2``); each task then runs in ``RUN_DIR/tasks/<index>``."""
+    array_offset: int = 0
+    """Array task ``t`` runs sweep point ``t + array_offset`` (arrays past ``MaxArraySize``).
+
+    The script exports ``HPC_DDP_ARRAY_OFFSET`` for the runtime. Slurm's log-file patterns
+    cannot add, so logs then go through ``RUN_DIR/arrays/<offset>/<t>``, which the caller
+    makes a symlink to ``../../tasks/<t + offset>``.
+    """
 
 
 def default_template_text() -> str:
@@ -225,7 +232,8 @@ def template_variables(cfg: JobConfig, ctx: RenderContext) -> dict[str, Any]:
         "setup": list(cfg.env.setup),
         "env_vars": list(cfg.env.vars),
         "sweep_dir_expr": run_dir if ctx.array else None,
-        "run_dir_expr": f'{run_dir}/tasks/"$SLURM_ARRAY_TASK_ID"' if ctx.array else run_dir,
+        "run_dir_expr": _run_dir_expr(ctx, run_dir),
+        "array_offset": ctx.array_offset if ctx.array else 0,
         "srun_args": srun_args(cfg, ctx),
         "launcher": launcher_argv(cfg),
         "task_argv": [ctx.python, "-m", "hpc_ddp", "run", ctx.run_dir],
@@ -234,7 +242,7 @@ def template_variables(cfg: JobConfig, ctx: RenderContext) -> dict[str, Any]:
 
 def srun_args(cfg: JobConfig, ctx: RenderContext) -> list[str]:
     """The step's srun options (unquoted argv)."""
-    logs = _escape_pattern(ctx.run_dir) + ("/tasks/%a/logs" if ctx.array else "/logs")
+    logs = _log_dir_pattern(ctx)
     args = [
         "--kill-on-bad-exit=1",
         "--cpu-bind=none",
@@ -273,11 +281,33 @@ def launcher_argv(cfg: JobConfig) -> list[str]:
     return [*argv, *container.options, container.image]
 
 
-def _batch_log_pattern(ctx: RenderContext) -> tuple[str, str]:
+def _run_dir_expr(ctx: RenderContext, run_dir: str) -> str:
+    """The task's run directory as a shell word (``run_dir`` is already quoted)."""
+    if not ctx.array:
+        return run_dir
+    if isinstance(ctx.array_offset, bool) or not isinstance(ctx.array_offset, int):
+        raise RenderError(f"array_offset must be an integer, got {ctx.array_offset!r}")
+    if ctx.array_offset < 0:
+        raise RenderError(f"array_offset must not be negative, got {ctx.array_offset}")
+    if ctx.array_offset:
+        return f'{run_dir}/tasks/"$((SLURM_ARRAY_TASK_ID + {ctx.array_offset}))"'
+    return f'{run_dir}/tasks/"$SLURM_ARRAY_TASK_ID"'
+
+
+def _log_dir_pattern(ctx: RenderContext) -> str:
+    """The logs directory as a Slurm filename pattern (``%a``: the array task id)."""
     run_dir = _escape_pattern(ctx.run_dir)
+    if not ctx.array:
+        return f"{run_dir}/logs"
+    if ctx.array_offset:
+        return f"{run_dir}/arrays/{ctx.array_offset}/%a/logs"
+    return f"{run_dir}/tasks/%a/logs"
+
+
+def _batch_log_pattern(ctx: RenderContext) -> tuple[str, str]:
     if ctx.array:
-        return f"{run_dir}/tasks/%a/logs", "batch-%A_%a"
-    return f"{run_dir}/logs", "batch-%j"
+        return _log_dir_pattern(ctx), "batch-%A_%a"
+    return _log_dir_pattern(ctx), "batch-%j"
 
 
 def _escape_pattern(path: str) -> str:

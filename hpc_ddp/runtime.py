@@ -76,9 +76,8 @@ def run_command(cfg: JobConfig, paths: RunPaths, env: Mapping[str, str]) -> int:
         "MASTER_PORT": str(port),
         "HPC_DDP_RUN_DIR": str(paths.root),
     }
-    # The child is told the port is settled: it must not probe and publish one again.
-    child_env["HPC_DDP_PORT_RESOLVED"] = "1"
-    proc = subprocess.Popen(list(cfg.command), env=child_env, cwd=env.get("PWD") or None)
+    # With MASTER_PORT set, the child's session takes the port as given (launcher-set).
+    proc = subprocess.Popen(list(cfg.command), env=child_env)
 
     def forward(signum: int, frame: object) -> None:
         del frame

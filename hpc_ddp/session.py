@@ -67,6 +67,8 @@ from hpc_ddp.stopflag import StopFlag
 log = logging.getLogger("hpc_ddp")
 
 RUN_DIR_ENV = "HPC_DDP_RUN_DIR"
+PER_RANK_LOGS_ENV = "HPC_DDP_PER_RANK_LOGS"
+"""Set to 1 where every rank has its own log file (the rendered script, the local backend)."""
 DEFAULT_RUN_DIR = "hpc-ddp-run"
 REQUEUE_EXIT_CODE = 0
 
@@ -174,7 +176,9 @@ class Session:
         if self.dist.launcher != "slurm":
             signals.append(signal.SIGINT)  # a person at a terminal; srun handles ^C itself
         self.stop_flag = StopFlag(signals).install()  # before anything slow: no window unguarded
-        self._log_handler = setup_rank_logging(log, self.dist.rank)
+        self._log_handler = setup_rank_logging(
+            log, self.dist.rank, every_rank=self.env.get(PER_RANK_LOGS_ENV) == "1"
+        )
         try:
             info = init_process_group(self.dist, self.config.dist, self.run_dir, self.env)
         except BaseException:

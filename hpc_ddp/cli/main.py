@@ -74,10 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         extra = [a for a in extra if not _is_override(a)]
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    if args.command != "run":
+        # On the tasks the session sets up rank-aware logging (INFO on rank 0 only).
+        logging.basicConfig(
+            level=logging.DEBUG if args.verbose else logging.INFO,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
     try:
         handler: Handler = _load(args._module).run
         return handler(args)

@@ -1,0 +1,60 @@
+"""``hpc-ddp checkpoints RUN_DIR [--json] [--verify]``: step, epoch, time, size, weights digest."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from tabulate import tabulate
+
+from hpc_ddp.errors import RunDirError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add this sub-command's arguments."""
+    parser.add_argument("run_dir", help="the run directory")
+    parser.add_argument("--json", action="store_true", help="print one JSON list")
+    parser.add_argument(
+        "--verify", action="store_true", help="recompute each digest from the tensors"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """List the checkpoints (this command imports torch: it reads the files)."""
+    from hpc_ddp.checkpoint import list_checkpoints
+
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir}: no such run directory.")
+    infos = list_checkpoints(run_dir, verify=args.verify)
+    rows = [
+        {
+            "path": str(i.path),
+            "step": i.step,
+            "epoch": i.epoch,
+            "time": i.time,
+            "size": i.size,
+            "weights_digest": i.weights_digest,
+            "error": i.error,
+        }
+        for i in infos
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = [
+        [
+            Path(r["path"]).name,
+            r["step"],
+            r["epoch"],
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["time"])) if r["time"] else "-",
+            f"{r['size'] / 1e6:.1f} MB",
+            (r["weights_digest"] or "-")[:16],
+            r["error"] or "ok",
+        ]
+        for r in rows
+    ]
+    print(tabulate(table, headers=["file", "step", "epoch", "saved", "size", "digest", "state"]))
+    return 1 if rows and rows[-1]["error"] else 0
