@@ -46,15 +46,15 @@ def run(args: argparse.Namespace) -> int:
         return 0
     table = [
         [
-            Path(r["path"]).name,
-            r["step"],
-            r["epoch"],
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["time"])) if r["time"] else "-",
-            f"{r['size'] / 1e6:.1f} MB",
-            (r["weights_digest"] or "-")[:16],
-            r["error"] or "ok",
+            i.path.name,
+            i.step,
+            i.epoch,
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.time)) if i.time else "-",
+            f"{i.size / 1e6:.1f} MB",
+            (i.weights_digest or "-")[:16],
+            i.error or "ok",
         ]
-        for r in rows
+        for i in infos
     ]
     print(tabulate(table, headers=["file", "step", "epoch", "saved", "size", "digest", "state"]))
-    return 1 if rows and rows[-1]["error"] else 0
+    return 1 if infos and infos[-1].error else 0
