@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,8 +85,26 @@ def submit_local(cfg: JobConfig, paths: RunPaths) -> LocalJob:
     return LocalJob(job_id=str(job.job_id), handle=job)
 
 
-def wait_local(job: LocalJob, poll_s: float = 0.5) -> str:
-    """Wait until a local job ends; returns submitit's final state string."""
+def wait_local(job: LocalJob, follow: Path | None = None, poll_s: float = 0.5) -> str:
+    """Wait until a local job ends, copying ``follow`` (a log file) to stderr meanwhile.
+
+    Returns submitit's final state string.
+    """
+    offset = 0
+
+    def copy_new() -> None:
+        nonlocal offset
+        if follow is None or not follow.exists():
+            return
+        with follow.open("rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+        offset += len(chunk)
+        sys.stderr.write(chunk.decode(errors="replace"))
+        sys.stderr.flush()
+
     while not job.handle.done():
+        copy_new()
         time.sleep(poll_s)
+    copy_new()
     return str(job.handle.state)

@@ -128,7 +128,7 @@ def _submit_local(prepared: Prepared, args: argparse.Namespace) -> int:
     _report(prepared, "local", job.job_id, args.json)
     if not args.wait:
         return 0
-    state = wait_local(job)
+    state = wait_local(job, follow=prepared.paths.rank_log(0, "err"))
     print(f"local job {job.job_id}: {state}", file=sys.stderr)
     return 0 if state == "FINISHED" else 1
 
