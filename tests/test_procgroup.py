@@ -215,7 +215,8 @@ def test_ranks_form_a_group_and_all_reduce(tmp_path: Path, method: str, world: i
     else:
         assert url == f"file://{tmp_path}/rendezvous/pg.{job}.0"
         assert {r["port"] for r in got} == {None}
-        assert not Path(url[len("file://") :]).exists()  # the store cleans up after itself
+        # Whether torch's FileStore has unlinked its file by now is a race inside torch, not
+        # a promise of ours: stores are named per attempt and never reused.
 
 
 @pytest.mark.torch

@@ -18,7 +18,8 @@ from typing import Any
 from tabulate import tabulate
 
 from hpc_ddp.errors import RunDirError, SlurmError
-from hpc_ddp.ledger import Attempt, read_ledger
+from hpc_ddp.ledger import Attempt, EndCause, read_ledger
+from hpc_ddp.postmortem import failed_rank
 from hpc_ddp.rundir import RunPaths, checkpoint_steps, last_metric, read_manifest
 from hpc_ddp.slurm_client import SlurmClient
 
@@ -80,6 +81,22 @@ def _fmt_elapsed(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+_FAILED_STATES = frozenset({"FAILED", "NODE_FAIL", "OUT_OF_MEMORY"})
+
+
+def _failed_rank(paths: RunPaths, state: str, attempts: list[Attempt]) -> str | None:
+    """srun's account of the rank that failed first, for a run whose last attempt crashed.
+
+    A rank killed outright leaves no word of its own; the ledger then holds a peer's
+    "connection reset", which names the wrong rank. srun's log names the right one.
+    """
+    crashed = bool(attempts) and attempts[-1].cause in (None, EndCause.CRASH)
+    if state not in _FAILED_STATES or not crashed:
+        return None
+    failure = failed_rank(paths.logs)
+    return None if failure is None else failure.describe()
+
+
 def run_status(run_dir: Path, client: SlurmClient, live: dict[str, Any]) -> dict[str, Any]:
     """One status row (a plain dict) for ``run_dir``; ``live`` is squeue's view by job id."""
     manifest = read_manifest(run_dir)
@@ -112,6 +129,7 @@ def run_status(run_dir: Path, client: SlurmClient, live: dict[str, Any]) -> dict
         "causes": ",".join(a.cause.value if a.cause else "running" for a in attempts) or "-",
         "ckpt step": steps[-1] if steps else None,
         "loss": last_metric(paths, "loss"),
+        "failed_rank": _failed_rank(paths, state, attempts),
         "attempt_list": [
             {
                 "attempt": a.attempt,
@@ -143,6 +161,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"no runs under {runs_dir}", file=sys.stderr)
         return 0
     print(tabulate([[r[c] for c in COLUMNS] for r in rows], headers=COLUMNS))
+    for r in rows:
+        if r["failed_rank"]:
+            print(f"{r['run']}: failed first: {r['failed_rank']} (srun, in logs/batch-*.err)")
     if args.attempts:
         for r in rows:
             print(f"\n{r['run']}")
