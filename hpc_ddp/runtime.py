@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -62,8 +63,6 @@ def run_command(cfg: JobConfig, paths: RunPaths, env: Mapping[str, str]) -> int:
     and HPC_DDP_RUN_DIR; stop signals are forwarded to it, and it is expected to use
     ``hpc_ddp.session()`` for checkpoints and requeue.
     """
-    import signal
-
     from hpc_ddp.distenv import derive_dist_env
     from hpc_ddp.ports import resolve_master_port
 
@@ -94,6 +93,9 @@ def run_job(run_dir: Path, env: Mapping[str, str]) -> int:
 
     paths = RunPaths(task_run_dir(run_dir, env))
     cfg = load_resolved_config(paths.config)
+    # Before torch is imported: one intra-op thread per CPU Slurm gave this task, not one per
+    # core of the node (which oversubscribes a shared node and slows every rank).
+    os.environ.setdefault("OMP_NUM_THREADS", env.get("SLURM_CPUS_PER_TASK", "1"))
     if cfg.command:
         return run_command(cfg, paths, env)
     from hpc_ddp.session import RequeueExit, Session
@@ -110,7 +112,13 @@ def run_job(run_dir: Path, env: Mapping[str, str]) -> int:
         with Session(paths.root, cfg, env) as session:
             run_training(cfg, session)
     except RequeueExit as stop:
-        return int(stop.code or 0)
+        code = int(stop.code or 0)
+        if code:
+            # Every rank leaves with this code; srun (--kill-on-bad-exit) SIGTERMs the ranks
+            # still shutting down, and Python restores default handlers at exit: a late rank
+            # would die of it and turn the job's exit code 3 into 143.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        return code
     return 0
 
 
