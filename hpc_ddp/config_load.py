@@ -204,15 +204,16 @@ def load_job_config(
 
 def job_config_to_dict(cfg: JobConfig) -> dict[str, Any]:
     """A plain, YAML-able mapping of every field; :func:`job_config_from_dict` inverts it."""
-    out: dict[str, Any] = _to_plain(cfg, "")
+    out: dict[str, Any] = to_plain(cfg, "")
     return out
 
 
-def _to_plain(value: Any, key: str) -> Any:
+def to_plain(value: Any, key: str) -> Any:
+    """``value`` (a config dataclass or field at dotted ``key``) as plain YAML-able data."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         prefix = f"{key}." if key else ""
         return {
-            f.name: _to_plain(getattr(value, f.name), f"{prefix}{f.name}")
+            f.name: to_plain(getattr(value, f.name), f"{prefix}{f.name}")
             for f in dataclasses.fields(value)
         }
     if key in PAIR_KEYS:
@@ -224,7 +225,7 @@ def _to_plain(value: Any, key: str) -> Any:
 
 def dump_job_config(cfg: JobConfig) -> str:
     """The resolved config as YAML text (what ``RUN_DIR/config.yaml`` holds)."""
-    return dump_yaml(_to_plain(cfg, ""))
+    return dump_yaml(to_plain(cfg, ""))
 
 
 def load_resolved_config(path: Path) -> JobConfig:

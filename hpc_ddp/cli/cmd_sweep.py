@@ -1,0 +1,258 @@
+"""``hpc-ddp sweep SWEEP_FILE [KEY=VALUE ...]``: expand, validate, write one sweep directory,
+submit one job array. ``hpc-ddp sweep --resubmit-failed SWEEP_DIR``: submit the failed tasks again.
+
+Exit codes: 0 submitted (or shown), 2 usage or config error, 1 failed submission.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from hpc_ddp.config_load import find_site_profile
+from hpc_ddp.errors import ConfigError, SlurmError
+from hpc_ddp.rundir import new_run_dir
+from hpc_ddp.slurm_client import SlurmClient
+from hpc_ddp.sweep import SweepSpec, load_sweep
+from hpc_ddp.sweep_submit import (
+    SLURM_DEFAULT_MAX_ARRAY_SIZE,
+    PreparedArray,
+    prepare_sweep,
+    resubmit_failed,
+    submit_sweep,
+    sweep_name,
+)
+
+RUNS_DIR_ENV = "HPC_DDP_RUNS_DIR"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add this sub-command's arguments."""
+    parser.add_argument("sweep_file", nargs="?", help="sweep YAML (a base job plus `sweep:`)")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="dotted overrides of the base job, e.g. slurm.time=30 (swept keys win)",
+    )
+    parser.add_argument(
+        "--resubmit-failed",
+        metavar="SWEEP_DIR",
+        help="submit the failed and cancelled tasks of SWEEP_DIR again, in their directories",
+    )
+    parser.add_argument(
+        "--site", help="site profile YAML (default $HPC_DDP_SITE or ~/.config/hpc-ddp/site.yaml)"
+    )
+    parser.add_argument(
+        "--runs-dir",
+        help=f"where the sweep directory is created (default ${RUNS_DIR_ENV} or ./runs)",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the points and the script; submit nothing"
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Submit (or show) a sweep, or resubmit its failed tasks."""
+    invocation = ["hpc-ddp", "sweep", *sys.argv[2:]] if sys.argv[1:2] == ["sweep"] else []
+    client = SlurmClient()
+    if args.resubmit_failed:
+        if args.sweep_file or args.overrides:
+            raise ConfigError(
+                "--resubmit-failed takes a sweep directory and nothing else. HINT: "
+                f"hpc-ddp sweep --resubmit-failed {shlex.quote(args.resubmit_failed)}"
+            )
+        return _resubmit(Path(args.resubmit_failed), client, invocation, args)
+    if not args.sweep_file:
+        raise ConfigError(
+            "no sweep file given. HINT: hpc-ddp sweep SWEEP_FILE [KEY=VALUE ...] "
+            "(see jobs/sweep-lr.yaml), or --resubmit-failed SWEEP_DIR"
+        )
+    sweep_file = Path(args.sweep_file)
+    site = find_site_profile(args.site, os.environ, Path.home())
+    spec = load_sweep(sweep_file, args.overrides, site)
+    runs_dir = Path(args.runs_dir or os.environ.get(RUNS_DIR_ENV) or "runs")
+    invocation = invocation or ["hpc-ddp", "sweep", args.sweep_file, *args.overrides]
+    if args.dry_run:
+        return _dry_run(
+            spec,
+            sweep_file=sweep_file,
+            runs_dir=runs_dir,
+            client=client,
+            invocation=invocation,
+            as_json=args.json,
+        )
+    submission = submit_sweep(
+        spec,
+        sweep_file=sweep_file,
+        runs_dir=runs_dir,
+        python=sys.executable,
+        invocation=invocation,
+        client=client,
+    )
+    sweep_dir = submission.sweep_dir
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "sweep_dir": str(sweep_dir),
+                    "points": len(spec.points),
+                    "array_jobs": [r.job_id for r in submission.arrays],
+                    "arrays": [
+                        {"job_id": r.job_id, "points": r.points, "array": r.array}
+                        for r in submission.arrays
+                    ],
+                }
+            )
+        )
+        return 0
+    arrays = submission.arrays
+    print(
+        f"submitted sweep {sweep_name(spec)}: {len(spec.points)} points as "
+        + ", ".join(f"array job {r.job_id} (--array={r.array})" for r in arrays)
+    )
+    print(f"  sweep dir: {sweep_dir}")
+    print(f"  tasks:     {sweep_dir}/tasks/<index>/ (config.yaml, logs/, metrics.jsonl)")
+    print(f"  watch:     hpc-ddp status {sweep_dir}   (squeue -j {arrays[0].job_id})")
+    print(f"  results:   hpc-ddp results {sweep_dir}")
+    return 0
+
+
+def points_table(spec: SweepSpec) -> str:
+    """The points as a table: index, name and each swept key (blank where a point leaves it)."""
+    keys = list(dict.fromkeys(k for p in spec.points for k, _ in p.overrides))
+    rows = []
+    for p in spec.points:
+        values = dict(p.overrides)
+        rows.append(
+            [p.index, p.config.name, *(_cell(values[k]) if k in values else "" for k in keys)]
+        )
+    return tabulate(rows, headers=["#", "name", *keys], disable_numparse=True)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, tuple):
+        return json.dumps(list(value))
+    return str(value)
+
+
+def _dry_run(
+    spec: SweepSpec,
+    *,
+    sweep_file: Path,
+    runs_dir: Path,
+    client: SlurmClient,
+    invocation: list[str],
+    as_json: bool,
+) -> int:
+    name = sweep_name(spec)
+    now = datetime.now(timezone.utc)
+    sweep_dir = new_run_dir(runs_dir.resolve(), name, now.strftime("%Y%m%d-%H%M%S"))
+    try:
+        max_array_size, note = client.max_array_size(), ""
+    except SlurmError:
+        max_array_size = SLURM_DEFAULT_MAX_ARRAY_SIZE
+        note = f"# Slurm not reachable: assumed MaxArraySize={max_array_size} (Slurm's default)"
+    arrays = prepare_sweep(
+        spec,
+        sweep_file=sweep_file,
+        sweep_dir=sweep_dir,
+        max_array_size=max_array_size,
+        python=sys.executable,
+        invocation=invocation,
+        client=client,
+        now=now,
+    )
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "sweep_dir": str(sweep_dir),
+                    "metric": {"name": spec.metric, "mode": spec.mode},
+                    "max_parallel": spec.max_parallel,
+                    "points": [
+                        {"index": p.index, "name": p.config.name, "overrides": dict(p.overrides)}
+                        for p in spec.points
+                    ],
+                    "arrays": [_array_json(a) for a in arrays],
+                }
+            )
+        )
+        return 0
+    print(points_table(spec))
+    print()
+    _print_arrays(arrays)
+    throttle = f", at most {spec.max_parallel} at once" if spec.max_parallel else ""
+    print(f"# {len(spec.points)} points in {len(arrays)} job array(s){throttle}")
+    print(f"# ranked by {spec.metric} ({spec.mode})")
+    print(f"# sweep directory: {sweep_dir}")
+    if note:
+        print(note)
+    return 0
+
+
+def _array_json(a: PreparedArray) -> dict[str, Any]:
+    return {
+        "points": list(a.plan.points),
+        "offset": a.plan.offset,
+        "array": a.array,
+        "script_name": a.script_name,
+        "script": a.script,
+        "command": list(a.argv),
+    }
+
+
+def _print_arrays(arrays: list[PreparedArray]) -> None:
+    for a in arrays:
+        if len(arrays) > 1:
+            print(f"# ---- {a.script_name}: --array={a.array}, task t runs point t+{a.plan.offset}")
+        print(a.script, end="")
+        print(f"# would run: {shlex.join(a.argv)}")
+
+
+def _resubmit(
+    sweep_dir: Path, client: SlurmClient, invocation: list[str], args: argparse.Namespace
+) -> int:
+    result = resubmit_failed(
+        sweep_dir,
+        client=client,
+        python=sys.executable,
+        invocation=invocation or ["hpc-ddp", "sweep", "--resubmit-failed", str(sweep_dir)],
+        dry_run=args.dry_run,
+    )
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "sweep_dir": str(sweep_dir),
+                    "points": result.points,
+                    "array_jobs": [r.job_id for r in result.records],
+                    "arrays": [_array_json(a) for a in result.arrays] if args.dry_run else [],
+                }
+            )
+        )
+        return 0
+    if not result.points:
+        print(f"nothing to resubmit: no task of {sweep_dir} has failed or been cancelled")
+        return 0
+    listed = ", ".join(map(str, result.points))
+    if args.dry_run:
+        print(f"# would resubmit {len(result.points)} task(s): {listed}")
+        _print_arrays(result.arrays)
+        return 0
+    jobs = ", ".join(f"array job {r.job_id} (--array={r.array})" for r in result.records)
+    print(f"resubmitted {len(result.points)} task(s) of {sweep_dir} ({listed}) as {jobs}")
+    print(f"  watch:   hpc-ddp status {sweep_dir}")
+    print(f"  results: hpc-ddp results {sweep_dir}")
+    return 0
