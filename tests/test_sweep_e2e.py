@@ -9,8 +9,6 @@ Each task imports torch and trains the quickstart MLP on two fake nodes: a few m
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,21 +17,13 @@ import pytest
 
 from hpc_ddp.results import parse_index_ranges
 from tests.conftest import Cluster
+from tests.e2e_util import hpc
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parent.parent
 ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "COMPLETING", "CONFIGURING",
           "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT"}  # fmt: skip
-
-
-def hpc(cluster: Cluster, *argv: str) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "hpc_ddp", *argv],
-        cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    return proc
 
 
 def tasks(cluster: Cluster, job_ids: list[str]) -> list[tuple[str, str]]:
@@ -107,6 +97,8 @@ def test_sweep_runs_as_one_throttled_array_requeues_one_task_and_ranks_results(
     assert all(n == 1 for i, n in attempts.items() if i != 1), attempts
     table = hpc(slurm_cluster, "results", sweep_dir).stdout
     assert "6 tasks: 6 finished" in table
+    status = hpc(slurm_cluster, "status", sweep_dir).stdout
+    assert "6 tasks: 6 finished" in status
 
 
 def test_resubmit_failed_reruns_exactly_the_failed_task(

@@ -153,6 +153,9 @@ def run(args: argparse.Namespace) -> int:
         live: dict[str, Any] = client.job_states(job_ids) if job_ids else {}
     except SlurmError:
         live = {}
+    sweeps = [d for d in dirs if (d / "tasks").is_dir()]
+    if sweeps:
+        return _show_sweeps(sweeps, client, args)
     rows = [run_status(d, client, live) for d in dirs]
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -187,3 +190,27 @@ def wait_for_jobs(client: SlurmClient, job_ids: Sequence[str], poll_s: float = 1
         file=sys.stderr,
     )
     return 0 if all(s == "COMPLETED" for s in states) else 1
+
+
+def _show_sweeps(sweeps: list[Path], client: SlurmClient, args: argparse.Namespace) -> int:
+    """A compact per-state count for each sweep; every task's row with ``--attempts``."""
+    from hpc_ddp.results import gather_results, row_dict, sweep_summary
+
+    out = []
+    for sweep_dir in sweeps:
+        jobs = read_manifest(sweep_dir).array_jobs
+        try:
+            live: dict[str, Any] | None = client.job_states(jobs) if jobs else {}
+        except SlurmError:
+            live = None  # states from the ledgers alone, not from an empty queue
+        rows = gather_results(sweep_dir, live)
+        out.append((sweep_dir, sweep_summary(rows), [row_dict(r) for r in rows]))
+    if args.json:
+        print(json.dumps([{"sweep": str(d), "summary": s, "tasks": t} for d, s, t in out]))
+        return 0
+    for sweep_dir, summary, tasks in out:
+        counts = ", ".join(f"{n} {state}" for state, n in summary.items() if n)
+        print(f"{sweep_dir}: {len(tasks)} tasks: {counts}")
+        if args.attempts:
+            print(tabulate(tasks, headers="keys"))
+    return 0
