@@ -13,7 +13,7 @@ PINS := torch==2.14.1 torchvision==0.29.1
 $(BIN)/hpc-ddp: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q $(PINS) -e '.[dev]'
+	$(BIN)/pip install -q $(PINS) -e '.[dev,plot]'
 	@touch $@
 
 venv: $(BIN)/hpc-ddp
