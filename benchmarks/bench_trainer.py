@@ -1,0 +1,425 @@
+"""Trainer speed against a hand-written DDP loop, and checkpoint time against the disk.
+
+(a) The same model, synthetic data and per-rank batch through hpc-ddp's built-in trainer
+(``run_training`` in a :class:`~hpc_ddp.session.Session`, what ``hpc-ddp run`` runs) and through
+the plain loop of :mod:`benchmarks.handwritten_ddp`, on CPU with gloo, 2 real rank processes,
+one thread each. Variants are interleaved within each repeat; samples/s is taken over the same
+number of steps after a warm-up, median of the repeats. Target: hpc-ddp >= 0.97 x the loop.
+
+(b) ``Session.checkpoint()`` for mlp and resnet18 (time the training thread is blocked, and
+time until the file is durable) against ``dd bs=1M conv=fsync`` of the same number of MB in
+the same directory.
+
+Run: ``python -m benchmarks.bench_trainer`` (about 2 minutes on 2 cores). ``--diagnose`` adds
+hpc-ddp variants without the per-step stop agreement, without progress logging and metrics, and
+with DDP's own bucket order, to find where a shortfall comes from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+TARGET = 0.97
+WORLD = 2
+DEFAULT_INTERVAL = 100  # TrainConfig.checkpoint_every's default
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    image_size: int
+    batch: int
+    warmup: int
+    measured: int
+
+
+CASES = (
+    # warm-up + measured steps span steps 100 and 200: the default interval saves twice.
+    Case("mlp", image_size=32, batch=64, warmup=20, measured=200),
+    # ~0.4 s a step on one core: too short a run to reach a default-interval checkpoint.
+    Case("resnet18", image_size=8, batch=16, warmup=2, measured=8),
+)
+BASE = ("handwritten", "hpc-ddp", "hpc-ddp+ckpt")
+DIAGNOSTIC = (
+    "hpc-ddp/no-agree",  # should_stop() never asks the other ranks
+    "hpc-ddp/no-log",  # no progress lines, metrics rows or loss all-reduce
+    "hpc-ddp/not-exact",  # DDP's own bucket order (Session.wrap(exact=False))
+    "hpc-ddp/agree-async",  # proposed fix: the stop all-reduce overlaps the next step
+)
+
+
+def variants(case: Case, diagnose: bool) -> list[str]:
+    out = [v for v in BASE if v != "hpc-ddp+ckpt" or case.warmup + case.measured >= 100]
+    return out + list(DIAGNOSTIC if diagnose else ())
+
+
+# --- worker: one rank -------------------------------------------------------------------------
+
+
+def _timed_session_class() -> Any:
+    from hpc_ddp.session import Session
+
+    class TimedSession(Session):
+        """Records ``perf_counter()`` before step 1 and after each step's boundary work."""
+
+        marks: list[float]
+        agree_marks: list[float]
+        agree = "sync"
+        exact: bool | None = None
+        agree_s = 0.0
+        _pending: Any = None
+        _code: Any = None
+
+        def steps(self, total: int, *, checkpoint_every: int = 0) -> Iterator[int]:
+            self.marks, self.agree_marks = [], []
+            for step in super().steps(total, checkpoint_every=checkpoint_every):
+                self.marks.append(time.perf_counter())
+                self.agree_marks.append(self.agree_s)
+                yield step
+            self.marks.append(time.perf_counter())
+            self.agree_marks.append(self.agree_s)
+
+        def should_stop(self) -> bool:
+            start = time.perf_counter()
+            try:
+                if self.agree == "sync":
+                    return super().should_stop()
+                if self.agree == "async":
+                    return self._should_stop_async()
+                return False
+            finally:
+                self.agree_s += time.perf_counter() - start
+
+        def _should_stop_async(self) -> bool:
+            """What StopFlag.agree could do: wait for the all-reduce started one step ago
+            (finished meanwhile), start this step's; a stop takes effect one step later."""
+            import torch
+            import torch.distributed as dist
+
+            from hpc_ddp.stopflag import decode
+
+            flag = self.stop_flag
+            if flag.agreed is not None:
+                return True
+            if self._pending is not None:
+                self._pending.wait()
+                code = int(self._code[0])
+                if code:
+                    flag._agreed = decode(code)
+                    return True
+            self._code = torch.tensor([flag._code], dtype=torch.int64)
+            self._pending = dist.all_reduce(self._code, op=dist.ReduceOp.MAX, async_op=True)
+            return False
+
+        def close(self, *, keep_signal_handlers: bool = False) -> None:
+            if self._pending is not None and not self._closed:
+                self._pending.wait()
+            super().close(keep_signal_handlers=keep_signal_handlers)
+
+        def wrap(self, model: Any, *, exact: bool | None = None, **kw: Any) -> Any:
+            return super().wrap(model, exact=self.exact if exact is None else exact, **kw)
+
+    return TimedSession
+
+
+def run_one(case: Case, variant: str, run_dir: Path, port: int) -> tuple[list[float], list[float]]:
+    """One training run on this rank: ``perf_counter()`` after step k (index k), and the
+    seconds spent in ``should_stop()`` up to then."""
+    from hpc_ddp.config import JobConfig, TrainConfig
+
+    total = case.warmup + case.measured + 1  # the last step (it logs, saves) is not measured
+    cfg = TrainConfig(
+        model=case.model,
+        image_size=case.image_size,
+        batch_size=case.batch,
+        synthetic_samples=case.batch * WORLD * total,
+        max_steps=total,
+        epochs=None,
+        checkpoint_every=DEFAULT_INTERVAL if variant == "hpc-ddp+ckpt" else 0,
+        log_every=10**9 if variant == "hpc-ddp/no-log" else 10,
+    )
+    if variant == "handwritten":
+        from benchmarks.handwritten_ddp import train_handwritten
+
+        marks = train_handwritten(
+            cfg,
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            init_method=f"tcp://127.0.0.1:{port}",
+            total=total,
+        )
+        return marks, [0.0] * len(marks)
+    from hpc_ddp.trainer import run_training
+
+    session = _timed_session_class()(
+        run_dir, JobConfig(name="bench", train=cfg), {**os.environ, "MASTER_PORT": str(port)}
+    )
+    session.agree = {"hpc-ddp/no-agree": "off", "hpc-ddp/agree-async": "async"}.get(variant, "sync")
+    session.exact = False if variant == "hpc-ddp/not-exact" else None
+    with session:
+        run_training(session.config, session)
+    return session.marks, session.agree_marks
+
+
+def agree_us(port: int, n: int = 500) -> float:
+    """Microseconds per ``StopFlag.agree()`` (the per-step stop all-reduce), 2 ranks."""
+    import torch.distributed as dist
+
+    from hpc_ddp.stopflag import StopFlag
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+    )
+    flag = StopFlag(())
+    for _ in range(50):
+        flag.agree()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(n):
+        flag.agree()
+    out = (time.perf_counter() - start) / n * 1e6
+    dist.destroy_process_group()
+    return out
+
+
+def worker(spec: dict[str, Any]) -> None:
+    ports = iter(int(p) for p in os.environ["BENCH_PORTS"].split(","))
+    rank = int(os.environ["RANK"])
+    base = Path(spec["dir"])
+
+    def emit(row: dict[str, Any]) -> None:
+        if rank == 0:
+            print(json.dumps(row), flush=True)
+
+    for raw in spec["cases"]:
+        case = Case(**raw)
+        names = variants(case, spec["diagnose"])
+        for r in range(spec["repeats"]):
+            order = names[r % len(names) :] + names[: r % len(names)]
+            for variant in order:
+                gc.collect()
+                run_dir = base / f"{case.model}-{variant.replace('/', '-')}-{r}"
+                marks, agreeing = run_one(case, variant, run_dir, next(ports))
+                end, start = case.warmup + case.measured, case.warmup
+                seconds = marks[end] - marks[start]
+                emit(
+                    {
+                        "model": case.model,
+                        "variant": variant,
+                        "repeat": r,
+                        "step_ms": 1000 * seconds / case.measured,
+                        "agree_ms": 1000 * (agreeing[end] - agreeing[start]) / case.measured,
+                        "samples_per_s": case.measured * case.batch * WORLD / seconds,
+                    }
+                )
+    emit({"agree_us": agree_us(next(ports))})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip torch's slow interpreter teardown; everything is flushed
+
+
+# --- parent: launch, checkpoint timing, table -------------------------------------------------
+
+
+def run_training_bench(
+    cases: list[Case], repeats: int, diagnose: bool, work: Path
+) -> list[dict[str, Any]]:
+    from tests.helpers.launch import free_port, start_ranks
+
+    runs = sum(len(variants(c, diagnose)) for c in cases) * repeats + 1
+    ports = ",".join(str(free_port()) for _ in range(runs))
+    spec = {
+        "dir": str(work / "train"),
+        "repeats": repeats,
+        "diagnose": diagnose,
+        "cases": [asdict(c) for c in cases],
+    }
+    ranks = start_ranks(
+        ["-m", "benchmarks.bench_trainer", "--worker", json.dumps(spec)],
+        WORLD,
+        env={"BENCH_PORTS": ports},
+    )
+    results = ranks.wait(timeout=600)
+    for rank, (code, _, err) in enumerate(results):
+        if code != 0:
+            raise SystemExit(f"rank {rank} failed with exit code {code}:\n{err[-3000:]}")
+    return [json.loads(line) for line in results[0][1].splitlines() if line.startswith("{")]
+
+
+def dd_seconds(directory: Path, megabytes: int, repeats: int = 3) -> float:
+    """Best wall time of ``dd if=/dev/zero bs=1M count=MB conv=fsync`` into ``directory``."""
+    target = directory / "dd.bin"
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run(
+            ["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={megabytes}", "conv=fsync"],
+            check=True,
+            capture_output=True,
+        )
+        best = min(best, time.perf_counter() - start)
+        target.unlink()
+    return best
+
+
+def run_checkpoint_bench(work: Path) -> list[dict[str, Any]]:
+    from hpc_ddp.checkpoint import weights_digest
+    from hpc_ddp.config import TrainConfig
+    from hpc_ddp.models import build_model
+    from tests.helpers.bench_checkpoint import measure
+
+    rows = []
+    for name in ("mlp", "resnet18"):
+        row = measure(work / "ckpt", name)
+        mb = math.ceil(float(row["file_mb"]))  # type: ignore[arg-type]
+        row["dd_mb"] = mb
+        row["dd_s"] = dd_seconds(work / "ckpt" / name / "checkpoints", mb)
+        state = build_model(TrainConfig(model=name)).state_dict()
+        start = time.perf_counter()
+        weights_digest(state)
+        row["digest_s"] = time.perf_counter() - start
+        rows.append(row)
+    return rows
+
+
+def _fs_type(path: Path) -> str:
+    out = subprocess.run(
+        ["df", "--output=fstype", str(path)], capture_output=True, text=True, check=False
+    ).stdout.split()
+    return out[-1] if out else "?"
+
+
+def report(
+    train: list[dict[str, Any]], ckpt: list[dict[str, Any]], cases: list[Case], work: Path
+) -> bool:
+    from tabulate import tabulate
+
+    agree = next(r["agree_us"] for r in train if "agree_us" in r)
+    runs = [r for r in train if "variant" in r]
+    ok = True
+    table = []
+    for case in cases:
+        med: dict[str, float] = {}
+        for v in dict.fromkeys(r["variant"] for r in runs if r["model"] == case.model):
+            mine = [r for r in runs if r["model"] == case.model and r["variant"] == v]
+            rates = [r["samples_per_s"] for r in mine]
+            med[v] = statistics.median(rates)
+            in_loop = statistics.median(r["agree_ms"] for r in mine)
+            step_ms = case.batch * WORLD / med[v] * 1000
+            ratio = med[v] / med["handwritten"]
+            if v == "hpc-ddp":
+                ok = ok and ratio >= TARGET
+            table.append(
+                [
+                    f"{case.model} {case.image_size}px b{case.batch}",
+                    v,
+                    f"{med[v]:.0f}",
+                    f"{min(rates):.0f}-{max(rates):.0f}",
+                    f"{step_ms:.1f}",
+                    "" if v == "handwritten" else f"{ratio:.3f}",
+                    "" if v == "handwritten" else f"{in_loop:.2f} ({in_loop / step_ms:.1%})",
+                ]
+            )
+    print(
+        f"\n(a) trainer vs hand-written DDP: {WORLD} ranks, gloo, CPU, OMP_NUM_THREADS=1; "
+        f"median of {len({r['repeat'] for r in runs})} runs each"
+    )
+    print(
+        tabulate(
+            table,
+            headers=[
+                "case",
+                "variant",
+                "samples/s",
+                "range",
+                "ms/step",
+                "ratio",
+                "should_stop ms/step",
+            ],
+        )
+    )
+    print(
+        f"StopFlag.agree alone (one 8-byte all-reduce, back to back, no training): {agree:.0f} us;"
+        " should_stop ms/step is the time spent in it inside the training loop"
+    )
+    for case in cases:
+        steps = ", ".join(str(s) for s in range(100, case.warmup + case.measured + 1, 100))
+        print(
+            f"  {case.model}: warm-up {case.warmup} steps, measured {case.measured}"
+            + (f" (hpc-ddp+ckpt saves at steps {steps})" if steps else "")
+        )
+    rows = []
+    for r in ckpt:
+        dd = float(r["dd_s"])
+        rows.append(
+            [
+                r["model"],
+                f"{float(r['params_m']):.2f}",
+                f"{float(r['file_mb']):.1f}",
+                f"{1000 * float(r['blocking_s']):.1f}",
+                f"{1000 * float(r['durable_s']):.0f}",
+                f"{1000 * float(r['digest_s']):.0f}",
+                f"{r['dd_mb']} MB in {1000 * dd:.0f} ms ({r['dd_mb'] / dd:.0f} MB/s)",
+                f"{float(r['durable_s']) / dd:.2f}",
+            ]
+        )
+    print(f"\n(b) checkpoint vs dd conv=fsync, in {work / 'ckpt'} ({_fs_type(work)}); best of 3")
+    print(
+        tabulate(
+            rows,
+            headers=[
+                "model",
+                "params M",
+                "file MB",
+                "blocking ms",
+                "durable ms",
+                "of which digest",
+                "dd (same MB)",
+                "durable/dd",
+            ],
+        )
+    )
+    print(f"\ntarget hpc-ddp/handwritten >= {TARGET}: {'met' if ok else 'NOT met'}")
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--models", default=",".join(c.model for c in CASES))
+    parser.add_argument("--diagnose", action="store_true", help="add diagnostic variants")
+    parser.add_argument("--dir", type=Path, default=None, help="scratch directory (the disk)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(json.loads(args.worker))
+    wanted = args.models.split(",")
+    cases = [c for c in CASES if c.model in wanted]
+    with tempfile.TemporaryDirectory(prefix="bench-trainer-", dir=args.dir) as tmp:
+        work = Path(tmp)
+        began = time.perf_counter()
+        train = run_training_bench(cases, args.repeats, args.diagnose, work)
+        ckpt = run_checkpoint_bench(work)
+        ok = report(train, ckpt, cases, work)
+        print(f"benchmark wall time {time.perf_counter() - began:.0f} s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
