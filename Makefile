@@ -33,8 +33,9 @@ test: venv lint
 unit: venv
 	$(BIN)/pytest -q -m "not slurm"
 
+# Every benchmark against its targets (exit 1 if one is missed); QUICK=1 for the quickest mode.
 bench: venv
-	$(BIN)/python benchmarks/run_all.py
+	$(BIN)/python benchmarks/run_all.py $(if $(QUICK),--quick)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -14,8 +14,13 @@ what Slurm sends before a time limit) once it has logged step 20, and measured:
 * steps lost: the step last logged when the signal was sent, minus the step the new attempt
   resumed from (0 when the stop came later than the signal, as it should).
 
+Targets (exit 1 when one is missed): hpc-ddp loses no step (the most over all runs is 0); its
+median signal -> stopped and its median restart -> first step are at most submitit's medians.
+``--no-submitit`` checks only the first.
+
 Run from the repository root with the dev cluster up (``hpc-ddp dev-cluster up``):
-``python -m benchmarks.bench_requeue [--repeats 3] [--no-submitit]``.
+``python -m benchmarks.bench_requeue [--repeats 3] [--quick] [--no-submitit]``; ``--quick``: one
+interruption per tool and 60 steps a job instead of 160.
 """
 
 from __future__ import annotations
@@ -33,18 +38,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests import e2e_util as e2e
-from tests.conftest import Cluster
+from benchmarks.cluster import (
+    SLURM,
+    poll,
+    release_if_held,
+    require_dev_cluster,
+    send_signal,
+    state_of,
+    wait_finished,
+)
+from benchmarks.common import REPO, Targets
+from hpc_ddp.ledger import read_ledger
+from hpc_ddp.results import read_metrics
+from hpc_ddp.slurm_client import JobState
 
-DEV_CONF = "/var/lib/hpc-ddp/dev-cluster/slurm.conf"
 SIGNAL_AT_STEP = 20
 TOTAL_STEPS = 160
-TRAIN = [
-    f"train.max_steps={TOTAL_STEPS}",
-    "train.checkpoint_every=50",
-    "train.log_every=1",
-    e2e.STEADY_THREADS,
-]
+QUICK_TOTAL_STEPS = 60
+STEADY_THREADS = 'env.vars={OMP_NUM_THREADS: "1"}'
+"""One intra-op thread per rank: two ranks on a busy 2-core machine keep a steady pace."""
 
 
 @dataclass(frozen=True)
@@ -63,44 +75,71 @@ class Interruption:
     """Steps the stopped attempt still completed after the signal (the stop is at a boundary)."""
 
 
-def _watch_requeue(cluster: Cluster, job_id: str, sent: float) -> tuple[float, float, float]:
+def _watch_requeue(job_id: str, sent: float) -> tuple[float, float, float]:
     """Seconds from ``sent`` until Restarts went up and until the job was PENDING again, and
     the time it was seen RUNNING again (holds released at once)."""
     requeued = stopped = 0.0
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
-        fields = e2e.job_fields(cluster, job_id)
-        now = time.time()
+        fields = SLURM.show_job(job_id)
+        state, now = state_of(fields), time.time()
         if not requeued and int(fields.get("Restarts", "0")) >= 1:
             requeued = now
         if requeued:
-            if not stopped and fields["JobState"] == "PENDING":
+            if not stopped and state is JobState.PENDING:
                 stopped = now
-            if fields["JobState"] == "RUNNING" and stopped:
+            if state is JobState.RUNNING and stopped:
                 return requeued - sent, stopped - sent, now
-            e2e.release_if_held(cluster, job_id, fields)
-        elif fields["JobState"] in e2e.FINAL_STATES:
-            raise RuntimeError(f"job {job_id} ended {fields['JobState']} without a requeue")
+            release_if_held(job_id, fields)
+        elif state.finished:
+            raise RuntimeError(f"job {job_id} ended {state.value} without a requeue")
         time.sleep(0.05)
     raise RuntimeError(f"job {job_id}: no requeue within 180 s")
 
 
-def measure_hpc_ddp(cluster: Cluster, runs: Path) -> Interruption:
+def _last_step(rows: list[dict[str, Any]]) -> int:
+    return max((int(r["step"]) for r in rows if "step" in r), default=0)
+
+
+def _signal_after(metrics: Path, step: int, job_id: str) -> tuple[int, float]:
+    """Once ``metrics`` shows ``step``, send the job USR2; the last step logged then, and when."""
+    poll(f"{metrics}: step {step}", lambda: _last_step(read_metrics(metrics)) >= step, 180)
+    return _last_step(read_metrics(metrics)), send_signal(job_id)
+
+
+def measure_hpc_ddp(runs: Path, total_steps: int) -> Interruption:
     """Submit the quickstart job, interrupt it once, let it finish; the figures."""
-    job = e2e.submit(cluster, runs, "jobs/quickstart.yaml", *TRAIN)
-    e2e.wait_step(job.run_dir, SIGNAL_AT_STEP, timeout_s=180)
-    signalled_at = e2e.last_step(job.run_dir)
-    sent = e2e.signal_job(cluster, job.job_id)
-    to_requeue, to_stopped, running = _watch_requeue(cluster, job.job_id, sent)
-    fields = e2e.wait_done(cluster, job.job_id)
-    if fields["JobState"] != "COMPLETED":
-        raise RuntimeError(f"hpc-ddp job {job.job_id} ended {fields['JobState']}")
-    first, second = e2e.ledger(job.run_dir)[:2]
-    assert first.ended is not None
-    assert second.resumed_from_step is not None
+    overrides = [
+        f"train.max_steps={total_steps}",
+        "train.checkpoint_every=50",
+        "train.log_every=1",
+        STEADY_THREADS,
+    ]
+    argv = [sys.executable, "-m", "hpc_ddp", "submit", "jobs/quickstart.yaml", *overrides]
+    done = subprocess.run(
+        [*argv, "--runs-dir", str(runs), "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"hpc-ddp submit failed ({done.returncode}): {done.stderr}")
+    submitted = json.loads(done.stdout)
+    job_id, run_dir = str(submitted["job_id"]), Path(submitted["run_dir"])
+    signalled_at, sent = _signal_after(run_dir / "metrics.jsonl", SIGNAL_AT_STEP, job_id)
+    to_requeue, to_stopped, running = _watch_requeue(job_id, sent)
+    fields = wait_finished(job_id)
+    if state_of(fields) is not JobState.COMPLETED:
+        raise RuntimeError(f"hpc-ddp job {job_id} ended {fields['JobState']}")
+    first, second = read_ledger(run_dir / "ledger.jsonl")[:2]
+    if first.ended is None or second.resumed_from_step is None:
+        raise RuntimeError(f"{run_dir}/ledger.jsonl: no recorded requeue and resume: {first}")
     resumed = second.resumed_from_step
     step_times = [
-        r["time"] for r in e2e.metric_rows(job.run_dir) if "loss" in r and r["step"] > resumed
+        r["time"]
+        for r in read_metrics(run_dir / "metrics.jsonl")
+        if "loss" in r and r["step"] > resumed
     ]
     return Interruption(
         signal_to_requeue_s=to_requeue,
@@ -190,7 +229,7 @@ class SubmititTrainer:
         return submitit.helpers.DelayedSubmission(self)
 
 
-def measure_submitit(cluster: Cluster, folder: Path) -> Interruption:
+def measure_submitit(folder: Path, total_steps: int) -> Interruption:
     """The same interruption for the submitit job."""
     import submitit
 
@@ -204,24 +243,14 @@ def measure_submitit(cluster: Cluster, folder: Path) -> Interruption:
     # By its importable name, not __main__'s: the nodes unpickle it from the module.
     from benchmarks.bench_requeue import SubmititTrainer as Trainer
 
-    job = executor.submit(Trainer(str(out), TOTAL_STEPS))
+    job = executor.submit(Trainer(str(out), total_steps))
     metrics = out / "metrics.jsonl"
-
-    def rows() -> list[dict[str, Any]]:
-        return e2e.metric_rows(out) if metrics.exists() else []
-
-    e2e.wait_for(
-        f"submitit step {SIGNAL_AT_STEP}",
-        lambda: any(r["step"] >= SIGNAL_AT_STEP for r in rows()),
-        timeout_s=180,
-    )
-    signalled_at = max(r["step"] for r in rows())
-    sent = e2e.signal_job(cluster, job.job_id)
-    to_requeue, to_stopped, running = _watch_requeue(cluster, job.job_id, sent)
-    fields = e2e.wait_done(cluster, job.job_id)
-    if fields["JobState"] != "COMPLETED":
+    signalled_at, sent = _signal_after(metrics, SIGNAL_AT_STEP, job.job_id)
+    to_requeue, to_stopped, running = _watch_requeue(job.job_id, sent)
+    fields = wait_finished(job.job_id)
+    if state_of(fields) is not JobState.COMPLETED:
         raise RuntimeError(f"submitit job {job.job_id} ended {fields['JobState']}")
-    later = [r for r in rows() if r["attempt"] >= 1]
+    later = [r for r in read_metrics(metrics) if r["attempt"] >= 1]
     resumed = later[0]["step"] - 1
     return Interruption(
         signal_to_requeue_s=to_requeue,
@@ -255,27 +284,42 @@ def report(tool: str, runs: list[Interruption]) -> None:
     print(_line("steps run after the signal", [float(r.steps_after_signal) for r in runs], "steps"))
 
 
+def check_targets(ours: list[Interruption], theirs: list[Interruption] | None) -> Targets:
+    """hpc-ddp loses no step, and stops and restarts no slower than submitit (medians)."""
+    targets = Targets()
+    targets.check("hpc-ddp steps lost (most of any run)", max(r.steps_lost for r in ours), "==", 0)
+    if theirs is None:
+        print("(--no-submitit: the comparisons with submitit are not checked)")
+        return targets
+    for label, attr in (
+        ("signal -> stopped", "signal_to_stopped_s"),
+        ("restart -> first step", "restart_to_first_step_s"),
+    ):
+        mine = statistics.median(getattr(r, attr) for r in ours)
+        bound = statistics.median(getattr(r, attr) for r in theirs)
+        name = f"hpc-ddp {label} (median; bound submitit's median)"
+        targets.check(name, mine, "<=", bound, fmt=".2f", unit=" s")
+    return targets
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=3, help="interruptions per tool")
+    parser.add_argument("--repeats", type=int, default=None, help="interruptions per tool")
+    parser.add_argument("--quick", action="store_true", help="1 interruption, shorter jobs")
     parser.add_argument("--no-submitit", action="store_true", help="measure hpc-ddp only")
     args = parser.parse_args(argv)
-    os.environ.setdefault("SLURM_CONF", DEV_CONF)
-    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, check=False)
-    if "UP" not in ping.stdout:
-        print(f"the dev cluster is not up ({ping.stdout.strip() or ping.stderr.strip()}); "
-              "start it with `hpc-ddp dev-cluster up`", file=sys.stderr)  # fmt: skip
+    repeats = args.repeats or (1 if args.quick else 3)
+    total_steps = QUICK_TOTAL_STEPS if args.quick else TOTAL_STEPS
+    if not require_dev_cluster():
         return 1
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
-    cluster = Cluster(Path(DEV_CONF).parent, Path(os.environ["SLURM_CONF"]), env, "")
     tools: dict[str, Callable[[Path], Interruption]] = {
-        "hpc-ddp": lambda d: measure_hpc_ddp(cluster, d),
+        "hpc-ddp": lambda d: measure_hpc_ddp(d, total_steps),
     }
     if not args.no_submitit:
-        tools["submitit Checkpointable"] = lambda d: measure_submitit(cluster, d)
+        tools["submitit Checkpointable"] = lambda d: measure_submitit(d, total_steps)
     results: dict[str, list[Interruption]] = {tool: [] for tool in tools}
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
-        for i in range(args.repeats):
+        for i in range(repeats):
             # Interleaved, each tool first in turn, so neither always meets a warmer machine.
             order = list(tools.items()) if i % 2 == 0 else list(reversed(tools.items()))
             for tool, measure in order:
@@ -283,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{tool} #{i}: {results[tool][-1]}", file=sys.stderr, flush=True)
     for tool, runs in results.items():
         report(tool, runs)
-    return 0
+    targets = check_targets(results["hpc-ddp"], results.get("submitit Checkpointable"))
+    return targets.exit_code()
 
 
 if __name__ == "__main__":

@@ -1,16 +1,67 @@
-"""Small helpers shared by the benchmarks: timing whole commands, reporting as a table."""
+"""Small helpers shared by the benchmarks: timing whole commands, report lines, targets.
+
+Every benchmark states what it must reach through :class:`Targets`: one line per target,
+``TARGET <name>: <measured> vs <target> -> met|MISSED`` (:data:`TARGET_LINE` parses it back),
+and its exit status is :meth:`Targets.exit_code`: 0 only when every target was met.
+"""
 
 from __future__ import annotations
 
+import operator
+import re
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+
+TARGET_LINE = re.compile(
+    r"^TARGET (?P<name>[^:]+): (?P<measured>.*) vs (?P<target>.*) -> (?P<verdict>met|MISSED)$"
+)
+"""One target line as :meth:`Targets.check` prints it (``benchmarks/run_all.py`` reads these)."""
+
+_COMPARE: dict[str, Callable[[float, float], bool]] = {
+    "<": operator.lt,
+    "<=": operator.le,
+    ">=": operator.ge,
+    ">": operator.gt,
+    "==": operator.eq,
+}
+
+
+class Targets:
+    """The targets one benchmark checked, printed as it checks them."""
+
+    def __init__(self) -> None:
+        self.missed: list[str] = []
+        self.checked: list[str] = []
+
+    def check(
+        self, name: str, measured: float, op: str, bound: float, *, fmt: str = ".3g", unit: str = ""
+    ) -> bool:
+        """Print ``TARGET name: measured vs op bound -> met|MISSED``; True when met."""
+        if ":" in name or op not in _COMPARE:
+            raise ValueError(
+                f"target {name!r} {op!r}: no ':' in a name; op one of {list(_COMPARE)}"
+            )
+        met = _COMPARE[op](measured, bound)
+        verdict = "met" if met else "MISSED"
+        print(
+            f"TARGET {name}: {measured:{fmt}}{unit} vs {op} {bound:{fmt}}{unit} -> {verdict}",
+            flush=True,
+        )
+        self.checked.append(name)
+        if not met:
+            self.missed.append(name)
+        return met
+
+    def exit_code(self) -> int:
+        """0 when at least one target was checked and none was missed, else 1."""
+        return 0 if self.checked and not self.missed else 1
 
 
 def time_command(argv: Sequence[str], repeats: int, cwd: Path = REPO) -> list[float]:

@@ -1,7 +1,11 @@
-"""Measure what the per-step stop agreement costs (run with tests/helpers/launch.py or torchrun).
+"""Measure what the per-step stop agreement costs, apart from any trainer.
 
+Run: ``OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 benchmarks/agree_cost.py``
+(``BENCH_N`` calls each, default 2000; ``BENCH_HIDDEN`` the hidden width, default 256).
 Prints, on rank 0, microseconds per call of: StopFlag.agree() alone, and a small DDP training
-step without and with the agreement. Not a test; numbers for the report.
+step without and with the agreement. A diagnostic with no target of its own (so
+``run_all.py`` does not run it): :mod:`benchmarks.bench_trainer` holds the whole trainer,
+agreement included, to its target against a hand-written loop.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ def main() -> None:
 
     def step() -> None:
         opt.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
+        nn.functional.cross_entropy(model(x), y).backward()  # type: ignore[no-untyped-call]
         opt.step()
 
     def step_and_agree() -> None:

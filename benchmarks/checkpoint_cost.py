@@ -1,10 +1,11 @@
 """Measure what a checkpoint costs the training loop, for the default mlp and resnet18.
 
-Usage: bench_checkpoint.py RUN_DIR [MODEL ...]. One process, CPU, SGD with momentum (so the
-optimizer state is as large as the weights). Prints one JSON line per model: the time
-``Session.checkpoint()`` blocks the training thread (RNG gather + CPU snapshot), the time until
-the file is durable (digest + torch.save + fsync + rename, on the background thread), and the
-file size. Not a test; numbers for the report.
+Usage: ``python -m benchmarks.checkpoint_cost RUN_DIR [MODEL ...]``. One process, CPU, SGD with
+momentum (so the optimizer state is as large as the weights). Prints one JSON line per model:
+the time ``Session.checkpoint()`` blocks the training thread (RNG gather + CPU snapshot), the
+time until the file is durable (digest + torch.save + fsync + rename, on the background
+thread), and the file size. No target of its own: :mod:`benchmarks.bench_trainer` (b) holds
+these figures against ``dd conv=fsync`` of the same bytes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ from hpc_ddp.models import build_model
 from hpc_ddp.session import Session
 
 
-def measure(run_dir: Path, name: str, repeats: int = 3) -> dict[str, object]:
+def measure(run_dir: Path, name: str, repeats: int = 3, warmup: int = 1) -> dict[str, object]:
+    """The best of ``repeats`` checkpoints of model ``name`` in ``run_dir / name``, after
+    ``warmup`` ones not counted: a process's first save pays one-time costs (fresh memory for
+    the snapshot, the writer thread) that a training run pays once, not at every checkpoint.
+    """
     cfg = JobConfig(name="bench", train=TrainConfig(model=name, keep_last=2))
     with Session(run_dir / name, cfg, env={}) as s:
         model = s.wrap(build_model(cfg.train))
@@ -30,13 +35,14 @@ def measure(run_dir: Path, name: str, repeats: int = 3) -> dict[str, object]:
         opt.step()
         s.restore(model=model, optimizer=opt)
         blocking, durable = [], []
-        for _ in range(repeats):
+        for _ in range(warmup + repeats):
             s.progress.step += 1
             start = time.perf_counter()
             s.checkpoint()
             blocking.append(time.perf_counter() - start)
             s.checkpoint(wait=True)
             durable.append(time.perf_counter() - start)
+        blocking, durable = blocking[warmup:], durable[warmup:]
         path = s.paths.checkpoints / f"step-{s.progress.step:08d}.pt"
         return {
             "model": name,

@@ -1,0 +1,104 @@
+"""The dev cluster as the benchmarks use it: find it, check it answers, watch and signal jobs.
+
+Where the cluster lives comes from :mod:`hpc_ddp.devcluster` (``$HPC_DDP_DEV_CLUSTER_DIR`` or
+its default); Slurm's commands go through :class:`hpc_ddp.slurm_client.SlurmClient`, which
+reads ``SLURM_CONF`` from the environment :func:`use_dev_cluster` sets.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from benchmarks.common import BIN
+from hpc_ddp import devcluster
+from hpc_ddp.slurm_client import JobState, SlurmClient, parse_job_state
+
+T = TypeVar("T")
+SLURM = SlurmClient()
+
+
+def dev_conf() -> str:
+    """The dev cluster's ``slurm.conf``."""
+    return str(devcluster.layout_for(devcluster.state_dir_from(os.environ)).conf)
+
+
+def ping() -> str | None:
+    """None when the controller answers, else why not (Slurm's last line on it)."""
+    done = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, check=False)
+    if "UP" in done.stdout:
+        return None
+    said = (done.stdout.strip() or done.stderr.strip() or "no output").splitlines()
+    return said[-1]
+
+
+def use_dev_cluster() -> str | None:
+    """Point this process (and its children) at the dev cluster unless ``SLURM_CONF`` names
+    another; put this interpreter's ``bin`` first on PATH. None when it answers, else why not.
+    """
+    os.environ.setdefault("SLURM_CONF", dev_conf())
+    os.environ["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    reason = ping()
+    if reason is None:
+        return None
+    return (
+        f"the Slurm cluster of SLURM_CONF={os.environ['SLURM_CONF']} does not answer ({reason}). "
+        "HINT: start the dev cluster with `hpc-ddp dev-cluster up` (root)"
+    )
+
+
+def require_dev_cluster() -> bool:
+    """:func:`use_dev_cluster`, printing the reason on stderr when it is not up."""
+    reason = use_dev_cluster()
+    if reason is not None:
+        print(reason, file=sys.stderr)
+    return reason is None
+
+
+def poll(what: str, probe: Callable[[], T | None], timeout_s: float, every_s: float = 0.05) -> T:
+    """Call ``probe`` until it returns something other than None or False; that value."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = probe()
+        if value is not None and value is not False:
+            return value
+        time.sleep(every_s)
+    raise RuntimeError(f"not seen within {timeout_s:.0f} s: {what}")
+
+
+def state_of(fields: dict[str, str]) -> JobState:
+    return parse_job_state(fields.get("JobState"))
+
+
+def release_if_held(job_ref: str, fields: dict[str, str]) -> None:
+    """Let a requeued job start now instead of after Slurm's hold (``cred_expire`` + 1 s)."""
+    if state_of(fields) is JobState.PENDING and fields.get("Reason") == "BeginTime":
+        subprocess.run(
+            ["scontrol", "update", f"JobId={job_ref}", "StartTime=now"],
+            capture_output=True,
+            check=False,
+        )
+
+
+def wait_finished(job_ref: str, timeout_s: float = 300.0) -> dict[str, str]:
+    """The job's fields once it has finished for good; requeue holds are released meanwhile."""
+
+    def finished() -> dict[str, str] | None:
+        fields = SLURM.show_job(job_ref)
+        if state_of(fields).finished:
+            return fields
+        release_if_held(job_ref, fields)
+        return None
+
+    return poll(f"job {job_ref} finished", finished, timeout_s, every_s=0.2)
+
+
+def send_signal(job_ref: str, signal: str = "USR2") -> float:
+    """``scancel --signal=SIGNAL`` (the step's tasks only, as before a time limit); when sent."""
+    sent = time.time()
+    SLURM.cancel(job_ref, signal=signal)
+    return sent
