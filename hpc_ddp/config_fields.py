@@ -24,17 +24,29 @@ from hpc_ddp.config_values import (
     check_chars,
     describe,
     positive,
+    short_repr,
 )
 from hpc_ddp.errors import ConfigError
 from hpc_ddp.units import format_slurm_time, parse_mem, parse_slurm_time
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+MAX_NAME_CHARS = 128
+"""A job name is at most 128 characters: it starts the run directory's name
+(``<name>-<YYYYmmdd-HHMMSS>[-N]``, which a file system caps at 255 bytes) and a sweep point's
+name (``<name>-<index>``), and Slurm shows it in every listing."""
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _IMPORT_RE = re.compile(rf"{_IDENT}(?:\.{_IDENT})*:{_IDENT}")
 
 
 def _name(value: Any, key: str) -> str:
     out = as_str(value, key)
+    if len(out) > MAX_NAME_CHARS:
+        raise Invalid(
+            key,
+            f"{short_repr(out)} is over hpc-ddp's limit of {MAX_NAME_CHARS} characters for a "
+            "job name. HINT: shorten it (it names the run directory and the Slurm job); "
+            "put details in the config's values instead",
+        )
     if not _NAME_RE.fullmatch(out):
         raise Invalid(
             key,
@@ -48,7 +60,9 @@ def _import_string(value: Any, key: str) -> str:
     out = as_str(value, key)
     if not _IMPORT_RE.fullmatch(out):
         raise Invalid(
-            key, f"{out!r} is not an import string. HINT: write it as 'package.module:function'"
+            key,
+            f"{short_repr(out)} is not an import string. HINT: write it as "
+            + "'package.module:function'",
         )
     return out
 
@@ -115,7 +129,7 @@ def _signal(value: Any, key: str) -> str:
         return out
     bare = out.upper().removeprefix("SIG")
     hint = f"write '{bare}'" if bare in _SIGNALS else f"use one of: {', '.join(_SIGNALS)}"
-    raise Invalid(key, f"{out!r} is not a signal hpc-ddp handles. HINT: {hint}")
+    raise Invalid(key, f"{short_repr(out)} is not a signal hpc-ddp handles. HINT: {hint}")
 
 
 # sbatch flags hpc-ddp sets itself: flag -> how to get the effect instead.
@@ -180,9 +194,21 @@ def _pairs(value: Any, key: str) -> dict[str, Any]:
     return dict(value)
 
 
+def _check_name_length(name: Any, key: str) -> None:
+    """A flag or variable name is at most :data:`MAX_NAME_CHARS` long (checked before it is
+    used in a message's key)."""
+    if isinstance(name, str) and len(name) > MAX_NAME_CHARS:
+        raise Invalid(
+            key,
+            f"the name {short_repr(name)} is over hpc-ddp's limit of {MAX_NAME_CHARS} "
+            "characters. HINT: no sbatch flag or environment variable has so long a name",
+        )
+
+
 def _extra(value: Any, key: str) -> tuple[tuple[str, str | None], ...]:
     out = []
     for flag, flag_value in _pairs(value, key).items():
+        _check_name_length(flag, key)
         where = f"{key}.{flag}"
         if not isinstance(flag, str) or not _FLAG_RE.fullmatch(flag):
             bare = str(flag).lstrip("-")
@@ -191,7 +217,9 @@ def _extra(value: Any, key: str) -> tuple[tuple[str, str | None], ...]:
                 if bare != str(flag)
                 else "write sbatch's long option name in lower case, e.g. gres, mail-type"
             )
-            raise Invalid(where, f"{flag!r} is not an sbatch long option name. HINT: {hint}")
+            raise Invalid(
+                where, f"{short_repr(flag)} is not an sbatch long option name. HINT: {hint}"
+            )
         owner = _FLAG_OWNERS.get(flag)
         if owner is not None:
             short = "" if owner == flag else f"'{flag}' abbreviates --{owner}, and "
@@ -206,12 +234,13 @@ def _extra(value: Any, key: str) -> tuple[tuple[str, str | None], ...]:
 def _vars(value: Any, key: str) -> tuple[tuple[str, str], ...]:
     out = []
     for name, var_value in _pairs(value, key).items():
+        _check_name_length(name, key)
         where = f"{key}.{name}"
         if not isinstance(name, str) or not _ENV_NAME_RE.fullmatch(name):
             raise Invalid(
                 where,
-                f"{name!r} is not a valid environment variable name. HINT: use letters, digits "
-                "and '_', not starting with a digit",
+                f"{short_repr(name)} is not a valid environment variable name. HINT: use "
+                "letters, digits and '_', not starting with a digit",
             )
         if name in _CONTROLLED_VARS:
             raise Invalid(

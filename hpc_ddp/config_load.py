@@ -26,8 +26,15 @@ import yaml
 from hpc_ddp.config import JobConfig
 from hpc_ddp.config_fields import PAIR_KEYS
 from hpc_ddp.config_schema import KEY_KINDS, Memo, check_layer, unknown_key, validate_job_config
+from hpc_ddp.config_values import short_repr
 from hpc_ddp.errors import ConfigError, OverrideError, RunDirError
-from hpc_ddp.yaml_dialect import dump_yaml, load_yaml_value, parse_yaml, read_yaml
+from hpc_ddp.yaml_dialect import (
+    YamlLimitError,
+    dump_yaml,
+    load_yaml_value,
+    parse_yaml,
+    read_yaml,
+)
 
 __all__ = [
     "SITE_DEFAULT",
@@ -76,7 +83,9 @@ def split_key(key: str, source: str, error: type[ConfigError] = ConfigError) -> 
     """
     parts = key.split(".")
     if not all(parts):
-        raise error(f"{source}: {key!r} is not a dotted key. HINT: write it like train.lr")
+        raise error(
+            f"{source}: {short_repr(key)} is not a dotted key. HINT: write it like train.lr"
+        )
     for i in range(1, len(parts) + 1):
         prefix = ".".join(parts[:i])
         kind = KEY_KINDS.get(prefix)
@@ -130,7 +139,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     """
     out = dict(data)
     for text in overrides:
-        source = f"override {text!r}"
+        source = f"override {short_repr(text)}"
         key, sep, raw = text.partition("=")
         key = key.strip()
         if not sep or not key:
@@ -140,10 +149,12 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         path = split_key(key, source, OverrideError)
         try:
             value = load_yaml_value(raw)
+        except YamlLimitError as exc:
+            raise OverrideError(f"{source}: {key}: {exc.problem}. HINT: {exc.hint}") from None
         except yaml.YAMLError:
             raise OverrideError(
-                f"{source}: {key}: cannot read {raw!r} as a YAML value. HINT: quote the value "
-                "for the shell and for YAML, e.g. key='\"a: b\"'"
+                f"{source}: {key}: cannot read {short_repr(raw)} as a YAML value. HINT: quote "
+                "the value for the shell and for YAML, e.g. key='\"a: b\"'"
             ) from None
         check_layer(with_value({}, path, value), source, OverrideError)
         out = with_value(out, path, value)

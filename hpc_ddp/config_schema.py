@@ -203,6 +203,45 @@ def _check_combinations(cfg: JobConfig) -> None:
             )
 
 
+MAX_CONFIG_CHARS = 64 * 1024
+"""The values of one whole job config hold at most 64 KiB of text (a typical one holds 1 KiB).
+
+Each value is bounded on its own, but a list of them is not, and a sweep repeats its base in
+every point's ``config.yaml``: 10,000 points of at most 64 KiB each stay well under a gigabyte."""
+
+
+def _size(value: Any, memo: Memo | None) -> int:
+    """About how many characters ``value`` takes in a config file (a section once per memo)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, tuple):
+        return sum(_size(item, None) + 2 for item in value)
+    if not dataclasses.is_dataclass(value) or isinstance(value, type):
+        return 8  # a number, a bool or null
+    key = ("#size", id(value))
+    hit = memo.get(key) if memo is not None else None
+    if hit is not None and hit[0] is value:
+        size: int = hit[1]
+        return size
+    size = sum(_size(getattr(value, f.name), memo) for f in _SCHEMA[type(value)])
+    if memo is not None:
+        memo[key] = (value, size)  # holding ``value`` keeps its id valid
+    return size
+
+
+def _check_size(cfg: JobConfig, memo: Memo | None) -> None:
+    sizes = {f.key: _size(getattr(cfg, f.name), memo) for f in _SCHEMA[JobConfig]}
+    total = sum(sizes.values())
+    if total > MAX_CONFIG_CHARS:
+        biggest = max(sizes, key=lambda k: sizes[k])
+        raise Invalid(
+            biggest,
+            f"the config's values hold {total:,} characters ({sizes[biggest]:,} of them under "
+            f"{biggest}), over hpc-ddp's limit of {MAX_CONFIG_CHARS:,} for one job. HINT: keep "
+            "long scripts and data in files the job reads, and give their paths",
+        )
+
+
 def validate_job_config(
     data: Mapping[str, Any], source: str, memo: Memo | None = None
 ) -> JobConfig:
@@ -218,6 +257,7 @@ def validate_job_config(
     try:
         cfg: JobConfig = _convert(JobConfig, data, "", partial=False, memo=memo)
         _check_combinations(cfg)
+        _check_size(cfg, memo)
     except Invalid as exc:
         raise ConfigError(f"{source}: {exc.key}: {exc.text}") from None
     return cfg

@@ -13,6 +13,11 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from hpc_ddp.yaml_dialect import MAX_SCALAR_CHARS
+
+SHOWN_CHARS = 60
+"""How much of a long bad value an error message quotes."""
+
 
 class Invalid(Exception):
     """A value is wrong; ``text`` is "problem. HINT: fix". Callers add the source."""
@@ -29,6 +34,13 @@ Converter = Callable[[Any, str], Any]
 _YAML_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
 
+def short_repr(value: Any) -> str:
+    """``repr(value)``, cut short for a long string (an error message quotes, never floods)."""
+    if isinstance(value, str) and len(value) > SHOWN_CHARS:
+        return f"{value[:SHOWN_CHARS]!r}... ({len(value):,} characters)"
+    return repr(value)
+
+
 def describe(value: Any) -> str:
     """How a bad value is named in a message: its YAML type and the value itself."""
     if value is None:
@@ -37,11 +49,19 @@ def describe(value: Any) -> str:
         return "a mapping"
     if isinstance(value, (list, tuple)):
         return "a list"
-    return f"{_YAML_TYPES.get(type(value), type(value).__name__)} {value!r}"
+    return f"{_YAML_TYPES.get(type(value), type(value).__name__)} {short_repr(value)}"
 
 
 def check_chars(value: str, key: str) -> str:
-    """Refuse line breaks and NUL: every value ends up on one line of the sbatch script."""
+    """Refuse line breaks, NUL and values over :data:`MAX_SCALAR_CHARS` characters: every
+    value ends up on one line of the sbatch script."""
+    if len(value) > MAX_SCALAR_CHARS:
+        raise Invalid(
+            key,
+            f"{short_repr(value)} is over hpc-ddp's limit of {MAX_SCALAR_CHARS:,} characters "
+            "for one value. HINT: values go into the generated sbatch script; keep large data "
+            "in a file and give its path",
+        )
     if "\n" in value or "\r" in value or "\x00" in value:
         raise Invalid(
             key,
@@ -106,7 +126,8 @@ def one_of(choices: tuple[str, ...]) -> Converter:
     def convert(value: Any, key: str) -> str:
         if isinstance(value, str) and value in choices:
             return value
-        close = difflib.get_close_matches(str(value), choices, n=1)
+        probe = str(value)[:SHOWN_CHARS] if isinstance(value, (str, int, float)) else ""
+        close = difflib.get_close_matches(probe, choices, n=1)
         hint = f"did you mean '{close[0]}'?" if close else "use one of those"
         raise Invalid(key, f"{describe(value)} is not one of: {', '.join(choices)}. HINT: {hint}")
 

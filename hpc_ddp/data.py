@@ -23,8 +23,10 @@ from torch.utils.data import Dataset
 
 from hpc_ddp.config import TrainConfig
 from hpc_ddp.errors import ConfigError
+from hpc_ddp.preflight import BUILTIN_DATASETS
 
-BUILTIN = ("synthetic", "cifar10", "mnist", "imagefolder")
+BUILTIN = BUILTIN_DATASETS
+"""The datasets built here by name; submit checks names against the same list."""
 _NOISE = 1.0
 _SIGNAL = 4.0
 """Prototype norm over the noise's per-pixel std: learnable in a few dozen steps at any image

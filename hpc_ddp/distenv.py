@@ -18,6 +18,7 @@ Node names, never ``hostname``: on a dev cluster every fake node has the same ho
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -123,6 +124,17 @@ def derive_master_port(job_id: str | None, restart_count: int, *, candidate: int
 def _hash(text: str) -> int:
     # blake2b, not hash(): str hashes are salted per process, and every rank must agree.
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+def array_task_index(env: Mapping[str, str]) -> int | None:
+    """The sweep point this array task runs: ``SLURM_ARRAY_TASK_ID`` plus the array's
+    ``HPC_DDP_ARRAY_OFFSET`` (0 when unset); ``None`` outside a job array.
+
+    Raises :class:`DistEnvError` naming the variable when either is not a whole number.
+    """
+    if not env.get("SLURM_ARRAY_TASK_ID"):
+        return None
+    return _int(env, "SLURM_ARRAY_TASK_ID") + _int(env, "HPC_DDP_ARRAY_OFFSET", default=0)
 
 
 def derive_dist_env(env: Mapping[str, str], *, port: int | None = None) -> DistEnv:
@@ -279,6 +291,7 @@ def _make(
     """Add what every launcher shares: job ids, attempt, node name and the port."""
     job_id = env.get("SLURM_JOB_ID") or None
     restart = _int(env, "SLURM_RESTART_COUNT", default=0)
+    array_task_index(env)  # a task id that is not a number fails here, naming it
     source: PortSource
     if launcher_port is not None:
         master_port, source = launcher_port, "launcher"
@@ -313,6 +326,9 @@ def _slurm_nodes(env: Mapping[str, str]) -> tuple[str, tuple[str, ...]]:
     return "", ()
 
 
+_INT_RE = re.compile(r"[-+]?[0-9]{1,18}")
+
+
 def _int(env: Mapping[str, str], name: str, *, minimum: int = 0, default: int | None = None) -> int:
     """``int(env[name])`` with an error that names the variable and its value."""
     if name not in env:
@@ -320,12 +336,11 @@ def _int(env: Mapping[str, str], name: str, *, minimum: int = 0, default: int | 
             return default
         raise DistEnvError(f"{name} is not set. HINT: launch with srun or torchrun, which set it.")
     text = env[name]
-    try:
-        value = int(text.strip())
-    except ValueError:
+    if not _INT_RE.fullmatch(text.strip()):  # int() would take "1_000", " ١ " and 5000 digits
         raise DistEnvError(
-            f"{name}={text!r} is not an integer. HINT: unset it, or let the launcher set it."
-        ) from None
+            f"{name}={text[:40]!r} is not an integer. HINT: unset it, or let the launcher set it."
+        )
+    value = int(text.strip())
     if value < minimum:
         raise DistEnvError(f"{name}={text!r} is below {minimum}. HINT: let the launcher set it.")
     return value

@@ -15,6 +15,8 @@ how to fix it.
     ├── DistEnvError                the task's environment is inconsistent (exit 1)
     ├── CheckpointError             no loadable checkpoint where one was required
     ├── RunDirError                 a run directory is missing or damaged
+    │   ├── RunsDirError            --runs-dir is not a usable directory (exit 2)
+    │   └── TargetError             a target is no run dir, sweep task or job id (exit 2)
     └── DevClusterError             the local dev cluster could not be set up
 """
 
@@ -67,5 +69,17 @@ class RunDirError(HpcDdpError):
     """A run directory is missing, or its manifest is unreadable."""
 
 
+class RunsDirError(RunDirError):
+    """The directory that holds the runs (``--runs-dir``) is a file, unreadable or unwritable."""
+
+    exit_code = 2
+
+
 class DevClusterError(HpcDdpError):
     """The local development Slurm cluster could not be brought up or down."""
+
+
+class TargetError(RunDirError):
+    """A command-line target names no run directory, sweep task or valid job id."""
+
+    exit_code = 2

@@ -10,6 +10,10 @@ when it begins and an ``attempt_end`` line when it stops on purpose::
      "steps_done": 1200, "checkpoint": "checkpoints/step-00001200.pt",
      "requeue_requested": true, "message": "time-limit warning signal"}
 
+``requeue_requested`` is true only when hpc-ddp asked ``scontrol requeue`` and Slurm accepted;
+a request that failed is recorded as the cause ``requeue_failed`` with ``requeue_requested``
+false, and the ``message`` says what failed, which checkpoint is kept and how to go on.
+
 Only global rank 0 writes, so there is a single writer per run: each event is one ``write`` of
 one whole line to a file opened ``O_APPEND``, then fsynced. A crash can still leave a torn last
 line; readers skip any line that does not parse, and writers start on a fresh line after one.
@@ -35,7 +39,14 @@ log = logging.getLogger(__name__)
 
 
 class EndCause(str, Enum):
-    """Why an attempt ended."""
+    """Why an attempt ended.
+
+    Only ``time_limit``, ``preempted`` and ``manual_requeue`` are followed by another attempt
+    (when ``requeue_requested`` is true, or Slurm was requeueing the job itself). The run is
+    over, unfinished, after ``crash``, ``budget_exhausted``, ``requeue_failed`` (a requeue was
+    needed and ``scontrol requeue`` failed: the job ends FAILED with the checkpoint kept) and
+    ``cancelled``; after ``unknown`` it is over unless Slurm itself brings the job back.
+    """
 
     FINISHED = "finished"
     TIME_LIMIT = "time_limit"
@@ -43,6 +54,7 @@ class EndCause(str, Enum):
     MANUAL_REQUEUE = "manual_requeue"
     CRASH = "crash"
     BUDGET_EXHAUSTED = "budget_exhausted"
+    REQUEUE_FAILED = "requeue_failed"
     CANCELLED = "cancelled"
     UNKNOWN = "unknown"
 
@@ -249,12 +261,14 @@ def decide_requeue(
     ``attempts_so_far`` is the number of requeues already spent (this attempt's
     ``SLURM_RESTART_COUNT``). Time limits, preemptions and manual requeues go on while fewer
     than ``max_requeues`` were spent; a crash too, only with ``on_crash``; a finished,
-    cancelled or unexplained stop never.
+    cancelled, failed-to-requeue or unexplained stop never.
     """
     if cause is EndCause.FINISHED:
         return RequeueDecision(False, "finished: nothing left to do")
     if cause is EndCause.CANCELLED:
         return RequeueDecision(False, "cancelled: a cancelled job is not brought back")
+    if cause is EndCause.REQUEUE_FAILED:
+        return RequeueDecision(False, "the requeue request failed: nothing brings the job back")
     if cause is EndCause.UNKNOWN:
         return RequeueDecision(False, "stopped for an unknown reason: not requeued")
     if cause is EndCause.CRASH and not on_crash:

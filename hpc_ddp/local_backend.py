@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.config import JobConfig
+from hpc_ddp.localproc import identify_started, write_identity
 from hpc_ddp.rundir import RunPaths
 from hpc_ddp.units import parse_slurm_time
 
@@ -29,6 +30,9 @@ class LocalJob:
 
     job_id: str
     handle: Any
+    ntasks: int
+    folder: Path
+    """submitit's folder (``RUN_DIR/submitit``): the tasks' result pickles."""
 
 
 def free_port() -> int:
@@ -70,7 +74,11 @@ def run_task(run_dir: str, master_port: int) -> int:
 
 
 def submit_local(cfg: JobConfig, paths: RunPaths) -> LocalJob:
-    """Start the job's tasks as local processes; returns at once."""
+    """Start the job's tasks as local processes; returns at once.
+
+    The controller's identity goes to ``RUN_DIR/local.json`` so that ``cancel`` can prove,
+    later, that the pid it is about to signal is still this run's (see :mod:`hpc_ddp.localproc`).
+    """
     import submitit
 
     executor = submitit.LocalExecutor(folder=str(paths.root / "submitit"))
@@ -82,14 +90,99 @@ def submit_local(cfg: JobConfig, paths: RunPaths) -> LocalJob:
         signal_delay_s=cfg.requeue.lead_time,
     )
     job = executor.submit(run_task, str(paths.root), free_port())
-    return LocalJob(job_id=str(job.job_id), handle=job)
+    ident = identify_started(int(job.job_id))
+    if ident is not None:
+        write_identity(paths.root, ident)
+    return LocalJob(str(job.job_id), job, cfg.slurm.ntasks, paths.root / "submitit")
 
 
-def wait_local(job: LocalJob, follow: Path | None = None, poll_s: float = 0.5) -> str:
-    """Wait until a local job ends, copying ``follow`` (a log file) to stderr meanwhile.
+@dataclass(frozen=True)
+class TaskOutcome:
+    """How one local task (global rank) ended, from the result submitit's task wrapper left."""
 
-    Returns submitit's final state string.
+    rank: int
+    ok: bool
+    detail: str
+    """``exit code 0``, ``ConfigError: train.model: ...``, or why there is no result."""
+    reported_at: float | None
+    """When the result was written (its mtime); None when the task left none."""
+
+
+def _last_error_line(trace: str) -> str:
+    """``ConfigError: ...`` from a formatted traceback's last line (module path dropped)."""
+    lines = [ln for ln in trace.strip().splitlines() if ln.strip()]
+    last = lines[-1].strip() if lines else "unknown error"
+    head, sep, tail = last.partition(": ")
+    return f"{head.rsplit('.', 1)[-1]}{sep}{tail}"
+
+
+def task_outcomes(folder: Path, job_id: str, ntasks: int) -> list[TaskOutcome]:
+    """Each task's outcome, read from ``<folder>/<job>_<rank>_result.pkl``.
+
+    submitit's task wrapper pickles ``("success", value)`` (here :func:`run_task`'s exit code)
+    or ``("error", traceback)`` before the task exits. A task killed outright leaves nothing.
     """
+    from submitit.core.utils import JobPaths, pickle_load
+
+    out = []
+    for rank in range(ntasks):
+        path = JobPaths(folder, job_id, rank).result_pickle
+        try:
+            mtime = path.stat().st_mtime
+            outcome, value = pickle_load(path)
+        except FileNotFoundError:
+            why = "ended without a result (killed by a signal, or it exited before reporting)"
+            out.append(TaskOutcome(rank, False, why, None))
+            continue
+        if outcome == "success":
+            code = value if isinstance(value, int) else 0
+            out.append(TaskOutcome(rank, code == 0, f"exit code {code}", mtime))
+        else:
+            out.append(TaskOutcome(rank, False, _last_error_line(str(value)), mtime))
+    return out
+
+
+def first_failure(outcomes: list[TaskOutcome]) -> TaskOutcome | None:
+    """The failed task to blame: one killed outright (its peers only complain about the lost
+    connection), else the first to report an error, else None when every task succeeded."""
+    failed = [o for o in outcomes if not o.ok]
+    if not failed:
+        return None
+    return min(failed, key=lambda o: (o.reported_at is not None, o.reported_at or 0.0, o.rank))
+
+
+@dataclass(frozen=True)
+class LocalResult:
+    """A finished local job: the controller's state and every task's outcome."""
+
+    job_id: str
+    controller: str
+    """submitit's view of the controller process: FINISHED, or INTERRUPTED (killed)."""
+    outcomes: list[TaskOutcome]
+
+    def state(self, cancelled: bool) -> str:
+        """A Slurm-like state: COMPLETED, CANCELLED or FAILED."""
+        if cancelled:
+            return "CANCELLED"
+        ok = self.controller == "FINISHED" and all(o.ok for o in self.outcomes)
+        return "COMPLETED" if ok else "FAILED"
+
+    def describe(self, cancelled: bool = False) -> str:
+        """One line for the user: the state and, for a failure, the rank to blame."""
+        state = self.state(cancelled)
+        line = f"local job {self.job_id}: {state}"
+        culprit = first_failure(self.outcomes)
+        if state == "FAILED" and culprit is not None:
+            others = [str(o.rank) for o in self.outcomes if not o.ok and o.rank != culprit.rank]
+            also = f" (then rank {', '.join(others)})" if others else ""
+            line += f": rank {culprit.rank} failed{also}: {culprit.detail}"
+        elif state == "FAILED":
+            line += f": the controller ended {self.controller}"
+        return line
+
+
+def wait_local(job: LocalJob, follow: Path | None = None, poll_s: float = 0.5) -> LocalResult:
+    """Wait until a local job ends, copying ``follow`` (a log file) to stderr meanwhile."""
     offset = 0
 
     def copy_new() -> None:
@@ -107,4 +200,6 @@ def wait_local(job: LocalJob, follow: Path | None = None, poll_s: float = 0.5) -
         copy_new()
         time.sleep(poll_s)
     copy_new()
-    return str(job.handle.state)
+    controller = str(job.handle.state)
+    outcomes = task_outcomes(job.folder, job.job_id, job.ntasks)
+    return LocalResult(job.job_id, controller, outcomes)

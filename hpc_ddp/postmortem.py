@@ -1,4 +1,4 @@
-"""Which rank failed first, read from srun's own words in the batch log. Pure but for one read.
+"""Why a job failed, read from the words its logs kept: parsing is pure, reading is a few tails.
 
 A rank killed outright (SIGKILL, the OOM killer, a segfault) writes nothing: the ledger then
 holds, at best, a peer's complaint about the lost connection ("rank 0 on n1: RuntimeError:
@@ -14,6 +14,10 @@ The first failed task of the last such burst is the culprit; the lines after it 
 cleaning up. A requeued job appends every attempt to the same log (``--open-mode=append``), so
 an earlier attempt's burst must not be blamed for the last one: a line that is not part of a
 burst (an attempt's start, a warning, anything else) ends it.
+
+A job that dies before its first attempt starts (all checkpoints damaged, a bad import, a
+missing interpreter) leaves no ledger entry at all; :func:`startup_failure` finds its error
+in the rank logs (``hpc-ddp run: error: ...``, a traceback's last line) or the batch log.
 """
 
 from __future__ import annotations
@@ -91,3 +95,84 @@ def failed_rank(logs_dir: Path) -> TaskFailure | None:
     except OSError:
         return None
     return first_failure(text)
+
+
+# "hpc-ddp run: error: ...", or the last line of a Python traceback: "ValueError: bad",
+# "torch.distributed.DistBackendError: ...", "KeyboardInterrupt".
+_ERROR_LINE = re.compile(
+    r"^(?:hpc-ddp [\w-]+: error: .+"
+    r"|(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)(?:: .*)?)$"
+)
+# The batch shell's own complaints ("line 9: /venv/bin/python: No such file or directory",
+# "module: command not found"), not srun's notes ("lacks support for cpu binding").
+_SHELL_ERROR = re.compile(
+    r"error|not found|no such file|permission denied|killed|segmentation fault|cannot|failed",
+    re.IGNORECASE,
+)
+_TAIL_BYTES = 64 * 1024
+"""Only the end of each log is read: the latest attempt's words are there, and a log may be big."""
+
+
+def _tail(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - _TAIL_BYTES))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _rank_of(path: Path) -> int:
+    number = path.name.removeprefix("rank-").removesuffix(".err")
+    return int(number) if number.isdigit() else 1 << 30
+
+
+def last_error_line(text: str) -> str | None:
+    """The last line of ``text`` that states an error (``hpc-ddp run: error: ...`` or the
+    closing line of a Python traceback), stripped; None when there is none."""
+    found = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if _ERROR_LINE.match(line):
+            found = line
+    return found
+
+
+def startup_failure(logs_dir: Path) -> str | None:
+    """Why a job ended without a word in its ledger, from what its logs say; None if silent.
+
+    In order: a task srun saw killed by a signal (it wrote nothing itself); the lowest rank
+    whose ``rank-N.err`` ends in an error (``hpc-ddp run: error: ... none of 2 checkpoints
+    loads``); any task srun saw fail; the batch script's last error line (a ``module load``
+    or a missing interpreter fails before srun starts). Warnings are not errors: a log of
+    notes only is silence.
+    """
+    failure = failed_rank(logs_dir)
+    if failure is not None and not failure.reason.startswith("Exited with exit code"):
+        return failure.describe()
+    try:
+        rank_logs = sorted(logs_dir.glob("rank-*.err"), key=_rank_of)
+        batch_logs = sorted(logs_dir.glob("batch-*.err"), key=lambda p: p.stat().st_mtime)
+    except OSError:
+        return None
+    for log in rank_logs:
+        line = last_error_line(_tail(log))
+        if line is not None:
+            return f"{log.name}: {line[:300]}"
+    if failure is not None:
+        return failure.describe()
+    if batch_logs:
+        lines = [raw.strip() for raw in _tail(batch_logs[-1]).splitlines()]
+        words = [x for x in lines if _SHELL_ERROR.search(x) and not _CLEANUP.match(x)]
+        if words:
+            return f"{batch_logs[-1].name}: {words[-1][:300]}"
+    return None
+
+
+def has_logs(logs_dir: Path) -> bool:
+    """True once the batch script (or a rank) has written any log file."""
+    try:
+        return any(logs_dir.glob("batch-*")) or any(logs_dir.glob("rank-*"))
+    except OSError:
+        return False

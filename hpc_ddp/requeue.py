@@ -6,7 +6,10 @@ The session calls it at four moments, on every rank (only global rank 0 acts):
   beyond the budget (Slurm requeued the job itself once too often) ends at once, non-zero.
 * :meth:`Coordinator.stop` after the ranks agreed on a stop signal and the checkpoint is
   durable: ask Slurm why (``scontrol show job``), decide with the budget, request the requeue
-  when Slurm is not already requeueing the job, and write ``attempt_end``.
+  when Slurm is not already requeueing the job, and write ``attempt_end``. A requeue that was
+  needed and failed ends the attempt ``requeue_failed`` with :data:`REQUEUE_FAILED_EXIT_CODE`:
+  the job must end FAILED, never COMPLETED with training unfinished. Slurm's silence is never
+  taken for "Slurm is requeueing it" (see :mod:`hpc_ddp.preemption`).
 * :meth:`Coordinator.finish` when training ended normally, :meth:`Coordinator.crash` when it
   raised.
 
@@ -24,13 +27,22 @@ from hpc_ddp.config import RequeueConfig
 from hpc_ddp.distenv import DistEnv
 from hpc_ddp.errors import SlurmError
 from hpc_ddp.ledger import EndCause, decide_requeue, record_end, record_start
-from hpc_ddp.preemption import StopVerdict, classify_stop, signal_number
+from hpc_ddp.preemption import (
+    StopVerdict,
+    classify_stop,
+    classify_unanswered_stop,
+    signal_number,
+)
 from hpc_ddp.slurm_client import SlurmClient
 
 log = logging.getLogger(__name__)
 
 BUDGET_EXIT_CODE = 3
 """Exit status of a run whose requeue budget ran out: Slurm records the job as FAILED."""
+REQUEUE_FAILED_EXIT_CODE = 4
+"""Exit status of an attempt that needed a requeue and did not get one: ``scontrol requeue``
+failed, or (after a SIGTERM) Slurm could not be asked whether it is requeueing the job. Slurm
+records the job FAILED, unless it requeues or cancels the job itself."""
 
 
 @dataclass(frozen=True)
@@ -91,77 +103,128 @@ class Coordinator:
             return StopOutcome(EndCause.BUDGET_EXHAUSTED, False, BUDGET_EXIT_CODE, message)
         return None
 
-    def _job_fields(self) -> dict[str, str] | None:
-        if not self.under_slurm or self.dist.job_ref is None:
-            return None
+    def _ask_slurm(self) -> tuple[dict[str, str] | None, str]:
+        """``scontrol show job`` of this job: (its fields, "") or (None, why it failed)."""
+        assert self.dist.job_ref is not None
         try:
-            return self.client.show_job(self.dist.job_ref)
+            return self.client.show_job(self.dist.job_ref), ""
         except SlurmError as exc:
             log.warning("could not ask Slurm about job %s: %s", self.dist.job_ref, exc)
-            return None
+            return None, _summary(exc)
 
     def stop(self, signum: int, *, step: int, checkpoint: str | None) -> StopOutcome:
         """Handle an agreed stop on rank 0 (other ranks get a neutral outcome)."""
         if not self.dist.is_main:
             return StopOutcome(EndCause.UNKNOWN, False, 0, "")
-        verdict = classify_stop(
-            signum,
-            requeue_signum=signal_number(self.cfg.signal),
-            restart_count=self.attempt,
-            job=self._job_fields(),
-        )
+        requeue_signum = signal_number(self.cfg.signal)
+        fields, error = self._ask_slurm() if self.under_slurm else (None, "")
+        if self.under_slurm and fields is None:
+            # Never read "Slurm did not answer" as "Slurm is requeueing it" (see preemption).
+            verdict = classify_unanswered_stop(signum, requeue_signum=requeue_signum, error=error)
+        else:
+            verdict = classify_stop(
+                signum, requeue_signum=requeue_signum, restart_count=self.attempt, job=fields
+            )
         return self._act(verdict, step=step, checkpoint=checkpoint)
 
     def _act(self, verdict: StopVerdict, *, step: int, checkpoint: str | None) -> StopOutcome:
         decision = decide_requeue(
             verdict.cause, self.attempt, self.cfg.max_requeues, self.cfg.on_crash
         )
-        requested = False
-        exit_code = 0
-        message = f"{verdict.cause.value}: {verdict.explanation}; {decision.reason}"
-        if verdict.request_requeue and decision.requeue and self.under_slurm:
-            requested = self._request_requeue()
-            if not requested:
-                message += "; the requeue request failed (see the log)"
-                exit_code = 1
-        elif (
-            verdict.request_requeue
-            and not decision.requeue
-            and verdict.cause
-            not in (
-                EndCause.CANCELLED,
-                EndCause.FINISHED,
-            )
-        ):
-            exit_code = BUDGET_EXIT_CODE
+        if verdict.request_requeue and not decision.requeue:
             message = f"requeue budget exhausted: {decision.reason}"
             log.error("%s", message)
             self._end(EndCause.BUDGET_EXHAUSTED, step, checkpoint, False, message)
-            return StopOutcome(EndCause.BUDGET_EXHAUSTED, False, exit_code, message)
+            return StopOutcome(EndCause.BUDGET_EXHAUSTED, False, BUDGET_EXIT_CODE, message)
+        requested = False
+        if verdict.request_requeue and self.under_slurm:
+            error = self._request_requeue()
+            if error is None:
+                requested = True
+            else:
+                after = self._after_refusal(error)
+                if after is None:
+                    return self._requeue_failed(verdict, error, step, checkpoint)
+                verdict = after
+                decision = decide_requeue(
+                    verdict.cause, self.attempt, self.cfg.max_requeues, self.cfg.on_crash
+                )
+        if not verdict.slurm_answered and not requested:
+            return self._unconfirmed(verdict, step, checkpoint)
+        message = f"{verdict.cause.value}: {verdict.explanation}; {decision.reason}"
+        if verdict.request_requeue and not self.under_slurm:
+            message += "; not a Slurm job, so nothing requeues it: start it again to resume"
         log.info("stopping at step %d: %s", step, message)
         self._end(verdict.cause, step, checkpoint, requested, message)
-        return StopOutcome(verdict.cause, requested, exit_code, message)
+        return StopOutcome(verdict.cause, requested, 0, message)
 
-    def _request_requeue(self) -> bool:
+    def _request_requeue(self) -> str | None:
+        """``scontrol requeue`` this job: None when Slurm accepted, else what went wrong."""
         assert self.dist.job_ref is not None
         try:
             self.client.requeue(self.dist.job_ref)
         except SlurmError as exc:
-            # Lost a race with Slurm (preemption grace ran out, or someone requeued by hand)?
-            fields = self._job_fields()
-            verdict = classify_stop(
-                int(signal.SIGTERM),
-                requeue_signum=signal_number(self.cfg.signal),
-                restart_count=self.attempt,
-                job=fields,
-            )
-            if not verdict.request_requeue and verdict.cause is not EndCause.CANCELLED:
-                log.info("Slurm requeued job %s itself meanwhile", self.dist.job_ref)
-                return True
-            log.error("scontrol requeue %s failed: %s", self.dist.job_ref, exc)
-            return False
+            log.warning("scontrol requeue %s failed: %s", self.dist.job_ref, exc)
+            return _summary(exc)
         log.info("asked Slurm to requeue job %s", self.dist.job_ref)
-        return True
+        return None
+
+    def _after_refusal(self, error: str) -> StopVerdict | None:
+        """Why Slurm refused a requeue, when its answer shows a reason; None: the request failed.
+
+        Slurm may have won a race (the preemption's grace ran out, someone requeued or
+        cancelled the job by hand meanwhile): only a ``Restarts`` count that went up, or a
+        cancellation, in Slurm's own answer says so. No answer proves nothing.
+        """
+        fields, _ = self._ask_slurm()
+        if fields is None:
+            return None
+        verdict = classify_stop(
+            int(signal.SIGTERM),
+            requeue_signum=signal_number(self.cfg.signal),
+            restart_count=self.attempt,
+            job=fields,
+        )
+        if verdict.request_requeue:  # still running and not being requeued: it just failed
+            return None
+        log.info("Slurm refused the requeue of %s: %s", self.dist.job_ref, verdict.explanation)
+        return StopVerdict(
+            verdict.cause, False, f"{verdict.explanation} (scontrol requeue said: {error})"
+        )
+
+    def _requeue_failed(
+        self, verdict: StopVerdict, error: str, step: int, checkpoint: str | None
+    ) -> StopOutcome:
+        """A requeue was needed and could not be had: the job must end FAILED, and say so."""
+        ref = self.dist.job_ref
+        why = verdict.explanation if verdict.slurm_answered else "Slurm could not be asked either"
+        message = (
+            f"could not requeue job {ref} after {verdict.cause.value} ({why}): "
+            f"{error}. The job will not come back by itself: its tasks exit "
+            f"{REQUEUE_FAILED_EXIT_CODE}, so Slurm records it FAILED. {_kept(step, checkpoint)} "
+            "HINT: let the job reach Slurm (scontrol on PATH inside the container, munged's "
+            f"socket, SLURM_CONF), and run `scontrol requeue {ref}` where Slurm's commands "
+            "work (Slurm keeps a finished job for MinJobAge): the run resumes from that "
+            "checkpoint."
+        )
+        log.error("%s", message)
+        self._end(EndCause.REQUEUE_FAILED, step, checkpoint, False, message)
+        return StopOutcome(EndCause.REQUEUE_FAILED, False, REQUEUE_FAILED_EXIT_CODE, message)
+
+    def _unconfirmed(self, verdict: StopVerdict, step: int, checkpoint: str | None) -> StopOutcome:
+        """A stop Slurm could not be asked about and no requeue was asked for: exit non-zero."""
+        ref = self.dist.job_ref
+        message = (
+            f"{verdict.cause.value}: {verdict.explanation}. The tasks exit "
+            f"{REQUEUE_FAILED_EXIT_CODE}: the job ends FAILED unless Slurm requeues or cancels "
+            f"it. {_kept(step, checkpoint)} HINT: if the job does not come back (`hpc-ddp "
+            f"status`), run `scontrol requeue {ref}` where Slurm's commands work; and let the "
+            "job reach Slurm (scontrol on PATH inside the container, munged's socket, "
+            "SLURM_CONF)."
+        )
+        log.error("%s", message)
+        self._end(verdict.cause, step, checkpoint, False, message)
+        return StopOutcome(verdict.cause, False, REQUEUE_FAILED_EXIT_CODE, message)
 
     def finish(self, *, step: int, checkpoint: str | None) -> None:
         """Record a normal end of training (rank 0)."""
@@ -195,3 +258,19 @@ class Coordinator:
             requeue_requested=requested,
             message=msg,
         )
+
+
+def _summary(exc: SlurmError) -> str:
+    """A Slurm failure on one line for the ledger: what failed and what Slurm said, no hint."""
+    text = str(exc).split("HINT:", 1)[0]
+    lines = (line.strip().rstrip(".") for line in text.splitlines())
+    return "; ".join(line for line in lines if line and not line.startswith("command:"))
+
+
+def _kept(step: int, checkpoint: str | None) -> str:
+    if checkpoint is None:
+        return (
+            f"No checkpoint was saved at step {step} (session.restore() named nothing to save): "
+            "a new attempt starts from the beginning."
+        )
+    return f"The checkpoint at step {step} ({checkpoint}) is kept."

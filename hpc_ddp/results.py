@@ -19,6 +19,7 @@ Login-node side: standard library, PyYAML and the pure core.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -27,7 +28,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.errors import RunDirError
+from hpc_ddp.errors import ConfigError, RunDirError
 from hpc_ddp.ledger import Attempt, EndCause, read_ledger
 from hpc_ddp.rundir import RunPaths
 from hpc_ddp.slurm_client import JobInfo, JobState
@@ -35,6 +36,8 @@ from hpc_ddp.yaml_dialect import parse_yaml
 
 SWEEP_RECORD = "sweep.yaml"
 ARRAYS_RECORD = "arrays.json"
+
+log = logging.getLogger(__name__)
 
 
 class TaskState(str, Enum):
@@ -145,14 +148,27 @@ def parse_index_ranges(text: str) -> list[int]:
 
 
 def read_sweep_record(sweep_dir: Path) -> SweepRecord:
-    """Read ``sweep.yaml``; a missing or damaged one is a :class:`RunDirError` with a hint."""
+    """Read ``sweep.yaml``; a missing or damaged one is a :class:`RunDirError` with a hint.
+
+    A path that is not a directory at all is a :class:`ConfigError` (the argument is wrong).
+    """
     path = sweep_dir / SWEEP_RECORD
+    if sweep_dir.exists() and not sweep_dir.is_dir():
+        raise ConfigError(
+            f"{sweep_dir}: is a file, not a sweep directory. HINT: pass the sweep directory "
+            "printed by `hpc-ddp sweep` (it holds sweep.yaml and tasks/)"
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise RunDirError(
             f"{sweep_dir}: no {SWEEP_RECORD}, so not a sweep directory. HINT: pass the sweep "
             "directory printed by `hpc-ddp sweep`"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunDirError(
+            f"{path}: cannot read the sweep record ({exc}). HINT: check that it is a readable "
+            "file written by `hpc-ddp sweep`"
         ) from None
     try:
         doc = _parse_record(text, str(path))
@@ -171,8 +187,13 @@ def read_sweep_record(sweep_dir: Path) -> SweepRecord:
             keys=tuple(str(k) for k in doc.get("keys") or ()),
             points=points,
         )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise RunDirError(f"{path}: unreadable sweep record ({exc!r}).") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise RunDirError(
+            f"{path}: unreadable sweep record ({exc!r}). HINT: it is written by `hpc-ddp "
+            "sweep`; restore it or sweep again"
+        ) from None
+    except ConfigError as exc:  # not YAML at all: a damaged record, not a usage error
+        raise RunDirError(str(exc)) from None
 
 
 def _parse_record(text: str, source: str) -> Any:
@@ -288,26 +309,53 @@ def failed_points(
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Every whole row of a ``metrics.jsonl`` (a torn or damaged line is skipped)."""
+    """Every whole row of a ``metrics.jsonl``; never fails.
+
+    A torn last line (the task is writing it) is skipped silently. Other lines that are not
+    JSON objects (binary junk, a list, a number) are skipped with one warning per file, and so
+    is a file that cannot be read at all: a results table shows what it can.
+    """
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         return []
+    except OSError as exc:
+        log.warning("%s: cannot read it (%s); its task is shown without metrics", path, exc)
+        return []
+    lines = text.split("\n")  # a last element other than "" is a torn line, still being written
     rows = []
-    for line in text.splitlines():
+    bad: list[int] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
         try:
             row = json.loads(line)
         except ValueError:
-            continue  # a torn last line while the task is writing
+            row = None
         if isinstance(row, dict):
             rows.append(row)
+        elif number < len(lines):
+            bad.append(number)
+    if bad:
+        log.warning(
+            "%s: skipped %d line(s) that are not JSON objects (first: line %d). HINT: each line "
+            'should be one object such as {"step": 10, "loss": 0.5}; check what else '
+            "writes to this file",
+            path,
+            len(bad),
+            bad[0],
+        )
     return rows
 
 
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer too large for a float
+        return None
+    return number if math.isfinite(number) else None
 
 
 def metric_summary(

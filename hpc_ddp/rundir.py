@@ -22,11 +22,12 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field
+import zipfile
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.errors import RunDirError
+from hpc_ddp.errors import RunDirError, RunsDirError
 
 MANIFEST_VERSION = 1
 
@@ -123,53 +124,173 @@ def write_manifest(paths: RunPaths, manifest: Manifest) -> None:
     write_text_atomic(paths.manifest, manifest.to_json())
 
 
+_MANIFEST_TYPES: dict[str, tuple[type, ...]] = {
+    "name": (str,), "backend": (str,), "job_id": (str, type(None)), "submitted_at": (str,),
+    "command": (list,), "config_source": (str,), "run_dir": (str,),
+    "array": (str, type(None)), "array_jobs": (list,), "version": (int,),
+}  # fmt: skip
+
+
 def read_manifest(run_dir: Path) -> Manifest:
-    """Read a run's manifest; a missing or damaged one is a :class:`RunDirError` with a hint."""
+    """Read a run's manifest; a missing or damaged one is a :class:`RunDirError` with a hint.
+
+    Damaged means anything but a JSON object with the manifest's keys and value types: a torn
+    or binary file, a list, a number where the job id belongs, a directory in its place.
+    """
     path = RunPaths(run_dir).manifest
     try:
-        data: dict[str, Any] = json.loads(path.read_text())
-        return Manifest(**data)
+        data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise RunDirError(
             f"{run_dir}: no manifest.json. HINT: pass a run directory printed by "
             "`hpc-ddp submit` (or a job id)."
         ) from None
-    except (ValueError, TypeError) as exc:
-        raise RunDirError(f"{path}: unreadable manifest ({exc}).") from None
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        raise _damaged(path, f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(data, dict):
+        raise _damaged(path, f"a JSON {type(data).__name__}, not an object")
+    for key, types in _MANIFEST_TYPES.items():
+        value = data.get(key)
+        if key in data and (not isinstance(value, types) or isinstance(value, bool)):
+            wanted = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            raise _damaged(path, f"{key} is {value!r:.80}, expected {wanted}")
+        if isinstance(value, list) and not all(isinstance(v, str) for v in value):
+            raise _damaged(path, f"{key} is {value!r:.80}, expected a list of strings")
+    known = {f.name for f in fields(Manifest)}
+    try:  # keys a newer hpc-ddp added are left out, not fatal
+        return Manifest(**{k: v for k, v in data.items() if k in known})
+    except TypeError as exc:  # a required key is missing
+        raise _damaged(path, str(exc)) from None
+
+
+def _damaged(path: Path, why: str) -> RunDirError:
+    return RunDirError(
+        f"{path}: damaged manifest ({why[:300]}). HINT: the run's job id is also in its logs "
+        "(logs/batch-<job>.out); restore manifest.json from a backup or move the run aside."
+    )
+
+
+def check_runs_dir(base: Path, *, write: bool) -> None:
+    """Refuse a runs directory that is a file, or unreadable (``write``: unwritable).
+
+    A missing one is fine (nothing to read; created on the first submit). Raises
+    :class:`RunsDirError` (exit 2), naming the path and what to pass instead.
+    """
+    hint = "HINT: pass an existing, writable directory with --runs-dir (or $HPC_DDP_RUNS_DIR)"
+    if not base.exists():
+        if base.is_symlink():
+            raise RunsDirError(f"--runs-dir {str(base)!r} is a dangling symlink. {hint}.")
+        return
+    if not base.is_dir():
+        raise RunsDirError(f"--runs-dir {str(base)!r} is a file, not a directory. {hint}.")
+    mode = os.R_OK | os.X_OK | (os.W_OK if write else 0)
+    if not os.access(base, mode):
+        what = "writable" if write else "readable"
+        raise RunsDirError(f"--runs-dir {str(base)!r} is not {what} by this user. {hint}.")
 
 
 def new_run_dir(base: Path, name: str, stamp: str) -> Path:
-    """A fresh run directory ``base/<name>-<stamp>[-N]`` that does not exist yet."""
+    """The path :func:`create_run_dir` would take now (for a dry run; creates nothing).
+
+    A ``base`` that could not hold it (a file, unwritable) is a :class:`RunsDirError` already.
+    """
+    check_runs_dir(base, write=True)
     candidate = base / f"{name}-{stamp}"
     n = 1
-    while candidate.exists():
+    while candidate.exists() or candidate.is_symlink():
         n += 1
         candidate = base / f"{name}-{stamp}-{n}"
     return candidate
 
 
+def create_run_dir(base: Path, name: str, stamp: str) -> Path:
+    """Create and return a fresh run directory ``base/<name>-<stamp>[-N]``.
+
+    ``mkdir`` without ``exist_ok`` is the claim: of several submits in the same second (threads,
+    processes, or login nodes sharing the file system) exactly one creates each name, and the
+    others go on to the next suffix, so no two runs ever share a directory. ``base`` is created
+    if missing; a file or an unwritable directory there is a :class:`RunsDirError`.
+    """
+    check_runs_dir(base, write=True)
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunsDirError(
+            f"cannot create --runs-dir {str(base)!r}: {exc.strerror or exc}. HINT: pass a "
+            "directory you can write to with --runs-dir (or $HPC_DDP_RUNS_DIR)."
+        ) from None
+    n = 1
+    while True:
+        candidate = base / (f"{name}-{stamp}" if n == 1 else f"{name}-{stamp}-{n}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            n += 1
+            continue
+        except OSError as exc:
+            raise RunsDirError(
+                f"cannot create run directory {str(candidate)!r}: {exc.strerror or exc}. HINT: "
+                "pass a directory you can write to with --runs-dir (or $HPC_DDP_RUNS_DIR)."
+            ) from None
+        return candidate
+
+
 _CKPT_RE = re.compile(r"^step-(\d+)\.pt$")
+_ZIP_MAGIC = b"PK\x03\x04"
 
 
 def checkpoint_steps(paths: RunPaths) -> list[int]:
-    """Steps of the complete-looking checkpoints in a run, ascending (no torch import)."""
+    """Steps of the checkpoints in a run, ascending, by file name alone (no torch import)."""
     if not paths.checkpoints.is_dir():
         return []
     steps = [int(m.group(1)) for p in paths.checkpoints.iterdir() if (m := _CKPT_RE.match(p.name))]
     return sorted(steps)
 
 
+def damaged_checkpoint(path: Path) -> str | None:
+    """Why ``path`` cannot be a whole checkpoint, judged without torch; None if it looks whole.
+
+    ``torch.save`` writes a zip archive: it starts with ``PK\\x03\\x04`` and ends with the
+    archive's central directory, so an empty, torn (cut short) or overwritten file shows here
+    at the cost of two small reads. A file that passes may still fail to load (``hpc-ddp
+    checkpoints --verify`` loads each one).
+    """
+    try:
+        with path.open("rb") as f:
+            head = f.read(4)
+        if not head:
+            return "empty file"
+        if head != _ZIP_MAGIC:
+            return "not a torch zip archive"
+        if not zipfile.is_zipfile(path):
+            return "truncated: the zip archive has no end"
+    except OSError as exc:
+        return f"unreadable: {exc.strerror or exc}"
+    return None
+
+
 def last_metric(paths: RunPaths, key: str) -> Any:
-    """The last value logged for ``key`` in ``metrics.jsonl`` (None if never logged)."""
-    if not paths.metrics.exists():
-        return None
+    """The last value logged for ``key`` in ``metrics.jsonl`` (None if never logged).
+
+    Lines that are not JSON objects (a torn last line from a killed writer, binary garbage, a
+    bare number or list) are skipped. A metrics file that cannot be read at all is a
+    :class:`RunDirError`.
+    """
     value = None
-    with paths.metrics.open() as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue  # a torn last line from a killed writer
-            if key in row:
-                value = row[key]
+    try:
+        with paths.metrics.open(encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(row, dict) and key in row:
+                    value = row[key]
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise RunDirError(
+            f"{paths.metrics}: unreadable metrics ({exc.strerror or exc}). HINT: check the "
+            "file's permissions, or move it aside (training appends a new one)."
+        ) from None
     return value

@@ -25,13 +25,14 @@ log = logging.getLogger(__name__)
 
 def task_run_dir(run_dir: Path, env: Mapping[str, str]) -> Path:
     """This task's run directory: ``run_dir`` itself, or ``run_dir/tasks/<i>`` in an array."""
-    index = env.get("SLURM_ARRAY_TASK_ID")
-    offset = int(env.get("HPC_DDP_ARRAY_OFFSET", "0"))
+    from hpc_ddp.distenv import array_task_index
+
+    index = array_task_index(env)  # a DistEnvError names a variable that is not a number
     if index is not None and (run_dir / "tasks").is_dir():
-        task = RunPaths(run_dir).task(int(index) + offset).root
+        task = RunPaths(run_dir).task(index).root
         if not (task / "config.yaml").is_file():
             raise RunDirError(
-                f"{task}: array task {index} has no config.yaml. "
+                f"{task}: array task {env['SLURM_ARRAY_TASK_ID']} has no config.yaml. "
                 "HINT: the sweep directory is incomplete; resubmit with `hpc-ddp sweep`."
             )
         return task
@@ -116,7 +117,7 @@ def run_job(run_dir: Path, env: Mapping[str, str]) -> int:
         if code:
             # Every rank leaves with this code; srun (--kill-on-bad-exit) SIGTERMs the ranks
             # still shutting down, and Python restores default handlers at exit: a late rank
-            # would die of it and turn the job's exit code 3 into 143.
+            # would die of it and turn the job's exit code (3, 4) into 143.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return code
     return 0

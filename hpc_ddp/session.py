@@ -18,7 +18,8 @@
 Works under the Slurm runtime, under ``torchrun``, and as one plain process. Every method that
 talks to the other ranks (``restore``, ``checkpoint``, ``should_stop``, ``steps``, ``requeue``)
 must be called by every rank at the same point. A stop ends with :class:`RequeueExit`: exit
-status 0, the state safely on disk; whether the job comes back is then Slurm's business.
+status 0, the state safely on disk, and the job requeued (or Slurm requeueing it); a stop that
+needed a requeue and could not get one exits non-zero, so Slurm records the job FAILED.
 
 While a session is open, the requeue signal, SIGTERM (and SIGINT outside Slurm) are only
 recorded; they take effect where the loop asks (:meth:`Session.steps`, or
@@ -77,8 +78,10 @@ class RequeueExit(SystemExit):
     """Raised on every rank once a stop is handled: checkpoint durable, process group gone.
 
     Exit status 0 (:data:`REQUEUE_EXIT_CODE`): the process ended on purpose and nothing was
-    lost; a run whose requeue budget ran out exits with
-    :data:`hpc_ddp.requeue.BUDGET_EXIT_CODE` instead, so Slurm records it FAILED.
+    lost. A run that will not come back exits non-zero, so Slurm records it FAILED, never
+    COMPLETED with training unfinished: :data:`hpc_ddp.requeue.BUDGET_EXIT_CODE` when its
+    requeue budget ran out, :data:`hpc_ddp.requeue.REQUEUE_FAILED_EXIT_CODE` when the requeue
+    request failed (or Slurm could not be asked whether it is requeueing the job).
     ``signal`` is the agreed stop signal (None for a requeue asked for from code) and
     ``requeued`` whether this process asked Slurm to requeue the job.
     """
@@ -463,11 +466,12 @@ class Session:
         """End this attempt so the job can come back (every rank calls it).
 
         First the tracked objects are checkpointed (if :meth:`restore` named any) and the file
-        is made durable. Then rank 0 asks Slurm to requeue the job (``scontrol requeue``) when
-        inside a Slurm job and the stop was not SIGTERM or SIGINT (those mean Slurm is already
-        requeueing a preempted job, or a person cancelled it). All ranks leave the process group
-        and raise :class:`RequeueExit`. Signals arriving meanwhile (Slurm's SIGTERM after a
-        requeue) are only recorded.
+        is made durable. Then rank 0 asks ``scontrol show job`` why the stop came and asks
+        Slurm to requeue the job (``scontrol requeue``) unless Slurm is already requeueing or
+        cancelling it (:class:`hpc_ddp.requeue.Coordinator`). All ranks leave the process group
+        and raise :class:`RequeueExit`, with a non-zero code when the job will not come back
+        (budget spent, requeue request failed). Signals arriving meanwhile (Slurm's SIGTERM
+        after a requeue) are only recorded.
         """
         signum = self.stop_flag.agreed
         if self._requeued:

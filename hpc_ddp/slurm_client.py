@@ -4,21 +4,19 @@ Every command goes through an injected :class:`Runner` (argv in, :class:`Complet
 never a shell), so tests swap in a fake and a dry run can show the argv without running it.
 Parsing lives in pure functions beside it (``parse_*``), tested on captured output.
 
-Slurm 22.05 is the oldest version served: ``squeue --json`` there ignores ``-j``/``-t`` (jobs are
-filtered here), ``scontrol`` has no ``--json``, and ``sacct`` may be unavailable (no slurmdbd).
-Later versions wrap numbers as ``{"set": .., "number": ..}`` and give ``job_state`` as a list;
-both forms are read.
+Slurm 22.05 is the oldest version served: ``squeue --json`` there ignores ``-j``/``-t``, so the
+queue is read as ``squeue -h -j IDS -O ...`` text, which honours both (asking for the whole queue
+on every poll loads slurmctld on a real cluster); ``scontrol`` has no ``--json``, and ``sacct``
+may be unavailable (no slurmdbd).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import shlex
 import subprocess
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -178,6 +176,8 @@ class JobInfo:
     nodes: str
     elapsed_s: int | None
     restart_count: int
+    command: str = ""
+    """The batch script's path as Slurm holds it (``""`` when unknown or ``--wrap``)."""
 
     @property
     def ref(self) -> str:
@@ -212,74 +212,63 @@ def parse_sbatch_parsable(stdout: str) -> tuple[str, str | None]:
     return match.group(1), match.group(2)
 
 
-def parse_squeue_json(text: str, now: float) -> list[JobInfo]:
-    """Parse ``squeue --json`` (22.05's plain values or later ``{"number": ..}`` objects)."""
-    try:
-        doc = json.loads(text)
-        jobs = doc["jobs"]
-    except (ValueError, KeyError, TypeError):
-        raise SlurmError(
-            f"squeue --json printed something that is not its job list: {text[:200]!r}. "
-            "HINT: check that `squeue --json` works on this machine (Slurm 22.05 or newer)"
-        ) from None
-    return [_job_info(job, now) for job in jobs if isinstance(job, dict)]
+SQUEUE_FIELDS = (
+    "JobID", "ArrayJobID", "ArrayTaskID", "State", "NodeList", "TimeUsed", "RestartCnt",
+    "Reason", "Command",
+)  # fmt: skip
+"""What :meth:`SlurmClient.job_states` asks ``squeue -O`` for; ``Command`` (a path that may hold
+anything) comes last, so splitting at the first eight ``|`` keeps it whole."""
+SQUEUE_FORMAT = ",".join(f"{name}:0|" for name in SQUEUE_FIELDS[:-1]) + f",{SQUEUE_FIELDS[-1]}:0"
+"""``-O`` spec: size 0 prints each field unpadded, and ``|`` ends each but the last."""
+_NO_SUCH_JOB = "Invalid job id specified"
+_JOB_REF = re.compile(r"[0-9]+(?:_[0-9]+)?")
+_SQUEUE_CHUNK = 500
+"""Job ids per ``squeue -j`` call (keeps the command line short for a thousand runs)."""
 
 
-def _job_info(job: Mapping[str, object], now: float) -> JobInfo:
-    state = parse_job_state(_state_words(job.get("job_state")))
-    array_job = _number(job.get("array_job_id"))
-    task = _number(job.get("array_task_id"))
-    task_text: str | None = None if task is None else str(task)
-    pending_range = job.get("array_task_string")
-    if task_text is None and isinstance(pending_range, str) and pending_range:
-        task_text = f"[{pending_range}]"
-    return JobInfo(
-        job_id=str(_number(job.get("job_id"))),
-        array_job_id=str(array_job) if array_job else None,
-        array_task_id=task_text if array_job else None,
-        state=state,
-        reason=str(job.get("state_reason") or ""),
-        nodes=str(job.get("nodes") or ""),
-        elapsed_s=_elapsed(
-            state, _number(job.get("start_time")), _number(job.get("end_time")), now
-        ),
-        restart_count=_number(job.get("restart_cnt")) or 0,
-    )
+def parse_squeue(text: str) -> list[JobInfo]:
+    """Parse ``squeue -h -O`` output in :data:`SQUEUE_FORMAT`, one :class:`JobInfo` per line.
 
-
-def _state_words(value: object) -> str | list[str] | None:
-    if isinstance(value, list):
-        return [str(v) for v in value]
-    return None if value is None else str(value)
+    ``ArrayTaskID`` is ``N/A`` for a plain job and a range (``2-7%2``) for an array's pending
+    tasks, which becomes ``[2-7%2]`` as in ``squeue``'s own ``JOBID`` column. A line that does
+    not have every field is a :class:`SlurmError` quoting it.
+    """
+    infos = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split("|", len(SQUEUE_FIELDS) - 1)
+        if len(fields) != len(SQUEUE_FIELDS) or not fields[0].strip().isdigit():
+            raise SlurmError(
+                f"squeue printed {line[:200]!r}, not {len(SQUEUE_FIELDS)} '|'-separated "
+                f"fields ({', '.join(SQUEUE_FIELDS)}). HINT: a site wrapper or SQUEUE_* "
+                "variable may change squeue's output; run `squeue -h -O JobID:0|,State:0` by "
+                "hand to see"
+            )
+        job_id, array_job, task, state_text, nodes, used, restarts, reason, command = (
+            f.strip() for f in fields
+        )
+        array_task = None if task in ("", "N/A") else task if task.isdigit() else f"[{task}]"
+        state = parse_job_state(state_text)
+        started = state in _STARTED or state.finished
+        infos.append(
+            JobInfo(
+                job_id=job_id,
+                array_job_id=array_job if array_task is not None else None,
+                array_task_id=array_task,
+                state=state,
+                reason="" if reason == "None" else reason,
+                nodes="" if nodes == "(null)" else nodes,
+                elapsed_s=_parse_elapsed(used) if started else None,
+                restart_count=int(restarts) if restarts.isdigit() else 0,
+                command="" if command == "(null)" else command,
+            )
+        )
+    return infos
 
 
 _STARTED = {JobState.RUNNING, JobState.COMPLETING, JobState.SUSPENDED, JobState.STOPPED,
             JobState.SIGNALING, JobState.STAGE_OUT, JobState.CONFIGURING}  # fmt: skip
-
-
-def _elapsed(state: JobState, start: int | None, end: int | None, now: float) -> int | None:
-    if not start:
-        return None
-    if state in _STARTED:
-        return max(0, int(now) - start)
-    if state.finished and end and end >= start:
-        return end - start
-    return None
-
-
-def _number(value: object) -> int | None:
-    """An integer from 22.05's plain form or the later ``{"set", "infinite", "number"}``."""
-    if isinstance(value, dict):
-        if value.get("set") is False or value.get("infinite") is True:
-            return None
-        value = value.get("number")
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    return None
 
 
 def parse_scontrol_oneliner(text: str) -> dict[str, str]:
@@ -324,7 +313,8 @@ def parse_sacct(text: str) -> dict[str, AccountingRecord]:
 
 
 def _parse_elapsed(text: str) -> int | None:
-    match = re.fullmatch(r"(?:([0-9]+)-)?([0-9]+):([0-9]+):([0-9]+)", text.strip())
+    """Seconds from Slurm's ``[D-][H:]M:SS`` (squeue's TimeUsed, sacct's Elapsed), else None."""
+    match = re.fullmatch(r"(?:([0-9]+)-)?(?:([0-9]+):)?([0-9]+):([0-9]+)", text.strip())
     if match is None:
         return None
     days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
@@ -339,11 +329,9 @@ class SlurmClient:
         runner: Runner = subprocess_runner,
         *,
         timeout: float = DEFAULT_TIMEOUT_S,
-        clock: Callable[[], float] = time.time,
     ) -> None:
         self._runner = runner
         self._timeout = timeout
-        self._clock = clock
 
     def submit_command(
         self, script: Path, *, test_only: bool = False, extra_args: Sequence[str] = ()
@@ -390,18 +378,29 @@ class SlurmClient:
     def job_states(self, job_ids: Sequence[str]) -> dict[str, JobInfo]:
         """The jobs among ``job_ids`` that the controller still holds, keyed by :attr:`JobInfo.ref`.
 
-        Finished jobs stay listed (with a :attr:`JobState.finished` state) for ``MinJobAge``
-        after they end; purged ones are absent (see :meth:`sacct_states`). An array job id
-        matches each of its tasks and its pending range; ``120_3`` matches one task.
+        Asks ``squeue -j IDS -t all`` (text: 22.05's ``--json`` ignores ``-j``, and an
+        unfiltered queue on every poll loads slurmctld). Finished jobs stay listed (with a
+        :attr:`JobState.finished` state) for ``MinJobAge`` after they end; purged ones are
+        absent (see :meth:`sacct_states`). An array job id matches each of its tasks and its
+        pending range; ``120_3`` matches one task. Ids that are not job ids (``12x``, a local
+        backend's pid is fine) are never sent: one bad id makes squeue refuse them all.
         """
-        # 22.05 ignores -j with --json and later versions fail on a vanished id: filter here.
-        result = self._check(self._run(["squeue", "--json"]), "squeue failed")
-        wanted = set(job_ids)
-        return {
-            info.ref: info
-            for info in parse_squeue_json(result.stdout, self._clock())
-            if wanted & {info.job_id, info.ref, info.array_job_id}
-        }
+        wanted = list(dict.fromkeys(j for j in job_ids if _JOB_REF.fullmatch(j)))
+        found: dict[str, JobInfo] = {}
+        for i in range(0, len(wanted), _SQUEUE_CHUNK):
+            chunk = wanted[i : i + _SQUEUE_CHUNK]
+            argv = ["squeue", "-h", "-t", "all", "-j", ",".join(chunk), "-O", SQUEUE_FORMAT]
+            result = self._run(argv)
+            if result.returncode != 0 and _NO_SUCH_JOB in result.stderr:
+                continue  # none of them is known any more (22.05 says so for a vanished id)
+            infos = parse_squeue(self._check(result, "squeue failed").stdout)
+            keys = set(chunk)
+            found.update(
+                (info.ref, info)
+                for info in infos
+                if keys & {info.job_id, info.ref, info.array_job_id}
+            )
+        return found
 
     def show_job(self, job_ref: str) -> dict[str, str]:
         """``scontrol show job -o``: the job's fields (an array's first task for an array id)."""
@@ -425,6 +424,9 @@ class SlurmClient:
 
     def sacct_states(self, job_ids: Iterable[str]) -> dict[str, AccountingRecord] | None:
         """Accounting records of finished jobs and their steps; ``None`` without slurmdbd."""
+        job_ids = list(job_ids)
+        if not job_ids:
+            return {}
         argv = ["sacct", "-n", "-P", "-o", "JobID,State,ExitCode,Elapsed", "-j", ",".join(job_ids)]
         result = self._run(argv)
         if result.returncode != 0 and "accounting storage is disabled" in result.stderr:

@@ -24,6 +24,10 @@ base (site profile < base < command-line overrides < point values) and is named
 ``<base name>-<index>``. Random samples come from ``random.Random(seed)`` alone, so the same
 file gives the same points on every machine.
 
+A sweep has at most :data:`MAX_SWEEP_POINTS` points, counted before any is made (the grid's
+size is the product of its axes' lengths), so a typo such as ``samples: 100000000`` fails at
+once instead of filling the login node's memory.
+
 Pure apart from reading the sweep file and its base; login-node side (stdlib and PyYAML only).
 """
 
@@ -33,6 +37,7 @@ import difflib
 import itertools
 import math
 import random
+import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +53,10 @@ from hpc_ddp.config_load import (
     with_value,
 )
 from hpc_ddp.errors import ConfigError
+
+MAX_SWEEP_POINTS = 10_000
+"""Points in one sweep: Slurm's default ``MaxJobCount`` is 10,000 jobs, array tasks included,
+for the whole cluster, so a larger sweep could not even be queued on most clusters."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +114,7 @@ def load_sweep(
         data = load_job_data(base, overrides, site_profile, source=base_source)
     else:
         raise ConfigError(
-            f"{src}: base: expected a job file path or a mapping, got {base!r}. "
+            f"{src}: base: expected a job file path or a mapping, got {_show(base)}. "
             "HINT: base: path/to/job.yaml"
         )
     base_cfg = job_config_from_dict(data, base_source)
@@ -115,15 +124,20 @@ def load_sweep(
     sweep = _mapping(doc["sweep"], src, "sweep")
     _check_keys(sweep, ("grid", "list", "random", "metric", "max_parallel"), src, "sweep.")
     paths: dict[str, tuple[str, ...]] = {}  # swept key -> its path, checked once
-    assignments = [
-        *_grid(sweep.get("grid"), src, paths),
-        *_listed(sweep.get("list"), src, paths),
-        *_random(sweep.get("random"), src, paths),
+    axes = _grid(sweep.get("grid"), src, paths)
+    listed = _listed(sweep.get("list"), src, paths)
+    random_spec = _random(sweep.get("random"), src, paths)
+    counts = {
+        "sweep.grid": math.prod(len(axis) for axis in axes) if axes else 0,
+        "sweep.list": len(listed),
+        "sweep.random.samples": random_spec[0] if random_spec else 0,
+    }
+    _check_count(counts, src)
+    assignments: list[_Assignment] = [
+        *(itertools.product(*axes) if axes else []),
+        *listed,
+        *(_draw(*random_spec) if random_spec else []),
     ]
-    if not assignments:
-        raise ConfigError(
-            f"{src}: sweep: no points. HINT: give sweep.grid, sweep.list or sweep.random"
-        )
     metric, mode = _metric(sweep.get("metric"), src)
     max_parallel = sweep.get("max_parallel")
     if max_parallel is not None and (
@@ -131,7 +145,7 @@ def load_sweep(
     ):
         raise ConfigError(
             f"{src}: sweep.max_parallel: expected a whole number of at least 1, got "
-            f"{max_parallel!r}. HINT: leave it out for no limit"
+            f"{_show(max_parallel)}. HINT: leave it out for no limit"
         )
     return SweepSpec(
         base_source=base_source,
@@ -157,6 +171,31 @@ def chunk_array(n: int, max_array_size: int) -> list[tuple[int, int]]:
     return [(start, min(start + max_array_size, n)) for start in range(0, n, max_array_size)]
 
 
+def _check_count(counts: Mapping[str, int], src: str) -> None:
+    total = sum(counts.values())
+    if total == 0:
+        raise ConfigError(
+            f"{src}: sweep: no points. HINT: give sweep.grid, sweep.list or sweep.random"
+        )
+    if total > MAX_SWEEP_POINTS:
+        parts = ", ".join(f"{key} {n:,}" for key, n in counts.items() if n)
+        raise ConfigError(
+            f"{src}: sweep: {total:,} points ({parts}), over hpc-ddp's limit of "
+            f"{MAX_SWEEP_POINTS:,} points per sweep. HINT: sweep fewer values (a grid has the "
+            "product of its axes' lengths), or split the sweep into several sweep files"
+        )
+
+
+_SHOW = reprlib.Repr()
+_SHOW.maxstring = _SHOW.maxother = 60
+_SHOW.maxlist = _SHOW.maxtuple = _SHOW.maxdict = 8
+
+
+def _show(value: Any) -> str:
+    """``repr(value)`` cut short, without walking all of a large value."""
+    return _SHOW.repr(value)
+
+
 def _expand(
     data: Mapping[str, Any],
     base_name: str,
@@ -172,7 +211,7 @@ def _expand(
             # and job_configs_from_dicts converts each shared section once.
             point_data = with_value(point_data, paths[key], value)
         point_data = with_value(point_data, ("name",), f"{base_name}-{index}")
-        shown = ", ".join(f"{k}={v!r}" for k, v in assignment)
+        shown = ", ".join(f"{k}={_show(v)}" for k, v in assignment)
         items.append((point_data, f"{src}: point {index} ({shown})"))
     configs = job_configs_from_dicts(items)
     return tuple(
@@ -184,7 +223,7 @@ def _expand(
 def _swept_key(key: Any, src: str, where: str, paths: dict[str, tuple[str, ...]]) -> str:
     """Check a swept key against the job schema (did-you-mean on a typo) and record its path."""
     if not isinstance(key, str):
-        raise ConfigError(f"{src}: {where}: key {key!r} is not a string. HINT: e.g. train.lr")
+        raise ConfigError(f"{src}: {where}: key {_show(key)} is not a string. HINT: e.g. train.lr")
     if key == "name":
         raise ConfigError(
             f"{src}: {where}.name: cannot be swept; each point is named <base name>-<index>. "
@@ -202,7 +241,9 @@ def _freeze(value: Any) -> Any:
     return value
 
 
-def _grid(grid: Any, src: str, paths: dict[str, tuple[str, ...]]) -> list[_Assignment]:
+def _grid(grid: Any, src: str, paths: dict[str, tuple[str, ...]]) -> list[list[tuple[str, Any]]]:
+    """The grid's axes, one list of (key, value) per key; the caller counts their product
+    before it makes a single point."""
     if grid is None:
         return []
     grid = _mapping(grid, src, "sweep.grid")
@@ -210,13 +251,13 @@ def _grid(grid: Any, src: str, paths: dict[str, tuple[str, ...]]) -> list[_Assig
     for key, values in grid.items():
         _swept_key(key, src, "sweep.grid", paths)
         if not isinstance(values, list) or not values:
-            fix = "give at least one value" if values == [] else f"write {key}: [{values!r}]"
+            fix = "give at least one value" if values == [] else f"write {key}: [{_show(values)}]"
             raise ConfigError(
-                f"{src}: sweep.grid.{key}: expected a non-empty list of values, got {values!r}. "
-                f"HINT: {fix}"
+                f"{src}: sweep.grid.{key}: expected a non-empty list of values, got "
+                f"{_show(values)}. HINT: {fix}"
             )
         axes.append([(key, _freeze(v)) for v in values])
-    return [tuple(combo) for combo in itertools.product(*axes)] if axes else []
+    return axes
 
 
 def _listed(points: Any, src: str, paths: dict[str, tuple[str, ...]]) -> list[_Assignment]:
@@ -224,9 +265,11 @@ def _listed(points: Any, src: str, paths: dict[str, tuple[str, ...]]) -> list[_A
         return []
     if not isinstance(points, list):
         raise ConfigError(
-            f"{src}: sweep.list: expected a list of mappings, got {points!r}. "
+            f"{src}: sweep.list: expected a list of mappings, got {_show(points)}. "
             "HINT: write list: [{train.lr: 0.1}, {train.lr: 0.01}]"
         )
+    if len(points) > MAX_SWEEP_POINTS:
+        _check_count({"sweep.list": len(points)}, src)
     out = []
     for i, item in enumerate(points):
         point = _mapping(item, src, f"sweep.list[{i}]")
@@ -236,21 +279,25 @@ def _listed(points: Any, src: str, paths: dict[str, tuple[str, ...]]) -> list[_A
     return out
 
 
-def _random(spec: Any, src: str, paths: dict[str, tuple[str, ...]]) -> list[_Assignment]:
+_RandomSpec = tuple[int, int, list[tuple[str, _Sampler]]]  # samples, seed, samplers
+
+
+def _random(spec: Any, src: str, paths: dict[str, tuple[str, ...]]) -> _RandomSpec | None:
+    """The checked ``random`` section; :func:`_draw` makes its points once they are counted."""
     if spec is None:
-        return []
+        return None
     spec = _mapping(spec, src, "sweep.random")
     _check_keys(spec, ("samples", "seed", "params"), src, "sweep.random.")
     samples = spec.get("samples")
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ConfigError(
             f"{src}: sweep.random.samples: expected a whole number of at least 1, got "
-            f"{samples!r}. HINT: e.g. samples: 16"
+            f"{_show(samples)}. HINT: e.g. samples: 16"
         )
     seed = spec.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(
-            f"{src}: sweep.random.seed: expected an integer, got {seed!r}. HINT: e.g. seed: 0"
+            f"{src}: sweep.random.seed: expected an integer, got {_show(seed)}. HINT: e.g. seed: 0"
         )
     params = _mapping(spec.get("params"), src, "sweep.random.params")
     if not params:
@@ -262,6 +309,10 @@ def _random(spec: Any, src: str, paths: dict[str, tuple[str, ...]]) -> list[_Ass
     for key, dist in params.items():
         _swept_key(key, src, "sweep.random.params", paths)
         samplers.append((key, _sampler(dist, f"sweep.random.params.{key}", src)))
+    return samples, seed, samplers
+
+
+def _draw(samples: int, seed: int, samplers: list[tuple[str, _Sampler]]) -> list[_Assignment]:
     rng = random.Random(seed)
     return [tuple((key, draw(rng)) for key, draw in samplers) for _ in range(samples)]
 
@@ -273,10 +324,10 @@ def _sampler(dist: Any, where: str, src: str) -> _Sampler:
     hint = "HINT: give one of {uniform: [lo, hi]}, {loguniform: [lo, hi]}, {randint: [lo, hi]}, "
     hint += "{choice: [a, b, ...]}"
     if not isinstance(dist, Mapping) or len(dist) != 1:
-        raise ConfigError(f"{src}: {where}: expected one distribution, got {dist!r}. {hint}")
+        raise ConfigError(f"{src}: {where}: expected one distribution, got {_show(dist)}. {hint}")
     ((kind, args),) = dist.items()
     if kind not in _DISTRIBUTIONS:
-        raise ConfigError(f"{src}: {where}: unknown distribution {kind!r}. {hint}")
+        raise ConfigError(f"{src}: {where}: unknown distribution {_show(kind)}. {hint}")
     if kind == "choice":
         if not isinstance(args, list) or not args:
             raise ConfigError(f"{src}: {where}.choice: expected a non-empty list. {hint}")
@@ -295,7 +346,7 @@ def _sampler(dist: Any, where: str, src: str) -> _Sampler:
             "loguniform": "two numbers [lo, hi] with 0 < lo <= hi",
             "randint": "two integers [lo, hi] with lo <= hi (both included)",
         }[kind]
-        raise ConfigError(f"{src}: {where}.{kind}: expected {need}, got {args!r}. {hint}")
+        raise ConfigError(f"{src}: {where}.{kind}: expected {need}, got {_show(args)}. {hint}")
     low, high = args
     if kind == "randint":
         return lambda rng: rng.randint(low, high)
@@ -313,7 +364,7 @@ def _metric(spec: Any, src: str) -> tuple[str, Literal["min", "max"]]:
     name = spec.get("name", "val_loss")
     if not isinstance(name, str) or not name:
         raise ConfigError(
-            f"{src}: sweep.metric.name: expected a metric name, got {name!r}. "
+            f"{src}: sweep.metric.name: expected a metric name, got {_show(name)}. "
             "HINT: a key of metrics.jsonl, e.g. val_loss"
         )
     mode = spec.get("mode", "min")
@@ -322,7 +373,7 @@ def _metric(spec: Any, src: str) -> tuple[str, Literal["min", "max"]]:
     if mode == "max":
         return name, "max"
     raise ConfigError(
-        f"{src}: sweep.metric.mode: {mode!r} is not min or max. HINT: write mode: min (lower "
+        f"{src}: sweep.metric.mode: {_show(mode)} is not min or max. HINT: write mode: min (lower "
         "is better, e.g. a loss) or mode: max (e.g. an accuracy)"
     )
 
@@ -330,7 +381,8 @@ def _metric(spec: Any, src: str) -> tuple[str, Literal["min", "max"]]:
 def _mapping(value: Any, src: str, where: str) -> Mapping[Any, Any]:
     if not isinstance(value, Mapping):
         raise ConfigError(
-            f"{src}: {where}: expected a mapping, got {value!r}. HINT: indent its keys under it"
+            f"{src}: {where}: expected a mapping, got {_show(value)}. HINT: indent its keys "
+            "under it"
         )
     return value
 
@@ -340,4 +392,5 @@ def _check_keys(data: Mapping[Any, Any], allowed: tuple[str, ...], src: str, pre
         if key not in allowed:
             close = difflib.get_close_matches(str(key), allowed, n=1)
             hint = f"did you mean '{prefix}{close[0]}'?" if close else f"use {', '.join(allowed)}"
-            raise ConfigError(f"{src}: {prefix}{key}: unknown key. HINT: {hint}")
+            shown = key if isinstance(key, str) and len(key) <= _SHOW.maxstring else _show(key)
+            raise ConfigError(f"{src}: {prefix}{shown}: unknown key. HINT: {hint}")

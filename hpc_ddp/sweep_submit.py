@@ -44,7 +44,7 @@ from hpc_ddp.results import (
 from hpc_ddp.rundir import (
     Manifest,
     RunPaths,
-    new_run_dir,
+    create_run_dir,
     read_manifest,
     write_manifest,
     write_text_atomic,
@@ -351,7 +351,9 @@ def submit_sweep(
     """Write a new sweep directory for ``spec`` and submit its array(s)."""
     now = now or datetime.now(timezone.utc)
     name = sweep_name(spec)
-    sweep_dir = new_run_dir(runs_dir.resolve(), name, now.strftime("%Y%m%d-%H%M%S"))
+    # Claimed by mkdir: a sweep submitted in the same second gets the next suffix, never this
+    # directory (whose clean-up below would otherwise delete the other sweep's files).
+    sweep_dir = create_run_dir(runs_dir.resolve(), name, now.strftime("%Y%m%d-%H%M%S"))
     record = sweep_record_text(spec, name, sweep_file.resolve())
     try:
         # Ask slurmctld for MaxArraySize while the configs are written: only the scripts need

@@ -23,6 +23,12 @@ _TIME_HINT = (
 _DAYS_RE = re.compile(r"([0-9]+)-([0-9]+)(?::([0-9]+))?(?::([0-9]+))?")
 _CLOCK_RE = re.compile(r"([0-9]+)(?::([0-9]+))?(?::([0-9]+))?")
 _UNLIMITED = {"UNLIMITED", "INFINITE"}
+_MAX_TEXT = 32
+"""No valid time or memory size is longer (``365-00:00:00`` is 12); checked before any int()."""
+MAX_TIME_MINUTES = 0xFFFFFFFD
+"""Slurm keeps a time limit as 32-bit minutes, two of the values meaning infinite and unset."""
+MAX_MEM_MB = 2**63 - 1
+"""Slurm keeps a memory size as 64-bit megabytes, its top bit a flag."""
 
 _MEM_RE = re.compile(r"([0-9]+)([KMGTkmgt]?)")
 _MEM_FACTOR_MB = {"": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
@@ -43,6 +49,8 @@ def parse_slurm_time(text: str) -> int:
     schedules its requeue signal relative to the time limit.
     """
     raw = text.strip()
+    if len(raw) > _MAX_TEXT:
+        raise ConfigError(f"invalid time limit {_short(text)}: far too long. {_TIME_HINT}")
     if raw.upper() in _UNLIMITED or raw == "-1":
         raise ConfigError(
             f"time limit {text!r} is unlimited; hpc-ddp needs a finite limit to send the "
@@ -68,6 +76,11 @@ def parse_slurm_time(text: str) -> int:
         raise ConfigError(f"invalid time limit {text!r}. {_TIME_HINT}")
     _check_below(text, "seconds", seconds, 60)
     total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    if total > MAX_TIME_MINUTES * 60:
+        raise ConfigError(
+            f"time limit {text!r} is longer than Slurm can hold ({MAX_TIME_MINUTES:,} minutes, "
+            f"about 8,000 years). {_TIME_HINT}"
+        )
     if total == 0:
         raise ConfigError(
             f"time limit {text!r} is zero, which Slurm reads as 'no limit'; hpc-ddp needs a "
@@ -111,6 +124,10 @@ def parse_mem(text: str | int) -> int:
             f"invalid memory size {text!r}: not a string or integer. HINT: use {_MEM_HINT_FORMS}"
         )
     raw = str(text).strip()
+    if len(raw) > _MAX_TEXT:
+        raise ConfigError(
+            f"invalid memory size {_short(raw)}: far too long. HINT: use {_MEM_HINT_FORMS}"
+        )
     if raw.startswith("-"):
         raise ConfigError(
             f"invalid memory size {text!r}: it is negative. HINT: use {_MEM_HINT_FORMS}"
@@ -125,9 +142,17 @@ def parse_mem(text: str | int) -> int:
             "HINT: give an explicit size such as 64G, or leave slurm.mem out for the "
             "partition's default"
         )
-    if unit == "K":
-        return max(1, math.ceil(number / 1024))
-    return number * _MEM_FACTOR_MB[unit]
+    megabytes = max(1, math.ceil(number / 1024)) if unit == "K" else number * _MEM_FACTOR_MB[unit]
+    if megabytes > MAX_MEM_MB:
+        raise ConfigError(
+            f"invalid memory size {text!r}: more than Slurm can hold ({MAX_MEM_MB:,} MB). "
+            f"HINT: use {_MEM_HINT_FORMS}"
+        )
+    return megabytes
+
+
+def _short(text: str) -> str:
+    return f"{text[:_MAX_TEXT]!r}... ({len(text):,} characters)"
 
 
 def _mem_fix(raw: str) -> str:

@@ -1,14 +1,24 @@
-"""Checkpoint format and atomic I/O: kills mid-write, corrupt files, pruning, digests, RNG."""
+"""Checkpoint format and atomic I/O: kills mid-write, corrupt files, pruning, digests, RNG;
+damaged and foreign files listed with a reason and skipped on resume, the weights digest
+checked on every load."""
 
 from __future__ import annotations
 
 import enum
 import json
 import logging
+import os
+import pickle
 import random
+import signal
+import struct
 import subprocess
 import sys
+import time
+import zipfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,6 +26,7 @@ from torch import nn
 
 from hpc_ddp.checkpoint import (
     LATEST,
+    CheckpointState,
     CheckpointWriter,
     Progress,
     build_payload,
@@ -31,7 +42,9 @@ from hpc_ddp.checkpoint import (
     weights_digest,
     write_checkpoint,
 )
+from hpc_ddp.config import JobConfig, TrainConfig
 from hpc_ddp.errors import CheckpointError
+from hpc_ddp.session import Session, unwrap
 from tests.helpers.launch import HELPERS, base_env
 
 pytestmark = pytest.mark.torch
@@ -263,3 +276,297 @@ def test_sigkill_during_saves_always_leaves_a_loadable_checkpoint(tmp_path: Path
     assert found is not None
     assert found[1]["progress"]["step"] == steps[-1]
     assert torch.load(found[0], weights_only=True)["meta"]["weights_digest"]
+
+
+# --- damaged and foreign files: listed with a reason, skipped on resume ---------------------
+
+OK, DAMAGED, FOREIGN = CheckpointState.OK, CheckpointState.DAMAGED, CheckpointState.FOREIGN
+
+
+def flip_tensor_bytes(path: Path) -> None:
+    """Flip the low bit of 4 bytes in the middle of the first model tensor's stored data.
+
+    The zip and the pickle stay intact, so ``torch.load`` still succeeds: only the weights
+    change, as with bit rot on disk or a bad copy.
+    """
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith("/data/0"))
+    assert info.compress_type == zipfile.ZIP_STORED
+    raw = bytearray(path.read_bytes())
+    header = info.header_offset
+    name_len, extra_len = struct.unpack("<HH", raw[header + 26 : header + 30])
+    middle = header + 30 + name_len + extra_len + info.file_size // 2
+    for i in range(middle, middle + 4):
+        raw[i] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+
+def real_payload(step: int) -> dict[str, Any]:
+    """A complete payload as the writer stores it (digest filled in)."""
+    model = small_model(step)
+    payload = build_payload(
+        model=snapshot(model.state_dict()),
+        progress=Progress(step=step, epoch=1),
+        rng=[capture_rng_state(CPU)],
+    )
+    payload["meta"]["weights_digest"] = weights_digest(payload["model"])
+    return payload
+
+
+def edited(edit: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
+    """A maker that saves a real payload after ``edit`` changed it in place."""
+
+    def make(path: Path) -> None:
+        payload = real_payload(parse_checkpoint_name(path.name) or 0)
+        edit(payload)
+        torch.save(payload, path)
+
+    return make
+
+
+def torn(path: Path) -> None:
+    save(path.parent / "scratch", 30)
+    whole = (path.parent / "scratch" / checkpoint_name(30)).read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])
+
+
+class Opaque:
+    """Someone else's class: a weights-only load refuses to import it."""
+
+
+def _set(keys: tuple[str, ...], value: Any) -> Callable[[dict[str, Any]], None]:
+    def edit(payload: dict[str, Any]) -> None:
+        target = payload
+        for k in keys[:-1]:
+            target = target[k]
+        target[keys[-1]] = value
+
+    return edit
+
+
+# name -> (maker of the bad file, state, words its reason must contain)
+BAD_FILES: dict[str, tuple[Callable[[Path], object], CheckpointState, str]] = {
+    "plain-tensor": (lambda p: torch.save(torch.zeros(3), p), FOREIGN, "holds a torch.Tensor"),
+    "dict-without-keys": (
+        lambda p: torch.save({"weights": {"w": torch.zeros(2)}}, p),
+        FOREIGN,
+        "{weights} with no hpc-ddp format marker",
+    ),
+    "other-trainer": (
+        lambda p: torch.save({"state_dict": small_model().state_dict(), "epoch": 3}, p),
+        FOREIGN,
+        "{epoch, state_dict} with no hpc-ddp format marker",
+    ),
+    "custom-class": (
+        lambda p: torch.save({"model": Opaque()}, p),
+        FOREIGN,
+        "holds a tests.test_checkpoint.Opaque",
+    ),
+    "raw-pickle": (
+        lambda p: p.write_bytes(pickle.dumps({"model": {}})),
+        FOREIGN,
+        "not a torch zip file",
+    ),
+    "text-file": (lambda p: p.write_text("step 30\n"), FOREIGN, "not a torch zip file"),
+    "legacy-torch-format": (
+        lambda p: torch.save({"model": {}}, p, _use_new_zipfile_serialization=False),
+        FOREIGN,
+        "not a torch zip file",
+    ),
+    "newer-format-version": (edited(_set(("version",), 2)), FOREIGN, "format version 2"),
+    "zero-bytes": (lambda p: p.write_bytes(b""), DAMAGED, "empty file (0 bytes)"),
+    "zero-filled": (lambda p: p.write_bytes(b"\0" * 4096), DAMAGED, "zero bytes"),
+    "torn": (torn, DAMAGED, "torn: the zip archive has no end"),
+    "dangling-symlink": (
+        lambda p: p.symlink_to(p.parent / "gone.pt"),
+        DAMAGED,
+        "dangling symlink to",
+    ),
+    "directory": (lambda p: p.mkdir(), DAMAGED, "not a regular file"),
+    "lacks-rng": (edited(lambda d: d.pop("rng")), DAMAGED, "checkpoint lacks rng"),
+    "step-not-int": (edited(_set(("progress", "step"), "30")), DAMAGED, "progress.step is '30'"),
+    "model-not-dict": (edited(_set(("model",), torch.zeros(2))), DAMAGED, "model is a Tensor"),
+    "no-digest": (
+        edited(_set(("meta", "weights_digest"), None)),
+        DAMAGED,
+        "meta.weights_digest is None",
+    ),
+    "rng-entry-wrong": (edited(_set(("rng",), [{}])), DAMAGED, "rng is a list of 1, expected"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_bad_newest_is_listed_with_reason_and_skipped_on_resume(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, case: str
+) -> None:
+    make, state, reason = BAD_FILES[case]
+    save(tmp_path, 10)
+    good = save(tmp_path, 20)
+    bad = tmp_path / checkpoint_name(30)
+    make(bad)
+    for verify in (False, True):
+        infos = list_checkpoints(tmp_path, verify=verify)
+        assert [(i.step, i.state) for i in infos] == [(10, OK), (20, OK), (30, state)]
+        assert infos[-1].error is not None
+        assert reason in infos[-1].error
+        assert "\n" not in infos[-1].error
+        assert "\x1b" not in infos[-1].error  # torch's messages carry terminal escapes
+        assert (infos[-1].epoch, infos[-1].time, infos[-1].weights_digest) == (None, None, None)
+    with caplog.at_level(logging.WARNING, logger="hpc_ddp.checkpoint"):
+        found = find_latest(tmp_path)
+    assert found is not None
+    assert found[0] == good
+    assert found[1]["progress"]["step"] == 20
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert str(bad) in warning
+    assert reason in warning
+    with pytest.raises(CheckpointError, match=rf"^{bad}: {state.value} checkpoint: .*HINT: "):
+        load_checkpoint(bad)
+
+
+def test_only_bad_files_is_an_error_naming_the_newest(tmp_path: Path) -> None:
+    for case, step in (("zero-bytes", 1), ("plain-tensor", 2)):
+        BAD_FILES[case][0](tmp_path / checkpoint_name(step))
+    with pytest.raises(CheckpointError, match=r"none of 2 checkpoints loads \(newest: step-0+2"):
+        find_latest(tmp_path)
+    assert [i.state for i in list_checkpoints(tmp_path)] == [DAMAGED, FOREIGN]
+
+
+def test_flipped_weights_rejected_on_load_and_resume_takes_previous(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bit flips in tensor data: torch.load still succeeds; only the digest catches them."""
+    paths = [save(tmp_path, step) for step in (10, 20, 30)]
+    newest = paths[-1]
+    recorded = torch.load(newest, weights_only=True)["meta"]["weights_digest"]
+    flip_tensor_bytes(newest)
+    raw = load_checkpoint(newest, verify=False)  # the damage is invisible to torch.load
+    assert raw["meta"]["weights_digest"] == recorded
+    assert weights_digest(raw["model"]) != recorded
+    with caplog.at_level(logging.WARNING, logger="hpc_ddp.checkpoint"):
+        found = find_latest(tmp_path)
+    assert found is not None
+    assert found[0] == paths[1]
+    assert found[1]["progress"]["step"] == 20
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert str(newest) in warning
+    assert "do not match their recorded digest" in warning
+    with pytest.raises(CheckpointError, match=r"damaged checkpoint: weights do not match.*HINT"):
+        load_checkpoint(newest)
+    # listing without --verify does not read the tensors; with it, the same check as resume
+    assert [i.state for i in list_checkpoints(tmp_path)] == [OK, OK, OK]
+    verified = list_checkpoints(tmp_path, verify=True)
+    assert [i.state for i in verified] == [OK, OK, DAMAGED]
+    assert "recorded digest" in (verified[-1].error or "")
+
+
+def test_dangling_latest_pointer_is_harmless_and_replaced(tmp_path: Path) -> None:
+    save(tmp_path, 10)
+    (tmp_path / LATEST).unlink()
+    (tmp_path / LATEST).symlink_to(tmp_path / "step-00000099.pt")
+    assert [(i.step, i.state) for i in list_checkpoints(tmp_path, verify=True)] == [(10, OK)]
+    found = find_latest(tmp_path)
+    assert found is not None
+    assert found[0].name == "step-00000010.pt"
+    save(tmp_path, 20)
+    assert not (tmp_path / LATEST).is_symlink()
+    assert (tmp_path / LATEST).read_text().strip() == "step-00000020.pt"
+
+
+def test_symlinked_checkpoint_that_resolves_is_good(tmp_path: Path) -> None:
+    target = save(tmp_path / "elsewhere", 10)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / target.name).symlink_to(target)
+    [info] = list_checkpoints(tmp_path / "ckpt", verify=True)
+    assert (info.state, info.size) == (OK, target.stat().st_size)
+    found = find_latest(tmp_path / "ckpt")
+    assert found is not None
+    assert found[1]["progress"]["step"] == 10
+
+
+@pytest.mark.parametrize(
+    "name", [".tmp-step-00000030.pt.99999", "step-00000030.pt.tmp", "step-00000030.pt.part"]
+)
+def test_half_written_files_are_never_taken_for_checkpoints(tmp_path: Path, name: str) -> None:
+    """A killed writer leaves ``.tmp-step-N.pt.PID``, whole or torn; copy tools leave
+    ``.tmp``/``.part`` files. None of them is newer than the last renamed checkpoint."""
+    good = save(tmp_path, 20)
+    complete = tmp_path / name  # whole payload, but the rename that publishes it never ran
+    torch.save(real_payload(30), complete)
+    torn_tmp = tmp_path / f"{name}.torn"
+    torn_tmp.write_bytes(complete.read_bytes()[:1000])
+    found = find_latest(tmp_path)
+    assert found is not None
+    assert found[0] == good
+    assert [i.step for i in list_checkpoints(tmp_path, verify=True)] == [20]
+    if name.startswith(".tmp-"):  # the next save sweeps a dead writer's temp files
+        save(tmp_path, 21)
+        assert not complete.exists()
+
+
+@pytest.fixture
+def clean_process() -> Iterator[None]:
+    """Put back os.environ (the env:// init writes RANK, MASTER_PORT ...) and signal handlers."""
+    saved_env = dict(os.environ)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
+    yield
+    os.environ.clear()
+    os.environ.update(saved_env)
+    for s, h in handlers.items():
+        signal.signal(s, h)
+
+
+def train_in_session(run_dir: Path, total: int) -> tuple[int, str]:
+    """A single-process session run to ``total`` steps, checkpointing every step; the step it
+    resumed from and the digest of the weights it resumed with."""
+    with Session(run_dir, JobConfig(name="t", train=TrainConfig(keep_last=10)), env={}) as s:
+        model = s.wrap(small_model(0))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        s.restore(model=model, optimizer=opt)
+        resumed = (s.progress.step, weights_digest(unwrap(model).state_dict()))
+        x = torch.linspace(-1, 1, 32).reshape(4, 8)
+        for _ in s.steps(total, checkpoint_every=1):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+        s.checkpoint(wait=True)
+    return resumed
+
+
+@pytest.mark.usefixtures("clean_process")
+def test_session_restore_skips_flipped_weights_and_retrains_exactly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert train_in_session(tmp_path, 3)[0] == 0
+    before = {i.step: i.weights_digest for i in list_checkpoints(tmp_path, verify=True)}
+    assert sorted(before) == [1, 2, 3]
+    newest = tmp_path / "checkpoints" / checkpoint_name(3)
+    flip_tensor_bytes(newest)
+    with caplog.at_level(logging.WARNING, logger="hpc_ddp.checkpoint"):
+        resumed_step, resumed_digest = train_in_session(tmp_path, 4)
+    assert (resumed_step, resumed_digest) == (2, before[2])
+    assert any(str(newest) in r.getMessage() and "digest" in r.getMessage() for r in caplog.records)
+    after = list_checkpoints(tmp_path, verify=True)
+    assert [(i.step, i.state) for i in after] == [(1, OK), (2, OK), (3, OK), (4, OK)]
+    assert after[2].weights_digest == before[3]  # step 3 trained again, bit for bit
+
+
+def test_verified_load_overhead_is_small(tmp_path: Path) -> None:
+    """The digest check on load stays cheap next to the load (about 30 ms per 47 MB)."""
+    payload = build_payload(
+        model={f"w{i}": torch.randn(1024, 1024) for i in range(20)},  # 80 MiB of weights
+        progress=Progress(step=1),
+        rng=[capture_rng_state(CPU)],
+    )
+    path = write_checkpoint(tmp_path, payload, keep_last=0)
+
+    def best(verify: bool) -> float:
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            load_checkpoint(path, verify=verify)
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    plain, verified = best(False), best(True)
+    assert verified - plain < max(1.0, 3 * plain), (plain, verified)

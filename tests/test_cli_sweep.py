@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,7 @@ echo "{name} $*" >> "$FAKE_SLURM_LOG"
 case "{name}" in
   sbatch) n=$(grep -c '^sbatch' "$FAKE_SLURM_LOG"); echo "$((500 + n))" ;;
   scontrol) echo "MaxArraySize            = ${{FAKE_MAX_ARRAY:-1001}}" ;;
-  squeue) cat "$FAKE_SQUEUE" 2>/dev/null || echo '{{"jobs": []}}' ;;
+  squeue) cat "$FAKE_SQUEUE" 2>/dev/null || true ;;
 esac
 """
 
@@ -264,3 +265,122 @@ def test_sweep_and_results_do_not_import_torch_or_submitit(tmp_path: Path, slurm
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
+
+
+# --- user errors and damaged files: an exit code and a HINT, never a traceback -----------------
+
+
+def test_results_of_a_file_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "results.csv"
+    path.write_text("not a sweep\n")
+    assert main(["results", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"hpc-ddp results: error: {path}: is a file, not a sweep directory. HINT:" in err
+
+
+@pytest.mark.parametrize("top", ["0", "-3"])
+def test_results_top_must_be_positive(
+    tmp_path: Path, slurm: Path, capsys: pytest.CaptureFixture[str], top: str
+) -> None:
+    sweep_dir = submit(tmp_path, capsys)
+    assert main(["results", str(sweep_dir), "--top", top]) == 2
+    captured = capsys.readouterr()
+    assert f"--top {top}: must be at least 1" in captured.err
+    assert "HINT: leave --top out" in captured.err
+    assert captured.out == ""
+
+
+def test_results_skip_damaged_metric_lines_and_say_so(
+    tmp_path: Path,
+    slurm: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sweep_dir = submit(tmp_path, capsys)
+    _fill(sweep_dir)
+    good = (sweep_dir / "tasks" / "1" / "metrics.jsonl").read_bytes()
+    (sweep_dir / "tasks" / "1" / "metrics.jsonl").write_bytes(
+        b"\x00\xff\xfe\x89PNG\r\n[1, 2]\n42\n"
+        + b'{"step": 30, "val_loss": '
+        + b"9" * 400
+        + b"}\n"  # too large for a float
+        + good
+    )
+    (sweep_dir / "tasks" / "2" / "metrics.jsonl").unlink()
+    (sweep_dir / "tasks" / "2" / "metrics.jsonl").mkdir()  # unreadable as a file
+    with caplog.at_level(logging.WARNING, logger="hpc_ddp.results"):
+        assert main(["results", str(sweep_dir), "--format", "json", "--no-slurm"]) == 0
+    rows = {r["index"]: r for r in json.loads(capsys.readouterr().out)}
+    assert (rows[1]["best"], rows[1]["steps"]) == (0.5, 30)  # the good rows still count
+    assert rows[2]["best"] is None
+    warnings = [r.getMessage() for r in caplog.records]
+    assert any("tasks/1/metrics.jsonl: skipped 3 line(s) that are not JSON objects (first: "
+               "line 1). HINT:" in w for w in warnings)  # fmt: skip
+    assert any("tasks/2/metrics.jsonl: cannot read it" in w for w in warnings)
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+@pytest.mark.parametrize("under", [False, True])
+def test_sweep_refuses_a_runs_dir_that_is_a_file(
+    tmp_path: Path,
+    slurm: Path,
+    capsys: pytest.CaptureFixture[str],
+    dry_run: list[str],
+    under: bool,
+) -> None:
+    blocker = tmp_path / "runs"
+    blocker.write_text("")
+    runs = blocker / "sub" if under else blocker
+    rc = main(["sweep", str(sweep_file(tmp_path)), "--runs-dir", str(runs), *dry_run])
+    captured = capsys.readouterr()
+    assert rc == 2
+    what = f"lies under the file {blocker}" if under else "is a file"
+    assert f"hpc-ddp sweep: error: --runs-dir {runs}: {what}, not a directory. HINT:" in (
+        captured.err
+    )
+    assert captured.out == ""
+    assert slurm.read_text() == ""  # Slurm was never asked
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({"SLURM_ARRAY_TASK_ID": "abc"}, "SLURM_ARRAY_TASK_ID='abc' is not an integer. HINT:"),
+        ({"SLURM_ARRAY_TASK_ID": "1", "HPC_DDP_ARRAY_OFFSET": "x"},
+         "HPC_DDP_ARRAY_OFFSET='x' is not an integer. HINT:"),
+        ({"SLURM_ARRAY_TASK_ID": "-1"}, "SLURM_ARRAY_TASK_ID='-1' is below 0. HINT:"),
+    ],
+)  # fmt: skip
+def test_run_with_a_garbled_array_task_id_fails_with_a_message(
+    tmp_path: Path,
+    slurm: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    env: dict[str, str],
+    fragment: str,
+) -> None:
+    sweep_dir = submit(tmp_path, capsys)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(["run", str(sweep_dir)]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"hpc-ddp run: error: {fragment}")
+
+
+def test_a_full_disk_while_writing_the_sweep_is_a_failure_with_a_hint(
+    tmp_path: Path,
+    slurm: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("hpc_ddp.cli.cmd_sweep.submit_sweep", full)
+    runs = tmp_path / "runs"
+    assert main(["sweep", str(sweep_file(tmp_path)), "--runs-dir", str(runs)]) == 1
+    err = capsys.readouterr().err
+    assert f"writing the sweep directory under {runs} failed: [Errno 28] No space left" in err
+    assert "HINT:" in err

@@ -514,3 +514,36 @@ def test_loading_modules_import_no_torch_or_submitit() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_an_override_over_a_limit_names_it_once_and_briefly(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("name: x\n")
+    big = "q" * 20_000
+    with pytest.raises(OverrideError) as info:
+        load_job_config(path, [f"slurm.qos={big}"])
+    message = str(info.value)
+    assert message.startswith("override 'slurm.qos=qqqq")
+    assert "(20,010 characters): slurm.qos: a value has 20,000 characters, over" in message
+    assert "HINT:" in message
+    assert len(message) < 600
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value", "fragment"),
+    [
+        ("requeue.signal", "SIG" + "X" * 9000, "(9,003 characters) is over hpc-ddp's limit"),
+        ("dist.backend", "n" * 9000, "(9,000 characters) is not one of"),
+        ("name", "n" * 129, "over hpc-ddp's limit of 128 characters for a job name"),
+        ("slurm.extra", {"x" * 9000: "1"}, "slurm.extra: the name 'xxxx"),
+        ("env.vars", {"V" * 129: "1"}, "(129 characters) is over hpc-ddp's limit of 128"),
+    ],
+)
+def test_long_bad_values_are_quoted_in_part(dotted: str, value: Any, fragment: str) -> None:
+    data = _set({"name": "x"}, dotted, value) if dotted != "name" else {"name": value}
+    with pytest.raises(ConfigError) as info:
+        job_config_from_dict(data, "api")
+    message = str(info.value)
+    assert fragment in message
+    assert "HINT:" in message
+    assert len(message) < 600

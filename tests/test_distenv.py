@@ -14,7 +14,14 @@ from typing import Any
 
 import pytest
 
-from hpc_ddp.distenv import PORT_BASE, PORT_SLOTS, DistEnv, derive_dist_env, derive_master_port
+from hpc_ddp.distenv import (
+    PORT_BASE,
+    PORT_SLOTS,
+    DistEnv,
+    array_task_index,
+    derive_dist_env,
+    derive_master_port,
+)
 from hpc_ddp.errors import DistEnvError
 
 
@@ -407,7 +414,15 @@ BAD: list[tuple[str, dict[str, str], list[str]]] = [
     ),
     ("MASTER_PORT not an integer", {**TORCHRUN, "MASTER_PORT": "http"}, ["MASTER_PORT='http'"]),
     ("WORLD_SIZE not an integer", {**TORCHRUN, "WORLD_SIZE": "4.0"}, ["WORLD_SIZE='4.0'"]),
-]
+    ("array task id not a number", {**TORCHRUN, "SLURM_ARRAY_TASK_ID": "abc"},
+     ["SLURM_ARRAY_TASK_ID='abc' is not an integer"]),
+    ("array task id garbled in a Slurm task", {"SLURM_PROCID": "0", "SLURM_ARRAY_TASK_ID": "3x"},
+     ["SLURM_ARRAY_TASK_ID='3x' is not an integer"]),
+    ("a digit int() takes but Slurm never writes", {**TORCHRUN, "RANK": "\u0661"},
+     ["RANK='\u0661' is not an integer"]),
+    ("underscores", {**TORCHRUN, "WORLD_SIZE": "1_0"}, ["WORLD_SIZE='1_0'"]),
+    ("five thousand digits", {**TORCHRUN, "WORLD_SIZE": "9" * 5000}, ["WORLD_SIZE='9999"]),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("env", "fragments"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
@@ -513,3 +528,33 @@ def test_rank_zero_must_be_on_the_first_node() -> None:
     env = slurm("0/0/1", 2, "n[1-2]", "1(x2)", "n2")
     with pytest.raises(DistEnvError, match=r"SLURM_PROCID=0 runs on SLURM_NODEID=1.*HINT:"):
         derive_dist_env(env)
+
+
+@pytest.mark.parametrize(
+    ("env", "index"),
+    [
+        ({}, None),
+        ({"SLURM_ARRAY_TASK_ID": ""}, None),
+        ({"SLURM_ARRAY_TASK_ID": "7"}, 7),
+        ({"SLURM_ARRAY_TASK_ID": "7", "HPC_DDP_ARRAY_OFFSET": "1001"}, 1008),
+        ({"HPC_DDP_ARRAY_OFFSET": "1001"}, None),  # not an array task: the offset is unused
+    ],
+)
+def test_array_task_index(env: dict[str, str], index: int | None) -> None:
+    assert array_task_index(env) == index
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({"SLURM_ARRAY_TASK_ID": "abc"}, "SLURM_ARRAY_TASK_ID='abc' is not an integer"),
+        ({"SLURM_ARRAY_TASK_ID": "2", "HPC_DDP_ARRAY_OFFSET": "1e3"},
+         "HPC_DDP_ARRAY_OFFSET='1e3' is not an integer"),
+        ({"SLURM_ARRAY_TASK_ID": "-2"}, "SLURM_ARRAY_TASK_ID='-2' is below 0"),
+    ],
+)  # fmt: skip
+def test_array_task_index_rejects(env: dict[str, str], fragment: str) -> None:
+    with pytest.raises(DistEnvError) as info:
+        array_task_index(env)
+    assert fragment in str(info.value)
+    assert "HINT:" in str(info.value)

@@ -200,6 +200,7 @@ def test_causes_round_trip_as_strings(tmp_path: Path) -> None:
         (EndCause.CANCELLED, 0, 5, True, False),
         (EndCause.UNKNOWN, 0, 5, True, False),
         (EndCause.BUDGET_EXHAUSTED, 0, 5, True, False),
+        (EndCause.REQUEUE_FAILED, 0, 5, True, False),
     ],
 )
 def test_decide_requeue(
@@ -216,6 +217,27 @@ def test_an_exhausted_budget_says_which_setting_to_raise() -> None:
     assert not decision.requeue
     assert "5 of requeue.max_requeues=5" in decision.reason
     assert "HINT: raise it (e.g. requeue.max_requeues=10)" in decision.reason
+
+
+def test_a_failed_requeue_is_recorded_as_such_not_as_a_request(tmp_path: Path) -> None:
+    """What ``hpc-ddp status`` reads to tell an unfinished run from a finished one."""
+    path = tmp_path / "ledger.jsonl"
+    start(path, 0, 1.0)
+    record_end(
+        path,
+        attempt=0,
+        cause=EndCause.REQUEUE_FAILED,
+        steps_done=12,
+        checkpoint="step-00000012.pt",
+        requeue_requested=False,
+        message="could not requeue job 4242: ... HINT: ...",
+        now=2.0,
+    )
+    line = json.loads(path.read_text().splitlines()[-1])
+    assert (line["cause"], line["requeue_requested"]) == ("requeue_failed", False)
+    [attempt] = read_ledger(path)
+    assert (attempt.cause, attempt.requeue_requested) == (EndCause.REQUEUE_FAILED, False)
+    assert (attempt.steps_done, attempt.checkpoint) == (12, "step-00000012.pt")
 
 
 def test_a_crash_without_on_crash_points_at_the_setting() -> None:

@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from hpc_ddp.ledger import EndCause
-from hpc_ddp.preemption import classify_stop, signal_number
+from hpc_ddp.preemption import classify_stop, classify_unanswered_stop, signal_number
 
 USR2, TERM = int(signal.SIGUSR2), int(signal.SIGTERM)
 
@@ -49,6 +49,29 @@ def test_without_slurm_the_requeue_signal_still_asks_to_come_back() -> None:
     assert (v.cause, v.request_requeue) == (EndCause.TIME_LIMIT, True)
     v = classify_stop(TERM, requeue_signum=USR2, restart_count=0, job=None)
     assert (v.cause, v.request_requeue) == (EndCause.UNKNOWN, False)
+
+
+def test_when_slurm_cannot_be_asked_nothing_is_taken_for_a_requeue_under_way() -> None:
+    """Inside a Slurm job whose state could not be read: the requeue signal still asks for a
+    requeue (Slurm sends it only to a running job); SIGTERM asks for none and is not called a
+    requeue by Slurm (it may be one, or a cancel: unknown)."""
+    why = "scontrol show job failed (exit 1). Slurm said: Unable to contact slurm controller"
+    v = classify_unanswered_stop(USR2, requeue_signum=USR2, error=why)
+    assert (v.cause, v.request_requeue, v.slurm_answered) == (EndCause.TIME_LIMIT, True, False)
+    assert why in v.explanation
+    v = classify_unanswered_stop(TERM, requeue_signum=USR2, error=why)
+    assert (v.cause, v.request_requeue, v.slurm_answered) == (EndCause.UNKNOWN, False, False)
+    assert v.cause not in (EndCause.MANUAL_REQUEUE, EndCause.PREEMPTED)
+    assert "SIGTERM" in v.explanation
+    assert why in v.explanation
+    # A custom requeue signal is the one that asks.
+    v = classify_unanswered_stop(USR2, requeue_signum=int(signal.SIGUSR1), error=why)
+    assert (v.cause, v.request_requeue) == (EndCause.UNKNOWN, False)
+
+
+def test_slurms_answer_counts_as_answered() -> None:
+    v = classify_stop(USR2, requeue_signum=USR2, restart_count=0, job=job("RUNNING", 0))
+    assert v.slurm_answered
 
 
 def test_missing_restarts_field_is_not_mistaken_for_a_requeue() -> None:

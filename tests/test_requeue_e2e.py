@@ -2,7 +2,8 @@
 
 Each test submits the quickstart job through the CLI, stops it the way Slurm or a person
 would (the lead-time signal, a preemption, ``scontrol requeue``, an array task's signal, a
-SIGKILLed rank, the real time limit), and checks what the issue promises: the final weights are
+SIGKILLed rank, the real time limit, a signal whose requeue request fails because the tasks
+cannot reach Slurm), and checks what the issue promises: the final weights are
 bit-identical to an uninterrupted run of the same config, the ledger names each attempt's
 cause, and Slurm's own ``Restarts`` count shows exactly the requeues there should be.
 
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -23,7 +26,7 @@ import pytest
 
 from hpc_ddp.config_load import load_resolved_config
 from hpc_ddp.ledger import EndCause
-from hpc_ddp.requeue import BUDGET_EXIT_CODE
+from hpc_ddp.requeue import BUDGET_EXIT_CODE, REQUEUE_FAILED_EXIT_CODE
 from tests import e2e_util as e2e
 from tests.conftest import Cluster
 
@@ -220,6 +223,73 @@ def test_budget_exhausted_ends_failed_with_a_clear_message(
     assert "requeue budget exhausted" in (job.run_dir / "logs" / "rank-0.err").read_text()
     row = e2e.status(slurm_cluster, job.run_dir)
     assert (row["state"], row["causes"]) == ("FAILED", "time_limit,budget_exhausted")
+
+
+def container_scontrol(cluster: Cluster, where: Path) -> str:
+    """An ``env.setup`` line that gives the job's tasks the ``scontrol`` of a container that
+    has Slurm's config but not munged's socket: the real command, failing as it does there
+    ("Munge encode failed: Failed to access ..."), while srun and the batch shell are unchanged.
+    """
+    real = shutil.which("scontrol", path=cluster.env["PATH"])
+    assert real is not None
+    conf = where / "container-slurm.conf"
+    text, n = re.subn(
+        r"(AuthInfo=socket=)[^,\s]+",
+        rf"\g<1>{where}/no-munge/munge.socket",
+        cluster.conf.read_text(),
+    )
+    assert n == 1
+    conf.write_text(text)
+    bin_dir = where / "container-bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "scontrol"
+    wrapper.write_text(f'#!/bin/sh\nSLURM_CONF={conf} exec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    return f'env.setup=["export PATH={bin_dir}:$PATH"]'
+
+
+def test_failed_requeue_ends_failed_with_the_checkpoint_kept(
+    slurm_cluster: Cluster, tmp_path: Path, reference: Reference
+) -> None:
+    """Issue 11: the tasks cannot reach Slurm when the lead-time signal comes. Before, the
+    failed `scontrol requeue` was taken for "Slurm requeued it": requeue_requested in the
+    ledger and the job COMPLETED with training unfinished."""
+    job = e2e.submit(
+        slurm_cluster, tmp_path, QUICKSTART, *TRAIN, container_scontrol(slurm_cluster, tmp_path)
+    )
+    seen = e2e.wait_step(job.run_dir, 10)
+    e2e.signal_job(slurm_cluster, job.job_id)
+    fields = e2e.wait_done(slurm_cluster, job.job_id)
+    assert fields["JobState"] == "FAILED"
+    assert fields["ExitCode"] == f"{REQUEUE_FAILED_EXIT_CODE}:0"
+    assert fields["Restarts"] == "0"  # nothing requeued it
+    [attempt] = e2e.ledger(job.run_dir)
+    assert (attempt.cause, attempt.requeue_requested) == (EndCause.REQUEUE_FAILED, False)
+    assert attempt.steps_done is not None
+    assert seen <= attempt.steps_done < STEPS
+    # The checkpoint where it stopped is in place, whole, and named in the message.
+    assert attempt.checkpoint == f"step-{attempt.steps_done:08d}.pt"
+    assert (job.run_dir / "checkpoints" / attempt.checkpoint).is_file()
+    assert e2e.final_digest(slurm_cluster, job.run_dir)[0] == attempt.steps_done
+    assert attempt.message is not None
+    assert f"could not requeue job {job.job_id}" in attempt.message
+    assert "Munge encode failed" in attempt.message  # what the real scontrol said
+    assert f"checkpoint at step {attempt.steps_done} ({attempt.checkpoint}) is kept" in (
+        attempt.message
+    )
+    assert "HINT: let the job reach Slurm" in attempt.message
+    assert (
+        f"could not requeue job {job.job_id}" in (job.run_dir / "logs" / "rank-0.err").read_text()
+    )
+    assert e2e.status(slurm_cluster, job.run_dir)["state"] == "FAILED"
+    # The HINT works: `scontrol requeue` from where Slurm answers resumes at that checkpoint,
+    # and the run ends with the uninterrupted run's weights.
+    slurm_cluster.run("scontrol", "requeue", job.job_id)
+    fields = e2e.wait_done(slurm_cluster, job.job_id)
+    assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "1")
+    assert e2e.causes(job.run_dir) == ["requeue_failed", "finished"]
+    assert_resumed_in_place(job.run_dir)
+    assert e2e.final_digest(slurm_cluster, job.run_dir) == reference
 
 
 def test_a_killed_rank_fails_the_job_fast_and_is_named(

@@ -5,12 +5,13 @@ directories (these are pure readers of files)."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hpc_ddp.errors import RunDirError
+from hpc_ddp.errors import ConfigError, RunDirError
 from hpc_ddp.ledger import Attempt, EndCause, record_end, record_start
 from hpc_ddp.results import (
     ArrayRecord,
@@ -297,3 +298,47 @@ def test_read_sweep_record_falls_back_to_yaml_after_an_edit(tmp_path: Path) -> N
 def test_read_sweep_record_of_a_plain_run_dir_says_so(tmp_path: Path) -> None:
     with pytest.raises(RunDirError, match="not a sweep directory"):
         read_sweep_record(tmp_path)
+
+
+def test_read_sweep_record_of_a_file_is_a_usage_error(tmp_path: Path) -> None:
+    path = tmp_path / "sweep.yaml"
+    path.write_text("name: x\n")
+    with pytest.raises(ConfigError, match=r"is a file, not a sweep directory\. HINT:"):
+        read_sweep_record(path)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["name: [unclosed\n", "points: [a, b]\nname: x\nmetric: {name: l, mode: min}\n", "- 1\n"],
+    ids=["not-yaml", "points-not-mappings", "not-a-mapping"],
+)
+def test_a_damaged_sweep_record_is_a_run_dir_error(tmp_path: Path, text: str) -> None:
+    sweep = fabricate(tmp_path, n=1)
+    (sweep / "sweep.yaml").write_text(text)
+    with pytest.raises(RunDirError) as info:
+        read_sweep_record(sweep)
+    assert "sweep.yaml" in str(info.value)
+    assert "HINT:" in str(info.value)
+
+
+def test_read_metrics_warns_once_about_damaged_lines_but_not_a_torn_last_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "loss": 2.0}\n\x00\xff binary\n[1]\n"text"\n{"step": 2, "lo')
+    with caplog.at_level(logging.WARNING, logger="hpc_ddp.results"):
+        assert read_metrics(path) == [{"step": 1, "loss": 2.0}]
+    [record] = caplog.records
+    assert record.getMessage().startswith(f"{path}: skipped 3 line(s) that are not JSON objects")
+    assert "(first: line 2)" in record.getMessage()
+    caplog.clear()
+    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo')  # only a torn last line
+    with caplog.at_level(logging.WARNING, logger="hpc_ddp.results"):
+        assert len(read_metrics(path)) == 1
+    assert caplog.records == []
+
+
+def test_values_too_large_for_a_float_are_not_metrics() -> None:
+    rows = [{"step": 1, "loss": 10**400}, {"step": 2, "loss": 0.5}, {"step": 3, "loss": -(10**400)}]
+    assert metric_summary(rows, "loss", "min") == (0.5, 0.5, 2)
+    assert loss_curve(rows) == [(2, 0.5)]

@@ -23,7 +23,8 @@ from hpc_ddp.checkpoint import list_checkpoints, weights_digest
 from hpc_ddp.config import JobConfig, RequeueConfig, TrainConfig
 from hpc_ddp.config_load import dump_job_config
 from hpc_ddp.errors import CheckpointError, HpcDdpError
-from hpc_ddp.ledger import read_ledger
+from hpc_ddp.ledger import EndCause, read_ledger
+from hpc_ddp.requeue import REQUEUE_FAILED_EXIT_CODE
 from hpc_ddp.session import DEFAULT_RUN_DIR, RUN_DIR_ENV, RequeueExit, Session, unwrap
 from tests.helpers.launch import REPO, base_env, free_port
 
@@ -216,6 +217,35 @@ def test_requeue_under_slurm(
     assert attempt.steps_done == 4
     # The handler stays installed after the stop: Slurm's SIGTERM now only gets recorded.
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.usefixtures("clean_process")
+def test_a_failed_requeue_leaves_non_zero_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ``scontrol`` that cannot reach Slurm (munged's socket missing, as in a container):
+    the session leaves with REQUEUE_FAILED_EXIT_CODE on every path out, and the ledger says
+    the requeue failed, with the checkpoint kept."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "scontrol"
+    script.write_text(
+        "#!/bin/sh\necho 'scontrol: error: Munge encode failed: Failed to access "
+        '"/run/munge/munge.socket.2": No such file or directory\' >&2\nexit 1\n'
+    )
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(RequeueExit) as stop:
+        byo_loop(tmp_path / "run", 30, env=SLURM_TASK, stop_at=4, signum=USR2)
+    assert stop.value.code == REQUEUE_FAILED_EXIT_CODE
+    assert stop.value.requeued is False
+    [attempt] = read_ledger(tmp_path / "run" / "ledger.jsonl")
+    assert (attempt.cause, attempt.requeue_requested) == (EndCause.REQUEUE_FAILED, False)
+    assert (attempt.steps_done, attempt.checkpoint) == (4, "step-00000004.pt")
+    assert (tmp_path / "run" / "checkpoints" / "step-00000004.pt").is_file()
+    assert attempt.message is not None
+    assert "Munge encode failed" in attempt.message
+    assert "HINT:" in attempt.message
 
 
 def test_custom_requeue_signal_is_caught(tmp_path: Path, clean_process: None) -> None:

@@ -1,15 +1,14 @@
 """Tests of the Slurm client: output parsers on captured Slurm output, and SlurmClient's commands
 through a fake runner that records argv and replays canned output.
 
-The 22.05 squeue sample is trimmed from ``squeue --json`` on the dev cluster (Debian's 22.05.8);
-the newer sample follows the ``{"set", "infinite", "number"}`` and list-valued ``job_state`` forms
-of Slurm 23.02+. ``subprocess_runner`` is tested on real processes.
+The squeue sample is captured from ``squeue -h -t all -j IDS -O <SQUEUE_FORMAT>`` on the dev
+cluster (Debian's 22.05.8). ``subprocess_runner`` is tested on real processes.
 """
 
 from __future__ import annotations
 
-import json
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,6 +16,8 @@ import pytest
 
 from hpc_ddp.errors import SlurmError, SlurmUnavailableError, SubmissionError
 from hpc_ddp.slurm_client import (
+    SQUEUE_FIELDS,
+    SQUEUE_FORMAT,
     CompletedCommand,
     JobState,
     SlurmClient,
@@ -25,11 +26,10 @@ from hpc_ddp.slurm_client import (
     parse_sacct,
     parse_sbatch_parsable,
     parse_scontrol_oneliner,
-    parse_squeue_json,
+    parse_squeue,
     subprocess_runner,
 )
 
-NOW = 1795334300.0
 SCRIPT = Path("/runs/demo/job.sbatch")
 
 
@@ -52,77 +52,21 @@ class FakeRunner:
 
 def client(*replies: tuple[int, str, str]) -> tuple[SlurmClient, FakeRunner]:
     runner = FakeRunner(*replies)
-    return SlurmClient(runner, timeout=7.0, clock=lambda: NOW), runner
+    return SlurmClient(runner, timeout=7.0), runner
 
 
-_META_2205 = {
-    "plugin": {"type": "openapi/v0.0.38", "name": "Slurm OpenAPI v0.0.38"},
-    "Slurm": {"version": {"major": 22, "micro": 8, "minor": 5}, "release": "22.05.8"},
-}
-
-
-def _job_2205(**fields: object) -> dict[str, object]:
-    base: dict[str, object] = {
-        "array_job_id": 0, "array_task_id": None, "array_max_tasks": 0, "array_task_string": "",
-        "state_reason": "None", "node_count": 2, "partition": "debug", "name": "job.sh",
-        "submit_time": 1795333846, "restart_cnt": 0, "time_limit": 525600, "exit_code": 0,
-        "batch_host": "n1", "cluster": "hpcddp-dev",
-    }  # fmt: skip
-    return {**base, **fields}
-
-
-SQUEUE_2205 = json.dumps(
-    {
-        "meta": _META_2205,
-        "errors": [],
-        "jobs": [
-            # Captured: a finished job, a job requeued once then cancelled, a two-task array
-            # whose last task carries the array's own id.
-            _job_2205(job_id=3, job_state="COMPLETED", nodes="n[1-2]",
-                      start_time=1795333846, end_time=1795333849),
-            _job_2205(job_id=8, job_state="CANCELLED", nodes="n[1-2]", restart_cnt=1,
-                      start_time=1795334014, end_time=1795334031, exit_code=15),
-            _job_2205(job_id=13, array_job_id=12, array_task_id=0, job_state="COMPLETED",
-                      nodes="n1", start_time=1795334216, end_time=1795334216),
-            _job_2205(job_id=12, array_job_id=12, array_task_id=1, job_state="COMPLETED",
-                      nodes="n2", start_time=1795334216, end_time=1795334216),
-            # Written to the same shape: a running array task and the array's pending range.
-            _job_2205(job_id=21, array_job_id=20, array_task_id=0, job_state="RUNNING",
-                      nodes="n1", start_time=int(NOW) - 30, end_time=int(NOW) + 3570),
-            _job_2205(job_id=20, array_job_id=20, array_max_tasks=2, array_task_string="2-19%2",
-                      job_state="PENDING", state_reason="JobArrayTaskLimit", nodes="",
-                      start_time=0, end_time=0),
-            _job_2205(job_id=30, job_state="PENDING", state_reason="BeginTime", nodes="",
-                      restart_cnt=2, start_time=int(NOW) + 100, end_time=int(NOW) + 3700),
-        ],
-    }
-)  # fmt: skip
-
-
-def _n(number: int, *, is_set: bool = True) -> dict[str, object]:
-    return {"set": is_set, "infinite": False, "number": number}
-
-
-SQUEUE_2311 = json.dumps(
-    {
-        "meta": {"slurm": {"version": {"major": "23", "micro": "4", "minor": "11"}}},
-        "errors": [],
-        "warnings": [],
-        "jobs": [
-            {"job_id": 41, "array_job_id": _n(40), "array_task_id": _n(3),
-             "array_task_string": "", "job_state": ["RUNNING"], "state_reason": "None",
-             "nodes": "n2", "start_time": _n(int(NOW) - 90), "end_time": _n(int(NOW) + 3510),
-             "restart_cnt": 1},
-            {"job_id": 50, "array_job_id": _n(0), "array_task_id": _n(0, is_set=False),
-             "array_task_string": "", "job_state": ["RUNNING", "COMPLETING"],
-             "state_reason": "None", "nodes": "n[1-2]", "start_time": _n(int(NOW) - 5),
-             "end_time": _n(int(NOW)), "restart_cnt": 0},
-            {"job_id": 51, "array_job_id": _n(0), "array_task_id": _n(0, is_set=False),
-             "job_state": ["PENDING", "REQUEUED"], "state_reason": "BeginTime", "nodes": "",
-             "start_time": _n(0), "end_time": _n(0), "restart_cnt": 3},
-        ],
-    }
-)  # fmt: skip
+# Captured on the dev cluster: a job requeued once (held, BeginTime), a two-task-at-a-time
+# array (two running tasks and the pending range), a finished and a cancelled job, a script
+# path with a space and a '|', and a pending job with no nodes yet.
+SQUEUE_2205 = """\
+1|1|N/A|CANCELLED|n1|0:22|0|None|(null)
+6|6|N/A|COMPLETED|n1|0:00|0|None|/runs/b/job.sbatch
+4|4|N/A|PENDING||0:00|1|BeginTime|/runs/a/job.sbatch
+5|5|2-7%2|PENDING||0:00|0|JobArrayTaskLimit|/runs/sweep/job.sbatch
+7|5|0|RUNNING|n1|0:03|0|None|/runs/sweep/job.sbatch
+8|5|1|RUNNING|n2|1-02:03:04|0|None|/runs/sweep/job.sbatch
+9|9|N/A|COMPLETING|n[1-2]|1:02:03|2|None|/tmp/sq/a b|c.sh
+"""
 
 
 # --- sbatch -------------------------------------------------------------------------------------
@@ -215,76 +159,103 @@ def test_unreachable_controller_is_slurm_unavailable(stderr: str) -> None:
 # --- squeue -------------------------------------------------------------------------------------
 
 
-def test_parse_squeue_2205_sample() -> None:
-    infos = {info.ref: info for info in parse_squeue_json(SQUEUE_2205, NOW)}
-    assert sorted(infos) == ["12_0", "12_1", "20_0", "20_[2-19%2]", "3", "30", "8"]
-    assert infos["3"].state is JobState.COMPLETED
-    assert infos["3"].elapsed_s == 3
-    assert infos["3"].array_job_id is None
-    assert infos["3"].nodes == "n[1-2]"
-    assert (infos["8"].state, infos["8"].restart_count, infos["8"].elapsed_s) == (
+def test_squeue_format_asks_every_field_unpadded_with_command_last() -> None:
+    assert SQUEUE_FORMAT.split(",")[0] == "JobID:0|"
+    assert SQUEUE_FORMAT.endswith(",Command:0")
+    assert len(SQUEUE_FORMAT.split(",")) == len(SQUEUE_FIELDS) == 9
+
+
+def test_parse_squeue_captured_sample() -> None:
+    infos = {info.ref: info for info in parse_squeue(SQUEUE_2205)}
+    assert sorted(infos) == ["1", "4", "5_0", "5_1", "5_[2-7%2]", "6", "9"]
+    assert (infos["1"].state, infos["1"].elapsed_s, infos["1"].command) == (
         JobState.CANCELLED,
-        1,
-        17,
+        22,
+        "",
     )
-    last_task = infos["12_1"]
-    assert (last_task.job_id, last_task.array_job_id, last_task.array_task_id) == ("12", "12", "1")
-    assert infos["12_0"].job_id == "13"
-    assert infos["20_0"].state is JobState.RUNNING
-    assert infos["20_0"].elapsed_s == 30
-    pending = infos["20_[2-19%2]"]
-    assert (pending.state, pending.reason, pending.elapsed_s) == (
+    assert infos["1"].array_job_id is None
+    held = infos["4"]
+    assert (held.state, held.reason, held.restart_count, held.elapsed_s, held.nodes) == (
         JobState.PENDING,
-        "JobArrayTaskLimit",
-        None,
-    )
-    # A pending job's start_time is a forecast, not a start.
-    assert infos["30"].elapsed_s is None
-    assert infos["30"].restart_count == 2
-
-
-def test_parse_squeue_later_versions_objects_and_state_lists() -> None:
-    infos = {info.ref: info for info in parse_squeue_json(SQUEUE_2311, NOW)}
-    assert sorted(infos) == ["40_3", "50", "51"]
-    task = infos["40_3"]
-    assert (task.job_id, task.state, task.elapsed_s, task.restart_count) == (
-        "41",
-        JobState.RUNNING,
-        90,
+        "BeginTime",
         1,
+        None,  # a pending job's TimeUsed is no run time
+        "",
     )
-    assert infos["50"].state is JobState.COMPLETING
-    assert infos["50"].array_task_id is None
-    assert infos["51"].state is JobState.REQUEUED
-    assert infos["51"].elapsed_s is None
+    assert held.command == "/runs/a/job.sbatch"
+    pending = infos["5_[2-7%2]"]
+    assert (pending.job_id, pending.array_job_id, pending.array_task_id) == ("5", "5", "[2-7%2]")
+    assert pending.reason == "JobArrayTaskLimit"
+    task = infos["5_0"]
+    assert (task.job_id, task.array_job_id, task.array_task_id, task.state) == (
+        "7",
+        "5",
+        "0",
+        JobState.RUNNING,
+    )
+    assert (task.elapsed_s, task.reason) == (3, "")
+    assert infos["5_1"].elapsed_s == ((24 + 2) * 60 + 3) * 60 + 4
+    last = infos["9"]
+    assert (last.state, last.elapsed_s, last.restart_count, last.nodes) == (
+        JobState.COMPLETING,
+        3723,
+        2,
+        "n[1-2]",
+    )
+    assert last.command == "/tmp/sq/a b|c.sh"  # the '|' in a path does not split it
 
 
-@pytest.mark.parametrize("text", ["", "not json", '{"no_jobs": []}', "[1, 2]"])
-def test_parse_squeue_rejects_output_without_a_job_list(text: str) -> None:
+@pytest.mark.parametrize(
+    "text", ["JOBID STATE\n", '{"jobs": []}\n', "1|1|N/A|RUNNING\n", "x|1|N/A|R|n1|0:01|0|None|s\n"]
+)
+def test_parse_squeue_rejects_other_output_and_quotes_it(text: str) -> None:
     with pytest.raises(SlurmError, match="HINT:") as info:
-        parse_squeue_json(text, NOW)
-    assert repr(text[:200]) in str(info.value)
+        parse_squeue(text)
+    assert repr(text.splitlines()[0]) in str(info.value)
 
 
 @pytest.mark.parametrize(
     ("wanted", "refs"),
     [
-        (["3"], ["3"]),
-        (["12"], ["12_0", "12_1"]),
-        (["13"], ["12_0"]),
-        (["12_1"], ["12_1"]),
-        (["20"], ["20_0", "20_[2-19%2]"]),
-        (["3", "8", "999"], ["3", "8"]),
-        ([], []),
+        (["4"], ["4"]),
+        (["5"], ["5_0", "5_1", "5_[2-7%2]"]),
+        (["7"], ["5_0"]),
+        (["5_1"], ["5_1"]),
+        (["1", "6", "999"], ["1", "6"]),
     ],
 )
-def test_job_states_filters_client_side(wanted: list[str], refs: list[str]) -> None:
+def test_job_states_asks_squeue_for_those_ids_only(wanted: list[str], refs: list[str]) -> None:
     slurm, runner = client((0, SQUEUE_2205, ""))
     states = slurm.job_states(wanted)
-    # 22.05 ignores -j with --json: the client asks for everything and filters itself.
-    assert runner.argvs == [("squeue", "--json")]
+    # squeue filters by id (-j) in every state (-t all: finished jobs within MinJobAge too);
+    # rows it adds beyond them (another array's tasks) are dropped here.
+    assert runner.argvs == [
+        ("squeue", "-h", "-t", "all", "-j", ",".join(wanted), "-O", SQUEUE_FORMAT)
+    ]
     assert sorted(states) == sorted(refs)
     assert all(states[ref].ref == ref for ref in refs)
+
+
+def test_job_states_without_ids_or_with_bad_ids_asks_nothing() -> None:
+    slurm, runner = client()
+    assert slurm.job_states([]) == {}
+    # A local backend's pid is a number, but "12x" or "" would make squeue refuse every id.
+    assert slurm.job_states(["12x", "", "1;rm -rf /"]) == {}
+    assert runner.argvs == []
+
+
+def test_job_states_of_vanished_jobs_is_empty_not_an_error() -> None:
+    slurm, _ = client((1, "", "slurm_load_jobs error: Invalid job id specified\n"))
+    assert slurm.job_states(["999999"]) == {}
+
+
+def test_job_states_asks_in_chunks() -> None:
+    ids = [str(i) for i in range(1, 1202)]
+    row = "700|700|N/A|RUNNING|n1|0:01|0|None|/r/job.sbatch\n"
+    slurm, runner = client((0, "", ""), (0, row, ""), (1, "", "Invalid job id specified\n"))
+    assert list(slurm.job_states(ids)) == ["700"]
+    assert [len(a[5].split(",")) for a in runner.argvs] == [500, 500, 201]
+    assert runner.argvs[1][5].startswith("501,")
 
 
 def test_job_states_failure_is_a_slurm_error() -> None:
@@ -497,3 +468,34 @@ def test_real_cluster_read_only_commands() -> None:
     assert slurm.max_array_size() > 1
     states = slurm.job_states([])
     assert states == {}
+
+
+@pytest.mark.slurm
+def test_real_squeue_filters_by_id_and_keeps_finished_jobs(tmp_path: Path) -> None:
+    """squeue -j -t all on 22.05: the job (also once finished), its script path, nothing else."""
+    script = tmp_path / "a b|c.sh"
+    script.write_text("#!/bin/sh\nsleep 1\n")
+    slurm = SlurmClient()
+    extra = ["-o", str(tmp_path / "out-%j.txt"), "--array=0-2%1"]
+    array = slurm.submit(script, extra_args=extra).job_id
+    plain = slurm.submit(script, extra_args=["-o", str(tmp_path / "out-%j.txt")]).job_id
+    assert array is not None
+    assert plain is not None
+    states = slurm.job_states([plain])
+    assert list(states) == [plain]
+    assert states[plain].command == str(script)
+    assert states[plain].array_job_id is None
+    # An array id matches each task and the pending range; finished jobs stay listed.
+    deadline = time.monotonic() + 60
+    while True:
+        states = slurm.job_states([array, plain])
+        if len(states) == 4 and all(i.state.finished for i in states.values()):
+            break
+        assert time.monotonic() < deadline, states
+        time.sleep(0.5)
+    assert sorted(states) == sorted([plain, f"{array}_0", f"{array}_1", f"{array}_2"])
+    assert {i.state for i in states.values()} == {JobState.COMPLETED}
+    assert all(i.elapsed_s is not None for i in states.values())
+    # A vanished or never-seen id is no error, and does not hide the known ones.
+    assert list(slurm.job_states(["99999999", plain])) == [plain]
+    assert slurm.job_states(["99999999"]) == {}

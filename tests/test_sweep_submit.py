@@ -3,13 +3,12 @@ the fast config dump (compared with ``dump_job_config``), one sbatch per array t
 Slurm, and ``--resubmit-failed``'s choice of tasks.
 
 The fake Slurm (:class:`FakeSlurm`) is a Runner that answers sbatch, ``scontrol show config``
-and ``squeue --json`` (22.05's form) and records every argv; scripts with an array offset are
-also run under real bash to check the run directory and log paths they give each task.
+and ``squeue -h -O`` (text, as 22.05 prints it) and records every argv; scripts with an array
+offset are also run under real bash to check the run directory and log paths they give each task.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -66,8 +65,8 @@ class FakeSlurm:
             return CompletedCommand(
                 argv, 0, f"MaxArraySize            = {self.max_array_size}\n", ""
             )
-        if argv[:2] == ("squeue", "--json"):
-            return CompletedCommand(argv, 0, json.dumps({"jobs": self.jobs}), "")
+        if argv[0] == "squeue":
+            return CompletedCommand(argv, 0, "".join(map(squeue_text, self.jobs)), "")
         raise AssertionError(f"unexpected command {argv}")
 
     @property
@@ -76,7 +75,7 @@ class FakeSlurm:
 
 
 def squeue_row(job: int, task: int | None, state: str, pending: str = "") -> dict[str, Any]:
-    """One job of ``squeue --json`` in 22.05's form (a task, or the pending range)."""
+    """One job of squeue's view (a task, or the pending range); :func:`squeue_text` prints it."""
     return {
         "job_id": job if task is None else job + 10 + task,
         "array_job_id": job,
@@ -89,6 +88,14 @@ def squeue_row(job: int, task: int | None, state: str, pending: str = "") -> dic
         "end_time": 0,
         "restart_cnt": 0,
     }
+
+
+def squeue_text(row: dict[str, Any]) -> str:
+    """A :func:`squeue_row` as the line ``squeue -h -O`` prints in ``SQUEUE_FORMAT``."""
+    task = row["array_task_string"] or row["array_task_id"]
+    fields = (row["job_id"], row["array_job_id"], task, row["job_state"], row["nodes"], "0:00",
+              row["restart_cnt"], row["state_reason"], "/runs/job.sbatch")  # fmt: skip
+    return "|".join(map(str, fields)) + "\n"
 
 
 def write_sweep(tmp_path: Path, sweep: dict[str, Any], base: str = "job.yaml") -> Path:
@@ -361,7 +368,9 @@ def test_resubmit_with_nothing_failed_submits_nothing(tmp_path: Path) -> None:
     before = list(fake.argvs)
     result = resubmit_failed(sweep_dir, client=SlurmClient(fake), python="p", invocation=["x"])
     assert (result.points, result.records) == ([], [])
-    assert fake.argvs[len(before) :] == [("squeue", "--json")]
+    assert [a[:6] for a in fake.argvs[len(before) :]] == [
+        ("squeue", "-h", "-t", "all", "-j", "101")
+    ]
     assert len(read_arrays(sweep_dir)) == 1
 
 

@@ -133,3 +133,32 @@ def test_parse_mem_refuses_with_a_fix(value: object, fragment: str) -> None:
     assert fragment in message
     assert "HINT:" in message
     assert repr(value) in message
+
+
+@pytest.mark.parametrize(
+    ("parse", "value", "fragment"),
+    [
+        (parse_slurm_time, "9" * 5000, "far too long"),  # int() itself refuses past 4300 digits
+        (parse_slurm_time, "4294967294", "longer than Slurm can hold"),  # minutes: INFINITE - 1
+        (parse_slurm_time, "99999999-00:00:00", "longer than Slurm can hold"),
+        (parse_mem, "9" * 5000 + "G", "far too long"),
+        (parse_mem, "9" * 25, "more than Slurm can hold"),
+        (parse_mem, "99999999999999T", "more than Slurm can hold"),
+    ],
+)
+def test_sizes_past_what_slurm_can_hold_are_refused(
+    parse: object, value: str, fragment: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse(value)  # type: ignore[operator]
+    message = str(info.value)
+    assert fragment in message
+    assert "HINT:" in message
+    assert len(message) < 400  # a long value is quoted in part, not whole
+
+
+def test_the_largest_values_slurm_can_hold_still_parse() -> None:
+    assert parse_slurm_time("4294967293") == 4294967293 * 60
+    assert parse_mem(str(2**63 - 1)) == 2**63 - 1
+    with pytest.raises(ConfigError, match="more than Slurm can hold"):
+        parse_mem(str(2**63))

@@ -17,7 +17,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from hpc_ddp.errors import SlurmError
+from hpc_ddp.errors import ConfigError, SlurmError
 from hpc_ddp.results import (
     ResultRow,
     SweepRecord,
@@ -60,6 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the results of a sweep."""
+    if args.top is not None and args.top < 1:
+        raise ConfigError(
+            f"--top {args.top}: must be at least 1 (the number of rows to show). HINT: leave "
+            "--top out to show every task"
+        )
     sweep_dir = Path(args.sweep_dir)
     record = read_sweep_record(sweep_dir)
     if args.plot:

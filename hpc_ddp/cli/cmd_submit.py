@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hpc_ddp.config_load import find_site_profile, load_job_config
 from hpc_ddp.errors import ConfigError
+from hpc_ddp.preflight import preflight_job
 from hpc_ddp.slurm_client import SlurmClient
 from hpc_ddp.submission import Prepared, materialize, prepare, record, schedule_slurm
 
@@ -60,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     config_path = Path(args.config)
     site = find_site_profile(args.site, os.environ, Path.home())
     cfg = load_job_config(config_path, args.overrides, site_profile=site)
+    preflight_job(cfg, str(config_path))  # what would fail on the nodes, checked from here
     backend = choose_backend(args.backend, shutil.which("sbatch"))
     if backend == "local" and args.test_only:
         raise ConfigError("--test-only asks Slurm; HINT: use --backend slurm on a Slurm cluster.")
@@ -81,12 +83,13 @@ def run(args: argparse.Namespace) -> int:
         return _test_only(prepared, client)
     if backend == "local":
         return _submit_local(prepared, args)
+    prepared = materialize(prepared)  # the directory it really got (another submit may race)
     manifest = schedule_slurm(prepared, client)
     _report(prepared, "slurm", manifest.job_id, args.json)
     if args.wait:
         from hpc_ddp.cli.cmd_status import wait_for_jobs
 
-        return wait_for_jobs(client, [manifest.job_id or ""])
+        return wait_for_jobs(client, [manifest.job_id or ""], run_dirs=[prepared.paths.root])
     return 0
 
 
@@ -110,7 +113,7 @@ def _show_dry_run(prepared: Prepared, backend: str, as_json: bool) -> int:
 
 
 def _test_only(prepared: Prepared, client: SlurmClient) -> int:
-    materialize(prepared)
+    prepared = materialize(prepared)
     try:
         message = client.submit(prepared.paths.script, test_only=True).message
     finally:
@@ -121,16 +124,21 @@ def _test_only(prepared: Prepared, client: SlurmClient) -> int:
 
 def _submit_local(prepared: Prepared, args: argparse.Namespace) -> int:
     from hpc_ddp.local_backend import submit_local, wait_local
+    from hpc_ddp.localproc import was_cancelled
 
-    materialize(prepared)
+    prepared = materialize(prepared)
     job = submit_local(prepared.cfg, prepared.paths)
     record(prepared, backend="local", job_id=job.job_id, command=["submitit-local", job.job_id])
     _report(prepared, "local", job.job_id, args.json)
     if not args.wait:
         return 0
-    state = wait_local(job, follow=prepared.paths.rank_log(0, "err"))
-    print(f"local job {job.job_id}: {state}", file=sys.stderr)
-    return 0 if state == "FINISHED" else 1
+    # Rank 0's progress goes to its stderr (logging), as on Slurm.
+    result = wait_local(job, follow=prepared.paths.rank_log(0, "err"))
+    cancelled = was_cancelled(prepared.paths.root)
+    print(result.describe(cancelled), file=sys.stderr)
+    if result.state(cancelled) == "FAILED":
+        print(f"  logs: {prepared.paths.logs}/rank-N.err (tracebacks)", file=sys.stderr)
+    return 0 if result.state(cancelled) == "COMPLETED" else 1
 
 
 def _report(prepared: Prepared, backend: str, job_id: str | None, as_json: bool) -> None:

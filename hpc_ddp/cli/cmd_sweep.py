@@ -18,7 +18,8 @@ from typing import Any
 from tabulate import tabulate
 
 from hpc_ddp.config_load import find_site_profile
-from hpc_ddp.errors import ConfigError, SlurmError
+from hpc_ddp.errors import ConfigError, RunDirError, RunsDirError, SlurmError
+from hpc_ddp.preflight import preflight_points
 from hpc_ddp.rundir import new_run_dir
 from hpc_ddp.slurm_client import SlurmClient
 from hpc_ddp.sweep import SweepSpec, load_sweep
@@ -80,7 +81,13 @@ def run(args: argparse.Namespace) -> int:
     sweep_file = Path(args.sweep_file)
     site = find_site_profile(args.site, os.environ, Path.home())
     spec = load_sweep(sweep_file, args.overrides, site)
+    preflight_points((f"{sweep_file}: point {p.index}", p.config) for p in spec.points)
     runs_dir = Path(args.runs_dir or os.environ.get(RUNS_DIR_ENV) or "runs")
+    origin = (
+        "--runs-dir" if args.runs_dir else f"${RUNS_DIR_ENV}" if os.environ.get(RUNS_DIR_ENV)
+        else "the default runs directory"
+    )  # fmt: skip
+    check_runs_dir(runs_dir, origin)
     invocation = invocation or ["hpc-ddp", "sweep", args.sweep_file, *args.overrides]
     if args.dry_run:
         return _dry_run(
@@ -91,14 +98,20 @@ def run(args: argparse.Namespace) -> int:
             invocation=invocation,
             as_json=args.json,
         )
-    submission = submit_sweep(
-        spec,
-        sweep_file=sweep_file,
-        runs_dir=runs_dir,
-        python=sys.executable,
-        invocation=invocation,
-        client=client,
-    )
+    try:
+        submission = submit_sweep(
+            spec,
+            sweep_file=sweep_file,
+            runs_dir=runs_dir,
+            python=sys.executable,
+            invocation=invocation,
+            client=client,
+        )
+    except OSError as exc:  # the checks above passed, and then the disk said no
+        raise RunDirError(
+            f"writing the sweep directory under {runs_dir} failed: {exc}. HINT: check the "
+            "space and permissions there, or choose another --runs-dir"
+        ) from None
     sweep_dir = submission.sweep_dir
     if args.json:
         print(
@@ -125,6 +138,28 @@ def run(args: argparse.Namespace) -> int:
     print(f"  watch:     hpc-ddp status {sweep_dir}   (squeue -j {arrays[0].job_id})")
     print(f"  results:   hpc-ddp results {sweep_dir}")
     return 0
+
+
+def check_runs_dir(runs_dir: Path, origin: str) -> None:
+    """Refuse a runs directory that is a file, lies under one, or cannot be written to.
+
+    ``origin`` names where it came from (``--runs-dir``) in the message.
+    """
+    for path in (runs_dir, *runs_dir.absolute().parents):
+        if not path.exists():
+            continue  # it will be created
+        if not path.is_dir():
+            what = "is a file" if path == runs_dir else f"lies under the file {path}"
+            raise RunsDirError(
+                f"{origin} {runs_dir}: {what}, not a directory. HINT: give a directory for "
+                "the sweep directories (it is created if missing)"
+            )
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise RunsDirError(
+                f"{origin} {runs_dir}: {path} is not writable. HINT: choose a directory you "
+                "can write to"
+            )
+        return
 
 
 def points_table(spec: SweepSpec) -> str:
