@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpc_ddp.stopflag import StopFlag
+from hpc_ddp.runtime.stopflag import StopFlag
 
 
 def per_call_us(fn: object, n: int) -> float:

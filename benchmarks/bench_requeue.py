@@ -48,9 +48,9 @@ from benchmarks.cluster import (
     wait_finished,
 )
 from benchmarks.common import REPO, Targets
-from hpc_ddp.ledger import read_ledger
-from hpc_ddp.results import read_metrics
-from hpc_ddp.slurm_client import JobState
+from hpc_ddp.runtime.ledger import read_ledger
+from hpc_ddp.slurm.client import JobState
+from hpc_ddp.sweep.results import read_metrics
 
 SIGNAL_AT_STEP = 20
 TOTAL_STEPS = 160
@@ -176,9 +176,9 @@ class SubmititTrainer:
         from torch import nn
         from torch.utils.data import DataLoader, DistributedSampler
 
-        from hpc_ddp.config import TrainConfig
-        from hpc_ddp.data import SyntheticImages
-        from hpc_ddp.models import build_mlp
+        from hpc_ddp.config.model import TrainConfig
+        from hpc_ddp.train.data import SyntheticImages
+        from hpc_ddp.train.models import build_mlp
 
         env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         dist.init_process_group("gloo")

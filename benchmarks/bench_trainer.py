@@ -1,7 +1,7 @@
 """Trainer speed against a hand-written DDP loop, and checkpoint time against the disk.
 
 (a) The same model, synthetic data and per-rank batch through hpc-ddp's built-in trainer
-(``run_training`` in a :class:`~hpc_ddp.session.Session`, what ``hpc-ddp run`` runs) and through
+(``run_training`` in a :class:`~hpc_ddp.Session`, what ``hpc-ddp run`` runs) and through
 the plain loop of :mod:`benchmarks.handwritten_ddp`, on CPU with gloo, 2 real rank processes,
 one thread each. Variants are interleaved within each repeat; samples/s is taken over the same
 number of steps after a warm-up, median of the repeats. Target, for each model: hpc-ddp >= 0.97
@@ -82,7 +82,7 @@ def variants(case: Case, diagnose: bool) -> list[str]:
 
 
 def _timed_session_class() -> Any:
-    from hpc_ddp.session import Session
+    from hpc_ddp.runtime.session import Session
 
     class TimedSession(Session):
         """Records ``perf_counter()`` before step 1 and after each step's boundary work."""
@@ -121,7 +121,7 @@ def _timed_session_class() -> Any:
             import torch
             import torch.distributed as dist
 
-            from hpc_ddp.stopflag import decode
+            from hpc_ddp.runtime.stopflag import decode
 
             flag = self.stop_flag
             if flag.agreed is not None:
@@ -150,7 +150,7 @@ def _timed_session_class() -> Any:
 def run_one(case: Case, variant: str, run_dir: Path, port: int) -> tuple[list[float], list[float]]:
     """One training run on this rank: ``perf_counter()`` after step k (index k), and the
     seconds spent in ``should_stop()`` up to then."""
-    from hpc_ddp.config import JobConfig, TrainConfig
+    from hpc_ddp.config.model import JobConfig, TrainConfig
 
     total = case.warmup + case.measured + 1  # the last step (it logs, saves) is not measured
     cfg = TrainConfig(
@@ -174,7 +174,7 @@ def run_one(case: Case, variant: str, run_dir: Path, port: int) -> tuple[list[fl
             total=total,
         )
         return marks, [0.0] * len(marks)
-    from hpc_ddp.trainer import run_training
+    from hpc_ddp.train.trainer import run_training
 
     session = _timed_session_class()(
         run_dir, JobConfig(name="bench", train=cfg), {**os.environ, "MASTER_PORT": str(port)}
@@ -190,7 +190,7 @@ def agree_us(port: int, n: int = 500) -> float:
     """Microseconds per ``StopFlag.agree()`` (the per-step stop all-reduce), 2 ranks."""
     import torch.distributed as dist
 
-    from hpc_ddp.stopflag import StopFlag
+    from hpc_ddp.runtime.stopflag import StopFlag
 
     dist.init_process_group(
         "gloo",
@@ -253,7 +253,7 @@ def run_training_bench(
     cases: list[Case], repeats: int, diagnose: bool, work: Path
 ) -> list[dict[str, Any]]:
     from benchmarks.ranks import run_ranks
-    from hpc_ddp.local_backend import free_port
+    from hpc_ddp.local.backend import free_port
 
     runs = sum(len(variants(c, diagnose)) for c in cases) * repeats + 1
     ports = ",".join(str(free_port()) for _ in range(runs))
@@ -289,9 +289,9 @@ def dd_seconds(directory: Path, megabytes: int, repeats: int = 3) -> float:
 
 def run_checkpoint_bench(work: Path, repeats: int) -> list[dict[str, Any]]:
     from benchmarks.checkpoint_cost import measure
-    from hpc_ddp.checkpoint import weights_digest
-    from hpc_ddp.config import TrainConfig
-    from hpc_ddp.models import build_model
+    from hpc_ddp.config.model import TrainConfig
+    from hpc_ddp.runtime.checkpoint import weights_digest
+    from hpc_ddp.train.models import build_model
 
     rows = []
     for name in ("mlp", "resnet18"):

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from hpc_ddp.config import JobConfig, TrainConfig
-from hpc_ddp.models import build_model
-from hpc_ddp.session import Session
+from hpc_ddp.config.model import JobConfig, TrainConfig
+from hpc_ddp.runtime.session import Session
+from hpc_ddp.train.models import build_model
 
 
 def measure(run_dir: Path, name: str, repeats: int = 3, warmup: int = 1) -> dict[str, object]:

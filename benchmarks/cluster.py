@@ -1,7 +1,8 @@
 """The dev cluster as the benchmarks use it: find it, check it answers, watch and signal jobs.
 
-Where the cluster lives comes from :mod:`hpc_ddp.devcluster` (``$HPC_DDP_DEV_CLUSTER_DIR`` or
-its default); Slurm's commands go through :class:`hpc_ddp.slurm_client.SlurmClient`, which
+Where the cluster lives comes from :mod:`hpc_ddp.devcluster.cluster`
+(``$HPC_DDP_DEV_CLUSTER_DIR`` or
+its default); Slurm's commands go through :class:`hpc_ddp.slurm.client.SlurmClient`, which
 reads ``SLURM_CONF`` from the environment :func:`use_dev_cluster` sets.
 """
 
@@ -15,8 +16,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from benchmarks.common import BIN
-from hpc_ddp import devcluster
-from hpc_ddp.slurm_client import JobState, SlurmClient, parse_job_state
+from hpc_ddp.devcluster import cluster as devcluster
+from hpc_ddp.slurm.client import JobState, SlurmClient, parse_job_state
 
 T = TypeVar("T")
 SLURM = SlurmClient()

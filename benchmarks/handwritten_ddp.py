@@ -1,6 +1,7 @@
 """The baseline for ``bench_trainer``: the DDP loop a researcher writes by hand.
 
-Same model (:func:`hpc_ddp.models.build_model`), same dataset (:func:`hpc_ddp.data.build_dataset`),
+Same model (:func:`hpc_ddp.train.models.build_model`), same dataset
+(:func:`hpc_ddp.train.data.build_dataset`),
 same per-rank batch, SGD with momentum and a cosine schedule; nothing else: no checkpoints, no
 stop agreement, no metrics, no logging. A deliberately strict baseline.
 """
@@ -14,9 +15,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
-from hpc_ddp.config import TrainConfig
-from hpc_ddp.data import build_dataset
-from hpc_ddp.models import build_model
+from hpc_ddp.config.model import TrainConfig
+from hpc_ddp.train.data import build_dataset
+from hpc_ddp.train.models import build_model
 
 
 def train_handwritten(

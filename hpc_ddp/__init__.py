@@ -13,19 +13,19 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it (imported on first attribute access)
 _LAZY = {
-    "session": "hpc_ddp.session",
-    "Session": "hpc_ddp.session",
-    "RequeueExit": "hpc_ddp.session",
-    "REQUEUE_EXIT_CODE": "hpc_ddp.session",
-    "unwrap": "hpc_ddp.session",
-    "Progress": "hpc_ddp.checkpoint",
-    "CheckpointInfo": "hpc_ddp.checkpoint",
-    "list_checkpoints": "hpc_ddp.checkpoint",
-    "weights_digest": "hpc_ddp.checkpoint",
-    "ResumableLoader": "hpc_ddp.sampler",
-    "ResumableSampler": "hpc_ddp.sampler",
-    "run_training": "hpc_ddp.trainer",
-    "TrainResult": "hpc_ddp.trainer",
+    "session": "hpc_ddp.runtime.session",
+    "Session": "hpc_ddp.runtime.session",
+    "RequeueExit": "hpc_ddp.runtime.session",
+    "REQUEUE_EXIT_CODE": "hpc_ddp.runtime.session",
+    "unwrap": "hpc_ddp.runtime.session",
+    "Progress": "hpc_ddp.runtime.checkpoint",
+    "CheckpointInfo": "hpc_ddp.runtime.checkpoint",
+    "list_checkpoints": "hpc_ddp.runtime.checkpoint",
+    "weights_digest": "hpc_ddp.runtime.checkpoint",
+    "ResumableLoader": "hpc_ddp.runtime.sampler",
+    "ResumableSampler": "hpc_ddp.runtime.sampler",
+    "run_training": "hpc_ddp.train.trainer",
+    "TrainResult": "hpc_ddp.train.trainer",
 }
 
 __all__ = [
@@ -46,10 +46,15 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from hpc_ddp.checkpoint import CheckpointInfo, Progress, list_checkpoints, weights_digest
-    from hpc_ddp.sampler import ResumableLoader, ResumableSampler
-    from hpc_ddp.session import REQUEUE_EXIT_CODE, RequeueExit, Session, session, unwrap
-    from hpc_ddp.trainer import TrainResult, run_training
+    from hpc_ddp.runtime.checkpoint import (
+        CheckpointInfo,
+        Progress,
+        list_checkpoints,
+        weights_digest,
+    )
+    from hpc_ddp.runtime.sampler import ResumableLoader, ResumableSampler
+    from hpc_ddp.runtime.session import REQUEUE_EXIT_CODE, RequeueExit, Session, session, unwrap
+    from hpc_ddp.train.trainer import TrainResult, run_training
 
 
 def __getattr__(name: str) -> Any:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp import devcluster
+from hpc_ddp.devcluster import cluster as devcluster
 from hpc_ddp.errors import HpcDdpError
 
 REPO = Path(__file__).resolve().parent.parent

@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from hpc_ddp.ledger import Attempt, read_ledger
-from hpc_ddp.slurm_client import parse_scontrol_oneliner
+from hpc_ddp.runtime.ledger import Attempt, read_ledger
+from hpc_ddp.slurm.client import parse_scontrol_oneliner
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset
 
-    from hpc_ddp.config import TrainConfig
+    from hpc_ddp.config.model import TrainConfig
     from tests.conftest import Cluster
 
 REPO = Path(__file__).resolve().parent.parent
@@ -288,7 +288,7 @@ def wait_checkpoint(
 
 
 def ledger(run_dir: Path) -> list[Attempt]:
-    """The run's attempts as :func:`hpc_ddp.ledger.read_ledger` folds them."""
+    """The run's attempts as :func:`hpc_ddp.runtime.ledger.read_ledger` folds them."""
     return read_ledger(run_dir / "ledger.jsonl")
 
 
@@ -353,7 +353,7 @@ def io_bound_synthetic(cfg: TrainConfig, train: bool) -> Dataset[Any]:
     read from a slow file system (each sample waits :data:`IO_DELAY_S`). Steps then take about
     the same wall-clock time however busy the cores are, which tests of Slurm's clock need.
     """
-    from hpc_ddp.data import SyntheticImages
+    from hpc_ddp.train.data import SyntheticImages
 
     n = cfg.synthetic_samples if train else max(1, cfg.synthetic_samples // 8)
     inner = SyntheticImages(n, cfg.num_classes, cfg.image_size, cfg.seed, train=train)

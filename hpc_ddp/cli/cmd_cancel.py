@@ -2,7 +2,7 @@
 the tasks).
 
 A sweep directory cancels every job array of the sweep. A local run's job id is a pid, and
-pids are reused: it is signalled only while :mod:`hpc_ddp.localproc` proves the process under
+pids are reused: it is signalled only while :mod:`hpc_ddp.local.process` proves the process under
 it is still that run's controller; otherwise the run has ended and nothing is signalled.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hpc_ddp.cli.cmd_status import RUNS_DIR_ENV, resolve_targets
 from hpc_ddp.errors import RunDirError, SlurmError, TargetError
-from hpc_ddp.localproc import (
+from hpc_ddp.local.process import (
     controller_cmdline_matches,
     identify,
     mark_cancelled,
@@ -26,7 +26,7 @@ from hpc_ddp.localproc import (
     unmark_cancelled,
 )
 from hpc_ddp.rundir import Manifest, read_manifest
-from hpc_ddp.slurm_client import SlurmClient
+from hpc_ddp.slurm.client import SlurmClient
 
 # A Slurm job id (``1234``, an array task ``1234_5``) or a local run's pid: a positive integer.
 _JOB_ID_RE = re.compile(r"[1-9][0-9]*(_[0-9]+)?")

@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """List the checkpoints (this command imports torch: it reads the files)."""
-    from hpc_ddp.checkpoint import CheckpointState, list_checkpoints
+    from hpc_ddp.runtime.checkpoint import CheckpointState, list_checkpoints
 
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from hpc_ddp import devcluster
+from hpc_ddp.devcluster import cluster as devcluster
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

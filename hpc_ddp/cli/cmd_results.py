@@ -18,7 +18,8 @@ from typing import Any
 from tabulate import tabulate
 
 from hpc_ddp.errors import ConfigError, SlurmError
-from hpc_ddp.results import (
+from hpc_ddp.slurm.client import JobInfo, SlurmClient
+from hpc_ddp.sweep.results import (
     ResultRow,
     SweepRecord,
     gather_results,
@@ -30,7 +31,6 @@ from hpc_ddp.results import (
     sort_rows,
     sweep_summary,
 )
-from hpc_ddp.slurm_client import JobInfo, SlurmClient
 
 FORMATS = ("table", "csv", "json", "markdown")
 _COLUMNS = ("best", "final", "loss", "steps", "attempts", "index")
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     sweep_dir = Path(args.sweep_dir)
     record = read_sweep_record(sweep_dir)
     if args.plot:
-        from hpc_ddp.plot import require_matplotlib
+        from hpc_ddp.sweep.plot import require_matplotlib
 
         require_matplotlib()
     live = None if args.no_slurm else _live(sweep_dir)
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     if live is None and not args.no_slurm:
         print("Slurm not reachable: states come from the task ledgers only", file=sys.stderr)
     if args.plot:
-        from hpc_ddp.plot import plot_results
+        from hpc_ddp.sweep.plot import plot_results
 
         top = [r for r in rows if r.best is not None][:5]
         curves = {r.index: loss_curve(read_metrics(r.run_dir / "metrics.jsonl")) for r in top}

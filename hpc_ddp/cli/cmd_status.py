@@ -1,7 +1,7 @@
 """``hpc-ddp status [RUN_DIR | JOB_ID ...]``: one row per run, one summary line per sweep.
 
 Slurm is asked once for every run shown, by job id (``squeue -j IDS -t all``), and ``sacct``
-once for the jobs the controller no longer holds; :func:`hpc_ddp.runstate.judge` weighs that
+once for the jobs the controller no longer holds; :func:`hpc_ddp.state.verdict.judge` weighs that
 against each run's ledger (a job Slurm calls COMPLETED is only shown so when its ledger says
 finished). A run whose manifest or files cannot be read is one DAMAGED row, never the end of
 the table, and plain runs are listed before the sweeps. Never imports torch: checkpoints are
@@ -22,9 +22,7 @@ from typing import Any
 from tabulate import tabulate
 
 from hpc_ddp.errors import RunDirError, RunsDirError, SlurmError
-from hpc_ddp.ledger import Attempt, EndCause, read_ledger
-from hpc_ddp.localproc import controller_cmdline_matches, identify, read_identity
-from hpc_ddp.postmortem import failed_rank, has_logs, startup_failure
+from hpc_ddp.local.process import controller_cmdline_matches, identify, read_identity
 from hpc_ddp.rundir import (
     Manifest,
     RunPaths,
@@ -34,8 +32,10 @@ from hpc_ddp.rundir import (
     last_metric,
     read_manifest,
 )
-from hpc_ddp.runstate import SlurmView, Source, judge
-from hpc_ddp.slurm_client import JobInfo, JobState, SlurmClient
+from hpc_ddp.runtime.ledger import Attempt, EndCause, read_ledger
+from hpc_ddp.slurm.client import JobInfo, JobState, SlurmClient
+from hpc_ddp.slurm.postmortem import failed_rank, has_logs, startup_failure
+from hpc_ddp.state.verdict import SlurmView, Source, judge
 
 RUNS_DIR_ENV = "HPC_DDP_RUNS_DIR"
 COLUMNS = ["run", "job", "state", "nodes", "elapsed", "attempts", "causes", "ckpt step", "loss"]
@@ -294,7 +294,7 @@ def _row(run_dir: Path, manifest: Manifest, view: SlurmView) -> dict[str, Any]:
 
 
 def _sweep_entry(sweep_dir: Path, view: SlurmView) -> dict[str, Any]:
-    from hpc_ddp.results import gather_results, row_dict, sweep_summary
+    from hpc_ddp.sweep.results import gather_results, row_dict, sweep_summary
 
     rows = gather_results(sweep_dir, view.live)  # live None: states from the ledgers alone
     tasks = [row_dict(r) for r in rows]

@@ -12,11 +12,11 @@ import shutil
 import sys
 from pathlib import Path
 
-from hpc_ddp.config_load import find_site_profile, load_job_config
+from hpc_ddp.config.load import find_site_profile, load_job_config
+from hpc_ddp.config.preflight import preflight_job
 from hpc_ddp.errors import ConfigError
-from hpc_ddp.preflight import preflight_job
-from hpc_ddp.slurm_client import SlurmClient
-from hpc_ddp.submission import Prepared, materialize, prepare, record, schedule_slurm
+from hpc_ddp.slurm.client import SlurmClient
+from hpc_ddp.slurm.submission import Prepared, materialize, prepare, record, schedule_slurm
 
 RUNS_DIR_ENV = "HPC_DDP_RUNS_DIR"
 
@@ -123,8 +123,8 @@ def _test_only(prepared: Prepared, client: SlurmClient) -> int:
 
 
 def _submit_local(prepared: Prepared, args: argparse.Namespace) -> int:
-    from hpc_ddp.local_backend import submit_local, wait_local
-    from hpc_ddp.localproc import was_cancelled
+    from hpc_ddp.local.backend import submit_local, wait_local
+    from hpc_ddp.local.process import was_cancelled
 
     prepared = materialize(prepared)
     job = submit_local(prepared.cfg, prepared.paths)

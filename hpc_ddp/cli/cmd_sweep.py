@@ -17,13 +17,13 @@ from typing import Any
 
 from tabulate import tabulate
 
-from hpc_ddp.config_load import find_site_profile
+from hpc_ddp.config.load import find_site_profile
+from hpc_ddp.config.preflight import preflight_points
 from hpc_ddp.errors import ConfigError, RunDirError, RunsDirError, SlurmError
-from hpc_ddp.preflight import preflight_points
 from hpc_ddp.rundir import new_run_dir
-from hpc_ddp.slurm_client import SlurmClient
-from hpc_ddp.sweep import SweepSpec, load_sweep
-from hpc_ddp.sweep_submit import (
+from hpc_ddp.slurm.client import SlurmClient
+from hpc_ddp.sweep.spec import SweepSpec, load_sweep
+from hpc_ddp.sweep.submit import (
     SLURM_DEFAULT_MAX_ARRAY_SIZE,
     PreparedArray,
     prepare_sweep,

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from hpc_ddp.checkpoint import Progress, build_payload, capture_rng_state, find_latest
-from hpc_ddp.checkpoint import write_checkpoint as write
+from hpc_ddp.runtime.checkpoint import Progress, build_payload, capture_rng_state, find_latest
+from hpc_ddp.runtime.checkpoint import write_checkpoint as write
 
 _CPU = torch.device("cpu")
 

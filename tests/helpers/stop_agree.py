@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hpc_ddp.stopflag import StopFlag
+from hpc_ddp.runtime.stopflag import StopFlag
 
 
 def main() -> None:

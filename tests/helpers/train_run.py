@@ -17,9 +17,9 @@ import signal
 import sys
 from pathlib import Path
 
-from hpc_ddp.config import JobConfig, TrainConfig
-from hpc_ddp.session import RequeueExit, Session
-from hpc_ddp.trainer import run_training
+from hpc_ddp.config.model import JobConfig, TrainConfig
+from hpc_ddp.runtime.session import RequeueExit, Session
+from hpc_ddp.train.trainer import run_training
 
 
 class SignalAt(Session):

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
-from hpc_ddp.config import TrainConfig
+from hpc_ddp.config.model import TrainConfig
 
 
 def dataset(cfg: TrainConfig, train: bool) -> Dataset[tuple[torch.Tensor, ...]] | None:

@@ -1,0 +1,277 @@
+"""The config schema: every key's converter, derived once from the dataclasses' type hints.
+
+Converting a mapping walks it section by section: unknown keys get a did-you-mean hint, each
+value goes through its key's converter, required keys are checked on a whole config (not on a
+single layer), and a whole config is then checked for combinations no single key can catch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+from collections.abc import Mapping
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+from hpc_ddp.config.fields import FIELD_CONVERTERS, PAIR_KEYS
+from hpc_ddp.config.model import JobConfig
+from hpc_ddp.config.units import parse_slurm_time
+from hpc_ddp.config.values import (
+    Converter,
+    Invalid,
+    as_bool,
+    as_float,
+    as_int,
+    as_str,
+    as_str_list,
+    describe,
+    one_of,
+    optional,
+)
+from hpc_ddp.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class _Field:
+    name: str
+    key: str
+    convert: Converter
+    required: bool
+    section: type[Any] | None  # a nested config dataclass
+
+
+_SCHEMA: dict[type[Any], tuple[_Field, ...]] = {}
+_NAMES: dict[type[Any], frozenset[str]] = {}
+KEY_KINDS: dict[str, str] = {}
+"""Dotted key -> ``"section"``, ``"value"`` or ``"mapping"`` (a mapping of free names)."""
+
+
+def _converter(tp: Any) -> Converter:
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, types.UnionType) and type(None) in args:
+        (inner,) = (a for a in args if a is not type(None))
+        return optional(_converter(inner))
+    if origin is Literal:
+        return one_of(tuple(args))
+    if origin is tuple and args[1:] == (Ellipsis,) and args[0] is str:
+        return as_str_list
+    simple: dict[Any, Converter] = {str: as_str, int: as_int, float: as_float, bool: as_bool}
+    if tp in simple:
+        return simple[tp]
+    raise TypeError(f"no converter for config type {tp!r}")  # a new field type in config.py
+
+
+def _register(cls: type[Any], prefix: str) -> None:
+    hints = get_type_hints(cls)
+    fields = []
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        tp = hints[f.name]
+        inner = [a for a in get_args(tp) if a is not type(None)] or [tp]
+        first = inner[0]
+        section = first if isinstance(first, type) and dataclasses.is_dataclass(first) else None
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if section is not None:
+            KEY_KINDS[key] = "section"
+            _register(section, f"{key}.")
+            conv: Converter = _none_is_empty if tp is section else optional(_mapping_section)
+        else:
+            KEY_KINDS[key] = "mapping" if key in PAIR_KEYS else "value"
+            base = FIELD_CONVERTERS.get(key) or _converter(tp)
+            conv = optional(base) if type(None) in get_args(tp) else base
+        fields.append(_Field(f.name, key, conv, required, section))
+    _SCHEMA[cls] = tuple(fields)
+    _NAMES[cls] = frozenset(f.name for f in fields)
+
+
+def _none_is_empty(value: Any, key: str) -> Any:
+    return {} if value is None else _mapping_section(value, key)
+
+
+def _mapping_section(value: Any, key: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise Invalid(key, f"expected a mapping, got {describe(value)}. HINT: indent its keys")
+    return value
+
+
+_register(JobConfig, "")
+_CHILDREN: dict[str, list[str]] = {}
+for _key in KEY_KINDS:
+    _CHILDREN.setdefault(_key.rpartition(".")[0], []).append(_key.rpartition(".")[2])
+
+
+def unknown_key(key: str) -> Invalid:
+    """The error for an unknown dotted key, with a did-you-mean hint (or the valid keys)."""
+    parent, _, leaf = key.rpartition(".")
+    siblings = _CHILDREN.get(parent, [])
+    close = [f"{parent}.{m}" if parent else m for m in difflib.get_close_matches(leaf, siblings)]
+    if not close:
+        close = [k for k in KEY_KINDS if k.rpartition(".")[2] == leaf]  # right name, wrong section
+    if not close:
+        leaves = {k.rpartition(".")[2]: k for k in KEY_KINDS}
+        close = [leaves[m] for m in difflib.get_close_matches(leaf, list(leaves))]
+    if close:
+        hint = f"did you mean '{close[0]}'?"
+    else:
+        where = f"under '{parent}'" if parent else "at the top level"
+        hint = f"valid keys {where}: {', '.join(siblings)}"
+    return Invalid(key, f"unknown key. HINT: {hint}")
+
+
+_REQUIRED_HINTS = {
+    "name": "start the file with 'name: my-job'",
+    "env.container.runtime": "set env.container.runtime: apptainer or pyxis",
+    "env.container.image": "set env.container.image to the image file or name",
+}
+# (dotted key, id(list or mapping)) -> (that object, its converted value)
+Memo = dict[tuple[str, int], tuple[Any, Any]]
+
+
+def _convert(
+    cls: type[Any], data: Mapping[str, Any], prefix: str, partial: bool, memo: Memo | None = None
+) -> Any:
+    """Convert one section; ``partial`` checks only what is present (a layer, an override).
+
+    With a ``memo``, a list or mapping seen before under the same key (the same object, as
+    sweep points share them) is converted once: conversion is a pure function of the value.
+    """
+    fields = _SCHEMA[cls]
+    names = _NAMES[cls]
+    for raw_key in data:
+        if raw_key not in names:
+            if not isinstance(raw_key, str):
+                where = prefix.rstrip(".") or "(top level)"
+                raise Invalid(where, f"key {raw_key!r} is not a string. HINT: use a key name")
+            raise unknown_key(f"{prefix}{raw_key}")
+    kwargs: dict[str, Any] = {}
+    for f in fields:
+        if f.name not in data:
+            if f.required and not partial:
+                hint = _REQUIRED_HINTS.get(f.key, f"set {f.key}")
+                raise Invalid(f.key, f"required key missing. HINT: {hint}")
+            continue
+        raw = data[f.name]
+        shareable = memo is not None and type(raw) in (dict, list, tuple)
+        if shareable:
+            assert memo is not None
+            hit = memo.get((f.key, id(raw)))
+            if hit is not None and hit[0] is raw:
+                kwargs[f.name] = hit[1]
+                continue
+        value = f.convert(raw, f.key)
+        if f.section is not None and value is not None:
+            value = _convert(f.section, value, f"{f.key}.", partial, memo)
+        if shareable:
+            assert memo is not None
+            memo[(f.key, id(raw))] = (raw, value)  # holding ``raw`` keeps its id valid
+        kwargs[f.name] = value
+    return None if partial else cls(**kwargs)
+
+
+def _check_combinations(cfg: JobConfig) -> None:
+    slurm, train = cfg.slurm, cfg.train
+    if slurm.gpus_per_task is not None and slurm.gpus_per_node is not None:
+        raise Invalid(
+            "slurm.gpus_per_task",
+            "is set together with slurm.gpus_per_node. HINT: set only one (gpus_per_task: 1 "
+            "gives each rank its own GPU)",
+        )
+    limit = parse_slurm_time(slurm.time)
+    if cfg.requeue.lead_time >= limit:
+        raise Invalid(
+            "requeue.lead_time",
+            f"{cfg.requeue.lead_time} s is not shorter than slurm.time ({slurm.time}). HINT: "
+            "shorten requeue.lead_time or lengthen slurm.time",
+        )
+    if train.max_steps is None and train.epochs is None:
+        raise Invalid(
+            "train.max_steps",
+            "train.max_steps and train.epochs are both null. HINT: set one of them",
+        )
+    if cfg.command is not None and cfg.entrypoint is not None:
+        raise Invalid(
+            "command",
+            "is set together with entrypoint. HINT: keep one: command runs a script, "
+            "entrypoint calls a Python function",
+        )
+    flags = dict(slurm.extra)
+    for flag in ("mem-per-cpu", "mem-per-gpu"):
+        if flag in flags and slurm.mem is not None:
+            raise Invalid(
+                f"slurm.extra.{flag}",
+                "is set together with slurm.mem; sbatch refuses both. HINT: keep one",
+            )
+
+
+MAX_CONFIG_CHARS = 64 * 1024
+"""The values of one whole job config hold at most 64 KiB of text (a typical one holds 1 KiB).
+
+Each value is bounded on its own, but a list of them is not, and a sweep repeats its base in
+every point's ``config.yaml``: 10,000 points of at most 64 KiB each stay well under a gigabyte."""
+
+
+def _size(value: Any, memo: Memo | None) -> int:
+    """About how many characters ``value`` takes in a config file (a section once per memo)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, tuple):
+        return sum(_size(item, None) + 2 for item in value)
+    if not dataclasses.is_dataclass(value) or isinstance(value, type):
+        return 8  # a number, a bool or null
+    key = ("#size", id(value))
+    hit = memo.get(key) if memo is not None else None
+    if hit is not None and hit[0] is value:
+        size: int = hit[1]
+        return size
+    size = sum(_size(getattr(value, f.name), memo) for f in _SCHEMA[type(value)])
+    if memo is not None:
+        memo[key] = (value, size)  # holding ``value`` keeps its id valid
+    return size
+
+
+def _check_size(cfg: JobConfig, memo: Memo | None) -> None:
+    sizes = {f.key: _size(getattr(cfg, f.name), memo) for f in _SCHEMA[JobConfig]}
+    total = sum(sizes.values())
+    if total > MAX_CONFIG_CHARS:
+        biggest = max(sizes, key=lambda k: sizes[k])
+        raise Invalid(
+            biggest,
+            f"the config's values hold {total:,} characters ({sizes[biggest]:,} of them under "
+            f"{biggest}), over hpc-ddp's limit of {MAX_CONFIG_CHARS:,} for one job. HINT: keep "
+            "long scripts and data in files the job reads, and give their paths",
+        )
+
+
+def validate_job_config(
+    data: Mapping[str, Any], source: str, memo: Memo | None = None
+) -> JobConfig:
+    """Convert a merged mapping into a :class:`JobConfig` and check it as a whole.
+
+    ``source`` labels errors; a ``memo`` shared between calls converts shared sections once.
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"{source}: expected a mapping of keys (name:, slurm:, ...), got {describe(data)}. "
+            "HINT: start the file with 'name: my-job'"
+        )
+    try:
+        cfg: JobConfig = _convert(JobConfig, data, "", partial=False, memo=memo)
+        _check_combinations(cfg)
+        _check_size(cfg, memo)
+    except Invalid as exc:
+        raise ConfigError(f"{source}: {exc.key}: {exc.text}") from None
+    return cfg
+
+
+def check_layer(data: Any, source: str, error: type[ConfigError] = ConfigError) -> dict[str, Any]:
+    """Check one layer (site profile, job file, inline base) on its own; returns it as a dict."""
+    if not isinstance(data, Mapping):
+        raise error(
+            f"{source}: expected a mapping of keys (name:, slurm:, ...), got {describe(data)}. "
+            "HINT: start the file with 'name: my-job'"
+        )
+    try:
+        _convert(JobConfig, data, "", partial=True)
+    except Invalid as exc:
+        raise error(f"{source}: {exc.key}: {exc.text}") from None
+    return dict(data)

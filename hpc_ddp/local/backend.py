@@ -1,0 +1,206 @@
+"""The local backend: the same runtime in ``nodes x tasks_per_node`` processes on this machine.
+
+submitit's LocalExecutor already starts N real task processes, watches them and forwards
+signals, so it does that job here. Each task maps submitit's ids onto the torchrun-style
+variables (RANK, WORLD_SIZE, MASTER_ADDR, ...) and then runs exactly what ``hpc-ddp run``
+runs on a Slurm task: the run directory is the same, logs and checkpoints included.
+
+Imports submitit (and, in the task, torch) only when used: never on the dry-run path.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp.config.model import JobConfig
+from hpc_ddp.config.units import parse_slurm_time
+from hpc_ddp.local.process import identify_started, write_identity
+from hpc_ddp.rundir import RunPaths
+
+
+@dataclass(frozen=True)
+class LocalJob:
+    """A running local job: submitit's handle and the controller pid used as its job id."""
+
+    job_id: str
+    handle: Any
+    ntasks: int
+    folder: Path
+    """submitit's folder (``RUN_DIR/submitit``): the tasks' result pickles."""
+
+
+def free_port() -> int:
+    """A TCP port that is free on loopback right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_task(run_dir: str, master_port: int) -> int:
+    """Body of one local task: set the dist variables from submitit's, then run the job."""
+    import submitit
+
+    from hpc_ddp.runtime.entry import run_job
+
+    env = submitit.JobEnvironment()
+    # Started from inside a Slurm allocation, the tasks would inherit its job id and ask Slurm
+    # to requeue a job that is not theirs: a local run is not a Slurm job.
+    for key in [k for k in os.environ if k.startswith(("SLURM_", "SLURMD_"))]:
+        del os.environ[key]
+    os.environ.update(
+        {
+            "RANK": str(env.global_rank),
+            "LOCAL_RANK": str(env.local_rank),
+            "WORLD_SIZE": str(env.num_tasks),
+            "LOCAL_WORLD_SIZE": str(env.num_tasks),
+            "GROUP_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(master_port),
+            "HPC_DDP_LOCAL_JOB_ID": str(env.job_id),
+            "HPC_DDP_PER_RANK_LOGS": "1",
+        }
+    )
+    from hpc_ddp.rundir import RunPaths
+    from hpc_ddp.runtime.entry import redirect_to_rank_logs, task_run_dir
+
+    redirect_to_rank_logs(RunPaths(task_run_dir(Path(run_dir), os.environ)), env.global_rank)
+    return run_job(Path(run_dir), os.environ)
+
+
+def submit_local(cfg: JobConfig, paths: RunPaths) -> LocalJob:
+    """Start the job's tasks as local processes; returns at once.
+
+    The controller's identity goes to ``RUN_DIR/local.json`` so that ``cancel`` can prove,
+    later, that the pid it is about to signal is still this run's
+    (see :mod:`hpc_ddp.local.process`).
+    """
+    import submitit
+
+    executor = submitit.LocalExecutor(folder=str(paths.root / "submitit"))
+    executor.update_parameters(
+        tasks_per_node=cfg.slurm.ntasks,
+        nodes=1,
+        timeout_min=max(1, parse_slurm_time(cfg.slurm.time) // 60),
+        # Mirror the rendered --signal: submitit sends USR2 this long before the timeout.
+        signal_delay_s=cfg.requeue.lead_time,
+    )
+    job = executor.submit(run_task, str(paths.root), free_port())
+    ident = identify_started(int(job.job_id))
+    if ident is not None:
+        write_identity(paths.root, ident)
+    return LocalJob(str(job.job_id), job, cfg.slurm.ntasks, paths.root / "submitit")
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    """How one local task (global rank) ended, from the result submitit's task wrapper left."""
+
+    rank: int
+    ok: bool
+    detail: str
+    """``exit code 0``, ``ConfigError: train.model: ...``, or why there is no result."""
+    reported_at: float | None
+    """When the result was written (its mtime); None when the task left none."""
+
+
+def _last_error_line(trace: str) -> str:
+    """``ConfigError: ...`` from a formatted traceback's last line (module path dropped)."""
+    lines = [ln for ln in trace.strip().splitlines() if ln.strip()]
+    last = lines[-1].strip() if lines else "unknown error"
+    head, sep, tail = last.partition(": ")
+    return f"{head.rsplit('.', 1)[-1]}{sep}{tail}"
+
+
+def task_outcomes(folder: Path, job_id: str, ntasks: int) -> list[TaskOutcome]:
+    """Each task's outcome, read from ``<folder>/<job>_<rank>_result.pkl``.
+
+    submitit's task wrapper pickles ``("success", value)`` (here :func:`run_task`'s exit code)
+    or ``("error", traceback)`` before the task exits. A task killed outright leaves nothing.
+    """
+    from submitit.core.utils import JobPaths, pickle_load
+
+    out = []
+    for rank in range(ntasks):
+        path = JobPaths(folder, job_id, rank).result_pickle
+        try:
+            mtime = path.stat().st_mtime
+            outcome, value = pickle_load(path)
+        except FileNotFoundError:
+            why = "ended without a result (killed by a signal, or it exited before reporting)"
+            out.append(TaskOutcome(rank, False, why, None))
+            continue
+        if outcome == "success":
+            code = value if isinstance(value, int) else 0
+            out.append(TaskOutcome(rank, code == 0, f"exit code {code}", mtime))
+        else:
+            out.append(TaskOutcome(rank, False, _last_error_line(str(value)), mtime))
+    return out
+
+
+def first_failure(outcomes: list[TaskOutcome]) -> TaskOutcome | None:
+    """The failed task to blame: one killed outright (its peers only complain about the lost
+    connection), else the first to report an error, else None when every task succeeded."""
+    failed = [o for o in outcomes if not o.ok]
+    if not failed:
+        return None
+    return min(failed, key=lambda o: (o.reported_at is not None, o.reported_at or 0.0, o.rank))
+
+
+@dataclass(frozen=True)
+class LocalResult:
+    """A finished local job: the controller's state and every task's outcome."""
+
+    job_id: str
+    controller: str
+    """submitit's view of the controller process: FINISHED, or INTERRUPTED (killed)."""
+    outcomes: list[TaskOutcome]
+
+    def state(self, cancelled: bool) -> str:
+        """A Slurm-like state: COMPLETED, CANCELLED or FAILED."""
+        if cancelled:
+            return "CANCELLED"
+        ok = self.controller == "FINISHED" and all(o.ok for o in self.outcomes)
+        return "COMPLETED" if ok else "FAILED"
+
+    def describe(self, cancelled: bool = False) -> str:
+        """One line for the user: the state and, for a failure, the rank to blame."""
+        state = self.state(cancelled)
+        line = f"local job {self.job_id}: {state}"
+        culprit = first_failure(self.outcomes)
+        if state == "FAILED" and culprit is not None:
+            others = [str(o.rank) for o in self.outcomes if not o.ok and o.rank != culprit.rank]
+            also = f" (then rank {', '.join(others)})" if others else ""
+            line += f": rank {culprit.rank} failed{also}: {culprit.detail}"
+        elif state == "FAILED":
+            line += f": the controller ended {self.controller}"
+        return line
+
+
+def wait_local(job: LocalJob, follow: Path | None = None, poll_s: float = 0.5) -> LocalResult:
+    """Wait until a local job ends, copying ``follow`` (a log file) to stderr meanwhile."""
+    offset = 0
+
+    def copy_new() -> None:
+        nonlocal offset
+        if follow is None or not follow.exists():
+            return
+        with follow.open("rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+        offset += len(chunk)
+        sys.stderr.write(chunk.decode(errors="replace"))
+        sys.stderr.flush()
+
+    while not job.handle.done():
+        copy_new()
+        time.sleep(poll_s)
+    copy_new()
+    controller = str(job.handle.state)
+    outcomes = task_outcomes(job.folder, job.job_id, job.ntasks)
+    return LocalResult(job.job_id, controller, outcomes)

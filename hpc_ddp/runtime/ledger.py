@@ -1,0 +1,291 @@
+"""The attempt ledger: ``RUN_DIR/ledger.jsonl``, one JSON object per attempt event.
+
+Every attempt of a run (the first start and each requeue) appends an ``attempt_start`` line
+when it begins and an ``attempt_end`` line when it stops on purpose::
+
+    {"event": "attempt_start", "attempt": 0, "time": 1718000000.0, "job_id": "4242",
+     "job_ref": "4242", "nodelist": "n[1-2]", "world_size": 4, "resumed_from_step": null,
+     "checkpoint": null}
+    {"event": "attempt_end", "attempt": 0, "time": 1718003600.0, "cause": "time_limit",
+     "steps_done": 1200, "checkpoint": "checkpoints/step-00001200.pt",
+     "requeue_requested": true, "message": "time-limit warning signal"}
+
+``requeue_requested`` is true only when hpc-ddp asked ``scontrol requeue`` and Slurm accepted;
+a request that failed is recorded as the cause ``requeue_failed`` with ``requeue_requested``
+false, and the ``message`` says what failed, which checkpoint is kept and how to go on.
+
+Only global rank 0 writes, so there is a single writer per run: each event is one ``write`` of
+one whole line to a file opened ``O_APPEND``, then fsynced. A crash can still leave a torn last
+line; readers skip any line that does not parse, and writers start on a fresh line after one.
+An attempt with a start and no end is still running, or died without a word (SIGKILL, node
+failure): :func:`read_ledger` reports it with ``ended=None``.
+
+The requeue decision (:func:`decide_requeue`) is pure; why a stop came is
+:func:`hpc_ddp.runtime.stopcause.classify_stop`'s to say.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, replace
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class EndCause(str, Enum):
+    """Why an attempt ended.
+
+    Only ``time_limit``, ``preempted`` and ``manual_requeue`` are followed by another attempt
+    (when ``requeue_requested`` is true, or Slurm was requeueing the job itself). The run is
+    over, unfinished, after ``crash``, ``budget_exhausted``, ``requeue_failed`` (a requeue was
+    needed and ``scontrol requeue`` failed: the job ends FAILED with the checkpoint kept) and
+    ``cancelled``; after ``unknown`` it is over unless Slurm itself brings the job back.
+    """
+
+    FINISHED = "finished"
+    TIME_LIMIT = "time_limit"
+    PREEMPTED = "preempted"
+    MANUAL_REQUEUE = "manual_requeue"
+    CRASH = "crash"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    REQUEUE_FAILED = "requeue_failed"
+    CANCELLED = "cancelled"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt folded from its ledger events."""
+
+    attempt: int
+    """``SLURM_RESTART_COUNT`` of the attempt (0 for the first)."""
+    started: float
+    ended: float | None
+    """``None``: still running, or died without writing its end (killed, node lost)."""
+    cause: EndCause | None
+    steps_done: int | None
+    """Global optimizer step reached when it ended."""
+    checkpoint: str | None
+    """The last checkpoint known: the one saved at the end, else the one resumed from."""
+    nodelist: str
+    job_ref: str | None
+    resumed_from_step: int | None
+    job_id: str | None = None
+    world_size: int | None = None
+    resumed_from: str | None = None
+    """The checkpoint this attempt started from."""
+    requeue_requested: bool | None = None
+    message: str | None = None
+
+    @property
+    def is_open(self) -> bool:
+        """True while no end has been recorded."""
+        return self.ended is None
+
+    @property
+    def duration_s(self) -> float | None:
+        """Seconds from start to end (None while open)."""
+        return None if self.ended is None else self.ended - self.started
+
+
+def record_start(
+    path: Path,
+    *,
+    attempt: int,
+    job_id: str | None,
+    job_ref: str | None,
+    nodelist: str,
+    world_size: int,
+    resumed_from_step: int | None,
+    checkpoint: str | None,
+    now: float | None = None,
+) -> None:
+    """Append an ``attempt_start`` event (rank 0 only)."""
+    _append(
+        path,
+        {
+            "event": "attempt_start",
+            "attempt": attempt,
+            "time": time.time() if now is None else now,
+            "job_id": job_id,
+            "job_ref": job_ref,
+            "nodelist": nodelist,
+            "world_size": world_size,
+            "resumed_from_step": resumed_from_step,
+            "checkpoint": checkpoint,
+        },
+    )
+
+
+def record_end(
+    path: Path,
+    *,
+    attempt: int,
+    cause: EndCause,
+    steps_done: int | None,
+    checkpoint: str | None,
+    requeue_requested: bool,
+    message: str = "",
+    now: float | None = None,
+) -> None:
+    """Append an ``attempt_end`` event (rank 0 only)."""
+    _append(
+        path,
+        {
+            "event": "attempt_end",
+            "attempt": attempt,
+            "time": time.time() if now is None else now,
+            "cause": EndCause(cause).value,
+            "steps_done": steps_done,
+            "checkpoint": checkpoint,
+            "requeue_requested": requeue_requested,
+            "message": message,
+        },
+    )
+
+
+def _append(path: Path, event: dict[str, Any]) -> None:
+    line = json.dumps(event, sort_keys=True) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            # The previous writer died mid-line: end that line, or this event would be glued
+            # to it and be lost with it.
+            line = "\n" + line
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_ledger(path: Path) -> list[Attempt]:
+    """The attempts recorded in ``path``, in the order they started; [] if there is no file.
+
+    Lines that do not parse (a torn last line) or are not ledger events are skipped, never fatal.
+    A second start of the same attempt number (the same step relaunched) opens a new entry; an
+    end closes the latest open entry of its attempt, and an end with no start is ignored.
+    """
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return []
+    attempts: list[Attempt] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+            _fold(attempts, event)
+        except (ValueError, TypeError, KeyError) as exc:
+            log.warning("%s:%d: skipping an unreadable ledger line (%s)", path, number, exc)
+    return attempts
+
+
+def _fold(attempts: list[Attempt], event: Any) -> None:
+    kind = event["event"]
+    if kind == "attempt_start":
+        checkpoint = _opt_str(event.get("checkpoint"))
+        attempts.append(
+            Attempt(
+                attempt=int(event["attempt"]),
+                started=float(event["time"]),
+                ended=None,
+                cause=None,
+                steps_done=None,
+                checkpoint=checkpoint,
+                nodelist=str(event.get("nodelist") or ""),
+                job_ref=_opt_str(event.get("job_ref")),
+                resumed_from_step=_opt_int(event.get("resumed_from_step")),
+                job_id=_opt_str(event.get("job_id")),
+                world_size=_opt_int(event.get("world_size")),
+                resumed_from=checkpoint,
+            )
+        )
+    elif kind == "attempt_end":
+        number = int(event["attempt"])
+        for index in range(len(attempts) - 1, -1, -1):
+            entry = attempts[index]
+            if entry.attempt == number and entry.is_open:
+                attempts[index] = replace(
+                    entry,
+                    ended=float(event["time"]),
+                    cause=_cause(event.get("cause")),
+                    steps_done=_opt_int(event.get("steps_done")),
+                    checkpoint=_opt_str(event.get("checkpoint")) or entry.checkpoint,
+                    requeue_requested=bool(event.get("requeue_requested")),
+                    message=_opt_str(event.get("message")),
+                )
+                return
+        if not any(entry.attempt == number for entry in attempts):
+            log.warning("ledger: end of attempt %d without its start; ignored", number)
+    else:
+        raise ValueError(f"unknown event {kind!r}")
+
+
+def _cause(value: Any) -> EndCause:
+    try:
+        return EndCause(value)
+    except ValueError:
+        return EndCause.UNKNOWN  # written by a newer hpc-ddp
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+@dataclass(frozen=True)
+class RequeueDecision:
+    """Whether the run goes on in a new attempt, and why (for the ledger and the log)."""
+
+    requeue: bool
+    reason: str
+
+
+def decide_requeue(
+    cause: EndCause, attempts_so_far: int, max_requeues: int, on_crash: bool
+) -> RequeueDecision:
+    """Decide whether an attempt that ended with ``cause`` is followed by another.
+
+    ``attempts_so_far`` is the number of requeues already spent (this attempt's
+    ``SLURM_RESTART_COUNT``). Time limits, preemptions and manual requeues go on while fewer
+    than ``max_requeues`` were spent; a crash too, only with ``on_crash``; a finished,
+    cancelled, failed-to-requeue or unexplained stop never.
+    """
+    if cause is EndCause.FINISHED:
+        return RequeueDecision(False, "finished: nothing left to do")
+    if cause is EndCause.CANCELLED:
+        return RequeueDecision(False, "cancelled: a cancelled job is not brought back")
+    if cause is EndCause.REQUEUE_FAILED:
+        return RequeueDecision(False, "the requeue request failed: nothing brings the job back")
+    if cause is EndCause.UNKNOWN:
+        return RequeueDecision(False, "stopped for an unknown reason: not requeued")
+    if cause is EndCause.CRASH and not on_crash:
+        return RequeueDecision(
+            False,
+            "crashed: not requeued (a crash is not a preemption). HINT: fix the error in the "
+            "rank logs, or set requeue.on_crash=true to retry crashes.",
+        )
+    if cause is EndCause.BUDGET_EXHAUSTED or attempts_so_far >= max_requeues:
+        return RequeueDecision(
+            False,
+            f"requeue budget exhausted: {attempts_so_far} of requeue.max_requeues="
+            f"{max_requeues} requeues used. HINT: raise it (e.g. requeue.max_requeues="
+            f"{max(2 * max_requeues, max_requeues + 5)}) and resubmit; the run resumes from "
+            "its last checkpoint.",
+        )
+    return RequeueDecision(
+        True,
+        f"{cause.value}: requeue {attempts_so_far + 1} of {max_requeues} (requeue.max_requeues)",
+    )

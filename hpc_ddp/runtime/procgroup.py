@@ -1,0 +1,193 @@
+"""Joining the process group: backend, device, rendezvous, timeout.
+
+An edge: :func:`init_process_group` sets the CUDA device, may write ``os.environ`` (the ``env``
+method) and opens sockets or files. torch is imported inside the functions that need it, so
+importing this module (e.g. for :func:`choose_backend` on a login node) stays cheap.
+
+Rendezvous, by ``dist.init_method``:
+
+``env``   ``env://``: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (and LOCAL_RANK, ...) are put
+          into ``os.environ``, where torch and the user's code read them.
+``tcp``   ``tcp://MASTER_ADDR:PORT`` with rank and world size passed explicitly.
+``file``  ``file://RUN_DIR/rendezvous/pg.<job_ref>.<attempt>`` on the shared filesystem; no port.
+
+For ``env`` and ``tcp`` a derived port is checked and agreed first
+(:func:`hpc_ddp.runtime.ports.resolve_master_port`).
+A one-rank group needs no rendezvous at all: it is
+formed on an in-memory store, so no port or file can clash with a neighbour's, and user code can
+still call collectives.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from hpc_ddp.config.model import DistConfig
+from hpc_ddp.errors import DistEnvError
+from hpc_ddp.runtime.distenv import DistEnv
+from hpc_ddp.runtime.ports import resolve_master_port
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "gloo", "nccl")
+INIT_METHODS = ("env", "tcp", "file")
+
+
+@dataclass(frozen=True)
+class ProcessGroupInfo:
+    """The group this process joined."""
+
+    backend: str
+    device: str
+    """``cpu`` or ``cuda:N``."""
+    init_method: str
+    """The URL used (``env://``, ``tcp://host:port``, ``file://path``), or ``local`` for a
+    one-rank group on an in-memory store."""
+    master_port: int | None = None
+    """The agreed port for ``env``/``tcp`` (after collision checks), else None."""
+
+
+def choose_backend(requested: str, cuda_available: bool) -> str:
+    """``auto`` -> nccl with CUDA, gloo without; ``nccl`` without CUDA is an error."""
+    if requested not in BACKENDS:
+        raise DistEnvError(
+            f"dist.backend={requested!r} is not one of {', '.join(BACKENDS)}. "
+            "HINT: use auto (nccl on GPUs, gloo on CPUs)."
+        )
+    if requested == "auto":
+        return "nccl" if cuda_available else "gloo"
+    if requested == "nccl" and not cuda_available:
+        raise DistEnvError(
+            "dist.backend='nccl' but this task sees no CUDA device. HINT: request GPUs "
+            "(slurm.gpus_per_task or slurm.gpus_per_node), or set dist.backend=auto to use gloo "
+            "on CPUs."
+        )
+    return requested
+
+
+def choose_device(
+    dist: DistEnv, env: Mapping[str, str], cuda_available: bool, device_count: int
+) -> str:
+    """The device this rank computes on.
+
+    With ``--gpus-per-task`` Slurm gives each task its own single GPU in
+    ``CUDA_VISIBLE_DEVICES``, which the task sees as ``cuda:0``. With ``--gpus-per-node`` every
+    task on a node sees all of them, and rank ``local_rank`` takes ``cuda:<local_rank>``.
+    """
+    if not cuda_available or device_count < 1:
+        return "cpu"
+    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if len(visible) == 1:
+        return "cuda:0"
+    if dist.local_rank >= device_count:
+        raise DistEnvError(
+            f"local rank {dist.local_rank} (of {dist.local_world_size} tasks on this node) has no "
+            f"GPU of its own: {device_count} visible (CUDA_VISIBLE_DEVICES="
+            f"{env.get('CUDA_VISIBLE_DEVICES')!r}). HINT: run at most one task per GPU: set "
+            "slurm.tasks_per_node to the GPUs per node, or use slurm.gpus_per_task=1."
+        )
+    return f"cuda:{dist.local_rank}"
+
+
+def init_process_group(
+    dist: DistEnv, cfg: DistConfig, run_dir: Path, env: Mapping[str, str]
+) -> ProcessGroupInfo:
+    """Set this rank's device and join the default process group.
+
+    Every wait (rendezvous, store, collectives) is bounded by ``cfg.timeout_s``, so a rank
+    whose peers never come fails with an error instead of hanging. With ``init_method: env``
+    this writes the rank variables into ``os.environ``.
+    """
+    import torch
+    import torch.distributed as tdist
+
+    if cfg.init_method not in INIT_METHODS:
+        raise DistEnvError(
+            f"dist.init_method={cfg.init_method!r} is not one of {', '.join(INIT_METHODS)}. "
+            "HINT: use env."
+        )
+    if tdist.is_initialized():
+        raise DistEnvError(
+            "the default process group is already initialised. HINT: call "
+            "hpc_ddp.runtime.procgroup.destroy_process_group() before joining again."
+        )
+    cuda = torch.cuda.is_available()
+    backend = choose_backend(cfg.backend, cuda)
+    device = choose_device(dist, env, cuda, torch.cuda.device_count() if cuda else 0)
+    if device != "cpu":
+        # Before the group exists: NCCL ties its communicator to the current device.
+        torch.cuda.set_device(device)
+    device_id = torch.device(device) if backend == "nccl" else None
+    timeout = timedelta(seconds=cfg.timeout_s)
+    rendezvous = run_dir / "rendezvous"
+    port: int | None = None
+    if cfg.init_method in ("env", "tcp"):
+        # Probed here, after the slow parts (torch import, CUDA set-up), so that little time
+        # passes between rank 0 finding the port free and torch binding it.
+        port = resolve_master_port(dist, rendezvous, timeout_s=float(cfg.timeout_s))
+    if cfg.init_method == "env":
+        # Written even for one rank, which does not need them: the user's code may read them.
+        os.environ.update({**dist.as_environ(), "MASTER_PORT": str(port)})
+    if dist.world_size == 1:
+        url = "local"
+        tdist.init_process_group(
+            backend,
+            store=tdist.HashStore(),  # type: ignore[attr-defined]  # public; stubs omit it
+            rank=0,
+            world_size=1,
+            timeout=timeout,
+            device_id=device_id,
+        )
+    else:
+        url = _init_url(dist, cfg.init_method, rendezvous, env, port)
+        tdist.init_process_group(
+            backend,
+            init_method=url,
+            rank=dist.rank,
+            world_size=dist.world_size,
+            timeout=timeout,
+            device_id=device_id,
+        )
+    log.info(
+        "rank %d/%d joined the process group: %s on %s via %s",
+        dist.rank,
+        dist.world_size,
+        backend,
+        device,
+        url,
+    )
+    return ProcessGroupInfo(backend=backend, device=device, init_method=url, master_port=port)
+
+
+def _init_url(
+    dist: DistEnv, method: str, rendezvous: Path, env: Mapping[str, str], port: int | None
+) -> str:
+    if method == "env":
+        return "env://"
+    if method == "tcp":
+        host = f"[{dist.master_addr}]" if ":" in dist.master_addr else dist.master_addr
+        return f"tcp://{host}:{port}"
+    # torch's FileStore must never be reused: ranks joining a file left by an earlier group see
+    # its stale counters and fail or hang. The name is unique per attempt (a requeue gets a new
+    # restart count; a crashed attempt's file is simply never opened again). Removing a stale
+    # file first is not safe: rank 0 cannot know whether a peer has already joined it. Outside
+    # Slurm, torchrun's run id keys it; a plain rerun under the same key must clear
+    # RUN_DIR/rendezvous first.
+    key = dist.job_ref or env.get("TORCHELASTIC_RUN_ID") or "local"
+    rendezvous.mkdir(parents=True, exist_ok=True)
+    return f"file://{rendezvous / f'pg.{key}.{dist.restart_count}'}"
+
+
+def destroy_process_group() -> None:
+    """Leave the default process group; a no-op when there is none (safe to call twice)."""
+    tdist = sys.modules.get("torch.distributed")
+    if tdist is None:
+        return  # torch was never imported, so no group was ever made
+    if tdist.is_available() and tdist.is_initialized():
+        tdist.destroy_process_group()

@@ -1,0 +1,276 @@
+"""The requeue coordinator: ledger entries, the budget, and the one requeue request.
+
+The session calls it at four moments, on every rank (only global rank 0 acts):
+
+* :meth:`Coordinator.begin` when the attempt starts: a ledger ``attempt_start``; an attempt
+  beyond the budget (Slurm requeued the job itself once too often) ends at once, non-zero.
+* :meth:`Coordinator.stop` after the ranks agreed on a stop signal and the checkpoint is
+  durable: ask Slurm why (``scontrol show job``), decide with the budget, request the requeue
+  when Slurm is not already requeueing the job, and write ``attempt_end``. A requeue that was
+  needed and failed ends the attempt ``requeue_failed`` with :data:`REQUEUE_FAILED_EXIT_CODE`:
+  the job must end FAILED, never COMPLETED with training unfinished. Slurm's silence is never
+  taken for "Slurm is requeueing it" (see :mod:`hpc_ddp.runtime.stopcause`).
+* :meth:`Coordinator.finish` when training ended normally, :meth:`Coordinator.crash` when it
+  raised.
+
+Exactly one process asks for a requeue: global rank 0, once, for ``ARRAYJOB_TASK`` in an array.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpc_ddp.config.model import RequeueConfig
+from hpc_ddp.errors import SlurmError
+from hpc_ddp.runtime.distenv import DistEnv
+from hpc_ddp.runtime.ledger import EndCause, decide_requeue, record_end, record_start
+from hpc_ddp.runtime.stopcause import (
+    StopVerdict,
+    classify_stop,
+    classify_unanswered_stop,
+    signal_number,
+)
+from hpc_ddp.slurm.client import SlurmClient
+
+log = logging.getLogger(__name__)
+
+BUDGET_EXIT_CODE = 3
+"""Exit status of a run whose requeue budget ran out: Slurm records the job as FAILED."""
+REQUEUE_FAILED_EXIT_CODE = 4
+"""Exit status of an attempt that needed a requeue and did not get one: ``scontrol requeue``
+failed, or (after a SIGTERM) Slurm could not be asked whether it is requeueing the job. Slurm
+records the job FAILED, unless it requeues or cancels the job itself."""
+
+
+@dataclass(frozen=True)
+class StopOutcome:
+    """What happened at a stop: the cause, whether a requeue was asked for, the exit code."""
+
+    cause: EndCause
+    requeue_requested: bool
+    exit_code: int
+    message: str
+
+
+class Coordinator:
+    """Ledger and requeue decisions for one attempt of one run (see the module docstring)."""
+
+    def __init__(
+        self,
+        dist: DistEnv,
+        ledger: Path,
+        cfg: RequeueConfig,
+        client: SlurmClient | None = None,
+    ) -> None:
+        self.dist = dist
+        self.ledger = ledger
+        self.cfg = cfg
+        self.client = client or SlurmClient()
+        # Inside a Slurm job, also for a `command:` child that got torchrun-style variables.
+        self.under_slurm = dist.job_ref is not None
+        self._ended = False
+
+    @property
+    def attempt(self) -> int:
+        """This attempt's number: Slurm's restart count (0 for the first run)."""
+        return self.dist.restart_count
+
+    def begin(self, *, resumed_from_step: int | None, checkpoint: str | None) -> StopOutcome | None:
+        """Record the start; returns an outcome (end now) when the budget is already spent."""
+        if not self.dist.is_main:
+            return None
+        record_start(
+            self.ledger,
+            attempt=self.attempt,
+            job_id=self.dist.job_id,
+            job_ref=self.dist.job_ref,
+            nodelist=",".join(self.dist.nodelist),
+            world_size=self.dist.world_size,
+            resumed_from_step=resumed_from_step,
+            checkpoint=checkpoint,
+        )
+        if self.attempt > self.cfg.max_requeues:
+            message = (
+                f"attempt {self.attempt} is beyond the requeue budget "
+                f"(requeue.max_requeues={self.cfg.max_requeues}); not training. "
+                "HINT: raise requeue.max_requeues and resubmit; the checkpoints are kept."
+            )
+            log.error(message)
+            self._end(EndCause.BUDGET_EXHAUSTED, resumed_from_step, checkpoint, False, message)
+            return StopOutcome(EndCause.BUDGET_EXHAUSTED, False, BUDGET_EXIT_CODE, message)
+        return None
+
+    def _ask_slurm(self) -> tuple[dict[str, str] | None, str]:
+        """``scontrol show job`` of this job: (its fields, "") or (None, why it failed)."""
+        assert self.dist.job_ref is not None
+        try:
+            return self.client.show_job(self.dist.job_ref), ""
+        except SlurmError as exc:
+            log.warning("could not ask Slurm about job %s: %s", self.dist.job_ref, exc)
+            return None, _summary(exc)
+
+    def stop(self, signum: int, *, step: int, checkpoint: str | None) -> StopOutcome:
+        """Handle an agreed stop on rank 0 (other ranks get a neutral outcome)."""
+        if not self.dist.is_main:
+            return StopOutcome(EndCause.UNKNOWN, False, 0, "")
+        requeue_signum = signal_number(self.cfg.signal)
+        fields, error = self._ask_slurm() if self.under_slurm else (None, "")
+        if self.under_slurm and fields is None:
+            # Never read "Slurm did not answer" as "Slurm is requeueing it" (see preemption).
+            verdict = classify_unanswered_stop(signum, requeue_signum=requeue_signum, error=error)
+        else:
+            verdict = classify_stop(
+                signum, requeue_signum=requeue_signum, restart_count=self.attempt, job=fields
+            )
+        return self._act(verdict, step=step, checkpoint=checkpoint)
+
+    def _act(self, verdict: StopVerdict, *, step: int, checkpoint: str | None) -> StopOutcome:
+        decision = decide_requeue(
+            verdict.cause, self.attempt, self.cfg.max_requeues, self.cfg.on_crash
+        )
+        if verdict.request_requeue and not decision.requeue:
+            message = f"requeue budget exhausted: {decision.reason}"
+            log.error("%s", message)
+            self._end(EndCause.BUDGET_EXHAUSTED, step, checkpoint, False, message)
+            return StopOutcome(EndCause.BUDGET_EXHAUSTED, False, BUDGET_EXIT_CODE, message)
+        requested = False
+        if verdict.request_requeue and self.under_slurm:
+            error = self._request_requeue()
+            if error is None:
+                requested = True
+            else:
+                after = self._after_refusal(error)
+                if after is None:
+                    return self._requeue_failed(verdict, error, step, checkpoint)
+                verdict = after
+                decision = decide_requeue(
+                    verdict.cause, self.attempt, self.cfg.max_requeues, self.cfg.on_crash
+                )
+        if not verdict.slurm_answered and not requested:
+            return self._unconfirmed(verdict, step, checkpoint)
+        message = f"{verdict.cause.value}: {verdict.explanation}; {decision.reason}"
+        if verdict.request_requeue and not self.under_slurm:
+            message += "; not a Slurm job, so nothing requeues it: start it again to resume"
+        log.info("stopping at step %d: %s", step, message)
+        self._end(verdict.cause, step, checkpoint, requested, message)
+        return StopOutcome(verdict.cause, requested, 0, message)
+
+    def _request_requeue(self) -> str | None:
+        """``scontrol requeue`` this job: None when Slurm accepted, else what went wrong."""
+        assert self.dist.job_ref is not None
+        try:
+            self.client.requeue(self.dist.job_ref)
+        except SlurmError as exc:
+            log.warning("scontrol requeue %s failed: %s", self.dist.job_ref, exc)
+            return _summary(exc)
+        log.info("asked Slurm to requeue job %s", self.dist.job_ref)
+        return None
+
+    def _after_refusal(self, error: str) -> StopVerdict | None:
+        """Why Slurm refused a requeue, when its answer shows a reason; None: the request failed.
+
+        Slurm may have won a race (the preemption's grace ran out, someone requeued or
+        cancelled the job by hand meanwhile): only a ``Restarts`` count that went up, or a
+        cancellation, in Slurm's own answer says so. No answer proves nothing.
+        """
+        fields, _ = self._ask_slurm()
+        if fields is None:
+            return None
+        verdict = classify_stop(
+            int(signal.SIGTERM),
+            requeue_signum=signal_number(self.cfg.signal),
+            restart_count=self.attempt,
+            job=fields,
+        )
+        if verdict.request_requeue:  # still running and not being requeued: it just failed
+            return None
+        log.info("Slurm refused the requeue of %s: %s", self.dist.job_ref, verdict.explanation)
+        return StopVerdict(
+            verdict.cause, False, f"{verdict.explanation} (scontrol requeue said: {error})"
+        )
+
+    def _requeue_failed(
+        self, verdict: StopVerdict, error: str, step: int, checkpoint: str | None
+    ) -> StopOutcome:
+        """A requeue was needed and could not be had: the job must end FAILED, and say so."""
+        ref = self.dist.job_ref
+        why = verdict.explanation if verdict.slurm_answered else "Slurm could not be asked either"
+        message = (
+            f"could not requeue job {ref} after {verdict.cause.value} ({why}): "
+            f"{error}. The job will not come back by itself: its tasks exit "
+            f"{REQUEUE_FAILED_EXIT_CODE}, so Slurm records it FAILED. {_kept(step, checkpoint)} "
+            "HINT: let the job reach Slurm (scontrol on PATH inside the container, munged's "
+            f"socket, SLURM_CONF), and run `scontrol requeue {ref}` where Slurm's commands "
+            "work (Slurm keeps a finished job for MinJobAge): the run resumes from that "
+            "checkpoint."
+        )
+        log.error("%s", message)
+        self._end(EndCause.REQUEUE_FAILED, step, checkpoint, False, message)
+        return StopOutcome(EndCause.REQUEUE_FAILED, False, REQUEUE_FAILED_EXIT_CODE, message)
+
+    def _unconfirmed(self, verdict: StopVerdict, step: int, checkpoint: str | None) -> StopOutcome:
+        """A stop Slurm could not be asked about and no requeue was asked for: exit non-zero."""
+        ref = self.dist.job_ref
+        message = (
+            f"{verdict.cause.value}: {verdict.explanation}. The tasks exit "
+            f"{REQUEUE_FAILED_EXIT_CODE}: the job ends FAILED unless Slurm requeues or cancels "
+            f"it. {_kept(step, checkpoint)} HINT: if the job does not come back (`hpc-ddp "
+            f"status`), run `scontrol requeue {ref}` where Slurm's commands work; and let the "
+            "job reach Slurm (scontrol on PATH inside the container, munged's socket, "
+            "SLURM_CONF)."
+        )
+        log.error("%s", message)
+        self._end(verdict.cause, step, checkpoint, False, message)
+        return StopOutcome(verdict.cause, False, REQUEUE_FAILED_EXIT_CODE, message)
+
+    def finish(self, *, step: int, checkpoint: str | None) -> None:
+        """Record a normal end of training (rank 0)."""
+        if self.dist.is_main:
+            self._end(EndCause.FINISHED, step, checkpoint, False, "training finished")
+
+    def crash(self, *, step: int | None, checkpoint: str | None, error: BaseException) -> None:
+        """Record a crash of this rank.
+
+        Any rank may write it (one O_APPEND line): the first end of an attempt wins in the
+        ledger, so the rank that failed first is the one named, not a peer that merely lost
+        its connection to it.
+        """
+        where = self.dist.node_name or "?"
+        message = f"rank {self.dist.rank} on {where}: {type(error).__name__}: {error}"
+        log.error("crash: %s", message)
+        self._end(EndCause.CRASH, step, checkpoint, False, message)
+
+    def _end(
+        self, cause: EndCause, step: int | None, checkpoint: str | None, requested: bool, msg: str
+    ) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        record_end(
+            self.ledger,
+            attempt=self.attempt,
+            cause=cause,
+            steps_done=step,
+            checkpoint=checkpoint,
+            requeue_requested=requested,
+            message=msg,
+        )
+
+
+def _summary(exc: SlurmError) -> str:
+    """A Slurm failure on one line for the ledger: what failed and what Slurm said, no hint."""
+    text = str(exc).split("HINT:", 1)[0]
+    lines = (line.strip().rstrip(".") for line in text.splitlines())
+    return "; ".join(line for line in lines if line and not line.startswith("command:"))
+
+
+def _kept(step: int, checkpoint: str | None) -> str:
+    if checkpoint is None:
+        return (
+            f"No checkpoint was saved at step {step} (session.restore() named nothing to save): "
+            "a new attempt starts from the beginning."
+        )
+    return f"The checkpoint at step {step} ({checkpoint}) is kept."

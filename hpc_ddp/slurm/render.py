@@ -1,0 +1,370 @@
+"""The sbatch script: a job config and a run directory in, the script's text out.
+
+Pure: :func:`render_sbatch` returns text and writes nothing; :func:`load_template` is the only
+function here that reads a file. The script runs ``srun ... <python> -m hpc_ddp run RUN_DIR`` on
+every task; the runtime reads ``RUN_DIR/config.yaml`` from there.
+
+Two parsers read the script, and each value is made safe for the one that reads it:
+
+- ``#SBATCH`` lines are comments to bash but sbatch splits them itself: on whitespace, with
+  ``"``/``'`` quoting, ``\\`` escapes and ``#`` starting a comment. Values with anything outside a
+  plain set of characters are wrapped in double quotes; values with ``"`` or ``\\`` are refused.
+- Every value in a shell line goes through :func:`shlex.quote` (the template's ``q`` filter).
+  ``env.setup`` lines are the one exception: shell written by the user, rendered verbatim.
+
+A line break or NUL in any rendered value would end a comment or a quoted word and let the rest
+run as shell, so every such value is refused (the config loader refuses them too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import re
+import shlex
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from hpc_ddp.config.model import JobConfig
+from hpc_ddp.config.units import format_slurm_time, parse_slurm_time
+from hpc_ddp.errors import RenderError
+
+DEFAULT_TEMPLATE = "default.sbatch.j2"
+
+Flag = tuple[str, str | None]
+
+_LINE_BREAKS = ("\n", "\r", "\0")
+_SBATCH_PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]*")
+_FLAG_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SIGNAL = re.compile(r"(?:SIG)?[A-Z0-9]+")
+
+# Flags hpc-ddp writes itself, and where to set them instead of slurm.extra.
+_OWN_FLAGS = {
+    "job-name": "set `name`",
+    "nodes": "set slurm.nodes",
+    "ntasks": "set slurm.nodes and slurm.tasks_per_node",
+    "ntasks-per-node": "set slurm.tasks_per_node",
+    "cpus-per-task": "set slurm.cpus_per_task",
+    "gpus-per-task": "set slurm.gpus_per_task",
+    "gpus-per-node": "set slurm.gpus_per_node",
+    "mem": "set slurm.mem",
+    "time": "set slurm.time",
+    "partition": "set slurm.partition",
+    "account": "set slurm.account",
+    "qos": "set slurm.qos",
+    "constraint": "set slurm.constraint",
+    "exclusive": "set slurm.exclusive: true",
+    "signal": "set requeue.signal and requeue.lead_time",
+    "requeue": "hpc-ddp always asks for --requeue",
+    "no-requeue": "hpc-ddp needs --requeue to survive preemption and time limits",
+    "open-mode": "hpc-ddp appends to logs so that a requeue never truncates them",
+    "output": "logs always go to RUN_DIR/logs",
+    "error": "logs always go to RUN_DIR/logs",
+    "array": "sweeps set the array",
+    "wrap": "hpc-ddp submits a script, not --wrap",
+}
+
+
+@dataclass(frozen=True)
+class RenderContext:
+    """What the script needs besides the job config: where it runs and how it was made."""
+
+    run_dir: str
+    """Absolute run directory; for an array job, the sweep directory."""
+    python: str
+    """The interpreter that runs ``-m hpc_ddp run`` on the nodes (inside the container if any)."""
+    config_source: str
+    submit_command: str
+    generated_at: str
+    version: str
+    array: str | None = None
+    """Slurm array spec (``0-5%2``); each task then runs in ``RUN_DIR/tasks/<index>``."""
+    array_offset: int = 0
+    """Array task ``t`` runs sweep point ``t + array_offset`` (arrays past ``MaxArraySize``).
+
+    The script exports ``HPC_DDP_ARRAY_OFFSET`` for the runtime. Slurm's log-file patterns
+    cannot add, so logs then go through ``RUN_DIR/arrays/<offset>/<t>``, which the caller
+    makes a symlink to ``../../tasks/<t + offset>``.
+    """
+
+
+def default_template_text() -> str:
+    """The text of the template shipped in ``slurm_templates/default.sbatch.j2``."""
+    resource = importlib.resources.files("hpc_ddp.slurm_templates").joinpath(DEFAULT_TEMPLATE)
+    return resource.read_text(encoding="utf-8")
+
+
+def load_template(cfg: JobConfig, base_dir: Path) -> str:
+    """Read ``cfg.slurm.template`` (relative to ``base_dir``), or the default template."""
+    if cfg.slurm.template is None:
+        return default_template_text()
+    path = Path(cfg.slurm.template)
+    if not path.is_absolute():
+        path = base_dir / path
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RenderError(
+            f"sbatch template {str(path)!r} (slurm.template) does not exist. HINT: fix the path "
+            f"(a relative one is taken from {str(base_dir)!r}) or drop slurm.template to use "
+            "the default template"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RenderError(
+            f"cannot read sbatch template {str(path)!r} (slurm.template): {exc}. "
+            "HINT: make it a readable UTF-8 text file"
+        ) from None
+
+
+def sbatch_flags(cfg: JobConfig, ctx: RenderContext) -> list[Flag]:
+    """Every sbatch flag of the job as (long name, value or ``None``), sorted by name."""
+    s = cfg.slurm
+    logs, stem = _batch_log_pattern(ctx)
+    flags: dict[str, str | None] = {
+        "job-name": cfg.name,
+        "nodes": str(s.nodes),
+        "ntasks-per-node": str(s.tasks_per_node),
+        "time": format_slurm_time(parse_slurm_time(s.time)),
+        "signal": f"{_signal_name(cfg.requeue.signal)}@{cfg.requeue.lead_time}",
+        "requeue": None,
+        # A requeued job reopens its logs: without append Slurm truncates them.
+        "open-mode": "append",
+        "output": f"{logs}/{stem}.out",
+        "error": f"{logs}/{stem}.err",
+    }
+    optional: dict[str, object] = {
+        "cpus-per-task": s.cpus_per_task,
+        "gpus-per-task": s.gpus_per_task,
+        "gpus-per-node": s.gpus_per_node,
+        "mem": s.mem,
+        "partition": s.partition,
+        "account": s.account,
+        "qos": s.qos,
+        "constraint": s.constraint,
+        "array": ctx.array,
+    }
+    flags.update({name: str(value) for name, value in optional.items() if value is not None})
+    if s.exclusive:
+        flags["exclusive"] = None
+    for name, value in s.extra:
+        if not _FLAG_NAME.fullmatch(name):
+            raise RenderError(
+                f"slurm.extra flag {name!r} is not a long sbatch option name. HINT: write it "
+                "without dashes, in lower case, e.g. 'mail-type' for --mail-type"
+            )
+        if name in _OWN_FLAGS:
+            raise RenderError(
+                f"slurm.extra sets --{name}, which hpc-ddp writes itself. HINT: {_OWN_FLAGS[name]}"
+            )
+        flags[name] = value
+    return sorted(flags.items())
+
+
+def format_sbatch_line(name: str, value: str | None) -> str:
+    """One ``#SBATCH`` line, quoted for sbatch's own parser (not bash's)."""
+    if value is None:
+        return f"#SBATCH --{name}"
+    _refuse_line_breaks(f"sbatch flag --{name}", value)
+    if '"' in value or "\\" in value:
+        raise RenderError(
+            f"sbatch flag --{name} value {value!r} contains a double quote or backslash, which "
+            "sbatch's #SBATCH parser treats as quoting. HINT: remove them from the value"
+        )
+    if _SBATCH_PLAIN.fullmatch(value):
+        return f"#SBATCH --{name}={value}"
+    return f'#SBATCH --{name}="{value}"'
+
+
+def render_sbatch(cfg: JobConfig, ctx: RenderContext, template_text: str | None = None) -> str:
+    """Render the job's sbatch script; ``template_text=None`` uses the default template."""
+    for where, value in _rendered_strings(cfg, ctx):
+        _refuse_line_breaks(where, value)
+    variables = template_variables(cfg, ctx)
+    text = default_template_text() if template_text is None else template_text
+    env = jinja2.Environment(
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["q"] = shlex.quote
+    try:
+        script = env.from_string(text).render(variables)
+    except jinja2.TemplateSyntaxError as exc:
+        raise RenderError(
+            f"sbatch template line {exc.lineno}: {exc.message}. HINT: fix the Jinja2 syntax"
+        ) from None
+    except jinja2.UndefinedError as exc:
+        raise RenderError(
+            f"sbatch template uses an unknown value: {exc.message}. HINT: use only "
+            f"{', '.join(sorted(variables))}"
+        ) from None
+    _check_script_shape(script)
+    return script
+
+
+def template_variables(cfg: JobConfig, ctx: RenderContext) -> dict[str, Any]:
+    """The names a template sees (a user template may use any of them)."""
+    for name, _ in cfg.env.vars:
+        if not _ENV_NAME.fullmatch(name):
+            raise RenderError(
+                f"env.vars name {name!r} is not a shell variable name. "
+                "HINT: use letters, digits and underscores, not starting with a digit"
+            )
+    run_dir = shlex.quote(ctx.run_dir)
+    flags = sbatch_flags(cfg, ctx)
+    return {
+        "cfg": cfg,
+        "ctx": ctx,
+        "version": ctx.version,
+        "generated_at": ctx.generated_at,
+        "config_source": ctx.config_source,
+        "submit_command": ctx.submit_command,
+        "flags": flags,
+        "sbatch_lines": [format_sbatch_line(n, v) for n, v in flags],
+        "modules": list(cfg.env.modules),
+        "setup": list(cfg.env.setup),
+        "env_vars": list(cfg.env.vars),
+        "sweep_dir_expr": run_dir if ctx.array else None,
+        "run_dir_expr": _run_dir_expr(ctx, run_dir),
+        "array_offset": ctx.array_offset if ctx.array else 0,
+        "srun_args": srun_args(cfg, ctx),
+        "launcher": launcher_argv(cfg),
+        "task_argv": [ctx.python, "-m", "hpc_ddp", "run", ctx.run_dir],
+    }
+
+
+def srun_args(cfg: JobConfig, ctx: RenderContext) -> list[str]:
+    """The step's srun options (unquoted argv)."""
+    logs = _log_dir_pattern(ctx)
+    args = [
+        "--kill-on-bad-exit=1",
+        "--cpu-bind=none",
+        f"--output={logs}/rank-%t.out",
+        f"--error={logs}/rank-%t.err",
+        "--open-mode=append",
+    ]
+    if cfg.slurm.cpus_per_task is not None:
+        # srun in 22.05 does not inherit -c from sbatch.
+        args.append(f"--cpus-per-task={cfg.slurm.cpus_per_task}")
+    container = cfg.env.container
+    if container is not None and container.runtime == "pyxis":
+        args.append(f"--container-image={container.image}")
+        if container.binds:
+            for bind in container.binds:
+                if "," in bind:
+                    raise RenderError(
+                        f"env.container.binds entry {bind!r} contains a comma, which pyxis "
+                        "reads as a separator. HINT: bind a directory whose path has no comma"
+                    )
+            args.append(f"--container-mounts={','.join(container.binds)}")
+        args.extend(container.options)
+    return args
+
+
+def launcher_argv(cfg: JobConfig) -> list[str]:
+    """The container wrapper before the python command (empty without apptainer)."""
+    container = cfg.env.container
+    if container is None or container.runtime != "apptainer":
+        return []
+    argv = ["apptainer", "exec"]
+    if cfg.slurm.gpus_per_task or cfg.slurm.gpus_per_node:
+        argv.append("--nv")
+    for bind in container.binds:
+        argv += ["--bind", bind]
+    return [*argv, *container.options, container.image]
+
+
+def _run_dir_expr(ctx: RenderContext, run_dir: str) -> str:
+    """The task's run directory as a shell word (``run_dir`` is already quoted)."""
+    if not ctx.array:
+        return run_dir
+    if isinstance(ctx.array_offset, bool) or not isinstance(ctx.array_offset, int):
+        raise RenderError(f"array_offset must be an integer, got {ctx.array_offset!r}")
+    if ctx.array_offset < 0:
+        raise RenderError(f"array_offset must not be negative, got {ctx.array_offset}")
+    if ctx.array_offset:
+        return f'{run_dir}/tasks/"$((SLURM_ARRAY_TASK_ID + {ctx.array_offset}))"'
+    return f'{run_dir}/tasks/"$SLURM_ARRAY_TASK_ID"'
+
+
+def _log_dir_pattern(ctx: RenderContext) -> str:
+    """The logs directory as a Slurm filename pattern (``%a``: the array task id)."""
+    run_dir = _escape_pattern(ctx.run_dir)
+    if not ctx.array:
+        return f"{run_dir}/logs"
+    if ctx.array_offset:
+        return f"{run_dir}/arrays/{ctx.array_offset}/%a/logs"
+    return f"{run_dir}/tasks/%a/logs"
+
+
+def _batch_log_pattern(ctx: RenderContext) -> tuple[str, str]:
+    if ctx.array:
+        return _log_dir_pattern(ctx), "batch-%A_%a"
+    return _log_dir_pattern(ctx), "batch-%j"
+
+
+def _escape_pattern(path: str) -> str:
+    """Keep a literal ``%`` in a path from being read as a Slurm filename pattern."""
+    return path.replace("%", "%%")
+
+
+def _signal_name(signal: str) -> str:
+    if not _SIGNAL.fullmatch(signal):
+        raise RenderError(
+            f"requeue.signal {signal!r} is not a signal name. HINT: use e.g. USR2 or USR1"
+        )
+    return signal
+
+
+def _refuse_line_breaks(where: str, value: str) -> None:
+    if any(c in value for c in _LINE_BREAKS):
+        raise RenderError(
+            f"{where} value {value!r} contains a line break or NUL, which would escape into "
+            "the script's shell. HINT: write it on one line (split setup into several entries)"
+        )
+
+
+def _rendered_strings(cfg: JobConfig, ctx: RenderContext) -> Iterator[tuple[str, str]]:
+    """Every string that can reach the script, with where it came from."""
+    yield "name", cfg.name
+    for section in ("slurm", "env", "requeue"):
+        yield from _strings(section, getattr(cfg, section))
+    yield from _strings("context", ctx)
+
+
+def _strings(where: str, value: object) -> Iterator[tuple[str, str]]:
+    if isinstance(value, str):
+        yield where, value
+    elif isinstance(value, tuple):
+        for i, item in enumerate(value):
+            yield from _strings(f"{where}[{i}]", item)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            yield from _strings(f"{where}.{f.name}", getattr(value, f.name))
+
+
+def _check_script_shape(script: str) -> None:
+    """sbatch needs a shebang and reads #SBATCH lines only before the first command."""
+    lines = script.splitlines()
+    if not lines or not lines[0].startswith("#!"):
+        raise RenderError(
+            "the rendered script does not start with '#!', so sbatch refuses it. "
+            "HINT: make '#!/bin/bash' the template's first line"
+        )
+    in_header = True
+    for number, line in enumerate(lines[1:], start=2):
+        stripped = line.strip()
+        if in_header and stripped and not stripped.startswith("#"):
+            in_header = False
+        elif not in_header and line.startswith("#SBATCH"):
+            raise RenderError(
+                f"rendered script line {number} is an #SBATCH line after the first command, "
+                "where sbatch ignores it. HINT: move sbatch_lines above every command"
+            )

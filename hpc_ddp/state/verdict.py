@@ -1,0 +1,168 @@
+"""A run's state from its two witnesses, Slurm and the ledger: a pure verdict.
+
+Slurm's word comes from squeue (the controller keeps a finished job for ``MinJobAge``), else
+from sacct when accounting exists; :class:`SlurmView` holds both answers and :class:`Source`
+says where a state came from, or why there is none. :func:`judge` then never takes either
+witness alone:
+
+- Slurm calls a job COMPLETED when its batch script exited 0. Unless the ledger's last attempt
+  ended ``finished``, the run is INCOMPLETE (FAILED when the ledger or the logs name an error).
+- A job Slurm has forgotten, with no accounting to ask, has ended, but nobody can say how:
+  ``GONE?`` with the last ledger entry, unless the ledger settles it (finished, crash).
+- A job that died before its first attempt leaves no ledger entry: its logs say why.
+- Without an answer from Slurm at all, the ledger's guess is shown with a ``?``.
+
+Any end cause the ledger may hold is read by its value, so causes added later need no change.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from hpc_ddp.runtime.ledger import Attempt, EndCause
+from hpc_ddp.slurm.client import AccountingRecord, JobInfo, JobState
+
+
+class Source(str, Enum):
+    """Where a run's Slurm state came from, or why there is none."""
+
+    SQUEUE = "squeue"
+    SACCT = "sacct"
+    GONE_NO_ACCOUNTING = "gone, no accounting"
+    """Not held by the controller any more, and no slurmdbd to ask: it ended, how is unknown."""
+    GONE_UNACCOUNTED = "gone, not in sacct"
+    REUSED = "job id reused"
+    """The controller's job of that id runs another script (the cluster's ids restarted)."""
+    UNREACHABLE = "Slurm did not answer"
+    LOCAL_RUNNING = "local, running"
+    LOCAL_ENDED = "local, ended"
+
+
+@dataclass(frozen=True)
+class SlurmView:
+    """Slurm's answers for every job shown, asked once (``cmd_status.ask_slurm``)."""
+
+    live: dict[str, JobInfo] | None
+    """squeue's rows by ref; None when squeue failed."""
+    error: str = ""
+    accounting: dict[str, AccountingRecord] | None = None
+    """sacct's records of the jobs squeue no longer holds; None: no accounting (or unasked)."""
+
+    def of(self, job_id: str, script: Sequence[str]) -> tuple[JobState | None, Source, Any]:
+        """(state, where it came from, squeue's row or sacct's record) of one plain job;
+        ``script``: the paths the job's batch script may be known by."""
+        if self.live is None:
+            return None, Source.UNREACHABLE, None
+        info = self.live.get(job_id)
+        if info is not None:
+            if info.command and info.command not in script:
+                return None, Source.REUSED, info
+            return info.state, Source.SQUEUE, info
+        if self.accounting is None:
+            return None, Source.GONE_NO_ACCOUNTING, None
+        record = self.accounting.get(job_id)
+        if record is None:
+            return None, Source.GONE_UNACCOUNTED, None
+        return record.state, Source.SACCT, record
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A run's state as shown, and why when it is not plain Slurm's word."""
+
+    state: str
+    note: str | None = None
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def describe_attempt(a: Attempt) -> str:
+    """One ledger entry in words, for a note."""
+    where = f" on {a.nodelist}" if a.nodelist else ""
+    if a.cause is None:
+        return f"attempt {a.attempt} (started {_when(a.started)}{where}) never recorded its end"
+    text = f"attempt {a.attempt} ended {a.cause.value!r}"
+    if a.steps_done is not None:
+        text += f" at step {a.steps_done}"
+    if a.requeue_requested:
+        text += " and asked for a requeue that never ran"
+    return text + (f" ({a.message})" if a.message else "")
+
+
+def judge(
+    slurm: JobState | None,
+    source: Source,
+    attempts: Sequence[Attempt],
+    startup: Callable[[], str | None],
+    detail: str = "",
+) -> Verdict:
+    """The state to show for one run, from Slurm's state (None: Slurm has none, ``source``
+    says why) and the ledger; ``startup()`` reads the logs for why a job died without a word
+    (only called when that is the question)."""
+    last = attempts[-1] if attempts else None
+    cause = last.cause if last is not None else None
+    if slurm is not None and not slurm.finished:
+        return Verdict(slurm.value)
+    if cause is EndCause.FINISHED:
+        if slurm is None or slurm is JobState.COMPLETED:
+            return Verdict("COMPLETED")
+        return Verdict(slurm.value, f"training finished, then the job ended {slurm.value}")
+    if slurm is JobState.COMPLETED:
+        return _not_finished("Slurm says COMPLETED, but", last, startup, "INCOMPLETE")
+    if slurm is not None:  # FAILED, CANCELLED, TIMEOUT, NODE_FAIL, ...
+        if cause in (EndCause.CRASH, EndCause.CANCELLED) or slurm is JobState.CANCELLED:
+            return Verdict(slurm.value)  # the ledger or the cancel itself says why
+        why = startup()
+        if last is None:
+            return Verdict(slurm.value, f"no attempt started: {why or 'the logs say nothing'}")
+        return Verdict(slurm.value, f"{describe_attempt(last)}" + (f"; then: {why}" if why else ""))
+    if source is Source.LOCAL_RUNNING:
+        return Verdict("RUNNING")
+    if source is Source.UNREACHABLE:
+        guess = "RUNNING?" if last is not None and cause is None else _ledger_word(cause) + "?"
+        return Verdict(guess, f"{detail or 'Slurm did not answer'}; shown from the ledger")
+    gone = {
+        Source.GONE_NO_ACCOUNTING: "Slurm no longer holds the job and there is no accounting "
+        "(sacct) to say how it ended",
+        Source.GONE_UNACCOUNTED: "the job is neither in squeue nor in sacct",
+        Source.REUSED: f"the job id now names another job ({detail}); the cluster's job ids "
+        "restarted",
+        Source.LOCAL_ENDED: "the local job's process has exited",
+    }.get(source, source.value)
+    if cause is EndCause.CRASH:
+        return Verdict("FAILED", f"{gone}; {describe_attempt(last)}" if last else gone)
+    if cause is EndCause.CANCELLED:
+        return Verdict("CANCELLED")
+    return _not_finished(f"{gone}; last ledger entry:", last, startup, "GONE?")
+
+
+def _not_finished(
+    lead: str, last: Attempt | None, startup: Callable[[], str | None], state: str
+) -> Verdict:
+    """A job that ended while its ledger does not say finished: why, as far as anyone knows."""
+    if last is not None and last.cause is EndCause.CRASH:
+        return Verdict("FAILED", f"{lead} {describe_attempt(last)}")
+    if last is not None and last.cause is EndCause.CANCELLED:
+        return Verdict("CANCELLED", f"{lead} {describe_attempt(last)}")
+    why = startup()
+    if last is None:
+        if why:
+            return Verdict("FAILED", f"{lead} no attempt started: {why}")
+        return Verdict(
+            state,
+            f"{lead} no attempt is recorded in ledger.jsonl (a `command:` script that does not "
+            "use hpc_ddp.session() records none)",
+        )
+    return Verdict(state, f"{lead} {describe_attempt(last)}" + (f"; logs: {why}" if why else ""))
+
+
+def _ledger_word(cause: EndCause | None) -> str:
+    if cause is None:
+        return "UNKNOWN"
+    return {"crash": "FAILED", "cancelled": "CANCELLED"}.get(cause.value, cause.value.upper())

@@ -1,0 +1,105 @@
+"""A picture of a sweep: the metric against each swept parameter, and the top runs' curves.
+
+matplotlib is an optional extra (``pip install 'hpc-ddp[plot]'``), imported only here and only
+when a plot is asked for; without it :func:`plot_results` raises a :class:`ConfigError` that
+says how to install it (exit code 2).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp.errors import ConfigError
+from hpc_ddp.sweep.results import ResultRow, TaskState
+
+INSTALL_HINT = "HINT: pip install 'hpc-ddp[plot]' (or pip install matplotlib)"
+
+
+def require_matplotlib() -> None:
+    """Fail early (before any output) when ``--plot`` cannot be honoured."""
+    _pyplot()
+
+
+def _pyplot() -> Any:
+    # import_module: matplotlib is optional, so neither mypy nor the login paths may need it.
+    try:
+        matplotlib = importlib.import_module("matplotlib")
+    except ImportError:
+        raise ConfigError(
+            f"--plot needs matplotlib, which is not installed. {INSTALL_HINT}"
+        ) from None
+    matplotlib.use("Agg")  # a file, never a window: login nodes have no display
+    return importlib.import_module("matplotlib.pyplot")
+
+
+def _numeric(values: Sequence[Any]) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def plot_results(
+    rows: Sequence[ResultRow],
+    *,
+    keys: Sequence[str],
+    metric: str,
+    curves: Mapping[int, Sequence[tuple[int, float]]],
+    out: Path,
+    title: str = "",
+) -> Path:
+    """Draw one panel per swept key (best ``metric`` of each finished or partial run against
+    the key's value; failed runs as red crosses at the value they reached) and one panel of
+    the training curves in ``curves`` (point index -> (step, loss)), and save it to ``out``."""
+    plt = _pyplot()
+    panels = max(1, len(keys)) + (1 if curves else 0)
+    cols = min(panels, 3)
+    nrows = math.ceil(panels / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.8 * nrows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax, key in zip(flat, keys or ["index"], strict=False):
+        _metric_panel(ax, rows, key, metric)
+    if curves:
+        ax = flat[max(1, len(keys))]
+        for index, curve in curves.items():
+            if curve:
+                steps, losses = zip(*curve, strict=True)
+                ax.plot(steps, losses, label=f"#{index}")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.set_title("training loss of the top runs")
+        ax.legend(fontsize="small")
+    for ax in flat[panels:]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def _metric_panel(ax: Any, rows: Sequence[ResultRow], key: str, metric: str) -> None:
+    def value(row: ResultRow) -> Any:
+        return row.index if key == "index" else row.values.get(key)
+
+    have = [r for r in rows if value(r) is not None and r.best is not None]
+    xs = [value(r) for r in have]
+    if not _numeric(xs):
+        labels = sorted({str(x) for x in xs})
+        xs = [labels.index(str(x)) for x in xs]
+        ax.set_xticks(range(len(labels)), labels, rotation=30, fontsize="small")
+    elif xs and min(xs) > 0 and max(xs) / min(xs) >= 100:
+        ax.set_xscale("log")  # learning rates and weight decays span decades
+    ok = [(x, r.best) for x, r in zip(xs, have, strict=True) if r.state is not TaskState.FAILED]
+    bad = [(x, r.best) for x, r in zip(xs, have, strict=True) if r.state is TaskState.FAILED]
+    if ok:
+        ax.scatter(*zip(*ok, strict=True), label="runs")
+    if bad:
+        ax.scatter(*zip(*bad, strict=True), marker="x", color="red", label="failed")
+        ax.legend(fontsize="small")
+    ax.set_xlabel(key)
+    ax.set_ylabel(f"best {metric}")
+    ax.set_title(f"{metric} vs {key}")

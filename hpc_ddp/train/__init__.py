@@ -1,0 +1,1 @@
+"""The built-in trainer: torchvision models and datasets, the DDP training loop."""

@@ -1,0 +1,119 @@
+"""The CLI edge: exit codes, messages instead of tracebacks, and a light login-node path."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpc_ddp.cli.cmd_submit import choose_backend
+from hpc_ddp.cli.main import main
+
+REPO = Path(__file__).parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+
+
+@pytest.mark.parametrize(
+    ("requested", "sbatch", "expected"),
+    [("auto", "/usr/bin/sbatch", "slurm"), ("auto", None, "local"), ("local", "/x", "local")],
+)
+def test_choose_backend(requested: str, sbatch: str | None, expected: str) -> None:
+    assert choose_backend(requested, sbatch) == expected
+
+
+def test_dry_run_prints_script_and_command_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Overrides after an option are still overrides (argparse alone would refuse them).
+    code = main(
+        [
+            "submit",
+            "jobs/quickstart.yaml",
+            "--dry-run",
+            "--runs-dir",
+            str(tmp_path),
+            "--backend",
+            "slurm",
+            "train.lr=0.2",
+            "slurm.nodes=1",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.startswith("#!/bin/bash\n")
+    assert "#SBATCH --nodes=1\n" in out
+    assert "# backend: slurm; would run: sbatch --parsable " in out
+    assert not any(tmp_path.iterdir())
+
+
+def test_dry_run_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["submit", "jobs/quickstart.yaml", "--dry-run", "--json", "--runs-dir", str(tmp_path)])
+        == 0
+    )
+    data = json.loads(capsys.readouterr().out)
+    assert data["command"][:2] == ["sbatch", "--parsable"]
+    assert data["script"].startswith("#!/bin/bash")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["slurm.tasks_per_nod=2"], "did you mean 'slurm.tasks_per_node'"),
+        (["slurm.time=25:99"], "slurm.time"),
+        (["slurm.gpus_per_task=1", "slurm.gpus_per_node=2"], "HINT"),
+        (["requeue.lead_time=900"], "requeue.lead_time"),
+        (["notakey"], "unrecognized arguments"),
+    ],
+)
+def test_config_mistakes_exit_2_with_a_message(
+    args: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:  # argparse exits itself on usage errors
+        raise SystemExit(main(["submit", "jobs/quickstart.yaml", "--dry-run", *args]))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert "Traceback" not in err
+
+
+def test_missing_config_file_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["submit", "jobs/nope.yaml", "--dry-run"]) == 2
+    assert "jobs/nope.yaml" in capsys.readouterr().err
+
+
+def test_status_of_a_non_run_dir_says_what_to_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["status", "12345", "--runs-dir", str(tmp_path)]) == 1
+    assert "HINT" in capsys.readouterr().err
+
+
+def test_login_node_commands_import_no_torch_or_submitit(tmp_path: Path) -> None:
+    """submit --dry-run and status must not pay seconds for torch/torchvision/submitit."""
+    probe = (
+        "import sys\n"
+        "from hpc_ddp.cli.main import main\n"
+        "runs = sys.argv[-1]\n"
+        "for argv in (['submit', 'jobs/quickstart.yaml', '--dry-run', '--runs-dir', runs],\n"
+        "             ['status', '--runs-dir', runs]):\n"
+        "    assert main(argv) == 0\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in\n"
+        "               ('torch', 'torchvision', 'submitit', 'numpy'))\n"
+        "print(heavy)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.strip().splitlines()[-1] == "[]"

@@ -1,0 +1,633 @@
+"""``hpc-ddp status`` (and ``cancel``'s target lookup, and ``submit --wait``): the verdict table,
+damaged runs among good ones, plain runs beside sweeps, where Slurm's word comes from, polling
+with back-off, and a runs directory that cannot be read.
+
+Unit tests answer for Slurm with a fake runner (squeue text in the client's own format); the
+tests marked ``slurm`` run real jobs on the dev cluster and read them through the real CLI.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpc_ddp.cli import cmd_cancel, cmd_status
+from hpc_ddp.cli.cmd_status import resolve_targets, wait_for_jobs
+from hpc_ddp.cli.main import main
+from hpc_ddp.errors import RunDirError
+from hpc_ddp.local.process import identify, write_identity
+from hpc_ddp.rundir import Manifest, RunPaths, write_manifest
+from hpc_ddp.runtime.ledger import Attempt, EndCause, record_end, record_start
+from hpc_ddp.slurm.client import CompletedCommand, JobState, SlurmClient
+from hpc_ddp.slurm.postmortem import has_logs, startup_failure
+from hpc_ddp.state.verdict import Source, judge
+from tests import e2e_util as e2e
+from tests.conftest import Cluster
+
+T0 = 1_767_268_800.0
+
+
+def attempt(number: int = 0, cause: EndCause | None = None, **kw: Any) -> Attempt:
+    fields: dict[str, Any] = {
+        "attempt": number, "started": T0 + number, "ended": None if cause is None else T0 + 9,
+        "cause": cause, "steps_done": None, "checkpoint": None, "nodelist": "n[1-2]",
+        "job_ref": "11", "resumed_from_step": None,
+    }  # fmt: skip
+    return Attempt(**{**fields, **kw})
+
+
+def no_logs() -> str | None:
+    return None
+
+
+def logs_say(line: str) -> Callable[[], str | None]:
+    return lambda: line
+
+
+def never() -> str | None:
+    raise AssertionError("the logs were read although Slurm's word and the ledger sufficed")
+
+
+CRASHED = attempt(0, EndCause.CRASH, message="rank 1 on n2: RuntimeError: boom")
+REQUEUE_ASKED = attempt(0, EndCause.TIME_LIMIT, steps_done=7, requeue_requested=True)
+FINISHED = attempt(0, EndCause.FINISHED, steps_done=64)
+OPEN = attempt(0)
+CKPT_ERROR = "rank-0.err: hpc-ddp run: error: none of 2 checkpoints loads"
+
+S = JobState
+
+# (Slurm's state, where from, ledger, what the logs say) -> (state shown, words in the note)
+VERDICTS: list[tuple[JobState | None, Source, list[Attempt], Callable[[], str | None], str, str]]
+VERDICTS = [
+    # Slurm still has it running or queued: its word stands.
+    (S.RUNNING, Source.SQUEUE, [OPEN], never, "RUNNING", ""),
+    (S.PENDING, Source.SQUEUE, [], never, "PENDING", ""),
+    (S.PENDING, Source.SQUEUE, [REQUEUE_ASKED], never, "PENDING", ""),
+    (S.COMPLETING, Source.SQUEUE, [FINISHED], never, "COMPLETING", ""),
+    # COMPLETED is only believed when the ledger says finished (item 4).
+    (S.COMPLETED, Source.SQUEUE, [FINISHED], never, "COMPLETED", ""),
+    (S.COMPLETED, Source.SACCT, [FINISHED], never, "COMPLETED", ""),
+    (S.COMPLETED, Source.SQUEUE, [REQUEUE_ASKED], no_logs, "INCOMPLETE",
+     "attempt 0 ended 'time_limit' at step 7 and asked for a requeue that never ran"),
+    (S.COMPLETED, Source.SACCT, [attempt(0, EndCause.BUDGET_EXHAUSTED, steps_done=3)], no_logs,
+     "INCOMPLETE", "ended 'budget_exhausted' at step 3"),
+    (S.COMPLETED, Source.SQUEUE, [attempt(0, EndCause.UNKNOWN, message="requeue refused")],
+     no_logs, "INCOMPLETE", "ended 'unknown' (requeue refused)"),
+    (S.COMPLETED, Source.SQUEUE, [OPEN], no_logs, "INCOMPLETE", "never recorded its end"),
+    (S.COMPLETED, Source.SQUEUE, [CRASHED], never, "FAILED", "RuntimeError: boom"),
+    (S.COMPLETED, Source.SQUEUE, [], logs_say(CKPT_ERROR), "FAILED",
+     f"Slurm says COMPLETED, but no attempt started: {CKPT_ERROR}"),
+    (S.COMPLETED, Source.SQUEUE, [], no_logs, "INCOMPLETE", "no attempt is recorded"),
+    (S.COMPLETED, Source.SQUEUE, [FINISHED, REQUEUE_ASKED], no_logs, "INCOMPLETE", "attempt 0"),
+    # Slurm's failures stand; the note says what the ledger and logs add.
+    (S.FAILED, Source.SQUEUE, [CRASHED], never, "FAILED", ""),
+    (S.FAILED, Source.SQUEUE, [], logs_say(CKPT_ERROR), "FAILED",
+     f"no attempt started: {CKPT_ERROR}"),
+    (S.FAILED, Source.SACCT, [], no_logs, "FAILED", "no attempt started: the logs say nothing"),
+    (S.FAILED, Source.SQUEUE, [REQUEUE_ASKED], logs_say(CKPT_ERROR), "FAILED",
+     f"asked for a requeue that never ran; then: {CKPT_ERROR}"),
+    (S.NODE_FAIL, Source.SQUEUE, [OPEN], no_logs, "NODE_FAIL", "never recorded its end"),
+    (S.TIMEOUT, Source.SQUEUE, [FINISHED], never, "TIMEOUT", "training finished"),
+    (S.CANCELLED, Source.SQUEUE, [attempt(0, EndCause.CANCELLED)], never, "CANCELLED", ""),
+    (S.CANCELLED, Source.SQUEUE, [], never, "CANCELLED", ""),
+    # Slurm has forgotten the job and there is no accounting (item 6): never RUNNING? forever.
+    (None, Source.GONE_NO_ACCOUNTING, [FINISHED], never, "COMPLETED", ""),
+    (None, Source.GONE_NO_ACCOUNTING, [OPEN], no_logs, "GONE?",
+     "no accounting (sacct) to say how it ended; last ledger entry: attempt 0 (started"),
+    (None, Source.GONE_NO_ACCOUNTING, [REQUEUE_ASKED], no_logs, "GONE?", "'time_limit'"),
+    (None, Source.GONE_NO_ACCOUNTING, [CRASHED], never, "FAILED", "RuntimeError: boom"),
+    (None, Source.GONE_NO_ACCOUNTING, [], logs_say(CKPT_ERROR), "FAILED", CKPT_ERROR),
+    (None, Source.GONE_NO_ACCOUNTING, [], no_logs, "GONE?", "no attempt is recorded"),
+    (None, Source.GONE_UNACCOUNTED, [OPEN], no_logs, "GONE?", "neither in squeue nor in sacct"),
+    (None, Source.REUSED, [OPEN], no_logs, "GONE?", "now names another job"),
+    # Slurm did not answer: the ledger's guess, marked as a guess.
+    (None, Source.UNREACHABLE, [OPEN], never, "RUNNING?", "shown from the ledger"),
+    (None, Source.UNREACHABLE, [REQUEUE_ASKED], never, "TIME_LIMIT?", "Slurm did not answer"),
+    (None, Source.UNREACHABLE, [], never, "UNKNOWN?", "Slurm did not answer"),
+    (None, Source.UNREACHABLE, [FINISHED], never, "COMPLETED", ""),
+    # The local backend: the process is the witness.
+    (None, Source.LOCAL_RUNNING, [OPEN], never, "RUNNING", ""),
+    (None, Source.LOCAL_ENDED, [OPEN], no_logs, "GONE?", "the local job's process has exited"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("slurm", "source", "attempts", "startup", "state", "note"),
+    VERDICTS,
+    ids=[f"{v[0] and v[0].value}-{v[1].name}-{v[4]}-{i}" for i, v in enumerate(VERDICTS)],
+)
+def test_verdict_table(
+    slurm: JobState | None,
+    source: Source,
+    attempts: list[Attempt],
+    startup: Callable[[], str | None],
+    state: str,
+    note: str,
+) -> None:
+    verdict = judge(slurm, source, attempts, startup)
+    assert verdict.state == state
+    if note:
+        assert verdict.note is not None
+        assert note in verdict.note
+    else:
+        assert verdict.note is None
+
+
+LEDGERS = [[], [OPEN], [FINISHED], [CRASHED], [REQUEUE_ASKED], [FINISHED, OPEN],
+           *([attempt(0, cause)] for cause in EndCause)]  # fmt: skip
+
+
+def test_nothing_is_ever_called_completed_unless_the_ledger_says_finished() -> None:
+    for slurm, source, attempts, logs in itertools.product(
+        [None, *JobState], list(Source), LEDGERS, [no_logs, logs_say(CKPT_ERROR)]
+    ):
+        verdict = judge(slurm, source, attempts, logs)
+        if verdict.state == "COMPLETED":
+            assert attempts[-1].cause is EndCause.FINISHED, (slurm, source, attempts)
+
+
+# --- why a job died without a ledger entry (postmortem.startup_failure) ------------------------
+
+NOTE = "srun: cluster configuration lacks support for cpu binding\n"
+EXITED = "srun: error: n1: task 0: Exited with exit code 1\n"
+
+
+@pytest.mark.parametrize(
+    ("logs", "expected"),
+    [
+        ({}, None),
+        ({"batch-9.err": NOTE}, None),  # srun's note is no error
+        ({"batch-9.err": NOTE + EXITED, "rank-0.err": "rank 0/1\n"},
+         "rank 0 on n1: Exited with exit code 1"),
+        ({"batch-9.err": NOTE + EXITED, "rank-1.err": "x\nhpc-ddp run: error: bad. HINT: h\n",
+          "rank-0.err": "rank 0/2\nall good\n"},
+         "rank-1.err: hpc-ddp run: error: bad. HINT: h"),
+        ({"rank-10.err": "ValueError: ten\n", "rank-2.err": "Traceback (most recent call last):\n"
+          '  File "x.py", line 1\ntorch.distributed.DistBackendError: gloo died\n'},
+         "rank-2.err: torch.distributed.DistBackendError: gloo died"),
+        ({"batch-9.err": "srun: error: n2: task 1: Killed\n",
+          "rank-0.err": "RuntimeError: Connection reset by peer\n"},
+         "rank 1 on n2: Killed"),  # the peer's complaint names the wrong rank
+        ({"batch-9.err": NOTE + "/r/job.sbatch: line 9: /nope/python: No such file or directory\n"},
+         "batch-9.err: /r/job.sbatch: line 9: /nope/python: No such file or directory"),
+    ],
+)  # fmt: skip
+def test_startup_failure_table(tmp_path: Path, logs: dict[str, str], expected: str | None) -> None:
+    for name, text in logs.items():
+        (tmp_path / name).write_text(text)
+    assert startup_failure(tmp_path) == expected
+    assert has_logs(tmp_path) is bool(logs)
+
+
+# --- run directories and a fake Slurm -------------------------------------------------------
+
+
+class FakeSlurm:
+    """Answers squeue from ``rows`` (ref -> (state, script)), sacct from ``sacct`` (None:
+    accounting disabled), scancel with nothing; records every argv."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple[str, str]] = {}
+        self.sacct: dict[str, str] | None = None
+        self.squeue_fails = False
+        self.argvs: list[tuple[str, ...]] = []
+
+    def __call__(self, argv: Sequence[str], *, timeout: float | None = None) -> CompletedCommand:
+        args = tuple(argv)
+        self.argvs.append(args)
+        if args[0] == "squeue":
+            if self.squeue_fails:
+                return CompletedCommand(
+                    args, 1, "", "squeue: error: Unable to contact slurm controller"
+                )
+            ids = set(args[args.index("-j") + 1].split(","))
+            lines = [
+                f"{job}|{job}|N/A|{state}|n1|0:05|0|None|{script}\n"
+                for job, (state, script) in self.rows.items()
+                if job in ids
+            ]
+            if not lines:
+                return CompletedCommand(
+                    args, 1, "", "slurm_load_jobs error: Invalid job id specified\n"
+                )
+            return CompletedCommand(args, 0, "".join(lines), "")
+        if args[0] == "sacct":
+            if self.sacct is None:
+                return CompletedCommand(args, 1, "", "Slurm accounting storage is disabled\n")
+            wanted = args[-1].split(",")
+            out = "".join(f"{j}|{s}|0:0|00:00:05\n" for j, s in self.sacct.items() if j in wanted)
+            return CompletedCommand(args, 0, out, "")
+        if args[0] == "scancel":
+            return CompletedCommand(args, 0, "", "")
+        raise AssertionError(f"unexpected command {args}")
+
+    def commands(self, name: str) -> list[tuple[str, ...]]:
+        return [a for a in self.argvs if a[0] == name]
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
+    slurm = FakeSlurm()
+    monkeypatch.setattr(cmd_status, "SlurmClient", lambda: SlurmClient(slurm))
+    monkeypatch.setattr(cmd_cancel, "SlurmClient", lambda: SlurmClient(slurm))
+    return slurm
+
+
+def make_run(
+    runs: Path, name: str, job_id: str | None, causes: Sequence[EndCause | None] = (), **kw: Any
+) -> Path:
+    """A submitted run: manifest, and one ledger attempt per cause (None: still open)."""
+    run_dir = runs / name
+    paths = RunPaths(run_dir)
+    run_dir.mkdir(parents=True)
+    paths.logs.mkdir()
+    manifest = Manifest(name, kw.get("backend", "slurm"), job_id, "2026-01-01T12:00:00+00:00",
+                        ["sbatch"], "job.yaml", str(run_dir))  # fmt: skip
+    write_manifest(paths, manifest)
+    for number, cause in enumerate(causes):
+        record_start(paths.ledger, attempt=number, job_id=job_id, job_ref=job_id,
+                     nodelist="n[1-2]", world_size=2, resumed_from_step=None, checkpoint=None,
+                     now=T0 + number)  # fmt: skip
+        if cause is not None:
+            record_end(paths.ledger, attempt=number, cause=cause, steps_done=5 * (number + 1),
+                       checkpoint=None, requeue_requested=cause is EndCause.TIME_LIMIT,
+                       now=T0 + number + 0.5)  # fmt: skip
+    return run_dir
+
+
+def status_json(capsys: pytest.CaptureFixture[str], *argv: str) -> list[dict[str, Any]]:
+    assert main(["status", *argv, "--json"]) == 0
+    rows: list[dict[str, Any]] = json.loads(capsys.readouterr().out)
+    return rows
+
+
+def script(run_dir: Path) -> str:
+    return str(run_dir / "job.sbatch")
+
+
+def test_one_damaged_run_among_many_is_a_damaged_row_and_the_rest_are_shown(
+    tmp_path: Path, fake: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = make_run(tmp_path, "a-good", "11", [EndCause.FINISHED])
+    (good / "metrics.jsonl").write_bytes(b'{"loss": 0.25}\n\xff\x00binary\n[1]\n"loss"\n')
+    bad = make_run(tmp_path, "b-bad-manifest", "12")
+    (bad / "manifest.json").write_bytes(b'{"name": "b", "job_id": ')
+    binary = make_run(tmp_path, "c-binary-manifest", "13")
+    (binary / "manifest.json").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    metrics_dir = make_run(tmp_path, "d-metrics-is-a-dir", "14", [EndCause.FINISHED])
+    (metrics_dir / "metrics.jsonl").mkdir()
+    running = make_run(tmp_path, "e-running", "15", [None])
+    fake.rows = {"11": ("COMPLETED", script(good)), "14": ("COMPLETED", script(metrics_dir)),
+                 "15": ("RUNNING", script(running))}  # fmt: skip
+    rows = {Path(r["run"]).name: r for r in status_json(capsys, "--runs-dir", str(tmp_path))}
+    assert {n: r["state"] for n, r in rows.items()} == {
+        "a-good": "COMPLETED",
+        "b-bad-manifest": "DAMAGED",
+        "c-binary-manifest": "DAMAGED",
+        "d-metrics-is-a-dir": "DAMAGED",
+        "e-running": "RUNNING",
+    }
+    assert rows["a-good"]["loss"] == 0.25
+    assert "damaged manifest (JSONDecodeError" in rows["b-bad-manifest"]["note"]
+    assert "damaged manifest (UnicodeDecodeError" in rows["c-binary-manifest"]["note"]
+    assert "unreadable metrics" in rows["d-metrics-is-a-dir"]["note"]
+    # Only the readable manifests' jobs were asked about, in one filtered squeue.
+    [squeue] = fake.commands("squeue")
+    assert squeue[squeue.index("-j") + 1] == "11,14,15"
+    # The table says the same.
+    assert main(["status", "--runs-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("DAMAGED") == 3
+    assert f"{bad}: {bad / 'manifest.json'}: damaged manifest" in out
+
+
+def test_job_id_lookup_skips_damaged_manifests_for_status_and_cancel(
+    tmp_path: Path, fake: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (make_run(tmp_path, "a-bad", "21") / "manifest.json").write_text("[]")
+    target = make_run(tmp_path, "b-target", "22", [None])
+    fake.rows = {"22": ("RUNNING", script(target))}
+    assert resolve_targets(["22"], tmp_path) == [target]
+    [row] = status_json(capsys, "22", "--runs-dir", str(tmp_path))
+    assert (row["run"], row["state"]) == (str(target), "RUNNING")
+    assert main(["cancel", "22", "--runs-dir", str(tmp_path)]) == 0
+    assert fake.commands("scancel") == [("scancel", "22")]
+    with pytest.raises(
+        RunDirError, match=r"1 run\(s\) with a damaged manifest were skipped: a-bad"
+    ):
+        resolve_targets(["21"], tmp_path)
+
+
+def test_plain_runs_are_shown_beside_sweeps(
+    tmp_path: Path, fake: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plain = make_run(tmp_path, "a-plain", "31", [EndCause.FINISHED])
+    sweep = make_run(tmp_path, "b-sweep", "40")
+    (sweep / "sweep.yaml").write_text(
+        "name: b\nsweep_file: s.yaml\nbase: j.yaml\nmetric: {name: val_loss, mode: min}\n"
+        'max_parallel: null\nkeys: [train.lr]\npoints:\n- {"index": 0, "name": "b-0", '
+        '"overrides": {"train.lr": 0.1}}\n'
+    )
+    (sweep / "arrays.json").write_text(
+        '[{"job_id": "40", "points": "0", "offset": 0, "array": "0", "script": "job.sbatch",'
+        ' "submitted_at": "", "reason": "sweep", "command": []}]\n'
+    )
+    (sweep / "tasks" / "0").mkdir(parents=True)
+    data = json.loads((sweep / "manifest.json").read_text())
+    (sweep / "manifest.json").write_text(json.dumps({**data, "array_jobs": ["40"]}))
+    fake.rows = {"31": ("COMPLETED", script(plain))}
+    out = status_json(capsys, "--runs-dir", str(tmp_path))
+    assert [r.get("run") or r.get("sweep") for r in out] == [str(plain), str(sweep)]
+    assert out[0]["state"] == "COMPLETED"
+    assert out[1]["summary"]["failed"] == 1  # left the queue without finishing
+    [squeue] = fake.commands("squeue")
+    assert squeue[squeue.index("-j") + 1] == "31,40"
+    assert main(["status", "--runs-dir", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "a-plain" in text
+    assert f"{sweep}: 1 tasks: 1 failed" in text
+
+
+def test_slurm_forgot_the_job_sacct_decides_or_status_says_it_cannot(
+    tmp_path: Path, fake: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    done = make_run(tmp_path, "a-done", "51", [EndCause.TIME_LIMIT, EndCause.FINISHED])
+    unfinished = make_run(tmp_path, "b-unfinished", "52", [EndCause.TIME_LIMIT])
+    open_run = make_run(tmp_path, "c-open", "53", [None])
+    fake.sacct = {"51": "COMPLETED", "52": "COMPLETED", "53": "NODE_FAIL"}
+    rows = status_json(capsys, "--runs-dir", str(tmp_path))
+    assert [r["state"] for r in rows] == ["COMPLETED", "INCOMPLETE", "NODE_FAIL"]
+    assert "asked for a requeue that never ran" in rows[1]["note"]
+    assert rows[2]["elapsed"] == "0:00:05"  # sacct's Elapsed
+    [sacct] = fake.commands("sacct")
+    assert sacct[-1] == "51,52,53"
+    # Without accounting: never "RUNNING?" forever, and never a guess sold as a fact.
+    fake.sacct = None
+    rows = status_json(capsys, "--runs-dir", str(tmp_path))
+    assert [r["state"] for r in rows] == ["COMPLETED", "GONE?", "GONE?"]
+    assert "no accounting (sacct)" in rows[2]["note"]
+    assert "attempt 0 (started" in rows[2]["note"]
+    assert rows[2]["nodes"] == "n[1-2]"
+    # An open attempt of a job that is gone is not still counting: no elapsed time to now.
+    assert [r["elapsed"] for r in rows] == ["0:00:01", "0:00:00", "-"]
+    del done, unfinished, open_run
+
+
+def test_a_job_id_that_now_names_another_script_is_not_this_run(
+    tmp_path: Path, fake: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_run(tmp_path, "a", "61", [None])
+    fake.rows = {"61": ("RUNNING", "/elsewhere/other.sbatch")}
+    [row] = status_json(capsys, "--runs-dir", str(tmp_path))
+    assert row["state"] == "GONE?"
+    assert "/elsewhere/other.sbatch" in row["note"]
+
+
+def test_squeue_unreachable_gives_marked_guesses(
+    tmp_path: Path, fake: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_run(tmp_path, "a", "71", [None])
+    fake.squeue_fails = True
+    [row] = status_json(capsys, "--runs-dir", str(tmp_path))
+    assert row["state"] == "RUNNING?"
+    assert "Unable to contact slurm controller" in row["note"]
+
+
+def test_crash_before_any_attempt_is_failed_with_the_reason_from_the_logs(
+    tmp_path: Path, fake: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = make_run(tmp_path, "a", "81")
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "step-00000005.pt").write_bytes(b"")
+    (run_dir / "checkpoints" / "step-00000010.pt").write_bytes(b"garbage")
+    (run_dir / "logs" / "rank-1.err").write_text("rank 1/2 on n2\nhpc-ddp run: error: lost\n")
+    (run_dir / "logs" / "rank-0.err").write_text(
+        "rank 0/2 on n1\nskipping checkpoint ...\nhpc-ddp run: error: /r/checkpoints: none of "
+        "2 checkpoints loads (newest: step-00000010.pt: damaged). HINT: move it aside.\n"
+    )
+    (run_dir / "logs" / "batch-81.err").write_text(
+        "srun: error: n1: task 0: Exited with exit code 1\nsrun: error: n2: task 1: Exited with"
+        " exit code 1\n"
+    )
+    fake.rows = {"81": ("FAILED", script(run_dir))}
+    [row] = status_json(capsys, "--runs-dir", str(tmp_path))
+    assert row["state"] == "FAILED"
+    assert (
+        "no attempt started: rank-0.err: hpc-ddp run: error: /r/checkpoints: none of 2"
+        in (row["note"])
+    )
+    assert row["ckpt step"] is None
+    assert "all 2 checkpoint(s) damaged (newest step 10: not a torch zip archive)" in row["note"]
+
+
+def test_a_job_that_never_wrote_a_log(
+    tmp_path: Path, fake: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = make_run(tmp_path, "a", "82")
+    fake.rows = {"82": ("FAILED", script(run_dir))}
+    [row] = status_json(capsys, "--runs-dir", str(tmp_path))
+    assert row["state"] == "FAILED"
+    assert "no attempt started: the logs say nothing" in row["note"]
+    assert "left no log in logs/" in row["note"]
+
+
+def test_local_run_is_running_only_while_its_own_controller_is(
+    tmp_path: Path, fake: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The pid in a local manifest may belong to any later process: this test's own pid
+    stands in for such a stranger, then (recorded in local.json) for the run's controller."""
+    run_dir = make_run(tmp_path, "a", str(os.getpid()), [None], backend="local")
+    [row] = status_json(capsys, "--runs-dir", str(tmp_path))
+    assert row["state"] == "GONE?"
+    assert "the local job's process has exited" in row["note"]
+    me = identify(os.getpid())
+    assert me is not None
+    write_identity(run_dir, me)
+    [row] = status_json(capsys, "--runs-dir", str(tmp_path))
+    assert (row["state"], row["note"]) == ("RUNNING", None)
+    assert fake.argvs == []  # a local run's pid is never sent to squeue
+
+
+@pytest.mark.parametrize("command", ["status", "cancel"])
+def test_runs_dir_that_is_a_file_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    runs = tmp_path / "runs"
+    runs.write_text("x")
+    args = [] if command == "status" else ["123"]
+    assert main([command, *args, "--runs-dir", str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert f"--runs-dir '{runs}' is a file, not a directory" in err
+    assert "HINT:" in err
+
+
+def test_missing_runs_dir_is_no_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--runs-dir", str(tmp_path / "none")]) == 0
+    assert "no runs under" in capsys.readouterr().err
+
+
+# --- waiting ----------------------------------------------------------------------------------
+
+
+class Polls:
+    """squeue answers: RUNNING ``running`` times, then ``final``; sleeps are recorded."""
+
+    def __init__(self, running: int, final: str, script: str = "") -> None:
+        self.left = running
+        self.final = final
+        self.script = script
+        self.sleeps: list[float] = []
+        self.argvs: list[tuple[str, ...]] = []
+
+    def __call__(self, argv: Sequence[str], *, timeout: float | None = None) -> CompletedCommand:
+        args = tuple(argv)
+        self.argvs.append(args)
+        if args[0] == "sacct":
+            return CompletedCommand(args, 1, "", "Slurm accounting storage is disabled\n")
+        state = "RUNNING" if self.left > 0 else self.final
+        self.left -= 1
+        return CompletedCommand(args, 0, f"5|5|N/A|{state}|n1|0:01|0|None|{self.script}\n", "")
+
+
+def test_wait_backs_off_and_asks_for_its_job_only(capsys: pytest.CaptureFixture[str]) -> None:
+    polls = Polls(running=12, final="COMPLETED")
+    code = wait_for_jobs(SlurmClient(polls), ["5"], sleep=polls.sleeps.append)
+    assert code == 0
+    assert polls.sleeps[:4] == [0.5, 0.75, 1.125, 1.6875]
+    assert polls.sleeps[-1] == cmd_status.MAX_POLL_S
+    assert all(b >= a for a, b in itertools.pairwise(polls.sleeps))
+    assert len(polls.sleeps) == 12
+    assert {a[:6] for a in polls.argvs} == {("squeue", "-h", "-t", "all", "-j", "5")}
+    assert "finished: 5 COMPLETED" in capsys.readouterr().err
+
+
+def test_wait_with_the_run_dir_does_not_call_an_unfinished_run_completed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = make_run(tmp_path, "a", "5", [EndCause.TIME_LIMIT])
+    polls = Polls(running=1, final="COMPLETED", script=script(run_dir))
+    code = wait_for_jobs(SlurmClient(polls), ["5"], run_dirs=[run_dir], sleep=polls.sleeps.append)
+    assert code == 1
+    assert "finished: 5 INCOMPLETE" in capsys.readouterr().err
+
+
+# --- on the dev cluster ---------------------------------------------------------------------------
+
+PYTHON = sys.executable
+
+
+def command_job(tmp_path: Path, name: str, code: str) -> Path:
+    """A job file whose one task runs ``code`` (a BYO ``command:`` job: no torch)."""
+    script_path = tmp_path / f"{name}.py"
+    script_path.write_text(code)
+    job = tmp_path / f"{name}.yaml"
+    job.write_text(
+        f"name: {name}\ncommand: [{PYTHON}, {script_path}]\n"
+        "slurm: {nodes: 1, tasks_per_node: 1, cpus_per_task: 1, time: '5'}\n"
+    )
+    return job
+
+
+# The trainer's last words before a requeue that Slurm then never did (issue 11, item 4).
+ASKED_FOR_REQUEUE = """\
+import os
+from pathlib import Path
+from hpc_ddp.runtime.ledger import EndCause, record_end, record_start
+ledger = Path(os.environ["HPC_DDP_RUN_DIR"]) / "ledger.jsonl"
+job = os.environ["SLURM_JOB_ID"]
+record_start(ledger, attempt=0, job_id=job, job_ref=job, nodelist=os.environ["SLURM_NODELIST"],
+             world_size=1, resumed_from_step=None, checkpoint=None)
+record_end(ledger, attempt=0, cause=EndCause.TIME_LIMIT, steps_done=7, checkpoint=None,
+           requeue_requested=True, message="time-limit warning signal")
+"""
+
+
+@pytest.mark.slurm
+def test_real_completed_job_whose_ledger_did_not_finish_is_incomplete(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    job = command_job(tmp_path, "asked", ASKED_FOR_REQUEUE)
+    waited = e2e.hpc(slurm_cluster, "submit", str(job), "--runs-dir", str(runs), "--wait",
+                     check=False)  # fmt: skip
+    assert waited.returncode == 1, waited.stderr
+    assert "INCOMPLETE" in waited.stderr
+    [run_dir] = runs.iterdir()
+    job_id = json.loads((run_dir / "manifest.json").read_text())["job_id"]
+    assert e2e.job_fields(slurm_cluster, job_id)["JobState"] == "COMPLETED"  # Slurm's word
+    row = e2e.status(slurm_cluster, run_dir)
+    assert row["state"] == "INCOMPLETE"
+    assert "Slurm says COMPLETED, but attempt 0 ended 'time_limit' at step 7" in row["note"]
+    assert "asked for a requeue that never ran" in row["note"]
+    # A job that kept no ledger at all is not called COMPLETED either.
+    silent = e2e.submit(slurm_cluster, runs, str(command_job(tmp_path, "silent", "pass\n")))
+    assert e2e.wait_done(slurm_cluster, silent.job_id)["JobState"] == "COMPLETED"
+    row = e2e.status(slurm_cluster, silent.run_dir)
+    assert row["state"] == "INCOMPLETE"
+    assert "no attempt is recorded in ledger.jsonl" in row["note"]
+
+
+@pytest.mark.slurm
+@pytest.mark.torch
+def test_real_job_dying_before_its_first_attempt_is_failed_with_why(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """Held at submit, given only damaged checkpoints, released: every rank stops in restore
+    before the ledger's first start. Status: FAILED, the error from the rank log, and that no
+    checkpoint can be resumed from."""
+    job = e2e.submit(slurm_cluster, tmp_path, "jobs/quickstart.yaml", "slurm.extra={hold: null}")
+    checkpoints = job.run_dir / "checkpoints"
+    checkpoints.mkdir(exist_ok=True)
+    (checkpoints / "step-00000004.pt").write_bytes(b"")
+    (checkpoints / "step-00000008.pt").write_bytes(b"PK\x03\x04 torn")
+    slurm_cluster.run("scontrol", "release", job.job_id)
+    assert e2e.wait_done(slurm_cluster, job.job_id)["JobState"] == "FAILED"
+    assert e2e.ledger(job.run_dir) == []
+    row = e2e.status(slurm_cluster, job.run_dir)
+    assert row["state"] == "FAILED"
+    assert row["attempts"] == 0
+    assert "no attempt started: rank-" in row["note"]
+    assert "none of 2 checkpoints loads" in row["note"]
+    assert "all 2 checkpoint(s) damaged (newest step 8: truncated" in row["note"]
+    assert row["ckpt step"] is None
+
+
+@pytest.mark.slurm
+def test_real_forgotten_and_reused_job_ids_without_accounting(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """This cluster has no slurmdbd: a job id squeue does not know is said to be gone, with
+    the ledger's last entry; a job id that now runs another script is not taken for the run."""
+    gone = make_run(tmp_path, "a-gone", "99999999", [None])
+    other = e2e.submit(slurm_cluster, tmp_path / "other", str(command_job(tmp_path, "o", "pass\n")))
+    reused = make_run(tmp_path, "b-reused", other.job_id, [None])
+    out = e2e.hpc(slurm_cluster, "status", "--runs-dir", str(tmp_path), "--json").stdout
+    rows = {Path(r["run"]).name: r for r in json.loads(out)}
+    assert rows["a-gone"]["state"] == "GONE?"
+    assert "no accounting (sacct) to say how it ended" in rows["a-gone"]["note"]
+    assert "last ledger entry: attempt 0 (started" in rows["a-gone"]["note"]
+    assert rows["b-reused"]["state"] == "GONE?"
+    assert str(other.run_dir / "job.sbatch") in rows["b-reused"]["note"]
+    del gone, reused
+
+
+@pytest.mark.slurm
+def test_real_cancel_by_job_id_past_a_damaged_run(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    sleeper = command_job(tmp_path, "sleeper", "import time\ntime.sleep(300)\n")
+    job = e2e.submit(slurm_cluster, runs, str(sleeper))
+    (make_run(runs, "damaged", "1") / "manifest.json").write_bytes(b"\x00\xff{")
+    e2e.wait_state(slurm_cluster, job.job_id, ["RUNNING"])
+    out = e2e.hpc(slurm_cluster, "status", "--runs-dir", str(runs), "--json").stdout
+    states = {Path(r["run"]).name: r["state"] for r in json.loads(out)}
+    assert states == {job.run_dir.name: "RUNNING", "damaged": "DAMAGED"}
+    e2e.hpc(slurm_cluster, "cancel", job.job_id, "--runs-dir", str(runs))
+    assert e2e.wait_done(slurm_cluster, job.job_id)["JobState"] == "CANCELLED"
+    assert e2e.status(slurm_cluster, job.run_dir)["state"] == "CANCELLED"

@@ -1,0 +1,386 @@
+"""``hpc-ddp sweep`` and ``hpc-ddp results`` end to end through ``main()``, with stand-in
+``sbatch``/``scontrol``/``squeue`` executables on PATH (the real subprocess runner runs them),
+and a check that neither command imports torch or submitit."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpc_ddp.cli.main import main
+from hpc_ddp.runtime.ledger import EndCause, record_end, record_start
+from hpc_ddp.sweep.results import read_arrays
+
+REPO = Path(__file__).resolve().parents[2]
+
+FAKE_SLURM = """#!/bin/sh
+# Stand-in for {name}: log the argv, answer like Slurm would.
+echo "{name} $*" >> "$FAKE_SLURM_LOG"
+case "{name}" in
+  sbatch) n=$(grep -c '^sbatch' "$FAKE_SLURM_LOG"); echo "$((500 + n))" ;;
+  scontrol) echo "MaxArraySize            = ${{FAKE_MAX_ARRAY:-1001}}" ;;
+  squeue) cat "$FAKE_SQUEUE" 2>/dev/null || true ;;
+esac
+"""
+
+
+@pytest.fixture
+def slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Fake Slurm commands first on PATH; returns the log of their calls."""
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir()
+    for name in ("sbatch", "scontrol", "squeue"):
+        (bin_dir / name).write_text(FAKE_SLURM.format(name=name))
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "slurm.log"
+    log.touch()
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setenv("FAKE_SLURM_LOG", str(log))
+    monkeypatch.setenv("FAKE_SQUEUE", str(tmp_path / "squeue.json"))
+    monkeypatch.delenv("HPC_DDP_SITE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.config/hpc-ddp/site.yaml
+    return log
+
+
+def sweep_file(tmp_path: Path, extra: str = "") -> Path:
+    (tmp_path / "job.yaml").write_text(
+        "name: lr\nslurm: {nodes: 2, time: '10'}\ntrain: {max_steps: 20}\n"
+    )
+    path = tmp_path / "sweep.yaml"
+    path.write_text(
+        "base: job.yaml\nsweep:\n  grid:\n    train.lr: [0.1, 0.01, 0.001]\n"
+        f"    train.seed: [0, 1]\n  max_parallel: 2\n{extra}"
+    )
+    return path
+
+
+def test_dry_run_shows_points_and_script_and_touches_nothing(
+    tmp_path: Path, slurm: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = tmp_path / "runs"
+    rc = main(["sweep", str(sweep_file(tmp_path)), "--dry-run", "--runs-dir", str(runs)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["#", "name", "train.lr", "train.seed"]
+    assert lines[2].split() == ["0", "lr-0", "0.1", "0"]
+    assert lines[7].split() == ["5", "lr-5", "0.001", "1"]
+    assert "#!/bin/bash" in out
+    assert "#SBATCH --array=0-5%2" in out
+    assert "# would run: sbatch --parsable " in out
+    assert "# 6 points in 1 job array(s), at most 2 at once" in out
+    assert not runs.exists()
+    assert "sbatch" not in slurm.read_text()  # only scontrol show config was asked
+
+
+def test_dry_run_without_slurm_assumes_the_default_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("HPC_DDP_SITE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    rc = main(["sweep", str(sweep_file(tmp_path)), "--dry-run", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert [a["array"] for a in doc["arrays"]] == ["0-5%2"]
+    assert [p["overrides"] for p in doc["points"][:2]] == [
+        {"train.lr": 0.1, "train.seed": 0},
+        {"train.lr": 0.1, "train.seed": 1},
+    ]
+
+
+def test_dry_run_splits_past_max_array_size(
+    tmp_path: Path,
+    slurm: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("FAKE_MAX_ARRAY", "4")
+    assert main(["sweep", str(sweep_file(tmp_path)), "--dry-run", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(a["points"], a["offset"], a["array"]) for a in doc["arrays"]] == [
+        ([0, 1, 2, 3], 0, "0-3%2"),
+        ([4, 5], 4, "0-1%2"),
+    ]
+    assert "export HPC_DDP_ARRAY_OFFSET=4" in doc["arrays"][1]["script"]
+
+
+def test_a_typo_in_a_swept_key_is_caught_before_anything_happens(
+    tmp_path: Path, slurm: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = sweep_file(tmp_path)
+    path.write_text(path.read_text().replace("train.seed", "train.sed"))
+    rc = main(["sweep", str(path), "--runs-dir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "train.sed" in err
+    assert "seed" in err.split("HINT:")[1]
+    assert not (tmp_path / "runs").exists()
+    assert slurm.read_text() == ""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["sweep"], ["sweep", "s.yaml", "--resubmit-failed", "runs/x"]],
+)
+def test_usage_errors_exit_2(
+    argv: list[str], slurm: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    assert "HINT:" in capsys.readouterr().err
+
+
+def submit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    rc = main(["sweep", str(sweep_file(tmp_path)), "--runs-dir", str(tmp_path / "runs"), "--json"])
+    assert rc == 0
+    return Path(json.loads(capsys.readouterr().out)["sweep_dir"])
+
+
+def test_submit_is_one_sbatch_call_and_prints_where_to_look(
+    tmp_path: Path, slurm: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(["sweep", str(sweep_file(tmp_path)), "--runs-dir", str(tmp_path / "runs")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    calls = slurm.read_text().splitlines()
+    assert [c.split()[0] for c in calls] == ["scontrol", "sbatch"]
+    [sweep_dir] = (tmp_path / "runs").iterdir()
+    assert calls[1] == f"sbatch --parsable {sweep_dir}/job.sbatch"
+    assert "6 points as array job 501 (--array=0-5%2)" in out
+    assert f"sweep dir: {sweep_dir}" in out
+    assert f"hpc-ddp status {sweep_dir}" in out
+    assert f"hpc-ddp results {sweep_dir}" in out
+
+
+def _fill(sweep_dir: Path) -> None:
+    """Tasks 0-2 finished with metrics, 3 crashed, 4 and 5 never ran (gone from the queue)."""
+    for i, val in ((0, 0.8), (1, 0.5), (2, 0.9), (3, 2.0)):
+        task = sweep_dir / "tasks" / str(i)
+        rows = [{"step": 10, "loss": val + 0.1}, {"step": 20, "loss": val, "val_loss": val}]
+        (task / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        record_start(task / "ledger.jsonl", attempt=0, job_id="501", job_ref=f"501_{i}",
+                     nodelist="n1", world_size=2, resumed_from_step=None,
+                     checkpoint=None)  # fmt: skip
+        cause = EndCause.CRASH if i == 3 else EndCause.FINISHED
+        record_end(task / "ledger.jsonl", attempt=0, cause=cause, steps_done=20,
+                   checkpoint=None, requeue_requested=False)  # fmt: skip
+
+
+def test_resubmit_failed_from_the_command_line(
+    tmp_path: Path, slurm: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep_dir = submit(tmp_path, capsys)
+    _fill(sweep_dir)
+    assert main(["sweep", "--resubmit-failed", str(sweep_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "resubmitted 3 task(s)" in out
+    assert "(3, 4, 5) as array job 502 (--array=3-5%2)" in out
+    assert [r.points for r in read_arrays(sweep_dir)] == ["0-5", "3-5"]
+    assert main(["sweep", "--resubmit-failed", str(sweep_dir), "--dry-run", "--json"]) == 0
+    # The new array is now what squeue would be asked about; it is gone (empty queue), so the
+    # same tasks are failed again and would be resubmitted again.
+    assert json.loads(capsys.readouterr().out)["points"] == [3, 4, 5]
+
+
+def test_results_formats_sorting_and_top(
+    tmp_path: Path, slurm: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep_dir = submit(tmp_path, capsys)
+    _fill(sweep_dir)
+    assert main(["results", str(sweep_dir)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:6] == ["#", "state", "train.lr", "train.seed", "best", "val_loss"]
+    assert [line.split()[0] for line in out[2:8]] == ["1", "0", "2", "3", "4", "5"]
+    assert out[5].split()[1:3] == ["failed", "(crash)"]
+    assert out[-1] == "6 tasks: 3 finished, 3 failed; ranked by best (min)"
+
+    assert main(["results", str(sweep_dir), "--format", "csv", "--sort", "train.lr"]) == 0
+    table = list(csv.reader(io.StringIO(capsys.readouterr().out)))
+    assert table[0][:3] == ["#", "state", "train.lr"]
+    assert [r[2] for r in table[1:]] == ["0.001", "0.001", "0.01", "0.01", "0.1", "0.1"]
+
+    assert main(["results", str(sweep_dir), "--format", "json", "--top", "2"]) == 0
+    captured = capsys.readouterr()
+    rows = json.loads(captured.out)
+    assert [(r["index"], r["best"], r["state"]) for r in rows] == [
+        (1, 0.5, "finished"), (0, 0.8, "finished")
+    ]  # fmt: skip
+    assert "showing 2 of 6 tasks" in captured.err
+
+    assert main(["results", str(sweep_dir), "--format", "markdown", "--mode", "max"]) == 0
+    md = capsys.readouterr().out.splitlines()
+    assert md[0].startswith("|")
+    assert md[1].startswith("|--")
+    assert [line.split("|")[1].strip() for line in md[2:]] == ["3", "2", "0", "1", "4", "5"]
+
+
+def test_results_plot(tmp_path: Path, slurm: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")  # an optional extra: hpc-ddp[plot]
+    sweep_dir = submit(tmp_path, capsys)
+    _fill(sweep_dir)
+    out = tmp_path / "plots" / "sweep.png"
+    assert main(["results", str(sweep_dir), "--plot", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"plot written to {out}" in capsys.readouterr().err
+
+
+def test_results_plot_without_matplotlib_says_how_to_install(
+    tmp_path: Path,
+    slurm: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    sweep_dir = submit(tmp_path, capsys)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
+    assert main(["results", str(sweep_dir), "--plot", str(tmp_path / "p.png")]) == 2
+    captured = capsys.readouterr()
+    assert "pip install 'hpc-ddp[plot]'" in captured.err
+    assert captured.out == ""  # fails before printing a table
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_sweep_and_results_do_not_import_torch_or_submitit(tmp_path: Path, slurm: Path) -> None:
+    path = sweep_file(tmp_path)
+    code = (
+        "import sys\nfrom hpc_ddp.cli.main import main\n"
+        f"assert main(['sweep', {str(path)!r}, '--runs-dir', {str(tmp_path / 'r')!r}]) == 0\n"
+        f"import pathlib; [d] = pathlib.Path({str(tmp_path / 'r')!r}).iterdir()\n"
+        "assert main(['results', str(d)]) == 0\n"
+        "heavy = {'torch', 'torchvision', 'submitit', 'matplotlib'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+# --- user errors and damaged files: an exit code and a HINT, never a traceback -----------------
+
+
+def test_results_of_a_file_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "results.csv"
+    path.write_text("not a sweep\n")
+    assert main(["results", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"hpc-ddp results: error: {path}: is a file, not a sweep directory. HINT:" in err
+
+
+@pytest.mark.parametrize("top", ["0", "-3"])
+def test_results_top_must_be_positive(
+    tmp_path: Path, slurm: Path, capsys: pytest.CaptureFixture[str], top: str
+) -> None:
+    sweep_dir = submit(tmp_path, capsys)
+    assert main(["results", str(sweep_dir), "--top", top]) == 2
+    captured = capsys.readouterr()
+    assert f"--top {top}: must be at least 1" in captured.err
+    assert "HINT: leave --top out" in captured.err
+    assert captured.out == ""
+
+
+def test_results_skip_damaged_metric_lines_and_say_so(
+    tmp_path: Path,
+    slurm: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sweep_dir = submit(tmp_path, capsys)
+    _fill(sweep_dir)
+    good = (sweep_dir / "tasks" / "1" / "metrics.jsonl").read_bytes()
+    (sweep_dir / "tasks" / "1" / "metrics.jsonl").write_bytes(
+        b"\x00\xff\xfe\x89PNG\r\n[1, 2]\n42\n"
+        + b'{"step": 30, "val_loss": '
+        + b"9" * 400
+        + b"}\n"  # too large for a float
+        + good
+    )
+    (sweep_dir / "tasks" / "2" / "metrics.jsonl").unlink()
+    (sweep_dir / "tasks" / "2" / "metrics.jsonl").mkdir()  # unreadable as a file
+    with caplog.at_level(logging.WARNING, logger="hpc_ddp.sweep.results"):
+        assert main(["results", str(sweep_dir), "--format", "json", "--no-slurm"]) == 0
+    rows = {r["index"]: r for r in json.loads(capsys.readouterr().out)}
+    assert (rows[1]["best"], rows[1]["steps"]) == (0.5, 30)  # the good rows still count
+    assert rows[2]["best"] is None
+    warnings = [r.getMessage() for r in caplog.records]
+    assert any("tasks/1/metrics.jsonl: skipped 3 line(s) that are not JSON objects (first: "
+               "line 1). HINT:" in w for w in warnings)  # fmt: skip
+    assert any("tasks/2/metrics.jsonl: cannot read it" in w for w in warnings)
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+@pytest.mark.parametrize("under", [False, True])
+def test_sweep_refuses_a_runs_dir_that_is_a_file(
+    tmp_path: Path,
+    slurm: Path,
+    capsys: pytest.CaptureFixture[str],
+    dry_run: list[str],
+    under: bool,
+) -> None:
+    blocker = tmp_path / "runs"
+    blocker.write_text("")
+    runs = blocker / "sub" if under else blocker
+    rc = main(["sweep", str(sweep_file(tmp_path)), "--runs-dir", str(runs), *dry_run])
+    captured = capsys.readouterr()
+    assert rc == 2
+    what = f"lies under the file {blocker}" if under else "is a file"
+    assert f"hpc-ddp sweep: error: --runs-dir {runs}: {what}, not a directory. HINT:" in (
+        captured.err
+    )
+    assert captured.out == ""
+    assert slurm.read_text() == ""  # Slurm was never asked
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({"SLURM_ARRAY_TASK_ID": "abc"}, "SLURM_ARRAY_TASK_ID='abc' is not an integer. HINT:"),
+        ({"SLURM_ARRAY_TASK_ID": "1", "HPC_DDP_ARRAY_OFFSET": "x"},
+         "HPC_DDP_ARRAY_OFFSET='x' is not an integer. HINT:"),
+        ({"SLURM_ARRAY_TASK_ID": "-1"}, "SLURM_ARRAY_TASK_ID='-1' is below 0. HINT:"),
+    ],
+)  # fmt: skip
+def test_run_with_a_garbled_array_task_id_fails_with_a_message(
+    tmp_path: Path,
+    slurm: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    env: dict[str, str],
+    fragment: str,
+) -> None:
+    sweep_dir = submit(tmp_path, capsys)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(["run", str(sweep_dir)]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"hpc-ddp run: error: {fragment}")
+
+
+def test_a_full_disk_while_writing_the_sweep_is_a_failure_with_a_hint(
+    tmp_path: Path,
+    slurm: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("hpc_ddp.cli.cmd_sweep.submit_sweep", full)
+    runs = tmp_path / "runs"
+    assert main(["sweep", str(sweep_file(tmp_path)), "--runs-dir", str(runs)]) == 1
+    err = capsys.readouterr().err
+    assert f"writing the sweep directory under {runs} failed: [Errno 28] No space left" in err
+    assert "HINT:" in err

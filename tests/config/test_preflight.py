@@ -1,0 +1,333 @@
+"""Submit-time checks (hpc_ddp.config.preflight): names with did-you-mean, data_root, import strings
+found without importing, command programs and scripts, and the warn-instead-of-error rule for
+jobs whose environment (container, modules, setup) may hold what this machine lacks.
+
+The table tests run against a fabricated login node (a temporary directory with its own PATH
+and module path); the CLI tests run ``main()`` from the repository root."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpc_ddp.cli.main import main
+from hpc_ddp.config.load import job_config_from_dict
+from hpc_ddp.config.model import JobConfig
+from hpc_ddp.config.preflight import (
+    BUILTIN_DATASETS,
+    BUILTIN_MODELS,
+    TORCHVISION_MODELS,
+    TORCHVISION_MODELS_VERSION,
+    LoginNode,
+    check_job,
+    find_module,
+    preflight_job,
+    preflight_points,
+    this_machine,
+)
+from hpc_ddp.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> LoginNode:
+    """A login node in ``tmp_path/work`` with ``tmp_path/bin`` as PATH and ``tmp_path/site`` as
+    its only package directory: nothing of this machine's leaks in."""
+    work, bin_dir, site = tmp_path / "work", tmp_path / "bin", tmp_path / "site"
+    for d in (work / "mypkg", work / "libs" / "extra", bin_dir, site / "installed" / "sub"):
+        d.mkdir(parents=True)
+    (work / "mypkg" / "__init__.py").write_text("raise RuntimeError('imported!')\n")
+    (work / "mypkg" / "models.py").write_text("")
+    (work / "single.py").write_text("")  # a module, not a package
+    (work / "train.py").write_text("")
+    (work / "run.sh").write_text("#!/bin/sh\n")
+    (work / "run.sh").chmod(0o755)
+    (work / "notes.txt").write_text("")
+    (work / "libs" / "extra" / "tool.py").write_text("")
+    (site / "installed" / "__init__.py").write_text("")
+    (site / "installed" / "sub" / "__init__.py").write_text("")
+    for name in ("python", "torchrun"):
+        (bin_dir / name).write_text("#!/bin/sh\n")
+        (bin_dir / name).chmod(0o755)
+    return LoginNode(
+        cwd=work,
+        path=str(bin_dir),
+        python_path=(str(site),),
+        torchvision_version=TORCHVISION_MODELS_VERSION,
+        use_import_system=False,
+    )
+
+
+def job(**sections: Any) -> JobConfig:
+    return job_config_from_dict({"name": "j", **sections}, "t")
+
+
+CONTAINER = {"container": {"runtime": "apptainer", "image": "/images/t.sif"}}
+OK, ERROR, WARN = "ok", "error", "warn"
+
+CASES: list[tuple[str, dict[str, Any], str, str]] = [
+    # (id, job sections, outcome, fragment of the message)
+    ("defaults", {}, OK, ""),
+    ("torchvision-model", {"train": {"model": "resnet18"}}, OK, ""),
+    ("model-typo", {"train": {"model": "resnet181"}}, ERROR,
+     "train.model: 'resnet181' is not a known model. HINT: did you mean 'resnet18'"),
+    ("model-unknown", {"train": {"model": "transformer"}}, ERROR, "HINT: use 'mlp', a torchvision"),
+    ("model-typo-despite-setup", {"train": {"model": "resnet181"}, "env": {"setup": ["x"]}},
+     ERROR, "did you mean 'resnet18'"),
+    ("dataset-typo", {"train": {"dataset": "cifar"}}, ERROR,
+     "train.dataset: 'cifar' is not a known dataset. HINT: did you mean 'cifar10'"),
+    ("dataset-unknown", {"train": {"dataset": "imagenet22k"}}, ERROR,
+     "HINT: use one of synthetic, cifar10, mnist, imagefolder"),
+    ("staged-without-root", {"train": {"dataset": "mnist"}}, ERROR,
+     "train.data_root: is not set, and train.dataset 'mnist' is read from pre-staged files"),
+    ("staged-with-root", {"train": {"dataset": "imagefolder", "data_root": "/d"}}, OK, ""),
+    ("model-module-in-cwd", {"train": {"model": "mypkg.models:Net"}}, OK, ""),
+    ("dataset-module-installed", {"train": {"dataset": "installed.sub:make"}}, OK, ""),
+    ("model-module-missing", {"train": {"model": "nopkg.models:Net"}}, ERROR,
+     "train.model: module 'nopkg.models' of 'nopkg.models:Net' cannot be found"),
+    ("submodule-missing", {"train": {"model": "mypkg.nothere:Net"}}, ERROR,
+     "module 'mypkg.nothere'"),
+    ("module-not-a-package", {"train": {"dataset": "single.sub:make"}}, ERROR,
+     "module 'single.sub'"),
+    ("module-on-job-pythonpath", {"train": {"model": "extra.tool:Net"},
+                                  "env": {"vars": {"PYTHONPATH": "libs"}}}, OK, ""),
+    ("module-missing-container", {"train": {"model": "nopkg:Net"}, "env": CONTAINER}, WARN,
+     "may exist only in the job's environment (a container)"),
+    ("module-missing-modules", {"train": {"model": "nopkg:Net"}, "env": {"modules": ["m"]}},
+     WARN, "(env.modules)"),
+    ("module-missing-setup", {"train": {"model": "nopkg:Net"}, "env": {"setup": ["s"]}}, WARN,
+     "(env.setup)"),
+    ("entrypoint-found", {"entrypoint": "mypkg.models:main"}, OK, ""),
+    ("entrypoint-missing", {"entrypoint": "nopkg.train:main"}, ERROR,
+     "entrypoint: module 'nopkg.train' of 'nopkg.train:main' cannot be found"),
+    ("trainer-names-unused-with-entrypoint",
+     {"entrypoint": "mypkg.models:main", "train": {"model": "bogus"}}, OK, ""),
+    ("trainer-names-unused-with-command", {"command": ["torchrun"], "train": {"dataset": "x"}},
+     OK, ""),
+    ("program-on-path", {"command": ["torchrun", "--nproc-per-node", "2", "x"]}, OK, ""),
+    ("program-not-on-path", {"command": ["pythn", "train.py"]}, ERROR,
+     "command[0]: program 'pythn' is not on PATH"),
+    ("program-not-on-path-container", {"command": ["pythn"], "env": CONTAINER}, WARN,
+     "program 'pythn' is not on PATH; it may exist only in the job's environment"),
+    ("program-file", {"command": ["./run.sh", "--fast"]}, OK, ""),
+    ("program-file-missing", {"command": ["./nope.sh"]}, ERROR,
+     "command[0]: program './nope.sh' does not exist"),
+    ("program-not-executable", {"command": ["./notes.txt"]}, ERROR,
+     "is not executable. HINT: chmod +x ./notes.txt"),
+    ("python-script", {"command": ["python", "-u", "-X", "dev", "train.py", "--lr", "1"]}, OK, ""),
+    ("python-script-missing", {"command": ["python", "-u", "trian.py"]}, ERROR,
+     "command: python script 'trian.py' does not exist"),
+    ("python-script-missing-setup", {"command": ["python", "trian.py"],
+                                     "env": {"setup": ["cd /x"]}}, WARN, "(env.setup)"),
+    ("python-module", {"command": ["python", "-m", "mypkg.models", "--x"]}, OK, ""),
+    ("python-module-missing", {"command": ["python", "-m", "mypkg.trainer"]}, ERROR,
+     "python -m mypkg.trainer: module 'mypkg.trainer' cannot be found"),
+    ("python-code", {"command": ["python", "-c", "print(1)"]}, OK, ""),
+    ("python-by-path", {"command": ["../bin/python", "missing.py"]}, ERROR,
+     "python script 'missing.py'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("sections", "outcome", "fragment"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_check_job(node: LoginNode, sections: dict[str, Any], outcome: str, fragment: str) -> None:
+    found = check_job(job(**sections), node)
+    if outcome == OK:
+        assert found.error is None
+        assert found.warnings == ()
+        return
+    messages = [f"{k}: {t}" for k, t in found.warnings]
+    if outcome == ERROR:
+        assert found.error is not None, messages
+        messages = [f"{found.error[0]}: {found.error[1]}"]
+    else:
+        assert found.error is None
+        assert len(messages) == 1
+    assert fragment in messages[0]
+    assert "HINT:" in messages[0]
+
+
+def test_a_newer_torchvision_here_turns_an_unknown_model_into_a_warning(node: LoginNode) -> None:
+    newer = LoginNode(node.cwd, node.path, node.python_path, (0, 99), False)
+    found = check_job(job(train={"model": "resnet181"}), newer)
+    assert found.error is None
+    [(key, text)] = found.warnings
+    assert key == "train.model"
+    assert "torchvision 0.99 here may have it" in text
+    assert check_job(job(train={"model": "resnet181"}), node).error is not None
+
+
+def test_find_module_never_imports(node: LoginNode) -> None:
+    # mypkg/__init__.py raises when imported: finding mypkg.models must not run it.
+    assert find_module("mypkg.models", [str(node.cwd)], use_import_system=False)
+    assert "mypkg" not in sys.modules
+    assert not find_module("mypkg.models", [str(node.cwd / "libs")], use_import_system=False)
+
+
+def test_find_module_asks_the_import_system_for_installed_packages() -> None:
+    assert find_module("yaml.constructor", [], use_import_system=True)
+    assert not find_module("yaml.constructor", [], use_import_system=False)
+    assert not find_module("no_such_top_level_module_xyz", [], use_import_system=True)
+
+
+def test_this_machine_reads_its_environment() -> None:
+    here = this_machine({"PATH": "/opt/x/bin"})
+    assert here.path == "/opt/x/bin"
+    assert here.cwd == Path.cwd()
+    assert here.python_path == tuple(sys.path)
+    assert here.torchvision_version is not None  # installed with hpc-ddp
+
+
+def test_preflight_job_raises_with_the_source_and_logs_warnings(
+    node: LoginNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    with pytest.raises(ConfigError, match=r"^jobs/x\.yaml: train\.model: 'resnet181'"):
+        preflight_job(job(train={"model": "resnet181"}), "jobs/x.yaml", node)
+    with caplog.at_level(logging.WARNING, logger="hpc_ddp.config.preflight"):
+        preflight_job(job(command=["pythn"], env=CONTAINER), "jobs/x.yaml", node)
+    assert [r.getMessage().split(": program")[0] for r in caplog.records] == [
+        "jobs/x.yaml: command[0]"
+    ]
+
+
+def test_preflight_points_checks_each_distinct_job_once_and_names_the_point(
+    node: LoginNode, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = []
+    real = check_job
+
+    def counting(cfg: JobConfig, login: LoginNode) -> Any:
+        calls.append(cfg.name)
+        return real(cfg, login)
+
+    monkeypatch.setattr("hpc_ddp.config.preflight.check_job", counting)
+    points = [
+        (f"s.yaml: point {i}", job(train={"lr": 0.1 * (i + 1)}, command=["pythn"], env=CONTAINER))
+        for i in range(5)
+    ]
+    with caplog.at_level(logging.WARNING, logger="hpc_ddp.config.preflight"):
+        preflight_points(points, node)
+    assert len(calls) == 1  # train.lr is not looked at: one check for five points
+    [record] = caplog.records
+    assert record.getMessage().startswith("s.yaml: point 0 and 4 more: command[0]: program")
+
+    bad = [*points[:2], ("s.yaml: point 2", job(train={"model": "resnet181"}))]
+    with pytest.raises(ConfigError, match=r"^s\.yaml: point 2: train\.model: 'resnet181'"):
+        preflight_points(bad, node)
+
+
+# --- through the command line -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        (["train.model=resnet181"], "did you mean 'resnet18'"),
+        (["train.dataset=cifar10"], "train.data_root: is not set"),
+        (["train.model=no_such_pkg_xyz.models:Net"], "module 'no_such_pkg_xyz.models'"),
+        (["command=[no-such-program-xyz]"], "program 'no-such-program-xyz' is not on PATH"),
+        (["command=[python, no_such_script.py]"], "python script 'no_such_script.py'"),
+    ],
+)
+def test_submit_refuses_before_writing_anything(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    overrides: list[str],
+    fragment: str,
+) -> None:
+    monkeypatch.chdir(REPO)
+    runs = tmp_path / "runs"
+    rc = main(["submit", "jobs/quickstart.yaml", *overrides, "--dry-run", "--runs-dir", str(runs)])
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert captured.err.startswith("hpc-ddp submit: error: jobs/quickstart.yaml: ")
+    assert fragment in captured.err
+    assert "HINT:" in captured.err
+    assert captured.out == ""
+    assert not runs.exists()
+
+
+def test_submit_warns_and_goes_on_when_the_job_brings_its_environment(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(REPO)
+    argv = ["submit", "jobs/quickstart.yaml", "train.model=site_only_pkg.models:Net",
+            "env.modules=[pytorch/2.4]", "--dry-run", "--runs-dir", str(tmp_path)]  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="hpc_ddp.config.preflight"):
+        assert main(argv) == 0
+    [record] = caplog.records
+    assert record.getMessage().startswith("jobs/quickstart.yaml: train.model: module")
+    assert "(env.modules)" in record.getMessage()
+    assert "#SBATCH" in capsys.readouterr().out
+
+
+def test_sweep_names_the_bad_point(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(
+        f"base: {REPO / 'jobs' / 'quickstart.yaml'}\n"
+        "sweep:\n  list: [{train.model: mlp}, {train.model: resnet181}]\n"
+    )
+    rc = main(["sweep", str(sweep), "--dry-run", "--runs-dir", str(tmp_path / "runs")])
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert f"{sweep}: point 1: train.model: 'resnet181' is not a known model" in captured.err
+    assert captured.out == ""
+
+
+def test_checking_an_import_string_imports_neither_torch_nor_the_module(tmp_path: Path) -> None:
+    """find_spec("torchvision.models") would import torchvision, and torch with it."""
+    code = (
+        "import sys\nfrom hpc_ddp.cli.main import main\n"
+        "rc = main(['submit', 'jobs/quickstart.yaml', 'train.model=torchvision.models:resnet18',"
+        f" '--dry-run', '--runs-dir', {str(tmp_path)!r}])\n"
+        "assert rc == 0, rc\n"
+        "heavy = {'torch', 'torchvision', 'numpy'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+
+
+# --- the static name lists against the real libraries -------------------------------------------
+
+
+@pytest.mark.torch
+def test_the_model_list_is_torchvisions() -> None:
+    import importlib.metadata
+
+    from hpc_ddp.train.models import torchvision_model_names
+
+    installed = set(torchvision_model_names())
+    # Every model the installed torchvision has must pass the submit-time check ...
+    assert installed <= set(TORCHVISION_MODELS), sorted(installed - set(TORCHVISION_MODELS))
+    # ... and the list is exactly the release it says it was taken from.
+    version = tuple(int(p) for p in importlib.metadata.version("torchvision").split(".")[:2])
+    if version == TORCHVISION_MODELS_VERSION:
+        assert set(TORCHVISION_MODELS) == installed
+    assert not set(BUILTIN_MODELS) & installed
+
+
+@pytest.mark.torch
+def test_the_dataset_list_is_what_data_builds() -> None:
+    from hpc_ddp.train import data
+
+    assert data.BUILTIN is BUILTIN_DATASETS
+    with pytest.raises(ConfigError, match="did you mean 'cifar10'"):
+        data.build_dataset(job(train={"dataset": "cifar"}).train, train=True)

@@ -1,0 +1,572 @@
+"""Checkpoint format and atomic I/O: kills mid-write, corrupt files, pruning, digests, RNG;
+damaged and foreign files listed with a reason and skipped on resume, the weights digest
+checked on every load."""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import pickle
+import random
+import signal
+import struct
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from hpc_ddp.config.model import JobConfig, TrainConfig
+from hpc_ddp.errors import CheckpointError
+from hpc_ddp.runtime.checkpoint import (
+    LATEST,
+    CheckpointState,
+    CheckpointWriter,
+    Progress,
+    build_payload,
+    capture_rng_state,
+    checkpoint_name,
+    find_latest,
+    list_checkpoints,
+    load_checkpoint,
+    parse_checkpoint_name,
+    prune_plan,
+    restore_rng_state,
+    snapshot,
+    weights_digest,
+    write_checkpoint,
+)
+from hpc_ddp.runtime.session import Session, unwrap
+from tests.helpers.launch import HELPERS, base_env
+
+pytestmark = pytest.mark.torch
+
+CPU = torch.device("cpu")
+
+
+def small_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def save(directory: Path, step: int, model: nn.Module | None = None, keep_last: int = 0) -> Path:
+    model = model or small_model(step)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 8)).sum().backward()
+    opt.step()  # momentum buffers: optimizer state with tensors
+    payload = build_payload(
+        model=snapshot(model.state_dict()),
+        optimizer=snapshot(opt.state_dict()),
+        progress=Progress(step=step, epoch=step // 10, batch_in_epoch=step % 10, extra={"k": 1}),
+        rng=[capture_rng_state(CPU), capture_rng_state(CPU)],
+        config={"name": "t", "train": {"lr": 0.1, "extra": [1, 2]}},
+    )
+    return write_checkpoint(directory, payload, keep_last)
+
+
+@pytest.mark.parametrize(
+    ("name", "step"),
+    [("step-00000120.pt", 120), ("step-0.pt", 0), ("step-00000120.pt.tmp", None), (LATEST, None)],
+)
+def test_parse_checkpoint_name(name: str, step: int | None) -> None:
+    assert parse_checkpoint_name(name) == step
+
+
+def test_checkpoint_name_sorts_like_steps() -> None:
+    names = [checkpoint_name(s) for s in (9, 10, 100, 12345678)]
+    assert names == sorted(names)
+
+
+@pytest.mark.parametrize(
+    ("steps", "keep", "delete"),
+    [([1, 2, 3, 4], 2, [1, 2]), ([4, 1, 3], 3, []), ([1, 2], 0, []), ([5], 1, [])],
+)
+def test_prune_plan(steps: list[int], keep: int, delete: list[int]) -> None:
+    assert prune_plan(steps, keep) == delete
+
+
+def test_save_load_roundtrip_is_weights_only(tmp_path: Path) -> None:
+    model = small_model()
+    path = save(tmp_path, 7, model)
+    assert path.name == "step-00000007.pt"
+    assert (tmp_path / LATEST).read_text().strip() == path.name
+    raw = torch.load(path, map_location="cpu", weights_only=True)  # must not need pickle code
+    assert raw["progress"] == {"step": 7, "epoch": 0, "batch_in_epoch": 7}
+    assert raw["extra"] == {"k": 1}
+    assert raw["meta"]["world_size"] == 2
+    assert raw["meta"]["weights_digest"] == weights_digest(model.state_dict())
+    assert raw["optimizer"]["state"][0]["momentum_buffer"].shape == (16, 8)
+    assert list(tmp_path.glob(".tmp-*")) == []
+
+
+def test_digest_stable_across_save_load_and_layout(tmp_path: Path) -> None:
+    model = small_model()
+    loaded = load_checkpoint(save(tmp_path, 1, model))  # save() trains one step first
+    digest = weights_digest(model.state_dict())
+    assert weights_digest(loaded["model"]) == digest
+    assert loaded["meta"]["weights_digest"] == digest
+    # same values in a non-contiguous tensor: same digest
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    sd["0.weight"] = sd["0.weight"].t().contiguous().t()
+    assert not sd["0.weight"].is_contiguous()
+    assert weights_digest(sd) == digest
+    # one ulp anywhere changes it
+    bumped = dict(sd)
+    bumped["2.bias"] = torch.nextafter(sd["2.bias"], torch.tensor(1.0))
+    assert weights_digest(bumped) != digest
+    # so does a renamed key or a dtype change
+    assert weights_digest({"x" + k: v for k, v in sd.items()}) != digest
+    assert weights_digest({k: v.double() for k, v in sd.items()}) != digest
+
+
+def test_keep_last_prunes_only_after_new_one_is_durable(tmp_path: Path) -> None:
+    for step in (10, 20, 30, 40):
+        save(tmp_path, step, keep_last=2)
+    assert [p.name for p in sorted(tmp_path.glob("step-*.pt"))] == [
+        "step-00000030.pt",
+        "step-00000040.pt",
+    ]
+    assert (tmp_path / LATEST).read_text().strip() == "step-00000040.pt"
+
+
+def test_corrupt_newest_falls_back_to_previous(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    save(tmp_path, 10)
+    newest = save(tmp_path, 20)
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # torn by a bad disk
+    (tmp_path / "step-00000030.pt").write_bytes(b"not a checkpoint")
+    with caplog.at_level(logging.WARNING, logger="hpc_ddp.runtime.checkpoint"):
+        found = find_latest(tmp_path)
+    assert found is not None
+    assert found[0].name == "step-00000010.pt"
+    assert found[1]["progress"]["step"] == 10
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "step-00000030.pt" in warned
+    assert "step-00000020.pt" in warned
+
+
+def test_find_latest_none_when_empty_error_when_all_bad(tmp_path: Path) -> None:
+    assert find_latest(tmp_path / "missing") is None
+    assert find_latest(tmp_path) is None
+    (tmp_path / "step-00000005.pt").write_bytes(b"\0" * 100)
+    with pytest.raises(CheckpointError, match="HINT"):
+        find_latest(tmp_path)
+
+
+def test_foreign_payload_rejected(tmp_path: Path) -> None:
+    path = tmp_path / "step-00000001.pt"
+    torch.save({"model": {}}, path)
+    with pytest.raises(CheckpointError, match="not an hpc-ddp checkpoint"):
+        load_checkpoint(path)
+
+
+def test_list_checkpoints(tmp_path: Path) -> None:
+    ckpts = tmp_path / "checkpoints"
+    models = {step: small_model(step) for step in (5, 15)}
+    for step, model in models.items():
+        save(ckpts, step, model)
+    (ckpts / "step-00000025.pt").write_bytes(b"garbage")
+    infos = list_checkpoints(tmp_path)  # a run directory works as well as checkpoints/
+    assert [i.step for i in infos] == [5, 15, 25]
+    for info in infos[:2]:
+        assert info.error is None
+        assert info.weights_digest == weights_digest(models[info.step].state_dict())
+        assert info.epoch == info.step // 10
+        assert info.size == info.path.stat().st_size
+    assert infos[2].error is not None
+    assert infos[2].weights_digest is None
+    assert [i.step for i in list_checkpoints(ckpts, verify=True) if i.error is None] == [5, 15]
+
+
+def test_rng_state_roundtrip_through_file(tmp_path: Path) -> None:
+    np = pytest.importorskip("numpy")
+    random.seed(1)
+    np.random.seed(1)
+    torch.manual_seed(1)
+    state = capture_rng_state(CPU)
+    expected = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    path = tmp_path / "rng.pt"
+    torch.save(state, path)
+    restore_rng_state(torch.load(path, weights_only=True), CPU)
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == expected
+
+
+def test_snapshot_is_a_copy() -> None:
+    t = torch.zeros(3)
+    snap = snapshot({"a": [t, (t, 1)], "b": "x"})
+    t.add_(1)
+    assert snap["a"][0].sum() == 0
+    assert snap["a"][1][0].sum() == 0
+    assert snap["a"][1][1] == 1
+    assert snap["b"] == "x"
+
+
+def test_snapshot_makes_values_weights_only_loadable(tmp_path: Path) -> None:
+    """Subclasses of plain types (numpy scalars, enums, torch's version string) are saved as
+    the plain type; anything else fails at save time, not at resume time."""
+    np = pytest.importorskip("numpy")
+
+    class Color(str, enum.Enum):
+        RED = "red"
+
+    progress = Progress(step=1, extra={"best": np.float64(0.5), "n": np.int64(3), "c": Color.RED})
+    payload = build_payload(model={}, progress=progress, rng=[], config={"v": torch.__version__})
+    path = tmp_path / "step-00000001.pt"
+    torch.save(payload, path)
+    loaded = torch.load(path, weights_only=True)
+    assert loaded["extra"] == {"best": 0.5, "n": 3, "c": "red"}
+    assert type(loaded["extra"]["c"]) is str
+    with pytest.raises(CheckpointError, match=r"progress\.extra\['bad'\] holds a .*HINT"):
+        build_payload(model={}, progress=Progress(extra={"bad": object()}), rng=[])
+
+
+def test_writer_background_and_error(tmp_path: Path) -> None:
+    writer = CheckpointWriter(tmp_path / "ckpt", keep_last=2)
+    model = small_model()
+    for step in (1, 2, 3):
+        writer.submit(
+            build_payload(
+                model=snapshot(model.state_dict()),
+                progress=Progress(step=step),
+                rng=[capture_rng_state(CPU)],
+            )
+        )
+    writer.wait()
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("step-*")) == [
+        "step-00000002.pt",
+        "step-00000003.pt",
+    ]
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    bad = CheckpointWriter(blocked / "ckpt", keep_last=2)  # a directory under a file
+    bad.submit(build_payload(model={}, progress=Progress(step=1), rng=[]))
+    with pytest.raises(CheckpointError, match="HINT"):
+        bad.wait()
+    bad.wait()  # the error is reported once
+
+
+def test_sigkill_during_saves_always_leaves_a_loadable_checkpoint(tmp_path: Path) -> None:
+    """30 SIGKILLs at random moments of a save loop: the newest complete file always loads."""
+    kills = 30
+    proc = subprocess.run(
+        [sys.executable, str(HELPERS / "ckpt_killer.py"), str(tmp_path), str(kills), "1234"],
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    rounds = json.loads(proc.stdout)
+    assert len(rounds) == kills
+    assert all(r["step"] is not None and r["intact"] for r in rounds), rounds
+    steps = [r["step"] for r in rounds]
+    assert steps == sorted(steps)  # never went back to an older checkpoint
+    assert steps[-1] > kills // 2  # the writers made progress between kills
+    assert sum(r["torn"] for r in rounds) >= 5  # many kills did land in the middle of a write
+    found = find_latest(tmp_path)
+    assert found is not None
+    assert found[1]["progress"]["step"] == steps[-1]
+    assert torch.load(found[0], weights_only=True)["meta"]["weights_digest"]
+
+
+# --- damaged and foreign files: listed with a reason, skipped on resume ---------------------
+
+OK, DAMAGED, FOREIGN = CheckpointState.OK, CheckpointState.DAMAGED, CheckpointState.FOREIGN
+
+
+def flip_tensor_bytes(path: Path) -> None:
+    """Flip the low bit of 4 bytes in the middle of the first model tensor's stored data.
+
+    The zip and the pickle stay intact, so ``torch.load`` still succeeds: only the weights
+    change, as with bit rot on disk or a bad copy.
+    """
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith("/data/0"))
+    assert info.compress_type == zipfile.ZIP_STORED
+    raw = bytearray(path.read_bytes())
+    header = info.header_offset
+    name_len, extra_len = struct.unpack("<HH", raw[header + 26 : header + 30])
+    middle = header + 30 + name_len + extra_len + info.file_size // 2
+    for i in range(middle, middle + 4):
+        raw[i] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+
+def real_payload(step: int) -> dict[str, Any]:
+    """A complete payload as the writer stores it (digest filled in)."""
+    model = small_model(step)
+    payload = build_payload(
+        model=snapshot(model.state_dict()),
+        progress=Progress(step=step, epoch=1),
+        rng=[capture_rng_state(CPU)],
+    )
+    payload["meta"]["weights_digest"] = weights_digest(payload["model"])
+    return payload
+
+
+def edited(edit: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
+    """A maker that saves a real payload after ``edit`` changed it in place."""
+
+    def make(path: Path) -> None:
+        payload = real_payload(parse_checkpoint_name(path.name) or 0)
+        edit(payload)
+        torch.save(payload, path)
+
+    return make
+
+
+def torn(path: Path) -> None:
+    save(path.parent / "scratch", 30)
+    whole = (path.parent / "scratch" / checkpoint_name(30)).read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])
+
+
+class Opaque:
+    """Someone else's class: a weights-only load refuses to import it."""
+
+
+def _set(keys: tuple[str, ...], value: Any) -> Callable[[dict[str, Any]], None]:
+    def edit(payload: dict[str, Any]) -> None:
+        target = payload
+        for k in keys[:-1]:
+            target = target[k]
+        target[keys[-1]] = value
+
+    return edit
+
+
+# name -> (maker of the bad file, state, words its reason must contain)
+BAD_FILES: dict[str, tuple[Callable[[Path], object], CheckpointState, str]] = {
+    "plain-tensor": (lambda p: torch.save(torch.zeros(3), p), FOREIGN, "holds a torch.Tensor"),
+    "dict-without-keys": (
+        lambda p: torch.save({"weights": {"w": torch.zeros(2)}}, p),
+        FOREIGN,
+        "{weights} with no hpc-ddp format marker",
+    ),
+    "other-trainer": (
+        lambda p: torch.save({"state_dict": small_model().state_dict(), "epoch": 3}, p),
+        FOREIGN,
+        "{epoch, state_dict} with no hpc-ddp format marker",
+    ),
+    "custom-class": (
+        lambda p: torch.save({"model": Opaque()}, p),
+        FOREIGN,
+        "holds a tests.runtime.test_checkpoint.Opaque",
+    ),
+    "raw-pickle": (
+        lambda p: p.write_bytes(pickle.dumps({"model": {}})),
+        FOREIGN,
+        "not a torch zip file",
+    ),
+    "text-file": (lambda p: p.write_text("step 30\n"), FOREIGN, "not a torch zip file"),
+    "legacy-torch-format": (
+        lambda p: torch.save({"model": {}}, p, _use_new_zipfile_serialization=False),
+        FOREIGN,
+        "not a torch zip file",
+    ),
+    "newer-format-version": (edited(_set(("version",), 2)), FOREIGN, "format version 2"),
+    "zero-bytes": (lambda p: p.write_bytes(b""), DAMAGED, "empty file (0 bytes)"),
+    "zero-filled": (lambda p: p.write_bytes(b"\0" * 4096), DAMAGED, "zero bytes"),
+    "torn": (torn, DAMAGED, "torn: the zip archive has no end"),
+    "dangling-symlink": (
+        lambda p: p.symlink_to(p.parent / "gone.pt"),
+        DAMAGED,
+        "dangling symlink to",
+    ),
+    "directory": (lambda p: p.mkdir(), DAMAGED, "not a regular file"),
+    "lacks-rng": (edited(lambda d: d.pop("rng")), DAMAGED, "checkpoint lacks rng"),
+    "step-not-int": (edited(_set(("progress", "step"), "30")), DAMAGED, "progress.step is '30'"),
+    "model-not-dict": (edited(_set(("model",), torch.zeros(2))), DAMAGED, "model is a Tensor"),
+    "no-digest": (
+        edited(_set(("meta", "weights_digest"), None)),
+        DAMAGED,
+        "meta.weights_digest is None",
+    ),
+    "rng-entry-wrong": (edited(_set(("rng",), [{}])), DAMAGED, "rng is a list of 1, expected"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_bad_newest_is_listed_with_reason_and_skipped_on_resume(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, case: str
+) -> None:
+    make, state, reason = BAD_FILES[case]
+    save(tmp_path, 10)
+    good = save(tmp_path, 20)
+    bad = tmp_path / checkpoint_name(30)
+    make(bad)
+    for verify in (False, True):
+        infos = list_checkpoints(tmp_path, verify=verify)
+        assert [(i.step, i.state) for i in infos] == [(10, OK), (20, OK), (30, state)]
+        assert infos[-1].error is not None
+        assert reason in infos[-1].error
+        assert "\n" not in infos[-1].error
+        assert "\x1b" not in infos[-1].error  # torch's messages carry terminal escapes
+        assert (infos[-1].epoch, infos[-1].time, infos[-1].weights_digest) == (None, None, None)
+    with caplog.at_level(logging.WARNING, logger="hpc_ddp.runtime.checkpoint"):
+        found = find_latest(tmp_path)
+    assert found is not None
+    assert found[0] == good
+    assert found[1]["progress"]["step"] == 20
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert str(bad) in warning
+    assert reason in warning
+    with pytest.raises(CheckpointError, match=rf"^{bad}: {state.value} checkpoint: .*HINT: "):
+        load_checkpoint(bad)
+
+
+def test_only_bad_files_is_an_error_naming_the_newest(tmp_path: Path) -> None:
+    for case, step in (("zero-bytes", 1), ("plain-tensor", 2)):
+        BAD_FILES[case][0](tmp_path / checkpoint_name(step))
+    with pytest.raises(CheckpointError, match=r"none of 2 checkpoints loads \(newest: step-0+2"):
+        find_latest(tmp_path)
+    assert [i.state for i in list_checkpoints(tmp_path)] == [DAMAGED, FOREIGN]
+
+
+def test_flipped_weights_rejected_on_load_and_resume_takes_previous(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bit flips in tensor data: torch.load still succeeds; only the digest catches them."""
+    paths = [save(tmp_path, step) for step in (10, 20, 30)]
+    newest = paths[-1]
+    recorded = torch.load(newest, weights_only=True)["meta"]["weights_digest"]
+    flip_tensor_bytes(newest)
+    raw = load_checkpoint(newest, verify=False)  # the damage is invisible to torch.load
+    assert raw["meta"]["weights_digest"] == recorded
+    assert weights_digest(raw["model"]) != recorded
+    with caplog.at_level(logging.WARNING, logger="hpc_ddp.runtime.checkpoint"):
+        found = find_latest(tmp_path)
+    assert found is not None
+    assert found[0] == paths[1]
+    assert found[1]["progress"]["step"] == 20
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert str(newest) in warning
+    assert "do not match their recorded digest" in warning
+    with pytest.raises(CheckpointError, match=r"damaged checkpoint: weights do not match.*HINT"):
+        load_checkpoint(newest)
+    # listing without --verify does not read the tensors; with it, the same check as resume
+    assert [i.state for i in list_checkpoints(tmp_path)] == [OK, OK, OK]
+    verified = list_checkpoints(tmp_path, verify=True)
+    assert [i.state for i in verified] == [OK, OK, DAMAGED]
+    assert "recorded digest" in (verified[-1].error or "")
+
+
+def test_dangling_latest_pointer_is_harmless_and_replaced(tmp_path: Path) -> None:
+    save(tmp_path, 10)
+    (tmp_path / LATEST).unlink()
+    (tmp_path / LATEST).symlink_to(tmp_path / "step-00000099.pt")
+    assert [(i.step, i.state) for i in list_checkpoints(tmp_path, verify=True)] == [(10, OK)]
+    found = find_latest(tmp_path)
+    assert found is not None
+    assert found[0].name == "step-00000010.pt"
+    save(tmp_path, 20)
+    assert not (tmp_path / LATEST).is_symlink()
+    assert (tmp_path / LATEST).read_text().strip() == "step-00000020.pt"
+
+
+def test_symlinked_checkpoint_that_resolves_is_good(tmp_path: Path) -> None:
+    target = save(tmp_path / "elsewhere", 10)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / target.name).symlink_to(target)
+    [info] = list_checkpoints(tmp_path / "ckpt", verify=True)
+    assert (info.state, info.size) == (OK, target.stat().st_size)
+    found = find_latest(tmp_path / "ckpt")
+    assert found is not None
+    assert found[1]["progress"]["step"] == 10
+
+
+@pytest.mark.parametrize(
+    "name", [".tmp-step-00000030.pt.99999", "step-00000030.pt.tmp", "step-00000030.pt.part"]
+)
+def test_half_written_files_are_never_taken_for_checkpoints(tmp_path: Path, name: str) -> None:
+    """A killed writer leaves ``.tmp-step-N.pt.PID``, whole or torn; copy tools leave
+    ``.tmp``/``.part`` files. None of them is newer than the last renamed checkpoint."""
+    good = save(tmp_path, 20)
+    complete = tmp_path / name  # whole payload, but the rename that publishes it never ran
+    torch.save(real_payload(30), complete)
+    torn_tmp = tmp_path / f"{name}.torn"
+    torn_tmp.write_bytes(complete.read_bytes()[:1000])
+    found = find_latest(tmp_path)
+    assert found is not None
+    assert found[0] == good
+    assert [i.step for i in list_checkpoints(tmp_path, verify=True)] == [20]
+    if name.startswith(".tmp-"):  # the next save sweeps a dead writer's temp files
+        save(tmp_path, 21)
+        assert not complete.exists()
+
+
+@pytest.fixture
+def clean_process() -> Iterator[None]:
+    """Put back os.environ (the env:// init writes RANK, MASTER_PORT ...) and signal handlers."""
+    saved_env = dict(os.environ)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
+    yield
+    os.environ.clear()
+    os.environ.update(saved_env)
+    for s, h in handlers.items():
+        signal.signal(s, h)
+
+
+def train_in_session(run_dir: Path, total: int) -> tuple[int, str]:
+    """A single-process session run to ``total`` steps, checkpointing every step; the step it
+    resumed from and the digest of the weights it resumed with."""
+    with Session(run_dir, JobConfig(name="t", train=TrainConfig(keep_last=10)), env={}) as s:
+        model = s.wrap(small_model(0))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        s.restore(model=model, optimizer=opt)
+        resumed = (s.progress.step, weights_digest(unwrap(model).state_dict()))
+        x = torch.linspace(-1, 1, 32).reshape(4, 8)
+        for _ in s.steps(total, checkpoint_every=1):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+        s.checkpoint(wait=True)
+    return resumed
+
+
+@pytest.mark.usefixtures("clean_process")
+def test_session_restore_skips_flipped_weights_and_retrains_exactly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert train_in_session(tmp_path, 3)[0] == 0
+    before = {i.step: i.weights_digest for i in list_checkpoints(tmp_path, verify=True)}
+    assert sorted(before) == [1, 2, 3]
+    newest = tmp_path / "checkpoints" / checkpoint_name(3)
+    flip_tensor_bytes(newest)
+    with caplog.at_level(logging.WARNING, logger="hpc_ddp.runtime.checkpoint"):
+        resumed_step, resumed_digest = train_in_session(tmp_path, 4)
+    assert (resumed_step, resumed_digest) == (2, before[2])
+    assert any(str(newest) in r.getMessage() and "digest" in r.getMessage() for r in caplog.records)
+    after = list_checkpoints(tmp_path, verify=True)
+    assert [(i.step, i.state) for i in after] == [(1, OK), (2, OK), (3, OK), (4, OK)]
+    assert after[2].weights_digest == before[3]  # step 3 trained again, bit for bit
+
+
+def test_verified_load_overhead_is_small(tmp_path: Path) -> None:
+    """The digest check on load stays cheap next to the load (about 30 ms per 47 MB)."""
+    payload = build_payload(
+        model={f"w{i}": torch.randn(1024, 1024) for i in range(20)},  # 80 MiB of weights
+        progress=Progress(step=1),
+        rng=[capture_rng_state(CPU)],
+    )
+    path = write_checkpoint(tmp_path, payload, keep_last=0)
+
+    def best(verify: bool) -> float:
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            load_checkpoint(path, verify=verify)
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    plain, verified = best(False), best(True)
+    assert verified - plain < max(1.0, 3 * plain), (plain, verified)

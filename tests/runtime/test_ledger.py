@@ -1,0 +1,244 @@
+"""The attempt ledger: writing, folding, torn lines, and the requeue decisions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hpc_ddp.runtime.ledger import (
+    Attempt,
+    EndCause,
+    RequeueDecision,
+    decide_requeue,
+    read_ledger,
+    record_end,
+    record_start,
+)
+
+
+def start(path: Path, attempt: int, now: float, **kw: object) -> None:
+    args: dict[str, object] = dict(
+        attempt=attempt,
+        job_id="4242",
+        job_ref="4242",
+        nodelist="n[1-2]",
+        world_size=4,
+        resumed_from_step=None,
+        checkpoint=None,
+        now=now,
+    )
+    args.update(kw)
+    record_start(path, **args)  # type: ignore[arg-type]
+
+
+def test_a_requeued_run_folds_into_attempts(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    start(path, 0, 100.0)
+    record_end(
+        path,
+        attempt=0,
+        cause=EndCause.TIME_LIMIT,
+        steps_done=120,
+        checkpoint="checkpoints/step-00000120.pt",
+        requeue_requested=True,
+        message="time-limit warning signal",
+        now=160.0,
+    )
+    start(path, 1, 300.0, resumed_from_step=120, checkpoint="checkpoints/step-00000120.pt")
+    record_end(
+        path,
+        attempt=1,
+        cause=EndCause.FINISHED,
+        steps_done=300,
+        checkpoint="checkpoints/step-00000300.pt",
+        requeue_requested=False,
+        now=400.0,
+    )
+    first, second = read_ledger(path)
+    assert first == Attempt(
+        attempt=0,
+        started=100.0,
+        ended=160.0,
+        cause=EndCause.TIME_LIMIT,
+        steps_done=120,
+        checkpoint="checkpoints/step-00000120.pt",
+        nodelist="n[1-2]",
+        job_ref="4242",
+        resumed_from_step=None,
+        job_id="4242",
+        world_size=4,
+        resumed_from=None,
+        requeue_requested=True,
+        message="time-limit warning signal",
+    )
+    assert first.duration_s == 60.0
+    assert (second.attempt, second.resumed_from_step, second.resumed_from) == (
+        1,
+        120,
+        "checkpoints/step-00000120.pt",
+    )
+    assert (second.cause, second.steps_done, second.checkpoint) == (
+        EndCause.FINISHED,
+        300,
+        "checkpoints/step-00000300.pt",
+    )
+
+
+def test_events_are_one_json_object_per_line(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    start(path, 0, 1.0)
+    record_end(
+        path,
+        attempt=0,
+        cause=EndCause.CRASH,
+        steps_done=None,
+        checkpoint=None,
+        requeue_requested=False,
+        message="boom",
+        now=2.0,
+    )
+    lines = path.read_text().splitlines()
+    assert [json.loads(x)["event"] for x in lines] == ["attempt_start", "attempt_end"]
+    assert json.loads(lines[1])["cause"] == "crash"
+
+
+def test_an_attempt_without_an_end_is_open(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    start(path, 0, 1.0, checkpoint="checkpoints/step-00000010.pt", resumed_from_step=10)
+    (only,) = read_ledger(path)
+    assert only.is_open
+    assert (only.ended, only.cause, only.steps_done, only.duration_s) == (None, None, None, None)
+    assert only.checkpoint == "checkpoints/step-00000010.pt"
+
+
+def test_no_ledger_is_no_attempts(tmp_path: Path) -> None:
+    assert read_ledger(tmp_path / "missing.jsonl") == []
+
+
+def test_a_torn_last_line_is_skipped_and_the_next_event_survives(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    start(path, 0, 1.0)
+    with path.open("a") as f:
+        f.write('{"event": "attempt_end", "attempt": 0, "ti')  # killed mid-write
+    attempts = read_ledger(path)
+    assert len(attempts) == 1
+    assert attempts[0].is_open
+    # The next writer starts on a fresh line, so its event is not glued to the torn one.
+    start(path, 1, 5.0)
+    attempts = read_ledger(path)
+    assert [a.attempt for a in attempts] == [0, 1]
+    assert path.read_text().count("\n") == 3
+
+
+def test_garbage_and_unknown_lines_are_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    start(path, 0, 1.0)
+    with path.open("a") as f:
+        f.write("\n")
+        f.write("not json\n")
+        f.write('{"event": "something_new", "attempt": 0}\n')
+        f.write('{"event": "attempt_start"}\n')  # missing fields
+        f.write("[1, 2]\n")
+        f.write("\xff\xfe\n")
+        f.write('{"event": "attempt_end", "attempt": 7, "time": 3.0, "cause": "finished"}\n')
+        f.write('{"event": "attempt_end", "attempt": 0, "time": 4.0, "cause": "from_the_future"}\n')
+    (only,) = read_ledger(path)
+    assert (only.attempt, only.ended, only.cause) == (0, 4.0, EndCause.UNKNOWN)
+
+
+def test_a_relaunched_attempt_gets_its_own_entry(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    start(path, 0, 1.0)  # died without a word
+    start(path, 0, 10.0)
+    record_end(
+        path,
+        attempt=0,
+        cause=EndCause.FINISHED,
+        steps_done=5,
+        checkpoint=None,
+        requeue_requested=False,
+        now=20.0,
+    )
+    died, relaunched = read_ledger(path)
+    assert died.is_open
+    assert (relaunched.started, relaunched.ended) == (10.0, 20.0)
+
+
+def test_causes_round_trip_as_strings(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    for n, cause in enumerate(EndCause):
+        start(path, n, float(n))
+        record_end(
+            path,
+            attempt=n,
+            cause=cause,
+            steps_done=n,
+            checkpoint=None,
+            requeue_requested=False,
+            now=n + 0.5,
+        )
+    assert [a.cause for a in read_ledger(path)] == list(EndCause)
+    assert json.dumps({"c": EndCause.PREEMPTED}) == '{"c": "preempted"}'  # a str Enum
+
+
+@pytest.mark.parametrize(
+    ("cause", "so_far", "max_requeues", "on_crash", "requeue"),
+    [
+        (EndCause.FINISHED, 0, 5, True, False),
+        (EndCause.TIME_LIMIT, 0, 5, False, True),
+        (EndCause.TIME_LIMIT, 4, 5, False, True),
+        (EndCause.TIME_LIMIT, 5, 5, False, False),
+        (EndCause.PREEMPTED, 2, 5, False, True),
+        (EndCause.MANUAL_REQUEUE, 0, 1, False, True),
+        (EndCause.MANUAL_REQUEUE, 1, 1, False, False),
+        (EndCause.TIME_LIMIT, 0, 0, False, False),
+        (EndCause.CRASH, 0, 5, False, False),
+        (EndCause.CRASH, 0, 5, True, True),
+        (EndCause.CRASH, 5, 5, True, False),
+        (EndCause.CANCELLED, 0, 5, True, False),
+        (EndCause.UNKNOWN, 0, 5, True, False),
+        (EndCause.BUDGET_EXHAUSTED, 0, 5, True, False),
+        (EndCause.REQUEUE_FAILED, 0, 5, True, False),
+    ],
+)
+def test_decide_requeue(
+    cause: EndCause, so_far: int, max_requeues: int, on_crash: bool, requeue: bool
+) -> None:
+    decision = decide_requeue(cause, so_far, max_requeues, on_crash)
+    assert isinstance(decision, RequeueDecision)
+    assert decision.requeue is requeue
+    assert decision.reason
+
+
+def test_an_exhausted_budget_says_which_setting_to_raise() -> None:
+    decision = decide_requeue(EndCause.PREEMPTED, 5, 5, on_crash=False)
+    assert not decision.requeue
+    assert "5 of requeue.max_requeues=5" in decision.reason
+    assert "HINT: raise it (e.g. requeue.max_requeues=10)" in decision.reason
+
+
+def test_a_failed_requeue_is_recorded_as_such_not_as_a_request(tmp_path: Path) -> None:
+    """What ``hpc-ddp status`` reads to tell an unfinished run from a finished one."""
+    path = tmp_path / "ledger.jsonl"
+    start(path, 0, 1.0)
+    record_end(
+        path,
+        attempt=0,
+        cause=EndCause.REQUEUE_FAILED,
+        steps_done=12,
+        checkpoint="step-00000012.pt",
+        requeue_requested=False,
+        message="could not requeue job 4242: ... HINT: ...",
+        now=2.0,
+    )
+    line = json.loads(path.read_text().splitlines()[-1])
+    assert (line["cause"], line["requeue_requested"]) == ("requeue_failed", False)
+    [attempt] = read_ledger(path)
+    assert (attempt.cause, attempt.requeue_requested) == (EndCause.REQUEUE_FAILED, False)
+    assert (attempt.steps_done, attempt.checkpoint) == (12, "step-00000012.pt")
+
+
+def test_a_crash_without_on_crash_points_at_the_setting() -> None:
+    assert "requeue.on_crash=true" in decide_requeue(EndCause.CRASH, 0, 5, False).reason

@@ -1,0 +1,290 @@
+"""Backend and device choice (pure), and real gloo process groups in separate processes.
+
+Each rank is its own ``python`` process with a Slurm-like environment, as srun would start it:
+the whole path SLURM_* -> derive_dist_env -> resolve_master_port -> init_process_group ->
+all_reduce runs for real, for every init method. The node list is ``127.0.0.1`` so that
+MASTER_ADDR resolves on any machine (a name such as ``n1`` only resolves on the dev cluster,
+which the ``slurm`` tests at the end use).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpc_ddp.errors import DistEnvError
+from hpc_ddp.runtime.distenv import DistEnv, derive_dist_env, derive_master_port
+from hpc_ddp.runtime.ports import is_port_free
+from hpc_ddp.runtime.procgroup import choose_backend, choose_device, destroy_process_group
+
+REPO = Path(__file__).resolve().parents[2]
+
+# One rank: join, all_reduce rank+1, leave (twice: must be harmless), report as JSON.
+RANK_SCRIPT = """
+import json, os, sys
+from pathlib import Path
+import torch
+import torch.distributed as tdist
+from hpc_ddp.config.model import DistConfig
+from hpc_ddp.runtime.distenv import derive_dist_env
+from hpc_ddp.runtime.procgroup import destroy_process_group, init_process_group
+
+run_dir, method, timeout_s = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+dist = derive_dist_env(os.environ)
+cfg = DistConfig(backend="gloo", init_method=method, timeout_s=timeout_s)
+info = init_process_group(dist, cfg, run_dir, os.environ)
+x = torch.tensor([float(dist.rank + 1)])
+tdist.all_reduce(x)
+report = dict(rank=dist.rank, sum=x.item(), world=tdist.get_world_size(), backend=info.backend,
+              device=info.device, init_method=info.init_method, port=info.master_port,
+              env_port=os.environ.get("MASTER_PORT"))
+destroy_process_group()
+destroy_process_group()
+print(json.dumps(report))
+"""
+
+
+def single() -> DistEnv:
+    return derive_dist_env({})
+
+
+@pytest.mark.parametrize(
+    ("requested", "cuda", "expected"),
+    [
+        ("auto", True, "nccl"),
+        ("auto", False, "gloo"),
+        ("gloo", True, "gloo"),
+        ("gloo", False, "gloo"),
+        ("nccl", True, "nccl"),
+    ],
+)
+def test_choose_backend(requested: str, cuda: bool, expected: str) -> None:
+    assert choose_backend(requested, cuda) == expected
+
+
+def test_nccl_without_cuda_is_an_error() -> None:
+    with pytest.raises(DistEnvError, match=r"dist.backend='nccl'.*HINT: .*gpus_per_task"):
+        choose_backend("nccl", False)
+    with pytest.raises(DistEnvError, match=r"dist.backend='mpi' is not one of auto, gloo, nccl"):
+        choose_backend("mpi", True)
+
+
+def ranked(local_rank: int, local_world: int) -> DistEnv:
+    return derive_dist_env(
+        {
+            "RANK": str(local_rank),
+            "WORLD_SIZE": str(local_world),
+            "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(local_world),
+            "MASTER_ADDR": "n1",
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("local_rank", "visible", "cuda", "count", "expected"),
+    [
+        (1, None, False, 0, "cpu"),
+        (1, "0,1", False, 0, "cpu"),  # torch sees no usable CUDA
+        (0, "", True, 0, "cpu"),
+        (1, "1", True, 1, "cuda:0"),  # --gpus-per-task=1: each task its own, seen as cuda:0
+        (3, "5", True, 1, "cuda:0"),
+        (1, "0,1", True, 2, "cuda:1"),  # --gpus-per-node=2: every task sees both
+        (0, "0,1,2,3", True, 4, "cuda:0"),
+        (2, None, True, 4, "cuda:2"),  # no CUDA_VISIBLE_DEVICES: all of the node's GPUs
+    ],
+)
+def test_choose_device(
+    local_rank: int, visible: str | None, cuda: bool, count: int, expected: str
+) -> None:
+    env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    assert choose_device(ranked(local_rank, 4), env, cuda, count) == expected
+
+
+def test_more_tasks_than_gpus_is_an_error() -> None:
+    with pytest.raises(DistEnvError) as info:
+        choose_device(ranked(2, 4), {"CUDA_VISIBLE_DEVICES": "0,1"}, True, 2)
+    message = str(info.value)
+    assert "local rank 2 (of 4 tasks on this node)" in message
+    assert "CUDA_VISIBLE_DEVICES='0,1'" in message
+    assert "HINT: run at most one task per GPU" in message
+
+
+def test_importing_the_module_does_not_import_torch() -> None:
+    code = (
+        "import sys, hpc_ddp.runtime.procgroup; assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
+
+
+def test_destroy_without_a_group_is_a_no_op() -> None:
+    destroy_process_group()
+    destroy_process_group()
+
+
+def free_job_id(start: int) -> str:
+    """A job id whose derived port and first fallbacks are free right now."""
+    for j in range(start, start + 2000):
+        if all(is_port_free(derive_master_port(str(j), 0, candidate=k)) for k in range(3)):
+            return str(j)
+    raise AssertionError("no free ports")
+
+
+def rank_env(job_id: str, procid: int, world: int) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "TORCHELASTIC_"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
+    env.update(
+        {
+            "SLURM_JOB_ID": job_id,
+            "SLURM_PROCID": str(procid),
+            "SLURM_LOCALID": str(procid),
+            "SLURM_NODEID": "0",
+            "SLURM_STEP_ID": "0",
+            "SLURM_STEP_NUM_TASKS": str(world),
+            "SLURM_STEP_TASKS_PER_NODE": str(world),
+            "SLURM_STEP_NODELIST": "127.0.0.1",
+            "CUDA_VISIBLE_DEVICES": "",
+            "PYTHONPATH": str(REPO),
+        }
+    )
+    return env
+
+
+def run_ranks(
+    run_dir: Path, method: str, envs: list[dict[str, str]], timeout_s: int = 60
+) -> list[subprocess.CompletedProcess[str]]:
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK_SCRIPT, str(run_dir), method, str(timeout_s)],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for env in envs
+    ]
+    done = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=timeout_s + 60)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return done
+
+
+def reports(done: list[subprocess.CompletedProcess[str]]) -> list[dict[str, Any]]:
+    for d in done:
+        assert d.returncode == 0, d.stderr[-3000:]
+    return [json.loads(d.stdout.strip().splitlines()[-1]) for d in done]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(
+    ("method", "world"),
+    # env with 3 ranks: see the fallback test below.
+    [("env", 2), ("tcp", 2), ("file", 2), ("tcp", 3), ("file", 3)],
+)
+def test_ranks_form_a_group_and_all_reduce(tmp_path: Path, method: str, world: int) -> None:
+    job = free_job_id(200_000 + 3000 * world)
+    got = reports(run_ranks(tmp_path, method, [rank_env(job, r, world) for r in range(world)]))
+    assert [r["rank"] for r in got] == list(range(world))
+    assert {r["sum"] for r in got} == {world * (world + 1) / 2}
+    assert {r["world"] for r in got} == {world}
+    assert {(r["backend"], r["device"]) for r in got} == {("gloo", "cpu")}
+    (url,) = {r["init_method"] for r in got}
+    derived = derive_master_port(job, 0)
+    if method == "env":
+        assert url == "env://"
+        assert {r["env_port"] for r in got} == {str(derived)}
+    elif method == "tcp":
+        assert url == f"tcp://127.0.0.1:{derived}"
+    else:
+        assert url == f"file://{tmp_path}/rendezvous/pg.{job}.0"
+        assert {r["port"] for r in got} == {None}
+        # Whether torch's FileStore has unlinked its file by now is a race inside torch, not
+        # a promise of ours: stores are named per attempt and never reused.
+
+
+@pytest.mark.torch
+def test_ranks_agree_on_a_fallback_when_the_derived_port_is_taken(tmp_path: Path) -> None:
+    job = free_job_id(230_000)
+    with socket.socket() as squatter:
+        squatter.bind(("0.0.0.0", derive_master_port(job, 0)))
+        squatter.listen()
+        got = reports(run_ranks(tmp_path, "env", [rank_env(job, r, 3) for r in range(3)]))
+    assert {r["sum"] for r in got} == {6.0}
+    assert {r["port"] for r in got} == {derive_master_port(job, 0, candidate=1)}
+
+
+@pytest.mark.torch
+def test_a_single_process_still_gets_a_group(tmp_path: Path) -> None:
+    env = {k: v for k, v in rank_env("1", 0, 1).items() if not k.startswith("SLURM_")}
+    (got,) = reports(run_ranks(tmp_path, "env", [env]))
+    assert (got["rank"], got["world"], got["sum"], got["init_method"]) == (0, 1, 1.0, "local")
+    assert got["env_port"] == str(got["port"])
+    assert not (tmp_path / "rendezvous").exists() or not list((tmp_path / "rendezvous").iterdir())
+
+
+@pytest.mark.torch
+def test_a_rank_whose_peer_never_comes_fails_within_the_timeout(tmp_path: Path) -> None:
+    job = free_job_id(240_000)
+    start = time.monotonic()
+    (lonely,) = run_ranks(tmp_path, "tcp", [rank_env(job, 0, 2)], timeout_s=2)
+    assert lonely.returncode != 0
+    assert "DistStoreError" in lonely.stderr or "imed out" in lonely.stderr, lonely.stderr[-2000:]
+    assert time.monotonic() - start < 30
+
+
+@pytest.mark.slurm
+@pytest.mark.torch
+@pytest.mark.parametrize("method", ["env", "file"])
+def test_two_nodes_of_the_dev_cluster_form_a_group(
+    slurm_cluster: Any, tmp_path: Path, method: str
+) -> None:
+    """srun -N2 --ntasks-per-node=2: real SLURM_* values, MASTER_ADDR=n1 through /etc/hosts."""
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    env = {**slurm_cluster.env, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(
+        [
+            "srun",
+            "-N2",
+            "--ntasks-per-node=2",
+            "-t",
+            "2",
+            sys.executable,
+            str(script),
+            str(tmp_path),
+            method,
+            "60",
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = sorted(
+        (json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")),
+        key=lambda r: r["rank"],
+    )
+    assert [r["rank"] for r in got] == [0, 1, 2, 3]
+    assert {r["sum"] for r in got} == {10.0}

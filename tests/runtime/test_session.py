@@ -1,0 +1,309 @@
+"""The session API: lazy package import, run-dir resolution, stop -> checkpoint -> requeue ->
+exact resume (in-process, single rank), the Slurm requeue request, and the BYO example run as
+one process and under torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from hpc_ddp.config.load import dump_job_config
+from hpc_ddp.config.model import JobConfig, RequeueConfig, TrainConfig
+from hpc_ddp.errors import CheckpointError, HpcDdpError
+from hpc_ddp.runtime.checkpoint import list_checkpoints, weights_digest
+from hpc_ddp.runtime.ledger import EndCause, read_ledger
+from hpc_ddp.runtime.requeue import REQUEUE_FAILED_EXIT_CODE
+from hpc_ddp.runtime.session import DEFAULT_RUN_DIR, RUN_DIR_ENV, RequeueExit, Session, unwrap
+from tests.helpers.launch import REPO, base_env, free_port
+
+pytestmark = pytest.mark.torch
+
+USR2, TERM = int(signal.SIGUSR2), int(signal.SIGTERM)
+BYO = REPO / "examples" / "byo" / "train.py"
+
+
+def test_import_hpc_ddp_does_not_import_torch() -> None:
+    code = (
+        "import sys, hpc_ddp; assert 'torch' not in sys.modules, 'torch imported'; "
+        "print(hpc_ddp.__version__); s = hpc_ddp.session; assert 'torch' in sys.modules; "
+        "assert s is hpc_ddp.session and callable(s); "
+        "assert issubclass(hpc_ddp.RequeueExit, SystemExit)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=base_env(), capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
+    import hpc_ddp
+
+    with pytest.raises(AttributeError):
+        _ = hpc_ddp.no_such_name  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("arg", "env", "expected"),
+    [
+        ("given", {RUN_DIR_ENV: "from-env"}, "given"),
+        (None, {RUN_DIR_ENV: "from-env"}, "from-env"),
+        (None, {}, DEFAULT_RUN_DIR),
+    ],
+)
+def test_run_dir_resolution(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    arg: str | None,
+    env: dict[str, str],
+    expected: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    s = Session(arg, env=env)
+    assert s.run_dir == tmp_path / expected
+    assert s.config == JobConfig(name=expected)  # no config.yaml: the defaults
+
+
+def test_config_comes_from_the_run_dir(tmp_path: Path) -> None:
+    cfg = JobConfig(name="mine", train=TrainConfig(lr=0.5, keep_last=7))
+    (tmp_path / "config.yaml").write_text(dump_job_config(cfg))
+    assert Session(tmp_path, env={}).config == cfg
+    explicit = JobConfig(name="explicit")
+    assert Session(tmp_path, explicit, env={}).config is explicit
+
+
+@pytest.fixture
+def clean_process() -> Iterator[None]:
+    """Put back os.environ (the env:// init writes RANK, MASTER_PORT ...) and signal handlers."""
+    saved_env = dict(os.environ)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
+    yield
+    os.environ.clear()
+    os.environ.update(saved_env)
+    for s, h in handlers.items():
+        signal.signal(s, h)
+
+
+DATA = TensorDataset(torch.randn(96, 4, generator=torch.Generator().manual_seed(0)),
+                     torch.arange(96) % 3)  # fmt: skip
+
+
+def byo_loop(
+    run_dir: Path, total: int, env: dict[str, str], stop_at: int | None = None, signum: int = USR2
+) -> str:
+    """A user-style loop (dropout, momentum, 12 batches per epoch); the final weights' digest."""
+    cfg = JobConfig(name="t", train=TrainConfig(keep_last=2))
+    with Session(run_dir, cfg, env=env) as s:
+        torch.manual_seed(0)
+        model = s.wrap(nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.3), nn.Linear(16, 3)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        s.restore(model=model, optimizer=opt)
+        batches = s.loader(DATA, batch_size=8).forever()
+        for step in s.steps(total, checkpoint_every=5):
+            x, y = next(batches)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            s.log(step=step, epoch=s.progress.epoch)
+            if step == stop_at:
+                os.kill(os.getpid(), signum)  # a real signal, mid-step
+        s.checkpoint(wait=True)
+        return weights_digest(unwrap(model).state_dict())
+
+
+@pytest.mark.usefixtures("clean_process")
+@pytest.mark.parametrize("stop_at", [7, 10, 12])  # mid-epoch, on a checkpoint, epoch end
+def test_single_process_stop_and_resume_is_exact(tmp_path: Path, stop_at: int) -> None:
+    full = byo_loop(tmp_path / "full", 30, env={})
+    with pytest.raises(RequeueExit) as stop:
+        byo_loop(tmp_path / "cut", 30, env={}, stop_at=stop_at)
+    assert (stop.value.code, stop.value.signal, stop.value.requeued) == (0, USR2, False)
+    assert [i.step for i in list_checkpoints(tmp_path / "cut")][-1] == stop_at
+    assert byo_loop(tmp_path / "cut", 30, env={}) == full
+    rows = (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == list(range(1, 31))  # none twice, none lost
+
+
+@pytest.mark.usefixtures("clean_process")
+def test_checkpoint_needs_restore_first_and_corrupt_only_is_an_error(tmp_path: Path) -> None:
+    with Session(tmp_path, JobConfig(name="t"), env={}) as s:
+        with pytest.raises(HpcDdpError, match=r"HINT: call session\.restore"):
+            s.checkpoint()
+        (s.paths.checkpoints / "step-00000003.pt").write_bytes(b"torn")
+        with pytest.raises(CheckpointError, match="HINT"):
+            s.restore(model=s.wrap(nn.Linear(2, 2)))
+
+
+@pytest.fixture
+def fake_scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An ``scontrol`` on PATH that records its arguments; ``show job`` prints the line in
+    ``scontrol.job`` (what Slurm 22.05 was seen to print at such a moment)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "scontrol.calls"
+    job = tmp_path / "scontrol.job"
+    script = bin_dir / "scontrol"
+    script.write_text(
+        f'#!/bin/sh\nif [ "$1" = show ]; then cat {job}; exit; fi\necho "$@" >> {calls}\n'
+    )
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return calls
+
+
+SLURM_TASK = {
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+    "SLURM_NTASKS": "1",
+    "SLURM_JOB_ID": "78",
+    "SLURM_ARRAY_JOB_ID": "77",
+    "SLURM_ARRAY_TASK_ID": "3",
+    "SLURM_JOB_NODELIST": "n1",
+    "SLURM_STEP_ID": "0",
+}
+
+
+RUNNING = "JobId=78 JobState=RUNNING Reason=None Restarts=0 PreemptTime=None"
+REQUEUEING = "JobId=78 JobState=COMPLETING Reason=None Restarts=1 PreemptTime=None"
+CANCELLING = "JobId=78 JobState=COMPLETING Reason=None Restarts=0 PreemptTime=None"
+
+# A `command:` job's child under `hpc-ddp run`: torchrun-style variables inside a Slurm job.
+COMMAND_CHILD = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "SLURM_JOB_ID": "90"}
+
+
+@pytest.mark.usefixtures("clean_process")
+@pytest.mark.parametrize(
+    ("env", "signum", "job", "call"),
+    [
+        (SLURM_TASK, USR2, RUNNING, "requeue 77_3"),
+        # SIGTERM from `scontrol requeue`: Slurm already counted the restart.
+        (SLURM_TASK, TERM, REQUEUEING, None),
+        # SIGTERM from `scancel`: completing without a restart, never brought back.
+        (SLURM_TASK, TERM, CANCELLING, None),
+        (COMMAND_CHILD, USR2, RUNNING, "requeue 90"),
+        ({}, USR2, RUNNING, None),
+    ],
+)
+def test_requeue_under_slurm(
+    tmp_path: Path,
+    fake_scontrol: Path,
+    env: dict[str, str],
+    signum: int,
+    job: str,
+    call: str | None,
+) -> None:
+    """The requeue signal in a Slurm job makes rank 0 run `scontrol requeue ARRAYJOB_TASK`,
+    exactly once; a SIGTERM while Slurm requeues or cancels, and non-Slurm runs, do not."""
+    (tmp_path / "scontrol.job").write_text(job + "\n")
+    with pytest.raises(RequeueExit) as stop:
+        byo_loop(tmp_path / "run", 30, env=env, stop_at=4, signum=signum)
+    assert stop.value.requeued is (call is not None)
+    assert stop.value.signal == signum
+    calls = fake_scontrol.read_text().splitlines() if fake_scontrol.exists() else []
+    assert calls == ([] if call is None else [call])
+    [attempt] = read_ledger(tmp_path / "run" / "ledger.jsonl")
+    assert attempt.requeue_requested is (call is not None)
+    assert attempt.cause is not None
+    assert attempt.steps_done == 4
+    # The handler stays installed after the stop: Slurm's SIGTERM now only gets recorded.
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.usefixtures("clean_process")
+def test_a_failed_requeue_leaves_non_zero_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ``scontrol`` that cannot reach Slurm (munged's socket missing, as in a container):
+    the session leaves with REQUEUE_FAILED_EXIT_CODE on every path out, and the ledger says
+    the requeue failed, with the checkpoint kept."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "scontrol"
+    script.write_text(
+        "#!/bin/sh\necho 'scontrol: error: Munge encode failed: Failed to access "
+        '"/run/munge/munge.socket.2": No such file or directory\' >&2\nexit 1\n'
+    )
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(RequeueExit) as stop:
+        byo_loop(tmp_path / "run", 30, env=SLURM_TASK, stop_at=4, signum=USR2)
+    assert stop.value.code == REQUEUE_FAILED_EXIT_CODE
+    assert stop.value.requeued is False
+    [attempt] = read_ledger(tmp_path / "run" / "ledger.jsonl")
+    assert (attempt.cause, attempt.requeue_requested) == (EndCause.REQUEUE_FAILED, False)
+    assert (attempt.steps_done, attempt.checkpoint) == (4, "step-00000004.pt")
+    assert (tmp_path / "run" / "checkpoints" / "step-00000004.pt").is_file()
+    assert attempt.message is not None
+    assert "Munge encode failed" in attempt.message
+    assert "HINT:" in attempt.message
+
+
+def test_custom_requeue_signal_is_caught(tmp_path: Path, clean_process: None) -> None:
+    cfg = JobConfig(name="t", requeue=RequeueConfig(signal="USR1"))
+    with Session(tmp_path, cfg, env={}) as s:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert s.should_stop()
+        assert s.stop_signal == signal.SIGUSR1
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # restored on a normal close
+
+
+def _metric_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line)["step"] for line in path.read_text().splitlines() if line]
+
+
+def _stop_when_logging(proc: subprocess.Popen[bytes], run_dir: Path, signum: int) -> None:
+    deadline = time.monotonic() + 60
+    while not _metric_steps(run_dir) or _metric_steps(run_dir)[-1] < 30:
+        assert proc.poll() is None, "finished before it could be stopped"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signum)
+    proc.wait(60)
+
+
+def test_byo_single_process_ctrl_c_and_resume_is_exact(tmp_path: Path) -> None:
+    steps = ["--steps", "1000", "--checkpoint-every", "300"]
+    env = base_env({RUN_DIR_ENV: str(tmp_path / "full")})
+    subprocess.run([sys.executable, BYO, *steps], env=env, check=True, capture_output=True)
+    cut_env = base_env({RUN_DIR_ENV: str(tmp_path / "cut")})
+    with (tmp_path / "cut.err").open("wb") as err:
+        proc = subprocess.Popen([sys.executable, BYO, *steps], env=cut_env, stderr=err)
+        _stop_when_logging(proc, tmp_path / "cut", signal.SIGINT)  # ^C at a terminal
+    assert proc.returncode == 0, (tmp_path / "cut.err").read_text()[-3000:]
+    stopped = list_checkpoints(tmp_path / "cut")[-1].step
+    assert 30 <= stopped < 1000
+    subprocess.run([sys.executable, BYO, *steps], env=cut_env, check=True, capture_output=True)
+    full, cut = list_checkpoints(tmp_path / "full")[-1], list_checkpoints(tmp_path / "cut")[-1]
+    assert cut.step == full.step == 1000
+    assert cut.weights_digest == full.weights_digest
+    assert _metric_steps(tmp_path / "cut") == list(range(10, 1001, 10))
+
+
+def test_byo_under_torchrun_two_ranks_stop_and_resume(tmp_path: Path) -> None:
+    """torchrun gets SIGTERM (as from a scheduler); it forwards it to both ranks, which save."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    argv = [*torchrun, "--master-port", str(free_port()), str(BYO), "--steps", "800"]
+    env = base_env({RUN_DIR_ENV: str(tmp_path)})
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _stop_when_logging(proc, tmp_path, signal.SIGTERM)
+    stopped = list_checkpoints(tmp_path)[-1]
+    assert 30 <= stopped.step < 800
+    argv[argv.index("--master-port") + 1] = str(free_port())
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resumed from step-{stopped.step:08d}.pt" in done.stderr
+    assert list_checkpoints(tmp_path)[-1].step == 800
+    assert _metric_steps(tmp_path) == list(range(10, 801, 10))

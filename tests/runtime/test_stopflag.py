@@ -1,0 +1,127 @@
+"""The stop flag: handlers only record; all ranks agree on one stop at the same step."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+import pytest
+
+from hpc_ddp.runtime.stopflag import StopFlag, decode, encode
+from tests.helpers.launch import HELPERS, start_ranks
+
+pytestmark = pytest.mark.torch
+
+USR2, TERM, INT = int(signal.SIGUSR2), int(signal.SIGTERM), int(signal.SIGINT)
+
+
+@pytest.mark.parametrize(
+    ("seen", "agreed"),
+    [
+        ([], None),
+        ([USR2], USR2),
+        ([USR2, TERM], TERM),  # Slurm ending the job beats the time-limit warning
+        ([TERM, USR2], TERM),
+        ([INT, USR2], INT),
+        ([TERM, INT], TERM),
+        ([int(signal.SIGUSR1)], int(signal.SIGUSR1)),
+    ],
+)
+def test_the_most_final_signal_wins(seen: list[int], agreed: int | None) -> None:
+    """The MAX all-reduce over encoded values picks the same winner as this local max."""
+    assert decode(max((encode(s) for s in seen), default=0)) == agreed
+
+
+def test_handlers_record_only_and_are_restored() -> None:
+    calls: list[int] = []
+
+    def previous(signum: int, frame: FrameType | None) -> None:
+        del frame
+        calls.append(signum)
+
+    old = signal.signal(signal.SIGUSR2, previous)
+    try:
+        flag = StopFlag([USR2, TERM]).install()
+        assert flag.received is None
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert flag.received == USR2
+        os.kill(os.getpid(), signal.SIGTERM)  # recorded, the process lives on
+        assert flag.received == TERM
+        os.kill(os.getpid(), signal.SIGUSR2)  # a later, weaker signal does not demote it
+        assert flag.received == TERM
+        assert calls == []  # the previous handler is not chained
+        assert flag.agree() == TERM  # no process group: the local answer
+        flag.close()
+        assert signal.getsignal(signal.SIGUSR2) is previous
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert calls == [USR2]
+    finally:
+        signal.signal(signal.SIGUSR2, old)
+
+
+def _signal_self(signum: int) -> None:
+    os.kill(os.getpid(), signum)
+    time.sleep(0.1)  # the handler runs at the next bytecode boundary, surely by now
+
+
+def test_second_sigint_interrupts() -> None:
+    with StopFlag([INT]) as flag:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert flag.received == INT
+        with pytest.raises(KeyboardInterrupt):
+            _signal_self(signal.SIGINT)
+
+
+def test_request_from_code_is_agreed_and_kept() -> None:
+    flag = StopFlag([])
+    assert flag.agree() is None
+    flag.request(USR2)
+    assert flag.agree() == USR2
+    assert flag.agreed == USR2
+
+
+def _run_pair(tmp_path: Path, send: Callable[[list[int]], None]) -> list[dict[str, int]]:
+    ranks = start_ranks([str(HELPERS / "stop_agree.py"), str(tmp_path)], 2)
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"rank-{r}").exists() for r in (0, 1)):
+            assert time.monotonic() < deadline, "ranks never got going"
+            assert all(p.poll() is None for p in ranks.procs), ranks.wait(5)
+            time.sleep(0.02)
+        send([p.pid for p in ranks.procs])
+        results = ranks.wait(30)
+    finally:
+        ranks.kill()
+    for code, _, err in results:
+        assert code == 0, err[-3000:]
+    return [json.loads(out) for _, out, _ in results]
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.13])
+def test_signal_to_one_rank_stops_both_at_the_same_step(tmp_path: Path, delay: float) -> None:
+    """A real SIGUSR2 to rank 1 only (often while rank 0 is blocked in an all-reduce)."""
+
+    def send(pids: list[int]) -> None:
+        time.sleep(delay + random.uniform(0, 0.01))
+        os.kill(pids[1], signal.SIGUSR2)
+
+    r0, r1 = _run_pair(tmp_path, send)
+    assert r0["step"] == r1["step"] >= 20
+    assert r0["signal"] == r1["signal"] == USR2
+
+
+def test_different_signals_on_two_ranks_agree_on_term(tmp_path: Path) -> None:
+    def send(pids: list[int]) -> None:
+        os.kill(pids[0], signal.SIGUSR2)
+        os.kill(pids[1], signal.SIGTERM)
+
+    r0, r1 = _run_pair(tmp_path, send)
+    assert r0["step"] == r1["step"]
+    assert r0["signal"] == r1["signal"] == TERM

@@ -1,0 +1,67 @@
+"""Naming the rank that failed first from srun's lines in the batch log (seen on Slurm 22.05)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from hpc_ddp.slurm.postmortem import TaskFailure, failed_rank, first_failure, parse_failure_bursts
+
+# Rank 1 SIGKILLed on n2 (tests/runtime/test_requeue_e2e.py): srun then terminates rank 0.
+KILLED = """\
+srun: cluster configuration lacks support for cpu binding
+srun: error: n2: task 1: Killed
+srun: launch/slurm: _step_signal: Terminating StepId=206.0
+srun: error: n1: task 0: Terminated
+srun: Force Terminated StepId=206.0
+"""
+# An earlier attempt was preempted the hard way, the requeued one then had a rank raise.
+TWO_ATTEMPTS = """\
+srun: cluster configuration lacks support for cpu binding
+srun: error: n1: task 0: Terminated
+srun: error: n2: task 1: Terminated
+srun: Force Terminated StepId=300.0
+srun: cluster configuration lacks support for cpu binding
+srun: error: n1: task 0: Exited with exit code 1
+srun: launch/slurm: _step_signal: Terminating StepId=300.0
+srun: error: n2: task 1: Terminated
+"""
+RANGES = "srun: error: n1: tasks 0-1,3: Segmentation fault\nsrun: error: n2: task 2: Terminated\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (KILLED, TaskFailure(1, "n2", "Killed")),
+        (TWO_ATTEMPTS, TaskFailure(0, "n1", "Exited with exit code 1")),
+        (RANGES, TaskFailure(0, "n1", "Segmentation fault")),
+        ("srun: cluster configuration lacks support for cpu binding\n", None),
+        ("", None),
+    ],
+    ids=["killed", "last-attempt-only", "task-ranges", "clean", "empty"],
+)
+def test_first_failure_names_the_culprit_of_the_last_burst(
+    text: str, expected: TaskFailure | None
+) -> None:
+    assert first_failure(text) == expected
+
+
+def test_bursts_split_at_other_lines_and_expand_ranges() -> None:
+    bursts = parse_failure_bursts(TWO_ATTEMPTS)
+    assert [[f.rank for f in b] for b in bursts] == [[0, 1], [0, 1]]
+    [burst] = parse_failure_bursts(RANGES)
+    assert [(f.rank, f.node) for f in burst] == [(0, "n1"), (1, "n1"), (3, "n1"), (2, "n2")]
+    assert TaskFailure(1, "n2", "Killed").describe() == "rank 1 on n2: Killed"
+
+
+def test_failed_rank_reads_the_newest_batch_log(tmp_path: Path) -> None:
+    assert failed_rank(tmp_path / "missing") is None
+    old = tmp_path / "batch-10.err"
+    old.write_text(RANGES)
+    os.utime(old, (1, 1))
+    assert failed_rank(tmp_path) == TaskFailure(0, "n1", "Segmentation fault")
+    (tmp_path / "batch-11.err").write_text(KILLED)
+    (tmp_path / "batch-11.out").write_text("srun: error: n9: task 7: Killed\n")
+    assert failed_rank(tmp_path) == TaskFailure(1, "n2", "Killed")

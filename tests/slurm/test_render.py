@@ -1,0 +1,560 @@
+"""Tests of the sbatch renderer: golden scripts, and proof with the real parsers that no value can
+escape its quoting.
+
+- Golden files in ``tests/golden/<case>.sbatch`` pin the rendered script of each case in
+  ``CASES``. After an intended change, regenerate them with ``UPDATE_GOLDEN=1 pytest
+  tests/slurm/test_render.py`` and review the diff.
+- Bash proof: the script runs under real ``bash`` with ``srun``, ``module`` and ``apptainer``
+  replaced by stub executables on PATH that write their argv (NUL-separated) and environment to
+  files; the test asserts the argv arrived exactly as configured and that no sentinel file from
+  a hostile value was created.
+- sbatch proof: real ``sbatch -vvv --test-only`` (skipped where sbatch is not installed) parses the
+  script's #SBATCH lines against a slurm.conf whose controller is a closed port on loopback, so
+  nothing is submitted; the test compares the arguments sbatch reports it found.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpc_ddp.config.model import ContainerConfig, EnvConfig, JobConfig, RequeueConfig, SlurmConfig
+from hpc_ddp.errors import ConfigError, RenderError
+from hpc_ddp.slurm.render import (
+    RenderContext,
+    format_sbatch_line,
+    launcher_argv,
+    load_template,
+    render_sbatch,
+    sbatch_flags,
+    srun_args,
+)
+
+GOLDEN_DIR = Path(__file__).parents[1] / "golden"
+UPDATE_GOLDEN = os.environ.get("UPDATE_GOLDEN", "") not in ("", "0")
+
+CTX = RenderContext(
+    run_dir="/scratch/alice/runs/demo-20260101-120000",
+    python="/home/alice/.venvs/ddp/bin/python",
+    config_source="jobs/demo.yaml",
+    submit_command="hpc-ddp submit jobs/demo.yaml",
+    generated_at="2026-01-01T12:00:00+00:00",
+    version="0.1.0",
+)
+
+CASES: dict[str, tuple[JobConfig, RenderContext]] = {
+    "cpu_one_node": (JobConfig(name="quickstart", slurm=SlurmConfig(time="30")), CTX),
+    "gpu_two_nodes": (
+        JobConfig(
+            name="resnet18-cifar10",
+            slurm=SlurmConfig(
+                nodes=2, tasks_per_node=4, cpus_per_task=8, gpus_per_task=1, mem="64G",
+                time="2-00:00:00",
+            ),
+            env=EnvConfig(vars=(("NCCL_DEBUG", "WARN"), ("OMP_NUM_THREADS", "8"))),
+            requeue=RequeueConfig(signal="USR1", lead_time=300),
+        ),
+        CTX,
+    ),
+    "apptainer": (
+        JobConfig(
+            name="in-a-container",
+            slurm=SlurmConfig(nodes=2, gpus_per_node=4, tasks_per_node=4, time="04:00:00"),
+            env=EnvConfig(
+                container=ContainerConfig(
+                    runtime="apptainer", image="/images/pytorch-24.01.sif",
+                    binds=("/data:/data:ro", "/scratch"), options=("--cleanenv",),
+                ),
+            ),
+        ),
+        dataclasses.replace(CTX, python="python3"),
+    ),
+    "pyxis": (
+        JobConfig(
+            name="pyxis",
+            slurm=SlurmConfig(nodes=1, tasks_per_node=8, gpus_per_node=8, cpus_per_task=12),
+            env=EnvConfig(
+                container=ContainerConfig(
+                    runtime="pyxis", image="nvcr.io#nvidia/pytorch:24.01-py3",
+                    binds=("/data:/data", "/scratch:/scratch"),
+                    options=("--container-writable", "--no-container-mount-home"),
+                ),
+            ),
+        ),
+        dataclasses.replace(CTX, python="python"),
+    ),
+    "array": (
+        JobConfig(name="lr-sweep", slurm=SlurmConfig(nodes=2, cpus_per_task=2, time="90")),
+        dataclasses.replace(
+            CTX,
+            run_dir="/scratch/alice/sweeps/lr-sweep-20260101-120000",
+            array="0-5%2",
+            submit_command="hpc-ddp sweep jobs/demo.yaml sweeps/lr.yaml",
+        ),
+    ),
+    "site_profile": (
+        JobConfig(
+            name="site-job",
+            slurm=SlurmConfig(
+                nodes=4, tasks_per_node=4, cpus_per_task=16, gpus_per_node=4, mem="480G",
+                time="1-12:00:00", partition="gpu-a100", account="proj-1234", qos="high",
+                constraint="a100&ib", exclusive=True,
+                extra=(("mail-type", "END,FAIL"), ("comment", "lr sweep #3, take 2"),
+                       ("spread-job", None)),
+            ),
+            env=EnvConfig(
+                modules=("gcc/12.2.0", "cuda/12.1", "openmpi/4.1.5"),
+                setup=('source "$HOME/venvs/ddp/bin/activate"', "conda activate ddp"),
+                vars=(("NCCL_IB_DISABLE", "0"), ("NCCL_SOCKET_IFNAME", "ib0,^lo")),
+            ),
+        ),
+        CTX,
+    ),
+}  # fmt: skip
+
+
+# --- golden files -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden(case: str) -> None:
+    cfg, ctx = CASES[case]
+    script = render_sbatch(cfg, ctx)
+    golden = GOLDEN_DIR / f"{case}.sbatch"
+    if UPDATE_GOLDEN:
+        golden.write_text(script, encoding="utf-8")
+    assert golden.exists(), f"missing {golden}; create it with UPDATE_GOLDEN=1"
+    assert script == golden.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden_runs_srun_with_the_intended_argv(case: str, tmp_path: Path) -> None:
+    cfg, ctx = CASES[case]
+    calls = run_with_stubs(render_sbatch(cfg, ctx), tmp_path, {"SLURM_ARRAY_TASK_ID": "4"})
+    expected = [*srun_args(cfg, ctx), *launcher_argv(cfg), ctx.python, "-m", "hpc_ddp", "run"]
+    assert calls.argv("srun") == [*expected, ctx.run_dir]
+    assert calls.returncode == 0
+    if cfg.env.modules:
+        assert calls.argv("module") == ["load", *cfg.env.modules]
+    if cfg.env.setup:
+        assert calls.argv("conda") == ["activate", "ddp"]
+        assert calls.env("srun")["VIRTUAL_ENV"] == f"{tmp_path}/venvs/ddp"
+    env = calls.env("srun")
+    assert env["PYTHONUNBUFFERED"] == "1"
+    assert all(env[k] == v for k, v in cfg.env.vars)
+    if ctx.array:
+        assert env["HPC_DDP_RUN_DIR"] == f"{ctx.run_dir}/tasks/4"
+        assert env["HPC_DDP_SWEEP_DIR"] == ctx.run_dir
+    else:
+        assert env["HPC_DDP_RUN_DIR"] == ctx.run_dir
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden_sbatch_reads_exactly_our_flags(case: str, tmp_path: Path) -> None:
+    cfg, ctx = CASES[case]
+    found = sbatch_parse(render_sbatch(cfg, ctx), tmp_path)
+    assert found == expected_sbatch_args(cfg, ctx)
+
+
+# --- flags --------------------------------------------------------------------------------------
+
+
+def test_flags_are_sorted_and_always_requeue_append_and_signal_the_tasks() -> None:
+    cfg, ctx = CASES["site_profile"]
+    flags = sbatch_flags(cfg, ctx)
+    assert [name for name, _ in flags] == sorted(name for name, _ in flags)
+    as_dict = dict(flags)
+    assert as_dict["requeue"] is None
+    assert as_dict["open-mode"] == "append"
+    # No `B:`: the signal must reach the step's tasks, which set the stop flag.
+    assert as_dict["signal"] == "USR2@120"
+    assert as_dict["exclusive"] is None
+    assert as_dict["spread-job"] is None
+    assert as_dict["time"] == "1-12:00:00"
+
+
+@pytest.mark.parametrize(
+    ("given", "rendered"),
+    [("30", "00:30:00"), ("90", "01:30:00"), ("1-0", "1-00:00:00"), ("36:00:00", "1-12:00:00")],
+)
+def test_time_is_rendered_in_canonical_form(given: str, rendered: str) -> None:
+    cfg = JobConfig(name="t", slurm=SlurmConfig(time=given))
+    assert dict(sbatch_flags(cfg, CTX))["time"] == rendered
+
+
+def test_invalid_time_is_a_config_error() -> None:
+    with pytest.raises(ConfigError):
+        sbatch_flags(JobConfig(name="t", slurm=SlurmConfig(time="1:75:00")), CTX)
+
+
+def test_log_paths_for_runs_and_arrays_and_percent_in_run_dir() -> None:
+    cfg = JobConfig(name="t")
+    single = dict(sbatch_flags(cfg, dataclasses.replace(CTX, run_dir="/r/100%")))
+    assert single["output"] == "/r/100%%/logs/batch-%j.out"
+    assert single["error"] == "/r/100%%/logs/batch-%j.err"
+    array = dict(sbatch_flags(cfg, dataclasses.replace(CTX, run_dir="/s", array="0-3")))
+    assert array["output"] == "/s/tasks/%a/logs/batch-%A_%a.out"
+    assert array["array"] == "0-3"
+    assert "--output=/s/tasks/%a/logs/rank-%t.out" in srun_args(
+        cfg, dataclasses.replace(CTX, run_dir="/s", array="0-3")
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "match"),
+    [
+        ("partition", "slurm.partition"),
+        ("signal", "requeue.signal"),
+        ("open-mode", "truncate"),
+        ("output", "RUN_DIR/logs"),
+        ("no-requeue", "preemption"),
+        ("ntasks", "tasks_per_node"),
+        ("--mail-type", "long sbatch option"),
+        ("N", "long sbatch option"),
+        ("mail_type", "long sbatch option"),
+    ],
+)
+def test_extra_cannot_override_or_misname_flags(name: str, match: str) -> None:
+    cfg = JobConfig(name="t", slurm=SlurmConfig(extra=((name, "x"),)))
+    with pytest.raises(RenderError, match=match) as info:
+        render_sbatch(cfg, CTX)
+    assert "HINT:" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "line"),
+    [
+        ("gpu", "#SBATCH --partition=gpu"),
+        ("a100&ib|v100", '#SBATCH --partition="a100&ib|v100"'),
+        ("two words", '#SBATCH --partition="two words"'),
+        ("it's #1", '#SBATCH --partition="it\'s #1"'),
+    ],
+)
+def test_format_sbatch_line(value: str, line: str) -> None:
+    assert format_sbatch_line("partition", value) == line
+
+
+@pytest.mark.parametrize("value", ['say "hi"', "back\\slash"])
+def test_sbatch_values_with_double_quote_or_backslash_are_refused(value: str) -> None:
+    cfg = JobConfig(name="t", slurm=SlurmConfig(account=value))
+    with pytest.raises(RenderError, match=r"--account.*HINT:"):
+        render_sbatch(cfg, CTX)
+
+
+# --- refusals -----------------------------------------------------------------------------------
+
+
+def _with(field: str, value: str) -> tuple[JobConfig, RenderContext]:
+    cfg, ctx = JobConfig(name="t"), CTX
+    container = ContainerConfig(runtime="apptainer", image="i.sif")
+    changes = {
+        "name": lambda: (dataclasses.replace(cfg, name=value), ctx),
+        "slurm.partition": lambda: (JobConfig("t", slurm=SlurmConfig(partition=value)), ctx),
+        "slurm.extra": lambda: (JobConfig("t", slurm=SlurmConfig(extra=(("x-y", value),))), ctx),
+        "env.modules": lambda: (JobConfig("t", env=EnvConfig(modules=(value,))), ctx),
+        "env.setup": lambda: (JobConfig("t", env=EnvConfig(setup=(value,))), ctx),
+        "env.vars": lambda: (JobConfig("t", env=EnvConfig(vars=(("K", value),))), ctx),
+        "image": lambda: (
+            JobConfig("t", env=EnvConfig(container=dataclasses.replace(container, image=value))),
+            ctx,
+        ),
+        "binds": lambda: (
+            JobConfig("t", env=EnvConfig(container=dataclasses.replace(container, binds=(value,)))),
+            ctx,
+        ),
+        "run_dir": lambda: (cfg, dataclasses.replace(ctx, run_dir=value)),
+        "python": lambda: (cfg, dataclasses.replace(ctx, python=value)),
+        "submit_command": lambda: (cfg, dataclasses.replace(ctx, submit_command=value)),
+        "config_source": lambda: (cfg, dataclasses.replace(ctx, config_source=value)),
+    }
+    return changes[field]()
+
+
+@pytest.mark.parametrize("breaker", ["\n", "\r", "\0"])
+@pytest.mark.parametrize(
+    "field",
+    ["name", "slurm.partition", "slurm.extra", "env.modules", "env.setup", "env.vars", "image",
+     "binds", "run_dir", "python", "submit_command", "config_source"],
+)  # fmt: skip
+def test_line_breaks_and_nul_are_refused_everywhere(field: str, breaker: str) -> None:
+    cfg, ctx = _with(field, f"ok{breaker}touch /tmp/pwned")
+    with pytest.raises(RenderError, match=r"line break or NUL.*HINT:"):
+        render_sbatch(cfg, ctx)
+
+
+@pytest.mark.parametrize("name", ["1X", "A-B", "A B", "", "$(x)"])
+def test_env_var_names_must_be_shell_names(name: str) -> None:
+    with pytest.raises(RenderError, match=r"env\.vars name"):
+        render_sbatch(JobConfig("t", env=EnvConfig(vars=((name, "v"),))), CTX)
+
+
+def test_pyxis_bind_with_comma_is_refused() -> None:
+    container = ContainerConfig(runtime="pyxis", image="img", binds=("/a,b:/c",))
+    with pytest.raises(RenderError, match="comma"):
+        render_sbatch(JobConfig("t", env=EnvConfig(container=container)), CTX)
+
+
+def test_signal_must_be_a_signal_name() -> None:
+    with pytest.raises(RenderError, match=r"requeue.signal 'B:USR2'"):
+        render_sbatch(JobConfig("t", requeue=RequeueConfig(signal="B:USR2")), CTX)
+
+
+# --- templates ----------------------------------------------------------------------------------
+
+
+def test_load_template_default_and_relative_user_template(tmp_path: Path) -> None:
+    assert load_template(JobConfig("t"), tmp_path).startswith("{#-")
+    (tmp_path / "mine.j2").write_text("#!/bin/bash\n{{ sbatch_lines | join('\\n') }}\necho hi\n")
+    cfg = JobConfig("t", slurm=SlurmConfig(template="mine.j2"))
+    script = render_sbatch(cfg, CTX, load_template(cfg, tmp_path))
+    assert script.startswith("#!/bin/bash\n#SBATCH --error=")
+    assert script.endswith("\necho hi\n")
+
+
+def test_load_template_missing_file(tmp_path: Path) -> None:
+    cfg = JobConfig("t", slurm=SlurmConfig(template="nope.j2"))
+    with pytest.raises(RenderError, match=r"nope\.j2.*does not exist.*HINT:"):
+        load_template(cfg, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("template", "match"),
+    [
+        ("#!/bin/bash\n{{ no_such_value }}\n", "unknown value.*HINT: use only"),
+        ("#!/bin/bash\n{% if %}\n", "line 2"),
+        ("echo hi\n{{ sbatch_lines | join('\\n') }}\n", "'#!'"),
+        ("#!/bin/bash\necho hi\n{{ sbatch_lines | join('\\n') }}\n", "after the first command"),
+    ],
+)
+def test_bad_user_templates(template: str, match: str) -> None:
+    with pytest.raises(RenderError, match=match):
+        render_sbatch(JobConfig("t"), CTX, template)
+
+
+# --- hostile values through real bash and real sbatch ------------------------------------------
+
+
+def hostile_values(sentinels: Path) -> list[str]:
+    """Values that would run a command (and touch a sentinel) if any quoting failed."""
+    s = sentinels
+    return [
+        f"a'; touch {s}/quote #",
+        f"$(touch {s}/dollar)",
+        f"`touch {s}/backtick`",
+        f"; rm -rf {s}/nothing; touch {s}/semicolon",
+        f"x && touch {s}/and || touch {s}/or",
+        f"> {s}/redirect",
+        "two  spaces\tand a tab",
+        "ünïcödé ☃ 日本",
+        "${HOME:?unset}",
+        "*",
+        "-n",
+        "",
+        f'"dq" \\backslash \\"; touch {s}/dq',
+    ]
+
+
+def test_hostile_values_reach_their_commands_verbatim_and_run_nothing(tmp_path: Path) -> None:
+    sentinels = tmp_path / "sentinels"
+    sentinels.mkdir()
+    values = hostile_values(sentinels)
+    # No `"` or `\` in #SBATCH values (refused, tested above); any other character goes.
+    sbatch_safe = [v for v in values if '"' not in v and "\\" not in v and v]
+    run_dir = str(tmp_path / f"run'dir $(touch {sentinels}/rundir) `x` ☃ 100%")
+    cfg = JobConfig(
+        name=sbatch_safe[0],
+        slurm=SlurmConfig(
+            partition=sbatch_safe[1], account=sbatch_safe[2], qos=sbatch_safe[3],
+            constraint=sbatch_safe[4], mem=sbatch_safe[5], gpus_per_node=1,
+            extra=tuple((f"x-{i}", v) for i, v in enumerate(sbatch_safe)),
+        ),
+        env=EnvConfig(
+            modules=tuple(values),
+            setup=("export FROM_SETUP=ran",),
+            vars=tuple((f"HOSTILE_{i}", v) for i, v in enumerate(values)),
+            container=ContainerConfig(
+                runtime="apptainer", image=values[0], binds=tuple(values[1:4]),
+                options=tuple(values[4:]),
+            ),
+        ),
+        command=tuple(values),
+    )  # fmt: skip
+    ctx = RenderContext(
+        run_dir=run_dir,
+        python=str(tmp_path / "py thon'$(touch x)" / "bin" / "python"),
+        config_source=values[0],
+        submit_command=" ".join(values),
+        generated_at=values[1],
+        version="0.1.0",
+    )
+    script = render_sbatch(cfg, ctx)
+    calls = run_with_stubs(script, tmp_path)
+
+    assert calls.returncode == 0, calls.stderr
+    assert sorted(os.listdir(sentinels)) == []
+    assert calls.argv("module") == ["load", *values]
+    logs = run_dir.replace("%", "%%") + "/logs"
+    assert calls.argv("srun") == [
+        "--kill-on-bad-exit=1",
+        "--cpu-bind=none",
+        f"--output={logs}/rank-%t.out",
+        f"--error={logs}/rank-%t.err",
+        "--open-mode=append",
+        "apptainer", "exec", "--nv",
+        "--bind", values[1], "--bind", values[2], "--bind", values[3],
+        *values[4:],
+        values[0],
+        ctx.python, "-m", "hpc_ddp", "run", run_dir,
+    ]  # fmt: skip
+    env = calls.env("srun")
+    assert [env[f"HOSTILE_{i}"] for i in range(len(values))] == values
+    assert env["HPC_DDP_RUN_DIR"] == run_dir
+    assert env["FROM_SETUP"] == "ran"
+
+    # sbatch itself reads every #SBATCH value back exactly.
+    found = sbatch_parse(script, tmp_path)
+    assert found == expected_sbatch_args(cfg, ctx)
+
+
+def test_hostile_pyxis_values(tmp_path: Path) -> None:
+    sentinels = tmp_path / "sentinels"
+    sentinels.mkdir()
+    values = [v for v in hostile_values(sentinels) if "," not in v]
+    container = ContainerConfig(
+        runtime="pyxis", image=values[0], binds=tuple(values[1:3]), options=tuple(values[3:])
+    )
+    cfg = JobConfig("t", slurm=SlurmConfig(cpus_per_task=3), env=EnvConfig(container=container))
+    calls = run_with_stubs(render_sbatch(cfg, CTX), tmp_path)
+    assert sorted(os.listdir(sentinels)) == []
+    argv = calls.argv("srun")
+    assert argv[5:] == [
+        "--cpus-per-task=3",
+        f"--container-image={values[0]}",
+        f"--container-mounts={values[1]},{values[2]}",
+        *values[3:],
+        CTX.python, "-m", "hpc_ddp", "run", CTX.run_dir,
+    ]  # fmt: skip
+
+
+def test_job_exit_status_is_srun_status(tmp_path: Path) -> None:
+    cfg, ctx = CASES["cpu_one_node"]
+    calls = run_with_stubs(render_sbatch(cfg, ctx), tmp_path, {"STUB_SRUN_EXIT": "7"})
+    assert calls.returncode == 7
+
+
+@pytest.mark.parametrize("sig", ["USR1", "USR2"])
+def test_batch_shell_survives_a_stray_user_signal(sig: str, tmp_path: Path) -> None:
+    cfg, ctx = CASES["cpu_one_node"]
+    script = render_sbatch(cfg, ctx)
+    # The stub srun signals its parent, the batch shell, as `scancel --full` would.
+    calls = run_with_stubs(script, tmp_path, {"STUB_SRUN_SIGNAL": sig})
+    assert calls.returncode == 0, calls.stderr
+    # Without the trap the same signal kills the shell: the harness can see the difference.
+    untrapped = script.replace("trap : USR1 USR2\n", "")
+    assert untrapped != script
+    killed = run_with_stubs(untrapped, tmp_path / "untrapped", {"STUB_SRUN_SIGNAL": sig})
+    assert killed.returncode == -getattr(signal, f"SIG{sig}")
+
+
+def test_login_node_modules_do_not_import_torch() -> None:
+    code = (
+        "import sys, hpc_ddp.slurm.render, hpc_ddp.slurm.client; "
+        "print(sorted({'torch', 'torchvision', 'submitit'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# --- harness ------------------------------------------------------------------------------------
+
+_STUB = r"""#!/bin/sh
+out="$STUB_OUT/$(basename "$0")"
+printf '%s\0' "$@" > "$out.argv"
+env -0 > "$out.env"
+if [ "$(basename "$0")" = srun ]; then
+    if [ -n "${STUB_SRUN_SIGNAL:-}" ]; then kill -s "$STUB_SRUN_SIGNAL" "$PPID"; sleep 0.2; fi
+    exit "${STUB_SRUN_EXIT:-0}"
+fi
+"""
+
+
+@dataclasses.dataclass
+class StubCalls:
+    out: Path
+    returncode: int
+    stderr: str
+
+    def argv(self, name: str) -> list[str]:
+        data = (self.out / f"{name}.argv").read_bytes()
+        return [a.decode("utf-8") for a in data.split(b"\0")[:-1]]
+
+    def env(self, name: str) -> dict[str, str]:
+        data = (self.out / f"{name}.env").read_bytes()
+        pairs = (item.decode("utf-8").partition("=") for item in data.split(b"\0") if item)
+        return {k: v for k, _, v in pairs}
+
+
+def run_with_stubs(script: str, tmp_path: Path, env: dict[str, str] | None = None) -> StubCalls:
+    """Run ``script`` under bash with srun, module, apptainer and conda stubbed on PATH."""
+    bin_dir, out = tmp_path / "stubs", tmp_path / "calls"
+    bin_dir.mkdir(parents=True)
+    out.mkdir()
+    for name in ("srun", "module", "apptainer", "conda"):
+        (bin_dir / name).write_text(_STUB)
+        (bin_dir / name).chmod(0o755)
+    activate = tmp_path / "venvs" / "ddp" / "bin" / "activate"
+    activate.parent.mkdir(parents=True)
+    activate.write_text('export VIRTUAL_ENV="$HOME/venvs/ddp"\n')
+    path = tmp_path / "job.sbatch"
+    path.write_text(script, encoding="utf-8")
+    proc = subprocess.run(
+        ["bash", str(path)],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "STUB_OUT": str(out), "HOME": str(tmp_path),
+             "SLURM_ARRAY_TASK_ID": "0", **(env or {})},
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    return StubCalls(out, proc.returncode, proc.stderr)
+
+
+_SBATCH_CONF = """ClusterName=parse-only
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort=1
+AuthType=auth/none
+CredType=cred/none
+MessageTimeout=1
+TCPTimeout=1
+NodeName=x CPUs=1
+PartitionName=p Nodes=x Default=YES
+"""
+_FOUND = re.compile(r'^sbatch: debug2: Found in script, argument "(.*)"$', re.MULTILINE)
+
+
+def sbatch_parse(script: str, tmp_path: Path) -> list[str]:
+    """The arguments real sbatch finds in ``script``'s #SBATCH lines; submits nothing."""
+    sbatch = shutil.which("sbatch")
+    if sbatch is None:
+        pytest.skip("sbatch is not installed")
+    conf, path = tmp_path / "parse-only.conf", tmp_path / "parse.sbatch"
+    conf.write_text(_SBATCH_CONF)
+    path.write_text(script, encoding="utf-8")
+    # Controller on a closed port, and --test-only besides: nothing can be submitted.
+    proc = subprocess.run(
+        [sbatch, "-vvv", "--test-only", str(path)],
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SLURM_CONF": str(conf)},
+        capture_output=True, timeout=60, check=False,
+    )  # fmt: skip
+    stderr = proc.stderr.decode("utf-8", errors="replace")
+    assert proc.returncode != 0, "sbatch unexpectedly reached a controller"
+    return _FOUND.findall(stderr)
+
+
+def expected_sbatch_args(cfg: JobConfig, ctx: RenderContext) -> list[str]:
+    return [f"--{n}" if v is None else f"--{n}={v}" for n, v in sbatch_flags(cfg, ctx)]

@@ -1,0 +1,402 @@
+"""Submitting sweeps: array planning and chunking with offsets, the sweep directory's layout,
+the fast config dump (compared with ``dump_job_config``), one sbatch per array through a fake
+Slurm, and ``--resubmit-failed``'s choice of tasks.
+
+The fake Slurm (:class:`FakeSlurm`) is a Runner that answers sbatch, ``scontrol show config``
+and ``squeue -h -O`` (text, as 22.05 prints it) and records every argv; scripts with an array
+offset are also run under real bash to check the run directory and log paths they give each task.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hpc_ddp.config.load import dump_job_config, load_resolved_config
+from hpc_ddp.config.yaml_dialect import dump_yaml
+from hpc_ddp.errors import SubmissionError
+from hpc_ddp.rundir import RunPaths, read_manifest
+from hpc_ddp.runtime.entry import task_run_dir
+from hpc_ddp.runtime.ledger import EndCause, record_end, record_start
+from hpc_ddp.slurm.client import CompletedCommand, SlurmClient
+from hpc_ddp.sweep.results import read_arrays, read_sweep_record
+from hpc_ddp.sweep.spec import chunk_array, load_sweep
+from hpc_ddp.sweep.submit import (
+    ArrayPlan,
+    ConfigTexts,
+    _scalar_text,
+    plan_arrays,
+    resubmit_failed,
+    script_groups,
+    submit_sweep,
+)
+
+DATA = Path(__file__).parents[1] / "data" / "config"
+
+
+class FakeSlurm:
+    """A Runner: sbatch hands out job ids from 100, scontrol reports ``max_array_size``,
+    squeue answers with ``jobs`` (22.05 JSON); ``refuse_after`` sbatch calls are refused."""
+
+    def __init__(self, max_array_size: int = 1001, refuse_after: int | None = None) -> None:
+        self.max_array_size = max_array_size
+        self.refuse_after = refuse_after
+        self.jobs: list[dict[str, Any]] = []
+        self.argvs: list[tuple[str, ...]] = []
+        self.next_id = 100
+
+    def __call__(self, argv: Sequence[str], *, timeout: float | None = None) -> CompletedCommand:
+        argv = tuple(argv)
+        self.argvs.append(argv)
+        if argv[0] == "sbatch":
+            if self.refuse_after is not None and len(self.sbatch_calls) > self.refuse_after:
+                return CompletedCommand(argv, 1, "", "sbatch: error: Batch job submission failed")
+            self.next_id += 1
+            return CompletedCommand(argv, 0, f"{self.next_id}\n", "")
+        if argv[:3] == ("scontrol", "show", "config"):
+            return CompletedCommand(
+                argv, 0, f"MaxArraySize            = {self.max_array_size}\n", ""
+            )
+        if argv[0] == "squeue":
+            return CompletedCommand(argv, 0, "".join(map(squeue_text, self.jobs)), "")
+        raise AssertionError(f"unexpected command {argv}")
+
+    @property
+    def sbatch_calls(self) -> list[tuple[str, ...]]:
+        return [a for a in self.argvs if a[0] == "sbatch"]
+
+
+def squeue_row(job: int, task: int | None, state: str, pending: str = "") -> dict[str, Any]:
+    """One job of squeue's view (a task, or the pending range); :func:`squeue_text` prints it."""
+    return {
+        "job_id": job if task is None else job + 10 + task,
+        "array_job_id": job,
+        "array_task_id": task,
+        "array_task_string": pending,
+        "job_state": state,
+        "state_reason": "JobArrayTaskLimit" if pending else "None",
+        "nodes": "n[1-2]",
+        "start_time": 0,
+        "end_time": 0,
+        "restart_cnt": 0,
+    }
+
+
+def squeue_text(row: dict[str, Any]) -> str:
+    """A :func:`squeue_row` as the line ``squeue -h -O`` prints in ``SQUEUE_FORMAT``."""
+    task = row["array_task_string"] or row["array_task_id"]
+    fields = (row["job_id"], row["array_job_id"], task, row["job_state"], row["nodes"], "0:00",
+              row["restart_cnt"], row["state_reason"], "/runs/job.sbatch")  # fmt: skip
+    return "|".join(map(str, fields)) + "\n"
+
+
+def write_sweep(tmp_path: Path, sweep: dict[str, Any], base: str = "job.yaml") -> Path:
+    (tmp_path / "job.yaml").write_text(
+        "name: demo\nslurm: {nodes: 2, time: '10'}\ntrain: {lr: 0.1, max_steps: 20}\n"
+    )
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"base": base, "sweep": sweep}, sort_keys=False))
+    return path
+
+
+def submit(tmp_path: Path, sweep: dict[str, Any], fake: FakeSlurm) -> Path:
+    path = write_sweep(tmp_path, sweep)
+    spec = load_sweep(path)
+    result = submit_sweep(
+        spec,
+        sweep_file=path,
+        runs_dir=tmp_path / "runs",
+        python="/venv/bin/python",
+        invocation=["hpc-ddp", "sweep", str(path)],
+        client=SlurmClient(fake),
+    )
+    return result.sweep_dir
+
+
+# --- planning -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("n", "limit"), [(1, 1001), (6, 1001), (1001, 1001), (1002, 1001),
+                                          (2500, 1001), (10, 3), (7, 1)])  # fmt: skip
+def test_a_whole_sweep_is_planned_as_chunk_array_ranges(n: int, limit: int) -> None:
+    plans = plan_arrays(range(n), [0] * n, limit)
+    assert [(p.points[0], p.points[-1] + 1) for p in plans] == chunk_array(n, limit)
+    assert [p.offset for p in plans] == [start for start, _ in chunk_array(n, limit)]
+    assert all(max(p.points) - p.offset < limit for p in plans)  # task ids below the limit
+
+
+@pytest.mark.parametrize(
+    ("points", "limit", "expected"),
+    [
+        ([3, 5], 1001, [((3, 5), 0)]),  # below the limit: task id = point index
+        ([999, 1000, 1001, 1500], 1001, [((999, 1000), 0), ((1001, 1500), 1001)]),
+        ([1200, 2300], 1001, [((1200,), 1200), ((2300,), 2300)]),
+        ([0, 4, 5, 9], 5, [((0, 4), 0), ((5, 9), 5)]),
+    ],
+)
+def test_subsets_use_as_few_arrays_as_possible(
+    points: list[int], limit: int, expected: list[tuple[tuple[int, ...], int]]
+) -> None:
+    plans = plan_arrays(points, [0] * len(points), limit)
+    assert [(p.points, p.offset) for p in plans] == expected
+
+
+def test_points_with_different_scripts_go_to_different_arrays() -> None:
+    plans = plan_arrays([0, 1, 2, 3, 4], [0, 1, 0, 1, 0], 1001)
+    assert [(p.points, p.group) for p in plans] == [((0, 2, 4), 0), ((1, 3), 1)]
+    assert plans[0].spec(2) == "0,2,4%2"
+    assert ArrayPlan((5, 6, 7, 9), 5, 0).spec(None) == "0-2,4"
+
+
+def test_script_groups_split_only_on_sections_the_script_renders() -> None:
+    spec = load_sweep(DATA / "sweep.yaml")  # point 7 changes env.modules and slurm.nodes
+    groups = script_groups([p.config for p in spec.points])
+    assert groups == [0] * 7 + [1] + [0] * 4
+
+
+# --- fast config dump ---------------------------------------------------------------------------
+
+
+def test_scalar_text_matches_the_yaml_dumper_on_many_values() -> None:
+    rng = random.Random(0)
+    values: list[Any] = [None, True, False, 0, -1, 7, 10**20, 0.0, -0.0, 1.0, 0.1, -2.5]
+    values += [10.0**e for e in range(-30, 31)] + [-(10.0**e) for e in range(-12, 13)]
+    values += [math.exp(rng.uniform(-40, 40)) for _ in range(300)]
+    values += [rng.uniform(-1, 1) for _ in range(100)] + [rng.randint(-(10**6), 10**6)]
+    values += ["demo-0", "base-17", "a.b_c-d-99", "x-1e5", "yes-1", "null-2", "on-3"]
+    for value in values:
+        text = _scalar_text(value)
+        assert text is not None, value
+        assert f"k: {text}\n" == dump_yaml({"k": value}), value
+    # Anything else is left to the dumper.
+    for other in ["yes", "0-1", "1e5", "plain", "a b-1", float("inf"), (1,), "2024-01-01"]:
+        assert _scalar_text(other) is None
+
+
+def _random_sweep(tmp_path: Path) -> Path:
+    return write_sweep(
+        tmp_path,
+        {
+            "grid": {"train.optimizer": ["sgd", "adamw"]},
+            "random": {
+                "samples": 60,
+                "seed": 3,
+                "params": {
+                    "train.lr": {"loguniform": [1.0e-9, 1.0e9]},
+                    "train.seed": {"randint": [0, 10**9]},
+                    "env.modules": {
+                        "choice": [[], ["cuda/12.1", "gcc/1 2"], ["yes", "2024-01-01"]]
+                    },
+                    "env.vars": {"choice": [{}, {"A": "1", "B": "x: y"}]},
+                    "slurm.extra": {"choice": [{}, {"mail-type": "END,FAIL", "spread-job": None}]},
+                    "env.setup": {"choice": [[], ["source 'a b'/bin/activate # c"]]},
+                    "command": {"choice": [None, ["python", "train.py", "--flag=1"]]},
+                },
+            },
+        },
+    )
+
+
+@pytest.mark.parametrize("source", ["fixture", "random"])
+def test_config_texts_equal_dump_job_config(source: str, tmp_path: Path) -> None:
+    path = DATA / "sweep.yaml" if source == "fixture" else _random_sweep(tmp_path)
+    configs = [p.config for p in load_sweep(path).points]
+    texts = ConfigTexts().dump(configs)
+    assert texts == [dump_job_config(c) for c in configs]
+
+
+# --- the sweep directory and one sbatch ---------------------------------------------------------
+
+
+def test_submit_writes_one_sweep_dir_and_calls_sbatch_once(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    sweep = {"grid": {"train.lr": [0.1, 0.01, 0.001], "train.seed": [0, 1]}, "max_parallel": 2}
+    sweep_dir = submit(tmp_path, sweep, fake)
+    assert [a[0] for a in fake.argvs].count("sbatch") == 1
+    assert fake.sbatch_calls == [("sbatch", "--parsable", str(sweep_dir / "job.sbatch"))]
+    assert sweep_dir.parent == (tmp_path / "runs").resolve()
+    assert sweep_dir.name.startswith("demo-")
+    assert sorted(p.name for p in sweep_dir.iterdir()) == [
+        "arrays.json", "job.sbatch", "manifest.json", "sweep.yaml", "tasks"
+    ]  # fmt: skip
+    spec = load_sweep(tmp_path / "sweep.yaml")
+    for point in spec.points:
+        task = RunPaths(sweep_dir).task(point.index)
+        assert task.logs.is_dir()
+        assert load_resolved_config(task.config) == point.config
+    script = (sweep_dir / "job.sbatch").read_text()
+    assert "#SBATCH --array=0-5%2\n" in script
+    assert "#SBATCH --job-name=demo\n" in script
+    manifest = read_manifest(sweep_dir)
+    assert (manifest.job_id, manifest.array, manifest.array_jobs) == ("101", "0-5%2", ["101"])
+    assert manifest.run_dir == str(sweep_dir)
+    [record] = read_arrays(sweep_dir)
+    assert (record.job_id, record.points, record.offset, record.script) == (
+        "101", "0-5", 0, "job.sbatch"
+    )  # fmt: skip
+    swept = read_sweep_record(sweep_dir)
+    assert swept.keys == ("train.lr", "train.seed")
+    assert (swept.metric, swept.mode, swept.max_parallel) == ("val_loss", "min", 2)
+    assert [p.overrides for p in swept.points] == [dict(p.overrides) for p in spec.points]
+
+
+def test_sweep_record_keeps_every_value_exactly(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    sweep_dir = submit(tmp_path, yaml.safe_load(_random_sweep(tmp_path).read_text())["sweep"], fake)
+    spec = load_sweep(_random_sweep(tmp_path))
+    expected = [
+        {k: list(v) if isinstance(v, tuple) else v for k, v in p.overrides} for p in spec.points
+    ]
+    assert [p.overrides for p in read_sweep_record(sweep_dir).points] == expected
+
+
+def _run_task_env(script: str, tmp_path: Path, task_id: int) -> dict[str, str]:
+    """Run ``script`` under bash with a stub srun; return the environment srun saw."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir(exist_ok=True)
+    (stubs / "srun").write_text('#!/bin/sh\nenv > "$STUB_ENV"\n')
+    (stubs / "srun").chmod(0o755)
+    out = tmp_path / f"env-{task_id}"
+    subprocess.run(
+        ["bash", "-c", script],
+        env={"PATH": f"{stubs}:/usr/bin:/bin", "STUB_ENV": str(out),
+             "SLURM_ARRAY_TASK_ID": str(task_id)},
+        check=True, capture_output=True, timeout=30,
+    )  # fmt: skip
+    return dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
+
+
+def test_arrays_past_max_array_size_are_chunked_with_offsets(tmp_path: Path) -> None:
+    fake = FakeSlurm(max_array_size=4)
+    sweep_dir = submit(tmp_path, {"grid": {"train.seed": list(range(10))}, "max_parallel": 3}, fake)
+    assert len(fake.sbatch_calls) == 3
+    records = read_arrays(sweep_dir)
+    assert [(r.job_id, r.points, r.offset, r.array, r.script) for r in records] == [
+        ("101", "0-3", 0, "0-3%3", "job.sbatch"),
+        ("102", "4-7", 4, "0-3%3", "job-1.sbatch"),
+        ("103", "8-9", 8, "0-1%3", "job-2.sbatch"),
+    ]
+    assert read_manifest(sweep_dir).array_jobs == ["101", "102", "103"]
+    script = (sweep_dir / "job-1.sbatch").read_text()
+    assert "export HPC_DDP_ARRAY_OFFSET=4\n" in script
+    assert f"#SBATCH --output={sweep_dir}/arrays/4/%a/logs/batch-%A_%a.out\n" in script
+    # Task 2 of the second array is point 6: its run dir, and its logs through the link.
+    env = _run_task_env(script, tmp_path, 2)
+    assert env["HPC_DDP_RUN_DIR"] == f"{sweep_dir}/tasks/6"
+    assert task_run_dir(sweep_dir, env) == sweep_dir / "tasks" / "6"
+    assert (sweep_dir / "arrays" / "4" / "2" / "logs").resolve() == sweep_dir / "tasks/6/logs"
+    assert not (sweep_dir / "arrays" / "0").exists()  # the first array needs no links
+    first = _run_task_env((sweep_dir / "job.sbatch").read_text(), tmp_path, 3)
+    assert first["HPC_DDP_RUN_DIR"] == f"{sweep_dir}/tasks/3"
+    assert "HPC_DDP_ARRAY_OFFSET" not in first
+
+
+def test_a_refused_second_array_keeps_the_first_recorded(tmp_path: Path) -> None:
+    fake = FakeSlurm(max_array_size=4, refuse_after=1)
+    with pytest.raises(SubmissionError, match="101") as info:
+        submit(tmp_path, {"grid": {"train.seed": list(range(6))}}, fake)
+    assert "--resubmit-failed" in str(info.value)
+    [sweep_dir] = (tmp_path / "runs").iterdir()
+    assert [r.job_id for r in read_arrays(sweep_dir)] == ["101"]
+    assert read_manifest(sweep_dir).array_jobs == ["101"]
+
+
+def test_nothing_submitted_leaves_no_sweep_dir(tmp_path: Path) -> None:
+    with pytest.raises(SubmissionError):
+        submit(tmp_path, {"grid": {"train.seed": [0, 1]}}, FakeSlurm(refuse_after=0))
+    assert list((tmp_path / "runs").iterdir()) == []
+
+
+# --- resubmitting failed tasks ------------------------------------------------------------------
+
+
+def _ledger(sweep_dir: Path, index: int, cause: EndCause | None) -> None:
+    path = RunPaths(sweep_dir).task(index).ledger
+    record_start(path, attempt=0, job_id="1", job_ref=f"101_{index}", nodelist="n1",
+                 world_size=2, resumed_from_step=None, checkpoint=None, now=1.0)  # fmt: skip
+    if cause is not None:
+        record_end(path, attempt=0, cause=cause, steps_done=5, checkpoint=None,
+                   requeue_requested=False, now=2.0)  # fmt: skip
+
+
+def test_resubmit_failed_submits_exactly_the_failed_tasks(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    sweep_dir = submit(tmp_path, {"grid": {"train.seed": list(range(8))}, "max_parallel": 2}, fake)
+    _ledger(sweep_dir, 0, EndCause.FINISHED)  # done
+    _ledger(sweep_dir, 1, EndCause.CRASH)  # failed
+    _ledger(sweep_dir, 2, None)  # killed without a word, gone from the queue: failed
+    _ledger(sweep_dir, 3, EndCause.TIME_LIMIT)  # requeued: pending again in squeue
+    _ledger(sweep_dir, 4, None)  # running
+    _ledger(sweep_dir, 5, EndCause.CANCELLED)  # cancelled: submitted again
+    # 6 never started and is still pending; 7 left the queue without a ledger: failed.
+    fake.jobs = [
+        squeue_row(101, 3, "PENDING"),
+        squeue_row(101, 4, "RUNNING"),
+        squeue_row(101, 1, "FAILED"),
+        squeue_row(101, None, "PENDING", pending="6%2"),
+    ]
+    before = len(fake.sbatch_calls)
+    result = resubmit_failed(
+        sweep_dir, client=SlurmClient(fake), python="/venv/bin/python", invocation=["x"]
+    )
+    assert result.points == [1, 2, 5, 7]
+    assert len(fake.sbatch_calls) == before + 1
+    assert fake.sbatch_calls[-1][-1] == str(sweep_dir / "job-1.sbatch")
+    assert "#SBATCH --array=1-2,5,7%2\n" in (sweep_dir / "job-1.sbatch").read_text()
+    records = read_arrays(sweep_dir)
+    assert [(r.job_id, r.points, r.reason) for r in records] == [
+        ("101", "0-7", "sweep"), ("102", "1-2,5,7", "resubmit-failed")
+    ]  # fmt: skip
+    manifest = read_manifest(sweep_dir)
+    assert (manifest.job_id, manifest.array_jobs) == ("101", ["101", "102"])
+    # The tasks keep their directories: ledgers untouched, nothing recreated.
+    assert len((RunPaths(sweep_dir).task(1).ledger).read_text().splitlines()) == 2
+
+
+def test_resubmit_with_nothing_failed_submits_nothing(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    sweep_dir = submit(tmp_path, {"grid": {"train.seed": [0, 1]}}, fake)
+    fake.jobs = [squeue_row(101, 0, "RUNNING"), squeue_row(101, 1, "PENDING")]
+    before = list(fake.argvs)
+    result = resubmit_failed(sweep_dir, client=SlurmClient(fake), python="p", invocation=["x"])
+    assert (result.points, result.records) == ([], [])
+    assert [a[:6] for a in fake.argvs[len(before) :]] == [
+        ("squeue", "-h", "-t", "all", "-j", "101")
+    ]
+    assert len(read_arrays(sweep_dir)) == 1
+
+
+def test_resubmit_dry_run_plans_but_submits_nothing(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    sweep_dir = submit(tmp_path, {"grid": {"train.seed": [0, 1, 2]}}, fake)
+    _ledger(sweep_dir, 1, EndCause.CRASH)
+    fake.jobs = [squeue_row(101, 0, "RUNNING"), squeue_row(101, 2, "RUNNING")]
+    result = resubmit_failed(
+        sweep_dir, client=SlurmClient(fake), python="p", invocation=["x"], dry_run=True
+    )
+    assert result.points == [1]
+    assert [a.array for a in result.arrays] == ["1"]
+    assert len(fake.sbatch_calls) == 1
+    assert not (sweep_dir / "job-1.sbatch").exists()
+
+
+def test_resubmit_past_max_array_size_uses_an_offset(tmp_path: Path) -> None:
+    fake = FakeSlurm(max_array_size=4)
+    sweep_dir = submit(tmp_path, {"grid": {"train.seed": list(range(8))}}, fake)
+    for index in (0, 1, 2, 3, 4, 5, 7):
+        _ledger(sweep_dir, index, EndCause.FINISHED)
+    result = resubmit_failed(sweep_dir, client=SlurmClient(fake), python="p", invocation=["x"])
+    assert result.points == [6]
+    [record] = result.records
+    assert (record.offset, record.array, record.points) == (6, "0", "6")
+    env = _run_task_env((sweep_dir / record.script).read_text(), tmp_path, 0)
+    assert env["HPC_DDP_RUN_DIR"] == f"{sweep_dir}/tasks/6"
+    assert os.path.realpath(sweep_dir / "arrays" / "6" / "0") == str(sweep_dir / "tasks" / "6")

@@ -1,0 +1,138 @@
+"""Issue 7 on the real dev cluster: a 6-point sweep runs as one throttled job array (squeue
+shows ``%2`` and never more than two tasks running), every task trains, one task is requeued
+alone and still finishes, and ``results`` lists all six rows with metrics, sorted. Then a task
+made to fail is rerun, alone, by ``--resubmit-failed``.
+
+Each task imports torch and trains the quickstart MLP on two fake nodes: a few minutes in all.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpc_ddp.sweep.results import parse_index_ranges
+from tests.conftest import Cluster
+from tests.e2e_util import hpc
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "COMPLETING", "CONFIGURING",
+          "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT"}  # fmt: skip
+
+
+def tasks(cluster: Cluster, job_ids: list[str]) -> list[tuple[str, str]]:
+    """(array task ref, state) of every task and pending range of the jobs."""
+    # -t all: finished tasks stay listed (for MinJobAge) instead of vanishing from the view.
+    out = cluster.run("squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i %T").stdout
+    return [(ref, state) for ref, state in (line.split() for line in out.splitlines())]
+
+
+def wait_done(
+    cluster: Cluster, job_ids: list[str], timeout_s: float = 400.0, watch: Any = None
+) -> None:
+    """Wait until no task of the jobs is queued or running (finished ones stay listed)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rows = tasks(cluster, job_ids)
+        if watch is not None:
+            watch(rows)
+        if rows and not any(state in ACTIVE for _, state in rows):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"jobs {job_ids} still active after {timeout_s} s: {rows}")
+
+
+def results(cluster: Cluster, sweep_dir: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = json.loads(
+        hpc(cluster, "results", sweep_dir, "--format", "json").stdout
+    )
+    return rows
+
+
+def test_sweep_runs_as_one_throttled_array_requeues_one_task_and_ranks_results(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    submitted = json.loads(
+        hpc(slurm_cluster, "sweep", "jobs/sweep-lr.yaml", "train.epochs=2",
+            "train.checkpoint_every=10", "--runs-dir", str(tmp_path), "--json").stdout
+    )  # fmt: skip
+    sweep_dir, jobs = submitted["sweep_dir"], submitted["array_jobs"]
+    assert len(jobs) == 1  # one array, one sbatch
+    job = jobs[0]
+    seen: dict[str, Any] = {"throttle": False, "max_running": 0, "requeued": False}
+    metrics = Path(sweep_dir, "tasks", "1", "metrics.jsonl")
+
+    def watch(rows: list[tuple[str, str]]) -> None:
+        running = [ref for ref, state in rows if state == "RUNNING"]
+        seen["max_running"] = max(seen["max_running"], len(running))
+        seen["throttle"] |= any("%2" in ref for ref, _ in rows)
+        # Requeue task 1 alone once it has trained past its first checkpoint.
+        if not seen["requeued"] and f"{job}_1" in running and metrics.exists():
+            steps = [json.loads(line).get("step", 0) for line in metrics.read_text().splitlines()
+                     if line.strip().endswith("}")]  # fmt: skip
+            if steps and max(steps) >= 20:
+                slurm_cluster.run("scontrol", "requeue", f"{job}_1")
+                seen["requeued"] = True
+
+    wait_done(slurm_cluster, [job], watch=watch)
+    assert seen["throttle"], "squeue never showed the %2 throttle"
+    assert seen["max_running"] == 2
+    assert seen["requeued"]
+
+    rows = results(slurm_cluster, sweep_dir)
+    assert len(rows) == 6
+    assert [r["state"] for r in rows] == ["finished"] * 6, rows
+    bests = [r["best"] for r in rows]
+    assert all(isinstance(b, float) for b in bests)
+    assert bests == sorted(bests)  # val_loss, min: best first
+    assert all(r["steps"] == 64 for r in rows)
+    attempts = {r["index"]: r["attempts"] for r in rows}
+    assert attempts[1] >= 2, attempts
+    assert all(n == 1 for i, n in attempts.items() if i != 1), attempts
+    table = hpc(slurm_cluster, "results", sweep_dir).stdout
+    assert "6 tasks: 6 finished" in table
+    status = hpc(slurm_cluster, "status", sweep_dir).stdout
+    assert "6 tasks: 6 finished" in status
+
+
+def test_resubmit_failed_reruns_exactly_the_failed_task(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(
+        f"base: {REPO / 'jobs' / 'quickstart.yaml'}\n"
+        "sweep:\n  grid:\n    train.lr: [0.1, 0.05, 0.02]\n  max_parallel: 1\n"
+    )
+    submitted = json.loads(
+        hpc(slurm_cluster, "sweep", str(sweep), "train.epochs=1", "--runs-dir",
+            str(tmp_path / "runs"), "--json").stdout
+    )  # fmt: skip
+    sweep_dir = Path(submitted["sweep_dir"])
+    # Task 2 runs last (one at a time): without its config it fails when it starts.
+    config = sweep_dir / "tasks" / "2" / "config.yaml"
+    config.rename(config.with_suffix(".hidden"))
+    wait_done(slurm_cluster, submitted["array_jobs"])
+    states = [r["state"] for r in results(slurm_cluster, str(sweep_dir))]
+    assert states == ["finished", "finished", "failed"]
+
+    config.with_suffix(".hidden").rename(config)
+    again = json.loads(
+        hpc(slurm_cluster, "sweep", "--resubmit-failed", str(sweep_dir), "--json").stdout
+    )
+    assert again["points"] == [2]
+    assert len(again["array_jobs"]) == 1
+    [(ref, _)] = tasks(slurm_cluster, again["array_jobs"])  # 189_2, or 189_[2%1] pending
+    job, _, task_ids = ref.partition("_")
+    assert (job, parse_index_ranges(task_ids)) == (again["array_jobs"][0], [2])
+    wait_done(slurm_cluster, again["array_jobs"])
+    rows = results(slurm_cluster, str(sweep_dir))
+    assert [r["state"] for r in rows] == ["finished"] * 3
+    assert [r["job"].split("_")[0] for r in rows] == [submitted["array_jobs"][0]] * 2 + [
+        again["array_jobs"][0]
+    ]

@@ -1,0 +1,156 @@
+"""Datasets and resumable data order: same samples everywhere, exact mid-epoch continuation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from hpc_ddp.config.model import TrainConfig
+from hpc_ddp.errors import ConfigError
+from hpc_ddp.runtime.checkpoint import Progress
+from hpc_ddp.runtime.sampler import ResumableLoader, ResumableSampler, mix_seed
+from hpc_ddp.train.data import SyntheticImages, build_dataset
+
+pytestmark = pytest.mark.torch
+
+N = 50
+INDEX_DATA = TensorDataset(torch.arange(N))
+
+
+def loader(progress: Progress, rank: int = 0, world: int = 2, **kw: Any) -> ResumableLoader:
+    return ResumableLoader(
+        INDEX_DATA, progress, batch_size=4, num_replicas=world, rank=rank, seed=7, **kw
+    )
+
+
+def take(batches: Any, n: int) -> list[list[int]]:
+    return [next(batches)[0].tolist() for _ in range(n)]
+
+
+def test_synthetic_is_deterministic_and_split() -> None:
+    a = SyntheticImages(64, 10, 8, seed=1)
+    b = SyntheticImages(64, 10, 8, seed=1)
+    x, y = a[5]
+    assert x.shape == (3, 8, 8)
+    assert 0 <= y < 10
+    assert torch.equal(x, b[5][0])
+    assert y == b[5][1]
+    assert not torch.equal(x, SyntheticImages(64, 10, 8, seed=2)[5][0])
+    val = SyntheticImages(64, 10, 8, seed=1, train=False)
+    assert torch.equal(val.prototypes, a.prototypes)
+    assert not torch.equal(val[5][0], x)
+
+
+def test_synthetic_is_learnable() -> None:
+    """The nearest prototype classifies most samples: there is signal to learn."""
+    ds = SyntheticImages(200, 10, 8, seed=0, train=False)
+    correct = 0
+    for i in range(len(ds)):
+        x, y = ds[i]
+        dist = ((ds.prototypes - x) ** 2).flatten(1).sum(1)
+        correct += int(dist.argmin()) == y
+    assert correct / len(ds) > 0.9
+
+
+def test_shards_cover_the_epoch_and_epochs_differ() -> None:
+    def epoch_of(rank: int, epoch: int) -> list[int]:
+        s = ResumableSampler(INDEX_DATA, num_replicas=2, rank=rank, seed=7)
+        s.set_epoch(epoch)
+        return list(s)
+
+    e0 = epoch_of(0, 0) + epoch_of(1, 0)
+    assert set(e0) == set(range(N))
+    assert len(e0) == N  # 50 splits evenly: no padding duplicates
+    assert epoch_of(0, 1) != epoch_of(0, 0)
+
+
+@pytest.mark.parametrize("cut", [1, 3, 6, 7, 8, 13])  # 6 batches/epoch: ends, mid, boundary
+@pytest.mark.parametrize("rank", [0, 1])
+def test_resume_continues_exactly(cut: int, rank: int) -> None:
+    whole = take(loader(Progress(), rank).forever(), 20)
+    progress = Progress()
+    first = take(loader(progress, rank).forever(), cut)
+    saved = Progress(epoch=progress.epoch, batch_in_epoch=progress.batch_in_epoch)
+    rest = take(loader(saved, rank).forever(), 20 - cut)
+    assert first + rest == whole
+
+
+def test_progress_counts_batches_and_rolls_over() -> None:
+    p = Progress()
+    lo = loader(p)
+    assert len(lo) == 6  # 25 indices per rank // 4
+    assert len(list(lo)) == 6
+    assert (p.epoch, p.batch_in_epoch) == (1, 0)
+    p2 = Progress(epoch=0, batch_in_epoch=6)  # saved right after an epoch's last batch
+    assert len(list(loader(p2))) == 6
+    assert p2.epoch == 2
+
+
+def test_multiple_of_trims_the_epoch() -> None:
+    assert len(loader(Progress(), multiple_of=4)) == 4
+
+
+def test_loading_leaves_the_global_rng_alone() -> None:
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    take(loader(Progress()).forever(), 10)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_workers_give_the_same_batches() -> None:
+    plain = take(loader(Progress()).forever(), 8)
+    assert take(loader(Progress(), num_workers=2).forever(), 8) == plain
+
+
+def test_mix_seed_is_stable() -> None:
+    assert mix_seed(1, 2) == mix_seed(1, 2)
+    assert mix_seed(1, 2) != mix_seed(2, 1)
+    assert 0 <= mix_seed(2**70, -1) < 2**63
+
+
+@pytest.mark.parametrize(
+    ("cfg", "match"),
+    [
+        (TrainConfig(dataset="cifar"), "did you mean 'cifar10'"),
+        (TrainConfig(dataset="cifar10"), "data_root is not set"),
+        (TrainConfig(dataset="mnist", data_root="/nonexistent"), "download=True"),
+        (TrainConfig(dataset="imagefolder", data_root="/nonexistent"), "train/"),
+        (TrainConfig(dataset="no_such_module_xyz:fn"), "cannot import"),
+        (TrainConfig(dataset="tests.helpers.user_code:nope"), "no attribute 'nope'"),
+    ],
+)
+def test_dataset_errors_say_how_to_fix(cfg: TrainConfig, match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as err:
+        build_dataset(cfg, train=True)
+    assert "HINT" in str(err.value)
+
+
+def test_user_dataset_from_import_string() -> None:
+    cfg = TrainConfig(dataset="tests.helpers.user_code:dataset", image_size=4)
+    train = build_dataset(cfg, train=True)
+    assert train is not None
+    assert train[0][0].shape == (3, 4, 4)
+    assert build_dataset(cfg, train=False) is None
+
+
+def test_imagefolder(tmp_path: Path) -> None:
+    image = pytest.importorskip("PIL.Image")
+    for split in ("train", "val"):
+        for cls in ("cat", "dog"):
+            (tmp_path / split / cls).mkdir(parents=True)
+            for i in range(2):
+                image.new("RGB", (10, 12), (i * 100, 0, 0)).save(
+                    tmp_path / split / cls / f"{i}.png"
+                )
+    cfg = TrainConfig(dataset="imagefolder", data_root=str(tmp_path), num_classes=2, image_size=8)
+    train = build_dataset(cfg, train=True)
+    assert train is not None
+    x, y = train[0]
+    assert x.shape == (3, 8, 8)
+    assert y in (0, 1)
+    with pytest.raises(ConfigError, match="num_classes: 2"):
+        build_dataset(TrainConfig(dataset="imagefolder", data_root=str(tmp_path)), train=True)
