@@ -1,7 +1,9 @@
 """hpc-ddp: PyTorch DDP on Slurm that survives preemption, time limits and requeues.
 
-The training API (``hpc_ddp.session()`` and friends) is loaded on first use, so that
-``import hpc_ddp`` on a login node does not pay for importing torch.
+The training API (``hpc_ddp.session()`` and friends) and :class:`JobConfig` are loaded on
+first use, so that ``import hpc_ddp`` on a login node does not pay for importing torch (or the
+config layer). The exception tree of :mod:`hpc_ddp.errors` is imported directly: it is one
+small standard-library-only module, and ``except hpc_ddp.HpcDdpError`` should just work.
 """
 
 from __future__ import annotations
@@ -9,7 +11,22 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from hpc_ddp.errors import (
+    CheckpointError,
+    ConfigError,
+    DevClusterError,
+    DistEnvError,
+    HpcDdpError,
+    OverrideError,
+    RenderError,
+    RunDirError,
+    RunsDirError,
+    SlurmError,
+    SlurmUnavailableError,
+    SubmissionError,
+    TargetError,
+)
+from hpc_ddp.version import __version__
 
 # public name -> module that defines it (imported on first attribute access)
 _LAZY = {
@@ -26,16 +43,31 @@ _LAZY = {
     "ResumableSampler": "hpc_ddp.runtime.sampler",
     "run_training": "hpc_ddp.train.trainer",
     "TrainResult": "hpc_ddp.train.trainer",
+    "JobConfig": "hpc_ddp.config.model",
 }
 
 __all__ = [
     "REQUEUE_EXIT_CODE",
+    "CheckpointError",
     "CheckpointInfo",
+    "ConfigError",
+    "DevClusterError",
+    "DistEnvError",
+    "HpcDdpError",
+    "JobConfig",
+    "OverrideError",
     "Progress",
+    "RenderError",
     "RequeueExit",
     "ResumableLoader",
     "ResumableSampler",
+    "RunDirError",
+    "RunsDirError",
     "Session",
+    "SlurmError",
+    "SlurmUnavailableError",
+    "SubmissionError",
+    "TargetError",
     "TrainResult",
     "__version__",
     "list_checkpoints",
@@ -46,6 +78,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from hpc_ddp.config.model import JobConfig
     from hpc_ddp.runtime.checkpoint import (
         CheckpointInfo,
         Progress,

@@ -27,9 +27,25 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.durable import write_text_atomic  # re-exported: submission, ports, local import it
 from hpc_ddp.errors import RunDirError, RunsDirError
 
 MANIFEST_VERSION = 1
+
+# Every HPC_DDP_* environment variable, declared once. The first three are the login-to-node
+# contract: the rendered script (or the local backend) sets them, the runtime reads them.
+RUN_DIR_ENV = "HPC_DDP_RUN_DIR"
+"""This task's run directory (in a sweep's array: ``SWEEP_DIR/tasks/<index>``)."""
+ARRAY_OFFSET_ENV = "HPC_DDP_ARRAY_OFFSET"
+"""Added to ``SLURM_ARRAY_TASK_ID`` when a sweep is split over several arrays (MaxArraySize)."""
+PER_RANK_LOGS_ENV = "HPC_DDP_PER_RANK_LOGS"
+"""Set where each rank has its own log file, so every rank may log at INFO."""
+RUNS_DIR_ENV = "HPC_DDP_RUNS_DIR"
+"""Login side: where runs are created and looked for (default ``./runs``)."""
+SITE_ENV = "HPC_DDP_SITE"
+"""Login side: the site profile YAML (default ``$XDG_CONFIG_HOME/hpc-ddp/site.yaml``)."""
+DEV_CLUSTER_DIR_ENV = "HPC_DDP_DEV_CLUSTER_DIR"
+"""Contributors: the dev cluster's state directory."""
 
 
 @dataclass(frozen=True)
@@ -109,20 +125,25 @@ class Manifest:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so a reader sees the old file or the new one, never half."""
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_manifest(paths: RunPaths, manifest: Manifest) -> None:
     """Write ``manifest.json`` atomically."""
     write_text_atomic(paths.manifest, manifest.to_json())
 
+
+__all__ = [
+    "MANIFEST_VERSION",
+    "Manifest",
+    "RunPaths",
+    "check_runs_dir",
+    "checkpoint_steps",
+    "create_run_dir",
+    "damaged_checkpoint",
+    "last_metric",
+    "new_run_dir",
+    "read_manifest",
+    "write_manifest",
+    "write_text_atomic",
+]
 
 _MANIFEST_TYPES: dict[str, tuple[type, ...]] = {
     "name": (str,), "backend": (str,), "job_id": (str, type(None)), "submitted_at": (str,),
@@ -282,7 +303,7 @@ def last_metric(paths: RunPaths, key: str) -> Any:
             for line in f:
                 try:
                     row = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
                     continue
                 if isinstance(row, dict) and key in row:
                     value = row[key]

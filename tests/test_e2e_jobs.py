@@ -108,7 +108,7 @@ def test_cancel_stops_a_running_job_for_good(slurm_cluster: Cluster, tmp_path: P
         slurm_cluster, tmp_path, "jobs/quickstart.yaml", "train.epochs=50", "train.log_every=1"
     )
     e2e.wait_step(job.run_dir, 3)
-    out = e2e.hpc(slurm_cluster, "cancel", job.run_dir).stdout
+    out = e2e.hpc(slurm_cluster, "cancel", str(job.run_dir)).stdout
     assert f"cancelled slurm job {job.job_id}" in out
     assert wait_done(slurm_cluster, job.job_id) == "CANCELLED"
     fields = slurm_cluster.run("scontrol", "show", "job", "-o", job.job_id).stdout

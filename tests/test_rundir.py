@@ -223,6 +223,31 @@ def test_last_metric_skips_every_line_that_is_not_a_row(
     assert last_metric(paths, "loss") == expected
 
 
+def test_last_metric_skips_a_line_nested_too_deep_to_parse(tmp_path: Path) -> None:
+    # json.loads raises RecursionError (not ValueError) on absurd nesting: still just a bad line.
+    paths = RunPaths(tmp_path)
+    paths.metrics.write_text('{"loss": 2.0}\n' + "[" * 200_000 + "\n")
+    assert last_metric(paths, "loss") == 2.0
+
+
+def test_write_text_atomic_is_still_importable_from_rundir() -> None:
+    from hpc_ddp import durable, rundir
+
+    assert rundir.write_text_atomic is durable.write_text_atomic
+
+
+def test_write_manifest_leaves_no_temp_file(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path)
+    manifest = Manifest(
+        name="j", backend="slurm", job_id="1", submitted_at="t", command=["sbatch"],
+        config_source="job.yaml", run_dir=str(tmp_path),
+    )  # fmt: skip
+    write_manifest(paths, manifest)
+    write_manifest(paths, manifest)
+    assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
+    assert read_manifest(tmp_path) == manifest
+
+
 def test_last_metric_without_a_file_is_none(tmp_path: Path) -> None:
     assert last_metric(RunPaths(tmp_path), "loss") is None
 

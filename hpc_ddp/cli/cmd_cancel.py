@@ -14,7 +14,7 @@ import re
 import signal
 from pathlib import Path
 
-from hpc_ddp.cli.cmd_status import RUNS_DIR_ENV, resolve_targets
+from hpc_ddp.cli.runs import resolve_targets, runs_dir_from
 from hpc_ddp.errors import RunDirError, SlurmError, TargetError
 from hpc_ddp.local.process import (
     controller_cmdline_matches,
@@ -25,7 +25,7 @@ from hpc_ddp.local.process import (
     signal_if_same,
     unmark_cancelled,
 )
-from hpc_ddp.rundir import Manifest, read_manifest
+from hpc_ddp.rundir import RUNS_DIR_ENV, Manifest, read_manifest
 from hpc_ddp.slurm.client import SlurmClient
 
 # A Slurm job id (``1234``, an array task ``1234_5``) or a local run's pid: a positive integer.
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     Exit 0 when every target was cancelled or had already ended.
     """
     check_targets(args.targets)
-    runs_dir = Path(args.runs_dir or os.environ.get(RUNS_DIR_ENV) or "runs")
+    runs_dir = runs_dir_from(args.runs_dir, os.environ)
     client = SlurmClient()
     for run_dir in resolve_targets(args.targets, runs_dir):
         manifest = read_manifest(run_dir)

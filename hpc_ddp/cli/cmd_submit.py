@@ -12,13 +12,13 @@ import shutil
 import sys
 from pathlib import Path
 
+from hpc_ddp.cli.runs import runs_dir_from
 from hpc_ddp.config.load import find_site_profile, load_job_config
 from hpc_ddp.config.preflight import preflight_job
 from hpc_ddp.errors import ConfigError
+from hpc_ddp.rundir import RUNS_DIR_ENV
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.submission import Prepared, materialize, prepare, record, schedule_slurm
-
-RUNS_DIR_ENV = "HPC_DDP_RUNS_DIR"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="auto: Slurm when sbatch is on PATH, else local processes (default)",
     )
     parser.add_argument(
-        "--site", help="site profile YAML (default $HPC_DDP_SITE or ~/.config/hpc-ddp/site.yaml)"
+        "--site",
+        help="site profile YAML (default $HPC_DDP_SITE, else $XDG_CONFIG_HOME/hpc-ddp/site.yaml)",
     )
     parser.add_argument(
         "--runs-dir",
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if backend == "local" and args.test_only:
         raise ConfigError("--test-only asks Slurm; HINT: use --backend slurm on a Slurm cluster.")
     client = SlurmClient()
-    runs_dir = Path(args.runs_dir or os.environ.get(RUNS_DIR_ENV) or "runs")
+    runs_dir = runs_dir_from(args.runs_dir, os.environ)
     prepared = prepare(
         cfg,
         config_path=config_path,
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     manifest = schedule_slurm(prepared, client)
     _report(prepared, "slurm", manifest.job_id, args.json)
     if args.wait:
-        from hpc_ddp.cli.cmd_status import wait_for_jobs
+        from hpc_ddp.cli.waiting import wait_for_jobs
 
         return wait_for_jobs(client, [manifest.job_id or ""], run_dirs=[prepared.paths.root])
     return 0

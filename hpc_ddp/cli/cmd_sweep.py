@@ -17,10 +17,11 @@ from typing import Any
 
 from tabulate import tabulate
 
+from hpc_ddp.cli.runs import runs_dir_from
 from hpc_ddp.config.load import find_site_profile
 from hpc_ddp.config.preflight import preflight_points
 from hpc_ddp.errors import ConfigError, RunDirError, RunsDirError, SlurmError
-from hpc_ddp.rundir import new_run_dir
+from hpc_ddp.rundir import RUNS_DIR_ENV, new_run_dir
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.sweep.spec import SweepSpec, load_sweep
 from hpc_ddp.sweep.submit import (
@@ -31,8 +32,6 @@ from hpc_ddp.sweep.submit import (
     submit_sweep,
     sweep_name,
 )
-
-RUNS_DIR_ENV = "HPC_DDP_RUNS_DIR"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="submit the failed and cancelled tasks of SWEEP_DIR again, in their directories",
     )
     parser.add_argument(
-        "--site", help="site profile YAML (default $HPC_DDP_SITE or ~/.config/hpc-ddp/site.yaml)"
+        "--site",
+        help="site profile YAML (default $HPC_DDP_SITE, else $XDG_CONFIG_HOME/hpc-ddp/site.yaml)",
     )
     parser.add_argument(
         "--runs-dir",
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     site = find_site_profile(args.site, os.environ, Path.home())
     spec = load_sweep(sweep_file, args.overrides, site)
     preflight_points((f"{sweep_file}: point {p.index}", p.config) for p in spec.points)
-    runs_dir = Path(args.runs_dir or os.environ.get(RUNS_DIR_ENV) or "runs")
+    runs_dir = runs_dir_from(args.runs_dir, os.environ)
     origin = (
         "--runs-dir" if args.runs_dir else f"${RUNS_DIR_ENV}" if os.environ.get(RUNS_DIR_ENV)
         else "the default runs directory"

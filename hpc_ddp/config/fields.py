@@ -108,11 +108,63 @@ def _time(value: Any, key: str) -> str:
 
 
 def _mem(value: Any, key: str) -> str:
+    """A per-node memory size; ``0`` (in any unit) is kept as ``0``: all of the node's memory."""
     try:
-        parse_mem(value)
+        megabytes = parse_mem(value)
     except ConfigError as exc:
         raise Invalid(key, str(exc)) from None
-    return str(value).strip()
+    return "0" if megabytes == 0 else str(value).strip()
+
+
+_PYTHON_RE = re.compile(r"[A-Za-z0-9_./+-]+")
+
+
+def _container_python(value: Any, key: str) -> str:
+    """One executable, a name on the image's PATH or an absolute path: never a command line.
+
+    It is rendered shell-quoted anyway; refusing anything else catches a pasted command line
+    (``python3 -u``) or a value that would read as an option, with a clear message."""
+    out = as_str(value, key)
+    if not _PYTHON_RE.fullmatch(out) or out.startswith("-") or out.endswith("/"):
+        raise Invalid(
+            key,
+            f"{short_repr(out)} is not an executable name or path. HINT: give the image's "
+            "interpreter alone, e.g. python3 or /opt/conda/bin/python (letters, digits and "
+            "'._+-/', no spaces, quotes or shell characters)",
+        )
+    return out
+
+
+def _srun_args(value: Any, key: str) -> tuple[str, ...]:
+    """Extra srun options, each one argument that starts with ``-`` (``--mpi=pmix``)."""
+    args = as_str_list(value, key)
+    for i, arg in enumerate(args):
+        if not arg.startswith("-") or arg.strip("-") == "":
+            raise Invalid(
+                f"{key}[{i}]",
+                f"{short_repr(arg)} is not an srun option. HINT: each item is one option "
+                "starting with '-', with its value attached: write '--mpi=pmix', not "
+                "['--mpi', 'pmix']",
+            )
+        name = arg.partition("=")[0]
+        long_owner = next(
+            (
+                f
+                for f in _SRUN_OWN
+                if name.startswith("--") and len(name) >= 5 and f.startswith(name[2:])
+            ),
+            None,
+        )
+        if long_owner or (not arg.startswith("--") and arg[:2] in ("-o", "-e")):
+            raise Invalid(
+                f"{key}[{i}]",
+                f"{short_repr(arg)} sets the step's log files, which hpc-ddp writes itself "
+                "(RUN_DIR/logs/rank-N.*, appended across requeues). HINT: leave it out",
+            )
+    return args
+
+
+_SRUN_OWN = ("output", "error", "open-mode")
 
 
 _SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "ALRM")
@@ -267,6 +319,8 @@ FIELD_CONVERTERS: dict[str, Converter] = {
     "slurm.time": _time,
     "slurm.mem": _mem,
     "slurm.extra": _extra,
+    "slurm.srun_args": _srun_args,
+    "env.container.python": _container_python,
     "env.vars": _vars,
     "env.setup": as_str_list,
     "dist.port": bounded(as_int, 1024, 65535, "pick an unprivileged port, or null to derive one"),

@@ -36,6 +36,7 @@ from hpc_ddp.config.yaml_dialect import (
     read_yaml,
 )
 from hpc_ddp.errors import ConfigError, OverrideError, RunDirError
+from hpc_ddp.rundir import SITE_ENV
 
 __all__ = [
     "SITE_DEFAULT",
@@ -56,7 +57,7 @@ __all__ = [
     "with_value",
 ]
 
-SITE_ENV_VAR = "HPC_DDP_SITE"
+SITE_ENV_VAR = SITE_ENV
 """Environment variable naming the site profile (after ``--site``, before the default path)."""
 SITE_DEFAULT = Path(".config", "hpc-ddp", "site.yaml")
 """The site profile looked for under the home directory when none is named."""
@@ -164,7 +165,9 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
 
 def find_site_profile(explicit: str | None, env: Mapping[str, str], home: Path) -> Path | None:
     """The site profile to use: ``explicit`` (``--site``), else ``$HPC_DDP_SITE``, else
-    ``home/.config/hpc-ddp/site.yaml`` if it exists, else ``None``.
+    ``$XDG_CONFIG_HOME/hpc-ddp/site.yaml`` (``home/.config/hpc-ddp/site.yaml`` when
+    ``XDG_CONFIG_HOME`` is unset, empty or relative, as the XDG spec says) if it exists, else
+    ``None``.
 
     A named profile (option or variable) that does not exist is a :class:`ConfigError`.
     """
@@ -174,11 +177,19 @@ def find_site_profile(explicit: str | None, env: Mapping[str, str], home: Path) 
             if not path.is_file():
                 raise ConfigError(
                     f"{origin}: site profile {text!r} does not exist. HINT: fix the path, or "
-                    f"unset {origin} to use {home / SITE_DEFAULT} if present"
+                    f"unset {origin} to use {default_site_profile(env, home)} if present"
                 )
             return path
-    default = home / SITE_DEFAULT
+    default = default_site_profile(env, home)
     return default if default.is_file() else None
+
+
+def default_site_profile(env: Mapping[str, str], home: Path) -> Path:
+    """Where the site profile lives when none is named (XDG base directory spec)."""
+    xdg = env.get("XDG_CONFIG_HOME", "")
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg, *SITE_DEFAULT.parts[1:])
+    return home / SITE_DEFAULT
 
 
 def load_job_data(

@@ -9,9 +9,10 @@ YAML layout (every key optional except where noted)::
     command: [argv...]          # bring-your-own script (mutually exclusive with entrypoint)
     entrypoint: "pkg.mod:fn"    # bring-your-own Python entry point
     slurm:   {nodes, tasks_per_node, cpus_per_task, gpus_per_task, gpus_per_node, mem, time,
-              partition, account, qos, constraint, exclusive, template, extra: {flag: value}}
+              partition, account, qos, constraint, exclusive, template, extra: {flag: value},
+              srun_args: [..]}
     env:     {modules: [..], setup: [..], vars: {K: V},
-              container: {runtime: apptainer|pyxis, image, binds: [..], options: [..]}}
+              container: {runtime: apptainer|pyxis, image, binds: [..], options: [..], python}}
     dist:    {backend: auto|gloo|nccl, init_method: env|tcp|file, port, timeout_s}
     train:   {model, dataset, data_root, num_classes, image_size, synthetic_samples,
               max_steps, epochs, batch_size, grad_accum, optimizer, lr, momentum,
@@ -54,6 +55,9 @@ class SlurmConfig:
     """Path to a user sbatch template; ``None`` uses ``slurm_templates/default.sbatch.j2``."""
     extra: tuple[tuple[str, str | None], ...] = ()
     """Other sbatch flags as (long name without dashes, value or None for a bare flag)."""
+    srun_args: tuple[str, ...] = ()
+    """Extra options appended to the job step's ``srun`` line (each starts with ``-``), e.g.
+    ``--mpi=none`` or ``--network=...``; each is one shell-quoted argument."""
 
     @property
     def ntasks(self) -> int:
@@ -69,6 +73,9 @@ class ContainerConfig:
     image: str
     binds: tuple[str, ...] = ()
     options: tuple[str, ...] = ()
+    python: str = "python3"
+    """The interpreter inside the image that runs ``-m hpc_ddp run`` (a name on the image's
+    PATH or an absolute path): the login node's ``sys.executable`` does not exist in the image."""
 
 
 @dataclass(frozen=True)

@@ -116,8 +116,8 @@ def parse_mem(text: str | int) -> int:
 
     Accepts an integer (megabytes) or an integer followed by one of ``K``, ``M``, ``G``, ``T``
     in either case, as ``--mem`` does. ``K`` rounds up to whole megabytes, as Slurm does. Zero
-    is refused (``--mem=0`` means "all of the node's memory", rarely what a typo meant), and so
-    are fractions (``1.5G``) and two-letter units (``16GB``), which sbatch refuses or misreads.
+    (in any unit) returns 0: ``--mem=0`` asks for all of the node's memory. Fractions
+    (``1.5G``) and two-letter units (``16GB``) are refused: sbatch refuses or misreads them.
     """
     if isinstance(text, bool) or not isinstance(text, (int, str)):
         raise ConfigError(
@@ -137,11 +137,7 @@ def parse_mem(text: str | int) -> int:
         raise ConfigError(f"invalid memory size {text!r}. HINT: {_mem_fix(raw)}")
     number, unit = int(match.group(1)), match.group(2).upper()
     if number == 0:
-        raise ConfigError(
-            f"invalid memory size {text!r}: Slurm reads 0 as 'all of the node's memory'. "
-            "HINT: give an explicit size such as 64G, or leave slurm.mem out for the "
-            "partition's default"
-        )
+        return 0  # --mem=0: all of the node's memory
     megabytes = max(1, math.ceil(number / 1024)) if unit == "K" else number * _MEM_FACTOR_MB[unit]
     if megabytes > MAX_MEM_MB:
         raise ConfigError(

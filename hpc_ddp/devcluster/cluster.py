@@ -29,11 +29,12 @@ from hpc_ddp.devcluster.conf import (
     render_slurm_conf,
 )
 from hpc_ddp.errors import DevClusterError
+from hpc_ddp.rundir import DEV_CLUSTER_DIR_ENV
 
 log = logging.getLogger(__name__)
 
 DEFAULT_STATE_DIR = Path("/var/lib/hpc-ddp/dev-cluster")
-STATE_DIR_ENV = "HPC_DDP_DEV_CLUSTER_DIR"
+STATE_DIR_ENV = DEV_CLUSTER_DIR_ENV
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 REQUIRED_COMMANDS = ("slurmctld", "slurmd", "sbatch", "munged")
 HOSTS_FILE = Path("/etc/hosts")

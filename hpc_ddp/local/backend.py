@@ -21,7 +21,7 @@ from typing import Any
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.units import parse_slurm_time
 from hpc_ddp.local.process import identify_started, write_identity
-from hpc_ddp.rundir import RunPaths
+from hpc_ddp.rundir import PER_RANK_LOGS_ENV, RunPaths
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,7 @@ def run_task(run_dir: str, master_port: int) -> int:
             "GROUP_RANK": "0",
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(master_port),
-            "HPC_DDP_LOCAL_JOB_ID": str(env.job_id),
-            "HPC_DDP_PER_RANK_LOGS": "1",
+            PER_RANK_LOGS_ENV: "1",
         }
     )
     from hpc_ddp.rundir import RunPaths

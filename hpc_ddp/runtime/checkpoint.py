@@ -61,8 +61,9 @@ try:
 except ImportError:  # torch runs without numpy
     np = None  # type: ignore[assignment]
 
-from hpc_ddp import __version__
+from hpc_ddp.durable import write_atomic, write_text_atomic
 from hpc_ddp.errors import CheckpointError
+from hpc_ddp.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -366,19 +367,6 @@ def prune_plan(steps: list[int], keep_last: int) -> list[int]:
 # --- I/O: thin ----------------------------------------------------------------------------
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _replace_durably(tmp: Path, final: Path) -> None:
-    os.replace(tmp, final)
-    _fsync_dir(final.parent)
-
-
 def write_checkpoint(directory: Path, payload: dict[str, Any], keep_last: int) -> Path:
     """Write ``payload`` as ``step-N.pt`` so that a crash at any moment leaves it whole or absent.
 
@@ -390,22 +378,12 @@ def write_checkpoint(directory: Path, payload: dict[str, Any], keep_last: int) -
     final = directory / checkpoint_name(step)
     if payload["meta"].get("weights_digest") is None:
         payload["meta"]["weights_digest"] = weights_digest(payload["model"])
+    # The temp names start with _TMP_PREFIX so that they never match step-*.pt and _prune can
+    # sweep up those of a writer killed mid-save.
     tmp = directory / f"{_TMP_PREFIX}{final.name}.{os.getpid()}"
-    try:
-        with tmp.open("wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        _replace_durably(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomic(final, lambda f: torch.save(payload, f), tmp=tmp)
     pointer = directory / f"{_TMP_PREFIX}{LATEST}.{os.getpid()}"
-    with pointer.open("w") as f:
-        f.write(final.name + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    _replace_durably(pointer, directory / LATEST)
+    write_text_atomic(directory / LATEST, final.name + "\n", tmp=pointer)
     _prune(directory, keep_last, keep=final)
     return final
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hpc_ddp.errors import DistEnvError
+from hpc_ddp.rundir import ARRAY_OFFSET_ENV
 from hpc_ddp.slurm.nodelist import parse_nodelist, parse_tasks_per_node
 
 Launcher = Literal["slurm", "torchrun", "single"]
@@ -134,7 +135,7 @@ def array_task_index(env: Mapping[str, str]) -> int | None:
     """
     if not env.get("SLURM_ARRAY_TASK_ID"):
         return None
-    return _int(env, "SLURM_ARRAY_TASK_ID") + _int(env, "HPC_DDP_ARRAY_OFFSET", default=0)
+    return _int(env, "SLURM_ARRAY_TASK_ID") + _int(env, ARRAY_OFFSET_ENV, default=0)
 
 
 def derive_dist_env(env: Mapping[str, str], *, port: int | None = None) -> DistEnv:

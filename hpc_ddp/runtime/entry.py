@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import ConfigError, RunDirError
-from hpc_ddp.rundir import RunPaths
+from hpc_ddp.rundir import RUN_DIR_ENV, RunPaths
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def run_command(cfg: JobConfig, paths: RunPaths, env: Mapping[str, str]) -> int:
         **env,
         **dist.as_environ(),
         "MASTER_PORT": str(port),
-        "HPC_DDP_RUN_DIR": str(paths.root),
+        RUN_DIR_ENV: str(paths.root),
     }
     # With MASTER_PORT set, the child's session takes the port as given (launcher-set).
     proc = subprocess.Popen(list(cfg.command), env=child_env)
@@ -101,11 +101,11 @@ def run_job(run_dir: Path, env: Mapping[str, str]) -> int:
         return run_command(cfg, paths, env)
     from hpc_ddp.runtime.session import RequeueExit, Session
 
-    env = {**env, "HPC_DDP_RUN_DIR": str(paths.root)}
+    env = {**env, RUN_DIR_ENV: str(paths.root)}
     try:
         if cfg.entrypoint:
             fn = resolve_entrypoint(cfg.entrypoint)
-            os.environ["HPC_DDP_RUN_DIR"] = str(paths.root)
+            os.environ[RUN_DIR_ENV] = str(paths.root)
             result = fn()  # type: ignore[operator]
             return int(result) if isinstance(result, int) else 0
         from hpc_ddp.train.trainer import run_training

@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
+
+from hpc_ddp.durable import append_line
+from hpc_ddp.errors import RunDirError
 
 log = logging.getLogger(__name__)
 
@@ -151,32 +153,29 @@ def record_end(
 
 
 def _append(path: Path, event: dict[str, Any]) -> None:
-    line = json.dumps(event, sort_keys=True) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        size = os.fstat(fd).st_size
-        if size and os.pread(fd, 1, size - 1) != b"\n":
-            # The previous writer died mid-line: end that line, or this event would be glued
-            # to it and be lost with it.
-            line = "\n" + line
-        os.write(fd, line.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    append_line(path, json.dumps(event, sort_keys=True))
 
 
 def read_ledger(path: Path) -> list[Attempt]:
     """The attempts recorded in ``path``, in the order they started; [] if there is no file.
 
     Lines that do not parse (a torn last line) or are not ledger events are skipped, never fatal.
-    A second start of the same attempt number (the same step relaunched) opens a new entry; an
-    end closes the latest open entry of its attempt, and an end with no start is ignored.
+    A ledger that cannot be read at all (a directory in its place, no permission) is a
+    :class:`~hpc_ddp.errors.RunDirError` with a hint, not a traceback. A second start of the
+    same attempt number (the same step relaunched) opens a new entry; an end closes the latest
+    open entry of its attempt, and an end with no start is ignored.
     """
     try:
         text = path.read_text(errors="replace")
     except FileNotFoundError:
         return []
+    except OSError as exc:  # IsADirectoryError, PermissionError, EIO...
+        raise RunDirError(
+            f"{path}: unreadable ledger ({exc.strerror or exc}). HINT: ledger.jsonl must be a "
+            "readable file; check its permissions, or move whatever is in its place aside "
+            "(the next attempt starts a new ledger)."
+        ) from None
     attempts: list[Attempt] = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():

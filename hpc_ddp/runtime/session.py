@@ -45,7 +45,7 @@ from torch import nn
 from hpc_ddp.config.load import job_config_to_dict, load_resolved_config
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import CheckpointError, HpcDdpError
-from hpc_ddp.rundir import RunPaths
+from hpc_ddp.rundir import PER_RANK_LOGS_ENV, RUN_DIR_ENV, RunPaths
 from hpc_ddp.runtime.checkpoint import (
     CheckpointWriter,
     Progress,
@@ -67,8 +67,6 @@ from hpc_ddp.runtime.stopflag import StopFlag
 
 log = logging.getLogger("hpc_ddp")
 
-RUN_DIR_ENV = "HPC_DDP_RUN_DIR"
-PER_RANK_LOGS_ENV = "HPC_DDP_PER_RANK_LOGS"
 """Set to 1 where every rank has its own log file (the rendered script, the local backend)."""
 DEFAULT_RUN_DIR = "hpc-ddp-run"
 REQUEUE_EXIT_CODE = 0

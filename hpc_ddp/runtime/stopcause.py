@@ -77,10 +77,14 @@ def classify_stop(
     """
     if job is None:
         # No Slurm job: a local run or plain torchrun. The requeue signal still means "save
-        # and come back" (the caller cannot requeue, so the run stops); anything else "stop".
+        # and come back" (the caller cannot requeue, so the run stops). Any other signal came
+        # from a person (`hpc-ddp cancel`, Ctrl-C, kill) and nothing will bring the run back:
+        # that is a cancel, and the ledger and `status` should say so rather than "unknown".
         if signum == requeue_signum:
             return StopVerdict(EndCause.TIME_LIMIT, True, "requeue signal, job state unknown")
-        return StopVerdict(EndCause.UNKNOWN, False, f"signal {_name(signum)}, no Slurm job")
+        return StopVerdict(
+            EndCause.CANCELLED, False, f"{_name(signum)} outside Slurm: cancelled by a person"
+        )
     state = job.get("JobState", "UNKNOWN")
     preempting = job.get("PreemptTime", "None") not in ("None", "", "Unknown")
     restarts = _restarts(job)

@@ -77,7 +77,8 @@ class RenderContext:
     run_dir: str
     """Absolute run directory; for an array job, the sweep directory."""
     python: str
-    """The interpreter that runs ``-m hpc_ddp run`` on the nodes (inside the container if any)."""
+    """The interpreter that runs ``-m hpc_ddp run`` on the nodes when there is no container
+    (the submitting ``sys.executable``); inside one, ``env.container.python`` runs instead."""
     config_source: str
     submit_command: str
     generated_at: str
@@ -231,17 +232,23 @@ def template_variables(cfg: JobConfig, ctx: RenderContext) -> dict[str, Any]:
         "modules": list(cfg.env.modules),
         "setup": list(cfg.env.setup),
         "env_vars": list(cfg.env.vars),
-        "sweep_dir_expr": run_dir if ctx.array else None,
         "run_dir_expr": _run_dir_expr(ctx, run_dir),
         "array_offset": ctx.array_offset if ctx.array else 0,
         "srun_args": srun_args(cfg, ctx),
         "launcher": launcher_argv(cfg),
-        "task_argv": [ctx.python, "-m", "hpc_ddp", "run", ctx.run_dir],
+        "task_argv": [task_python(cfg, ctx), "-m", "hpc_ddp", "run", ctx.run_dir],
     }
 
 
+def task_python(cfg: JobConfig, ctx: RenderContext) -> str:
+    """The interpreter the tasks run: ``env.container.python`` in a container (the login
+    node's interpreter does not exist in the image), else ``ctx.python``."""
+    container = cfg.env.container
+    return ctx.python if container is None else container.python
+
+
 def srun_args(cfg: JobConfig, ctx: RenderContext) -> list[str]:
-    """The step's srun options (unquoted argv)."""
+    """The step's srun options (unquoted argv); ``slurm.srun_args`` come last."""
     logs = _log_dir_pattern(ctx)
     args = [
         "--kill-on-bad-exit=1",
@@ -265,6 +272,13 @@ def srun_args(cfg: JobConfig, ctx: RenderContext) -> list[str]:
                     )
             args.append(f"--container-mounts={','.join(container.binds)}")
         args.extend(container.options)
+    for arg in cfg.slurm.srun_args:
+        if not arg.startswith("-"):
+            raise RenderError(
+                f"slurm.srun_args entry {arg!r} is not an srun option. HINT: each entry is one "
+                "option starting with '-', its value attached: '--mpi=pmix'"
+            )
+    args.extend(cfg.slurm.srun_args)
     return args
 
 

@@ -27,10 +27,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp import __version__
 from hpc_ddp.config.load import dump_job_config, load_resolved_config, to_plain
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.yaml_dialect import dump_yaml
+from hpc_ddp.durable import fsync_dir, write_text_atomic
 from hpc_ddp.errors import SlurmError, SubmissionError
 from hpc_ddp.rundir import (
     Manifest,
@@ -38,7 +38,6 @@ from hpc_ddp.rundir import (
     create_run_dir,
     read_manifest,
     write_manifest,
-    write_text_atomic,
 )
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.render import RenderContext, load_template, render_sbatch
@@ -52,6 +51,7 @@ from hpc_ddp.sweep.results import (
     read_sweep_record,
 )
 from hpc_ddp.sweep.spec import SweepSpec
+from hpc_ddp.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -224,11 +224,7 @@ def write_sweep_dir(sweep_dir: Path, spec: SweepSpec, record: str) -> None:
         finally:
             os.close(fd)
     for directory in (tasks, sweep_dir):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(directory)
     write_text_atomic(sweep_dir / SWEEP_RECORD, record)
 
 

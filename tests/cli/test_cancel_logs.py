@@ -24,6 +24,7 @@ import pytest
 
 from hpc_ddp.local.process import identify_started, write_identity
 from hpc_ddp.rundir import Manifest, RunPaths, write_manifest
+from hpc_ddp.runtime.ledger import EndCause, read_ledger
 from hpc_ddp.slurm.client import parse_scontrol_oneliner
 from tests import e2e_util as e2e
 from tests.conftest import REPO, Cluster
@@ -201,6 +202,8 @@ def test_cancel_stops_a_running_local_job_and_wait_reports_it(tmp_path: Path) ->
             waiter.wait()
     assert f"local job {pid}: CANCELLED" in (tmp_path / "err").read_text()
     assert all(identify_started(t, timeout_s=0) is None for t in [pid, *tasks])
+    # A person's SIGTERM outside Slurm is recorded as a cancel, not as an unknown stop.
+    assert read_ledger(run_dir / "ledger.jsonl")[-1].cause is EndCause.CANCELLED
     again = hpc("cancel", str(run_dir))
     assert again.returncode == 0, again.stderr
     assert "already ended; nothing was signalled" in again.stdout

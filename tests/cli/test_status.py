@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 
-from hpc_ddp.cli import cmd_cancel, cmd_status
-from hpc_ddp.cli.cmd_status import resolve_targets, wait_for_jobs
+from hpc_ddp.cli import cmd_cancel, cmd_status, waiting
 from hpc_ddp.cli.main import main
+from hpc_ddp.cli.runs import resolve_targets
+from hpc_ddp.cli.waiting import wait_for_jobs
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.local.process import identify, write_identity
 from hpc_ddp.rundir import Manifest, RunPaths, write_manifest
@@ -262,8 +263,10 @@ def make_run(
     return run_dir
 
 
-def status_json(capsys: pytest.CaptureFixture[str], *argv: str) -> list[dict[str, Any]]:
-    assert main(["status", *argv, "--json"]) == 0
+def status_json(
+    capsys: pytest.CaptureFixture[str], *argv: str, code: int = 0
+) -> list[dict[str, Any]]:
+    assert main(["status", *argv, "--json"]) == code
     rows: list[dict[str, Any]] = json.loads(capsys.readouterr().out)
     return rows
 
@@ -286,7 +289,9 @@ def test_one_damaged_run_among_many_is_a_damaged_row_and_the_rest_are_shown(
     running = make_run(tmp_path, "e-running", "15", [None])
     fake.rows = {"11": ("COMPLETED", script(good)), "14": ("COMPLETED", script(metrics_dir)),
                  "15": ("RUNNING", script(running))}  # fmt: skip
-    rows = {Path(r["run"]).name: r for r in status_json(capsys, "--runs-dir", str(tmp_path))}
+    rows = {
+        Path(r["run"]).name: r for r in status_json(capsys, "--runs-dir", str(tmp_path), code=1)
+    }
     assert {n: r["state"] for n, r in rows.items()} == {
         "a-good": "COMPLETED",
         "b-bad-manifest": "DAMAGED",
@@ -301,8 +306,8 @@ def test_one_damaged_run_among_many_is_a_damaged_row_and_the_rest_are_shown(
     # Only the readable manifests' jobs were asked about, in one filtered squeue.
     [squeue] = fake.commands("squeue")
     assert squeue[squeue.index("-j") + 1] == "11,14,15"
-    # The table says the same.
-    assert main(["status", "--runs-dir", str(tmp_path)]) == 0
+    # The table says the same, and the exit status says something is damaged.
+    assert main(["status", "--runs-dir", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert out.count("DAMAGED") == 3
     assert f"{bad}: {bad / 'manifest.json'}: damaged manifest" in out
@@ -501,7 +506,7 @@ def test_wait_backs_off_and_asks_for_its_job_only(capsys: pytest.CaptureFixture[
     code = wait_for_jobs(SlurmClient(polls), ["5"], sleep=polls.sleeps.append)
     assert code == 0
     assert polls.sleeps[:4] == [0.5, 0.75, 1.125, 1.6875]
-    assert polls.sleeps[-1] == cmd_status.MAX_POLL_S
+    assert polls.sleeps[-1] == waiting.MAX_POLL_S
     assert all(b >= a for a, b in itertools.pairwise(polls.sleeps))
     assert len(polls.sleeps) == 12
     assert {a[:6] for a in polls.argvs} == {("squeue", "-h", "-t", "all", "-j", "5")}

@@ -295,7 +295,7 @@ def test_a_five_thousand_digit_integer(tmp_path: Path, quick: Callable[[], None]
 
 def test_a_config_too_big_as_a_whole_names_the_biggest_key() -> None:
     line = "e" * 8000
-    data = {"name": "x", "env": {"setup": [line] * 9}}  # 72,000 characters
+    data: dict[str, Any] = {"name": "x", "env": {"setup": [line] * 9}}  # 72,000 characters
     message = raises_config_error(lambda: job_config_from_dict(data, "api"))
     assert message.startswith("api: env: the config's values hold")
     assert f"limit of {MAX_CONFIG_CHARS:,} for one job" in message

@@ -124,7 +124,17 @@ ERRORS: list[tuple[str, Any, str, str]] = [
     ("slurm.time", 1.5, "slurm.time", "expected a string"),
     ("slurm.mem", "16GB", "slurm.mem", "write '16G'"),
     ("slurm.mem", "1.5G", "slurm.mem", "write '1536M'"),
-    ("slurm.mem", 0, "slurm.mem", "all of the node's memory"),
+    ("slurm.srun_args", "--mpi=pmix", "slurm.srun_args", "write [--mpi=pmix]"),
+    ("slurm.srun_args", ["pmix"], "slurm.srun_args[0]", "not an srun option"),
+    ("slurm.srun_args", ["--mpi", "pmix"], "slurm.srun_args[1]", "write '--mpi=pmix'"),
+    ("slurm.srun_args", ["-"], "slurm.srun_args[0]", "not an srun option"),
+    ("slurm.srun_args", [3], "slurm.srun_args[0]", "expected a string"),
+    ("slurm.srun_args", ["--output=x"], "slurm.srun_args[0]", "log files"),
+    ("slurm.srun_args", ["--err=x"], "slurm.srun_args[0]", "log files"),
+    ("slurm.srun_args", ["-ox"], "slurm.srun_args[0]", "log files"),
+    ("slurm.srun_args", ["--x\n"], "slurm.srun_args[0]", "line break"),
+    ("slurm.srun_arg", ["--mpi=pmix"], "slurm.srun_arg", "did you mean 'slurm.srun_args'?"),
+    ("srun_args", ["--mpi=pmix"], "srun_args", "did you mean 'slurm.srun_args'?"),
     ("slurm.exclusive", "yes", "slurm.exclusive", "expected true or false"),
     ("slurm.exclusive", "no", "slurm.exclusive", "YAML 1.2, where 'no' is a string"),
     ("slurm.partition", "", "slurm.partition", "empty string"),
@@ -156,6 +166,32 @@ ERRORS: list[tuple[str, Any, str, str]] = [
     ("env.container", {"image": "x"}, "env.container.runtime", "apptainer or pyxis"),
     ("env.container", {"runtime": "docker", "image": "x"}, "env.container.runtime", "pyxis"),
     ("env.container", "x.sif", "env.container", "expected a mapping"),
+    *(
+        (
+            "env.container",
+            {"runtime": "apptainer", "image": "x", "python": bad},
+            "env.container.python",
+            fragment,
+        )
+        for bad, fragment in [
+            ("python3; touch /tmp/pwned", "not an executable name or path"),
+            ("$(touch /tmp/pwned)", "not an executable name or path"),
+            ("`id`", "not an executable name or path"),
+            ("python3 -u", "no spaces"),
+            ("'python3'", "not an executable name or path"),
+            ("-c", "not an executable name or path"),
+            ("/opt/bin/", "not an executable name or path"),
+            ("", "empty string"),
+            (3, "expected a string"),
+        ]
+    ),
+    (
+        "env.container",
+        {"runtime": "apptainer", "image": "x", "pyton": "python3"},
+        "env.container.pyton",
+        "did you mean 'env.container.python'?",
+    ),
+    ("python", "python3", "python", "did you mean 'env.container.python'?"),
     ("dist.backend", "ncll", "dist.backend", "did you mean 'nccl'?"),
     ("dist.init_method", "ssh", "dist.init_method", "not one of: env, tcp, file"),
     ("dist.port", 80, "dist.port", "between 1024 and 65535"),
@@ -225,6 +261,54 @@ def test_impossible_combinations_are_refused(
     assert message.startswith(f"jobs/x.yaml: {key}: ")
     assert "HINT:" in message
     assert fragment in message
+
+
+def test_new_keys_defaults_and_accepted_values() -> None:
+    cfg = job_config_from_dict({"name": "j"}, "x")
+    assert cfg.slurm.srun_args == ()
+    cfg = job_config_from_dict(
+        {
+            "name": "j",
+            "slurm": {"mem": 0, "srun_args": ["--mpi=pmix", "-l", "--comment=a b; c"]},
+            "env": {"container": {"runtime": "pyxis", "image": "img"}},
+        },
+        "x",
+    )
+    assert cfg.slurm.mem == "0"  # all of the node's memory
+    assert cfg.slurm.srun_args == ("--mpi=pmix", "-l", "--comment=a b; c")
+    assert cfg.env.container is not None
+    assert cfg.env.container.python == "python3"  # not the login node's sys.executable
+    for python in ("python3.11", "/opt/conda/bin/python", "/usr/local/bin/python3", "py+x_y-z"):
+        data = {"name": "j", "env": {"container": {"runtime": "apptainer", "image": "i",
+                                                   "python": python}}}  # fmt: skip
+        container = job_config_from_dict(data, "x").env.container
+        assert container is not None
+        assert container.python == python
+
+
+@pytest.mark.parametrize("mem", [0, "0", "0G", " 0M "])
+def test_mem_zero_is_all_of_the_nodes_memory(mem: Any) -> None:
+    assert job_config_from_dict({"name": "j", "slurm": {"mem": mem}}, "x").slurm.mem == "0"
+
+
+JOBS = Path(__file__).parents[2] / "jobs"
+SWEEP_FILES = {"sweep-lr.yaml"}
+
+
+@pytest.mark.parametrize(
+    "job", sorted(p.name for p in JOBS.glob("*.yaml") if p.name not in SWEEP_FILES)
+)
+def test_shipped_job_files_load_and_validate(job: str) -> None:
+    cfg = load_job_config(JOBS / job)
+    assert cfg.name
+    assert job_config_from_dict(job_config_to_dict(cfg), "x") == cfg
+
+
+def test_shipped_gpu_example_runs_one_task_per_gpu_with_gpus_per_node() -> None:
+    slurm = load_job_config(JOBS / "resnet18-cifar10.yaml").slurm
+    assert slurm.gpus_per_task is None  # per-task isolation can cut NCCL P2P/NVLink
+    assert slurm.gpus_per_node is not None
+    assert slurm.tasks_per_node == slurm.gpus_per_node
 
 
 def test_name_is_required_and_top_level_must_be_a_mapping() -> None:
@@ -449,13 +533,23 @@ def _random_config(rng: random.Random) -> JobConfig:
         "partition": rng.choice([None, word()]),
         "exclusive": rng.random() < 0.5,
         "extra": {f"flag{i}": rng.choice([None, word(), 7]) for i in range(rng.randrange(3))},
+        "srun_args": rng.choice([[], ["--mpi=none"], [f"--comment={word()}", "-l"]]),
     }
     data["env"] = {
         "modules": [word() for _ in range(rng.randrange(3))],
         "setup": [word() for _ in range(rng.randrange(3))],
         "vars": {f"V{i}": rng.choice([word(), 3]) for i in range(rng.randrange(3))},
         "container": rng.choice(
-            [None, {"runtime": "pyxis", "image": word(), "binds": [word()], "options": []}]
+            [
+                None,
+                {
+                    "runtime": "pyxis",
+                    "image": word(),
+                    "binds": [word()],
+                    "options": [],
+                    "python": rng.choice(["python3", "/opt/py/bin/python3.11"]),
+                },
+            ]
         ),
     }
     data["dist"] = {"backend": rng.choice(["auto", "nccl"]), "port": rng.choice([None, 40000])}
@@ -492,7 +586,8 @@ def test_full_fixture_round_trips(tmp_path: Path) -> None:
     assert plain["env"]["modules"] == ["cuda/12.4", "gcc/12"]
     (tmp_path / "config.yaml").write_text(dump_job_config(cfg), encoding="utf-8")
     assert load_resolved_config(tmp_path / "config.yaml") == cfg
-    assert SlurmConfig(**{**plain["slurm"], "extra": cfg.slurm.extra}) == cfg.slurm
+    lists = {"extra": cfg.slurm.extra, "srun_args": tuple(plain["slurm"]["srun_args"])}
+    assert SlurmConfig(**{**plain["slurm"], **lists}) == cfg.slurm
 
 
 def test_load_resolved_config_missing_is_a_run_dir_error(tmp_path: Path) -> None:

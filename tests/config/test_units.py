@@ -99,6 +99,10 @@ def test_format_slurm_time_refuses_negative() -> None:
         ("1025K", 2),  # K rounds up, as Slurm does
         ("1k", 1),
         (" 8G ", 8192),
+        # 0 asks Slurm for all of the node's memory.
+        ("0", 0),
+        (0, 0),
+        ("0G", 0),
     ],
 )
 def test_parse_mem_accepts_slurm_syntax(value: str | int, megabytes: int) -> None:
@@ -114,8 +118,6 @@ def test_parse_mem_accepts_slurm_syntax(value: str | int, megabytes: int) -> Non
         ("1.5G", "write '1536M'"),
         ("0.5T", "write '512G'"),
         ("1.5", "whole number"),
-        ("0", "all of the node's memory"),
-        (0, "all of the node's memory"),
         ("-4G", "negative"),
         (-1, "negative"),
         ("16 G", "without spaces: '16G'"),

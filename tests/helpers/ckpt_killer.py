@@ -51,7 +51,7 @@ def main() -> None:
     torch.set_num_threads(1)
     rng = random.Random(seed)
     write(directory, payload(0), keep_last=2)
-    rounds = []
+    rounds: list[dict[str, object]] = []
     last = 0
     for _ in range(kills):
         pid = os.fork()

@@ -47,7 +47,7 @@ class Ranks:
     block a rank while its peer waits for it in a collective)."""
 
     procs: list[subprocess.Popen[bytes]]
-    outputs: list[tuple[IO[bytes], IO[bytes]]]
+    outputs: Sequence[tuple[IO[bytes], IO[bytes]]]
 
     def wait(self, timeout: float = 60.0) -> list[tuple[int, str, str]]:
         """(returncode, stdout, stderr) per rank; kills all of them on timeout."""

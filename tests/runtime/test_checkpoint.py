@@ -107,6 +107,33 @@ def test_save_load_roundtrip_is_weights_only(tmp_path: Path) -> None:
     assert list(tmp_path.glob(".tmp-*")) == []
 
 
+def test_a_save_that_fails_midway_leaves_the_old_state_and_no_temp_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+
+    old = save(tmp_path, 10)
+
+    def torn_save(obj: Any, f: Any) -> None:
+        f.write(b"PK\x03\x04 half a checkpoint")
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(torch, "save", torn_save)
+        with pytest.raises(OSError, match="No space left"):
+            save(tmp_path, 20)
+    with monkeypatch.context() as m:
+
+        def refuse(*args: Any) -> None:
+            raise OSError(5, "Input/output error")
+
+        m.setattr(os, "replace", refuse)
+        with pytest.raises(OSError, match="Input/output"):
+            save(tmp_path, 30)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LATEST, old.name]
+    assert (tmp_path / LATEST).read_text().strip() == old.name
+    assert find_latest(tmp_path) is not None
+
+
 def test_digest_stable_across_save_load_and_layout(tmp_path: Path) -> None:
     model = small_model()
     loaded = load_checkpoint(save(tmp_path, 1, model))  # save() trains one step first

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
+from hpc_ddp.errors import RunDirError
 from hpc_ddp.runtime.ledger import (
     Attempt,
     EndCause,
@@ -115,6 +117,25 @@ def test_an_attempt_without_an_end_is_open(tmp_path: Path) -> None:
 
 def test_no_ledger_is_no_attempts(tmp_path: Path) -> None:
     assert read_ledger(tmp_path / "missing.jsonl") == []
+
+
+def test_a_directory_in_place_of_the_ledger_is_a_run_dir_error(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    path.mkdir()
+    with pytest.raises(RunDirError, match=r"ledger\.jsonl: unreadable ledger .*HINT:"):
+        read_ledger(path)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_an_unreadable_ledger_is_a_run_dir_error(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    start(path, 0, 1.0)
+    path.chmod(0)
+    try:
+        with pytest.raises(RunDirError, match=r"unreadable ledger .*HINT:"):
+            read_ledger(path)
+    finally:
+        path.chmod(0o644)
 
 
 def test_a_torn_last_line_is_skipped_and_the_next_event_survives(tmp_path: Path) -> None:

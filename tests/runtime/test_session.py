@@ -22,10 +22,11 @@ from torch.utils.data import TensorDataset
 from hpc_ddp.config.load import dump_job_config
 from hpc_ddp.config.model import JobConfig, RequeueConfig, TrainConfig
 from hpc_ddp.errors import CheckpointError, HpcDdpError
+from hpc_ddp.rundir import RUN_DIR_ENV
 from hpc_ddp.runtime.checkpoint import list_checkpoints, weights_digest
 from hpc_ddp.runtime.ledger import EndCause, read_ledger
 from hpc_ddp.runtime.requeue import REQUEUE_FAILED_EXIT_CODE
-from hpc_ddp.runtime.session import DEFAULT_RUN_DIR, RUN_DIR_ENV, RequeueExit, Session, unwrap
+from hpc_ddp.runtime.session import DEFAULT_RUN_DIR, RequeueExit, Session, unwrap
 from tests.helpers.launch import REPO, base_env, free_port
 
 pytestmark = pytest.mark.torch
@@ -49,7 +50,7 @@ def test_import_hpc_ddp_does_not_import_torch() -> None:
     import hpc_ddp
 
     with pytest.raises(AttributeError):
-        _ = hpc_ddp.no_such_name  # type: ignore[attr-defined]
+        _ = hpc_ddp.no_such_name
 
 
 @pytest.mark.parametrize(
@@ -111,7 +112,7 @@ def byo_loop(
         for step in s.steps(total, checkpoint_every=5):
             x, y = next(batches)
             opt.zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
+            nn.functional.cross_entropy(model(x), y).backward()  # type: ignore[no-untyped-call]
             opt.step()
             s.log(step=step, epoch=s.progress.epoch)
             if step == stop_at:

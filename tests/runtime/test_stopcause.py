@@ -44,11 +44,12 @@ def test_classify_stop(
     assert verdict.explanation
 
 
-def test_without_slurm_the_requeue_signal_still_asks_to_come_back() -> None:
+def test_without_slurm_the_requeue_signal_asks_to_come_back_and_term_is_a_cancel() -> None:
     v = classify_stop(USR2, requeue_signum=USR2, restart_count=0, job=None)
     assert (v.cause, v.request_requeue) == (EndCause.TIME_LIMIT, True)
     v = classify_stop(TERM, requeue_signum=USR2, restart_count=0, job=None)
-    assert (v.cause, v.request_requeue) == (EndCause.UNKNOWN, False)
+    assert (v.cause, v.request_requeue) == (EndCause.CANCELLED, False)
+    assert "SIGTERM outside Slurm" in v.explanation
 
 
 def test_when_slurm_cannot_be_asked_nothing_is_taken_for_a_requeue_under_way() -> None:

@@ -36,6 +36,7 @@ from hpc_ddp.slurm.render import (
     render_sbatch,
     sbatch_flags,
     srun_args,
+    task_python,
 )
 
 GOLDEN_DIR = Path(__file__).parents[1] / "golden"
@@ -72,10 +73,11 @@ CASES: dict[str, tuple[JobConfig, RenderContext]] = {
                 container=ContainerConfig(
                     runtime="apptainer", image="/images/pytorch-24.01.sif",
                     binds=("/data:/data:ro", "/scratch"), options=("--cleanenv",),
+                    python="/opt/conda/bin/python",
                 ),
             ),
         ),
-        dataclasses.replace(CTX, python="python3"),
+        CTX,  # its login-node python is not in the image: the container's python runs
     ),
     "pyxis": (
         JobConfig(
@@ -86,10 +88,11 @@ CASES: dict[str, tuple[JobConfig, RenderContext]] = {
                     runtime="pyxis", image="nvcr.io#nvidia/pytorch:24.01-py3",
                     binds=("/data:/data", "/scratch:/scratch"),
                     options=("--container-writable", "--no-container-mount-home"),
+                    python="python3.11",
                 ),
             ),
         ),
-        dataclasses.replace(CTX, python="python"),
+        CTX,
     ),
     "array": (
         JobConfig(name="lr-sweep", slurm=SlurmConfig(nodes=2, cpus_per_task=2, time="90")),
@@ -109,6 +112,7 @@ CASES: dict[str, tuple[JobConfig, RenderContext]] = {
                 constraint="a100&ib", exclusive=True,
                 extra=(("mail-type", "END,FAIL"), ("comment", "lr sweep #3, take 2"),
                        ("spread-job", None)),
+                srun_args=("--mpi=none", "--distribution=block:block", "--comment=lr sweep #3"),
             ),
             env=EnvConfig(
                 modules=("gcc/12.2.0", "cuda/12.1", "openmpi/4.1.5"),
@@ -139,7 +143,8 @@ def test_golden(case: str) -> None:
 def test_golden_runs_srun_with_the_intended_argv(case: str, tmp_path: Path) -> None:
     cfg, ctx = CASES[case]
     calls = run_with_stubs(render_sbatch(cfg, ctx), tmp_path, {"SLURM_ARRAY_TASK_ID": "4"})
-    expected = [*srun_args(cfg, ctx), *launcher_argv(cfg), ctx.python, "-m", "hpc_ddp", "run"]
+    python = task_python(cfg, ctx)
+    expected = [*srun_args(cfg, ctx), *launcher_argv(cfg), python, "-m", "hpc_ddp", "run"]
     assert calls.argv("srun") == [*expected, ctx.run_dir]
     assert calls.returncode == 0
     if cfg.env.modules:
@@ -152,7 +157,7 @@ def test_golden_runs_srun_with_the_intended_argv(case: str, tmp_path: Path) -> N
     assert all(env[k] == v for k, v in cfg.env.vars)
     if ctx.array:
         assert env["HPC_DDP_RUN_DIR"] == f"{ctx.run_dir}/tasks/4"
-        assert env["HPC_DDP_SWEEP_DIR"] == ctx.run_dir
+        assert "HPC_DDP_SWEEP_DIR" not in env  # written once, never read: dropped
     else:
         assert env["HPC_DDP_RUN_DIR"] == ctx.run_dir
 
@@ -270,6 +275,11 @@ def _with(field: str, value: str) -> tuple[JobConfig, RenderContext]:
             JobConfig("t", env=EnvConfig(container=dataclasses.replace(container, binds=(value,)))),
             ctx,
         ),
+        "container.python": lambda: (
+            JobConfig("t", env=EnvConfig(container=dataclasses.replace(container, python=value))),
+            ctx,
+        ),
+        "slurm.srun_args": lambda: (JobConfig("t", slurm=SlurmConfig(srun_args=(value,))), ctx),
         "run_dir": lambda: (cfg, dataclasses.replace(ctx, run_dir=value)),
         "python": lambda: (cfg, dataclasses.replace(ctx, python=value)),
         "submit_command": lambda: (cfg, dataclasses.replace(ctx, submit_command=value)),
@@ -282,10 +292,11 @@ def _with(field: str, value: str) -> tuple[JobConfig, RenderContext]:
 @pytest.mark.parametrize(
     "field",
     ["name", "slurm.partition", "slurm.extra", "env.modules", "env.setup", "env.vars", "image",
-     "binds", "run_dir", "python", "submit_command", "config_source"],
+     "binds", "container.python", "slurm.srun_args", "run_dir", "python", "submit_command",
+     "config_source"],
 )  # fmt: skip
 def test_line_breaks_and_nul_are_refused_everywhere(field: str, breaker: str) -> None:
-    cfg, ctx = _with(field, f"ok{breaker}touch /tmp/pwned")
+    cfg, ctx = _with(field, f"-ok{breaker}touch /tmp/pwned")
     with pytest.raises(RenderError, match=r"line break or NUL.*HINT:"):
         render_sbatch(cfg, ctx)
 
@@ -305,6 +316,129 @@ def test_pyxis_bind_with_comma_is_refused() -> None:
 def test_signal_must_be_a_signal_name() -> None:
     with pytest.raises(RenderError, match=r"requeue.signal 'B:USR2'"):
         render_sbatch(JobConfig("t", requeue=RequeueConfig(signal="B:USR2")), CTX)
+
+
+# --- container python, srun_args, memory, CPU binding -------------------------------------------
+
+
+@pytest.mark.parametrize("runtime", ["apptainer", "pyxis"])
+def test_container_python_runs_instead_of_the_login_nodes(runtime: str) -> None:
+    assert task_python(JobConfig("t"), CTX) == CTX.python  # no container: the submitter's
+    container = ContainerConfig(runtime=runtime, image="img")  # type: ignore[arg-type]
+    cfg = JobConfig("t", env=EnvConfig(container=container))
+    assert task_python(cfg, CTX) == "python3"  # the default inside an image
+    script = render_sbatch(cfg, CTX)
+    assert CTX.python not in script
+    assert script.rstrip().endswith(f"\n  python3 -m hpc_ddp run {CTX.run_dir}")
+    custom = dataclasses.replace(container, python="/opt/conda/bin/python")
+    script = render_sbatch(JobConfig("t", env=EnvConfig(container=custom)), CTX)
+    assert script.rstrip().endswith(f"\n  /opt/conda/bin/python -m hpc_ddp run {CTX.run_dir}")
+
+
+def test_malicious_container_python_is_one_quoted_word(tmp_path: Path) -> None:
+    # The config loader refuses such a value (tests/config/test_load.py); the renderer quotes it
+    # regardless, for a config built in Python.
+    sentinels = tmp_path / "sentinels"
+    sentinels.mkdir()
+    python = f"python3; touch {sentinels}/semi $(touch {sentinels}/dollar)"
+    container = ContainerConfig(runtime="apptainer", image="i.sif", python=python)
+    script = render_sbatch(JobConfig("t", env=EnvConfig(container=container)), CTX)
+    assert f"  'python3; touch {sentinels}/semi $(touch {sentinels}/dollar)' -m hpc_ddp" in script
+    calls = run_with_stubs(script, tmp_path)
+    assert calls.returncode == 0, calls.stderr
+    assert os.listdir(sentinels) == []
+    assert calls.argv("srun")[-5:] == [python, "-m", "hpc_ddp", "run", CTX.run_dir]
+
+
+def test_srun_args_come_last_among_srun_options_one_quoted_word_each() -> None:
+    extra = ("--mpi=pmix", "--comment=a b; touch /tmp/x", "-l")
+    container = ContainerConfig(runtime="pyxis", image="img")
+    cfg = JobConfig("t", slurm=SlurmConfig(srun_args=extra), env=EnvConfig(container=container))
+    args = srun_args(cfg, CTX)
+    assert args[-3:] == list(extra)
+    assert args.index("--container-image=img") < args.index("--mpi=pmix")
+    script = render_sbatch(cfg, CTX)
+    assert "  --mpi=pmix \\\n  '--comment=a b; touch /tmp/x' \\\n  -l \\\n  python3 -m" in script
+
+
+def test_srun_args_that_are_not_options_are_refused_when_rendering() -> None:
+    cfg = JobConfig("t", slurm=SlurmConfig(srun_args=("--mpi=pmix", "pmix")))
+    with pytest.raises(RenderError, match=r"slurm\.srun_args entry 'pmix' is not an srun .*HINT:"):
+        render_sbatch(cfg, CTX)
+
+
+def test_mem_zero_renders_all_of_the_nodes_memory(tmp_path: Path) -> None:
+    from hpc_ddp.config.load import job_config_from_dict
+
+    cfg = job_config_from_dict({"name": "t", "slurm": {"mem": 0}}, "x")
+    script = render_sbatch(cfg, CTX)
+    assert "\n#SBATCH --mem=0\n" in script
+    assert "--mem=0" in sbatch_parse(script, tmp_path)
+
+
+def test_no_cpu_binding_is_requested() -> None:
+    """Tasks are never pinned: ``--cpu-bind=none`` on srun overrides a site's default binding,
+    which would squeeze a rank's data-loader workers onto its bound cores."""
+    cfg, ctx = CASES["site_profile"]
+    script = render_sbatch(cfg, ctx)
+    assert [a for a in srun_args(cfg, ctx) if a.startswith("--cpu-bind")] == ["--cpu-bind=none"]
+    assert "#SBATCH --cpu-bind" not in script
+
+
+_EXEC_SRUN = """#!/bin/sh
+printf '%s\\0' "$@" > "$STUB_OUT/srun.argv"
+while [ $# -gt 0 ]; do case "$1" in -*) shift ;; *) break ;; esac; done
+exec "$@"
+"""
+_EXEC_APPTAINER = """#!/bin/sh
+printf '%s\\0' "$@" > "$STUB_OUT/apptainer.argv"
+[ "$1" = exec ] && shift
+while [ $# -gt 0 ]; do
+    case "$1" in --bind) shift 2 ;; -*) shift ;; *) shift; break ;; esac
+done
+exec "$@"
+"""
+_IMAGE_PYTHON = """#!/bin/sh
+printf '%s\\0' "$0" "$@" > "$STUB_OUT/python.argv"
+"""
+
+
+def test_container_python_end_to_end_through_stub_srun_and_apptainer(tmp_path: Path) -> None:
+    """srun and apptainer stubs record their argv and exec the rest (srun drops its options,
+    apptainer ``exec``, its options and the image), down to the image's python, a stub too:
+    the configured interpreter is what finally runs, and the login node's is never tried."""
+    bin_dir, out, image_bin = tmp_path / "stubs", tmp_path / "calls", tmp_path / "image" / "bin"
+    for d in (bin_dir, out, image_bin):
+        d.mkdir(parents=True)
+    python = image_bin / "python3"
+    for path, text in ((bin_dir / "srun", _EXEC_SRUN), (bin_dir / "apptainer", _EXEC_APPTAINER),
+                       (python, _IMAGE_PYTHON)):  # fmt: skip
+        path.write_text(text)
+        path.chmod(0o755)
+    container = ContainerConfig(
+        runtime="apptainer", image="/images/x.sif", binds=("/data",), options=("--cleanenv",),
+        python=str(python),
+    )  # fmt: skip
+    cfg = JobConfig(
+        "t",
+        slurm=SlurmConfig(gpus_per_node=1, srun_args=("--mpi=none",)),
+        env=EnvConfig(container=container),
+    )
+    ctx = dataclasses.replace(CTX, python="/login/node/only/python")  # absent: must not run
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(cfg, ctx), encoding="utf-8")
+    proc = subprocess.run(
+        ["bash", str(script)],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "STUB_OUT": str(out), "HOME": str(tmp_path)},
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    calls = StubCalls(out, proc.returncode, proc.stderr)
+    tail = ["exec", "--nv", "--bind", "/data", "--cleanenv", "/images/x.sif",
+            str(python), "-m", "hpc_ddp", "run", ctx.run_dir]  # fmt: skip
+    assert calls.argv("srun")[-len(tail) - 2 :] == ["--mpi=none", "apptainer", *tail]
+    assert calls.argv("apptainer") == tail
+    assert calls.argv("python") == [str(python), "-m", "hpc_ddp", "run", ctx.run_dir]
 
 
 # --- templates ----------------------------------------------------------------------------------
@@ -375,6 +509,7 @@ def test_hostile_values_reach_their_commands_verbatim_and_run_nothing(tmp_path: 
             partition=sbatch_safe[1], account=sbatch_safe[2], qos=sbatch_safe[3],
             constraint=sbatch_safe[4], mem=sbatch_safe[5], gpus_per_node=1,
             extra=tuple((f"x-{i}", v) for i, v in enumerate(sbatch_safe)),
+            srun_args=tuple(f"--x{i}={v}" for i, v in enumerate(values)),
         ),
         env=EnvConfig(
             modules=tuple(values),
@@ -382,7 +517,7 @@ def test_hostile_values_reach_their_commands_verbatim_and_run_nothing(tmp_path: 
             vars=tuple((f"HOSTILE_{i}", v) for i, v in enumerate(values)),
             container=ContainerConfig(
                 runtime="apptainer", image=values[0], binds=tuple(values[1:4]),
-                options=tuple(values[4:]),
+                options=tuple(values[4:]), python=f"py thon'$(touch {sentinels}/python)`x`",
             ),
         ),
         command=tuple(values),
@@ -408,11 +543,12 @@ def test_hostile_values_reach_their_commands_verbatim_and_run_nothing(tmp_path: 
         f"--output={logs}/rank-%t.out",
         f"--error={logs}/rank-%t.err",
         "--open-mode=append",
+        *(f"--x{i}={v}" for i, v in enumerate(values)),
         "apptainer", "exec", "--nv",
         "--bind", values[1], "--bind", values[2], "--bind", values[3],
         *values[4:],
         values[0],
-        ctx.python, "-m", "hpc_ddp", "run", run_dir,
+        f"py thon'$(touch {sentinels}/python)`x`", "-m", "hpc_ddp", "run", run_dir,
     ]  # fmt: skip
     env = calls.env("srun")
     assert [env[f"HOSTILE_{i}"] for i in range(len(values))] == values
@@ -440,7 +576,7 @@ def test_hostile_pyxis_values(tmp_path: Path) -> None:
         f"--container-image={values[0]}",
         f"--container-mounts={values[1]},{values[2]}",
         *values[3:],
-        CTX.python, "-m", "hpc_ddp", "run", CTX.run_dir,
+        "python3", "-m", "hpc_ddp", "run", CTX.run_dir,  # the container's default python
     ]  # fmt: skip
 
 

@@ -339,6 +339,10 @@ def test_read_metrics_warns_once_about_damaged_lines_but_not_a_torn_last_one(
 
 
 def test_values_too_large_for_a_float_are_not_metrics() -> None:
-    rows = [{"step": 1, "loss": 10**400}, {"step": 2, "loss": 0.5}, {"step": 3, "loss": -(10**400)}]
+    rows: list[dict[str, Any]] = [
+        {"step": 1, "loss": 10**400},
+        {"step": 2, "loss": 0.5},
+        {"step": 3, "loss": -(10**400)},
+    ]
     assert metric_summary(rows, "loss", "min") == (0.5, 0.5, 2)
     assert loss_curve(rows) == [(2, 0.5)]

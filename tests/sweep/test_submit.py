@@ -248,6 +248,35 @@ def test_submit_writes_one_sweep_dir_and_calls_sbatch_once(tmp_path: Path) -> No
     assert [p.overrides for p in swept.points] == [dict(p.overrides) for p in spec.points]
 
 
+def test_configs_are_not_fsynced_one_by_one_but_their_directories_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpc_ddp import durable
+    from hpc_ddp.sweep import submit as submit_mod
+
+    file_syncs: list[int] = []
+    dir_syncs: list[Path] = []
+    real_fsync = os.fsync
+
+    def count_fsync(fd: int) -> None:
+        file_syncs.append(fd)
+        real_fsync(fd)
+
+    def count_dir(path: Path) -> None:
+        dir_syncs.append(Path(path))
+
+    monkeypatch.setattr(os, "fsync", count_fsync)
+    monkeypatch.setattr(submit_mod, "fsync_dir", count_dir)
+    monkeypatch.setattr(durable, "fsync_dir", count_dir)
+    sweep = {"grid": {"train.lr": [0.1, 0.01, 0.001, 0.0001], "train.seed": [0, 1, 2]}}
+    sweep_dir = submit(tmp_path, sweep, FakeSlurm())
+    # one fsync per atomic file (sweep.yaml, job.sbatch, arrays.json, manifest.json), none
+    # for the 12 configs
+    assert len(file_syncs) == 4
+    assert dir_syncs[:2] == [sweep_dir / "tasks", sweep_dir]
+    assert len(list((sweep_dir / "tasks").iterdir())) == 12
+
+
 def test_sweep_record_keeps_every_value_exactly(tmp_path: Path) -> None:
     fake = FakeSlurm()
     sweep_dir = submit(tmp_path, yaml.safe_load(_random_sweep(tmp_path).read_text())["sweep"], fake)

@@ -1,0 +1,198 @@
+"""One run's status row: what Slurm says about its job weighed against what its files say.
+
+:func:`run_status` never raises for a damaged run: it becomes one DAMAGED row, so one bad run
+never hides the others. Never imports torch: checkpoints are judged by their zip structure.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp.errors import RunDirError, SlurmError
+from hpc_ddp.local.process import controller_cmdline_matches, identify, read_identity
+from hpc_ddp.rundir import (
+    Manifest,
+    RunPaths,
+    checkpoint_steps,
+    damaged_checkpoint,
+    last_metric,
+    read_manifest,
+)
+from hpc_ddp.runtime.ledger import Attempt, EndCause, read_ledger
+from hpc_ddp.slurm.client import SlurmClient
+from hpc_ddp.slurm.postmortem import failed_rank, has_logs, startup_failure
+from hpc_ddp.state.verdict import SlurmView, Source, judge
+
+DAMAGED = "DAMAGED"
+
+
+def ask_slurm(client: SlurmClient, job_ids: Sequence[str], plain: Sequence[str]) -> SlurmView:
+    """squeue for every job id; sacct (once) for the ``plain`` run jobs squeue no longer holds."""
+    try:
+        live = client.job_states(job_ids) if job_ids else {}
+    except SlurmError as exc:
+        return SlurmView(None, _said(exc))
+    gone = [j for j in plain if j not in live]
+    if not gone:
+        return SlurmView(live, accounting={})
+    try:
+        accounting = client.sacct_states(gone)
+    except SlurmError as exc:
+        return SlurmView(live, _said(exc), None)
+    return SlurmView(live, accounting=accounting)
+
+
+def _said(exc: SlurmError) -> str:
+    """``squeue failed (exit 1): <Slurm's words>`` from a :class:`SlurmError`'s message."""
+    lines = str(exc).splitlines()
+    said = next((x.removeprefix("Slurm said: ") for x in lines if x.startswith("Slurm said:")), "")
+    return f"{lines[0].rstrip('.')}: {said}" if said else lines[0]
+
+
+# --- one row ----------------------------------------------------------------------------------
+
+
+def _fmt_elapsed(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+_FAILED_STATES = frozenset({"FAILED", "NODE_FAIL", "OUT_OF_MEMORY"})
+_MAY_RUN = frozenset({Source.UNREACHABLE, Source.LOCAL_RUNNING})
+"""Sources under which an open attempt may still be running (its elapsed time runs on)."""
+
+
+def _failed_rank(paths: RunPaths, state: str, attempts: list[Attempt]) -> str | None:
+    """srun's account of the rank that failed first, for a run whose last attempt crashed.
+
+    A rank killed outright leaves no word of its own; the ledger then holds a peer's
+    "connection reset", which names the wrong rank. srun's log names the right one.
+    """
+    crashed = bool(attempts) and attempts[-1].cause in (None, EndCause.CRASH)
+    if state not in _FAILED_STATES or not crashed:
+        return None
+    failure = failed_rank(paths.logs)
+    return None if failure is None else failure.describe()
+
+
+def _checkpoints(paths: RunPaths) -> tuple[int | None, str | None]:
+    """(newest step whose file looks whole, a note on damaged ones)."""
+    steps = checkpoint_steps(paths)
+    damaged: list[tuple[int, str]] = []
+    for step in reversed(steps):
+        why = damaged_checkpoint(paths.checkpoints / f"step-{step:08d}.pt")
+        if why is None:
+            return step, _damage_note(damaged, len(steps))
+        damaged.append((step, why))
+    return None, _damage_note(damaged, len(steps))
+
+
+def _damage_note(damaged: list[tuple[int, str]], total: int) -> str | None:
+    if not damaged:
+        return None
+    step, why = damaged[0]
+    if len(damaged) == total:
+        return (
+            f"all {total} checkpoint(s) damaged (newest step {step}: {why}): a requeue cannot "
+            "resume. HINT: `hpc-ddp checkpoints RUN_DIR` says more; move checkpoints/ aside to "
+            "start over"
+        )
+    return f"{len(damaged)} newest checkpoint(s) damaged (step {step}: {why}); resume skips them"
+
+
+def _local_alive(run_dir: Path, job_id: str | None) -> bool:
+    """True while a local run's controller runs: the process recorded in ``local.json`` (or,
+    for older runs, the pid if it is this run's submitit controller). A bare pid check would
+    call any later process that got the same pid this run."""
+    expected = read_identity(run_dir)
+    if expected is not None:
+        return identify(expected.pid) == expected
+    if not job_id or not job_id.isdigit() or int(job_id) <= 1:
+        return False
+    now = identify(int(job_id))
+    return now is not None and controller_cmdline_matches(now.cmdline, run_dir.resolve())
+
+
+def run_status(run_dir: Path, view: SlurmView) -> dict[str, Any]:
+    """One status row (a plain dict) for ``run_dir``; a damaged run is a DAMAGED row."""
+    try:
+        return _row(run_dir, read_manifest(run_dir), view)
+    except (RunDirError, OSError) as exc:
+        return damaged_row(run_dir, exc)
+
+
+def damaged_row(run_dir: Path, exc: BaseException) -> dict[str, Any]:
+    """The row of a run whose files cannot be read: its state is DAMAGED, the note says why."""
+    text = str(exc) if isinstance(exc, RunDirError) else f"{type(exc).__name__}: {exc}"
+    return {
+        "run": str(run_dir), "job": None, "backend": None, "state": DAMAGED, "nodes": "-",
+        "elapsed": "-", "attempts": None, "causes": "-", "ckpt step": None, "loss": None,
+        "failed_rank": None, "note": text, "attempt_list": [],
+    }  # fmt: skip
+
+
+def _row(run_dir: Path, manifest: Manifest, view: SlurmView) -> dict[str, Any]:
+    paths = RunPaths(run_dir)
+    attempts = read_ledger(paths.ledger)
+    job = manifest.job_id or ""
+    record: Any = None
+    if manifest.backend == "local":
+        source = Source.LOCAL_RUNNING if _local_alive(run_dir, job) else Source.LOCAL_ENDED
+        slurm_state = None
+    else:
+        scripts = [str(Path(manifest.run_dir) / "job.sbatch"), str(paths.script.resolve())]
+        slurm_state, source, record = view.of(job, scripts)
+    detail = view.error if source is Source.UNREACHABLE else ""
+    if source is Source.REUSED:
+        detail = f"script {record.command}"
+    verdict = judge(slurm_state, source, attempts, lambda: startup_failure(paths.logs), detail)
+    notes = [verdict.note] if verdict.note else []
+    if source is Source.GONE_NO_ACCOUNTING and view.error:
+        notes.append(view.error)
+    if not attempts and verdict.state in _FAILED_STATES and not has_logs(paths.logs):
+        notes.append("the batch script left no log in logs/ (it never started?)")
+    nodes, elapsed = "-", None
+    if source is Source.SQUEUE:
+        nodes, elapsed = record.nodes or "-", record.elapsed_s
+    elif source is Source.SACCT:
+        elapsed = record.elapsed_s
+    if attempts:
+        if nodes == "-":
+            nodes = attempts[-1].nodelist or "-"
+        ends = [a.ended for a in attempts if a.ended is not None]
+        if elapsed is None and attempts[-1].is_open and source in _MAY_RUN:
+            elapsed = time.time() - attempts[0].started
+        elif elapsed is None and ends:  # ended (or gone): up to the last end anyone saw
+            elapsed = max(ends) - attempts[0].started
+    step, ckpt_note = _checkpoints(paths)
+    if ckpt_note:
+        notes.append(ckpt_note)
+    return {
+        "run": str(run_dir),
+        "job": manifest.job_id,
+        "backend": manifest.backend,
+        "state": verdict.state,
+        "nodes": nodes,
+        "elapsed": _fmt_elapsed(elapsed),
+        "attempts": len(attempts),
+        "causes": ",".join(a.cause.value if a.cause else "running" for a in attempts) or "-",
+        "ckpt step": step,
+        "loss": last_metric(paths, "loss"),
+        "failed_rank": _failed_rank(paths, verdict.state, attempts),
+        "note": "; ".join(notes) or None,
+        "attempt_list": [
+            {
+                "attempt": a.attempt,
+                "cause": a.cause.value if a.cause else None,
+                "steps_done": a.steps_done,
+                "checkpoint": a.checkpoint,
+                "nodelist": a.nodelist,
+            }
+            for a in attempts
+        ],
+    }
