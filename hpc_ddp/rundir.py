@@ -118,6 +118,8 @@ class Manifest:
     run_dir: str
     array: str | None = None
     array_jobs: list[str] = field(default_factory=list)
+    previous_jobs: list[str] = field(default_factory=list)
+    """Earlier job ids of this run, oldest first: ``hpc-ddp resume`` submits it again."""
     version: int = MANIFEST_VERSION
 
     def to_json(self) -> str:
@@ -148,7 +150,8 @@ __all__ = [
 _MANIFEST_TYPES: dict[str, tuple[type, ...]] = {
     "name": (str,), "backend": (str,), "job_id": (str, type(None)), "submitted_at": (str,),
     "command": (list,), "config_source": (str,), "run_dir": (str,),
-    "array": (str, type(None)), "array_jobs": (list,), "version": (int,),
+    "array": (str, type(None)), "array_jobs": (list,), "previous_jobs": (list,),
+    "version": (int,),
 }  # fmt: skip
 
 

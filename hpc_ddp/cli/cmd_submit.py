@@ -12,18 +12,20 @@ import shutil
 import sys
 from pathlib import Path
 
+from hpc_ddp.cli.launching import report, submit_local
+from hpc_ddp.cli.resuming import ResumeRequest, resume_run
 from hpc_ddp.cli.runs import runs_dir_from
 from hpc_ddp.config.load import find_site_profile, load_job_config
 from hpc_ddp.config.preflight import preflight_job
 from hpc_ddp.errors import ConfigError
 from hpc_ddp.rundir import RUNS_DIR_ENV
 from hpc_ddp.slurm.client import SlurmClient
-from hpc_ddp.slurm.submission import Prepared, materialize, prepare, record, schedule_slurm
+from hpc_ddp.slurm.submission import Prepared, materialize, prepare, schedule_slurm
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add this sub-command's arguments."""
-    parser.add_argument("config", help="job config YAML (see jobs/)")
+    parser.add_argument("config", nargs="?", help="job config YAML (see jobs/)")
     parser.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.lr=0.05"
     )
@@ -48,6 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     parser.add_argument("--wait", action="store_true", help="wait until the job has finished")
+    parser.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="instead of CONFIG: submit RUN_DIR's job again (same as `hpc-ddp resume RUN_DIR`)",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="with --resume: also a finished or unconfirmed run"
+    )
 
 
 def choose_backend(requested: str, sbatch_path: str | None) -> str:
@@ -59,6 +69,10 @@ def choose_backend(requested: str, sbatch_path: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Submit (or show) one job."""
+    if args.resume:
+        return _resume(args)
+    if not args.config:
+        raise ConfigError("submit needs a job config. HINT: `hpc-ddp submit jobs/x.yaml`.")
     config_path = Path(args.config)
     site = find_site_profile(args.site, os.environ, Path.home())
     cfg = load_job_config(config_path, args.overrides, site_profile=site)
@@ -83,15 +97,36 @@ def run(args: argparse.Namespace) -> int:
     if args.test_only:
         return _test_only(prepared, client)
     if backend == "local":
-        return _submit_local(prepared, args)
+        return submit_local(prepared, wait=args.wait, as_json=args.json)
     prepared = materialize(prepared)  # the directory it really got (another submit may race)
     manifest = schedule_slurm(prepared, client)
-    _report(prepared, "slurm", manifest.job_id, args.json)
+    report(prepared, "slurm", manifest.job_id, args.json)
     if args.wait:
         from hpc_ddp.cli.waiting import wait_for_jobs
 
         return wait_for_jobs(client, [manifest.job_id or ""], run_dirs=[prepared.paths.root])
     return 0
+
+
+def _resume(args: argparse.Namespace) -> int:
+    # argparse gives the first KEY=VALUE to the CONFIG positional when --resume replaces it.
+    overrides = [*([args.config] if args.config else []), *args.overrides]
+    if args.config and "=" not in args.config:
+        raise ConfigError(
+            f"give a job config or --resume RUN_DIR, not both ({args.config!r}). HINT: overrides "
+            "after --resume apply over the run's resolved config: KEY=VALUE."
+        )
+    if args.test_only or args.backend != "auto":
+        raise ConfigError("--resume keeps the run's backend and cannot --test-only.")
+    request = ResumeRequest(
+        Path(args.resume),
+        tuple(overrides),
+        force=args.force,
+        dry_run=args.dry_run,
+        wait=args.wait,
+        as_json=args.json,
+    )
+    return resume_run(request, getattr(args, "slurm", None) or SlurmClient())
 
 
 def _show_dry_run(prepared: Prepared, backend: str, as_json: bool) -> int:
@@ -121,42 +156,3 @@ def _test_only(prepared: Prepared, client: SlurmClient) -> int:
         shutil.rmtree(prepared.paths.root, ignore_errors=True)
     print(message)
     return 0
-
-
-def _submit_local(prepared: Prepared, args: argparse.Namespace) -> int:
-    from hpc_ddp.local.backend import submit_local, wait_local
-    from hpc_ddp.local.process import was_cancelled
-
-    prepared = materialize(prepared)
-    job = submit_local(prepared.cfg, prepared.paths)
-    record(prepared, backend="local", job_id=job.job_id, command=["submitit-local", job.job_id])
-    _report(prepared, "local", job.job_id, args.json)
-    if not args.wait:
-        return 0
-    # Rank 0's progress goes to its stderr (logging), as on Slurm.
-    result = wait_local(job, follow=prepared.paths.rank_log(0, "err"))
-    cancelled = was_cancelled(prepared.paths.root)
-    print(result.describe(cancelled), file=sys.stderr)
-    if result.state(cancelled) == "FAILED":
-        print(f"  logs: {prepared.paths.logs}/rank-N.err (tracebacks)", file=sys.stderr)
-    return 0 if result.state(cancelled) == "COMPLETED" else 1
-
-
-def _report(prepared: Prepared, backend: str, job_id: str | None, as_json: bool) -> None:
-    logs = prepared.paths.logs
-    if as_json:
-        print(
-            json.dumps(
-                {
-                    "backend": backend,
-                    "job_id": job_id,
-                    "run_dir": str(prepared.paths.root),
-                    "logs": str(logs),
-                }
-            )
-        )
-        return
-    print(f"submitted {prepared.cfg.name} as {backend} job {job_id}")
-    print(f"  run dir: {prepared.paths.root}")
-    print(f"  logs:    {logs}/ (rank-N.out, rank-N.err)")
-    print(f"  watch:   hpc-ddp status {prepared.paths.root}")

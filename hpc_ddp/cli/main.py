@@ -18,6 +18,7 @@ from hpc_ddp.errors import HpcDdpError
 # sub-command -> (module under hpc_ddp.cli, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "submit": ("cmd_submit", "validate a job config, render its sbatch script and submit it"),
+    "resume": ("cmd_resume", "submit a stopped run again to go on from its newest checkpoint"),
     "status": ("cmd_status", "show runs: state, attempts, last checkpoint and loss"),
     "logs": ("cmd_logs", "print (or follow) a run's logs"),
     "cancel": ("cmd_cancel", "cancel a run's Slurm job"),

@@ -181,9 +181,12 @@ class LocalResult:
         return line
 
 
-def wait_local(job: LocalJob, follow: Path | None = None, poll_s: float = 0.5) -> LocalResult:
-    """Wait until a local job ends, copying ``follow`` (a log file) to stderr meanwhile."""
-    offset = 0
+def wait_local(
+    job: LocalJob, follow: Path | None = None, poll_s: float = 0.5, follow_from: int = 0
+) -> LocalResult:
+    """Wait until a local job ends, copying ``follow`` (a log file) to stderr meanwhile, from
+    byte ``follow_from`` on (a resumed run appends to its earlier attempts' logs)."""
+    offset = follow_from
 
     def copy_new() -> None:
         nonlocal offset

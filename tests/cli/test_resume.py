@@ -1,0 +1,205 @@
+"""``hpc-ddp resume RUN_DIR`` (and ``submit --resume``): a stopped run goes on from its newest
+good checkpoint in the same run directory; a live one is never submitted twice.
+
+The decision table is pure (:mod:`hpc_ddp.state.resumable`); the rest runs for real: a local
+run cancelled and resumed, and on the dev cluster a cancelled run resumed to the very weights
+of an uninterrupted run, and a run whose requeue budget ran out resumed with a larger budget.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpc_ddp.rundir import read_manifest
+from hpc_ddp.runtime.ledger import EndCause
+from hpc_ddp.state.resumable import ENDED_UNFINISHED, check_resumable
+from tests import e2e_util as e2e
+from tests.conftest import REPO, Cluster
+
+QUICK = ["train.epochs=2", "train.log_every=1", "train.checkpoint_every=5"]
+
+
+# --- the decision ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("state", "force", "allowed", "forceable", "says"),
+    [
+        ("FAILED", False, True, False, ""),
+        ("CANCELLED", False, True, False, ""),
+        ("INCOMPLETE", False, True, False, ""),
+        ("TIMEOUT", False, True, False, ""),
+        ("NODE_FAIL", False, True, False, ""),
+        ("GONE?", False, True, False, ""),
+        ("COMPLETED", False, False, True, "already finished training"),
+        ("COMPLETED", True, True, False, ""),
+        ("RUNNING?", False, False, True, "could not confirm"),
+        ("RUNNING?", True, True, False, ""),
+        ("RUNNING", False, False, False, "still RUNNING"),
+        ("RUNNING", True, False, False, "still RUNNING"),  # --force never doubles a live job
+        ("PENDING", True, False, False, "hpc-ddp cancel"),
+        ("REQUEUED", True, False, False, "two jobs must never write one run directory"),
+        ("DAMAGED", True, False, False, "cannot be resubmitted"),
+    ],
+)
+def test_which_states_may_be_resumed(
+    state: str, force: bool, allowed: bool, forceable: bool, says: str
+) -> None:
+    check = check_resumable(state, "runs/x", "42", force=force)
+    assert (check.refusal is None) == allowed
+    assert check.forceable == forceable
+    assert says in (check.refusal or "")
+    if check.refusal:
+        assert "HINT:" in check.refusal
+
+
+def test_every_finished_slurm_state_but_completed_is_resumable_as_is() -> None:
+    assert {"FAILED", "TIMEOUT", "PREEMPTED", "OUT_OF_MEMORY", "CANCELLED"} <= ENDED_UNFINISHED
+    assert "COMPLETED" not in ENDED_UNFINISHED
+
+
+# --- the CLI, locally ------------------------------------------------------------------------
+
+
+def local_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+
+
+def hpc(*args: str, timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hpc_ddp", *args],
+        cwd=REPO, env=local_env(), capture_output=True, text=True, timeout=timeout_s, check=False,
+    )  # fmt: skip
+
+
+def test_resume_needs_a_run_directory(tmp_path: Path) -> None:
+    done = hpc("resume", str(tmp_path))
+    assert done.returncode == 2
+    assert "no manifest.json" in done.stderr
+    both = hpc("submit", "jobs/quickstart.yaml", "--resume", str(tmp_path))
+    assert both.returncode == 2
+    assert "not both" in both.stderr
+
+
+def test_a_sweep_is_pointed_at_resubmit_failed(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    (sweep / "tasks" / "0").mkdir(parents=True)
+    (sweep / "manifest.json").write_text("{}")
+    for target in (sweep, sweep / "tasks" / "0"):
+        done = hpc("resume", str(target))
+        assert done.returncode == 2
+        assert f"--resubmit-failed {sweep}" in done.stderr
+
+
+@pytest.mark.torch
+def test_a_cancelled_local_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    with (tmp_path / "err").open("w") as err:
+        waiter = subprocess.Popen(
+            [sys.executable, "-m", "hpc_ddp", "submit", "jobs/quickstart.yaml", "--backend",
+             "local", "--wait", "--runs-dir", str(runs), "train.epochs=50", "train.log_every=1",
+             "train.checkpoint_every=5"],
+            cwd=REPO, env=local_env(), stdout=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
+    try:
+        run_dir = e2e.wait_for("run dir", lambda: next(runs.glob("*/manifest.json"), None)).parent
+        e2e.wait_checkpoint(run_dir, 10, timeout_s=180)
+        first_job = read_manifest(run_dir).job_id
+        live = hpc("resume", str(run_dir))
+        assert live.returncode == 2, live.stdout
+        assert "still RUNNING" in live.stderr
+        assert hpc("cancel", str(run_dir)).returncode == 0
+        assert waiter.wait(timeout=120) == 1
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()
+    # Fewer epochs than asked at first: the resumed attempt finishes soon after its checkpoint.
+    done = hpc("resume", str(run_dir), "train.epochs=1", "--wait")
+    assert done.returncode == 0, done.stderr
+    assert "from checkpoint step" in done.stdout
+    assert "changed: train.epochs: 50 -> 1" in done.stdout
+    manifest = read_manifest(run_dir)
+    assert manifest.previous_jobs == [first_job]
+    assert manifest.job_id != first_job
+    first, second = e2e.ledger(run_dir)
+    assert first.cause is EndCause.CANCELLED
+    assert (second.resumed_from_step or 0) >= 10
+    assert second.cause is EndCause.FINISHED
+    [row] = json.loads(hpc("status", str(run_dir), "--json").stdout)
+    assert row["state"] == "COMPLETED"
+    finished = hpc("resume", str(run_dir))
+    assert finished.returncode == 2
+    assert "already finished training" in finished.stderr
+
+
+# --- on the dev cluster ----------------------------------------------------------------------
+
+
+def _resume(cluster: Cluster, run_dir: Path, *args: str) -> dict[str, Any]:
+    out = e2e.hpc(cluster, "resume", str(run_dir), *args, "--json")
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+@pytest.mark.slurm
+@pytest.mark.torch
+def test_a_cancelled_slurm_run_resumes_to_the_uninterrupted_weights(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    ref = e2e.submit(slurm_cluster, tmp_path / "ref", "jobs/quickstart.yaml", *QUICK)
+    job = e2e.submit(slurm_cluster, tmp_path / "run", "jobs/quickstart.yaml", *QUICK)
+    e2e.wait_checkpoint(job.run_dir, 10)
+    refused = e2e.hpc(slurm_cluster, "resume", str(job.run_dir), check=False)
+    assert refused.returncode == 2
+    assert "two jobs must never write one run directory" in refused.stderr
+    e2e.hpc(slurm_cluster, "cancel", str(job.run_dir))
+    assert e2e.wait_done(slurm_cluster, job.job_id)["JobState"] == "CANCELLED"
+    dry = e2e.hpc(slurm_cluster, "submit", "--resume", str(job.run_dir), "--dry-run")
+    assert "#SBATCH" in dry.stdout
+    assert read_manifest(job.run_dir).job_id == job.job_id  # a dry run submits nothing
+    again = _resume(slurm_cluster, job.run_dir)
+    assert again["run_dir"] == str(job.run_dir)
+    assert e2e.wait_done(slurm_cluster, again["job_id"])["JobState"] == "COMPLETED"
+    assert e2e.wait_done(slurm_cluster, ref.job_id)["JobState"] == "COMPLETED"
+    assert e2e.final_digest(slurm_cluster, job.run_dir) == e2e.final_digest(
+        slurm_cluster, ref.run_dir
+    )
+    row = e2e.status(slurm_cluster, job.run_dir)
+    assert (row["state"], row["job"], row["causes"]) == (
+        "COMPLETED",
+        again["job_id"],
+        "cancelled,finished",
+    )
+    second = row["attempt_list"][1]
+    assert read_manifest(job.run_dir).previous_jobs == [job.job_id]
+    assert e2e.ledger(job.run_dir)[1].resumed_from_step == e2e.ledger(job.run_dir)[0].steps_done
+    assert second["steps_done"] == 64
+
+
+@pytest.mark.slurm
+@pytest.mark.torch
+def test_a_run_out_of_requeues_resumes_with_a_larger_budget(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    job = e2e.submit(
+        slurm_cluster, tmp_path, "jobs/quickstart.yaml", *QUICK, "requeue.max_requeues=0"
+    )
+    e2e.wait_step(job.run_dir, 10)
+    slurm_cluster.run("scancel", "--signal=USR2", job.job_id)
+    e2e.wait_done(slurm_cluster, job.job_id)
+    [attempt] = e2e.ledger(job.run_dir)
+    assert attempt.cause is EndCause.BUDGET_EXHAUSTED
+    again = _resume(slurm_cluster, job.run_dir, "requeue.max_requeues=2")
+    assert e2e.wait_done(slurm_cluster, again["job_id"])["JobState"] == "COMPLETED"
+    first, second = e2e.ledger(job.run_dir)
+    assert second.resumed_from_step == first.steps_done
+    assert second.steps_done == 64
+    assert "max_requeues: 2" in (job.run_dir / "config.yaml").read_text()
