@@ -9,6 +9,8 @@ Everything a later command needs (``status``, ``logs``, ``cancel``, a requeued a
       manifest.json      job id, backend, submit time and command (written after submission)
       ledger.jsonl       one line per attempt event (start, end, cause)
       metrics.jsonl      rank-0 metrics
+      run_id             ``<name>-<8 hex>``: one id for every attempt, for W&B and the like
+      tensorboard/       rank-0 metrics as TensorBoard events (``train.tensorboard: true``)
       checkpoints/       step-XXXXXXXX.pt and a ``latest`` pointer
       logs/              batch-<job>.out/.err and rank-<N>.out/.err
       rendezvous/        file:// stores and the published master port
@@ -29,6 +31,7 @@ from typing import Any
 
 from hpc_ddp.durable import write_text_atomic  # re-exported: submission, ports, local import it
 from hpc_ddp.errors import RunDirError, RunsDirError
+from hpc_ddp.run_id import RUN_ID_FILE, ensure_run_id
 
 MANIFEST_VERSION = 1
 
@@ -46,6 +49,8 @@ SITE_ENV = "HPC_DDP_SITE"
 """Login side: the site profile YAML (default ``$XDG_CONFIG_HOME/hpc-ddp/site.yaml``)."""
 DEV_CLUSTER_DIR_ENV = "HPC_DDP_DEV_CLUSTER_DIR"
 """Contributors: the dev cluster's state directory."""
+RUN_ID_ENV = "HPC_DDP_RUN_ID"
+"""Node side: the run's stable id (``RUN_DIR/run_id``), the same in every attempt."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,16 @@ class RunPaths:
         return self.root / "metrics.jsonl"
 
     @property
+    def run_id_file(self) -> Path:
+        """One line, the run id: see :func:`read_run_id`."""
+        return self.root / RUN_ID_FILE
+
+    @property
+    def tensorboard(self) -> Path:
+        """TensorBoard event files (rank 0, only with ``train.tensorboard: true``)."""
+        return self.root / "tensorboard"
+
+    @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 
@@ -100,9 +115,21 @@ class RunPaths:
         return self.logs / f"rank-{rank}.{stream}"
 
     def make(self) -> None:
-        """Create the directory and its sub-directories (logs must exist before sbatch)."""
+        """Create the directory, its sub-directories (logs must exist before sbatch) and the
+        run id (kept if there is one: a resubmitted run keeps its id)."""
         for d in (self.root, self.logs, self.checkpoints, self.rendezvous):
             d.mkdir(parents=True, exist_ok=True)
+        ensure_run_id(self.root)
+
+
+def read_run_id(paths: RunPaths) -> str:
+    """The run's stable id, ``<name>-<8 hex>``, the same for every attempt and resume.
+
+    Created at submit time; a run directory without one (a sweep task before its first
+    attempt, a run from an older hpc-ddp) gets one now, once, even with racing readers. A
+    damaged or unwritable ``run_id`` is a :class:`RunDirError` with a hint.
+    """
+    return ensure_run_id(paths.root)
 
 
 @dataclass(frozen=True)
@@ -143,6 +170,7 @@ __all__ = [
     "last_metric",
     "new_run_dir",
     "read_manifest",
+    "read_run_id",
     "write_manifest",
     "write_text_atomic",
 ]

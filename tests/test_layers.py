@@ -29,6 +29,8 @@ PURE_MODULES = [
     "hpc_ddp.config.fields",
     "hpc_ddp.config.load",
     "hpc_ddp.config.model",
+    "hpc_ddp.config.pairs",
+    "hpc_ddp.config.params",
     # hpc_ddp.config.preflight is left out on purpose: it inspects the environment.
     "hpc_ddp.config.reference",
     "hpc_ddp.config.schema",
@@ -37,10 +39,13 @@ PURE_MODULES = [
     "hpc_ddp.config.yaml_dialect",
     "hpc_ddp.slurm.render",
     "hpc_ddp.slurm.nodelist",
+    "hpc_ddp.slurm.jobstate",
     "hpc_ddp.sweep.spec",
     "hpc_ddp.runtime.distenv",
-    # hpc_ddp.state.verdict does not qualify: it imports hpc_ddp.slurm.client (for the
-    # AccountingRecord/JobInfo/JobState types), which runs Slurm commands through subprocess.
+    "hpc_ddp.runtime.placement",
+    "hpc_ddp.state.resumable",
+    "hpc_ddp.state.task",
+    "hpc_ddp.state.verdict",
 ]
 
 HEAVY = ("torch", "hpc_ddp.slurm.client")

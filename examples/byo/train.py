@@ -4,7 +4,8 @@ Runs unchanged as one process, under torchrun, and on Slurm through hpc-ddp::
 
     python examples/byo/train.py --steps 200
     torchrun --nproc-per-node 2 examples/byo/train.py --steps 200
-    hpc-ddp submit job.yaml          # with  command: [python, examples/byo/train.py]
+    hpc-ddp submit examples/byo/job.yaml            # command: [python, examples/byo/train.py, ...]
+    hpc-ddp sweep examples/byo/sweep.yaml           # --lr {params.lr}, one array task per value
 
 What the session does for you: joins the process group, picks the device, wraps the model in
 DDP, resumes from the newest good checkpoint (weights, optimizer, RNG, and the exact position
@@ -41,12 +42,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--checkpoint-every", type=int, default=50)
+    parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
     args = parser.parse_args()
 
     with hpc_ddp.session() as s:
         torch.manual_seed(0)  # the same initial weights on every rank
         model = s.wrap(nn.Sequential(nn.Linear(2, 64), nn.ReLU(), nn.Linear(64, 4)))
-        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
         if s.restore(model=model, optimizer=optimizer) is None:
             log.info("fresh start")
         batches = s.loader(make_dataset(4096, seed=1), batch_size=args.batch_size).forever()

@@ -26,7 +26,6 @@ from hpc_ddp.local.process import (
     unmark_cancelled,
 )
 from hpc_ddp.rundir import RUNS_DIR_ENV, Manifest, read_manifest
-from hpc_ddp.slurm.client import SlurmClient
 
 # A Slurm job id (``1234``, an array task ``1234_5``) or a local run's pid: a positive integer.
 _JOB_ID_RE = re.compile(r"[1-9][0-9]*(_[0-9]+)?")
@@ -58,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     """
     check_targets(args.targets)
     runs_dir = runs_dir_from(args.runs_dir, os.environ)
-    client = SlurmClient()
+    client = args.slurm
     for run_dir in resolve_targets(args.targets, runs_dir):
         manifest = read_manifest(run_dir)
         if manifest.backend == "local":

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         from hpc_ddp.sweep.plot import require_matplotlib
 
         require_matplotlib()
-    live = None if args.no_slurm else _live(sweep_dir)
+    live = None if args.no_slurm else _live(sweep_dir, args.slurm)
     sort_key, metric, mode = choose_sort(record, args.sort, args.mode)
     rows = sort_rows(gather_results(sweep_dir, live, metric), sort_key, mode)
     shown = rows[: args.top] if args.top is not None else rows
@@ -100,10 +100,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _live(sweep_dir: Path) -> dict[str, JobInfo] | None:
+def _live(sweep_dir: Path, client: SlurmClient) -> dict[str, JobInfo] | None:
     job_ids = list(dict.fromkeys(a.job_id for a in read_arrays(sweep_dir)))
     try:
-        return SlurmClient().job_states(job_ids) if job_ids else {}
+        return client.job_states(job_ids) if job_ids else {}
     except SlurmError:
         return None
 

@@ -22,7 +22,6 @@ from tabulate import tabulate
 from hpc_ddp.cli.runs import resolve_targets, runs_dir_from
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.rundir import RUNS_DIR_ENV, Manifest, read_manifest
-from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.state.report import DAMAGED, ask_slurm, damaged_row, run_status
 from hpc_ddp.state.verdict import SlurmView
 
@@ -51,19 +50,46 @@ def run(args: argparse.Namespace) -> int:
     """Print the status table (or JSON): plain runs first, then one line per sweep."""
     runs_dir = runs_dir_from(args.runs_dir, os.environ)
     dirs = resolve_targets(args.targets, runs_dir)
-    manifests: dict[Path, Manifest | RunDirError] = {}
-    for d in dirs:
-        try:
-            manifests[d] = read_manifest(d)
-        except RunDirError as exc:
-            manifests[d] = exc
+    manifests = _read_manifests(dirs)
     good = {d: m for d, m in manifests.items() if isinstance(m, Manifest)}
     sweeps = [d for d in good if (d / "tasks").is_dir()]
     plain = [
         m.job_id for d, m in good.items() if d not in sweeps and m.backend != "local" and m.job_id
     ]
     arrays = [j for d in sweeps for j in good[d].array_jobs]
-    view = ask_slurm(SlurmClient(), list(dict.fromkeys([*plain, *arrays])), plain)
+    view = ask_slurm(args.slurm, list(dict.fromkeys([*plain, *arrays])), plain)
+    rows, entries = _collect(dirs, manifests, sweeps, view)
+    # A damaged run is shown beside the others but the exit status says something is wrong.
+    code = 1 if any(r["state"] == DAMAGED for r in rows) else 0
+    if args.json:
+        print(json.dumps([*rows, *entries], indent=2))
+        return code
+    if not rows and not entries:
+        print(f"no runs under {runs_dir}", file=sys.stderr)
+        return 0
+    _print_runs(rows, attempts=args.attempts)
+    _print_sweeps(entries, attempts=args.attempts)
+    return code
+
+
+def _read_manifests(dirs: list[Path]) -> dict[Path, Manifest | RunDirError]:
+    """Each run's manifest, or why it cannot be read (that run becomes a DAMAGED row)."""
+    manifests: dict[Path, Manifest | RunDirError] = {}
+    for d in dirs:
+        try:
+            manifests[d] = read_manifest(d)
+        except RunDirError as exc:
+            manifests[d] = exc
+    return manifests
+
+
+def _collect(
+    dirs: list[Path],
+    manifests: dict[Path, Manifest | RunDirError],
+    sweeps: list[Path],
+    view: SlurmView,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(one row per plain or damaged run, one entry per sweep), in the order of ``dirs``."""
     rows = []
     entries = []
     for d in dirs:
@@ -77,14 +103,10 @@ def run(args: argparse.Namespace) -> int:
                 rows.append(damaged_row(d, exc))
         else:
             rows.append(run_status(d, view))
-    # A damaged run is shown beside the others but the exit status says something is wrong.
-    code = 1 if any(r["state"] == DAMAGED for r in rows) else 0
-    if args.json:
-        print(json.dumps([*rows, *entries], indent=2))
-        return code
-    if not rows and not entries:
-        print(f"no runs under {runs_dir}", file=sys.stderr)
-        return 0
+    return rows, entries
+
+
+def _print_runs(rows: list[dict[str, Any]], *, attempts: bool) -> None:
     if rows:
         print(tabulate([[r[c] for c in COLUMNS] for r in rows], headers=COLUMNS))
     for r in rows:
@@ -92,13 +114,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"{r['run']}: failed first: {r['failed_rank']} (srun, in logs/batch-*.err)")
         if r["note"]:
             print(f"{r['run']}: {r['note']}")
-    if args.attempts:
+    if attempts:
         for r in rows:
             print(f"\n{r['run']}")
             print(tabulate(r["attempt_list"], headers="keys"))
+
+
+def _print_sweeps(entries: list[dict[str, Any]], *, attempts: bool) -> None:
     for entry in entries:
         counts = ", ".join(f"{n} {state}" for state, n in entry["summary"].items() if n)
         print(f"{entry['sweep']}: {len(entry['tasks'])} tasks: {counts}")
-        if args.attempts:
+        if attempts:
             print(tabulate(entry["tasks"], headers="keys"))
-    return code

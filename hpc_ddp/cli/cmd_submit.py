@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     backend = choose_backend(args.backend, shutil.which("sbatch"))
     if backend == "local" and args.test_only:
         raise ConfigError("--test-only asks Slurm; HINT: use --backend slurm on a Slurm cluster.")
-    client = SlurmClient()
+    client = args.slurm
     runs_dir = runs_dir_from(args.runs_dir, os.environ)
     prepared = prepare(
         cfg,
@@ -126,7 +126,7 @@ def _resume(args: argparse.Namespace) -> int:
         wait=args.wait,
         as_json=args.json,
     )
-    return resume_run(request, getattr(args, "slurm", None) or SlurmClient())
+    return resume_run(request, args.slurm)
 
 
 def _show_dry_run(prepared: Prepared, backend: str, as_json: bool) -> int:

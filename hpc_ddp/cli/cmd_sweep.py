@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Submit (or show) a sweep, or resubmit its failed tasks."""
     invocation = ["hpc-ddp", "sweep", *sys.argv[2:]] if sys.argv[1:2] == ["sweep"] else []
-    client = SlurmClient()
+    client = args.slurm
     if args.resubmit_failed:
         if args.sweep_file or args.overrides:
             raise ConfigError(

@@ -11,9 +11,13 @@ import importlib
 import logging
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from hpc_ddp import __version__
 from hpc_ddp.errors import HpcDdpError
+
+if TYPE_CHECKING:
+    from hpc_ddp.slurm.client import SlurmClient
 
 # sub-command -> (module under hpc_ddp.cli, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -60,8 +64,12 @@ def _command_name(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the CLI on ``argv`` and return the exit code (2: usage/config, 1: failure)."""
+def main(argv: list[str] | None = None, *, slurm: SlurmClient | None = None) -> int:
+    """Run the CLI on ``argv`` and return the exit code (2: usage/config, 1: failure).
+
+    ``slurm`` is the client every handler talks to Slurm through (``args.slurm``); None: the
+    real one. Tests pass one over :class:`~hpc_ddp.slurm.fake.FakeSlurm`.
+    """
     argv = sys.argv[1:] if argv is None else argv
     # Build only the parser of the sub-command asked for: importing every handler would pull
     # in modules the login-node paths must not load.
@@ -81,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             level=logging.DEBUG if args.verbose else logging.INFO,
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
+    args.slurm = slurm if slurm is not None else _real_slurm()
     try:
         handler: Handler = _load(args._module).run
         return handler(args)
@@ -89,6 +98,13 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+
+
+def _real_slurm() -> SlurmClient:
+    # Imported here: building the parser must not pull in the Slurm client for --help.
+    from hpc_ddp.slurm.client import SlurmClient
+
+    return SlurmClient()
 
 
 def _single_parser(name: str) -> argparse.ArgumentParser:

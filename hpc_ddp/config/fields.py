@@ -1,5 +1,6 @@
 """What each config key accepts beyond its type: names, argv lists, Slurm times and memory,
-signals, extra sbatch flags and environment variables.
+signals; the free-name mappings are :mod:`hpc_ddp.config.pairs` and ``params`` is
+:mod:`hpc_ddp.config.params`.
 
 :data:`FIELD_CONVERTERS` maps a dotted key to its converter; a key not listed there gets one
 derived from its dataclass type hint (see :mod:`hpc_ddp.config.schema`).
@@ -10,11 +11,13 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Mapping
 from typing import Any
 
+from hpc_ddp.config.pairs import PAIR_KEYS, env_vars, extra_flags
+from hpc_ddp.config.params import as_params
 from hpc_ddp.config.units import format_slurm_time, parse_mem, parse_slurm_time
 from hpc_ddp.config.values import (
+    MAX_NAME_CHARS,
     Converter,
     Invalid,
     as_float,
@@ -29,11 +32,9 @@ from hpc_ddp.config.values import (
 )
 from hpc_ddp.errors import ConfigError
 
+__all__ = ["FIELD_CONVERTERS", "MAX_NAME_CHARS", "PAIR_KEYS"]
+
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-MAX_NAME_CHARS = 128
-"""A job name is at most 128 characters: it starts the run directory's name
-(``<name>-<YYYYmmdd-HHMMSS>[-N]``, which a file system caps at 255 bytes) and a sweep point's
-name (``<name>-<index>``), and Slurm shows it in every listing."""
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _IMPORT_RE = re.compile(rf"{_IDENT}(?:\.{_IDENT})*:{_IDENT}")
 
@@ -184,128 +185,6 @@ def _signal(value: Any, key: str) -> str:
     raise Invalid(key, f"{short_repr(out)} is not a signal hpc-ddp handles. HINT: {hint}")
 
 
-# sbatch flags hpc-ddp sets itself: flag -> how to get the effect instead.
-_LOGS = "leave it out: logs always go to RUN_DIR/logs/"
-_CONTROLLED_FLAGS = {
-    "output": _LOGS,
-    "error": _LOGS,
-    "open-mode": "leave it out: logs are appended to across requeues",
-    "signal": "use requeue.signal and requeue.lead_time",
-    "requeue": "use requeue.max_requeues",
-    "no-requeue": "use requeue.max_requeues: 0",
-    "nodes": "use slurm.nodes",
-    "ntasks-per-node": "use slurm.tasks_per_node",
-    "ntasks": "use slurm.nodes and slurm.tasks_per_node",
-    "array": "use a sweep file (hpc-ddp sweep)",
-    "job-name": "use name",
-    "time": "use slurm.time",
-    "mem": "use slurm.mem",
-    "partition": "use slurm.partition",
-    "account": "use slurm.account",
-    "qos": "use slurm.qos",
-    "constraint": "use slurm.constraint",
-    "exclusive": "use slurm.exclusive: true",
-    "cpus-per-task": "use slurm.cpus_per_task",
-    "gpus-per-task": "use slurm.gpus_per_task",
-    "gpus-per-node": "use slurm.gpus_per_node",
-    "wrap": "use command or entrypoint",
-    "parsable": "leave it out: hpc-ddp reads the job id itself",
-}
-# Real sbatch flags that happen to be prefixes of a controlled one.
-_PREFIX_FLAGS = frozenset({"gpus"})
-# sbatch accepts unambiguous abbreviations (--outp is --output): every prefix -> its flag.
-_FLAG_OWNERS = {flag[:i]: flag for flag in _CONTROLLED_FLAGS for i in range(1, len(flag))}
-_FLAG_OWNERS.update({flag: flag for flag in _CONTROLLED_FLAGS})
-for _flag in _PREFIX_FLAGS:
-    _FLAG_OWNERS.pop(_flag, None)
-_FLAG_RE = re.compile(r"[a-z][a-z0-9-]*")
-_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_CONTROLLED_VARS = frozenset(
-    {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"}
-)
-
-
-def _mapping_value(value: Any, key: str, allow_none: bool) -> str | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    if isinstance(value, str):
-        return check_chars(value, key)
-    hint = "write null for a bare flag such as --exclusive" if allow_none else "quote it"
-    raise Invalid(key, f"expected a string, got {describe(value)}. HINT: {hint}")
-
-
-def _pairs(value: Any, key: str) -> dict[str, Any]:
-    if isinstance(value, (list, tuple)) and all(
-        isinstance(p, (list, tuple)) and len(p) == 2 for p in value
-    ):
-        value = dict(value)  # the pair form a resolved config's dataclass holds
-    if not isinstance(value, Mapping):
-        raise Invalid(key, f"expected a mapping, got {describe(value)}. HINT: write NAME: VALUE")
-    return dict(value)
-
-
-def _check_name_length(name: Any, key: str) -> None:
-    """A flag or variable name is at most :data:`MAX_NAME_CHARS` long (checked before it is
-    used in a message's key)."""
-    if isinstance(name, str) and len(name) > MAX_NAME_CHARS:
-        raise Invalid(
-            key,
-            f"the name {short_repr(name)} is over hpc-ddp's limit of {MAX_NAME_CHARS} "
-            "characters. HINT: no sbatch flag or environment variable has so long a name",
-        )
-
-
-def _extra(value: Any, key: str) -> tuple[tuple[str, str | None], ...]:
-    out = []
-    for flag, flag_value in _pairs(value, key).items():
-        _check_name_length(flag, key)
-        where = f"{key}.{flag}"
-        if not isinstance(flag, str) or not _FLAG_RE.fullmatch(flag):
-            bare = str(flag).lstrip("-")
-            hint = (
-                f"write it without leading dashes: '{bare}'"
-                if bare != str(flag)
-                else "write sbatch's long option name in lower case, e.g. gres, mail-type"
-            )
-            raise Invalid(
-                where, f"{short_repr(flag)} is not an sbatch long option name. HINT: {hint}"
-            )
-        owner = _FLAG_OWNERS.get(flag)
-        if owner is not None:
-            short = "" if owner == flag else f"'{flag}' abbreviates --{owner}, and "
-            raise Invalid(
-                where,
-                f"{short}--{owner} is set by hpc-ddp itself. HINT: {_CONTROLLED_FLAGS[owner]}",
-            )
-        out.append((flag, _mapping_value(flag_value, where, allow_none=True)))
-    return tuple(out)
-
-
-def _vars(value: Any, key: str) -> tuple[tuple[str, str], ...]:
-    out = []
-    for name, var_value in _pairs(value, key).items():
-        _check_name_length(name, key)
-        where = f"{key}.{name}"
-        if not isinstance(name, str) or not _ENV_NAME_RE.fullmatch(name):
-            raise Invalid(
-                where,
-                f"{short_repr(name)} is not a valid environment variable name. HINT: use "
-                "letters, digits and '_', not starting with a digit",
-            )
-        if name in _CONTROLLED_VARS:
-            raise Invalid(
-                where,
-                f"{name} is derived by hpc-ddp from Slurm's environment. HINT: leave it out "
-                "(use dist.port for a fixed MASTER_PORT)",
-            )
-        text = _mapping_value(var_value, where, allow_none=False)
-        assert text is not None
-        out.append((name, text))
-    return tuple(out)
-
-
 _GPUS_HINT = "leave it out (null) for no GPUs"
 FIELD_CONVERTERS: dict[str, Converter] = {
     "name": _name,
@@ -318,10 +197,10 @@ FIELD_CONVERTERS: dict[str, Converter] = {
     "slurm.gpus_per_node": bounded(as_int, 1, hint=_GPUS_HINT),
     "slurm.time": _time,
     "slurm.mem": _mem,
-    "slurm.extra": _extra,
+    "slurm.extra": extra_flags,
     "slurm.srun_args": _srun_args,
     "env.container.python": _container_python,
-    "env.vars": _vars,
+    "env.vars": env_vars,
     "env.setup": as_str_list,
     "dist.port": bounded(as_int, 1024, 65535, "pick an unprivileged port, or null to derive one"),
     "dist.timeout_s": bounded(as_int, 1),
@@ -348,8 +227,6 @@ FIELD_CONVERTERS: dict[str, Converter] = {
     # sbatch --signal=SIG@TIME takes 0..65535 seconds.
     "requeue.lead_time": bounded(as_int, 1, 65535),
     "requeue.max_requeues": bounded(as_int, 0),
+    "params": as_params,
 }
 """Converters for keys whose rules go beyond their type hint, by dotted key."""
-
-PAIR_KEYS = frozenset({"slurm.extra", "env.vars"})
-"""Keys written as a mapping of free names, held by the dataclass as (name, value) pairs."""

@@ -26,6 +26,7 @@ import yaml
 
 from hpc_ddp.config.fields import PAIR_KEYS
 from hpc_ddp.config.model import JobConfig
+from hpc_ddp.config.params import Params
 from hpc_ddp.config.schema import KEY_KINDS, Memo, check_layer, unknown_key, validate_job_config
 from hpc_ddp.config.values import short_repr
 from hpc_ddp.config.yaml_dialect import (
@@ -63,9 +64,14 @@ SITE_DEFAULT = Path(".config", "hpc-ddp", "site.yaml")
 """The site profile looked for under the home directory when none is named."""
 
 
-def job_config_from_dict(data: Mapping[str, Any], source: str) -> JobConfig:
-    """Validate a merged plain mapping into a :class:`JobConfig`; ``source`` labels errors."""
-    return validate_job_config(data, source, None)
+def job_config_from_dict(
+    data: Mapping[str, Any], source: str, *, placeholders: bool = True
+) -> JobConfig:
+    """Validate a merged plain mapping into a :class:`JobConfig`; ``source`` labels errors.
+
+    ``placeholders=False`` does not require the params that ``command`` names (a sweep's base).
+    """
+    return validate_job_config(data, source, None, placeholders)
 
 
 def job_configs_from_dicts(items: Iterable[tuple[Mapping[str, Any], str]]) -> list[JobConfig]:
@@ -81,7 +87,8 @@ def job_configs_from_dicts(items: Iterable[tuple[Mapping[str, Any], str]]) -> li
 def split_key(key: str, source: str, error: type[ConfigError] = ConfigError) -> tuple[str, ...]:
     """Check a dotted key against the schema and split it (``env.vars.A`` -> env, vars, A).
 
-    An unknown key raises ``error`` naming ``source`` with a did-you-mean hint.
+    An unknown key raises ``error`` naming ``source`` with a did-you-mean hint; under
+    ``params`` any name goes (``params.opt.lr`` -> params, opt, lr): the section is free-form.
     """
     parts = key.split(".")
     if not all(parts):
@@ -94,6 +101,8 @@ def split_key(key: str, source: str, error: type[ConfigError] = ConfigError) -> 
         if kind is None:
             exc = unknown_key(prefix)
             raise error(f"{source}: {exc.key}: {exc.text}")
+        if kind == "tree":
+            return tuple(parts)
         if kind == "mapping" and i < len(parts):
             return (*parts[:i], ".".join(parts[i:]))
         if kind == "value" and i < len(parts):
@@ -241,6 +250,8 @@ def to_plain(value: Any, key: str) -> Any:
         }
     if key in PAIR_KEYS:
         return dict(value)
+    if isinstance(value, Params):
+        return {name: to_plain(item, f"{key}.{name}") for name, item in value.items()}
     if isinstance(value, tuple):
         return list(value)
     return value

@@ -19,12 +19,15 @@ YAML layout (every key optional except where noted)::
               weight_decay, lr_schedule, warmup_steps, amp, seed, checkpoint_every, keep_last,
               eval_every, log_every, num_workers}
     requeue: {signal, lead_time, max_requeues, on_crash}
+    params:  {name: value, ...}   # free-form: your script's own values (see config.params)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
+
+from hpc_ddp.config.params import Params
 
 ContainerRuntime = Literal["apptainer", "pyxis"]
 Backend = Literal["auto", "gloo", "nccl"]
@@ -38,19 +41,31 @@ class SlurmConfig:
     """Resources requested from Slurm; each field maps to one sbatch flag."""
 
     nodes: int = 1
+    """Nodes to allocate (``--nodes``)."""
     tasks_per_node: int = 1
+    """Tasks (DDP ranks) per node (``--ntasks-per-node``); usually one per GPU."""
     cpus_per_task: int | None = None
+    """CPUs per task (``--cpus-per-task``), also the task's ``OMP_NUM_THREADS``; ``None``:
+    the cluster's default (usually 1)."""
     gpus_per_task: int | None = None
+    """GPUs per task (``--gpus-per-task``); ``None``: no GPUs requested this way."""
     gpus_per_node: int | None = None
+    """GPUs per node (``--gpus-per-node``), the tasks sharing them; ``None``: not requested
+    this way. Set at most one of this and ``gpus_per_task``."""
     mem: str | None = None
     """Per-node memory in Slurm's syntax (``16G``, ``4000M``, ``4000``)."""
     time: str = "01:00:00"
     """Time limit in any form sbatch accepts (``MM``, ``HH:MM:SS``, ``D-HH:MM`` ...)."""
     partition: str | None = None
+    """Partition (``--partition``); ``None``: the cluster's default partition."""
     account: str | None = None
+    """Account charged (``--account``); ``None``: your default account."""
     qos: str | None = None
+    """Quality of service (``--qos``); ``None``: the default QOS."""
     constraint: str | None = None
+    """Node features required (``--constraint``, e.g. ``a100``); ``None``: any node."""
     exclusive: bool = False
+    """Ask for whole nodes (``--exclusive``), shared with no other job."""
     template: str | None = None
     """Path to a user sbatch template; ``None`` uses ``slurm_templates/default.sbatch.j2``."""
     extra: tuple[tuple[str, str | None], ...] = ()
@@ -70,9 +85,15 @@ class ContainerConfig:
     """Optional container wrapper around every task."""
 
     runtime: ContainerRuntime
+    """``apptainer`` (``apptainer exec`` around each task) or ``pyxis`` (srun
+    ``--container-image``)."""
     image: str
+    """The image: a ``.sif`` file or URI for apptainer, an image name or squashfs for pyxis."""
     binds: tuple[str, ...] = ()
+    """Host paths to mount in the container (``SRC[:DST[:OPTS]]``); the run directory
+    must be reachable at the same path."""
     options: tuple[str, ...] = ()
+    """Extra options for ``apptainer exec`` or srun's pyxis flags, each one argument."""
     python: str = "python3"
     """The interpreter inside the image that runs ``-m hpc_ddp run`` (a name on the image's
     PATH or an absolute path): the login node's ``sys.executable`` does not exist in the image."""
@@ -83,11 +104,15 @@ class EnvConfig:
     """The software environment each task starts in."""
 
     modules: tuple[str, ...] = ()
+    """Environment modules loaded first (``module load ...``), in order."""
     setup: tuple[str, ...] = ()
     """Shell lines run before the tasks start (``source venv/bin/activate``). These are shell on
     purpose, written by the user; they are the only config values not quoted."""
     vars: tuple[tuple[str, str], ...] = ()
+    """Environment variables exported to every task (``NAME: value``, quoted); the
+    distributed ones (``RANK``, ``MASTER_PORT``, ...) are set by hpc-ddp."""
     container: ContainerConfig | None = None
+    """Run every task in a container; ``None``: directly on the node."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +120,10 @@ class DistConfig:
     """How the process group is formed."""
 
     backend: Backend = "auto"
+    """Collective backend: ``auto`` picks ``nccl`` with GPUs, ``gloo`` without."""
     init_method: InitMethod = "env"
+    """How ranks find each other: ``env`` (MASTER_ADDR/MASTER_PORT from Slurm), ``tcp`` or
+    ``file`` (a rendezvous file in the run directory)."""
     port: int | None = None
     """Fixed MASTER_PORT; ``None`` derives one from the job id (collision-checked)."""
     timeout_s: int = 300
@@ -111,28 +139,54 @@ class TrainConfig:
     dataset: str = "synthetic"
     """``synthetic`` | ``cifar10`` | ``mnist`` | ``imagefolder`` | ``pkg.mod:fn``."""
     data_root: str | None = None
+    """Directory of pre-staged data for ``cifar10``, ``mnist`` and ``imagefolder`` (nothing is
+    downloaded at run time); ``None`` for ``synthetic``."""
     num_classes: int = 10
+    """Classes the model's head predicts."""
     image_size: int = 32
+    """Side in pixels of the (square) images fed to the model."""
     synthetic_samples: int = 2048
+    """Samples in the ``synthetic`` dataset."""
     max_steps: int | None = None
+    """Optimizer steps to train for; when set it wins over ``epochs``. ``None``: ``epochs``
+    decides."""
     epochs: int | None = 1
+    """Passes over the training data; ``None``: ``max_steps`` decides."""
     batch_size: int = 32
     """Per-rank batch size; the global batch is this times the world size."""
     grad_accum: int = 1
+    """Micro-batches accumulated per optimizer step; 1 means no accumulation."""
     optimizer: Optimizer = "sgd"
+    """``sgd`` (with ``momentum``) or ``adamw``."""
     lr: float = 0.05
+    """Peak learning rate (after warm-up, before the schedule decays it)."""
     momentum: float = 0.9
+    """SGD momentum (ignored by ``adamw``)."""
     weight_decay: float = 0.0
+    """Weight decay (L2 for ``sgd``, decoupled for ``adamw``); 0 disables it."""
     lr_schedule: LrSchedule = "cosine"
+    """How the learning rate decays after warm-up: ``constant``, ``cosine`` (to 0 at the last
+    step) or ``step`` (x0.1 at 50% and again at 75% of the steps)."""
     warmup_steps: int = 0
+    """Optimizer steps of linear warm-up up to ``lr``; 0: none."""
     amp: bool = False
+    """Mixed precision on GPUs (bfloat16 where supported, else float16 with a grad scaler);
+    ignored on CPU, with a warning."""
     seed: int = 0
+    """Seed of weights, data order and augmentation: the same seed gives the same run."""
     checkpoint_every: int = 100
     """Optimizer steps between periodic checkpoints; 0 saves only on stop and at the end."""
     keep_last: int = 3
+    """Checkpoints kept on disk, newest first; older ones are deleted."""
     eval_every: int = 0
+    """Optimizer steps between evaluations on the validation split; 0: none during training."""
     log_every: int = 10
+    """Optimizer steps between progress lines and metrics records."""
+    tensorboard: bool = False
+    """Also write the metrics records to ``RUN_DIR/tensorboard/`` as TensorBoard scalars
+    (rank 0; needs ``pip install 'hpc-ddp[tensorboard]'``)."""
     num_workers: int = 0
+    """DataLoader worker processes per rank; 0 loads in the training process."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +198,7 @@ class RequeueConfig:
     lead_time: int = 120
     """Seconds before the time limit at which the signal is sent."""
     max_requeues: int = 5
+    """Requeues allowed before the job stops unfinished (exit 3); 0 never requeues."""
     on_crash: bool = False
     """Requeue after a crash too (off: a crash is not a preemption and fails fast)."""
 
@@ -153,10 +208,27 @@ class JobConfig:
     """A whole, validated job."""
 
     name: str
+    """Job name: names the run directory (``<name>-<timestamp>``) and the Slurm job."""
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    """Resources requested from Slurm."""
     env: EnvConfig = field(default_factory=EnvConfig)
+    """The software environment of each task."""
     dist: DistConfig = field(default_factory=DistConfig)
+    """How the process group is formed."""
     train: TrainConfig = field(default_factory=TrainConfig)
+    """What the built-in trainer runs; a session in your own script uses only ``keep_last``
+    and ``seed`` (the default seed of ``session().loader``)."""
     requeue: RequeueConfig = field(default_factory=RequeueConfig)
+    """Requeue on time limits and preemption."""
     command: tuple[str, ...] | None = None
+    """Run your own program on every task instead of the built-in trainer: an argv list,
+    run without a shell; ``{params.NAME}`` in an item is replaced by that param's value
+    (``{{params.NAME}}`` for the literal text). ``None``: no command."""
     entrypoint: str | None = None
+    """Call your own Python function on every task instead: ``package.module:function``.
+    ``None``: no entry point."""
+    params: Params = field(default_factory=Params)
+    """Your script's own values, free-form: names to numbers, strings, booleans or null, or to
+    nested mappings of those (``params.opt.lr``). Set and swept like any key
+    (``params.lr=0.1``, even for a name not in the file); read in Python as
+    ``hpc_ddp.session().params``; substituted into ``command`` as ``{params.lr}``."""

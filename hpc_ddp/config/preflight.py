@@ -16,6 +16,9 @@ is then a warning, not an error. Names and ``data_root`` do not depend on the en
 The model names are a static list, so that checking them never imports torchvision (1.5 s and
 torch with it); a torch-marked test compares the list with torchvision's own. Login-node side:
 the standard library only.
+
+Over 300 lines because the checks share one search path and one error-or-warning rule; split
+apart, each piece would need both.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_ddp.config.model import JobConfig
+from hpc_ddp.config.params import resolve_command
 from hpc_ddp.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -187,7 +191,8 @@ def preflight_points(jobs: Iterable[tuple[str, JobConfig]], node: LoginNode | No
 def _relevant(cfg: JobConfig) -> tuple[object, ...]:
     """Everything :func:`check_job` looks at."""
     train = cfg.train
-    return (cfg.command, cfg.entrypoint, train.model, train.dataset, train.data_root,
+    command = None if cfg.command is None else resolve_command(cfg.command, cfg.params)
+    return (command, cfg.entrypoint, train.model, train.dataset, train.data_root,
             _indirection(cfg), cfg.env.vars)  # fmt: skip
 
 
@@ -302,7 +307,7 @@ def find_module(name: str, search: Sequence[str], use_import_system: bool = True
 
 def _check_command(cfg: JobConfig, node: LoginNode, missing: _Missing) -> None:
     assert cfg.command is not None
-    program, *args = cfg.command
+    program, *args = resolve_command(cfg.command, cfg.params)  # what the tasks will run
     if "/" in program:
         path = node.cwd / program
         if not path.is_file():

@@ -12,8 +12,10 @@ import ast
 import dataclasses
 import inspect
 import itertools
+import textwrap
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any
 
 from hpc_ddp.config import model
@@ -21,7 +23,7 @@ from hpc_ddp.config import model
 
 def field_docs(cls: type) -> dict[str, str]:
     """Attribute docstrings of ``cls``: field name -> the string literal right under it."""
-    tree = ast.parse(inspect.getsource(cls))
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))  # a class may be nested
     body = tree.body[0].body if isinstance(tree.body[0], ast.ClassDef) else []
     docs: dict[str, str] = {}
     for node, after in itertools.pairwise(body):
@@ -53,7 +55,7 @@ def _type_name(hint: Any) -> str:
                 return "mapping"
             return f"list of {_type_name(inner)}"
         return "list"
-    if origin is dict:
+    if origin is dict or (isinstance(hint, type) and issubclass(hint, Mapping)):
         return "mapping"
     return getattr(hint, "__name__", str(hint))
 
@@ -71,7 +73,7 @@ def _default(f: dataclasses.Field[Any], kind: str) -> str:
         return "null"
     if isinstance(value, bool):
         return str(value).lower()
-    if value == ():
+    if value == () or (isinstance(value, Mapping) and not value):
         return "{}" if kind == "mapping" else "[]"
     return f"`{value}`"
 

@@ -15,6 +15,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from hpc_ddp.config.fields import FIELD_CONVERTERS, PAIR_KEYS
 from hpc_ddp.config.model import JobConfig
+from hpc_ddp.config.params import TREE_KEYS, Params, resolve_command
 from hpc_ddp.config.units import parse_slurm_time
 from hpc_ddp.config.values import (
     Converter,
@@ -43,7 +44,8 @@ class _Field:
 _SCHEMA: dict[type[Any], tuple[_Field, ...]] = {}
 _NAMES: dict[type[Any], frozenset[str]] = {}
 KEY_KINDS: dict[str, str] = {}
-"""Dotted key -> ``"section"``, ``"value"`` or ``"mapping"`` (a mapping of free names)."""
+"""Dotted key -> ``"section"``, ``"value"``, ``"mapping"`` (a mapping of free names) or
+``"tree"`` (free names at any depth: ``params``)."""
 
 
 def _converter(tp: Any) -> Converter:
@@ -76,7 +78,9 @@ def _register(cls: type[Any], prefix: str) -> None:
             _register(section, f"{key}.")
             conv: Converter = _none_is_empty if tp is section else optional(_mapping_section)
         else:
-            KEY_KINDS[key] = "mapping" if key in PAIR_KEYS else "value"
+            KEY_KINDS[key] = (
+                "tree" if key in TREE_KEYS else "mapping" if key in PAIR_KEYS else "value"
+            )
             base = FIELD_CONVERTERS.get(key) or _converter(tp)
             conv = optional(base) if type(None) in get_args(tp) else base
         fields.append(_Field(f.name, key, conv, required, section))
@@ -135,7 +139,18 @@ def _convert(
     With a ``memo``, a list or mapping seen before under the same key (the same object, as
     sweep points share them) is converted once: conversion is a pure function of the value.
     """
-    fields = _SCHEMA[cls]
+    _check_known(cls, data, prefix)
+    kwargs: dict[str, Any] = {}
+    for f in _SCHEMA[cls]:
+        if f.name in data:
+            kwargs[f.name] = _convert_field(f, data[f.name], partial, memo)
+        elif f.required and not partial:
+            hint = _REQUIRED_HINTS.get(f.key, f"set {f.key}")
+            raise Invalid(f.key, f"required key missing. HINT: {hint}")
+    return None if partial else cls(**kwargs)
+
+
+def _check_known(cls: type[Any], data: Mapping[str, Any], prefix: str) -> None:
     names = _NAMES[cls]
     for raw_key in data:
         if raw_key not in names:
@@ -143,32 +158,27 @@ def _convert(
                 where = prefix.rstrip(".") or "(top level)"
                 raise Invalid(where, f"key {raw_key!r} is not a string. HINT: use a key name")
             raise unknown_key(f"{prefix}{raw_key}")
-    kwargs: dict[str, Any] = {}
-    for f in fields:
-        if f.name not in data:
-            if f.required and not partial:
-                hint = _REQUIRED_HINTS.get(f.key, f"set {f.key}")
-                raise Invalid(f.key, f"required key missing. HINT: {hint}")
-            continue
-        raw = data[f.name]
-        shareable = memo is not None and type(raw) in (dict, list, tuple)
-        if shareable:
-            assert memo is not None
-            hit = memo.get((f.key, id(raw)))
-            if hit is not None and hit[0] is raw:
-                kwargs[f.name] = hit[1]
-                continue
-        value = f.convert(raw, f.key)
-        if f.section is not None and value is not None:
-            value = _convert(f.section, value, f"{f.key}.", partial, memo)
-        if shareable:
-            assert memo is not None
-            memo[(f.key, id(raw))] = (raw, value)  # holding ``raw`` keeps its id valid
-        kwargs[f.name] = value
-    return None if partial else cls(**kwargs)
 
 
-def _check_combinations(cfg: JobConfig) -> None:
+def _convert_field(f: _Field, raw: Any, partial: bool, memo: Memo | None) -> Any:
+    if memo is None or type(raw) not in (dict, list, tuple):
+        return _convert_value(f, raw, partial, memo)
+    hit = memo.get((f.key, id(raw)))
+    if hit is not None and hit[0] is raw:
+        return hit[1]
+    value = _convert_value(f, raw, partial, memo)
+    memo[(f.key, id(raw))] = (raw, value)  # holding ``raw`` keeps its id valid
+    return value
+
+
+def _convert_value(f: _Field, raw: Any, partial: bool, memo: Memo | None) -> Any:
+    value = f.convert(raw, f.key)
+    if f.section is not None and value is not None:
+        value = _convert(f.section, value, f"{f.key}.", partial, memo)
+    return value
+
+
+def _check_combinations(cfg: JobConfig, placeholders: bool) -> None:
     slurm, train = cfg.slurm, cfg.train
     if slurm.gpus_per_task is not None and slurm.gpus_per_node is not None:
         raise Invalid(
@@ -194,6 +204,8 @@ def _check_combinations(cfg: JobConfig) -> None:
             "is set together with entrypoint. HINT: keep one: command runs a script, "
             "entrypoint calls a Python function",
         )
+    if placeholders and cfg.command is not None:
+        resolve_command(cfg.command, cfg.params)  # a placeholder naming no param fails here
     flags = dict(slurm.extra)
     for flag in ("mem-per-cpu", "mem-per-gpu"):
         if flag in flags and slurm.mem is not None:
@@ -216,6 +228,8 @@ def _size(value: Any, memo: Memo | None) -> int:
         return len(value)
     if isinstance(value, tuple):
         return sum(_size(item, None) + 2 for item in value)
+    if isinstance(value, Params):
+        return sum(len(name) + 2 + _size(item, None) for name, item in value.items())
     if not dataclasses.is_dataclass(value) or isinstance(value, type):
         return 8  # a number, a bool or null
     key = ("#size", id(value))
@@ -243,11 +257,13 @@ def _check_size(cfg: JobConfig, memo: Memo | None) -> None:
 
 
 def validate_job_config(
-    data: Mapping[str, Any], source: str, memo: Memo | None = None
+    data: Mapping[str, Any], source: str, memo: Memo | None = None, placeholders: bool = True
 ) -> JobConfig:
     """Convert a merged mapping into a :class:`JobConfig` and check it as a whole.
 
     ``source`` labels errors; a ``memo`` shared between calls converts shared sections once.
+    ``placeholders=False`` leaves out the check that each ``{params.NAME}`` in ``command`` is
+    defined (a sweep's base, whose points may define them).
     """
     if not isinstance(data, Mapping):
         raise ConfigError(
@@ -256,7 +272,7 @@ def validate_job_config(
         )
     try:
         cfg: JobConfig = _convert(JobConfig, data, "", partial=False, memo=memo)
-        _check_combinations(cfg)
+        _check_combinations(cfg, placeholders)
         _check_size(cfg, memo)
     except Invalid as exc:
         raise ConfigError(f"{source}: {exc.key}: {exc.text}") from None

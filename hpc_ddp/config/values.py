@@ -17,6 +17,11 @@ from hpc_ddp.config.yaml_dialect import MAX_SCALAR_CHARS
 
 SHOWN_CHARS = 60
 """How much of a long bad value an error message quotes."""
+MAX_NAME_CHARS = 128
+"""A name (job, sbatch flag, environment variable, param) is at most 128 characters. A job
+name starts the run directory's name (``<name>-<YYYYmmdd-HHMMSS>[-N]``, which a file system
+caps at 255 bytes) and a sweep point's name (``<name>-<index>``), and Slurm shows it in every
+listing; no flag or variable has so long a name."""
 
 
 class Invalid(Exception):

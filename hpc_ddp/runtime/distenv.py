@@ -12,20 +12,21 @@ and never reads ``os.environ``. Three launchers are recognised, in this order:
 ``single``
     No launcher: one process, rank 0 of 1, on 127.0.0.1.
 
-Node names, never ``hostname``: on a dev cluster every fake node has the same hostname.
+Node names, never ``hostname``: on a dev cluster every fake node has the same hostname. Each
+launcher's own variables are read by :mod:`hpc_ddp.runtime.placement`; this module picks the
+launcher and adds what they share (job ids, attempt, the port).
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from hpc_ddp.errors import DistEnvError
 from hpc_ddp.rundir import ARRAY_OFFSET_ENV
-from hpc_ddp.slurm.nodelist import parse_nodelist, parse_tasks_per_node
+from hpc_ddp.runtime.placement import SINGLE, Placement, env_int, from_launcher, from_slurm
 
 Launcher = Literal["slurm", "torchrun", "single"]
 PortSource = Literal["derived", "config", "launcher"]
@@ -48,8 +49,6 @@ _RESTART_STEP = 4875
 steps keep the offsets of attempts 0..k far apart on the circle (three-distance theorem): with
 3 attempts, jobs whose ids differ by less than 3013 never share a port; with 6, by less than 1151.
 """
-
-_BATCH_STEP_ID = "4294967294"  # SLURM_BATCH_SCRIPT: the id some Slurm versions give the batch step
 
 
 @dataclass(frozen=True)
@@ -135,7 +134,7 @@ def array_task_index(env: Mapping[str, str]) -> int | None:
     """
     if not env.get("SLURM_ARRAY_TASK_ID"):
         return None
-    return _int(env, "SLURM_ARRAY_TASK_ID") + _int(env, ARRAY_OFFSET_ENV, default=0)
+    return env_int(env, "SLURM_ARRAY_TASK_ID") + env_int(env, ARRAY_OFFSET_ENV, default=0)
 
 
 def derive_dist_env(env: Mapping[str, str], *, port: int | None = None) -> DistEnv:
@@ -151,147 +150,23 @@ def derive_dist_env(env: Mapping[str, str], *, port: int | None = None) -> DistE
     if port is not None and not 0 < port < 65536:
         raise DistEnvError(f"dist.port={port} is not a TCP port. HINT: use 1024-65535 or null.")
     if "RANK" in env or "WORLD_SIZE" in env:
-        return _from_launcher(env, port)
+        placement, launcher_port = from_launcher(env)
+        return _make(env, placement, "torchrun", port, launcher_port)
     if "SLURM_PROCID" in env:
-        return _from_slurm(env, port)
-    single = _Placement(0, 0, 1, 1, 0, "127.0.0.1", ())
-    return _make(env, single, "single", port)
-
-
-def _from_launcher(env: Mapping[str, str], port: int | None) -> DistEnv:
-    for name in ("RANK", "WORLD_SIZE"):
-        if name not in env:
-            other = "WORLD_SIZE" if name == "RANK" else "RANK"
-            raise DistEnvError(
-                f"{other}={env[other]!r} is set but {name} is not. HINT: set both RANK and "
-                "WORLD_SIZE (torchrun does), or neither to let Slurm's variables decide."
-            )
-    rank = _int(env, "RANK")
-    world = _int(env, "WORLD_SIZE", minimum=1)
-    local_rank = _int(env, "LOCAL_RANK") if world > 1 or "LOCAL_RANK" in env else 0
-    local_world = _int(env, "LOCAL_WORLD_SIZE", minimum=1) if "LOCAL_WORLD_SIZE" in env else world
-    node_rank = _int(env, "GROUP_RANK" if "GROUP_RANK" in env else "NODE_RANK", default=0)
-    _check_below("RANK", rank, f"WORLD_SIZE={world}", world)
-    _check_below("LOCAL_RANK", local_rank, f"LOCAL_WORLD_SIZE={local_world}", local_world)
-    master_addr = env.get("MASTER_ADDR") or ""
-    if not master_addr:
-        if world > 1:
-            raise DistEnvError(
-                f"RANK={rank} WORLD_SIZE={world} but MASTER_ADDR is not set. HINT: set "
-                "MASTER_ADDR to rank 0's node (torchrun sets it), or launch with srun alone."
-            )
-        master_addr = "127.0.0.1"
-    launcher_port = _int(env, "MASTER_PORT", minimum=1) if env.get("MASTER_PORT") else None
-    nodes = _slurm_nodes(env)[1]
-    placement = _Placement(rank, local_rank, world, local_world, node_rank, master_addr, nodes)
-    return _make(env, placement, "torchrun", port, launcher_port)
-
-
-def _from_slurm(env: Mapping[str, str], port: int | None) -> DistEnv:
-    rank = _int(env, "SLURM_PROCID")
-    ntasks_var = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS"
-    nodes_var, nodes = _slurm_nodes(env)
-    tpn_var = "SLURM_STEP_TASKS_PER_NODE"
-    if tpn_var not in env:
-        tpn_var = "SLURM_TASKS_PER_NODE"
-    per_node = parse_tasks_per_node(env[tpn_var], tpn_var) if tpn_var in env else None
-    if ntasks_var in env:
-        world = _int(env, ntasks_var, minimum=1)
-    elif per_node is not None:
-        ntasks_var, world = tpn_var, sum(per_node)
-    else:
-        world = 1
-    if world > 1 and env.get("SLURM_STEP_ID", env.get("SLURM_STEPID", _BATCH_STEP_ID)) in (
-        _BATCH_STEP_ID,
-        "batch",
-    ):
-        raise DistEnvError(
-            f"SLURM_PROCID={rank} with {ntasks_var}={world} but no srun step (SLURM_STEP_ID is "
-            f"unset): this is the batch script of a {world}-task job, not one of its tasks, and "
-            f"rank 0 would wait for {world - 1} peers that never start. HINT: launch each rank "
-            "with `srun ... python -m hpc_ddp run RUN_DIR` (the rendered job.sbatch does)."
-        )
-    _check_below("SLURM_PROCID", rank, f"{ntasks_var}={world}", world)
-    # srun always sets these; a lone task (world 1) in a batch script may lack them.
-    node_rank = _int(env, "SLURM_NODEID", default=0 if world == 1 else None)
-    local_rank = _int(env, "SLURM_LOCALID", default=0 if world == 1 else None)
-    if not nodes:
-        if world > 1:
-            raise DistEnvError(
-                f"{ntasks_var}={world} but no SLURM_STEP_NODELIST, SLURM_JOB_NODELIST or "
-                "SLURM_NODELIST to find rank 0's node. HINT: run under srun, which sets them."
-            )
-        nodes_count = 1
-    else:
-        nodes_count = len(nodes)
-        _check_below(
-            "SLURM_NODEID",
-            node_rank,
-            f"{nodes_var}={env[nodes_var]!r} has {nodes_count} node(s)",
-            nodes_count,
-        )
-    if per_node is None:
-        if world % nodes_count:
-            raise DistEnvError(
-                f"{ntasks_var}={world} tasks on {nodes_count} nodes and no "
-                "SLURM_STEP_TASKS_PER_NODE to say how they are spread. HINT: run under srun."
-            )
-        per_node = [world // nodes_count] * nodes_count
-    if len(per_node) != nodes_count or sum(per_node) != world:
-        raise DistEnvError(
-            f"{tpn_var}={env.get(tpn_var)!r} does not fit {ntasks_var}={world} on {nodes_count} "
-            f"node(s) ({nodes_var}={env.get(nodes_var)!r}). HINT: these come from one srun step; "
-            "do not export SLURM_* variables from one job into another."
-        )
-    local_world = per_node[node_rank]
-    _check_below(
-        "SLURM_LOCALID",
-        local_rank,
-        f"{tpn_var}={env.get(tpn_var)!r} puts {local_world} task(s) on node {node_rank}",
-        local_world,
-    )
-    if rank == 0 and node_rank != 0:
-        # The TCP store is served by rank 0 at MASTER_ADDR, the step's first node.
-        raise DistEnvError(
-            f"SLURM_PROCID=0 runs on SLURM_NODEID={node_rank}, not on the first node of "
-            f"{nodes_var}={env.get(nodes_var)!r} where MASTER_ADDR points. HINT: use srun's "
-            "default block or cyclic distribution (drop -m arbitrary / SLURM_HOSTFILE)."
-        )
-    node_name = env.get("SLURMD_NODENAME")
-    if nodes and node_name and nodes[node_rank] != node_name:
-        raise DistEnvError(
-            f"SLURM_NODEID={node_rank} picks {nodes[node_rank]!r} from {nodes_var}="
-            f"{env[nodes_var]!r}, but SLURMD_NODENAME={node_name!r}. HINT: the node list is not "
-            "this step's; run under srun, which sets SLURM_STEP_NODELIST."
-        )
-    master_addr = nodes[0] if nodes else "127.0.0.1"
-    placement = _Placement(rank, local_rank, world, local_world, node_rank, master_addr, nodes)
-    return _make(env, placement, "slurm", port)
-
-
-@dataclass(frozen=True)
-class _Placement:
-    """What each launcher derives its own way."""
-
-    rank: int
-    local_rank: int
-    world: int
-    local_world: int
-    node_rank: int
-    master_addr: str
-    nodes: tuple[str, ...]
+        return _make(env, from_slurm(env), "slurm", port)
+    return _make(env, SINGLE, "single", port)
 
 
 def _make(
     env: Mapping[str, str],
-    where: _Placement,
+    where: Placement,
     launcher: Launcher,
     port: int | None,
     launcher_port: int | None = None,
 ) -> DistEnv:
     """Add what every launcher shares: job ids, attempt, node name and the port."""
     job_id = env.get("SLURM_JOB_ID") or None
-    restart = _int(env, "SLURM_RESTART_COUNT", default=0)
+    restart = env_int(env, "SLURM_RESTART_COUNT", default=0)
     array_task_index(env)  # a task id that is not a number fails here, naming it
     source: PortSource
     if launcher_port is not None:
@@ -317,40 +192,3 @@ def _make(
         launcher=launcher,
         port_source=source,
     )
-
-
-def _slurm_nodes(env: Mapping[str, str]) -> tuple[str, tuple[str, ...]]:
-    """The step's node list if srun gave one, else the job's; ('', ()) when there is none."""
-    for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
-        if env.get(name):
-            return name, tuple(parse_nodelist(env[name]))
-    return "", ()
-
-
-_INT_RE = re.compile(r"[-+]?[0-9]{1,18}")
-
-
-def _int(env: Mapping[str, str], name: str, *, minimum: int = 0, default: int | None = None) -> int:
-    """``int(env[name])`` with an error that names the variable and its value."""
-    if name not in env:
-        if default is not None:
-            return default
-        raise DistEnvError(f"{name} is not set. HINT: launch with srun or torchrun, which set it.")
-    text = env[name]
-    if not _INT_RE.fullmatch(text.strip()):  # int() would take "1_000", " ١ " and 5000 digits
-        raise DistEnvError(
-            f"{name}={text[:40]!r} is not an integer. HINT: unset it, or let the launcher set it."
-        )
-    value = int(text.strip())
-    if value < minimum:
-        raise DistEnvError(f"{name}={text!r} is below {minimum}. HINT: let the launcher set it.")
-    return value
-
-
-def _check_below(name: str, value: int, limit_desc: str, limit: int) -> None:
-    if value >= limit:
-        raise DistEnvError(
-            f"{name}={value} but {limit_desc}: it must be below {limit}. HINT: the launcher's "
-            "variables contradict each other; do not set rank variables by hand or copy another "
-            "job's."
-        )

@@ -17,8 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hpc_ddp.config.model import JobConfig
+from hpc_ddp.config.params import resolve_command
 from hpc_ddp.errors import ConfigError, RunDirError
-from hpc_ddp.rundir import RUN_DIR_ENV, RunPaths
+from hpc_ddp.rundir import RUN_DIR_ENV, RUN_ID_ENV, RunPaths, read_run_id
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,9 @@ def run_command(cfg: JobConfig, paths: RunPaths, env: Mapping[str, str]) -> int:
 
     The child gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
     and HPC_DDP_RUN_DIR; stop signals are forwarded to it, and it is expected to use
-    ``hpc_ddp.session()`` for checkpoints and requeue.
+    ``hpc_ddp.session()`` for checkpoints and requeue. ``{params.NAME}`` placeholders are
+    substituted from this task's own config (a sweep point's values), each within its argv
+    item: there is no shell to split or interpret them.
     """
     from hpc_ddp.runtime.distenv import derive_dist_env
     from hpc_ddp.runtime.ports import resolve_master_port
@@ -75,9 +78,11 @@ def run_command(cfg: JobConfig, paths: RunPaths, env: Mapping[str, str]) -> int:
         **dist.as_environ(),
         "MASTER_PORT": str(port),
         RUN_DIR_ENV: str(paths.root),
+        RUN_ID_ENV: read_run_id(paths),
     }
     # With MASTER_PORT set, the child's session takes the port as given (launcher-set).
-    proc = subprocess.Popen(list(cfg.command), env=child_env)
+    argv = resolve_command(cfg.command, cfg.params)  # checked when the config was loaded
+    proc = subprocess.Popen(list(argv), env=child_env)
 
     def forward(signum: int, frame: object) -> None:
         del frame
@@ -106,6 +111,7 @@ def run_job(run_dir: Path, env: Mapping[str, str]) -> int:
         if cfg.entrypoint:
             fn = resolve_entrypoint(cfg.entrypoint)
             os.environ[RUN_DIR_ENV] = str(paths.root)
+            os.environ[RUN_ID_ENV] = read_run_id(paths)
             result = fn()  # type: ignore[operator]
             return int(result) if isinstance(result, int) else 0
         from hpc_ddp.train.trainer import run_training

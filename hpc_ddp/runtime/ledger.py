@@ -280,9 +280,9 @@ def decide_requeue(
         return RequeueDecision(
             False,
             f"requeue budget exhausted: {attempts_so_far} of requeue.max_requeues="
-            f"{max_requeues} requeues used. HINT: raise it (e.g. requeue.max_requeues="
-            f"{max(2 * max_requeues, max_requeues + 5)}) and resubmit; the run resumes from "
-            "its last checkpoint.",
+            f"{max_requeues} requeues used. HINT: go on with a larger budget: `hpc-ddp resume "
+            f"RUN_DIR requeue.max_requeues={max(2 * max_requeues, max_requeues + 5)}`; the run "
+            "resumes from its last checkpoint.",
         )
     return RequeueDecision(
         True,

@@ -3,6 +3,12 @@
 One JSON object per line, appended and flushed line by line, so a requeued attempt continues
 the same file and a reader (``hpc-ddp status``, ``results``) sees whole lines, at worst a torn
 last one. Formatting is pure; only :class:`MetricsWriter` touches the file.
+
+With a ``tensorboard_dir`` the writer also sends every row's numbers to TensorBoard
+(``torch.utils.tensorboard``, imported only then), global step = the row's ``step``. A requeued
+attempt opens a new event file in the same directory and, through :meth:`MetricsWriter.resume_at`,
+tells TensorBoard to drop what the previous attempt logged after the checkpoint it resumes
+from: those steps are trained and logged again, and would otherwise show twice.
 """
 
 from __future__ import annotations
@@ -13,6 +19,11 @@ import math
 import time
 from pathlib import Path
 from typing import IO, Any
+
+from hpc_ddp.errors import ConfigError
+
+TENSORBOARD_HINT = "pip install 'hpc-ddp[tensorboard]'"
+_NOT_SCALARS = frozenset({"step", "time"})  # the x axis and the wall time, not curves
 
 
 def _plain(value: Any) -> Any:
@@ -84,24 +95,99 @@ class Throughput:
         return self._samples / elapsed, elapsed / self._steps
 
 
-class MetricsWriter:
-    """Appends rows to ``metrics.jsonl``; open it on rank 0 only."""
+def summary_writer_class() -> Any:
+    """``torch.utils.tensorboard.SummaryWriter``; without tensorboard a ConfigError + HINT."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:
+        raise ConfigError(
+            f"train.tensorboard is true but TensorBoard cannot be imported ({exc}). "
+            f"HINT: {TENSORBOARD_HINT} in the environment the job runs in, or set "
+            "train.tensorboard=false."
+        ) from None
+    return SummaryWriter
 
-    def __init__(self, path: Path) -> None:
+
+def tensorboard_scalars(row: dict[str, Any]) -> dict[str, float]:
+    """The row's numbers to plot: every int, float or 0-d tensor but ``step`` and ``time``.
+
+    Booleans and text are left out; non-finite values stay (a NaN loss is worth seeing).
+    """
+    scalars: dict[str, float] = {}
+    for key, value in row.items():
+        if key in _NOT_SCALARS or isinstance(value, bool):
+            continue
+        item = getattr(value, "item", None)
+        number = item() if callable(item) and getattr(value, "ndim", 0) == 0 else value
+        if isinstance(number, (int, float)) and not isinstance(number, bool):
+            scalars[key] = float(number)
+    return scalars
+
+
+class MetricsWriter:
+    """Appends rows to ``metrics.jsonl`` (and TensorBoard, if asked); write on rank 0 only.
+
+    ``tensorboard_dir``: also write each row's numbers there as scalars at global step
+    ``row["step"]`` (rows without an integer step go to the JSON lines only). TensorBoard is
+    imported here, so a missing package fails at startup, on every rank, not mid-training;
+    the event file itself is only created by the first :meth:`write`, so other ranks write none.
+    """
+
+    def __init__(self, path: Path, *, tensorboard_dir: Path | None = None) -> None:
         self.path = path
+        self.tensorboard_dir = tensorboard_dir
         self._file: IO[str] | None = None
+        self._writer_class: Any = None if tensorboard_dir is None else summary_writer_class()
+        self._tb: Any = None
+        self._purge_step: int | None = None
+
+    def resume_at(self, step: int) -> None:
+        """This attempt goes on after ``step`` (the restored checkpoint's; 0: from scratch).
+
+        TensorBoard events that earlier attempts logged at later steps are dropped (``purge_step``):
+        they are about to be logged again. Step ``step`` itself was logged before its
+        checkpoint was saved, so it stays, except on a start from scratch, where all goes.
+        """
+        self._purge_step = step + 1 if step > 0 else 0
+        if self._tb is not None:  # opened already: reopen so the purge marker is written
+            self._tb.close()
+            self._tb = None
 
     def write(self, row: dict[str, Any]) -> None:
+        """Append ``row`` as one JSON line (flushed), and its numbers to TensorBoard."""
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("a", buffering=1)
         self._file.write(metrics_line(row))
         self._file.flush()
+        if self._writer_class is not None:
+            self._write_tensorboard(row)
+
+    def _write_tensorboard(self, row: dict[str, Any]) -> None:
+        step = row.get("step")
+        if not isinstance(step, int) or isinstance(step, bool):
+            return
+        if self._tb is None:
+            self._tb = self._writer_class(
+                log_dir=str(self.tensorboard_dir), purge_step=self._purge_step
+            )
+            # Once per attempt: a reopen (after close) must not drop this attempt's own steps.
+            self._purge_step = None
+        wall = row.get("time")
+        wall_time = float(wall) if isinstance(wall, (int, float)) else None
+        for tag, value in tensorboard_scalars(row).items():
+            self._tb.add_scalar(tag, value, global_step=step, walltime=wall_time)
+        # As metrics.jsonl does per line: a killed attempt loses no logged row.
+        self._tb.flush()
 
     def close(self) -> None:
+        """Close the files (a later :meth:`write` opens them again)."""
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
 
 
 class _RankFilter(logging.Filter):

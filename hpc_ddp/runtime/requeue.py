@@ -11,14 +11,17 @@ The session calls it at four moments, on every rank (only global rank 0 acts):
   the job must end FAILED, never COMPLETED with training unfinished. Slurm's silence is never
   taken for "Slurm is requeueing it" (see :mod:`hpc_ddp.runtime.stopcause`).
 * :meth:`Coordinator.finish` when training ended normally, :meth:`Coordinator.crash` when it
-  raised.
+  raised (on whichever rank it raised).
 
-Exactly one process asks for a requeue: global rank 0, once, for ``ARRAYJOB_TASK`` in an array.
+Exactly one process asks for a requeue, once, for ``ARRAYJOB_TASK`` in an array: after a stop
+signal global rank 0; after a crash with ``requeue.on_crash`` the first rank to crash, chosen by
+an exclusive create (see :meth:`Coordinator.crash`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,12 +66,12 @@ class Coordinator:
         dist: DistEnv,
         ledger: Path,
         cfg: RequeueConfig,
-        client: SlurmClient | None = None,
+        slurm: SlurmClient | None = None,
     ) -> None:
         self.dist = dist
         self.ledger = ledger
         self.cfg = cfg
-        self.client = client or SlurmClient()
+        self.client = slurm if slurm is not None else SlurmClient()
         # Inside a Slurm job, also for a `command:` child that got torchrun-style variables.
         self.under_slurm = dist.job_ref is not None
         self._ended = False
@@ -96,7 +99,9 @@ class Coordinator:
             message = (
                 f"attempt {self.attempt} is beyond the requeue budget "
                 f"(requeue.max_requeues={self.cfg.max_requeues}); not training. "
-                "HINT: raise requeue.max_requeues and resubmit; the checkpoints are kept."
+                "HINT: go on from the newest checkpoint with a larger budget: "
+                f"`hpc-ddp resume {self.ledger.parent} "
+                f"requeue.max_requeues={max(2 * self.cfg.max_requeues, self.attempt + 1)}`."
             )
             log.error(message)
             self._end(EndCause.BUDGET_EXHAUSTED, resumed_from_step, checkpoint, False, message)
@@ -232,16 +237,61 @@ class Coordinator:
             self._end(EndCause.FINISHED, step, checkpoint, False, "training finished")
 
     def crash(self, *, step: int | None, checkpoint: str | None, error: BaseException) -> None:
-        """Record a crash of this rank.
+        """Record a crash of this rank, and with ``requeue.on_crash`` requeue the job.
 
         Any rank may write it (one O_APPEND line): the first end of an attempt wins in the
         ledger, so the rank that failed first is the one named, not a peer that merely lost
-        its connection to it.
+        its connection to it. A crash needs no agreement between the ranks (the others are
+        typically stuck in a collective, or die of the lost connection), so when it is to be
+        requeued the first rank to crash claims that by creating a file exclusively: it alone
+        asks ``scontrol requeue`` and writes the end; a rank that loses the claim writes
+        nothing, so the ledger's first end is always the one that says what was requested.
         """
         where = self.dist.node_name or "?"
         message = f"rank {self.dist.rank} on {where}: {type(error).__name__}: {error}"
         log.error("crash: %s", message)
+        decision = decide_requeue(
+            EndCause.CRASH, self.attempt, self.cfg.max_requeues, self.cfg.on_crash
+        )
+        if not (decision.requeue and self.under_slurm):
+            if self.cfg.on_crash:
+                message += f"; {decision.reason}"
+            self._end(EndCause.CRASH, step, checkpoint, False, message)
+            return
+        if not self._claim_crash_requeue():
+            log.info("another rank crashed first and requests the requeue")
+            self._ended = True
+            return
+        error_text = self._request_requeue()
+        if error_text is None:
+            self._end(EndCause.CRASH, step, checkpoint, True, f"{message}; {decision.reason}")
+            return
+        ref = self.dist.job_ref
+        message += (
+            f"; requeue.on_crash: could not requeue job {ref}: {error_text}. "
+            f"HINT: `hpc-ddp resume {self.ledger.parent}` goes on from the newest checkpoint."
+        )
+        log.error("%s", message)
         self._end(EndCause.CRASH, step, checkpoint, False, message)
+
+    def _claim_crash_requeue(self) -> bool:
+        """True for the one process that creates this attempt's crash claim first.
+
+        ``O_CREAT | O_EXCL`` is atomic on a local filesystem and on NFSv3+, which run
+        directories live on; the name holds the job id and attempt, so a requeued attempt
+        (or a resumed run, a new job) can claim again.
+        """
+        claims = self.ledger.parent / "rendezvous"
+        name = f"crash-requeue-{self.dist.job_id or 'local'}-{self.attempt}"
+        try:
+            claims.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(claims / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            # Better two requests (Slurm refuses the second) than none for a run that needs one.
+            log.warning("could not create the crash claim %s (%s); requeueing anyway", name, exc)
+        return True
 
     def _end(
         self, cause: EndCause, step: int | None, checkpoint: str | None, requested: bool, msg: str

@@ -34,7 +34,6 @@ import os
 import signal
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -42,93 +41,45 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpc_ddp.config.load import job_config_to_dict, load_resolved_config
+from hpc_ddp.config.load import load_resolved_config
 from hpc_ddp.config.model import JobConfig
-from hpc_ddp.errors import CheckpointError, HpcDdpError
-from hpc_ddp.rundir import PER_RANK_LOGS_ENV, RUN_DIR_ENV, RunPaths
-from hpc_ddp.runtime.checkpoint import (
-    CheckpointWriter,
-    Progress,
-    build_payload,
-    capture_rng_state,
-    checkpoint_name,
-    find_latest,
-    load_checkpoint,
-    restore_rng_state,
-    snapshot,
-)
+from hpc_ddp.config.params import Params
+from hpc_ddp.errors import HpcDdpError
+from hpc_ddp.rundir import PER_RANK_LOGS_ENV, RUN_DIR_ENV, RunPaths, read_run_id
+from hpc_ddp.runtime.checkpoint import Progress
+from hpc_ddp.runtime.checkpointer import Checkpointer, Tracked, broadcast_object
+from hpc_ddp.runtime.ddp import fix_bucket_layout, unwrap, wrap_model
 from hpc_ddp.runtime.distenv import DistEnv, derive_dist_env
+from hpc_ddp.runtime.lifecycle import (
+    REQUEUE_EXIT_CODE,
+    Phase,
+    RequeueExit,
+    begin_attempt,
+    end_attempt,
+)
 from hpc_ddp.runtime.metrics import MetricsWriter, setup_rank_logging
 from hpc_ddp.runtime.procgroup import destroy_process_group, init_process_group
 from hpc_ddp.runtime.requeue import Coordinator
 from hpc_ddp.runtime.sampler import ResumableLoader
 from hpc_ddp.runtime.stopcause import signal_number
 from hpc_ddp.runtime.stopflag import StopFlag
+from hpc_ddp.slurm.client import SlurmClient
+
+# Re-exported: they lived here before the lifecycle and DDP helpers were split out.
+__all__ = [
+    "DEFAULT_RUN_DIR",
+    "REQUEUE_EXIT_CODE",
+    "Phase",
+    "RequeueExit",
+    "Session",
+    "fix_bucket_layout",
+    "session",
+    "unwrap",
+]
 
 log = logging.getLogger("hpc_ddp")
 
-"""Set to 1 where every rank has its own log file (the rendered script, the local backend)."""
 DEFAULT_RUN_DIR = "hpc-ddp-run"
-REQUEUE_EXIT_CODE = 0
-
-
-class RequeueExit(SystemExit):
-    """Raised on every rank once a stop is handled: checkpoint durable, process group gone.
-
-    Exit status 0 (:data:`REQUEUE_EXIT_CODE`): the process ended on purpose and nothing was
-    lost. A run that will not come back exits non-zero, so Slurm records it FAILED, never
-    COMPLETED with training unfinished: :data:`hpc_ddp.runtime.requeue.BUDGET_EXIT_CODE` when its
-    requeue budget ran out,
-    :data:`hpc_ddp.runtime.requeue.REQUEUE_FAILED_EXIT_CODE` when the requeue
-    request failed (or Slurm could not be asked whether it is requeueing the job).
-    ``signal`` is the agreed stop signal (None for a requeue asked for from code) and
-    ``requeued`` whether this process asked Slurm to requeue the job.
-    """
-
-    def __init__(self, signum: int | None, requeued: bool, code: int = REQUEUE_EXIT_CODE) -> None:
-        super().__init__(code)
-        self.signal = signum
-        self.requeued = requeued
-
-
-@dataclass
-class _Tracked:
-    model: nn.Module
-    optimizer: Any = None
-    scheduler: Any = None
-    scaler: Any = None
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The plain module inside DDP (and ``torch.compile``) wrappers."""
-    inner: Any = model
-    while True:
-        if isinstance(inner, nn.parallel.DistributedDataParallel):
-            inner = inner.module
-        elif hasattr(inner, "_orig_mod"):
-            inner = inner._orig_mod
-        else:
-            return inner  # type: ignore[no-any-return]
-
-
-def fix_bucket_layout(ddp: nn.parallel.DistributedDataParallel) -> None:
-    """Give DDP its final gradient-bucket layout now, the same in every attempt (collective).
-
-    DDP reduces the first backward pass in one bucket holding every gradient and then rebuilds
-    its buckets in the order gradients became ready. A resumed attempt's first step would so
-    use another layout than the uninterrupted run's step at that point; with 3+ ranks the ring
-    all-reduce then adds each gradient's terms in another order, and the weights drift by a few
-    ulps. (With 2 ranks a + b == b + a, and nothing changes.) Rebuilding at once, in parameter
-    order, makes the layout a function of the model alone.
-    """
-    reducer: Any = ddp.reducer
-    if not all(hasattr(reducer, m) for m in ("_push_all_rebuilt_params", "_rebuild_buckets")):
-        log.warning(
-            "this torch's DDP cannot fix its bucket layout: resume is exact only on 2 ranks"
-        )
-        return
-    reducer._push_all_rebuilt_params()  # private API, present in torch 1.10 through 2.14
-    reducer._rebuild_buckets()
 
 
 class Session:
@@ -143,25 +94,25 @@ class Session:
         run_dir: str | Path | None = None,
         config: JobConfig | None = None,
         env: Mapping[str, str] | None = None,
+        *,
+        slurm: SlurmClient | None = None,
     ) -> None:
         self.env: Mapping[str, str] = dict(os.environ if env is None else env)
         self.run_dir = Path(run_dir or self.env.get(RUN_DIR_ENV) or DEFAULT_RUN_DIR).resolve()
         self.paths = RunPaths(self.run_dir)
         self.config = config if config is not None else self._load_config()
+        self._run_id: str | None = None
         self.progress = Progress()
         self.device = torch.device("cpu")
         self._signal_name = self.config.requeue.signal
         self.stop_flag = StopFlag(())
-        self._tracked: _Tracked | None = None
-        self._last_saved: int | None = None
-        self._writer = CheckpointWriter(self.paths.checkpoints, self.config.train.keep_last)
-        self._metrics = MetricsWriter(self.paths.metrics)
+        self.phase = Phase.NEW
+        self._slurm = slurm  # None: the real Slurm, created by the coordinator when needed
+        tensorboard = self.paths.tensorboard if self.config.train.tensorboard else None
+        self._metrics = MetricsWriter(self.paths.metrics, tensorboard_dir=tensorboard)
         self._log_handler: logging.Handler | None = None
-        self._started = False
-        self._closed = False
-        self._requeued = False
+        self._checkpointer: Checkpointer | None = None
         self._coordinator: Coordinator | None = None
-        self._begun = False
 
     def _load_config(self) -> JobConfig:
         if self.paths.config.is_file():
@@ -188,32 +139,43 @@ class Session:
             raise
         self.device = torch.device(info.device)
         self.backend = info.backend
-        self._started = True
-        self._coordinator = Coordinator(self.dist, self.paths.ledger, self.config.requeue)
+        self.phase = Phase.STARTED
+        self._checkpointer = Checkpointer(
+            self.paths.checkpoints,
+            self.config,
+            rank=self.rank,
+            world_size=self.world_size,
+            device=self.device,
+        )
+        self._coordinator = Coordinator(
+            self.dist, self.paths.ledger, self.config.requeue, self._slurm
+        )
         if self.is_main:
             self.paths.checkpoints.mkdir(parents=True, exist_ok=True)
         log.info(
-            "session: rank %d/%d (%s, %s on %s), run dir %s",
+            "session: rank %d/%d (%s, %s on %s), run dir %s, run id %s",
             self.rank,
             self.world_size,
             self.dist.launcher,
             info.backend,
             self.device,
             self.run_dir,
+            self.run_id,
         )
         return self
 
     def close(self, *, keep_signal_handlers: bool = False) -> None:
         """Wait for a checkpoint in flight, leave the process group, restore signal handlers."""
-        if self._closed:
+        if self.phase is Phase.CLOSED:
             return
-        self._closed = True
+        started = self.phase is not Phase.NEW
+        self.phase = Phase.CLOSED
         try:
-            if self._started and self.is_main:
-                self._writer.wait()
+            if self._checkpointer is not None:
+                self._checkpointer.wait()
         finally:
             self._metrics.close()
-            if self._started:
+            if started:
                 destroy_process_group()
             if not keep_signal_handlers:
                 self.stop_flag.close()
@@ -221,11 +183,12 @@ class Session:
                 log.removeHandler(self._log_handler)
 
     def __enter__(self) -> Session:
-        return self if self._started else self.start()
+        return self if self.phase is not Phase.NEW else self.start()
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is None or isinstance(exc, SystemExit):
-            if exc_type is None and self._coordinator is not None and not self._requeued:
+            # After a stop the coordinator has written the attempt's end: finish() adds none.
+            if exc_type is None and self._coordinator is not None:
                 self._coordinator.finish(step=self.progress.step, checkpoint=self._last_name())
             self.close()
             return
@@ -257,14 +220,26 @@ class Session:
         """True on global rank 0, the rank that writes checkpoints and metrics."""
         return self.dist.is_main
 
+    @property
+    def run_id(self) -> str:
+        """The run's stable id (``RUN_DIR/run_id``), the same in every attempt and after
+        ``hpc-ddp resume``: pass it to W&B as ``wandb.init(id=s.run_id, resume="allow")``."""
+        if self._run_id is None:
+            self._run_id = read_run_id(self.paths)
+        return self._run_id
+
+    @property
+    def params(self) -> Params:
+        """The job's free-form ``params:`` (read-only; nested ones are ``Params`` too): this
+        task's own values in a sweep, e.g. ``s.params["lr"]``."""
+        return self.config.params
+
     def barrier(self) -> None:
         dist.barrier()
 
     def broadcast_object(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank (a small picklable value)."""
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
+        return broadcast_object(obj)
 
     # --- model, data, state ---------------------------------------------------------------
 
@@ -275,12 +250,7 @@ class Session:
         bit-identical resume needs with 3+ ranks (see :func:`fix_bucket_layout`); on GPUs it is
         off by default because it costs the overlap of communication with the backward pass.
         """
-        model = model.to(self.device)
-        ids = [self.device.index] if self.device.type == "cuda" else None
-        ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids, **ddp_kwargs)
-        if exact if exact is not None else self.device.type == "cpu":
-            fix_bucket_layout(ddp)
-        return ddp
+        return wrap_model(model, self.device, exact=exact, **ddp_kwargs)
 
     def loader(
         self, dataset: Any, *, batch_size: int, seed: int | None = None, **kwargs: Any
@@ -308,77 +278,34 @@ class Session:
         Returns the restored :attr:`progress`, or None on a first run (nothing loaded). Restores
         model, optimizer, scheduler, scaler and this rank's RNG states.
         """
-        self._tracked = _Tracked(model, optimizer, scheduler, scaler)
-        choice: str | None = None
-        payload: dict[str, Any] | None = None
-        if self.is_main:
-            try:
-                found = find_latest(self.paths.checkpoints, self.device)
-            except CheckpointError as exc:
-                choice = f"error:{exc}"
-            else:
-                if found is not None:
-                    choice, payload = found[0].name, found[1]
-        choice = self.broadcast_object(choice)
-        if choice is not None and choice.startswith("error:"):
-            raise CheckpointError(choice.removeprefix("error:"))
-        if choice is None:
-            self._begin_attempt(None)
-            return None
-        if payload is None:
-            payload = load_checkpoint(self.paths.checkpoints / choice, self.device)
-        self._apply(payload, choice)
-        self._begin_attempt(choice)
-        return self.progress
+        loaded = self._ckpt().restore(Tracked(model, optimizer, scheduler, scaler), self.progress)
+        self._begin_attempt(None if loaded is None else loaded.name)
+        return None if loaded is None else self.progress
+
+    def _ckpt(self) -> Checkpointer:
+        assert self._checkpointer is not None, "the session is not started"
+        return self._checkpointer
 
     def _last_name(self) -> str | None:
-        return None if self._last_saved is None else f"step-{self._last_saved:08d}.pt"
+        last = self._checkpointer.last if self._checkpointer is not None else None
+        return None if last is None else last.name
 
     def _begin_attempt(self, checkpoint: str | None) -> None:
-        """Ledger ``attempt_start`` (collective): an attempt past the budget ends right here."""
-        if self._begun or self._coordinator is None:
-            return
-        self._begun = True
-        outcome = self._coordinator.begin(
-            resumed_from_step=self.progress.step if checkpoint else None, checkpoint=checkpoint
-        )
-        code = self.broadcast_object(None if outcome is None else outcome.exit_code)
+        """Ledger ``attempt_start``, once (collective): see :meth:`_write_start`."""
+        if self.phase is Phase.STARTED:
+            self.phase = Phase.TRAINING
+            # TensorBoard drops what an earlier attempt logged after this checkpoint's step.
+            self._metrics.resume_at(self.progress.step)
+            self._write_start(checkpoint)
+
+    def _write_start(self, checkpoint: str | None) -> None:
+        """Rank 0 writes the start; an attempt past the budget ends right here, on every rank."""
+        assert self._coordinator is not None
+        code = begin_attempt(self._coordinator, self.progress.step, checkpoint)
         if code is not None:
-            self._requeued = True
+            self.phase = Phase.STOPPING
             self.close(keep_signal_handlers=True)
             raise RequeueExit(None, False, code)
-
-    def _apply(self, payload: dict[str, Any], name: str) -> None:
-        assert self._tracked is not None
-        t = self._tracked
-        unwrap(t.model).load_state_dict(payload["model"])
-        for obj, key in (
-            (t.optimizer, "optimizer"),
-            (t.scheduler, "scheduler"),
-            (t.scaler, "scaler"),
-        ):
-            if obj is not None and payload.get(key) is not None:
-                obj.load_state_dict(payload[key])
-        saved_world = int(payload["meta"]["world_size"])
-        if saved_world == self.world_size:
-            restore_rng_state(payload["rng"][self.rank], self.device)
-        else:
-            log.warning(
-                "%s was written by %d ranks, this run has %d: the RNG states and data order "
-                "differ from an uninterrupted run from here on",
-                name,
-                saved_world,
-                self.world_size,
-            )
-        self.progress.update_from(payload["progress"], payload.get("extra") or {})
-        self._last_saved = self.progress.step
-        log.info(
-            "resumed from %s: step %d, epoch %d, batch %d of the epoch",
-            name,
-            self.progress.step,
-            self.progress.epoch,
-            self.progress.batch_in_epoch,
-        )
 
     def checkpoint(self, *, wait: bool = False) -> Path | None:
         """Save the tracked objects and :attr:`progress` (collective; rank 0 writes).
@@ -386,51 +313,12 @@ class Session:
         The file is written on a background thread; ``wait=True`` returns only once it is
         durable. A second call at the same step saves nothing. Returns the path on rank 0.
         """
-        t = self._tracked
-        if t is None:
+        if self._checkpointer is None or self._checkpointer.tracked is None:
             raise HpcDdpError(
                 "nothing to checkpoint. HINT: call session.restore(model=..., optimizer=...) "
                 "first: it names the objects a checkpoint saves."
             )
-        path = self.paths.checkpoints / checkpoint_name(self.progress.step)
-        if self._last_saved != self.progress.step:
-            rng = capture_rng_state(self.device)
-            gathered: list[Any] | None = [None] * self.world_size if self.is_main else None
-            dist.gather_object(rng, gathered, dst=0)
-            self._sync_errors()  # the previous background write, before starting the next
-            if self.is_main:
-                assert gathered is not None
-                self._writer.submit(self._payload(t, gathered))
-            self._last_saved = self.progress.step
-        if wait:
-            self._sync_errors()
-        return path if self.is_main else None
-
-    def _payload(self, t: _Tracked, rng: list[Any]) -> dict[str, Any]:
-        def state(obj: Any) -> Any:
-            return None if obj is None else snapshot(obj.state_dict())
-
-        return build_payload(
-            model=snapshot(unwrap(t.model).state_dict()),
-            optimizer=state(t.optimizer),
-            scheduler=state(t.scheduler),
-            scaler=state(t.scaler),
-            progress=self.progress,
-            rng=rng,
-            config=job_config_to_dict(self.config),
-        )
-
-    def _sync_errors(self) -> None:
-        """Rank 0 waits for its writer; a failure becomes the same error on every rank."""
-        error = None
-        if self.is_main:
-            try:
-                self._writer.wait()
-            except CheckpointError as exc:
-                error = str(exc)
-        error = self.broadcast_object(error)
-        if error is not None:
-            raise CheckpointError(error)
+        return self._checkpointer.save(self.progress, wait=wait)
 
     # --- stopping -----------------------------------------------------------------------
 
@@ -474,28 +362,28 @@ class Session:
         after a requeue) are only recorded.
         """
         signum = self.stop_flag.agreed
-        if self._requeued:
+        if self.phase not in (Phase.STARTED, Phase.TRAINING):
             raise RequeueExit(signum, False)
-        self._requeued = True
-        if self._tracked is not None:
-            self.checkpoint(wait=True)  # saves nothing new when this step is already saved
+        begun = self.phase is Phase.TRAINING
+        self.phase = Phase.STOPPING
+        ckpt = self._ckpt()
+        if ckpt.tracked is not None:
+            ckpt.save(self.progress, wait=True)  # saves nothing new when this step is saved
         else:
-            self._sync_errors()  # every rank got here, nothing is being written
-        self._begin_attempt(None)
-        outcome = None
-        if self.is_main and self._coordinator is not None:
-            outcome = self._coordinator.stop(
-                signum if signum is not None else self.requeue_signal,
-                step=self.progress.step,
-                checkpoint=self._last_name(),
-            )
-        asked, code = self.broadcast_object(
-            (False, 0) if outcome is None else (outcome.requeue_requested, outcome.exit_code)
+            ckpt.sync_errors()  # every rank got here, nothing is being written
+        if not begun:
+            self._write_start(None)
+        assert self._coordinator is not None
+        asked, code = end_attempt(
+            self._coordinator,
+            signum if signum is not None else self.requeue_signal,
+            self.progress.step,
+            self._last_name(),
         )
         # The handlers stay installed until the process is gone: the SIGTERM Slurm sends after
         # a requeue must not kill a process that is exiting cleanly.
         self.close(keep_signal_handlers=True)
-        raise RequeueExit(signum, bool(asked) and self.is_main, int(code))
+        raise RequeueExit(signum, asked and self.is_main, code)
 
     # --- metrics --------------------------------------------------------------------------
 
@@ -505,14 +393,17 @@ class Session:
             self._metrics.write({"time": time.time(), **metrics})
 
 
-def _signal_name(signum: int | None) -> str:
-    return "none" if signum is None else signal.Signals(signum).name
-
-
-def session(run_dir: str | Path | None = None, config: JobConfig | None = None) -> Session:
+def session(
+    run_dir: str | Path | None = None,
+    config: JobConfig | None = None,
+    *,
+    slurm: SlurmClient | None = None,
+) -> Session:
     """A started :class:`Session`; use it as a context manager so it always closes.
 
     ``run_dir``: this argument, else ``$HPC_DDP_RUN_DIR``, else ``./hpc-ddp-run``. ``config``:
-    this argument, else ``RUN_DIR/config.yaml`` when present, else the defaults.
+    this argument, else ``RUN_DIR/config.yaml`` when present, else the defaults. ``slurm``:
+    the client that asks Slurm for requeues (tests pass one over
+    :class:`~hpc_ddp.slurm.fake.FakeSlurm`).
     """
-    return Session(run_dir, config).start()
+    return Session(run_dir, config, slurm=slurm).start()

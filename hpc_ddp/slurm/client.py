@@ -2,7 +2,8 @@
 
 Every command goes through an injected :class:`Runner` (argv in, :class:`CompletedCommand` out;
 never a shell), so tests swap in a fake and a dry run can show the argv without running it.
-Parsing lives in pure functions beside it (``parse_*``), tested on captured output.
+Parsing lives in the pure :mod:`hpc_ddp.slurm.jobstate` (``parse_*``, re-exported here);
+:class:`hpc_ddp.slurm.fake.FakeSlurm` is a scripted runner for tests.
 
 Slurm 22.05 is the oldest version served: ``squeue --json`` there ignores ``-j``/``-t``, so the
 queue is read as ``squeue -h -j IDS -O ...`` text, which honours both (asking for the whole queue
@@ -18,11 +19,44 @@ import shlex
 import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Protocol
 
 from hpc_ddp.errors import SlurmError, SlurmUnavailableError, SubmissionError
+from hpc_ddp.slurm.jobstate import (
+    SQUEUE_FIELDS,
+    SQUEUE_FORMAT,
+    AccountingRecord,
+    CompletedCommand,
+    JobInfo,
+    JobState,
+    parse_job_state,
+    parse_max_array_size,
+    parse_sacct,
+    parse_sbatch_parsable,
+    parse_scontrol_oneliner,
+    parse_squeue,
+)
+
+# Re-exported: these lived here before the pure module was split out, and callers import them.
+__all__ = [
+    "SQUEUE_FIELDS",
+    "SQUEUE_FORMAT",
+    "AccountingRecord",
+    "CompletedCommand",
+    "JobInfo",
+    "JobState",
+    "Runner",
+    "SlurmClient",
+    "SubmitResult",
+    "parse_job_state",
+    "parse_max_array_size",
+    "parse_sacct",
+    "parse_sbatch_parsable",
+    "parse_scontrol_oneliner",
+    "parse_squeue",
+    "subprocess_runner",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -32,89 +66,6 @@ _UNREACHABLE_HINT = (
     "HINT: the Slurm controller did not answer; check `scontrol ping`, or bring the local one "
     "up with `hpc-ddp dev-cluster up`"
 )
-
-
-class JobState(str, Enum):
-    """A job's state as Slurm names it (``squeue``, ``sacct``, ``scontrol``)."""
-
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    REQUEUED = "REQUEUED"
-    REQUEUE_HOLD = "REQUEUE_HOLD"
-    REQUEUE_FED = "REQUEUE_FED"
-    SPECIAL_EXIT = "SPECIAL_EXIT"
-    COMPLETING = "COMPLETING"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    TIMEOUT = "TIMEOUT"
-    PREEMPTED = "PREEMPTED"
-    NODE_FAIL = "NODE_FAIL"
-    OUT_OF_MEMORY = "OUT_OF_MEMORY"
-    SUSPENDED = "SUSPENDED"
-    BOOT_FAIL = "BOOT_FAIL"
-    DEADLINE = "DEADLINE"
-    REVOKED = "REVOKED"
-    RESIZING = "RESIZING"
-    CONFIGURING = "CONFIGURING"
-    STAGE_OUT = "STAGE_OUT"
-    STOPPED = "STOPPED"
-    SIGNALING = "SIGNALING"
-    UNKNOWN = "UNKNOWN"
-
-    @property
-    def finished(self) -> bool:
-        """The job will not run again unless someone requeues it by hand."""
-        return self in _FINISHED
-
-
-_FINISHED = frozenset(
-    {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT,
-     JobState.PREEMPTED, JobState.NODE_FAIL, JobState.OUT_OF_MEMORY, JobState.BOOT_FAIL,
-     JobState.DEADLINE, JobState.REVOKED}
-)  # fmt: skip
-
-# Slurm's long names map to themselves; these are its short codes (squeue %t, sacct -o State%2).
-_STATE_CODES = {
-    "PD": "PENDING", "R": "RUNNING", "RQ": "REQUEUED", "RH": "REQUEUE_HOLD",
-    "RF": "REQUEUE_FED", "SE": "SPECIAL_EXIT", "CG": "COMPLETING", "CD": "COMPLETED",
-    "F": "FAILED", "CA": "CANCELLED", "TO": "TIMEOUT", "PR": "PREEMPTED", "NF": "NODE_FAIL",
-    "OOM": "OUT_OF_MEMORY", "S": "SUSPENDED", "BF": "BOOT_FAIL", "DL": "DEADLINE",
-    "RV": "REVOKED", "RS": "RESIZING", "CF": "CONFIGURING", "SO": "STAGE_OUT", "ST": "STOPPED",
-    "SI": "SIGNALING",
-}  # fmt: skip
-_STATE_NAMES = {
-    **{s.value: s for s in JobState},
-    **{c: JobState(n) for c, n in _STATE_CODES.items()},
-}
-# When later Slurm gives a base state plus flags (["RUNNING", "COMPLETING"]), the flag wins,
-# in the order 22.05's job_state_string() checks them, so both versions read the same.
-_FLAG_ORDER = ("COMPLETING", "STAGE_OUT", "CONFIGURING", "RESIZING", "REQUEUED", "REQUEUE_FED",
-               "REQUEUE_HOLD", "SPECIAL_EXIT", "STOPPED", "REVOKED", "SIGNALING")  # fmt: skip
-
-
-def parse_job_state(value: str | Sequence[str] | None) -> JobState:
-    """Map Slurm's state text (``RUNNING``, ``CANCELLED by 0``, ``CD``, or a list) to a state."""
-    words = [value] if isinstance(value, str) else list(value or ())
-    names = [w.split()[0].upper() for w in words if w.strip()]
-    for flag in _FLAG_ORDER:
-        if flag in names:
-            return JobState(flag)
-    for name in names:
-        if name in _STATE_NAMES:
-            return _STATE_NAMES[name]
-    logger.debug("unknown Slurm job state %r", value)
-    return JobState.UNKNOWN
-
-
-@dataclass(frozen=True)
-class CompletedCommand:
-    """What a finished command left behind."""
-
-    argv: tuple[str, ...]
-    returncode: int
-    stdout: str
-    stderr: str
 
 
 class Runner(Protocol):
@@ -163,162 +114,10 @@ class SubmitResult:
     """sbatch's stderr (for ``--test-only``: ``sbatch: Job 12 to start at ...``)."""
 
 
-@dataclass(frozen=True)
-class JobInfo:
-    """One row of squeue: a job, or one task (or pending range) of an array job."""
-
-    job_id: str
-    array_job_id: str | None
-    array_task_id: str | None
-    """Task index, or ``[2-19%2]`` for the array's still-pending range."""
-    state: JobState
-    reason: str
-    nodes: str
-    elapsed_s: int | None
-    restart_count: int
-    command: str = ""
-    """The batch script's path as Slurm holds it (``""`` when unknown or ``--wrap``)."""
-
-    @property
-    def ref(self) -> str:
-        """How Slurm names it: ``123``, ``120_3`` or ``120_[4-9%2]``."""
-        if self.array_job_id is not None and self.array_task_id is not None:
-            return f"{self.array_job_id}_{self.array_task_id}"
-        return self.job_id
-
-
-@dataclass(frozen=True)
-class AccountingRecord:
-    """One line of sacct: a job, an array task or a step (``123.batch``, ``123.0``)."""
-
-    job_id: str
-    state: JobState
-    raw_state: str
-    """sacct's text, e.g. ``CANCELLED by 1000``."""
-    exit_code: str
-    elapsed_s: int | None
-
-
-def parse_sbatch_parsable(stdout: str) -> tuple[str, str | None]:
-    """Parse ``sbatch --parsable`` output (``123`` or ``123;cluster``) into (job id, cluster)."""
-    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
-    match = re.fullmatch(r"([0-9]+)(?:;(\S+))?", lines[-1]) if lines else None
-    if match is None:
-        raise SubmissionError(
-            f"sbatch --parsable printed {stdout!r}, not a job id ('123' or '123;cluster'). "
-            "HINT: a site wrapper around sbatch may print extra text; run the submit command by "
-            "hand to see, and check `squeue --me` before submitting again"
-        )
-    return match.group(1), match.group(2)
-
-
-SQUEUE_FIELDS = (
-    "JobID", "ArrayJobID", "ArrayTaskID", "State", "NodeList", "TimeUsed", "RestartCnt",
-    "Reason", "Command",
-)  # fmt: skip
-"""What :meth:`SlurmClient.job_states` asks ``squeue -O`` for; ``Command`` (a path that may hold
-anything) comes last, so splitting at the first eight ``|`` keeps it whole."""
-SQUEUE_FORMAT = ",".join(f"{name}:0|" for name in SQUEUE_FIELDS[:-1]) + f",{SQUEUE_FIELDS[-1]}:0"
-"""``-O`` spec: size 0 prints each field unpadded, and ``|`` ends each but the last."""
 _NO_SUCH_JOB = "Invalid job id specified"
 _JOB_REF = re.compile(r"[0-9]+(?:_[0-9]+)?")
 _SQUEUE_CHUNK = 500
 """Job ids per ``squeue -j`` call (keeps the command line short for a thousand runs)."""
-
-
-def parse_squeue(text: str) -> list[JobInfo]:
-    """Parse ``squeue -h -O`` output in :data:`SQUEUE_FORMAT`, one :class:`JobInfo` per line.
-
-    ``ArrayTaskID`` is ``N/A`` for a plain job and a range (``2-7%2``) for an array's pending
-    tasks, which becomes ``[2-7%2]`` as in ``squeue``'s own ``JOBID`` column. A line that does
-    not have every field is a :class:`SlurmError` quoting it.
-    """
-    infos = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        fields = line.split("|", len(SQUEUE_FIELDS) - 1)
-        if len(fields) != len(SQUEUE_FIELDS) or not fields[0].strip().isdigit():
-            raise SlurmError(
-                f"squeue printed {line[:200]!r}, not {len(SQUEUE_FIELDS)} '|'-separated "
-                f"fields ({', '.join(SQUEUE_FIELDS)}). HINT: a site wrapper or SQUEUE_* "
-                "variable may change squeue's output; run `squeue -h -O JobID:0|,State:0` by "
-                "hand to see"
-            )
-        job_id, array_job, task, state_text, nodes, used, restarts, reason, command = (
-            f.strip() for f in fields
-        )
-        array_task = None if task in ("", "N/A") else task if task.isdigit() else f"[{task}]"
-        state = parse_job_state(state_text)
-        started = state in _STARTED or state.finished
-        infos.append(
-            JobInfo(
-                job_id=job_id,
-                array_job_id=array_job if array_task is not None else None,
-                array_task_id=array_task,
-                state=state,
-                reason="" if reason == "None" else reason,
-                nodes="" if nodes == "(null)" else nodes,
-                elapsed_s=_parse_elapsed(used) if started else None,
-                restart_count=int(restarts) if restarts.isdigit() else 0,
-                command="" if command == "(null)" else command,
-            )
-        )
-    return infos
-
-
-_STARTED = {JobState.RUNNING, JobState.COMPLETING, JobState.SUSPENDED, JobState.STOPPED,
-            JobState.SIGNALING, JobState.STAGE_OUT, JobState.CONFIGURING}  # fmt: skip
-
-
-def parse_scontrol_oneliner(text: str) -> dict[str, str]:
-    """Parse one line of ``scontrol show job -o`` into its ``Key=Value`` pairs.
-
-    Values may hold spaces (``Command=``, ``WorkDir=``, ``Comment=``), so pairs are split only
-    where a space is followed by a key and ``=``. Keys may contain ``:`` and ``/``
-    (``AllocNode:Sid``, ``CPUs/Task``); only the first ``=`` of a pair separates key and value
-    (``TRES=cpu=2,node=2``).
-    """
-    pairs: dict[str, str] = {}
-    for chunk in re.split(r" +(?=[A-Za-z][\w:/.]*=)", text.strip()):
-        key, sep, value = chunk.partition("=")
-        if sep:
-            pairs[key] = value.rstrip()
-    return pairs
-
-
-def parse_max_array_size(text: str) -> int:
-    """Read ``MaxArraySize`` from ``scontrol show config`` (the largest index is one less)."""
-    match = re.search(r"^MaxArraySize\s*=\s*([0-9]+)\s*$", text, re.MULTILINE)
-    if match is None:
-        raise SlurmError(
-            "`scontrol show config` has no MaxArraySize line. "
-            "HINT: check that `scontrol show config` works on this machine"
-        )
-    return int(match.group(1))
-
-
-def parse_sacct(text: str) -> dict[str, AccountingRecord]:
-    """Parse ``sacct -n -P -o JobID,State,ExitCode,Elapsed`` lines, keyed by JobID."""
-    records: dict[str, AccountingRecord] = {}
-    for line in text.splitlines():
-        fields = line.strip().split("|")
-        if len(fields) < 4:
-            continue
-        job_id, raw_state, exit_code, elapsed = fields[:4]
-        records[job_id] = AccountingRecord(
-            job_id, parse_job_state(raw_state), raw_state, exit_code, _parse_elapsed(elapsed)
-        )
-    return records
-
-
-def _parse_elapsed(text: str) -> int | None:
-    """Seconds from Slurm's ``[D-][H:]M:SS`` (squeue's TimeUsed, sacct's Elapsed), else None."""
-    match = re.fullmatch(r"(?:([0-9]+)-)?(?:([0-9]+):)?([0-9]+):([0-9]+)", text.strip())
-    if match is None:
-        return None
-    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
-    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
 class SlurmClient:

@@ -14,6 +14,8 @@ Two parsers read the script, and each value is made safe for the one that reads 
 
 A line break or NUL in any rendered value would end a comment or a quoted word and let the rest
 run as shell, so every such value is refused (the config loader refuses them too).
+
+Over 300 lines because every quoting rule sits beside the one place that applies it.
 """
 
 from __future__ import annotations
@@ -350,6 +352,11 @@ def _rendered_strings(cfg: JobConfig, ctx: RenderContext) -> Iterator[tuple[str,
     yield "name", cfg.name
     for section in ("slurm", "env", "requeue"):
         yield from _strings(section, getattr(cfg, section))
+    # Params never reach the default script (the tasks read them from config.yaml), but a
+    # user template may render them.
+    for name, value in cfg.params.flat().items():
+        if isinstance(value, str):
+            yield f"params.{name}", value
     yield from _strings("context", ctx)
 
 

@@ -23,8 +23,9 @@ from hpc_ddp.rundir import (
 )
 from hpc_ddp.runtime.ledger import Attempt, EndCause, read_ledger
 from hpc_ddp.slurm.client import SlurmClient
+from hpc_ddp.slurm.jobstate import JobState
 from hpc_ddp.slurm.postmortem import failed_rank, has_logs, startup_failure
-from hpc_ddp.state.verdict import SlurmView, Source, judge
+from hpc_ddp.state.verdict import SlurmView, Source, Verdict, judge
 
 DAMAGED = "DAMAGED"
 
@@ -136,39 +137,62 @@ def damaged_row(run_dir: Path, exc: BaseException) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _row(run_dir: Path, manifest: Manifest, view: SlurmView) -> dict[str, Any]:
-    paths = RunPaths(run_dir)
-    attempts = read_ledger(paths.ledger)
+def _slurm_word(
+    run_dir: Path, manifest: Manifest, paths: RunPaths, view: SlurmView
+) -> tuple[JobState | None, Source, Any]:
+    """(Slurm's state, its source, squeue's row or sacct's record) for the run's job; a local
+    run's controller process stands in for Slurm."""
     job = manifest.job_id or ""
-    record: Any = None
     if manifest.backend == "local":
-        source = Source.LOCAL_RUNNING if _local_alive(run_dir, job) else Source.LOCAL_ENDED
-        slurm_state = None
-    else:
-        scripts = [str(Path(manifest.run_dir) / "job.sbatch"), str(paths.script.resolve())]
-        slurm_state, source, record = view.of(job, scripts)
-    detail = view.error if source is Source.UNREACHABLE else ""
-    if source is Source.REUSED:
-        detail = f"script {record.command}"
-    verdict = judge(slurm_state, source, attempts, lambda: startup_failure(paths.logs), detail)
+        alive = _local_alive(run_dir, job)
+        return None, Source.LOCAL_RUNNING if alive else Source.LOCAL_ENDED, None
+    scripts = [str(Path(manifest.run_dir) / "job.sbatch"), str(paths.script.resolve())]
+    return view.of(job, scripts)
+
+
+def _notes(
+    verdict: Verdict, source: Source, view: SlurmView, attempts: list[Attempt], paths: RunPaths
+) -> list[str]:
+    """What the row's note says beside the verdict's own word."""
     notes = [verdict.note] if verdict.note else []
     if source is Source.GONE_NO_ACCOUNTING and view.error:
         notes.append(view.error)
     if not attempts and verdict.state in _FAILED_STATES and not has_logs(paths.logs):
         notes.append("the batch script left no log in logs/ (it never started?)")
+    return notes
+
+
+def _nodes_and_elapsed(
+    source: Source, record: Any, attempts: list[Attempt]
+) -> tuple[str, float | None]:
+    """Where the job ran and for how long: Slurm's word, else the ledger's."""
     nodes, elapsed = "-", None
     if source is Source.SQUEUE:
         nodes, elapsed = record.nodes or "-", record.elapsed_s
     elif source is Source.SACCT:
         elapsed = record.elapsed_s
-    if attempts:
-        if nodes == "-":
-            nodes = attempts[-1].nodelist or "-"
-        ends = [a.ended for a in attempts if a.ended is not None]
-        if elapsed is None and attempts[-1].is_open and source in _MAY_RUN:
-            elapsed = time.time() - attempts[0].started
-        elif elapsed is None and ends:  # ended (or gone): up to the last end anyone saw
-            elapsed = max(ends) - attempts[0].started
+    if not attempts:
+        return nodes, elapsed
+    if nodes == "-":
+        nodes = attempts[-1].nodelist or "-"
+    ends = [a.ended for a in attempts if a.ended is not None]
+    if elapsed is None and attempts[-1].is_open and source in _MAY_RUN:
+        elapsed = time.time() - attempts[0].started
+    elif elapsed is None and ends:  # ended (or gone): up to the last end anyone saw
+        elapsed = max(ends) - attempts[0].started
+    return nodes, elapsed
+
+
+def _row(run_dir: Path, manifest: Manifest, view: SlurmView) -> dict[str, Any]:
+    paths = RunPaths(run_dir)
+    attempts = read_ledger(paths.ledger)
+    slurm_state, source, record = _slurm_word(run_dir, manifest, paths, view)
+    detail = view.error if source is Source.UNREACHABLE else ""
+    if source is Source.REUSED:
+        detail = f"script {record.command}"
+    verdict = judge(slurm_state, source, attempts, lambda: startup_failure(paths.logs), detail)
+    notes = _notes(verdict, source, view, attempts, paths)
+    nodes, elapsed = _nodes_and_elapsed(source, record, attempts)
     step, ckpt_note = _checkpoints(paths)
     if ckpt_note:
         notes.append(ckpt_note)

@@ -24,7 +24,7 @@ from enum import Enum
 from typing import Any
 
 from hpc_ddp.runtime.ledger import Attempt, EndCause
-from hpc_ddp.slurm.client import AccountingRecord, JobInfo, JobState
+from hpc_ddp.slurm.jobstate import AccountingRecord, JobInfo, JobState
 
 
 class Source(str, Enum):
@@ -106,35 +106,57 @@ def judge(
     says why) and the ledger; ``startup()`` reads the logs for why a job died without a word
     (only called when that is the question)."""
     last = attempts[-1] if attempts else None
+    if slurm is not None:
+        return _with_slurm(slurm, last, startup)
+    if last is not None and last.cause is EndCause.FINISHED:
+        return Verdict("COMPLETED")
+    if source is Source.LOCAL_RUNNING:
+        return Verdict("RUNNING")
+    if source is Source.UNREACHABLE:
+        cause = last.cause if last is not None else None
+        guess = "RUNNING?" if last is not None and cause is None else ledger_word(cause) + "?"
+        return Verdict(guess, f"{detail or 'Slurm did not answer'}; shown from the ledger")
+    return _gone(source, last, startup, detail)
+
+
+def _with_slurm(
+    slurm: JobState, last: Attempt | None, startup: Callable[[], str | None]
+) -> Verdict:
+    """Slurm's word weighed against the ledger's last attempt."""
     cause = last.cause if last is not None else None
-    if slurm is not None and not slurm.finished:
+    if not slurm.finished:
         return Verdict(slurm.value)
     if cause is EndCause.FINISHED:
-        if slurm is None or slurm is JobState.COMPLETED:
+        if slurm is JobState.COMPLETED:
             return Verdict("COMPLETED")
         return Verdict(slurm.value, f"training finished, then the job ended {slurm.value}")
     if slurm is JobState.COMPLETED:
         return _not_finished("Slurm says COMPLETED, but", last, startup, "INCOMPLETE")
-    if slurm is not None:  # FAILED, CANCELLED, TIMEOUT, NODE_FAIL, ...
-        if cause in (EndCause.CRASH, EndCause.CANCELLED) or slurm is JobState.CANCELLED:
-            return Verdict(slurm.value)  # the ledger or the cancel itself says why
-        why = startup()
-        if last is None:
-            return Verdict(slurm.value, f"no attempt started: {why or 'the logs say nothing'}")
-        return Verdict(slurm.value, f"{describe_attempt(last)}" + (f"; then: {why}" if why else ""))
-    if source is Source.LOCAL_RUNNING:
-        return Verdict("RUNNING")
-    if source is Source.UNREACHABLE:
-        guess = "RUNNING?" if last is not None and cause is None else _ledger_word(cause) + "?"
-        return Verdict(guess, f"{detail or 'Slurm did not answer'}; shown from the ledger")
-    gone = {
-        Source.GONE_NO_ACCOUNTING: "Slurm no longer holds the job and there is no accounting "
-        "(sacct) to say how it ended",
-        Source.GONE_UNACCOUNTED: "the job is neither in squeue nor in sacct",
-        Source.REUSED: f"the job id now names another job ({detail}); the cluster's job ids "
-        "restarted",
-        Source.LOCAL_ENDED: "the local job's process has exited",
-    }.get(source, source.value)
+    # FAILED, CANCELLED, TIMEOUT, NODE_FAIL, ...
+    if cause in (EndCause.CRASH, EndCause.CANCELLED) or slurm is JobState.CANCELLED:
+        return Verdict(slurm.value)  # the ledger or the cancel itself says why
+    why = startup()
+    if last is None:
+        return Verdict(slurm.value, f"no attempt started: {why or 'the logs say nothing'}")
+    return Verdict(slurm.value, f"{describe_attempt(last)}" + (f"; then: {why}" if why else ""))
+
+
+_GONE = {
+    Source.GONE_NO_ACCOUNTING: "Slurm no longer holds the job and there is no accounting "
+    "(sacct) to say how it ended",
+    Source.GONE_UNACCOUNTED: "the job is neither in squeue nor in sacct",
+    Source.LOCAL_ENDED: "the local job's process has exited",
+}
+
+
+def _gone(
+    source: Source, last: Attempt | None, startup: Callable[[], str | None], detail: str
+) -> Verdict:
+    """A job Slurm no longer speaks for (``source`` says why): the ledger settles what it can."""
+    gone = _GONE.get(source, source.value)
+    if source is Source.REUSED:
+        gone = f"the job id now names another job ({detail}); the cluster's job ids restarted"
+    cause = last.cause if last is not None else None
     if cause is EndCause.CRASH:
         return Verdict("FAILED", f"{gone}; {describe_attempt(last)}" if last else gone)
     if cause is EndCause.CANCELLED:
@@ -162,7 +184,9 @@ def _not_finished(
     return Verdict(state, f"{lead} {describe_attempt(last)}" + (f"; logs: {why}" if why else ""))
 
 
-def _ledger_word(cause: EndCause | None) -> str:
+def ledger_word(cause: EndCause | None) -> str:
+    """The state the ledger alone suggests for a run that is not running: its last attempt's
+    end ``cause`` in Slurm's words (``UNKNOWN`` without one)."""
     if cause is None:
         return "UNKNOWN"
     return {"crash": "FAILED", "cancelled": "CANCELLED"}.get(cause.value, cause.value.upper())

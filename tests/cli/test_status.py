@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from hpc_ddp.cli import cmd_cancel, cmd_status, waiting
+import hpc_ddp.cli.main as cli_main
+from hpc_ddp.cli import waiting
 from hpc_ddp.cli.main import main
 from hpc_ddp.cli.runs import resolve_targets
 from hpc_ddp.cli.waiting import wait_for_jobs
@@ -26,7 +27,8 @@ from hpc_ddp.errors import RunDirError
 from hpc_ddp.local.process import identify, write_identity
 from hpc_ddp.rundir import Manifest, RunPaths, write_manifest
 from hpc_ddp.runtime.ledger import Attempt, EndCause, record_end, record_start
-from hpc_ddp.slurm.client import CompletedCommand, JobState, SlurmClient
+from hpc_ddp.slurm.client import CompletedCommand, JobState, SlurmClient, parse_job_state
+from hpc_ddp.slurm.fake import FakeSlurm
 from hpc_ddp.slurm.postmortem import has_logs, startup_failure
 from hpc_ddp.state.verdict import Source, judge
 from tests import e2e_util as e2e
@@ -190,54 +192,49 @@ def test_startup_failure_table(tmp_path: Path, logs: dict[str, str], expected: s
 # --- run directories and a fake Slurm -------------------------------------------------------
 
 
-class FakeSlurm:
-    """Answers squeue from ``rows`` (ref -> (state, script)), sacct from ``sacct`` (None:
-    accounting disabled), scancel with nothing; records every argv."""
+class StatusSlurm:
+    """The package's :class:`~hpc_ddp.slurm.fake.FakeSlurm` with this file's shorthands:
+    ``rows`` (ref -> (state, script)) in squeue, ``sacct`` (ref -> state, purged from the
+    queue; None: accounting disabled), ``squeue_fails``; ``commands(name)`` as argv tuples."""
 
     def __init__(self) -> None:
-        self.rows: dict[str, tuple[str, str]] = {}
-        self.sacct: dict[str, str] | None = None
-        self.squeue_fails = False
-        self.argvs: list[tuple[str, ...]] = []
+        self.slurm = FakeSlurm()
 
-    def __call__(self, argv: Sequence[str], *, timeout: float | None = None) -> CompletedCommand:
-        args = tuple(argv)
-        self.argvs.append(args)
-        if args[0] == "squeue":
-            if self.squeue_fails:
-                return CompletedCommand(
-                    args, 1, "", "squeue: error: Unable to contact slurm controller"
-                )
-            ids = set(args[args.index("-j") + 1].split(","))
-            lines = [
-                f"{job}|{job}|N/A|{state}|n1|0:05|0|None|{script}\n"
-                for job, (state, script) in self.rows.items()
-                if job in ids
-            ]
-            if not lines:
-                return CompletedCommand(
-                    args, 1, "", "slurm_load_jobs error: Invalid job id specified\n"
-                )
-            return CompletedCommand(args, 0, "".join(lines), "")
-        if args[0] == "sacct":
-            if self.sacct is None:
-                return CompletedCommand(args, 1, "", "Slurm accounting storage is disabled\n")
-            wanted = args[-1].split(",")
-            out = "".join(f"{j}|{s}|0:0|00:00:05\n" for j, s in self.sacct.items() if j in wanted)
-            return CompletedCommand(args, 0, out, "")
-        if args[0] == "scancel":
-            return CompletedCommand(args, 0, "", "")
-        raise AssertionError(f"unexpected command {args}")
+    @property
+    def argvs(self) -> list[tuple[str, ...]]:
+        return self.slurm.calls
 
     def commands(self, name: str) -> list[tuple[str, ...]]:
-        return [a for a in self.argvs if a[0] == name]
+        return [a for a in self.slurm.calls if a[0] == name]
+
+    def _set_rows(self, rows: dict[str, tuple[str, str]]) -> None:
+        for job, (state, script) in rows.items():
+            self.slurm.add_job(
+                job, state=parse_job_state(state), command=script, nodes="n1", elapsed="0:05"
+            )
+
+    def _set_sacct(self, states: dict[str, str] | None) -> None:
+        self.slurm.accounting = states is not None
+        for job, state in (states or {}).items():
+            self.slurm.add_job(
+                job, state=parse_job_state(state), in_queue=False, elapsed="00:00:05"
+            )
+
+    def _set_squeue_fails(self, fails: bool) -> None:
+        if fails:
+            self.slurm.fail("squeue", "squeue: error: Unable to contact slurm controller", times=9)
+
+    rows = property(fset=_set_rows)
+    sacct = property(fset=_set_sacct)
+    squeue_fails = property(fset=_set_squeue_fails)
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
-    slurm = FakeSlurm()
-    monkeypatch.setattr(cmd_status, "SlurmClient", lambda: SlurmClient(slurm))
-    monkeypatch.setattr(cmd_cancel, "SlurmClient", lambda: SlurmClient(slurm))
+def fake(monkeypatch: pytest.MonkeyPatch) -> StatusSlurm:
+    """A fake Slurm behind every ``main([...])`` of these tests: the CLI's one seam that
+    would build the real client answers with it (``main(argv, slurm=...)`` is the same)."""
+    slurm = StatusSlurm()
+    monkeypatch.setattr(cli_main, "_real_slurm", slurm.slurm.client)
     return slurm
 
 
@@ -276,7 +273,7 @@ def script(run_dir: Path) -> str:
 
 
 def test_one_damaged_run_among_many_is_a_damaged_row_and_the_rest_are_shown(
-    tmp_path: Path, fake: FakeSlurm, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, fake: StatusSlurm, capsys: pytest.CaptureFixture[str]
 ) -> None:
     good = make_run(tmp_path, "a-good", "11", [EndCause.FINISHED])
     (good / "metrics.jsonl").write_bytes(b'{"loss": 0.25}\n\xff\x00binary\n[1]\n"loss"\n')
@@ -314,7 +311,7 @@ def test_one_damaged_run_among_many_is_a_damaged_row_and_the_rest_are_shown(
 
 
 def test_job_id_lookup_skips_damaged_manifests_for_status_and_cancel(
-    tmp_path: Path, fake: FakeSlurm, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, fake: StatusSlurm, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (make_run(tmp_path, "a-bad", "21") / "manifest.json").write_text("[]")
     target = make_run(tmp_path, "b-target", "22", [None])
@@ -331,7 +328,7 @@ def test_job_id_lookup_skips_damaged_manifests_for_status_and_cancel(
 
 
 def test_plain_runs_are_shown_beside_sweeps(
-    tmp_path: Path, fake: FakeSlurm, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, fake: StatusSlurm, capsys: pytest.CaptureFixture[str]
 ) -> None:
     plain = make_run(tmp_path, "a-plain", "31", [EndCause.FINISHED])
     sweep = make_run(tmp_path, "b-sweep", "40")
@@ -361,7 +358,7 @@ def test_plain_runs_are_shown_beside_sweeps(
 
 
 def test_slurm_forgot_the_job_sacct_decides_or_status_says_it_cannot(
-    tmp_path: Path, fake: FakeSlurm, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, fake: StatusSlurm, capsys: pytest.CaptureFixture[str]
 ) -> None:
     done = make_run(tmp_path, "a-done", "51", [EndCause.TIME_LIMIT, EndCause.FINISHED])
     unfinished = make_run(tmp_path, "b-unfinished", "52", [EndCause.TIME_LIMIT])
@@ -386,7 +383,7 @@ def test_slurm_forgot_the_job_sacct_decides_or_status_says_it_cannot(
 
 
 def test_a_job_id_that_now_names_another_script_is_not_this_run(
-    tmp_path: Path, fake: FakeSlurm, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, fake: StatusSlurm, capsys: pytest.CaptureFixture[str]
 ) -> None:
     make_run(tmp_path, "a", "61", [None])
     fake.rows = {"61": ("RUNNING", "/elsewhere/other.sbatch")}
@@ -396,7 +393,7 @@ def test_a_job_id_that_now_names_another_script_is_not_this_run(
 
 
 def test_squeue_unreachable_gives_marked_guesses(
-    tmp_path: Path, fake: FakeSlurm, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, fake: StatusSlurm, capsys: pytest.CaptureFixture[str]
 ) -> None:
     make_run(tmp_path, "a", "71", [None])
     fake.squeue_fails = True
@@ -406,7 +403,7 @@ def test_squeue_unreachable_gives_marked_guesses(
 
 
 def test_crash_before_any_attempt_is_failed_with_the_reason_from_the_logs(
-    tmp_path: Path, fake: FakeSlurm, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, fake: StatusSlurm, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = make_run(tmp_path, "a", "81")
     (run_dir / "checkpoints").mkdir()
@@ -433,7 +430,7 @@ def test_crash_before_any_attempt_is_failed_with_the_reason_from_the_logs(
 
 
 def test_a_job_that_never_wrote_a_log(
-    tmp_path: Path, fake: FakeSlurm, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, fake: StatusSlurm, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = make_run(tmp_path, "a", "82")
     fake.rows = {"82": ("FAILED", script(run_dir))}
@@ -444,7 +441,7 @@ def test_a_job_that_never_wrote_a_log(
 
 
 def test_local_run_is_running_only_while_its_own_controller_is(
-    tmp_path: Path, fake: FakeSlurm, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, fake: StatusSlurm, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The pid in a local manifest may belong to any later process: this test's own pid
     stands in for such a stranger, then (recorded in local.json) for the run's controller."""
@@ -630,8 +627,9 @@ def test_real_cancel_by_job_id_past_a_damaged_run(slurm_cluster: Cluster, tmp_pa
     job = e2e.submit(slurm_cluster, runs, str(sleeper))
     (make_run(runs, "damaged", "1") / "manifest.json").write_bytes(b"\x00\xff{")
     e2e.wait_state(slurm_cluster, job.job_id, ["RUNNING"])
-    out = e2e.hpc(slurm_cluster, "status", "--runs-dir", str(runs), "--json").stdout
-    states = {Path(r["run"]).name: r["state"] for r in json.loads(out)}
+    shown = e2e.hpc(slurm_cluster, "status", "--runs-dir", str(runs), "--json", check=False)
+    assert shown.returncode == 1  # the damaged run is listed, and the exit status says so
+    states = {Path(r["run"]).name: r["state"] for r in json.loads(shown.stdout)}
     assert states == {job.run_dir.name: "RUNNING", "damaged": "DAMAGED"}
     e2e.hpc(slurm_cluster, "cancel", job.job_id, "--runs-dir", str(runs))
     assert e2e.wait_done(slurm_cluster, job.job_id)["JobState"] == "CANCELLED"

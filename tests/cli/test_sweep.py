@@ -1,6 +1,6 @@
-"""``hpc-ddp sweep`` and ``hpc-ddp results`` end to end through ``main()``, with stand-in
-``sbatch``/``scontrol``/``squeue`` executables on PATH (the real subprocess runner runs them),
-and a check that neither command imports torch or submitit."""
+"""``hpc-ddp sweep`` and ``hpc-ddp results`` end to end through ``main()``, against a
+:class:`~hpc_ddp.slurm.fake.FakeSlurm` (the real dev cluster runs them in test_sweep_e2e), and
+a check that neither command imports torch or submitit."""
 
 from __future__ import annotations
 
@@ -8,45 +8,38 @@ import csv
 import io
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import hpc_ddp.cli.main as cli_main
 from hpc_ddp.cli.main import main
+from hpc_ddp.errors import SlurmUnavailableError
 from hpc_ddp.runtime.ledger import EndCause, record_end, record_start
+from hpc_ddp.slurm.fake import FakeSlurm
 from hpc_ddp.sweep.results import read_arrays
 
 REPO = Path(__file__).resolve().parents[2]
 
-FAKE_SLURM = """#!/bin/sh
-# Stand-in for {name}: log the argv, answer like Slurm would.
-echo "{name} $*" >> "$FAKE_SLURM_LOG"
-case "{name}" in
-  sbatch) n=$(grep -c '^sbatch' "$FAKE_SLURM_LOG"); echo "$((500 + n))" ;;
-  scontrol) echo "MaxArraySize            = ${{FAKE_MAX_ARRAY:-1001}}" ;;
-  squeue) cat "$FAKE_SQUEUE" 2>/dev/null || true ;;
-esac
-"""
-
 
 @pytest.fixture
-def slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Fake Slurm commands first on PATH; returns the log of their calls."""
-    bin_dir = tmp_path / "fake-bin"
-    bin_dir.mkdir()
-    for name in ("sbatch", "scontrol", "squeue"):
-        (bin_dir / name).write_text(FAKE_SLURM.format(name=name))
-        (bin_dir / name).chmod(0o755)
-    log = tmp_path / "slurm.log"
-    log.touch()
-    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    monkeypatch.setenv("FAKE_SLURM_LOG", str(log))
-    monkeypatch.setenv("FAKE_SQUEUE", str(tmp_path / "squeue.json"))
+def slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
+    """A scripted Slurm behind every ``main([...])`` here (the CLI's one seam that would build
+    the real client answers with it); its job ids start at 501."""
+    fake = FakeSlurm(first_job_id=501)
+    monkeypatch.setattr(cli_main, "_real_slurm", fake.client)
     monkeypatch.delenv("HPC_DDP_SITE", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.config/hpc-ddp/site.yaml
-    return log
+    return fake
+
+
+def empty_queue(slurm: FakeSlurm) -> None:
+    """Every job submitted so far has left the queue (and slurmctld forgot it)."""
+    for job in slurm.jobs.values():
+        job.in_queue = False
 
 
 def sweep_file(tmp_path: Path, extra: str = "") -> Path:
@@ -62,7 +55,7 @@ def sweep_file(tmp_path: Path, extra: str = "") -> Path:
 
 
 def test_dry_run_shows_points_and_script_and_touches_nothing(
-    tmp_path: Path, slurm: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
 ) -> None:
     runs = tmp_path / "runs"
     rc = main(["sweep", str(sweep_file(tmp_path)), "--dry-run", "--runs-dir", str(runs)])
@@ -77,16 +70,17 @@ def test_dry_run_shows_points_and_script_and_touches_nothing(
     assert "# would run: sbatch --parsable " in out
     assert "# 6 points in 1 job array(s), at most 2 at once" in out
     assert not runs.exists()
-    assert "sbatch" not in slurm.read_text()  # only scontrol show config was asked
+    assert slurm.commands() == ["scontrol show config"]  # never sbatch
 
 
 def test_dry_run_without_slurm_assumes_the_default_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("PATH", "/nonexistent")
+    slurm = FakeSlurm()
+    slurm.script("scontrol", SlurmUnavailableError("'scontrol' is not on PATH"))
     monkeypatch.delenv("HPC_DDP_SITE", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    rc = main(["sweep", str(sweep_file(tmp_path)), "--dry-run", "--json"])
+    rc = main(["sweep", str(sweep_file(tmp_path)), "--dry-run", "--json"], slurm=slurm.client())
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0
     assert [a["array"] for a in doc["arrays"]] == ["0-5%2"]
@@ -98,11 +92,11 @@ def test_dry_run_without_slurm_assumes_the_default_limit(
 
 def test_dry_run_splits_past_max_array_size(
     tmp_path: Path,
-    slurm: Path,
+    slurm: FakeSlurm,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setenv("FAKE_MAX_ARRAY", "4")
+    slurm.max_array_size = 4
     assert main(["sweep", str(sweep_file(tmp_path)), "--dry-run", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [(a["points"], a["offset"], a["array"]) for a in doc["arrays"]] == [
@@ -113,7 +107,7 @@ def test_dry_run_splits_past_max_array_size(
 
 
 def test_a_typo_in_a_swept_key_is_caught_before_anything_happens(
-    tmp_path: Path, slurm: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = sweep_file(tmp_path)
     path.write_text(path.read_text().replace("train.seed", "train.sed"))
@@ -123,7 +117,7 @@ def test_a_typo_in_a_swept_key_is_caught_before_anything_happens(
     assert "train.sed" in err
     assert "seed" in err.split("HINT:")[1]
     assert not (tmp_path / "runs").exists()
-    assert slurm.read_text() == ""
+    assert slurm.calls == []
 
 
 @pytest.mark.parametrize(
@@ -131,7 +125,7 @@ def test_a_typo_in_a_swept_key_is_caught_before_anything_happens(
     [["sweep"], ["sweep", "s.yaml", "--resubmit-failed", "runs/x"]],
 )
 def test_usage_errors_exit_2(
-    argv: list[str], slurm: Path, capsys: pytest.CaptureFixture[str]
+    argv: list[str], slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(argv) == 2
     assert "HINT:" in capsys.readouterr().err
@@ -144,12 +138,12 @@ def submit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
 
 
 def test_submit_is_one_sbatch_call_and_prints_where_to_look(
-    tmp_path: Path, slurm: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
 ) -> None:
     rc = main(["sweep", str(sweep_file(tmp_path)), "--runs-dir", str(tmp_path / "runs")])
     out = capsys.readouterr().out
     assert rc == 0
-    calls = slurm.read_text().splitlines()
+    calls = slurm.commands()
     assert [c.split()[0] for c in calls] == ["scontrol", "sbatch"]
     [sweep_dir] = (tmp_path / "runs").iterdir()
     assert calls[1] == f"sbatch --parsable {sweep_dir}/job.sbatch"
@@ -159,8 +153,9 @@ def test_submit_is_one_sbatch_call_and_prints_where_to_look(
     assert f"hpc-ddp results {sweep_dir}" in out
 
 
-def _fill(sweep_dir: Path) -> None:
+def _fill(sweep_dir: Path, slurm: FakeSlurm) -> None:
     """Tasks 0-2 finished with metrics, 3 crashed, 4 and 5 never ran (gone from the queue)."""
+    empty_queue(slurm)
     for i, val in ((0, 0.8), (1, 0.5), (2, 0.9), (3, 2.0)):
         task = sweep_dir / "tasks" / str(i)
         rows = [{"step": 10, "loss": val + 0.1}, {"step": 20, "loss": val, "val_loss": val}]
@@ -174,15 +169,16 @@ def _fill(sweep_dir: Path) -> None:
 
 
 def test_resubmit_failed_from_the_command_line(
-    tmp_path: Path, slurm: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
 ) -> None:
     sweep_dir = submit(tmp_path, capsys)
-    _fill(sweep_dir)
+    _fill(sweep_dir, slurm)
     assert main(["sweep", "--resubmit-failed", str(sweep_dir)]) == 0
     out = capsys.readouterr().out
     assert "resubmitted 3 task(s)" in out
     assert "(3, 4, 5) as array job 502 (--array=3-5%2)" in out
     assert [r.points for r in read_arrays(sweep_dir)] == ["0-5", "3-5"]
+    empty_queue(slurm)
     assert main(["sweep", "--resubmit-failed", str(sweep_dir), "--dry-run", "--json"]) == 0
     # The new array is now what squeue would be asked about; it is gone (empty queue), so the
     # same tasks are failed again and would be resubmitted again.
@@ -190,10 +186,10 @@ def test_resubmit_failed_from_the_command_line(
 
 
 def test_results_formats_sorting_and_top(
-    tmp_path: Path, slurm: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
 ) -> None:
     sweep_dir = submit(tmp_path, capsys)
-    _fill(sweep_dir)
+    _fill(sweep_dir, slurm)
     assert main(["results", str(sweep_dir)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[:6] == ["#", "state", "train.lr", "train.seed", "best", "val_loss"]
@@ -221,10 +217,10 @@ def test_results_formats_sorting_and_top(
     assert [line.split("|")[1].strip() for line in md[2:]] == ["3", "2", "0", "1", "4", "5"]
 
 
-def test_results_plot(tmp_path: Path, slurm: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_results_plot(tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("matplotlib")  # an optional extra: hpc-ddp[plot]
     sweep_dir = submit(tmp_path, capsys)
-    _fill(sweep_dir)
+    _fill(sweep_dir, slurm)
     out = tmp_path / "plots" / "sweep.png"
     assert main(["results", str(sweep_dir), "--plot", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -233,7 +229,7 @@ def test_results_plot(tmp_path: Path, slurm: Path, capsys: pytest.CaptureFixture
 
 def test_results_plot_without_matplotlib_says_how_to_install(
     tmp_path: Path,
-    slurm: Path,
+    slurm: FakeSlurm,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -246,19 +242,23 @@ def test_results_plot_without_matplotlib_says_how_to_install(
     assert not (tmp_path / "p.png").exists()
 
 
-def test_sweep_and_results_do_not_import_torch_or_submitit(tmp_path: Path, slurm: Path) -> None:
+def test_sweep_and_results_do_not_import_torch_or_submitit(tmp_path: Path) -> None:
     path = sweep_file(tmp_path)
     code = (
         "import sys\nfrom hpc_ddp.cli.main import main\n"
-        f"assert main(['sweep', {str(path)!r}, '--runs-dir', {str(tmp_path / 'r')!r}]) == 0\n"
+        "from hpc_ddp.slurm.fake import FakeSlurm\nslurm = FakeSlurm().client()\n"
+        f"assert main(['sweep', {str(path)!r}, '--runs-dir', {str(tmp_path / 'r')!r}], "
+        "slurm=slurm) == 0\n"
         f"import pathlib; [d] = pathlib.Path({str(tmp_path / 'r')!r}).iterdir()\n"
-        "assert main(['results', str(d)]) == 0\n"
+        "assert main(['results', str(d)], slurm=slurm) == 0\n"
         "heavy = {'torch', 'torchvision', 'submitit', 'matplotlib'} & set(sys.modules)\n"
         "assert not heavy, heavy\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code],
         cwd=REPO,
+        # No site profile from this machine's HOME or environment.
+        env={**{k: v for k, v in os.environ.items() if k != "HPC_DDP_SITE"}, "HOME": str(tmp_path)},
         capture_output=True,
         text=True,
         timeout=60,
@@ -282,7 +282,7 @@ def test_results_of_a_file_is_a_usage_error(
 
 @pytest.mark.parametrize("top", ["0", "-3"])
 def test_results_top_must_be_positive(
-    tmp_path: Path, slurm: Path, capsys: pytest.CaptureFixture[str], top: str
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str], top: str
 ) -> None:
     sweep_dir = submit(tmp_path, capsys)
     assert main(["results", str(sweep_dir), "--top", top]) == 2
@@ -294,12 +294,12 @@ def test_results_top_must_be_positive(
 
 def test_results_skip_damaged_metric_lines_and_say_so(
     tmp_path: Path,
-    slurm: Path,
+    slurm: FakeSlurm,
     capsys: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     sweep_dir = submit(tmp_path, capsys)
-    _fill(sweep_dir)
+    _fill(sweep_dir, slurm)
     good = (sweep_dir / "tasks" / "1" / "metrics.jsonl").read_bytes()
     (sweep_dir / "tasks" / "1" / "metrics.jsonl").write_bytes(
         b"\x00\xff\xfe\x89PNG\r\n[1, 2]\n42\n"
@@ -325,7 +325,7 @@ def test_results_skip_damaged_metric_lines_and_say_so(
 @pytest.mark.parametrize("under", [False, True])
 def test_sweep_refuses_a_runs_dir_that_is_a_file(
     tmp_path: Path,
-    slurm: Path,
+    slurm: FakeSlurm,
     capsys: pytest.CaptureFixture[str],
     dry_run: list[str],
     under: bool,
@@ -341,7 +341,7 @@ def test_sweep_refuses_a_runs_dir_that_is_a_file(
         captured.err
     )
     assert captured.out == ""
-    assert slurm.read_text() == ""  # Slurm was never asked
+    assert slurm.calls == []  # Slurm was never asked
 
 
 @pytest.mark.parametrize(
@@ -355,7 +355,7 @@ def test_sweep_refuses_a_runs_dir_that_is_a_file(
 )  # fmt: skip
 def test_run_with_a_garbled_array_task_id_fails_with_a_message(
     tmp_path: Path,
-    slurm: Path,
+    slurm: FakeSlurm,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     env: dict[str, str],
@@ -371,7 +371,7 @@ def test_run_with_a_garbled_array_task_id_fails_with_a_message(
 
 def test_a_full_disk_while_writing_the_sweep_is_a_failure_with_a_hint(
     tmp_path: Path,
-    slurm: Path,
+    slurm: FakeSlurm,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

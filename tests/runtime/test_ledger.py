@@ -237,7 +237,7 @@ def test_an_exhausted_budget_says_which_setting_to_raise() -> None:
     decision = decide_requeue(EndCause.PREEMPTED, 5, 5, on_crash=False)
     assert not decision.requeue
     assert "5 of requeue.max_requeues=5" in decision.reason
-    assert "HINT: raise it (e.g. requeue.max_requeues=10)" in decision.reason
+    assert "`hpc-ddp resume RUN_DIR requeue.max_requeues=10`" in decision.reason
 
 
 def test_a_failed_requeue_is_recorded_as_such_not_as_a_request(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """The requeue coordinator on rank 0, against Slurm's answers through an injected runner.
 
-Each test gives :class:`~hpc_ddp.slurm.client.SlurmClient` a runner that answers ``scontrol``
+Each test gives the coordinator a :class:`~hpc_ddp.slurm.fake.FakeSlurm` that answers ``scontrol``
 the way Slurm 22.05 was seen to (or fails the way it does when it cannot be reached), then
 checks the three things a stop decides: which Slurm commands ran, the exit code the tasks
 leave with (non-zero: Slurm records the job FAILED), and the ledger's ``attempt_end``.
@@ -9,7 +9,7 @@ leave with (non-zero: Slurm records the job FAILED), and the ledger's ``attempt_
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,9 @@ from hpc_ddp.errors import SlurmUnavailableError
 from hpc_ddp.runtime.distenv import derive_dist_env
 from hpc_ddp.runtime.ledger import Attempt, EndCause, read_ledger
 from hpc_ddp.runtime.requeue import BUDGET_EXIT_CODE, REQUEUE_FAILED_EXIT_CODE, Coordinator
-from hpc_ddp.slurm.client import CompletedCommand, SlurmClient, subprocess_runner
+from hpc_ddp.slurm.client import SlurmClient, subprocess_runner
+from hpc_ddp.slurm.fake import Answer, FakeSlurm
+from hpc_ddp.slurm.jobstate import JobState
 
 USR2, TERM = int(signal.SIGUSR2), int(signal.SIGTERM)
 REF = "77_3"
@@ -48,39 +50,23 @@ NO_MUNGE = (
     "No such file or directory (Did you start munged?)\n"
 )
 
-Answer = str | tuple[int, str] | Exception
-"""A fake command's answer: stdout (exit 0), (exit code, stderr), or an error to raise."""
 
-
-class FakeRunner:
-    """Answers ``scontrol show job`` and ``scontrol requeue`` from queues; records every argv."""
-
-    def __init__(self, show: Sequence[Answer] = (), requeue: Sequence[Answer] = ()) -> None:
-        self.answers = {"show": list(show), "requeue": list(requeue)}
-        self.calls: list[str] = []
-
-    def __call__(self, argv: Sequence[str], *, timeout: float | None = None) -> CompletedCommand:
-        del timeout
-        self.calls.append(" ".join(argv))
-        assert argv[0] == "scontrol", argv
-        queue = self.answers[argv[1]]
-        assert queue, f"unexpected command: {' '.join(argv)}"
-        answer = queue.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        if isinstance(answer, str):
-            return CompletedCommand(tuple(argv), 0, answer + "\n", "")
-        code, stderr = answer
-        return CompletedCommand(tuple(argv), code, "", stderr)
+def fake(show: Sequence[Answer] = (), requeue: Sequence[Answer] = ()) -> FakeSlurm:
+    """A Slurm whose next ``scontrol show job`` / ``scontrol requeue`` answers are scripted."""
+    slurm = FakeSlurm()
+    slurm.script("scontrol show job", *show)
+    slurm.script("scontrol requeue", *requeue)
+    return slurm
 
 
 def coordinator(
     tmp_path: Path,
-    runner: Callable[..., CompletedCommand],
+    runner: FakeSlurm | None,
     *,
     env: dict[str, str] | None = None,
     restart_count: int = 0,
     max_requeues: int = 5,
+    on_crash: bool = False,
 ) -> Coordinator:
     task = dict(TASK if env is None else env)
     if restart_count:
@@ -88,8 +74,8 @@ def coordinator(
     return Coordinator(
         derive_dist_env(task),
         tmp_path / "ledger.jsonl",
-        RequeueConfig(max_requeues=max_requeues),
-        SlurmClient(runner),
+        RequeueConfig(max_requeues=max_requeues, on_crash=on_crash),
+        runner.client() if runner is not None else SlurmClient(subprocess_runner),
     )
 
 
@@ -107,9 +93,9 @@ def stop(c: Coordinator, signum: int) -> tuple[EndCause, bool, int, str]:
 
 
 def test_requeue_signal_while_running_asks_for_exactly_one_requeue(tmp_path: Path) -> None:
-    runner = FakeRunner(show=[RUNNING], requeue=[""])
+    runner = fake(show=[RUNNING], requeue=[""])
     assert stop(coordinator(tmp_path, runner), USR2)[:3] == (EndCause.TIME_LIMIT, True, 0)
-    assert runner.calls == [f"scontrol show job -o {REF}", f"scontrol requeue {REF}"]
+    assert runner.commands() == [f"scontrol show job -o {REF}", f"scontrol requeue {REF}"]
     attempt = ended(tmp_path)
     assert (attempt.cause, attempt.requeue_requested) == (EndCause.TIME_LIMIT, True)
 
@@ -125,12 +111,12 @@ FAILURES = {
 def test_a_failed_requeue_is_a_failure_not_a_requeue(tmp_path: Path, failure: Answer) -> None:
     """The bug of issue 11: Slurm's silence after a failed request was read as "Slurm
     requeued it itself", the ledger said requeue_requested and the job ended COMPLETED."""
-    runner = FakeRunner(show=[failure, failure], requeue=[failure])
+    runner = fake(show=[failure, failure], requeue=[failure])
     cause, requested, code, message = stop(coordinator(tmp_path, runner), USR2)
     assert (cause, requested, code) == (EndCause.REQUEUE_FAILED, False, REQUEUE_FAILED_EXIT_CODE)
     assert code not in (0, BUDGET_EXIT_CODE)
     # Asked why, asked for the requeue, asked again whether Slurm had won a race: no answer.
-    assert runner.calls == [
+    assert runner.commands() == [
         f"scontrol show job -o {REF}",
         f"scontrol requeue {REF}",
         f"scontrol show job -o {REF}",
@@ -145,6 +131,7 @@ def test_a_failed_requeue_is_a_failure_not_a_requeue(tmp_path: Path, failure: An
     assert "HINT: let the job reach Slurm" in message
     assert f"run `scontrol requeue {REF}`" in message
     # What Slurm (or the missing command) said, verbatim.
+    assert isinstance(failure, Exception | tuple)
     said = failure.args[0] if isinstance(failure, Exception) else failure[1].strip()
     assert said.removeprefix("scontrol: error: ") in message
     assert message.count("HINT:") == 1  # the client's own hint is not carried along
@@ -157,7 +144,7 @@ def test_scontrol_missing_through_the_real_runner(
     empty = tmp_path / "empty-bin"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
-    c = coordinator(tmp_path, subprocess_runner)
+    c = coordinator(tmp_path, None)
     cause, requested, code, message = stop(c, USR2)
     assert (cause, requested, code) == (EndCause.REQUEUE_FAILED, False, REQUEUE_FAILED_EXIT_CODE)
     assert "'scontrol' is not on PATH" in message
@@ -167,7 +154,7 @@ def test_scontrol_missing_through_the_real_runner(
 def test_requeue_refused_while_the_job_still_runs_is_a_failure(tmp_path: Path) -> None:
     """Slurm answers, but refuses the request and is not requeueing the job itself."""
     refused = (1, "scontrol: error: Access/permission denied for job 77_3\n")
-    runner = FakeRunner(show=[RUNNING, RUNNING], requeue=[refused])
+    runner = fake(show=[RUNNING, RUNNING], requeue=[refused])
     cause, requested, code, message = stop(coordinator(tmp_path, runner), USR2)
     assert (cause, requested, code) == (EndCause.REQUEUE_FAILED, False, REQUEUE_FAILED_EXIT_CODE)
     assert "Access/permission denied for job 77_3" in message
@@ -185,7 +172,7 @@ def test_a_refusal_explained_by_slurm_is_not_a_failure(
     """Lost a race: the refusal is explained by Slurm's own answer (Restarts went up, or the
     job is being cancelled). Exit 0: Slurm decides the job's fate; nothing claims a request."""
     refused = (1, "scontrol: error: Job is being requeued\n")
-    runner = FakeRunner(show=[RUNNING, after], requeue=[refused])
+    runner = fake(show=[RUNNING, after], requeue=[refused])
     assert stop(coordinator(tmp_path, runner), USR2)[:3] == (cause, False, 0)
     attempt = ended(tmp_path)
     assert (attempt.cause, attempt.requeue_requested) == (cause, False)
@@ -195,21 +182,21 @@ def test_a_refusal_explained_by_slurm_is_not_a_failure(
 
 def test_unanswered_requeue_signal_still_asks_and_succeeds(tmp_path: Path) -> None:
     """``show job`` failed once, the requeue went through: a requeue, honestly recorded."""
-    runner = FakeRunner(show=[(1, UNREACHABLE)], requeue=[""])
+    runner = fake(show=[(1, UNREACHABLE)], requeue=[""])
     cause, requested, code, message = stop(coordinator(tmp_path, runner), USR2)
     assert (cause, requested, code) == (EndCause.TIME_LIMIT, True, 0)
     assert "could not be asked" in message
-    assert runner.calls == [f"scontrol show job -o {REF}", f"scontrol requeue {REF}"]
+    assert runner.commands() == [f"scontrol show job -o {REF}", f"scontrol requeue {REF}"]
 
 
 def test_unanswered_sigterm_asks_for_nothing_and_exits_non_zero(tmp_path: Path) -> None:
     """SIGTERM with no answer from Slurm: perhaps Slurm's requeue, perhaps a cancel. No
     request (a second requeue or a cancelled job brought back would be wrong), not assumed
     to be a requeue, and a non-zero exit so a job nobody brings back ends FAILED."""
-    runner = FakeRunner(show=[(1, UNREACHABLE)])
+    runner = fake(show=[(1, UNREACHABLE)])
     cause, requested, code, message = stop(coordinator(tmp_path, runner), TERM)
     assert (cause, requested, code) == (EndCause.UNKNOWN, False, REQUEUE_FAILED_EXIT_CODE)
-    assert runner.calls == [f"scontrol show job -o {REF}"]
+    assert runner.commands() == [f"scontrol show job -o {REF}"]
     assert "Unable to contact slurm controller" in message
     assert f"The checkpoint at step 12 ({CKPT}) is kept" in message
     assert "HINT:" in message
@@ -224,22 +211,22 @@ def test_unanswered_sigterm_asks_for_nothing_and_exits_non_zero(tmp_path: Path) 
 def test_sigterm_slurm_explains_asks_for_nothing_and_exits_zero(
     tmp_path: Path, job: str, cause: EndCause
 ) -> None:
-    runner = FakeRunner(show=[job])
+    runner = fake(show=[job])
     assert stop(coordinator(tmp_path, runner), TERM)[:3] == (cause, False, 0)
-    assert runner.calls == [f"scontrol show job -o {REF}"]
+    assert runner.commands() == [f"scontrol show job -o {REF}"]
 
 
 @pytest.mark.parametrize("show", [RUNNING.replace("Restarts=0", "Restarts=2"), (1, UNREACHABLE)])
 def test_budget_exhausted_at_a_stop_fails_without_a_request(tmp_path: Path, show: Answer) -> None:
     """Attempt 2 of max_requeues=2 gets the requeue signal: no requeue, exit 3 (FAILED);
     also when Slurm cannot be asked (the budget needs no answer from it)."""
-    runner = FakeRunner(show=[show])
+    runner = fake(show=[show])
     c = coordinator(tmp_path, runner, restart_count=2, max_requeues=2)
     cause, requested, code, message = stop(c, USR2)
     assert (cause, requested, code) == (EndCause.BUDGET_EXHAUSTED, False, BUDGET_EXIT_CODE)
-    assert runner.calls == [f"scontrol show job -o {REF}"]  # never `scontrol requeue`
+    assert runner.commands() == [f"scontrol show job -o {REF}"]  # never `scontrol requeue`
     assert "2 of requeue.max_requeues=2" in message
-    assert "HINT: raise it" in message
+    assert "HINT: go on with a larger budget: `hpc-ddp resume RUN_DIR" in message
     attempt = ended(tmp_path)
     assert (attempt.attempt, attempt.cause, attempt.requeue_requested) == (
         2,
@@ -249,20 +236,20 @@ def test_budget_exhausted_at_a_stop_fails_without_a_request(tmp_path: Path, show
 
 
 def test_one_requeue_left_is_still_asked_for(tmp_path: Path) -> None:
-    runner = FakeRunner(show=[RUNNING.replace("Restarts=0", "Restarts=1")], requeue=[""])
+    runner = fake(show=[RUNNING.replace("Restarts=0", "Restarts=1")], requeue=[""])
     c = coordinator(tmp_path, runner, restart_count=1, max_requeues=2)
     assert stop(c, USR2)[:3] == (EndCause.TIME_LIMIT, True, 0)
 
 
 def test_an_attempt_beyond_the_budget_ends_at_its_start(tmp_path: Path) -> None:
     """Slurm requeued the job itself once too often: the attempt ends before training."""
-    runner = FakeRunner()
+    runner = fake()
     c = coordinator(tmp_path, runner, restart_count=3, max_requeues=2)
     outcome = c.begin(resumed_from_step=40, checkpoint="step-00000040.pt")
     assert outcome is not None
     assert (outcome.cause, outcome.exit_code) == (EndCause.BUDGET_EXHAUSTED, BUDGET_EXIT_CODE)
     assert "HINT" in outcome.message
-    assert runner.calls == []
+    assert runner.commands() == []
     attempt = ended(tmp_path)
     assert (attempt.attempt, attempt.cause, attempt.steps_done) == (
         3,
@@ -272,17 +259,122 @@ def test_an_attempt_beyond_the_budget_ends_at_its_start(tmp_path: Path) -> None:
 
 
 def test_only_rank_zero_asks_and_writes(tmp_path: Path) -> None:
-    runner = FakeRunner()
+    runner = fake()
     c = coordinator(tmp_path, runner, env={**TASK, "SLURM_PROCID": "1", "SLURM_NTASKS": "2"})
     assert stop(c, USR2)[:3] == (EndCause.UNKNOWN, False, 0)
-    assert runner.calls == []
+    assert runner.commands() == []
     assert not (tmp_path / "ledger.jsonl").exists()
 
 
 def test_outside_slurm_nothing_is_asked_and_the_run_stops_cleanly(tmp_path: Path) -> None:
-    runner = FakeRunner()
+    runner = fake()
     env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
     cause, requested, code, message = stop(coordinator(tmp_path, runner, env=env), USR2)
     assert (cause, requested, code) == (EndCause.TIME_LIMIT, False, 0)
     assert "not a Slurm job" in message
-    assert runner.calls == []
+    assert runner.commands() == []
+
+
+# --- crashes ------------------------------------------------------------------------------------
+
+
+def running_task(restart_count: int = 0) -> FakeSlurm:
+    """A Slurm whose job table holds this task, running: it answers from its table."""
+    slurm = FakeSlurm()
+    slurm.add_job(
+        "78",
+        array_job_id="77",
+        array_task_id="3",
+        state=JobState.RUNNING,
+        restart_count=restart_count,
+    )
+    return slurm
+
+
+def crash(c: Coordinator) -> None:
+    c.begin(resumed_from_step=None, checkpoint=None)
+    c.crash(step=7, checkpoint=CKPT, error=ValueError("boom at step 7"))
+
+
+def test_a_crash_with_on_crash_requeues_the_job_once(tmp_path: Path) -> None:
+    slurm = running_task()
+    crash(coordinator(tmp_path, slurm, max_requeues=1, on_crash=True))
+    assert slurm.commands("scontrol") == [f"scontrol requeue {REF}"]
+    assert slurm.jobs[REF].restart_count == 1  # Slurm took it
+    attempt = ended(tmp_path)
+    assert (attempt.cause, attempt.requeue_requested) == (EndCause.CRASH, True)
+    assert attempt.message is not None
+    assert "ValueError: boom at step 7" in attempt.message
+    assert "requeue 1 of 1" in attempt.message
+
+
+def test_only_the_first_rank_to_crash_requests_the_requeue(tmp_path: Path) -> None:
+    """Rank 1 crashed first; rank 0 dies of the lost connection: one request, one end."""
+    slurm = running_task()
+    env1 = {**TASK, "SLURM_PROCID": "1", "SLURM_NTASKS": "2"}
+    first = coordinator(tmp_path, slurm, env=env1, max_requeues=1, on_crash=True)
+    peer = coordinator(
+        tmp_path, slurm, env={**TASK, "SLURM_NTASKS": "2"}, max_requeues=1, on_crash=True
+    )
+    peer.begin(resumed_from_step=None, checkpoint=None)  # rank 0 writes the start
+    first.crash(step=7, checkpoint=CKPT, error=ValueError("boom at step 7"))
+    peer.crash(step=7, checkpoint=CKPT, error=RuntimeError("Connection closed by peer"))
+    assert slurm.commands("scontrol requeue") == [f"scontrol requeue {REF}"]
+    lines = (tmp_path / "ledger.jsonl").read_text().splitlines()
+    assert len([line for line in lines if "attempt_end" in line]) == 1
+    assert "rank 1" in (ended_message := ended(tmp_path).message or "")
+    assert "Connection closed" not in ended_message
+
+
+def test_a_crash_without_on_crash_is_not_requeued(tmp_path: Path) -> None:
+    slurm = running_task()
+    crash(coordinator(tmp_path, slurm, max_requeues=1, on_crash=False))
+    assert slurm.calls == []
+    attempt = ended(tmp_path)
+    assert (attempt.cause, attempt.requeue_requested) == (EndCause.CRASH, False)
+
+
+def test_a_crash_past_the_budget_is_not_requeued(tmp_path: Path) -> None:
+    slurm = running_task(restart_count=1)
+    crash(coordinator(tmp_path, slurm, restart_count=1, max_requeues=1, on_crash=True))
+    assert slurm.calls == []
+    attempt = ended(tmp_path)
+    assert (attempt.attempt, attempt.cause, attempt.requeue_requested) == (
+        1,
+        EndCause.CRASH,
+        False,
+    )
+    assert attempt.message is not None
+    assert "requeue budget exhausted: 1 of requeue.max_requeues=1" in attempt.message
+    assert "hpc-ddp resume RUN_DIR" in attempt.message
+
+
+def test_a_crash_whose_requeue_fails_says_so_and_how_to_go_on(tmp_path: Path) -> None:
+    slurm = running_task()
+    slurm.fail("scontrol requeue", "scontrol: error: Access/permission denied for job 77_3")
+    crash(coordinator(tmp_path, slurm, max_requeues=1, on_crash=True))
+    assert slurm.commands() == [f"scontrol requeue {REF}"]
+    assert slurm.jobs[REF].restart_count == 0
+    attempt = ended(tmp_path)
+    assert (attempt.cause, attempt.requeue_requested) == (EndCause.CRASH, False)
+    assert attempt.message is not None
+    assert "Access/permission denied for job 77_3" in attempt.message
+    assert f"`hpc-ddp resume {tmp_path}`" in attempt.message
+
+
+def test_a_crash_outside_slurm_asks_nothing(tmp_path: Path) -> None:
+    slurm = running_task()
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    crash(coordinator(tmp_path, slurm, env=env, max_requeues=1, on_crash=True))
+    assert slurm.calls == []
+    assert ended(tmp_path).requeue_requested is False
+
+
+def test_the_budget_hint_names_the_resume_command(tmp_path: Path) -> None:
+    """A stop past the budget and an attempt past it both say how to go on."""
+    slurm = running_task(restart_count=3)
+    outcome = coordinator(tmp_path, slurm, restart_count=3, max_requeues=2).begin(
+        resumed_from_step=None, checkpoint=None
+    )
+    assert outcome is not None
+    assert f"`hpc-ddp resume {tmp_path} requeue.max_requeues=4`" in outcome.message

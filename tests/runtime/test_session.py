@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -19,20 +18,23 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from hpc_ddp.config.load import dump_job_config
+from hpc_ddp.config.load import dump_job_config, load_job_config
 from hpc_ddp.config.model import JobConfig, RequeueConfig, TrainConfig
 from hpc_ddp.errors import CheckpointError, HpcDdpError
 from hpc_ddp.rundir import RUN_DIR_ENV
 from hpc_ddp.runtime.checkpoint import list_checkpoints, weights_digest
 from hpc_ddp.runtime.ledger import EndCause, read_ledger
 from hpc_ddp.runtime.requeue import REQUEUE_FAILED_EXIT_CODE
-from hpc_ddp.runtime.session import DEFAULT_RUN_DIR, RequeueExit, Session, unwrap
+from hpc_ddp.runtime.session import DEFAULT_RUN_DIR, Phase, RequeueExit, Session, unwrap
+from hpc_ddp.slurm.fake import FakeSlurm
+from hpc_ddp.slurm.jobstate import JobState
 from tests.helpers.launch import REPO, base_env, free_port
 
 pytestmark = pytest.mark.torch
 
 USR2, TERM = int(signal.SIGUSR2), int(signal.SIGTERM)
 BYO = REPO / "examples" / "byo" / "train.py"
+JOBS = REPO / "jobs"
 
 
 def test_import_hpc_ddp_does_not_import_torch() -> None:
@@ -82,6 +84,18 @@ def test_config_comes_from_the_run_dir(tmp_path: Path) -> None:
     assert Session(tmp_path, explicit, env={}).config is explicit
 
 
+def test_params_reach_the_script_read_only_from_the_run_dir(tmp_path: Path) -> None:
+    cfg = load_job_config(
+        JOBS / "quickstart.yaml", ["params.lr=0.25", "params.opt.name=adam", "params.tag=x y"]
+    )
+    (tmp_path / "config.yaml").write_text(dump_job_config(cfg))
+    params = Session(tmp_path, env={}).params
+    assert params == {"lr": 0.25, "opt": {"name": "adam"}, "tag": "x y"}
+    assert params["opt"]["name"] == "adam"  # type: ignore[index]
+    with pytest.raises(TypeError):
+        params["lr"] = 1.0  # type: ignore[index]
+
+
 @pytest.fixture
 def clean_process() -> Iterator[None]:
     """Put back os.environ (the env:// init writes RANK, MASTER_PORT ...) and signal handlers."""
@@ -99,11 +113,17 @@ DATA = TensorDataset(torch.randn(96, 4, generator=torch.Generator().manual_seed(
 
 
 def byo_loop(
-    run_dir: Path, total: int, env: dict[str, str], stop_at: int | None = None, signum: int = USR2
+    run_dir: Path,
+    total: int,
+    env: dict[str, str],
+    stop_at: int | None = None,
+    signum: int = USR2,
+    slurm: FakeSlurm | None = None,
 ) -> str:
     """A user-style loop (dropout, momentum, 12 batches per epoch); the final weights' digest."""
     cfg = JobConfig(name="t", train=TrainConfig(keep_last=2))
-    with Session(run_dir, cfg, env=env) as s:
+    client = None if slurm is None else slurm.client()
+    with Session(run_dir, cfg, env=env, slurm=client) as s:
         torch.manual_seed(0)
         model = s.wrap(nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.3), nn.Linear(16, 3)))
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -144,23 +164,6 @@ def test_checkpoint_needs_restore_first_and_corrupt_only_is_an_error(tmp_path: P
             s.restore(model=s.wrap(nn.Linear(2, 2)))
 
 
-@pytest.fixture
-def fake_scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An ``scontrol`` on PATH that records its arguments; ``show job`` prints the line in
-    ``scontrol.job`` (what Slurm 22.05 was seen to print at such a moment)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    calls = tmp_path / "scontrol.calls"
-    job = tmp_path / "scontrol.job"
-    script = bin_dir / "scontrol"
-    script.write_text(
-        f'#!/bin/sh\nif [ "$1" = show ]; then cat {job}; exit; fi\necho "$@" >> {calls}\n'
-    )
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    return calls
-
-
 SLURM_TASK = {
     "SLURM_PROCID": "0",
     "SLURM_LOCALID": "0",
@@ -197,7 +200,6 @@ COMMAND_CHILD = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "SLURM_JOB_I
 )
 def test_requeue_under_slurm(
     tmp_path: Path,
-    fake_scontrol: Path,
     env: dict[str, str],
     signum: int,
     job: str,
@@ -205,13 +207,14 @@ def test_requeue_under_slurm(
 ) -> None:
     """The requeue signal in a Slurm job makes rank 0 run `scontrol requeue ARRAYJOB_TASK`,
     exactly once; a SIGTERM while Slurm requeues or cancels, and non-Slurm runs, do not."""
-    (tmp_path / "scontrol.job").write_text(job + "\n")
+    slurm = FakeSlurm()
+    slurm.script("scontrol show job", job)  # what Slurm 22.05 was seen to print then
+    slurm.script("scontrol requeue", "")
     with pytest.raises(RequeueExit) as stop:
-        byo_loop(tmp_path / "run", 30, env=env, stop_at=4, signum=signum)
+        byo_loop(tmp_path / "run", 30, env=env, stop_at=4, signum=signum, slurm=slurm)
     assert stop.value.requeued is (call is not None)
     assert stop.value.signal == signum
-    calls = fake_scontrol.read_text().splitlines() if fake_scontrol.exists() else []
-    assert calls == ([] if call is None else [call])
+    assert slurm.commands("scontrol requeue") == ([] if call is None else [f"scontrol {call}"])
     [attempt] = read_ledger(tmp_path / "run" / "ledger.jsonl")
     assert attempt.requeue_requested is (call is not None)
     assert attempt.cause is not None
@@ -221,23 +224,23 @@ def test_requeue_under_slurm(
 
 
 @pytest.mark.usefixtures("clean_process")
-def test_a_failed_requeue_leaves_non_zero_and_says_so(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_failed_requeue_leaves_non_zero_and_says_so(tmp_path: Path) -> None:
     """An ``scontrol`` that cannot reach Slurm (munged's socket missing, as in a container):
     the session leaves with REQUEUE_FAILED_EXIT_CODE on every path out, and the ledger says
     the requeue failed, with the checkpoint kept."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    script = bin_dir / "scontrol"
-    script.write_text(
-        "#!/bin/sh\necho 'scontrol: error: Munge encode failed: Failed to access "
-        '"/run/munge/munge.socket.2": No such file or directory\' >&2\nexit 1\n'
+    slurm = FakeSlurm()
+    no_munge = (
+        "scontrol: error: Munge encode failed: Failed to access "
+        '"/run/munge/munge.socket.2": No such file or directory'
     )
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    slurm.fail("scontrol", no_munge, times=3)  # show job, requeue, show job again
     with pytest.raises(RequeueExit) as stop:
-        byo_loop(tmp_path / "run", 30, env=SLURM_TASK, stop_at=4, signum=USR2)
+        byo_loop(tmp_path / "run", 30, env=SLURM_TASK, stop_at=4, signum=USR2, slurm=slurm)
+    assert slurm.commands() == [
+        "scontrol show job -o 77_3",
+        "scontrol requeue 77_3",
+        "scontrol show job -o 77_3",
+    ]
     assert stop.value.code == REQUEUE_FAILED_EXIT_CODE
     assert stop.value.requeued is False
     [attempt] = read_ledger(tmp_path / "run" / "ledger.jsonl")
@@ -308,3 +311,24 @@ def test_byo_under_torchrun_two_ranks_stop_and_resume(tmp_path: Path) -> None:
     assert f"resumed from step-{stopped.step:08d}.pt" in done.stderr
     assert list_checkpoints(tmp_path)[-1].step == 800
     assert _metric_steps(tmp_path) == list(range(10, 801, 10))
+
+
+@pytest.mark.usefixtures("clean_process")
+@pytest.mark.parametrize("on_crash", [True, False])
+def test_a_crash_in_the_loop_reaches_the_coordinator(tmp_path: Path, on_crash: bool) -> None:
+    """An exception escaping the training loop ends the attempt as a crash; with
+    requeue.on_crash (and budget left) the job is requeued, and the error still propagates."""
+    slurm = FakeSlurm()
+    slurm.add_job("78", array_job_id="77", array_task_id="3", state=JobState.RUNNING)
+    cfg = JobConfig(name="t", requeue=RequeueConfig(max_requeues=1, on_crash=on_crash))
+    s = Session(tmp_path, cfg, env=SLURM_TASK, slurm=slurm.client())
+    with pytest.raises(ValueError, match="boom"), s:  # noqa: PT012
+        s.restore(model=s.wrap(nn.Linear(4, 3)))
+        for step in s.steps(10, checkpoint_every=2):
+            if step == 5:
+                raise ValueError("boom")
+    assert s.phase is Phase.CLOSED
+    assert slurm.commands() == (["scontrol requeue 77_3"] if on_crash else [])
+    [attempt] = read_ledger(tmp_path / "ledger.jsonl")
+    assert (attempt.cause, attempt.requeue_requested) == (EndCause.CRASH, on_crash)
+    assert (attempt.steps_done, attempt.checkpoint) == (5, "step-00000004.pt")

@@ -243,3 +243,67 @@ def test_thousand_points_expand_and_validate_quickly(tmp_path: Path) -> None:
     assert len(spec.points) == 1000
     assert spec.points[999].config.train.seed == 9
     assert best < 1.0, f"expanding 1,000 points took {best:.3f} s"  # ~0.05 s on a laptop core
+
+
+# --- params: the user's own values ---------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_byo_example_sweep_varies_params_lr_in_the_command() -> None:
+    from hpc_ddp.config.params import resolve_command
+
+    spec = load_sweep(REPO / "examples" / "byo" / "sweep.yaml")
+    assert spec.base_source == str(REPO / "examples" / "byo" / "job.yaml")
+    assert [p.overrides for p in spec.points] == [
+        (("params.lr", 0.01),),
+        (("params.lr", 0.003),),
+        (("params.lr", 0.001),),
+    ]
+    argvs = []
+    for point in spec.points:
+        assert point.config.command is not None
+        argvs.append(resolve_command(point.config.command, point.config.params))
+    assert [argv[argv.index("--lr") + 1] for argv in argvs] == ["0.01", "0.003", "0.001"]
+    assert (spec.metric, spec.mode, spec.max_parallel) == ("loss", "min", 2)
+
+
+def test_a_sweep_may_set_params_the_base_lacks_at_any_depth(tmp_path: Path) -> None:
+    spec = _sweep(
+        tmp_path,
+        {
+            "grid": {"params.opt.lr": [0.1, 0.2], "params.tag": ["a"]},
+            "list": [{"params.depth": 3}],
+            "random": {"samples": 2, "params": {"params.wd": {"uniform": [0.0, 1.0]}}},
+        },
+    )
+    assert [dict(p.config.params) for p in spec.points[:2]] == [
+        {"opt": {"lr": 0.1}, "tag": "a"},
+        {"opt": {"lr": 0.2}, "tag": "a"},
+    ]
+    assert spec.points[2].config.params == {"depth": 3}
+    assert all(0.0 <= float(p.config.params["wd"]) <= 1.0 for p in spec.points[3:])  # type: ignore[arg-type]
+
+
+def test_a_base_may_leave_the_params_its_command_names_to_the_points(tmp_path: Path) -> None:
+    from hpc_ddp.config.params import resolve_command
+
+    base = {"name": "b", "command": ["echo", "lr={params.lr}"]}
+    spec = _sweep(tmp_path, {"grid": {"params.lr": [0.1, 0.2]}}, base=base)
+    argvs = [resolve_command(p.config.command or (), p.config.params) for p in spec.points]
+    assert argvs == [("echo", "lr=0.1"), ("echo", "lr=0.2")]
+
+
+def test_a_command_placeholder_a_point_cannot_fill_names_the_point(tmp_path: Path) -> None:
+    base = {"name": "b", "command": ["echo", "{params.lr}"]}
+    with pytest.raises(ConfigError) as info:
+        _sweep(tmp_path, {"grid": {"params.lrr": [0.1]}}, base=base)
+    assert "point 0 (params.lrr=0.1): command[1]: {params.lr} names a param" in str(info.value)
+    assert "(defined: params.lrr)" in str(info.value)
+
+
+def test_a_typo_outside_params_is_still_caught_in_a_sweep(tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"train\.lrr: unknown key. HINT: did you mean 'train\.lr'"
+    ):
+        _sweep(tmp_path, {"grid": {"train.lrr": [0.1]}})

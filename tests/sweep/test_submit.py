@@ -2,13 +2,14 @@
 the fast config dump (compared with ``dump_job_config``), one sbatch per array through a fake
 Slurm, and ``--resubmit-failed``'s choice of tasks.
 
-The fake Slurm (:class:`FakeSlurm`) is a Runner that answers sbatch, ``scontrol show config``
-and ``squeue -h -O`` (text, as 22.05 prints it) and records every argv; scripts with an array
+The fake Slurm is the package's :class:`~hpc_ddp.slurm.fake.FakeSlurm` (sbatch, ``scontrol
+show config`` and ``squeue -h -O`` as 22.05 prints them; every argv recorded); scripts with an array
 offset are also run under real bash to check the run directory and log paths they give each task.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import random
@@ -21,18 +22,18 @@ import pytest
 import yaml
 
 from hpc_ddp.config.load import dump_job_config, load_resolved_config
-from hpc_ddp.config.yaml_dialect import dump_yaml
+from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import SubmissionError
 from hpc_ddp.rundir import RunPaths, read_manifest
 from hpc_ddp.runtime.entry import task_run_dir
 from hpc_ddp.runtime.ledger import EndCause, record_end, record_start
-from hpc_ddp.slurm.client import CompletedCommand, SlurmClient
+from hpc_ddp.slurm.fake import FakeSlurm
+from hpc_ddp.slurm.jobstate import JobState
 from hpc_ddp.sweep.results import read_arrays, read_sweep_record
 from hpc_ddp.sweep.spec import chunk_array, load_sweep
 from hpc_ddp.sweep.submit import (
     ArrayPlan,
     ConfigTexts,
-    _scalar_text,
     plan_arrays,
     resubmit_failed,
     script_groups,
@@ -42,60 +43,39 @@ from hpc_ddp.sweep.submit import (
 DATA = Path(__file__).parents[1] / "data" / "config"
 
 
-class FakeSlurm:
-    """A Runner: sbatch hands out job ids from 100, scontrol reports ``max_array_size``,
-    squeue answers with ``jobs`` (22.05 JSON); ``refuse_after`` sbatch calls are refused."""
+def fake_slurm(max_array_size: int = 1001, refuse_after: int | None = None) -> FakeSlurm:
+    """A scripted Slurm: sbatch hands out job ids from 101; the sbatch calls after the first
+    ``refuse_after`` are refused."""
+    fake = FakeSlurm(max_array_size=max_array_size, first_job_id=101)
+    if refuse_after is not None:
+        refused = (1, "sbatch: error: Batch job submission failed")
+        fake.script("sbatch", *[None] * refuse_after, *[refused] * 10)
+    return fake
 
-    def __init__(self, max_array_size: int = 1001, refuse_after: int | None = None) -> None:
-        self.max_array_size = max_array_size
-        self.refuse_after = refuse_after
-        self.jobs: list[dict[str, Any]] = []
-        self.argvs: list[tuple[str, ...]] = []
-        self.next_id = 100
 
-    def __call__(self, argv: Sequence[str], *, timeout: float | None = None) -> CompletedCommand:
-        argv = tuple(argv)
-        self.argvs.append(argv)
-        if argv[0] == "sbatch":
-            if self.refuse_after is not None and len(self.sbatch_calls) > self.refuse_after:
-                return CompletedCommand(argv, 1, "", "sbatch: error: Batch job submission failed")
-            self.next_id += 1
-            return CompletedCommand(argv, 0, f"{self.next_id}\n", "")
-        if argv[:3] == ("scontrol", "show", "config"):
-            return CompletedCommand(
-                argv, 0, f"MaxArraySize            = {self.max_array_size}\n", ""
-            )
-        if argv[0] == "squeue":
-            return CompletedCommand(argv, 0, "".join(map(squeue_text, self.jobs)), "")
-        raise AssertionError(f"unexpected command {argv}")
-
-    @property
-    def sbatch_calls(self) -> list[tuple[str, ...]]:
-        return [a for a in self.argvs if a[0] == "sbatch"]
+def sbatch_calls(fake: FakeSlurm) -> list[tuple[str, ...]]:
+    return [a for a in fake.calls if a[0] == "sbatch"]
 
 
 def squeue_row(job: int, task: int | None, state: str, pending: str = "") -> dict[str, Any]:
-    """One job of squeue's view (a task, or the pending range); :func:`squeue_text` prints it."""
+    """One job of squeue's view (a task, or the pending range), as :meth:`FakeSlurm.add_job`
+    keywords."""
     return {
-        "job_id": job if task is None else job + 10 + task,
-        "array_job_id": job,
-        "array_task_id": task,
-        "array_task_string": pending,
-        "job_state": state,
-        "state_reason": "JobArrayTaskLimit" if pending else "None",
+        "job_id": str(job if task is None else job + 10 + task),
+        "array_job_id": str(job),
+        "array_task_id": pending or str(task),
+        "state": JobState(state),
+        "reason": "JobArrayTaskLimit" if pending else "None",
         "nodes": "n[1-2]",
-        "start_time": 0,
-        "end_time": 0,
-        "restart_cnt": 0,
+        "command": "/runs/job.sbatch",
     }
 
 
-def squeue_text(row: dict[str, Any]) -> str:
-    """A :func:`squeue_row` as the line ``squeue -h -O`` prints in ``SQUEUE_FORMAT``."""
-    task = row["array_task_string"] or row["array_task_id"]
-    fields = (row["job_id"], row["array_job_id"], task, row["job_state"], row["nodes"], "0:00",
-              row["restart_cnt"], row["state_reason"], "/runs/job.sbatch")  # fmt: skip
-    return "|".join(map(str, fields)) + "\n"
+def set_queue(fake: FakeSlurm, rows: Sequence[dict[str, Any]]) -> None:
+    """What squeue shows from now on: exactly ``rows`` (the submitted arrays are gone)."""
+    fake.jobs.clear()
+    for row in rows:
+        fake.add_job(**row)
 
 
 def write_sweep(tmp_path: Path, sweep: dict[str, Any], base: str = "job.yaml") -> Path:
@@ -116,7 +96,7 @@ def submit(tmp_path: Path, sweep: dict[str, Any], fake: FakeSlurm) -> Path:
         runs_dir=tmp_path / "runs",
         python="/venv/bin/python",
         invocation=["hpc-ddp", "sweep", str(path)],
-        client=SlurmClient(fake),
+        client=fake.client(),
     )
     return result.sweep_dir
 
@@ -165,20 +145,26 @@ def test_script_groups_split_only_on_sections_the_script_renders() -> None:
 # --- fast config dump ---------------------------------------------------------------------------
 
 
-def test_scalar_text_matches_the_yaml_dumper_on_many_values() -> None:
+def test_config_texts_write_every_scalar_as_the_yaml_dumper_does() -> None:
+    """Numbers of every magnitude, bools, None and strings YAML would misread unquoted: the
+    pieces (all from ``dump_yaml``) assemble to ``dump_job_config``'s text, value by value."""
     rng = random.Random(0)
-    values: list[Any] = [None, True, False, 0, -1, 7, 10**20, 0.0, -0.0, 1.0, 0.1, -2.5]
-    values += [10.0**e for e in range(-30, 31)] + [-(10.0**e) for e in range(-12, 13)]
-    values += [math.exp(rng.uniform(-40, 40)) for _ in range(300)]
-    values += [rng.uniform(-1, 1) for _ in range(100)] + [rng.randint(-(10**6), 10**6)]
-    values += ["demo-0", "base-17", "a.b_c-d-99", "x-1e5", "yes-1", "null-2", "on-3"]
-    for value in values:
-        text = _scalar_text(value)
-        assert text is not None, value
-        assert f"k: {text}\n" == dump_yaml({"k": value}), value
-    # Anything else is left to the dumper.
-    for other in ["yes", "0-1", "1e5", "plain", "a b-1", float("inf"), (1,), "2024-01-01"]:
-        assert _scalar_text(other) is None
+    numbers: list[Any] = [0, -1, 7, 10**20, 0.0, -0.0, 1.0, 0.1, -2.5, 1, True]
+    numbers += [10.0**e for e in range(-30, 31)] + [-(10.0**e) for e in range(-12, 13)]
+    numbers += [math.exp(rng.uniform(-40, 40)) for _ in range(300)]
+    numbers += [rng.uniform(-1, 1) for _ in range(100)] + [float("inf")]
+    names = ["demo-0", "base-17", "a.b_c-d-99", "x-1e5", "yes-1", "null-2", "on-3", "yes",
+             "0-1", "1e5", "plain", "a b-1", "2024-01-01", "x: y", "#c"]  # fmt: skip
+    base = JobConfig(name="demo")
+    configs = [
+        dataclasses.replace(base, train=dataclasses.replace(base.train, lr=value))
+        for value in numbers
+    ] + [dataclasses.replace(base, name=name) for name in names]
+    assert ConfigTexts().dump(configs) == [dump_job_config(c) for c in configs]
+    # 1, 1.0 and True are equal values with different texts: never taken for one another.
+    texts = ConfigTexts().dump(configs[10:11] + configs[6:7])
+    assert "  lr: true\n" in texts[0]
+    assert "  lr: 1.0\n" in texts[1]
 
 
 def _random_sweep(tmp_path: Path) -> Path:
@@ -217,11 +203,11 @@ def test_config_texts_equal_dump_job_config(source: str, tmp_path: Path) -> None
 
 
 def test_submit_writes_one_sweep_dir_and_calls_sbatch_once(tmp_path: Path) -> None:
-    fake = FakeSlurm()
+    fake = fake_slurm()
     sweep = {"grid": {"train.lr": [0.1, 0.01, 0.001], "train.seed": [0, 1]}, "max_parallel": 2}
     sweep_dir = submit(tmp_path, sweep, fake)
-    assert [a[0] for a in fake.argvs].count("sbatch") == 1
-    assert fake.sbatch_calls == [("sbatch", "--parsable", str(sweep_dir / "job.sbatch"))]
+    assert [a[0] for a in fake.calls].count("sbatch") == 1
+    assert sbatch_calls(fake) == [("sbatch", "--parsable", str(sweep_dir / "job.sbatch"))]
     assert sweep_dir.parent == (tmp_path / "runs").resolve()
     assert sweep_dir.name.startswith("demo-")
     assert sorted(p.name for p in sweep_dir.iterdir()) == [
@@ -252,7 +238,7 @@ def test_configs_are_not_fsynced_one_by_one_but_their_directories_are(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from hpc_ddp import durable
-    from hpc_ddp.sweep import submit as submit_mod
+    from hpc_ddp.sweep import sweepdir
 
     file_syncs: list[int] = []
     dir_syncs: list[Path] = []
@@ -266,10 +252,10 @@ def test_configs_are_not_fsynced_one_by_one_but_their_directories_are(
         dir_syncs.append(Path(path))
 
     monkeypatch.setattr(os, "fsync", count_fsync)
-    monkeypatch.setattr(submit_mod, "fsync_dir", count_dir)
+    monkeypatch.setattr(sweepdir, "fsync_dir", count_dir)
     monkeypatch.setattr(durable, "fsync_dir", count_dir)
     sweep = {"grid": {"train.lr": [0.1, 0.01, 0.001, 0.0001], "train.seed": [0, 1, 2]}}
-    sweep_dir = submit(tmp_path, sweep, FakeSlurm())
+    sweep_dir = submit(tmp_path, sweep, fake_slurm())
     # one fsync per atomic file (sweep.yaml, job.sbatch, arrays.json, manifest.json), none
     # for the 12 configs
     assert len(file_syncs) == 4
@@ -278,7 +264,7 @@ def test_configs_are_not_fsynced_one_by_one_but_their_directories_are(
 
 
 def test_sweep_record_keeps_every_value_exactly(tmp_path: Path) -> None:
-    fake = FakeSlurm()
+    fake = fake_slurm()
     sweep_dir = submit(tmp_path, yaml.safe_load(_random_sweep(tmp_path).read_text())["sweep"], fake)
     spec = load_sweep(_random_sweep(tmp_path))
     expected = [
@@ -304,9 +290,9 @@ def _run_task_env(script: str, tmp_path: Path, task_id: int) -> dict[str, str]:
 
 
 def test_arrays_past_max_array_size_are_chunked_with_offsets(tmp_path: Path) -> None:
-    fake = FakeSlurm(max_array_size=4)
+    fake = fake_slurm(max_array_size=4)
     sweep_dir = submit(tmp_path, {"grid": {"train.seed": list(range(10))}, "max_parallel": 3}, fake)
-    assert len(fake.sbatch_calls) == 3
+    assert len(sbatch_calls(fake)) == 3
     records = read_arrays(sweep_dir)
     assert [(r.job_id, r.points, r.offset, r.array, r.script) for r in records] == [
         ("101", "0-3", 0, "0-3%3", "job.sbatch"),
@@ -329,7 +315,7 @@ def test_arrays_past_max_array_size_are_chunked_with_offsets(tmp_path: Path) -> 
 
 
 def test_a_refused_second_array_keeps_the_first_recorded(tmp_path: Path) -> None:
-    fake = FakeSlurm(max_array_size=4, refuse_after=1)
+    fake = fake_slurm(max_array_size=4, refuse_after=1)
     with pytest.raises(SubmissionError, match="101") as info:
         submit(tmp_path, {"grid": {"train.seed": list(range(6))}}, fake)
     assert "--resubmit-failed" in str(info.value)
@@ -340,7 +326,7 @@ def test_a_refused_second_array_keeps_the_first_recorded(tmp_path: Path) -> None
 
 def test_nothing_submitted_leaves_no_sweep_dir(tmp_path: Path) -> None:
     with pytest.raises(SubmissionError):
-        submit(tmp_path, {"grid": {"train.seed": [0, 1]}}, FakeSlurm(refuse_after=0))
+        submit(tmp_path, {"grid": {"train.seed": [0, 1]}}, fake_slurm(refuse_after=0))
     assert list((tmp_path / "runs").iterdir()) == []
 
 
@@ -357,7 +343,7 @@ def _ledger(sweep_dir: Path, index: int, cause: EndCause | None) -> None:
 
 
 def test_resubmit_failed_submits_exactly_the_failed_tasks(tmp_path: Path) -> None:
-    fake = FakeSlurm()
+    fake = fake_slurm()
     sweep_dir = submit(tmp_path, {"grid": {"train.seed": list(range(8))}, "max_parallel": 2}, fake)
     _ledger(sweep_dir, 0, EndCause.FINISHED)  # done
     _ledger(sweep_dir, 1, EndCause.CRASH)  # failed
@@ -366,19 +352,22 @@ def test_resubmit_failed_submits_exactly_the_failed_tasks(tmp_path: Path) -> Non
     _ledger(sweep_dir, 4, None)  # running
     _ledger(sweep_dir, 5, EndCause.CANCELLED)  # cancelled: submitted again
     # 6 never started and is still pending; 7 left the queue without a ledger: failed.
-    fake.jobs = [
-        squeue_row(101, 3, "PENDING"),
-        squeue_row(101, 4, "RUNNING"),
-        squeue_row(101, 1, "FAILED"),
-        squeue_row(101, None, "PENDING", pending="6%2"),
-    ]
-    before = len(fake.sbatch_calls)
+    set_queue(
+        fake,
+        [
+            squeue_row(101, 3, "PENDING"),
+            squeue_row(101, 4, "RUNNING"),
+            squeue_row(101, 1, "FAILED"),
+            squeue_row(101, None, "PENDING", pending="6%2"),
+        ],
+    )
+    before = len(sbatch_calls(fake))
     result = resubmit_failed(
-        sweep_dir, client=SlurmClient(fake), python="/venv/bin/python", invocation=["x"]
+        sweep_dir, client=fake.client(), python="/venv/bin/python", invocation=["x"]
     )
     assert result.points == [1, 2, 5, 7]
-    assert len(fake.sbatch_calls) == before + 1
-    assert fake.sbatch_calls[-1][-1] == str(sweep_dir / "job-1.sbatch")
+    assert len(sbatch_calls(fake)) == before + 1
+    assert sbatch_calls(fake)[-1][-1] == str(sweep_dir / "job-1.sbatch")
     assert "#SBATCH --array=1-2,5,7%2\n" in (sweep_dir / "job-1.sbatch").read_text()
     records = read_arrays(sweep_dir)
     assert [(r.job_id, r.points, r.reason) for r in records] == [
@@ -391,38 +380,39 @@ def test_resubmit_failed_submits_exactly_the_failed_tasks(tmp_path: Path) -> Non
 
 
 def test_resubmit_with_nothing_failed_submits_nothing(tmp_path: Path) -> None:
-    fake = FakeSlurm()
+    fake = fake_slurm()
     sweep_dir = submit(tmp_path, {"grid": {"train.seed": [0, 1]}}, fake)
-    fake.jobs = [squeue_row(101, 0, "RUNNING"), squeue_row(101, 1, "PENDING")]
-    before = list(fake.argvs)
-    result = resubmit_failed(sweep_dir, client=SlurmClient(fake), python="p", invocation=["x"])
+    set_queue(fake, [squeue_row(101, 0, "RUNNING"), squeue_row(101, 1, "PENDING")])
+    before = list(fake.calls)
+    result = resubmit_failed(sweep_dir, client=fake.client(), python="p", invocation=["x"])
     assert (result.points, result.records) == ([], [])
-    assert [a[:6] for a in fake.argvs[len(before) :]] == [
+    assert [a[:6] for a in fake.calls[len(before) :]] == [
         ("squeue", "-h", "-t", "all", "-j", "101")
     ]
     assert len(read_arrays(sweep_dir)) == 1
 
 
 def test_resubmit_dry_run_plans_but_submits_nothing(tmp_path: Path) -> None:
-    fake = FakeSlurm()
+    fake = fake_slurm()
     sweep_dir = submit(tmp_path, {"grid": {"train.seed": [0, 1, 2]}}, fake)
     _ledger(sweep_dir, 1, EndCause.CRASH)
-    fake.jobs = [squeue_row(101, 0, "RUNNING"), squeue_row(101, 2, "RUNNING")]
+    set_queue(fake, [squeue_row(101, 0, "RUNNING"), squeue_row(101, 2, "RUNNING")])
     result = resubmit_failed(
-        sweep_dir, client=SlurmClient(fake), python="p", invocation=["x"], dry_run=True
+        sweep_dir, client=fake.client(), python="p", invocation=["x"], dry_run=True
     )
     assert result.points == [1]
     assert [a.array for a in result.arrays] == ["1"]
-    assert len(fake.sbatch_calls) == 1
+    assert len(sbatch_calls(fake)) == 1
     assert not (sweep_dir / "job-1.sbatch").exists()
 
 
 def test_resubmit_past_max_array_size_uses_an_offset(tmp_path: Path) -> None:
-    fake = FakeSlurm(max_array_size=4)
+    fake = fake_slurm(max_array_size=4)
     sweep_dir = submit(tmp_path, {"grid": {"train.seed": list(range(8))}}, fake)
     for index in (0, 1, 2, 3, 4, 5, 7):
         _ledger(sweep_dir, index, EndCause.FINISHED)
-    result = resubmit_failed(sweep_dir, client=SlurmClient(fake), python="p", invocation=["x"])
+    set_queue(fake, [])
+    result = resubmit_failed(sweep_dir, client=fake.client(), python="p", invocation=["x"])
     assert result.points == [6]
     [record] = result.records
     assert (record.offset, record.array, record.points) == (6, "0", "6")

@@ -1,0 +1,118 @@
+"""The run id: one stable name per run directory, for experiment trackers (W&B, MLflow).
+
+A requeued attempt and ``hpc-ddp resume`` reuse the run directory, so a tracker fed this id
+(``wandb.init(id=run_id, resume="allow")``) continues one run instead of starting a new one per
+attempt. The id is ``<name>-<8 hex>``: the job name without the submit stamp (a sweep task
+adds ``-t<index>``), then 32 random bits so that two runs of one job never share an id.
+
+It lives in ``RUN_DIR/run_id`` (one line), written once: at submit time for a run directory
+(:meth:`hpc_ddp.rundir.RunPaths.make`), else by the first reader (a sweep task's first attempt,
+a run made by an older hpc-ddp). Creation is a hard link of a finished temp file, which fails
+if the name exists, so racing creators (every rank of an attempt) all end up reading one id.
+
+Standard library only: ``status`` and ``logs`` on a login node import it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+
+from hpc_ddp.errors import RunDirError
+
+__all__ = ["RUN_ID_FILE", "ensure_run_id", "new_run_id"]
+
+RUN_ID_FILE = "run_id"
+MAX_RUN_ID_LEN = 64
+"""W&B and MLflow accept ids up to this long; the name part is cut to fit."""
+
+_VALID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_STAMP = re.compile(r"-\d{8}-\d{6}(-\d+)?$")  # create_run_dir's ``-<stamp>[-N]`` suffix
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_HEX = 8
+
+
+def _base_name(root: Path) -> str:
+    """The job name of run directory ``root``: its name without the stamp (sweeps: -t<i>)."""
+    name = _STAMP.sub("", root.name)
+    if root.parent.name == "tasks" and root.name.isdigit():
+        name = f"{_STAMP.sub('', root.parent.parent.name)}-t{root.name}"
+    name = _UNSAFE.sub("-", name).strip("-._")
+    return name[: MAX_RUN_ID_LEN - _HEX - 1].rstrip("-._") or "run"
+
+
+def new_run_id(root: Path) -> str:
+    """A fresh id for run directory ``root`` (random: two calls differ); writes nothing."""
+    return f"{_base_name(root)}-{secrets.token_hex(_HEX // 2)}"
+
+
+def ensure_run_id(root: Path) -> str:
+    """The id in ``root/run_id``, created first if missing; the same on every later call.
+
+    A file that is there but holds no valid id is a :class:`RunDirError`: making a new one
+    would silently split the run's history in the tracker.
+    """
+    path = root / RUN_ID_FILE
+    if not path.exists():
+        try:
+            _create(path, new_run_id(root))
+        except OSError as exc:
+            raise RunDirError(
+                f"{path}: cannot create the run id ({exc.strerror or exc}). HINT: the run "
+                "directory must be writable by this user (or copy run_id from a backup)."
+            ) from None
+    return _read(path)
+
+
+def _create(path: Path, run_id: str) -> None:
+    """Write ``run_id`` to ``path`` unless it exists; never a half-written file at ``path``."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with tmp.open("x", encoding="utf-8") as f:
+            f.write(run_id + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)  # atomic, and fails if another creator won: then we read theirs
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links: O_EXCL is the claim instead
+            _create_exclusive(path, run_id)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _create_exclusive(path: Path, run_id: str) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return
+    try:
+        os.write(fd, (run_id + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read(path: Path) -> str:
+    """The id in ``path``; an empty file is retried briefly (an O_EXCL creator mid-write)."""
+    for attempt in range(20):
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace").strip()
+        except OSError as exc:
+            raise RunDirError(
+                f"{path}: unreadable run id ({exc.strerror or exc}). HINT: check the file's "
+                "permissions."
+            ) from None
+        if text or attempt == 19:
+            break
+        time.sleep(0.05)
+    if len(text) > MAX_RUN_ID_LEN or not _VALID.match(text):
+        raise RunDirError(
+            f"{path}: damaged run id {text[:80]!r}. HINT: restore it from a backup (a tracker "
+            "run of this job shows it), or delete the file to start a new id."
+        )
+    return text

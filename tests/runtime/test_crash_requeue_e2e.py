@@ -1,0 +1,91 @@
+"""``requeue.on_crash`` on the real two-node dev cluster: a crash is requeued once, then resumes.
+
+The job is a ``command:`` script that uses the session API and raises on rank 1 at step 8 of
+its first attempt only. Rank 1 asks Slurm for the requeue (rank 0 dies of the lost connection
+and asks nothing); the second attempt resumes from the step-5 checkpoint and finishes.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpc_ddp.runtime.ledger import EndCause
+from tests import e2e_util as e2e
+from tests.conftest import Cluster
+
+pytestmark = [pytest.mark.slurm, pytest.mark.torch]
+
+STEPS = 30
+CRASH_AT = 8
+CKPT_EVERY = 5
+
+SCRIPT = f"""
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import hpc_ddp
+
+with hpc_ddp.session() as s:
+    torch.manual_seed(0)
+    model = s.wrap(nn.Linear(4, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    s.restore(model=model, optimizer=opt)
+    g = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(256, 4, generator=g), torch.arange(256) % 3)
+    batches = s.loader(data, batch_size=8).forever()
+    for step in s.steps({STEPS}, checkpoint_every={CKPT_EVERY}):
+        x, y = next(batches)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        s.log(step=step)
+        if step == {CRASH_AT} and s.rank == 1 and s.dist.restart_count == 0:
+            raise RuntimeError("injected crash at step {CRASH_AT}")
+"""
+
+
+def job_file(tmp_path: Path, *, on_crash: bool) -> Path:
+    script = tmp_path / "crashy.py"
+    script.write_text(SCRIPT)
+    config = tmp_path / "crashy.yaml"
+    config.write_text(
+        "name: crashy\n"
+        f"command: [{sys.executable}, {script}]\n"
+        "slurm: {nodes: 2, tasks_per_node: 1, cpus_per_task: 1, time: '00:05:00'}\n"
+        f"requeue: {{max_requeues: 1, on_crash: {str(on_crash).lower()}}}\n"
+        'env: {vars: {OMP_NUM_THREADS: "1"}}\n'
+    )
+    return config
+
+
+def test_on_crash_requeues_once_and_the_next_attempt_resumes(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    job = e2e.submit(slurm_cluster, tmp_path / "runs", str(job_file(tmp_path, on_crash=True)))
+    fields = e2e.wait_done(slurm_cluster, job.job_id, timeout_s=300)
+    assert fields["JobState"] == "COMPLETED", fields
+    assert fields["Restarts"] == "1"  # exactly one requeue: one process asked, once
+    first, second = e2e.ledger(job.run_dir)
+    assert (first.attempt, first.cause, first.requeue_requested) == (0, EndCause.CRASH, True)
+    assert first.steps_done == CRASH_AT
+    assert first.checkpoint == f"step-{CKPT_EVERY:08d}.pt"
+    assert first.message is not None
+    assert first.message.startswith("rank 1 ")  # the rank that crashed, not its peer
+    assert "injected crash at step 8" in first.message
+    assert (second.attempt, second.cause, second.steps_done) == (1, EndCause.FINISHED, STEPS)
+    assert (second.resumed_from, second.resumed_from_step) == (first.checkpoint, CKPT_EVERY)
+    assert e2e.final_digest(slurm_cluster, job.run_dir)[0] == STEPS
+
+
+def test_without_on_crash_a_crash_ends_the_job_failed(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    job = e2e.submit(slurm_cluster, tmp_path / "runs", str(job_file(tmp_path, on_crash=False)))
+    fields = e2e.wait_done(slurm_cluster, job.job_id, timeout_s=300)
+    assert (fields["JobState"], fields["Restarts"]) == ("FAILED", "0")
+    [attempt] = e2e.ledger(job.run_dir)
+    assert (attempt.cause, attempt.requeue_requested) == (EndCause.CRASH, False)
