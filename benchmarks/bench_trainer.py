@@ -34,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -81,72 +80,6 @@ def variants(case: Case, diagnose: bool) -> list[str]:
 # --- worker: one rank -------------------------------------------------------------------------
 
 
-def _timed_session_class() -> Any:
-    from hpc_ddp.runtime.session import Session
-
-    class TimedSession(Session):
-        """Records ``perf_counter()`` before step 1 and after each step's boundary work."""
-
-        marks: list[float]
-        agree_marks: list[float]
-        agree = "sync"
-        exact: bool | None = None
-        agree_s = 0.0
-        _pending: Any = None
-        _code: Any = None
-
-        def steps(self, total: int, *, checkpoint_every: int = 0) -> Iterator[int]:
-            self.marks, self.agree_marks = [], []
-            for step in super().steps(total, checkpoint_every=checkpoint_every):
-                self.marks.append(time.perf_counter())
-                self.agree_marks.append(self.agree_s)
-                yield step
-            self.marks.append(time.perf_counter())
-            self.agree_marks.append(self.agree_s)
-
-        def should_stop(self) -> bool:
-            start = time.perf_counter()
-            try:
-                if self.agree == "sync":
-                    return super().should_stop()
-                if self.agree == "async":
-                    return self._should_stop_async()
-                return False
-            finally:
-                self.agree_s += time.perf_counter() - start
-
-        def _should_stop_async(self) -> bool:
-            """What StopFlag.agree could do: wait for the all-reduce started one step ago
-            (finished meanwhile), start this step's; a stop takes effect one step later."""
-            import torch
-            import torch.distributed as dist
-
-            from hpc_ddp.runtime.stopflag import decode
-
-            flag = self.stop_flag
-            if flag.agreed is not None:
-                return True
-            if self._pending is not None:
-                self._pending.wait()
-                code = int(self._code[0])
-                if code:
-                    flag._agreed = decode(code)
-                    return True
-            self._code = torch.tensor([flag._code], dtype=torch.int64)
-            self._pending = dist.all_reduce(self._code, op=dist.ReduceOp.MAX, async_op=True)
-            return False
-
-        def close(self, *, keep_signal_handlers: bool = False) -> None:
-            if self._pending is not None and not self._closed:
-                self._pending.wait()
-            super().close(keep_signal_handlers=keep_signal_handlers)
-
-        def wrap(self, model: Any, *, exact: bool | None = None, **kw: Any) -> Any:
-            return super().wrap(model, exact=self.exact if exact is None else exact, **kw)
-
-    return TimedSession
-
-
 def run_one(case: Case, variant: str, run_dir: Path, port: int) -> tuple[list[float], list[float]]:
     """One training run on this rank: ``perf_counter()`` after step k (index k), and the
     seconds spent in ``should_stop()`` up to then."""
@@ -176,7 +109,12 @@ def run_one(case: Case, variant: str, run_dir: Path, port: int) -> tuple[list[fl
         return marks, [0.0] * len(marks)
     from hpc_ddp.train.trainer import run_training
 
-    session = _timed_session_class()(
+    # `hpc-ddp submit` makes the run directory before any rank starts; so does the benchmark
+    # (every rank: none may find it missing while another is still creating it).
+    run_dir.mkdir(parents=True, exist_ok=True)
+    from benchmarks.timed_session import TimedSession
+
+    session = TimedSession(
         run_dir, JobConfig(name="bench", train=cfg), {**os.environ, "MASTER_PORT": str(port)}
     )
     session.agree = {"hpc-ddp/no-agree": "off", "hpc-ddp/agree-async": "async"}.get(variant, "sync")

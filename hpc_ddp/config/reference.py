@@ -1,7 +1,8 @@
 """The config reference (``docs/config-reference.md``), generated from the model itself.
 
-Every key, its type and default come from the dataclasses in :mod:`hpc_ddp.config.model`; the
-one-line meaning is the class's attribute docstring (the string right under a field). A test
+Every key, its type and default come from the dataclasses in :mod:`hpc_ddp.config.model` (job
+files) and :mod:`hpc_ddp.sweep.model` (sweep files); the one-line meaning is the class's
+attribute docstring (the string right under a field). A test
 compares the committed file with :func:`config_reference`, so the reference cannot drift from
 the code. Regenerate with ``python -m hpc_ddp.config.reference > docs/config-reference.md``.
 """
@@ -19,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hpc_ddp.config import model
+from hpc_ddp.sweep.model import SweepFile
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -51,11 +53,12 @@ def _type_name(hint: Any) -> str:
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
             inner = args[0]
-            if typing.get_origin(inner) is tuple:
-                return "mapping"
+            if typing.get_origin(inner) is tuple and Ellipsis not in typing.get_args(inner):
+                return "mapping"  # (name, value) pairs
             return f"list of {_type_name(inner)}"
         return "list"
-    if origin is dict or (isinstance(hint, type) and issubclass(hint, Mapping)):
+    mapping = origin if isinstance(origin, type) else hint
+    if isinstance(mapping, type) and issubclass(mapping, Mapping):
         return "mapping"
     return getattr(hint, "__name__", str(hint))
 
@@ -79,7 +82,7 @@ def _default(f: dataclasses.Field[Any], kind: str) -> str:
 
 
 def _rows(cls: type, prefix: str) -> list[tuple[str, str, str, str]]:
-    hints = typing.get_type_hints(cls, vars(model))
+    hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     rows: list[tuple[str, str, str, str]] = []
     for f in dataclasses.fields(cls):
@@ -96,16 +99,31 @@ def _rows(cls: type, prefix: str) -> list[tuple[str, str, str, str]]:
 
 
 def _first_line(cls: type) -> str:
-    return (inspect.getdoc(cls) or "").splitlines()[0]
+    return (inspect.getdoc(cls) or "").splitlines()[0].replace("``", "`")  # RST to Markdown
+
+
+ROOTS: tuple[type, ...] = (model.JobConfig, SweepFile)
+"""The dataclass of each kind of file the reference covers: job files, sweep files."""
 
 
 def undocumented_keys() -> list[str]:
-    """Keys whose field has no attribute docstring (a test keeps this empty)."""
-    return [key for key, kind, _, doc in _rows(model.JobConfig, "") if not doc]
+    """Keys whose field has no attribute docstring, as ``Root: key`` (a test keeps this
+    empty)."""
+    return [
+        f"{root.__name__}: {key}" for root in ROOTS for key, _, _, doc in _rows(root, "") if not doc
+    ]
+
+
+def _table(root: type) -> list[str]:
+    lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+    for key, kind, default, doc in _rows(root, ""):
+        escaped = doc.replace("|", "\\|")
+        lines.append(f"| `{key}` | {kind} | {default} | {escaped} |")
+    return lines
 
 
 def config_reference() -> str:
-    """The Markdown reference of every job-config key."""
+    """The Markdown reference of every job-config key, then of every sweep-file key."""
     lines = [
         "# Job config reference",
         "",
@@ -113,12 +131,17 @@ def config_reference() -> str:
         "do not edit by hand. Any key can also be set on the command line as `KEY=VALUE`",
         "(`train.lr=0.1`), in a site profile, or varied by a sweep.",
         "",
-        "| key | type | default | meaning |",
-        "| --- | --- | --- | --- |",
+        *_table(model.JobConfig),
+        "",
+        "## Sweep files",
+        "",
+        "Generated from `hpc_ddp/sweep/model.py`. `hpc-ddp sweep FILE` reads one; these keys are",
+        "valid only there (not in a job file, not as `KEY=VALUE`). The keys under `sweep.grid`,",
+        "`sweep.list` and `sweep.random.params` are the job keys above, dotted (`train.lr`), and",
+        "each point is a whole job config checked like a job file.",
+        "",
+        *_table(SweepFile),
     ]
-    for key, kind, default, doc in _rows(model.JobConfig, ""):
-        escaped = doc.replace("|", "\\|")
-        lines.append(f"| `{key}` | {kind} | {default} | {escaped} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,8 +1,13 @@
 """The config schema: every key's converter, derived once from the dataclasses' type hints.
 
-Converting a mapping walks it section by section: unknown keys get a did-you-mean hint, each
-value goes through its key's converter, required keys are checked on a whole config (not on a
-single layer), and a whole config is then checked for combinations no single key can catch.
+A :class:`Schema` covers one root dataclass and its sections, with its own namespace of dotted
+keys: the job config (:data:`JOB_SCHEMA`) and the sweep file (:mod:`hpc_ddp.sweep.model`) are
+two, so a key of one is never valid in the other. Converting a mapping walks it section by
+section: unknown keys get a did-you-mean hint, each value goes through its key's converter,
+required keys are checked on a whole config (not on a single layer), and a whole config is then
+checked for combinations no single key can catch.
+
+Over 300 lines: the job config's whole-config checks (combinations, size) share its walk.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from hpc_ddp.config.fields import FIELD_CONVERTERS, PAIR_KEYS
@@ -18,6 +23,7 @@ from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.params import TREE_KEYS, Params, resolve_command
 from hpc_ddp.config.units import parse_slurm_time
 from hpc_ddp.config.values import (
+    SHOWN_CHARS,
     Converter,
     Invalid,
     as_bool,
@@ -28,6 +34,7 @@ from hpc_ddp.config.values import (
     describe,
     one_of,
     optional,
+    short_repr,
 )
 from hpc_ddp.errors import ConfigError
 
@@ -41,11 +48,59 @@ class _Field:
     section: type[Any] | None  # a nested config dataclass
 
 
-_SCHEMA: dict[type[Any], tuple[_Field, ...]] = {}
-_NAMES: dict[type[Any], frozenset[str]] = {}
-KEY_KINDS: dict[str, str] = {}
-"""Dotted key -> ``"section"``, ``"value"``, ``"mapping"`` (a mapping of free names) or
-``"tree"`` (free names at any depth: ``params``)."""
+@dataclasses.dataclass(frozen=True)
+class Schema:
+    """The keys of one root dataclass and its sections; build one with :func:`build_schema`."""
+
+    root: type[Any]
+    """The dataclass a whole file converts to."""
+    fields: Mapping[type[Any], Mapping[str, _Field]]
+    """Each section's dataclass (the root's included) -> its fields by name, in order."""
+    key_kinds: Mapping[str, str]
+    """Dotted key -> ``"section"``, ``"value"``, ``"mapping"`` (a mapping of free names) or
+    ``"tree"`` (free names at any depth: ``params``)."""
+    children: Mapping[str, tuple[str, ...]]
+    """Dotted section key (``""`` for the top level) -> the names of its keys."""
+    required_hints: Mapping[str, str]
+    """Dotted key -> how to fix it missing (default: ``set KEY``)."""
+    shape: str
+    """The file's shape and how to start one, for a file that is not a mapping at all."""
+    check: Callable[[Any], None] | None = None
+    """Checks a whole converted root for what no single key can catch; raises Invalid."""
+
+    def unknown_key(self, key: str) -> Invalid:
+        """The error for an unknown dotted key, with a did-you-mean hint (or the valid keys)."""
+        parent, _, leaf = key.rpartition(".")
+        siblings = self.children.get(parent, ())
+        close = [
+            f"{parent}.{m}" if parent else m for m in difflib.get_close_matches(leaf, siblings)
+        ]
+        if not close:  # the right name in the wrong section
+            close = [k for k in self.key_kinds if k.rpartition(".")[2] == leaf]
+        if not close:
+            leaves = {k.rpartition(".")[2]: k for k in self.key_kinds}
+            close = [leaves[m] for m in difflib.get_close_matches(leaf, list(leaves))]
+        if close:
+            hint = f"did you mean '{close[0]}'?"
+        else:
+            where = f"under '{parent}'" if parent else "at the top level"
+            hint = f"valid keys {where}: {', '.join(siblings)}"
+        if len(leaf) > SHOWN_CHARS:  # a message quotes a key, never floods
+            key = f"{parent}.{short_repr(leaf)}" if parent else short_repr(leaf)
+        return Invalid(key, f"unknown key. HINT: {hint}")
+
+    def convert(self, data: Any, source: str) -> Any:
+        """Convert a whole file's mapping into :attr:`root` and check it; ``source`` labels
+        errors (a :class:`ConfigError`)."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{source}: expected {self.shape.format(describe(data))}")
+        try:
+            out = _convert(self, self.root, data, "", partial=False)
+            if self.check is not None:
+                self.check(out)
+        except Invalid as exc:
+            raise ConfigError(f"{source}: {exc.key}: {exc.text}") from None
+        return out
 
 
 def _converter(tp: Any) -> Converter:
@@ -60,32 +115,50 @@ def _converter(tp: Any) -> Converter:
     simple: dict[Any, Converter] = {str: as_str, int: as_int, float: as_float, bool: as_bool}
     if tp in simple:
         return simple[tp]
-    raise TypeError(f"no converter for config type {tp!r}")  # a new field type in config.py
+    raise TypeError(f"no converter for config type {tp!r}")  # a new field type in a model
 
 
-def _register(cls: type[Any], prefix: str) -> None:
-    hints = get_type_hints(cls)
-    fields = []
-    for f in dataclasses.fields(cls):
-        key = f"{prefix}{f.name}"
-        tp = hints[f.name]
-        inner = [a for a in get_args(tp) if a is not type(None)] or [tp]
-        first = inner[0]
-        section = first if isinstance(first, type) and dataclasses.is_dataclass(first) else None
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        if section is not None:
-            KEY_KINDS[key] = "section"
-            _register(section, f"{key}.")
-            conv: Converter = _none_is_empty if tp is section else optional(_mapping_section)
-        else:
-            KEY_KINDS[key] = (
-                "tree" if key in TREE_KEYS else "mapping" if key in PAIR_KEYS else "value"
-            )
-            base = FIELD_CONVERTERS.get(key) or _converter(tp)
-            conv = optional(base) if type(None) in get_args(tp) else base
-        fields.append(_Field(f.name, key, conv, required, section))
-    _SCHEMA[cls] = tuple(fields)
-    _NAMES[cls] = frozenset(f.name for f in fields)
+def build_schema(
+    root: type[Any],
+    converters: Mapping[str, Converter],
+    kinds: Mapping[str, str],
+    required_hints: Mapping[str, str],
+    shape: str,
+    check: Callable[[Any], None] | None = None,
+) -> Schema:
+    """The schema of ``root``: each field's converter is ``converters[dotted key]`` or derived
+    from its type hint; ``kinds`` marks the keys whose sub-keys are free names (``"mapping"``,
+    ``"tree"``); ``shape`` is ``"a mapping of keys (...), got {}. HINT: ..."``."""
+    fields: dict[type[Any], dict[str, _Field]] = {}
+    key_kinds: dict[str, str] = {}
+
+    def register(cls: type[Any], prefix: str) -> None:
+        hints = get_type_hints(cls)
+        out = {}
+        for f in dataclasses.fields(cls):
+            key, tp = f"{prefix}{f.name}", hints[f.name]
+            first = ([a for a in get_args(tp) if a is not type(None)] or [tp])[0]
+            section = first if isinstance(first, type) and dataclasses.is_dataclass(first) else None
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            if section is not None:
+                key_kinds[key] = "section"
+                register(section, f"{key}.")
+                conv: Converter = _none_is_empty if tp is section else optional(_mapping_section)
+            else:
+                key_kinds[key] = kinds.get(key, "value")
+                base = converters.get(key) or _converter(tp)
+                conv = optional(base) if type(None) in get_args(tp) else base
+            out[f.name] = _Field(f.name, key, conv, required, section)
+        fields[cls] = out
+
+    register(root, "")
+    children: dict[str, list[str]] = {}
+    for key in key_kinds:
+        children.setdefault(key.rpartition(".")[0], []).append(key.rpartition(".")[2])
+    return Schema(
+        root, fields, key_kinds, {k: tuple(v) for k, v in children.items()},
+        required_hints, shape, check,
+    )  # fmt: skip
 
 
 def _none_is_empty(value: Any, key: str) -> Any:
@@ -98,83 +171,79 @@ def _mapping_section(value: Any, key: str) -> Mapping[str, Any]:
     return value
 
 
-_register(JobConfig, "")
-_CHILDREN: dict[str, list[str]] = {}
-for _key in KEY_KINDS:
-    _CHILDREN.setdefault(_key.rpartition(".")[0], []).append(_key.rpartition(".")[2])
+_JOB_SHAPE = (
+    "a mapping of keys (name:, slurm:, ...), got {}. HINT: start the file with 'name: my-job'"
+)
+JOB_SCHEMA = build_schema(
+    JobConfig,
+    FIELD_CONVERTERS,
+    {**dict.fromkeys(TREE_KEYS, "tree"), **dict.fromkeys(PAIR_KEYS, "mapping")},
+    {
+        "name": "start the file with 'name: my-job'",
+        "env.container.runtime": "set env.container.runtime: apptainer or pyxis",
+        "env.container.image": "set env.container.image to the image file or name",
+    },
+    _JOB_SHAPE,
+)
+"""Every key of a job config (:class:`JobConfig`)."""
+KEY_KINDS = JOB_SCHEMA.key_kinds
+"""The job config's dotted keys -> their kind (see :attr:`Schema.key_kinds`)."""
 
 
 def unknown_key(key: str) -> Invalid:
-    """The error for an unknown dotted key, with a did-you-mean hint (or the valid keys)."""
-    parent, _, leaf = key.rpartition(".")
-    siblings = _CHILDREN.get(parent, [])
-    close = [f"{parent}.{m}" if parent else m for m in difflib.get_close_matches(leaf, siblings)]
-    if not close:
-        close = [k for k in KEY_KINDS if k.rpartition(".")[2] == leaf]  # right name, wrong section
-    if not close:
-        leaves = {k.rpartition(".")[2]: k for k in KEY_KINDS}
-        close = [leaves[m] for m in difflib.get_close_matches(leaf, list(leaves))]
-    if close:
-        hint = f"did you mean '{close[0]}'?"
-    else:
-        where = f"under '{parent}'" if parent else "at the top level"
-        hint = f"valid keys {where}: {', '.join(siblings)}"
-    return Invalid(key, f"unknown key. HINT: {hint}")
+    """The error for an unknown dotted job-config key, with a did-you-mean hint."""
+    return JOB_SCHEMA.unknown_key(key)
 
 
-_REQUIRED_HINTS = {
-    "name": "start the file with 'name: my-job'",
-    "env.container.runtime": "set env.container.runtime: apptainer or pyxis",
-    "env.container.image": "set env.container.image to the image file or name",
-}
 # (dotted key, id(list or mapping)) -> (that object, its converted value)
 Memo = dict[tuple[str, int], tuple[Any, Any]]
 
 
 def _convert(
-    cls: type[Any], data: Mapping[str, Any], prefix: str, partial: bool, memo: Memo | None = None
+    schema: Schema,
+    cls: type[Any],
+    data: Mapping[str, Any],
+    prefix: str,
+    partial: bool,
+    memo: Memo | None = None,
 ) -> Any:
     """Convert one section; ``partial`` checks only what is present (a layer, an override).
 
     With a ``memo``, a list or mapping seen before under the same key (the same object, as
     sweep points share them) is converted once: conversion is a pure function of the value.
     """
-    _check_known(cls, data, prefix)
+    fields = schema.fields[cls]
+    for raw_key in data:
+        if raw_key not in fields:
+            if not isinstance(raw_key, str):
+                where = prefix.rstrip(".") or "(top level)"
+                raise Invalid(where, f"key {raw_key!r} is not a string. HINT: use a key name")
+            raise schema.unknown_key(f"{prefix}{raw_key}")
     kwargs: dict[str, Any] = {}
-    for f in _SCHEMA[cls]:
+    for f in fields.values():
         if f.name in data:
-            kwargs[f.name] = _convert_field(f, data[f.name], partial, memo)
+            kwargs[f.name] = _convert_field(schema, f, data[f.name], partial, memo)
         elif f.required and not partial:
-            hint = _REQUIRED_HINTS.get(f.key, f"set {f.key}")
+            hint = schema.required_hints.get(f.key, f"set {f.key}")
             raise Invalid(f.key, f"required key missing. HINT: {hint}")
     return None if partial else cls(**kwargs)
 
 
-def _check_known(cls: type[Any], data: Mapping[str, Any], prefix: str) -> None:
-    names = _NAMES[cls]
-    for raw_key in data:
-        if raw_key not in names:
-            if not isinstance(raw_key, str):
-                where = prefix.rstrip(".") or "(top level)"
-                raise Invalid(where, f"key {raw_key!r} is not a string. HINT: use a key name")
-            raise unknown_key(f"{prefix}{raw_key}")
-
-
-def _convert_field(f: _Field, raw: Any, partial: bool, memo: Memo | None) -> Any:
+def _convert_field(schema: Schema, f: _Field, raw: Any, partial: bool, memo: Memo | None) -> Any:
     if memo is None or type(raw) not in (dict, list, tuple):
-        return _convert_value(f, raw, partial, memo)
+        return _convert_value(schema, f, raw, partial, memo)
     hit = memo.get((f.key, id(raw)))
     if hit is not None and hit[0] is raw:
         return hit[1]
-    value = _convert_value(f, raw, partial, memo)
+    value = _convert_value(schema, f, raw, partial, memo)
     memo[(f.key, id(raw))] = (raw, value)  # holding ``raw`` keeps its id valid
     return value
 
 
-def _convert_value(f: _Field, raw: Any, partial: bool, memo: Memo | None) -> Any:
+def _convert_value(schema: Schema, f: _Field, raw: Any, partial: bool, memo: Memo | None) -> Any:
     value = f.convert(raw, f.key)
     if f.section is not None and value is not None:
-        value = _convert(f.section, value, f"{f.key}.", partial, memo)
+        value = _convert(schema, f.section, value, f"{f.key}.", partial, memo)
     return value
 
 
@@ -237,14 +306,16 @@ def _size(value: Any, memo: Memo | None) -> int:
     if hit is not None and hit[0] is value:
         size: int = hit[1]
         return size
-    size = sum(_size(getattr(value, f.name), memo) for f in _SCHEMA[type(value)])
+    size = sum(_size(getattr(value, f.name), memo) for f in JOB_SCHEMA.fields[type(value)].values())
     if memo is not None:
         memo[key] = (value, size)  # holding ``value`` keeps its id valid
     return size
 
 
 def _check_size(cfg: JobConfig, memo: Memo | None) -> None:
-    sizes = {f.key: _size(getattr(cfg, f.name), memo) for f in _SCHEMA[JobConfig]}
+    sizes = {
+        f.key: _size(getattr(cfg, f.name), memo) for f in JOB_SCHEMA.fields[JobConfig].values()
+    }
     total = sum(sizes.values())
     if total > MAX_CONFIG_CHARS:
         biggest = max(sizes, key=lambda k: sizes[k])
@@ -266,12 +337,9 @@ def validate_job_config(
     defined (a sweep's base, whose points may define them).
     """
     if not isinstance(data, Mapping):
-        raise ConfigError(
-            f"{source}: expected a mapping of keys (name:, slurm:, ...), got {describe(data)}. "
-            "HINT: start the file with 'name: my-job'"
-        )
+        raise ConfigError(f"{source}: expected {_JOB_SHAPE.format(describe(data))}")
     try:
-        cfg: JobConfig = _convert(JobConfig, data, "", partial=False, memo=memo)
+        cfg: JobConfig = _convert(JOB_SCHEMA, JobConfig, data, "", False, memo)
         _check_combinations(cfg, placeholders)
         _check_size(cfg, memo)
     except Invalid as exc:
@@ -282,12 +350,9 @@ def validate_job_config(
 def check_layer(data: Any, source: str, error: type[ConfigError] = ConfigError) -> dict[str, Any]:
     """Check one layer (site profile, job file, inline base) on its own; returns it as a dict."""
     if not isinstance(data, Mapping):
-        raise error(
-            f"{source}: expected a mapping of keys (name:, slurm:, ...), got {describe(data)}. "
-            "HINT: start the file with 'name: my-job'"
-        )
+        raise error(f"{source}: expected {_JOB_SHAPE.format(describe(data))}")
     try:
-        _convert(JobConfig, data, "", partial=True)
+        _convert(JOB_SCHEMA, JobConfig, data, "", partial=True)
     except Invalid as exc:
         raise error(f"{source}: {exc.key}: {exc.text}") from None
     return dict(data)

@@ -34,7 +34,6 @@ from hpc_ddp.runtime.checkpoint_format import (
     FORMAT_VERSION,
     LATEST,
     CheckpointState,
-    Progress,
     Rejected,
     build_payload,
     check_payload,
@@ -46,6 +45,7 @@ from hpc_ddp.runtime.checkpoint_format import (
     weights_digest,
 )
 from hpc_ddp.runtime.checkpoint_writer import CheckpointWriter, prune_plan, write_checkpoint
+from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.rng_state import capture_rng_state, restore_rng_state
 
 # Re-exported: these lived here before the format, the writer and the RNG states were split

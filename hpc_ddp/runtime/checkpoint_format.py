@@ -32,13 +32,13 @@ import numbers
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from hpc_ddp.errors import CheckpointError
+from hpc_ddp.runtime.progress import Progress  # defined here before; import it from there
 from hpc_ddp.version import __version__
 
 FORMAT = "hpc-ddp-checkpoint"
@@ -77,29 +77,6 @@ class Rejected(Exception):
         super().__init__(reason)
         self.state = state
         self.reason = reason
-
-
-@dataclass
-class Progress:
-    """Where training is: the one live counter a checkpoint saves and a resume continues from."""
-
-    step: int = 0
-    """Optimizer steps done; inside a ``Session.steps()`` loop body, the step being run."""
-    epoch: int = 0
-    batch_in_epoch: int = 0
-    """Micro-batches of ``epoch`` already consumed on each rank."""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Small user values (numbers, strings, lists) saved with every checkpoint."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
-
-    def update_from(self, data: Mapping[str, Any], extra: Mapping[str, Any]) -> None:
-        """Overwrite in place (loaders hold a reference to this object)."""
-        self.step = int(data["step"])
-        self.epoch = int(data["epoch"])
-        self.batch_in_epoch = int(data["batch_in_epoch"])
-        self.extra = dict(extra)
 
 
 def checkpoint_name(step: int) -> str:

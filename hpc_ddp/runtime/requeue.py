@@ -15,21 +15,26 @@ The session calls it at four moments, on every rank (only global rank 0 acts):
 
 Exactly one process asks for a requeue, once, for ``ARRAYJOB_TASK`` in an array: after a stop
 signal global rank 0; after a crash with ``requeue.on_crash`` the first rank to crash, chosen by
-an exclusive create (see :meth:`Coordinator.crash`).
+an exclusive create (see :meth:`Coordinator.crash` and :mod:`hpc_ddp.runtime.crash_claim`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_ddp.config.model import RequeueConfig
 from hpc_ddp.errors import SlurmError
+from hpc_ddp.runtime.crash_claim import claim_crash_requeue
 from hpc_ddp.runtime.distenv import DistEnv
 from hpc_ddp.runtime.ledger import EndCause, decide_requeue, record_end, record_start
+from hpc_ddp.runtime.requeue_messages import (
+    requeue_failed_message,
+    slurm_failure_summary,
+    unconfirmed_message,
+)
 from hpc_ddp.runtime.stopcause import (
     StopVerdict,
     classify_stop,
@@ -115,7 +120,7 @@ class Coordinator:
             return self.client.show_job(self.dist.job_ref), ""
         except SlurmError as exc:
             log.warning("could not ask Slurm about job %s: %s", self.dist.job_ref, exc)
-            return None, _summary(exc)
+            return None, slurm_failure_summary(exc)
 
     def stop(self, signum: int, *, step: int, checkpoint: str | None) -> StopOutcome:
         """Handle an agreed stop on rank 0 (other ranks get a neutral outcome)."""
@@ -170,7 +175,7 @@ class Coordinator:
             self.client.requeue(self.dist.job_ref)
         except SlurmError as exc:
             log.warning("scontrol requeue %s failed: %s", self.dist.job_ref, exc)
-            return _summary(exc)
+            return slurm_failure_summary(exc)
         log.info("asked Slurm to requeue job %s", self.dist.job_ref)
         return None
 
@@ -201,16 +206,8 @@ class Coordinator:
         self, verdict: StopVerdict, error: str, step: int, checkpoint: str | None
     ) -> StopOutcome:
         """A requeue was needed and could not be had: the job must end FAILED, and say so."""
-        ref = self.dist.job_ref
-        why = verdict.explanation if verdict.slurm_answered else "Slurm could not be asked either"
-        message = (
-            f"could not requeue job {ref} after {verdict.cause.value} ({why}): "
-            f"{error}. The job will not come back by itself: its tasks exit "
-            f"{REQUEUE_FAILED_EXIT_CODE}, so Slurm records it FAILED. {_kept(step, checkpoint)} "
-            "HINT: let the job reach Slurm (scontrol on PATH inside the container, munged's "
-            f"socket, SLURM_CONF), and run `scontrol requeue {ref}` where Slurm's commands "
-            "work (Slurm keeps a finished job for MinJobAge): the run resumes from that "
-            "checkpoint."
+        message = requeue_failed_message(
+            self.dist.job_ref, verdict, error, step, checkpoint, REQUEUE_FAILED_EXIT_CODE
         )
         log.error("%s", message)
         self._end(EndCause.REQUEUE_FAILED, step, checkpoint, False, message)
@@ -218,14 +215,8 @@ class Coordinator:
 
     def _unconfirmed(self, verdict: StopVerdict, step: int, checkpoint: str | None) -> StopOutcome:
         """A stop Slurm could not be asked about and no requeue was asked for: exit non-zero."""
-        ref = self.dist.job_ref
-        message = (
-            f"{verdict.cause.value}: {verdict.explanation}. The tasks exit "
-            f"{REQUEUE_FAILED_EXIT_CODE}: the job ends FAILED unless Slurm requeues or cancels "
-            f"it. {_kept(step, checkpoint)} HINT: if the job does not come back (`hpc-ddp "
-            f"status`), run `scontrol requeue {ref}` where Slurm's commands work; and let the "
-            "job reach Slurm (scontrol on PATH inside the container, munged's socket, "
-            "SLURM_CONF)."
+        message = unconfirmed_message(
+            self.dist.job_ref, verdict, step, checkpoint, REQUEUE_FAILED_EXIT_CODE
         )
         log.error("%s", message)
         self._end(verdict.cause, step, checkpoint, False, message)
@@ -258,7 +249,8 @@ class Coordinator:
                 message += f"; {decision.reason}"
             self._end(EndCause.CRASH, step, checkpoint, False, message)
             return
-        if not self._claim_crash_requeue():
+        claims = self.ledger.parent / "rendezvous"
+        if not claim_crash_requeue(claims, self.dist.job_id, self.attempt):
             log.info("another rank crashed first and requests the requeue")
             self._ended = True
             return
@@ -273,25 +265,6 @@ class Coordinator:
         )
         log.error("%s", message)
         self._end(EndCause.CRASH, step, checkpoint, False, message)
-
-    def _claim_crash_requeue(self) -> bool:
-        """True for the one process that creates this attempt's crash claim first.
-
-        ``O_CREAT | O_EXCL`` is atomic on a local filesystem and on NFSv3+, which run
-        directories live on; the name holds the job id and attempt, so a requeued attempt
-        (or a resumed run, a new job) can claim again.
-        """
-        claims = self.ledger.parent / "rendezvous"
-        name = f"crash-requeue-{self.dist.job_id or 'local'}-{self.attempt}"
-        try:
-            claims.mkdir(parents=True, exist_ok=True)
-            os.close(os.open(claims / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-        except FileExistsError:
-            return False
-        except OSError as exc:
-            # Better two requests (Slurm refuses the second) than none for a run that needs one.
-            log.warning("could not create the crash claim %s (%s); requeueing anyway", name, exc)
-        return True
 
     def _end(
         self, cause: EndCause, step: int | None, checkpoint: str | None, requested: bool, msg: str
@@ -308,19 +281,3 @@ class Coordinator:
             requeue_requested=requested,
             message=msg,
         )
-
-
-def _summary(exc: SlurmError) -> str:
-    """A Slurm failure on one line for the ledger: what failed and what Slurm said, no hint."""
-    text = str(exc).split("HINT:", 1)[0]
-    lines = (line.strip().rstrip(".") for line in text.splitlines())
-    return "; ".join(line for line in lines if line and not line.startswith("command:"))
-
-
-def _kept(step: int, checkpoint: str | None) -> str:
-    if checkpoint is None:
-        return (
-            f"No checkpoint was saved at step {step} (session.restore() named nothing to save): "
-            "a new attempt starts from the beginning."
-        )
-    return f"The checkpoint at step {step} ({checkpoint}) is kept."

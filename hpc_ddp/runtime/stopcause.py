@@ -38,7 +38,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from hpc_ddp.runtime.ledger import EndCause
+from hpc_ddp.runtime.attempt import EndCause
 
 _RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "SUSPENDED"})
 

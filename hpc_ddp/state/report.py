@@ -21,7 +21,8 @@ from hpc_ddp.rundir import (
     last_metric,
     read_manifest,
 )
-from hpc_ddp.runtime.ledger import Attempt, EndCause, read_ledger
+from hpc_ddp.runtime.attempt import Attempt, EndCause
+from hpc_ddp.runtime.ledger import read_ledger
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.jobstate import JobState
 from hpc_ddp.slurm.postmortem import failed_rank, has_logs, startup_failure

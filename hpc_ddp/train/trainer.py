@@ -15,12 +15,11 @@ deterministic kernels (``torch.use_deterministic_algorithms(True)``, cuDNN bench
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,10 +36,10 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from hpc_ddp.config.model import JobConfig, TrainConfig
 from hpc_ddp.errors import ConfigError, HpcDdpError
 from hpc_ddp.runtime.checkpoint import weights_digest
-from hpc_ddp.runtime.metrics import Throughput, format_progress
 from hpc_ddp.runtime.sampler import mix_seed
 from hpc_ddp.runtime.session import Session, unwrap
 from hpc_ddp.train.data import build_dataset
+from hpc_ddp.train.loop import Precision, ProgressReport, StepRunner
 from hpc_ddp.train.models import build_model
 
 log = logging.getLogger(__name__)
@@ -159,6 +158,49 @@ def evaluate(
     return float(sums[0]) / n, float(sums[1]) / n
 
 
+@dataclass
+class _Validation:
+    """Evaluation on the held-out split: when it last ran, and its (loss, accuracy)."""
+
+    loader: DataLoader[Any] | None
+    total: int
+    result: tuple[float, float] | None = None
+    step: int = -1
+
+    def run(self, s: Session, model: nn.Module, step: int, precision: Precision) -> None:
+        """Evaluate now (collective), log the result as a metrics row and a line."""
+        assert self.loader is not None
+        val = evaluate(unwrap(model), self.loader, s.device, lambda: precision.autocast(s.device))
+        self.result, self.step = val, step
+        s.log(step=step, epoch=s.progress.epoch, val_loss=val[0], val_acc=val[1])
+        log.info("step %d/%d | val_loss %.4f | val_acc %.4f", step, self.total, *val)
+
+
+def _steps_per_epoch(loader: Any, t: TrainConfig) -> int:
+    steps = len(loader) // t.grad_accum
+    if steps == 0:
+        raise ConfigError(
+            f"{loader.sampler.shard_size} samples per rank make no whole step of "
+            f"batch_size={t.batch_size} x grad_accum={t.grad_accum}. HINT: lower "
+            "train.batch_size or use more data."
+        )
+    return steps
+
+
+def _make_runner(t: TrainConfig, s: Session, model: nn.Module, total: int) -> StepRunner:
+    """Optimizer, LR schedule and precision for ``model``, restored from the newest checkpoint."""
+    optimizer = build_optimizer(t, model.parameters())
+
+    def factor(step: int) -> float:
+        return lr_factor(step, total=total, schedule=t.lr_schedule, warmup=t.warmup_steps)
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    precision = Precision.choose(t.amp, s.device)
+    seed_everything(mix_seed(t.seed, s.rank, 1))  # each rank's own stream (dropout, ...)
+    s.restore(model=model, optimizer=optimizer, scheduler=scheduler, scaler=precision.scaler)
+    return StepRunner(t, model, optimizer, scheduler, precision, s.device)
+
+
 def run_training(cfg: JobConfig, session: Session) -> TrainResult:
     """Train ``cfg.train`` to the end, resuming from the newest checkpoint in the session.
 
@@ -168,8 +210,10 @@ def run_training(cfg: JobConfig, session: Session) -> TrainResult:
     t, s = cfg.train, session
     seed_everything(t.seed)  # identical initial weights on every rank
     train_ds, val_ds = _datasets(t, s)
-    model = s.wrap(build_model(t))
-    optimizer = build_optimizer(t, model.parameters())
+    # A fixed bucket layout (exact=True, the CPU default) is what bit-identical resume needs
+    # with 3+ ranks; with 1 or 2 every gradient element is a sum of at most two terms, the same
+    # in any layout, so DDP may keep its own order, which overlaps all-reduce with backward.
+    model = s.wrap(build_model(t), exact=None if s.world_size > 2 else False)
     loader = s.loader(
         train_ds,
         batch_size=t.batch_size,
@@ -177,30 +221,9 @@ def run_training(cfg: JobConfig, session: Session) -> TrainResult:
         multiple_of=t.grad_accum,
         pin_memory=s.device.type == "cuda",
     )
-    steps_per_epoch = len(loader) // t.grad_accum
-    if steps_per_epoch == 0:
-        raise ConfigError(
-            f"{loader.sampler.shard_size} samples per rank make no whole step of "
-            f"batch_size={t.batch_size} x grad_accum={t.grad_accum}. HINT: lower "
-            "train.batch_size or use more data."
-        )
+    steps_per_epoch = _steps_per_epoch(loader, t)
     total = plan_total_steps(t, steps_per_epoch)
-
-    def factor(step: int) -> float:
-        return lr_factor(step, total=total, schedule=t.lr_schedule, warmup=t.warmup_steps)
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-    use_amp = t.amp and s.device.type == "cuda"
-    if t.amp and not use_amp:
-        log.warning("train.amp needs a GPU; training in float32 on %s", s.device)
-    amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
-    scaler = torch.amp.GradScaler("cuda") if use_amp and amp_dtype == torch.float16 else None
-
-    def autocast() -> Any:
-        return torch.autocast(s.device.type, dtype=amp_dtype, enabled=use_amp)
-
-    seed_everything(mix_seed(t.seed, s.rank, 1))  # each rank's own stream (dropout, ...)
-    s.restore(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
+    runner = _make_runner(t, s, model, total)
     global_batch = t.batch_size * s.world_size * t.grad_accum
     log.info(
         "global batch %d = %d per rank x %d ranks x %d accumulation; %d steps/epoch, steps %d..%d",
@@ -212,77 +235,37 @@ def run_training(cfg: JobConfig, session: Session) -> TrainResult:
         s.progress.step + 1,
         total,
     )
-    val_loader = _val_loader(val_ds, t, s) if val_ds is not None else None
-    batches = loader.forever()
-    criterion = nn.CrossEntropyLoss()
-    no_sync: Callable[[], Any] = getattr(model, "no_sync", contextlib.nullcontext)
-    window_loss = torch.zeros((), dtype=torch.float64, device=s.device)
-    window_steps = 0
-    meter = Throughput()
-    last_loss: float | None = None
-    val: tuple[float, float] | None = None
-    val_step = -1
-
-    def run_eval(step: int) -> None:
-        nonlocal val, val_step
-        assert val_loader is not None
-        began = time.perf_counter()
-        val, val_step = evaluate(unwrap(model), val_loader, s.device, autocast), step
-        meter.pause(time.perf_counter() - began)
-        s.log(step=step, epoch=s.progress.epoch, val_loss=val[0], val_acc=val[1])
-        log.info("step %d/%d | val_loss %.4f | val_acc %.4f", step, total, val[0], val[1])
-
-    for step in s.steps(total, checkpoint_every=t.checkpoint_every):
-        optimizer.zero_grad(set_to_none=True)
-        for micro in range(t.grad_accum):
-            x, y = next(batches)
-            x, y = x.to(s.device, non_blocking=True), y.to(s.device, non_blocking=True)
-            last = micro == t.grad_accum - 1
-            with contextlib.nullcontext() if last else no_sync():
-                with autocast():
-                    loss = criterion(model(x), y)
-                scaled = loss / t.grad_accum
-                (scaler.scale(scaled) if scaler is not None else scaled).backward()
-            window_loss += loss.detach().double() / t.grad_accum
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        scheduler.step()
-        window_steps += 1
-        meter.add(1, global_batch)
-        if step % t.log_every == 0 or step == total:
-            # Every rank reaches this all-reduce at the same steps: the schedule is shared.
-            dist.all_reduce(window_loss)
-            last_loss = float(window_loss) / (window_steps * s.world_size)
-            window_loss.zero_()
-            window_steps = 0
-            rate, step_s = meter.rate()
-            meter.reset()
-            lr = optimizer.param_groups[0]["lr"]
-            s.log(step=step, epoch=s.progress.epoch, loss=last_loss, lr=lr, samples_per_s=rate)
-            eta = None if step_s is None else step_s * (total - step)
-            log.info(
-                format_progress(
-                    step=step,
-                    total=total,
-                    epoch=s.progress.epoch,
-                    loss=last_loss,
-                    samples_per_s=rate,
-                    eta_s=eta,
-                )
-            )
-        if val_loader is not None and t.eval_every > 0 and step % t.eval_every == 0:
-            run_eval(step)
-    if val_loader is not None and val_step != s.progress.step:
-        run_eval(s.progress.step)
+    val = _Validation(_val_loader(val_ds, t, s) if val_ds is not None else None, total)
+    report = ProgressReport(t, s, total, global_batch)
+    _train_loop(t, s, total, loader.forever(), runner, report, val)
+    if val.loader is not None and val.step != s.progress.step:
+        val.run(s, model, s.progress.step, runner.precision)
     s.checkpoint(wait=True)
     return TrainResult(
         step=s.progress.step,
         epoch=s.progress.epoch,
-        loss=last_loss,
-        val_loss=None if val is None else val[0],
-        val_acc=None if val is None else val[1],
+        loss=report.last_loss,
+        val_loss=None if val.result is None else val.result[0],
+        val_acc=None if val.result is None else val.result[1],
         weights_digest=weights_digest(unwrap(model).state_dict()),
     )
+
+
+def _train_loop(
+    t: TrainConfig,
+    s: Session,
+    total: int,
+    batches: Iterator[Any],
+    runner: StepRunner,
+    report: ProgressReport,
+    val: _Validation,
+) -> None:
+    """Steps ``progress.step + 1`` to ``total`` (the session checkpoints and stops between)."""
+    evaluating = val.loader is not None and t.eval_every > 0
+    for step in s.steps(total, checkpoint_every=t.checkpoint_every):
+        runner.step(batches)
+        report.after_step(step, runner)
+        if evaluating and step % t.eval_every == 0:
+            began = time.perf_counter()
+            val.run(s, runner.model, step, runner.precision)
+            report.meter.pause(time.perf_counter() - began)

@@ -12,7 +12,15 @@ import yaml
 
 from hpc_ddp.config.load import load_job_config
 from hpc_ddp.errors import ConfigError, OverrideError
-from hpc_ddp.sweep.spec import SweepSpec, chunk_array, load_sweep
+from hpc_ddp.sweep.model import (
+    SWEEP_SCHEMA,
+    Distribution,
+    MetricSpec,
+    RandomSpec,
+    SweepFile,
+    SweepSection,
+)
+from hpc_ddp.sweep.spec import MAX_SWEEP_POINTS, SweepSpec, chunk_array, load_sweep
 
 DATA = Path(__file__).parents[1] / "data" / "config"
 
@@ -153,6 +161,27 @@ SWEEP_ERRORS: list[tuple[Any, str]] = [
     ({"grid": {"train.lr": [0.1]}, "metric": {"nam": "acc"}}, "did you mean 'sweep.metric.name'?"),
     ({"grid": {"train.lr": [0.1]}, "max_parallel": 0}, "sweep.max_parallel"),
     ({"grid": {"train.lr": [0.1]}, "max_parallel": True}, "sweep.max_parallel"),
+    # The shape is the schema's: its messages, and the right key in the wrong section.
+    ({"grid": {"train.lr": [0.1]}, "max_parallel": 0},
+     "sweep.max_parallel: must be at least 1, got 0. HINT: leave it out for no limit"),
+    ({"random": {"samples": 0, "params": {"train.lr": {"uniform": [0, 1]}}}},
+     "sweep.random.samples: must be at least 1, got 0. HINT: e.g. samples: 16"),
+    ({"random": {"params": {"train.lr": {"uniform": [0, 1]}}}},
+     "sweep.random.samples: required key missing. HINT: e.g. samples: 16"),
+    ({"random": {"samples": 2}}, "sweep.random.params: required key missing. HINT: e.g. params:"),
+    ({"seed": 1, "grid": {"train.lr": [0.1]}},
+     "sweep.seed: unknown key. HINT: did you mean 'sweep.random.seed'?"),
+    ({"grid": {"train.lr": [0.1]}, "metric": {"name": 5}},
+     "sweep.metric.name: expected a metric name, got integer 5. HINT: a key of metrics.jsonl"),
+    ({"grid": {"train.lr": [0.1]}, "metric": {"mode": "up"}},
+     "sweep.metric.mode: 'up' is not min or max. HINT: write mode: min"),
+    ({"grid": {"train.lr": [0.1]}, "metric": "val_loss"}, "sweep.metric: expected a mapping"),
+    ({"grid": {5: [0.1]}}, "sweep.grid: key 5 is not a string. HINT: e.g. train.lr"),
+    ({"list": [{7: 1}]}, "sweep.list[0]: key 7 is not a string. HINT: e.g. train.lr"),
+    ({"zzz": 1}, "sweep.zzz: unknown key. HINT: valid keys under 'sweep': grid, list, random, "
+     "metric, max_parallel"),
+    ({"x" * 500: 1}, f"sweep.{'x' * 60!r}... (500 characters): unknown key"),
+    (None, "sweep: no points"),
 ]  # fmt: skip
 
 
@@ -173,6 +202,13 @@ def test_bad_sweeps_name_the_sweep_file(tmp_path: Path, sweep: Any, fragment: st
         ("missing.yaml", {}, "base: no such job file"),
         (5, {}, "base: expected a job file path or a mapping"),
         ("../job.yaml", {"sweeps": {}}, "sweeps: unknown key. HINT: did you mean 'sweep'?"),
+        ("", {}, "base: expected a job file path or a mapping, got ''. HINT: base:"),
+        # A job key is not a sweep-file key, even where a sweep's base would take it.
+        (
+            "../job.yaml",
+            {"slurm": {}},
+            "slurm: unknown key. HINT: valid keys at the top level: base, sweep",
+        ),
     ],
 )
 def test_bad_sweep_top_level(tmp_path: Path, base: Any, top: dict[str, Any], fragment: str) -> None:
@@ -181,6 +217,76 @@ def test_bad_sweep_top_level(tmp_path: Path, base: Any, top: dict[str, Any], fra
         load_sweep(path)
     assert str(info.value).startswith(f"{path}: ")
     assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("", "expected a mapping of keys (base:, sweep:), got null. HINT: start the file with"),
+        ("- base\n", "expected a mapping of keys (base:, sweep:), got a list."),
+        ("sweep: {grid: {train.lr: [0.1]}}\n", "base: required key missing. HINT: base: path/"),
+    ],
+)
+def test_a_sweep_file_that_is_not_one(tmp_path: Path, text: str, fragment: str) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_sweep(path)
+    assert str(info.value).startswith(f"{path}: ")
+    assert fragment in str(info.value)
+
+
+def test_the_sweep_files_shape_is_checked_before_its_base_is_read(tmp_path: Path) -> None:
+    path = _write_sweep(tmp_path, {"grdi": {"train.lr": [0.1]}}, "missing.yaml")
+    with pytest.raises(ConfigError, match=r"sweep\.grdi: unknown key"):
+        load_sweep(path)
+
+
+def test_a_list_over_the_limit_is_refused_before_its_points_are_read(tmp_path: Path) -> None:
+    path = _write_sweep(tmp_path, {"list": [0] * (MAX_SWEEP_POINTS + 1)})  # no point is valid
+    with pytest.raises(ConfigError, match=r"sweep: 10,001 points \(sweep\.list 10,001\)"):
+        load_sweep(path)
+
+
+def test_the_sweep_schema_converts_a_sweep_file_into_its_dataclasses() -> None:
+    doc = {
+        "base": "job.yaml",
+        "sweep": {
+            "grid": {"train.lr": [0.1, 0.2], "env.modules": [["a", "b"]]},
+            "list": [{"train.seed": 1}],
+            "random": {"samples": 3, "params": {"train.seed": {"choice": [[1], 2]}}},
+        },
+    }
+    out = SWEEP_SCHEMA.convert(doc, "s.yaml")
+    assert out == SweepFile(
+        base="job.yaml",
+        sweep=SweepSection(
+            grid=(("train.lr", (0.1, 0.2)), ("env.modules", (("a", "b"),))),
+            list=((("train.seed", 1),),),
+            random=RandomSpec(
+                samples=3, params=(("train.seed", Distribution("choice", ((1,), 2))),)
+            ),
+        ),
+    )
+    assert out.sweep.metric == MetricSpec("val_loss", "min")
+    assert out.sweep.random is not None
+    assert out.sweep.random.seed == 0
+    hash(out.sweep)  # lists became tuples
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["sweep.grid={train.lr: [0.1]}", "base=x.yaml", "sweep.max_parallel=2", "grid={a: [1]}"],
+)
+def test_a_sweep_key_is_never_a_job_key(tmp_path: Path, override: str) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("name: j\n")
+    key = override.partition("=")[0]
+    with pytest.raises(OverrideError, match=rf"{key.split('.')[0]}: unknown key\. HINT:"):
+        load_job_config(job, [override])
+    job.write_text(f"name: j\n{key.split('.')[0]}: {{}}\n")
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_job_config(job)
 
 
 def test_sweep_without_sweep_section(tmp_path: Path) -> None:
