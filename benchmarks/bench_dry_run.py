@@ -11,7 +11,7 @@ import argparse
 import statistics
 import sys
 
-from benchmarks.common import BIN, Targets, summary, time_command
+from benchmarks.common import BIN, Targets, byte_compile_package, summary, time_command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     repeats = args.repeats or (3 if args.quick else 10)
     py = sys.executable
+    byte_compile_package()
     cases = {
         "hpc-ddp submit jobs/quickstart.yaml --dry-run": [
             str(BIN / "hpc-ddp"),

@@ -47,7 +47,7 @@ from benchmarks.cluster import (
     state_of,
     wait_finished,
 )
-from benchmarks.common import REPO, Targets
+from benchmarks.common import REPO, Targets, byte_compile_package
 from hpc_ddp.runtime.ledger import read_ledger
 from hpc_ddp.slurm.client import JobState
 from hpc_ddp.sweep.results import read_metrics
@@ -312,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     total_steps = QUICK_TOTAL_STEPS if args.quick else TOTAL_STEPS
     if not require_dev_cluster():
         return 1
+    byte_compile_package()  # the tasks of both tools import hpc_ddp modules
     tools: dict[str, Callable[[Path], Interruption]] = {
         "hpc-ddp": lambda d: measure_hpc_ddp(d, total_steps),
     }

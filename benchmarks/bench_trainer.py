@@ -18,8 +18,10 @@ reported, with no target.
 Exit status 1 when any target is missed. Run: ``python -m benchmarks.bench_trainer`` (about 2
 minutes on 2 cores); ``--quick``: 2 repeats instead of 3 (the second in a rotated order, so no
 variant always runs first), best of 2 checkpoints and dd runs instead of 3. ``--diagnose`` adds
-hpc-ddp variants without the per-step stop agreement, without progress logging and metrics, and
-with DDP's own bucket order, to find where a shortfall comes from.
+hpc-ddp variants without the stop agreement, with it at every step (before the adaptive
+cadence of :class:`hpc_ddp.runtime.stopflag.AgreementCadence`), without progress logging and
+metrics, and with DDP's own bucket order (the trainer's choice on 1-2 ranks already), to find
+where a shortfall comes from.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ DIAGNOSTIC = (
     "hpc-ddp/no-agree",  # should_stop() never asks the other ranks
     "hpc-ddp/no-log",  # no progress lines, metrics rows or loss all-reduce
     "hpc-ddp/not-exact",  # DDP's own bucket order (Session.wrap(exact=False))
-    "hpc-ddp/agree-async",  # proposed fix: the stop all-reduce overlaps the next step
+    "hpc-ddp/agree-every-step",  # the stop all-reduce after every step (no cadence)
 )
 
 
@@ -113,11 +115,14 @@ def run_one(case: Case, variant: str, run_dir: Path, port: int) -> tuple[list[fl
     # (every rank: none may find it missing while another is still creating it).
     run_dir.mkdir(parents=True, exist_ok=True)
     from benchmarks.timed_session import TimedSession
+    from hpc_ddp.runtime.stopflag import AgreementCadence
 
     session = TimedSession(
         run_dir, JobConfig(name="bench", train=cfg), {**os.environ, "MASTER_PORT": str(port)}
     )
-    session.agree = {"hpc-ddp/no-agree": "off", "hpc-ddp/agree-async": "async"}.get(variant, "sync")
+    session.agree = "off" if variant == "hpc-ddp/no-agree" else "sync"
+    if variant == "hpc-ddp/agree-every-step":
+        session.cadence = AgreementCadence(fixed=1)
     session.exact = False if variant == "hpc-ddp/not-exact" else None
     with session:
         run_training(session.config, session)

@@ -64,6 +64,22 @@ class Targets:
         return 0 if self.checked and not self.missed else 1
 
 
+def byte_compile_package() -> None:
+    """Compile hpc_ddp's modules to bytecode first, as ``pip install`` does.
+
+    The site-packages that the baselines import (submitit, torch) were compiled when pip
+    installed them; a checkout run under ``PYTHONDONTWRITEBYTECODE=1`` (or read-only) would
+    otherwise compile every hpc_ddp module from source in every process, which no installed
+    copy does. Prints that it did, so a report can say so.
+    """
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(REPO / "hpc_ddp")],
+        check=True,
+        capture_output=True,
+    )
+    print("(hpc_ddp byte-compiled first, as pip install does for every package)", flush=True)
+
+
 def time_command(argv: Sequence[str], repeats: int, cwd: Path = REPO) -> list[float]:
     """Wall-clock seconds of ``repeats`` runs of ``argv`` (after one warm-up run)."""
     subprocess.run(argv, cwd=cwd, check=True, capture_output=True)

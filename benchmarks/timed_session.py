@@ -10,16 +10,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import torch
-import torch.distributed as dist
-
-from hpc_ddp.runtime.lifecycle import Phase
 from hpc_ddp.runtime.session import Session
-from hpc_ddp.runtime.stopflag import decode
 
-AGREE_MODES = ("sync", "async", "off")
-"""How :meth:`TimedSession.should_stop` agrees: the session's own way, overlapped with the next
-step (a proposed fix, measured), or never (the cost of agreeing at all)."""
+AGREE_MODES = ("sync", "off")
+"""How :meth:`TimedSession.should_stop` agrees: the session's own way (at the steps its cadence
+picks), or never (what agreeing costs)."""
 
 
 class TimedSession(Session):
@@ -33,8 +28,6 @@ class TimedSession(Session):
     agree = "sync"
     exact: bool | None = None
     agree_s = 0.0
-    _pending: Any = None
-    _code: Any = None
 
     def steps(self, total: int, *, checkpoint_every: int = 0) -> Iterator[int]:
         """The session's steps, with a time mark (and the agreement time so far) after each."""
@@ -54,34 +47,9 @@ class TimedSession(Session):
         try:
             if self.agree == "sync":
                 return super().should_stop()
-            if self.agree == "async":
-                return self._should_stop_async()
             return False
         finally:
             self.agree_s += time.perf_counter() - start
-
-    def _should_stop_async(self) -> bool:
-        """What StopFlag.agree could do: wait for the all-reduce started one step ago (finished
-        meanwhile), start this step's; a stop takes effect one step later."""
-        flag = self.stop_flag
-        if flag.agreed is not None:
-            return True
-        if self._pending is not None:
-            self._pending.wait()
-            code = int(self._code[0])
-            if code:
-                flag._agreed = decode(code)
-                return True
-        self._code = torch.tensor([flag._code], dtype=torch.int64)
-        self._pending = dist.all_reduce(self._code, op=dist.ReduceOp.MAX, async_op=True)
-        return False
-
-    def close(self, *, keep_signal_handlers: bool = False) -> None:
-        """Wait for an agreement still in flight, then close as the session does."""
-        if self._pending is not None and self.phase is not Phase.CLOSED:
-            self._pending.wait()
-            self._pending = None
-        super().close(keep_signal_handlers=keep_signal_handlers)
 
     def wrap(self, model: Any, *, exact: bool | None = None, **kw: Any) -> Any:
         """The session's wrap, with ``exact`` from this benchmark variant unless given."""

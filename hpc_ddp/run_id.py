@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import time
 from pathlib import Path
 
@@ -46,7 +45,7 @@ def _base_name(root: Path) -> str:
 
 def new_run_id(root: Path) -> str:
     """A fresh id for run directory ``root`` (random: two calls differ); writes nothing."""
-    return f"{_base_name(root)}-{secrets.token_hex(_HEX // 2)}"
+    return f"{_base_name(root)}-{os.urandom(_HEX // 2).hex()}"
 
 
 def ensure_run_id(root: Path) -> str:
@@ -58,6 +57,9 @@ def ensure_run_id(root: Path) -> str:
     path = root / RUN_ID_FILE
     if not path.exists():
         try:
+            # A session on a fresh directory (torchrun, a plain process) reads it before
+            # anything else has created the directory.
+            root.mkdir(parents=True, exist_ok=True)
             _create(path, new_run_id(root))
         except OSError as exc:
             raise RunDirError(
@@ -69,7 +71,7 @@ def ensure_run_id(root: Path) -> str:
 
 def _create(path: Path, run_id: str) -> None:
     """Write ``run_id`` to ``path`` unless it exists; never a half-written file at ``path``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
         with tmp.open("x", encoding="utf-8") as f:
             f.write(run_id + "\n")

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 from hpc_ddp.cli.launching import report, submit_local
-from hpc_ddp.cli.resuming import ResumeRequest, resume_run
 from hpc_ddp.cli.runs import runs_dir_from
 from hpc_ddp.config.load import find_site_profile, load_job_config
 from hpc_ddp.config.preflight import preflight_job
@@ -109,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
+    # Imported here: it pulls in the status machinery, which a plain submit never needs.
+    from hpc_ddp.cli.resuming import ResumeRequest, resume_run
+
     # argparse gives the first KEY=VALUE to the CONFIG positional when --resume replaces it.
     overrides = [*([args.config] if args.config else []), *args.overrides]
     if args.config and "=" not in args.config:

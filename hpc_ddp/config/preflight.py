@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import difflib
 import importlib.machinery
-import importlib.metadata
 import importlib.util
 import logging
 import os
@@ -86,8 +85,9 @@ class LoginNode:
     """``$PATH``: where a ``command`` program is looked for."""
     python_path: tuple[str, ...]
     """Where ``python -m hpc_ddp run`` finds modules, besides the current directory."""
-    torchvision_version: tuple[int, int] | None
-    """The installed torchvision's (major, minor), read from its metadata, never imported."""
+    torchvision_version: Callable[[], tuple[int, int] | None]
+    """The installed torchvision's (major, minor), read from its metadata (never imported)
+    only when a model name is unknown: reading it costs ~10 ms of every submit."""
     use_import_system: bool = True
     """Also ask this interpreter's import system (editable installs, zip imports)."""
 
@@ -95,16 +95,22 @@ class LoginNode:
 def this_machine(env: Mapping[str, str] | None = None) -> LoginNode:
     """The :class:`LoginNode` this process runs on."""
     env = os.environ if env is None else env
-    try:
-        version = _version(importlib.metadata.version("torchvision"))
-    except importlib.metadata.PackageNotFoundError:
-        version = None
     return LoginNode(
         cwd=Path.cwd(),
         path=env.get("PATH", os.defpath),
         python_path=tuple(sys.path),
-        torchvision_version=version,
+        torchvision_version=installed_torchvision,
     )
+
+
+def installed_torchvision() -> tuple[int, int] | None:
+    """(major, minor) of the torchvision installed here, from its metadata; None if absent."""
+    import importlib.metadata
+
+    try:
+        return _version(importlib.metadata.version("torchvision"))
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _version(text: str) -> tuple[int, int] | None:
@@ -256,7 +262,7 @@ def _check_model(
         f"use 'mlp', a torchvision {known} classification model "
         "(torchvision.models.list_models()), or an import string 'package.module:function'",
     )
-    installed = node.torchvision_version
+    installed = node.torchvision_version()
     if installed is not None and installed > TORCHVISION_MODELS_VERSION:
         # A model added after the list was taken: the nodes will know whether it exists.
         have = ".".join(map(str, installed))

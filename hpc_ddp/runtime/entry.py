@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -105,26 +104,12 @@ def run_job(run_dir: Path, env: Mapping[str, str]) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", env.get("SLURM_CPUS_PER_TASK", "1"))
     if cfg.command:
         return run_command(cfg, paths, env)
-    if not cfg.entrypoint:
-        # The built-in trainer's session joins the group on paths.root: rank 0 can hold the
-        # master port from now on, so no peer is ever refused (see procgroup.listen_early).
-        _listen_early(cfg, paths.root, env)
-    from hpc_ddp.runtime.session import RequeueExit, Session
+    from hpc_ddp.runtime.session import RequeueExit
 
-    prefetch_dynamo()
-
-    env = {**env, RUN_DIR_ENV: str(paths.root)}
     try:
         if cfg.entrypoint:
-            fn = resolve_entrypoint(cfg.entrypoint)
-            os.environ[RUN_DIR_ENV] = str(paths.root)
-            os.environ[RUN_ID_ENV] = read_run_id(paths)
-            result = fn()  # type: ignore[operator]
-            return int(result) if isinstance(result, int) else 0
-        from hpc_ddp.train.trainer import run_training
-
-        with Session(paths.root, cfg, env) as session:
-            run_training(cfg, session)
+            return run_entrypoint(cfg.entrypoint, paths)
+        return run_builtin_trainer(cfg, paths, env)
     except RequeueExit as stop:
         code = int(stop.code or 0)
         if code:
@@ -133,36 +118,25 @@ def run_job(run_dir: Path, env: Mapping[str, str]) -> int:
             # would die of it and turn the job's exit code (3, 4) into 143.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return code
+
+
+def run_entrypoint(spec: str, paths: RunPaths) -> int:
+    """Call the job's ``pkg.mod:fn`` with the run directory and id in the environment."""
+    fn = resolve_entrypoint(spec)
+    os.environ[RUN_DIR_ENV] = str(paths.root)
+    os.environ[RUN_ID_ENV] = read_run_id(paths)
+    result = fn()  # type: ignore[operator]
+    return int(result) if isinstance(result, int) else 0
+
+
+def run_builtin_trainer(cfg: JobConfig, paths: RunPaths, env: Mapping[str, str]) -> int:
+    """Train ``cfg.train`` in a session on ``paths.root``."""
+    from hpc_ddp.runtime.session import Session
+    from hpc_ddp.train.trainer import run_training
+
+    with Session(paths.root, cfg, {**env, RUN_DIR_ENV: str(paths.root)}) as session:
+        run_training(cfg, session)
     return 0
-
-
-def _listen_early(cfg: JobConfig, run_dir: Path, env: Mapping[str, str]) -> None:
-    from hpc_ddp.runtime.distenv import derive_dist_env
-    from hpc_ddp.runtime.procgroup import listen_early
-
-    listen_early(derive_dist_env(env, port=cfg.dist.port), cfg.dist, run_dir.resolve())
-
-
-def prefetch_dynamo() -> threading.Thread:
-    """Import ``torch._dynamo`` on a daemon thread; call it once torch itself is imported.
-
-    DistributedDataParallel's constructor and every optimizer need it, and it takes 1.5-2 s
-    of the restart. Imports hold the GIL, so this overlaps only with the waits before the model
-    is wrapped: the rendezvous, the ranks' broadcasts, the ledger's fsync. A thread that is
-    still importing when DDP needs the module makes the main thread wait for the same import,
-    no longer. The main thread has finished its own module-level imports by now, which keeps
-    the two threads from importing the same modules in opposite orders.
-    """
-    thread = threading.Thread(target=_import_dynamo, name="hpc-ddp-prefetch", daemon=True)
-    thread.start()
-    return thread
-
-
-def _import_dynamo() -> None:
-    try:
-        importlib.import_module("torch._dynamo")
-    except Exception:  # the main thread's own import reports it where it matters
-        log.debug("prefetching torch._dynamo failed", exc_info=True)
 
 
 def redirect_to_rank_logs(paths: RunPaths, rank: int) -> None:

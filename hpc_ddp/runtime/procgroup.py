@@ -13,11 +13,11 @@ Rendezvous, by ``dist.init_method``:
 
 For ``env`` and ``tcp`` a derived port is checked and agreed first
 (:func:`hpc_ddp.runtime.ports.resolve_master_port`), and the ranks meet on a TCPStore made here
-rather than by torch's rendezvous: rank 0 listens on the port *before* the others can learn it,
-so a peer never connects to a closed port. torch refuses such a peer and retries only after a
-backoff of 0.3-1 s, which made every second restart that much slower. :func:`listen_early`
-starts that listener at the top of the task, before torch is imported (a port set by the
-launcher, e.g. torchrun's, is left to torch: its agent may already serve a store there).
+rather than by torch's rendezvous: rank 0 listens on the port the moment it has published it.
+torch's own rendezvous binds the port only after ``init_process_group`` has imported
+``torch._dynamo`` (about a second), and a peer that read the port and connected in between was
+refused and retried only after a backoff of 0.3-1 s: every other restart was that much slower.
+A port set by a launcher (torchrun's) is left to torch: its agent may serve a store there.
 A one-rank group needs no rendezvous at all: it is
 formed on an in-memory store, so no port or file can clash with a neighbour's, and user code can
 still call collectives.
@@ -25,6 +25,7 @@ still call collectives.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -38,16 +39,13 @@ from typing import Any
 from hpc_ddp.config.model import DistConfig
 from hpc_ddp.errors import DistEnvError
 from hpc_ddp.runtime.distenv import DistEnv
-from hpc_ddp.runtime.ports import port_file, resolve_master_port
+from hpc_ddp.runtime.ports import resolve_master_port
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "gloo", "nccl")
 INIT_METHODS = ("env", "tcp", "file")
 _LISTEN_BACKLOG = 1024
-
-_listeners: dict[Path, socket.socket] = {}
-"""Rank 0's listening sockets from :func:`listen_early`, by port file, until a store takes one."""
 
 
 @dataclass(frozen=True)
@@ -139,11 +137,9 @@ def init_process_group(
     rendezvous = run_dir / "rendezvous"
     port: int | None = None
     if cfg.init_method in ("env", "tcp"):
-        # Probed here, after the slow parts (torch import, CUDA set-up), unless listen_early
-        # already holds it.
-        port = _early_port(dist, rendezvous) or resolve_master_port(
-            dist, rendezvous, timeout_s=float(cfg.timeout_s)
-        )
+        # Probed here, after the slow parts (torch import, CUDA set-up), so that little time
+        # passes between rank 0 finding the port free and binding it.
+        port = resolve_master_port(dist, rendezvous, timeout_s=float(cfg.timeout_s))
     if cfg.init_method == "env":
         # Written even for one rank, which does not need them: the user's code may read them.
         os.environ.update({**dist.as_environ(), "MASTER_PORT": str(port)})
@@ -154,7 +150,7 @@ def init_process_group(
     else:
         url = _init_url(dist, cfg.init_method, rendezvous, env, port)
         if port is not None and _owns_store(dist, cfg):
-            store = _tcp_store(dist, rendezvous, port, timeout)
+            store = _tcp_store(dist, port, timeout)
     tdist.init_process_group(
         backend,
         init_method=None if store is not None else url,
@@ -199,72 +195,44 @@ def _owns_store(dist: DistEnv, cfg: DistConfig) -> bool:
     return cfg.init_method in ("env", "tcp") and dist.port_source == "derived"
 
 
-def listen_early(dist: DistEnv, cfg: DistConfig, run_dir: Path) -> int | None:
-    """On rank 0: pick and publish the master port now and start listening on it.
-
-    Call it first thing in a task, before the slow imports: a peer that comes before rank 0's
-    store exists then waits in this socket's backlog instead of being refused (and retrying
-    after torch's backoff). :func:`init_process_group` hands the socket to the store. Returns
-    the port, or None where there is nothing to do (other ranks, one rank, a launcher's port,
-    ``file``).
-    """
-    if not (dist.is_main and dist.world_size > 1 and _owns_store(dist, cfg)):
-        return None
-    rendezvous = run_dir / "rendezvous"
-    path = port_file(dist, rendezvous)
-    if path not in _listeners:
-        # The port is published a moment before it is bound; peers read it only after their
-        # own imports (seconds later), so none can come in between.
-        port = resolve_master_port(dist, rendezvous, timeout_s=float(cfg.timeout_s))
-        _listeners[path] = _listen(port)
-    return int(_listeners[path].getsockname()[1])
-
-
-def _early_port(dist: DistEnv, rendezvous: Path) -> int | None:
-    sock = _listeners.get(port_file(dist, rendezvous))
-    return None if sock is None else int(sock.getsockname()[1])
-
-
 def _listen(port: int) -> socket.socket:
-    """A socket listening on ``port`` on every address, IPv6 and IPv4 where possible (as
-    torch's own store does); an error names the port."""
-    try:
-        if socket.has_ipv6:
-            try:
-                sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-            except OSError:  # IPv6 compiled in, but not on this host
-                pass
-            else:
-                try:
-                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-                    sock.bind(("::", port))
-                    sock.listen(_LISTEN_BACKLOG)
-                except OSError:
-                    sock.close()
-                    raise
-                return sock
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    """A socket listening on ``port`` on every address: IPv6 and IPv4 where the host has IPv6
+    (as torch's own store does), else IPv4; an error names the port."""
+    families = [(socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")]
+    for family, anywhere in families if socket.has_ipv6 else families[1:]:
         try:
-            sock.bind(("0.0.0.0", port))
-            sock.listen(_LISTEN_BACKLOG)
-        except OSError:
-            sock.close()
-            raise
-        return sock
-    except OSError as exc:
-        raise DistEnvError(
-            f"rank 0 cannot listen on master port {port}: {exc}. HINT: another process took "
-            "it just now; the job's next attempt derives another, or set dist.port."
-        ) from None
+            return _bind_and_listen(family, anywhere, port)
+        except OSError as exc:
+            # Only a port in use is final; no IPv6 on this host means: try IPv4.
+            if exc.errno == errno.EADDRINUSE or family == socket.AF_INET:
+                raise DistEnvError(
+                    f"rank 0 cannot listen on master port {port}: {exc}. HINT: another process "
+                    "took it just now; the job's next attempt derives another, or set dist.port."
+                ) from None
+    raise AssertionError("unreachable: the IPv4 attempt returns or raises")
 
 
-def _tcp_store(dist: DistEnv, rendezvous: Path, port: int, timeout: timedelta) -> Any:
-    """The group's TCPStore: served by rank 0 on its listening socket, joined by the others."""
+def _bind_and_listen(family: socket.AddressFamily, anywhere: str, port: int) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind((anywhere, port))
+        sock.listen(_LISTEN_BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _tcp_store(dist: DistEnv, port: int, timeout: timedelta) -> Any:
+    """The group's TCPStore: served by rank 0 on a socket listening before anything slow runs,
+    joined by the others (a peer that comes early waits in the backlog, it is not refused)."""
     from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public; stubs omit it
 
     if not dist.is_main:
         return TCPStore(dist.master_addr, port, dist.world_size, False, timeout)
-    sock = _listeners.pop(port_file(dist, rendezvous), None) or _listen(port)
+    sock = _listen(port)
     return TCPStore(
         dist.master_addr,
         port,

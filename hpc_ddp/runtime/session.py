@@ -156,8 +156,17 @@ class Session(SessionBase):
         return self.stop_flag.agreed
 
     def should_stop(self) -> bool:
-        """Collective, between steps: has any rank been told to stop? (one tiny all-reduce)."""
-        return self.stop_flag.agree(self.device) is not None
+        """Collective, between steps: has any rank been told to stop? (one tiny all-reduce).
+
+        Call it at the same steps on every rank; :meth:`steps` calls it where its
+        :attr:`cadence` says so, at least every ``AGREE_BUDGET_S`` (0.1 s) of training.
+        """
+        step = self.progress.step
+        # Alone, agreeing costs nothing (no collective): then a stop comes at the very step.
+        every = 1 if self.world_size == 1 else self.cadence.propose(step)
+        stop = self.stop_flag.agree(self.device, every=every) is not None
+        self.cadence.agreed(step, self.stop_flag.every)
+        return stop
 
     def steps(self, total: int, *, checkpoint_every: int = 0) -> Iterator[int]:
         """The step numbers still to run, ``progress.step + 1`` to ``total``.
@@ -174,7 +183,8 @@ class Session(SessionBase):
             if checkpoint_every > 0 and self.progress.step % checkpoint_every == 0:
                 self.checkpoint()
             # At the last step a stop changes nothing: the run ends and saves anyway.
-            if self.progress.step < total and self.should_stop():
+            step = self.progress.step
+            if step < total and self.cadence.due(step) and self.should_stop():
                 self.requeue()
 
     def requeue(self) -> NoReturn:

@@ -32,7 +32,7 @@ from hpc_ddp.runtime.procgroup import destroy_process_group, init_process_group
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.requeue import Coordinator
 from hpc_ddp.runtime.stopcause import signal_number
-from hpc_ddp.runtime.stopflag import StopFlag
+from hpc_ddp.runtime.stopflag import AgreementCadence, StopFlag
 from hpc_ddp.slurm.client import SlurmClient
 
 __all__ = ["DEFAULT_RUN_DIR", "SessionBase"]
@@ -68,6 +68,8 @@ class SessionBase:
         self.device = torch.device("cpu")
         self._signal_name = self.config.requeue.signal
         self.stop_flag = StopFlag(())
+        self.cadence = AgreementCadence()
+        """When :meth:`steps` agrees on stops; ``AgreementCadence(fixed=1)`` for every step."""
         self.phase = Phase.NEW
         self._slurm = slurm  # None: the real Slurm, created by the coordinator when needed
         tensorboard = self.paths.tensorboard if self.config.train.tensorboard else None

@@ -102,7 +102,8 @@ class StepRunner:
         self.loss_sum += loss.detach()
 
     def take_mean_loss(self, steps: int, world_size: int) -> float:
-        """Mean loss per sample-batch over ``steps`` steps on every rank (collective), reset."""
+        """The mean micro-batch loss over the last ``steps`` steps of every rank (collective);
+        the window starts again."""
         dist.all_reduce(self.loss_sum)
         mean = float(self.loss_sum) / (steps * self.accum * world_size)
         self.loss_sum.zero_()
@@ -137,7 +138,7 @@ class ProgressReport:
         self.meter.reset()
         lr = runner.optimizer.param_groups[0]["lr"]
         s.log(step=step, epoch=s.progress.epoch, loss=self.last_loss, lr=lr, samples_per_s=rate)
-        if log.isEnabledFor(logging.INFO):  # ranks other than 0 log at WARNING: skip formatting
+        if log.isEnabledFor(logging.INFO):  # not on ranks that log warnings only: skip the text
             eta = None if step_s is None else step_s * (self.total - step)
             line = format_progress(
                 step=step,

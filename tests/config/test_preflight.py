@@ -59,7 +59,7 @@ def node(tmp_path: Path) -> LoginNode:
         cwd=work,
         path=str(bin_dir),
         python_path=(str(site),),
-        torchvision_version=TORCHVISION_MODELS_VERSION,
+        torchvision_version=lambda: TORCHVISION_MODELS_VERSION,
         use_import_system=False,
     )
 
@@ -155,7 +155,7 @@ def test_check_job(node: LoginNode, sections: dict[str, Any], outcome: str, frag
 
 
 def test_a_newer_torchvision_here_turns_an_unknown_model_into_a_warning(node: LoginNode) -> None:
-    newer = LoginNode(node.cwd, node.path, node.python_path, (0, 99), False)
+    newer = LoginNode(node.cwd, node.path, node.python_path, lambda: (0, 99), False)
     found = check_job(job(train={"model": "resnet181"}), newer)
     assert found.error is None
     [(key, text)] = found.warnings
@@ -182,7 +182,7 @@ def test_this_machine_reads_its_environment() -> None:
     assert here.path == "/opt/x/bin"
     assert here.cwd == Path.cwd()
     assert here.python_path == tuple(sys.path)
-    assert here.torchvision_version is not None  # installed with hpc-ddp
+    assert here.torchvision_version() is not None  # installed with hpc-ddp
 
 
 def test_preflight_job_raises_with_the_source_and_logs_warnings(

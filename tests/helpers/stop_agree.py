@@ -1,8 +1,11 @@
 """One rank of the stop-flag test: loop over "steps" with a collective each, agree between them.
 
+Usage: stop_agree.py READY_DIR [cadence]
+
 Writes READY_DIR/rank-<r> once running, then loops until the ranks agree on a stop, and prints
-``{"rank", "step", "signal"}`` as JSON. Rank 1 is slower, so rank 0 is usually blocked inside
-an all-reduce when a signal reaches rank 1.
+``{"rank", "step", "signal", "agreed_at"}`` as JSON. Rank 1 is slower, so rank 0 is usually
+blocked inside an all-reduce when a signal reaches rank 1. With ``cadence`` the ranks agree
+where an :class:`AgreementCadence` says, as the session's step loop does.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hpc_ddp.runtime.stopflag import StopFlag
+from hpc_ddp.runtime.stopflag import AgreementCadence, StopFlag
 
 
 def main() -> None:
@@ -25,6 +28,8 @@ def main() -> None:
     rank = dist.get_rank()
     flag = StopFlag([signal.SIGUSR2, signal.SIGTERM]).install()
     work = torch.ones(1000)
+    cadence = AgreementCadence(fixed=None if sys.argv[2:] == ["cadence"] else 1)
+    agreed_at: list[int] = []
     step = 0
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -35,10 +40,16 @@ def main() -> None:
             time.sleep(0.002)
         if step == 20:
             (ready_dir / f"rank-{rank}").write_text("")
-        if flag.agree() is not None:
+        if not cadence.due(step):
+            continue
+        agreed_at.append(step)
+        stop = flag.agree(every=cadence.propose(step)) is not None
+        cadence.agreed(step, flag.every)
+        if stop:
             break
     flag.close()
-    print(json.dumps({"rank": rank, "step": step, "signal": flag.agreed}), flush=True)
+    result = {"rank": rank, "step": step, "signal": flag.agreed, "agreed_at": agreed_at}
+    print(json.dumps(result), flush=True)
     dist.destroy_process_group()
 
 

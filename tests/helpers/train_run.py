@@ -19,6 +19,7 @@ from pathlib import Path
 
 from hpc_ddp.config.model import JobConfig, TrainConfig
 from hpc_ddp.runtime.session import RequeueExit, Session
+from hpc_ddp.runtime.stopflag import AgreementCadence
 from hpc_ddp.train.trainer import run_training
 
 
@@ -28,6 +29,7 @@ class SignalAt(Session):
     def __init__(self, run_dir: Path, config: JobConfig, step: int, rank: int, signum: int):
         super().__init__(run_dir, config)
         self.at, self.target, self.signum = step, rank, signum
+        self.cadence = AgreementCadence(fixed=1)  # the stop must come exactly after ``step``
 
     def should_stop(self) -> bool:
         if self.rank == self.target and self.progress.step == self.at:

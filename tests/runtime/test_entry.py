@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,18 @@ from hpc_ddp.config.model import JobConfig, TrainConfig
 from hpc_ddp.errors import ConfigError, RunDirError
 from hpc_ddp.runtime.entry import resolve_entrypoint, run_job, task_run_dir
 from hpc_ddp.runtime.ledger import EndCause, read_ledger
+
+
+@pytest.fixture(autouse=True)
+def _own_environ() -> Iterator[None]:
+    """run_job writes RANK, MASTER_PORT, OMP_NUM_THREADS, ... into os.environ, as on a node;
+    here they must not leak into later tests (an srun they start would inherit RANK=0)."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _run_dir(root: Path, cfg: JobConfig) -> Path:

@@ -23,7 +23,12 @@ import pytest
 from hpc_ddp.errors import DistEnvError
 from hpc_ddp.runtime.distenv import DistEnv, derive_dist_env, derive_master_port
 from hpc_ddp.runtime.ports import is_port_free
-from hpc_ddp.runtime.procgroup import choose_backend, choose_device, destroy_process_group
+from hpc_ddp.runtime.procgroup import (
+    _listen,
+    choose_backend,
+    choose_device,
+    destroy_process_group,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,6 +45,15 @@ from hpc_ddp.runtime.procgroup import destroy_process_group, init_process_group
 run_dir, method, timeout_s = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 dist = derive_dist_env(os.environ)
 cfg = DistConfig(backend="gloo", init_method=method, timeout_s=timeout_s)
+if os.environ.get("SLOW_AFTER_LISTEN"):  # rank 0 listens, then is slow to make its store
+    import time
+    import hpc_ddp.runtime.procgroup as pg
+    listen = pg._listen
+    def slow_listen(port):
+        sock = listen(port)
+        time.sleep(float(os.environ["SLOW_AFTER_LISTEN"]))
+        return sock
+    pg._listen = slow_listen
 info = init_process_group(dist, cfg, run_dir, os.environ)
 x = torch.tensor([float(dist.rank + 1)])
 tdist.all_reduce(x)
@@ -230,6 +244,30 @@ def test_ranks_agree_on_a_fallback_when_the_derived_port_is_taken(tmp_path: Path
         got = reports(run_ranks(tmp_path, "env", [rank_env(job, r, 3) for r in range(3)]))
     assert {r["sum"] for r in got} == {6.0}
     assert {r["port"] for r in got} == {derive_master_port(job, 0, candidate=1)}
+
+
+@pytest.mark.torch
+def test_a_peer_that_comes_before_rank_0s_store_waits_in_the_backlog(tmp_path: Path) -> None:
+    """Rank 0 listens, then takes 2 s to make its store: rank 1 connects meanwhile and joins."""
+    job = free_job_id(250_000)
+    envs = [rank_env(job, r, 2) for r in range(2)]
+    envs[0]["SLOW_AFTER_LISTEN"] = "2"
+    got = reports(run_ranks(tmp_path, "env", envs))
+    assert {r["sum"] for r in got} == {3.0}
+    assert {r["port"] for r in got} == {derive_master_port(job, 0)}
+
+
+def test_rank_0_holds_the_port_it_listens_on() -> None:
+    port = derive_master_port(free_job_id(260_000), 0)
+    sock = _listen(port)
+    try:
+        assert not is_port_free(port)
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # accepted into the backlog before any store exists
+        with pytest.raises(DistEnvError, match=f"cannot listen on master port {port}"):
+            _listen(port)
+    finally:
+        sock.close()
 
 
 @pytest.mark.torch

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -10,10 +11,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import pytest
 
-from hpc_ddp.runtime.stopflag import StopFlag, decode, encode
+from hpc_ddp.runtime.stopflag import AgreementCadence, StopFlag, decode, encode
 from tests.helpers.launch import HELPERS, start_ranks
 
 pytestmark = pytest.mark.torch
@@ -87,8 +89,10 @@ def test_request_from_code_is_agreed_and_kept() -> None:
     assert flag.agreed == USR2
 
 
-def _run_pair(tmp_path: Path, send: Callable[[list[int]], None]) -> list[dict[str, int]]:
-    ranks = start_ranks([str(HELPERS / "stop_agree.py"), str(tmp_path)], 2)
+def _run_pair(
+    tmp_path: Path, send: Callable[[list[int]], None], *mode: str
+) -> list[dict[str, Any]]:
+    ranks = start_ranks([str(HELPERS / "stop_agree.py"), str(tmp_path), *mode], 2)
     try:
         deadline = time.monotonic() + 60
         while not all((tmp_path / f"rank-{r}").exists() for r in (0, 1)):
@@ -125,3 +129,52 @@ def test_different_signals_on_two_ranks_agree_on_term(tmp_path: Path) -> None:
     r0, r1 = _run_pair(tmp_path, send)
     assert r0["step"] == r1["step"]
     assert r0["signal"] == r1["signal"] == TERM
+
+
+def test_with_the_cadence_ranks_agree_at_the_same_sparse_steps(tmp_path: Path) -> None:
+    """~2 ms steps: the ranks agree about every 0.1 s, at the same steps, and still stop
+    together at one of them."""
+
+    def send(pids: list[int]) -> None:
+        time.sleep(0.5)
+        os.kill(pids[1], signal.SIGUSR2)
+
+    r0, r1 = _run_pair(tmp_path, send, "cadence")
+    assert r0["agreed_at"] == r1["agreed_at"]
+    assert r0["step"] == r1["step"] == r0["agreed_at"][-1]
+    assert r0["signal"] == r1["signal"] == USR2
+    gaps = [b - a for a, b in itertools.pairwise(r0["agreed_at"])]
+    assert max(gaps) > 5  # sparse: far fewer all-reduces than steps
+    assert len(r0["agreed_at"]) < r0["step"] / 5
+
+
+@pytest.mark.parametrize(
+    ("per_step_s", "expected"),
+    [(1.0, 1), (0.1, 1), (0.04, 2), (0.01, 10), (0.00005, 1000), (1e-9, 1000)],
+)
+def test_the_cadence_proposes_a_tenth_of_a_second_of_steps(
+    per_step_s: float, expected: int
+) -> None:
+    cadence = AgreementCadence()
+    assert cadence.due(1)
+    assert cadence.propose(1, now=100.0) == 1  # nothing measured yet
+    cadence.agreed(1, 1, now=100.0)
+    assert not cadence.due(1)
+    assert cadence.due(2)
+    assert cadence.propose(11, now=100.0 + 10 * per_step_s) == expected
+
+
+def test_the_cadence_follows_the_common_interval_and_a_pin() -> None:
+    cadence = AgreementCadence()
+    cadence.agreed(10, 7, now=0.0)  # the ranks' smallest proposal, from the all-reduce
+    assert [s for s in range(10, 30) if cadence.due(s)] == list(range(17, 30))
+    pinned = AgreementCadence(fixed=1)
+    pinned.agreed(10, 1, now=0.0)
+    assert pinned.propose(11, now=0.0001) == 1
+    assert pinned.due(11)
+
+
+def test_one_process_agrees_on_its_own_proposal() -> None:
+    flag = StopFlag([])
+    assert flag.agree(every=40) is None
+    assert flag.every == 40
