@@ -406,3 +406,20 @@ __all__ = [
     "wait_state",
     "wait_step",
 ]
+
+
+def crashy_job(
+    directory: Path, steps: int, every: int, crash_at: int, *, on_crash: bool, extra: str = ""
+) -> Path:
+    """A 2-node job file running ``tests/helpers/crashy.py`` (rank 1 crashes once at
+    ``crash_at``), with at most one requeue; ``extra``: more YAML lines."""
+    script = Path(__file__).resolve().parent / "helpers" / "crashy.py"
+    config = directory / "crashy.yaml"
+    config.write_text(
+        "name: crashy\n"
+        f"command: [{sys.executable}, {script}, '{steps}', '{every}', '{crash_at}']\n"
+        "slurm: {nodes: 2, tasks_per_node: 1, cpus_per_task: 1, time: '00:05:00'}\n"
+        f"requeue: {{max_requeues: 1, on_crash: {str(on_crash).lower()}}}\n"
+        'env: {vars: {OMP_NUM_THREADS: "1"}}\n' + extra
+    )
+    return config

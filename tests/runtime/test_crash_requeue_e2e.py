@@ -7,7 +7,6 @@ and asks nothing); the second attempt resumes from the step-5 checkpoint and fin
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,44 +21,9 @@ STEPS = 30
 CRASH_AT = 8
 CKPT_EVERY = 5
 
-SCRIPT = f"""
-import torch
-from torch import nn
-from torch.utils.data import TensorDataset
-
-import hpc_ddp
-
-with hpc_ddp.session() as s:
-    torch.manual_seed(0)
-    model = s.wrap(nn.Linear(4, 3))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    s.restore(model=model, optimizer=opt)
-    g = torch.Generator().manual_seed(1)
-    data = TensorDataset(torch.randn(256, 4, generator=g), torch.arange(256) % 3)
-    batches = s.loader(data, batch_size=8).forever()
-    for step in s.steps({STEPS}, checkpoint_every={CKPT_EVERY}):
-        x, y = next(batches)
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-        s.log(step=step)
-        if step == {CRASH_AT} and s.rank == 1 and s.dist.restart_count == 0:
-            raise RuntimeError("injected crash at step {CRASH_AT}")
-"""
-
 
 def job_file(tmp_path: Path, *, on_crash: bool) -> Path:
-    script = tmp_path / "crashy.py"
-    script.write_text(SCRIPT)
-    config = tmp_path / "crashy.yaml"
-    config.write_text(
-        "name: crashy\n"
-        f"command: [{sys.executable}, {script}]\n"
-        "slurm: {nodes: 2, tasks_per_node: 1, cpus_per_task: 1, time: '00:05:00'}\n"
-        f"requeue: {{max_requeues: 1, on_crash: {str(on_crash).lower()}}}\n"
-        'env: {vars: {OMP_NUM_THREADS: "1"}}\n'
-    )
-    return config
+    return e2e.crashy_job(tmp_path, STEPS, CKPT_EVERY, CRASH_AT, on_crash=on_crash)
 
 
 def test_on_crash_requeues_once_and_the_next_attempt_resumes(

@@ -9,7 +9,6 @@ attempt reads (and a later ``hpc-ddp resume``) must be the one written at submit
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,34 +29,6 @@ STEPS = 12
 CRASH_AT = 8
 CKPT_EVERY = 5
 
-SCRIPT = f"""
-import torch
-from torch import nn
-from torch.utils.data import TensorDataset
-
-import hpc_ddp
-from hpc_ddp.rundir import read_run_id
-
-with hpc_ddp.session() as s:
-    print("run id", read_run_id(s.paths), flush=True)
-    torch.manual_seed(0)
-    model = s.wrap(nn.Linear(4, 3))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    s.restore(model=model, optimizer=opt)
-    g = torch.Generator().manual_seed(1)
-    data = TensorDataset(torch.randn(256, 4, generator=g), torch.arange(256) % 3)
-    batches = s.loader(data, batch_size=8).forever()
-    for step in s.steps({STEPS}, checkpoint_every={CKPT_EVERY}):
-        x, y = next(batches)
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        s.log(step=step, loss=loss.item(), attempt=s.dist.restart_count)
-        if step == {CRASH_AT} and s.rank == 1 and s.dist.restart_count == 0:
-            raise RuntimeError("injected crash at step {CRASH_AT}")
-"""
-
 
 @dataclass(frozen=True)
 class CrashedRun:
@@ -69,16 +40,8 @@ class CrashedRun:
 @pytest.fixture(scope="module")
 def crashed_run(slurm_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> CrashedRun:
     tmp = tmp_path_factory.mktemp("logging")
-    script = tmp / "crashy.py"
-    script.write_text(SCRIPT)
-    config = tmp / "crashy.yaml"
-    config.write_text(
-        "name: crashy\n"
-        f"command: [{sys.executable}, {script}]\n"
-        "slurm: {nodes: 2, tasks_per_node: 1, cpus_per_task: 1, time: '00:05:00'}\n"
-        "requeue: {max_requeues: 1, on_crash: true}\n"
-        "train: {tensorboard: true}\n"
-        'env: {vars: {OMP_NUM_THREADS: "1"}}\n'
+    config = e2e.crashy_job(
+        tmp, STEPS, CKPT_EVERY, CRASH_AT, on_crash=True, extra="train: {tensorboard: true}\n"
     )
     job = e2e.submit(slurm_cluster, tmp / "runs", str(config))
     submitted = (job.run_dir / "run_id").read_text().strip()  # before any attempt ran
