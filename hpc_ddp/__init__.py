@@ -35,7 +35,7 @@ _LAZY = {
     "RequeueExit": "hpc_ddp.runtime.session",
     "REQUEUE_EXIT_CODE": "hpc_ddp.runtime.session",
     "unwrap": "hpc_ddp.runtime.session",
-    "Progress": "hpc_ddp.runtime.checkpoint",
+    "Progress": "hpc_ddp.runtime.progress",
     "CheckpointInfo": "hpc_ddp.runtime.checkpoint",
     "list_checkpoints": "hpc_ddp.runtime.checkpoint",
     "weights_digest": "hpc_ddp.runtime.checkpoint",
@@ -79,12 +79,8 @@ __all__ = [
 
 if TYPE_CHECKING:
     from hpc_ddp.config.model import JobConfig
-    from hpc_ddp.runtime.checkpoint import (
-        CheckpointInfo,
-        Progress,
-        list_checkpoints,
-        weights_digest,
-    )
+    from hpc_ddp.runtime.checkpoint import CheckpointInfo, list_checkpoints, weights_digest
+    from hpc_ddp.runtime.progress import Progress
     from hpc_ddp.runtime.sampler import ResumableLoader, ResumableSampler
     from hpc_ddp.runtime.session import REQUEUE_EXIT_CODE, RequeueExit, Session, session, unwrap
     from hpc_ddp.train.trainer import TrainResult, run_training

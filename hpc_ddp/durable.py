@@ -9,6 +9,8 @@ returned must still be there after a power loss. This module holds the recipe on
   ``os.replace`` it over the target (atomic on POSIX), then fsync the directory so the rename
   itself is on disk (:func:`write_text_atomic`, :func:`write_bytes_atomic`,
   :func:`write_atomic`);
+* create a file only if it does not exist yet, whole or not at all, with exactly one of several
+  racing creators winning (:func:`create_atomic`);
 * append an event: one ``write`` of one whole line to a file opened ``O_APPEND``, then fsync
   (:func:`append_line`), so single-writer logs such as the attempt ledger never interleave.
 
@@ -24,6 +26,7 @@ from typing import BinaryIO
 
 __all__ = [
     "append_line",
+    "create_atomic",
     "fsync_dir",
     "temp_path",
     "write_atomic",
@@ -85,6 +88,46 @@ def write_bytes_atomic(path: Path, data: bytes, *, tmp: Path | None = None) -> N
 def write_text_atomic(path: Path, text: str, *, tmp: Path | None = None) -> None:
     """Write ``text`` (UTF-8) to ``path`` so a reader sees the old file or the new, never half."""
     write_bytes_atomic(path, text.encode("utf-8"), tmp=tmp)
+
+
+def create_atomic(path: Path, data: bytes) -> bool:
+    """Create ``path`` holding ``data`` unless it exists; True when this call created it.
+
+    Readers never see a half-written ``path``: the data goes to a private temp file first, which
+    is then hard-linked to ``path`` (atomic, and refused when another creator won the race). On
+    a file system without hard links the claim is ``O_EXCL`` instead; there a reader may find
+    the file empty for a moment and should retry.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    try:
+        with tmp.open("xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError:  # no hard links here (some FUSE and object-store mounts)
+            if not _create_exclusive(path, data):
+                return False
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+    return True
+
+
+def _create_exclusive(path: Path, data: bytes) -> bool:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
 
 
 def append_line(path: Path, line: str) -> None:

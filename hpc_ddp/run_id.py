@@ -7,8 +7,8 @@ adds ``-t<index>``), then 32 random bits so that two runs of one job never share
 
 It lives in ``RUN_DIR/run_id`` (one line), written once: at submit time for a run directory
 (:meth:`hpc_ddp.rundir.RunPaths.make`), else by the first reader (a sweep task's first attempt,
-a run made by an older hpc-ddp). Creation is a hard link of a finished temp file, which fails
-if the name exists, so racing creators (every rank of an attempt) all end up reading one id.
+a run made by an older hpc-ddp). Creation goes through :func:`hpc_ddp.durable.create_atomic`:
+exactly one of several racing creators (every rank of an attempt) wins, and all read its id.
 
 Standard library only: ``status`` and ``logs`` on a login node import it.
 """
@@ -20,6 +20,7 @@ import re
 import time
 from pathlib import Path
 
+from hpc_ddp.durable import create_atomic
 from hpc_ddp.errors import RunDirError
 
 __all__ = ["RUN_ID_FILE", "ensure_run_id", "new_run_id"]
@@ -60,43 +61,13 @@ def ensure_run_id(root: Path) -> str:
             # A session on a fresh directory (torchrun, a plain process) reads it before
             # anything else has created the directory.
             root.mkdir(parents=True, exist_ok=True)
-            _create(path, new_run_id(root))
+            create_atomic(path, (new_run_id(root) + "\n").encode())
         except OSError as exc:
             raise RunDirError(
                 f"{path}: cannot create the run id ({exc.strerror or exc}). HINT: the run "
                 "directory must be writable by this user (or copy run_id from a backup)."
             ) from None
     return _read(path)
-
-
-def _create(path: Path, run_id: str) -> None:
-    """Write ``run_id`` to ``path`` unless it exists; never a half-written file at ``path``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-    try:
-        with tmp.open("x", encoding="utf-8") as f:
-            f.write(run_id + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.link(tmp, path)  # atomic, and fails if another creator won: then we read theirs
-        except FileExistsError:
-            pass
-        except OSError:  # a file system without hard links: O_EXCL is the claim instead
-            _create_exclusive(path, run_id)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _create_exclusive(path: Path, run_id: str) -> None:
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return
-    try:
-        os.write(fd, (run_id + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _read(path: Path) -> str:

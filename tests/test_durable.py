@@ -11,6 +11,7 @@ import pytest
 from hpc_ddp import durable
 from hpc_ddp.durable import (
     append_line,
+    create_atomic,
     fsync_dir,
     temp_path,
     write_atomic,
@@ -126,3 +127,42 @@ def test_append_line_is_one_write_per_line(tmp_path: Path, monkeypatch: pytest.M
     path.write_text("partial")
     append_line(path, "line")
     assert writes == [b"\nline\n"]
+
+
+def test_create_atomic_creates_once_and_never_overwrites(tmp_path: Path) -> None:
+    path = tmp_path / "run_id"
+    assert create_atomic(path, b"first\n") is True
+    assert create_atomic(path, b"second\n") is False
+    assert path.read_bytes() == b"first\n"
+    assert _leftovers(tmp_path, {"run_id"}) == []
+
+
+def test_create_atomic_racing_processes_agree_on_one_winner(tmp_path: Path) -> None:
+    """Forked creators race for one name: exactly one wins, and the file holds its whole data."""
+    path = tmp_path / "claim"
+    pids = []
+    for i in range(8):
+        pid = os.fork()
+        if pid == 0:  # child: report through the exit status whether it won
+            won = create_atomic(path, f"creator {i}\n".encode() * 1000)
+            os._exit(0 if won else 1)
+        pids.append(pid)
+    codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+    assert codes.count(0) == 1
+    winner = codes.index(0)
+    assert path.read_bytes() == f"creator {winner}\n".encode() * 1000
+    assert _leftovers(tmp_path, {"claim"}) == []
+
+
+def test_create_atomic_without_hard_links_falls_back_to_o_excl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_links(src: Any, dst: Any) -> None:
+        raise PermissionError(1, "Operation not permitted")  # what some FUSE mounts answer
+
+    monkeypatch.setattr(os, "link", no_links)
+    path = tmp_path / "run_id"
+    assert create_atomic(path, b"x\n") is True
+    assert create_atomic(path, b"y\n") is False
+    assert path.read_bytes() == b"x\n"
+    assert _leftovers(tmp_path, {"run_id"}) == []

@@ -28,6 +28,7 @@ from hpc_ddp.devcluster.conf import (
     remove_hosts_entry,
     render_slurm_conf,
 )
+from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import DevClusterError
 from hpc_ddp.rundir import DEV_CLUSTER_DIR_ENV
 
@@ -107,13 +108,10 @@ def ensure_installed(env: Mapping[str, str]) -> bool:
     return True
 
 
-def _write_if_changed(path: Path, text: str, mode: int = 0o644) -> bool:
+def _write_if_changed(path: Path, text: str) -> bool:
     if path.exists() and path.read_text() == text:
         return False
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    tmp.chmod(mode)
-    os.replace(tmp, path)
+    write_text_atomic(path, text)
     return True
 
 

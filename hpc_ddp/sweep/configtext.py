@@ -5,8 +5,8 @@ Every piece of text comes from the config dialect's one writer,
 YAML without line folding, the text of each top-level key and of each key of a section depends
 on that key and its value alone, and the points of a sweep share most values: so each distinct
 (section, key, value) is dumped once, all those of a section in one ``dump_yaml`` call, and
-each config's text is assembled from those pieces. :func:`config_texts` checks the result
-against ``dump_job_config`` and falls back to it.
+each config's text is assembled from those pieces. :func:`config_texts` checks a sample of
+the results against ``dump_job_config`` and falls back to it.
 """
 
 from __future__ import annotations
@@ -29,18 +29,33 @@ log = logging.getLogger(__name__)
 def config_texts(configs: Sequence[JobConfig]) -> list[str]:
     """``dump_job_config`` of each config, through :class:`ConfigTexts` when it agrees.
 
-    The first config (which has every section) is checked against ``dump_job_config`` so that
-    a change of the YAML dialect falls back to the slow path rather than writing other text;
-    the tests compare the two on many values of every kind.
+    A sample of the configs (the first, which has every section, the last, and a few evenly
+    spaced between) is checked against ``dump_job_config``, so that a change of the YAML
+    dialect falls back to the slow path rather than writing other text; the tests compare the
+    two on many values of every kind.
     """
     try:
         texts = ConfigTexts().dump(configs)
     except TypeError:  # an unhashable value: not from a validated config, but stay correct
         texts = []
-    if configs and (len(texts) != len(configs) or texts[0] != dump_job_config(configs[0])):
+    if len(texts) != len(configs) or any(
+        texts[i] != dump_job_config(configs[i]) for i in _sample(len(configs))
+    ):
         log.warning("fast config dump disagrees with dump_job_config; using the slow one")
         texts = [dump_job_config(c) for c in configs]
     return texts
+
+
+CHECKED_SAMPLE = 8
+"""How many configs of a sweep :func:`config_texts` compares with ``dump_job_config``."""
+
+
+def _sample(n: int) -> list[int]:
+    """Up to :data:`CHECKED_SAMPLE` indices of ``range(n)``: the first, the last, evenly between."""
+    if n <= CHECKED_SAMPLE:
+        return list(range(n))
+    step = (n - 1) / (CHECKED_SAMPLE - 1)
+    return sorted({round(i * step) for i in range(CHECKED_SAMPLE)})
 
 
 _Key = tuple[str, str, type, str]

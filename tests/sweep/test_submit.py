@@ -191,6 +191,36 @@ def _random_sweep(tmp_path: Path) -> Path:
     )
 
 
+def test_config_texts_fall_back_when_a_later_config_disagrees(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not only the first config is checked: a fast text wrong for the last one (or one in
+    the middle of a long sweep) sends every config through ``dump_job_config``."""
+    from hpc_ddp.sweep import configtext
+
+    base = JobConfig(name="demo")
+    configs = [
+        dataclasses.replace(base, train=dataclasses.replace(base.train, lr=0.001 * (i + 1)))
+        for i in range(100)
+    ]
+    real_dump = ConfigTexts.dump
+    for bad in (99, configtext._sample(100)[3]):
+
+        def wrong_at(self: ConfigTexts, cfgs: Any, bad: int = bad) -> list[str]:
+            texts = real_dump(self, cfgs)
+            texts[bad] += "# wrong\n"
+            return texts
+
+        monkeypatch.setattr(ConfigTexts, "dump", wrong_at)
+        assert configtext.config_texts(configs) == [dump_job_config(c) for c in configs]
+        assert "disagrees" in caplog.text
+        caplog.clear()
+    assert configtext._sample(5) == [0, 1, 2, 3, 4]
+    assert configtext._sample(1000)[0] == 0
+    assert configtext._sample(1000)[-1] == 999
+    assert len(configtext._sample(1000)) == configtext.CHECKED_SAMPLE
+
+
 @pytest.mark.parametrize("source", ["fixture", "random"])
 def test_config_texts_equal_dump_job_config(source: str, tmp_path: Path) -> None:
     path = DATA / "sweep.yaml" if source == "fixture" else _random_sweep(tmp_path)
