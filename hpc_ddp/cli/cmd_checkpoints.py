@@ -7,11 +7,10 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 from tabulate import tabulate
 
-from hpc_ddp.errors import RunDirError
+from hpc_ddp.cli.runs import require_dir
 
 EPILOG = """\
 A file resume cannot use is listed, never fatal: "damaged" (empty, torn, unreadable, a dangling
@@ -21,7 +20,8 @@ newest older checkpoint that passes every check, the digest included.
 
 Exit status, the same with and without --json: 0 when the listing succeeds, whatever the files
 hold; with --verify, 1 when the newest file is not ok (resume would fall back to an older one,
-or to none; stderr says which). RUN_DIR not a directory: 1, with the error on stderr.
+or to none; stderr says which). RUN_DIR missing or not a directory: 2 (a usage error), with
+the error on stderr.
 """
 
 
@@ -41,14 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """List the checkpoints (this command imports torch: it reads the files)."""
+    run_dir = require_dir(args.run_dir)  # before torch is imported: a typo fails at once
     from hpc_ddp.runtime.checkpoint import CheckpointState, list_checkpoints
 
-    run_dir = Path(args.run_dir)
-    if not run_dir.is_dir():
-        raise RunDirError(
-            f"{run_dir}: no such run directory. HINT: pass a run directory as printed by "
-            "`hpc-ddp submit` or listed by `hpc-ddp status`."
-        )
     infos = list_checkpoints(run_dir, verify=args.verify)
     if args.json:
         rows = [

@@ -5,18 +5,32 @@ writes to stderr: on Slurm srun puts rank N's stderr in ``logs/rank-N.err`` and 
 backend does the same, so that is the stream shown unless asked otherwise. A training
 script's ``print()`` goes to stdout, ``logs/rank-N.out`` (``--out``); ``--both`` shows the two,
 each chunk under a ``==> name <==`` header when the stream changes, as ``tail -f a b`` does.
+
+The files are copied as bytes when stdout is a pipe or a file; on a terminal, control
+characters other than newline, tab and carriage return are shown as ``cat -v`` shows them
+(``^[``), so a rank's output cannot drive the terminal. ``--follow`` on a run whose log does not
+exist yet waits for it while the job is queued or running (asking Slurm every few seconds).
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
+import math
+import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO
 
-from hpc_ddp.errors import RunDirError, TargetError
-from hpc_ddp.rundir import RunPaths
+from hpc_ddp.cli.runs import point_task, require_dir, sweep_task_of
+from hpc_ddp.errors import RunDirError, SlurmError, TargetError
+from hpc_ddp.local.process import local_alive
+from hpc_ddp.rundir import RunPaths, read_manifest
+from hpc_ddp.slurm.client import SlurmClient
+from hpc_ddp.slurm.jobstate import check_job_ref
+from hpc_ddp.sweep.records import format_index_ranges, live_task
 
 EPILOG = """\
 streams:
@@ -26,7 +40,33 @@ streams:
   --both       both files; each chunk is headed by its file name when the stream changes
 sweeps:
   hpc-ddp logs SWEEP_DIR --task 3 -f   follows task 3 (its run dir is SWEEP_DIR/tasks/3)
+--follow on a queued job waits for its log to appear (and gives up once the job has ended).
 """
+
+ASK_EVERY_S = 5.0
+"""While waiting for a log to appear, how often Slurm is asked whether the job has ended."""
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rank (an integer from 0)")
+    return value
+
+
+def _seconds(text: str, *, zero: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a {'non-negative' if zero else 'positive'} number of seconds"
+        )
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("run_dir", help="the run directory (or a sweep directory with --task)")
     parser.add_argument("--task", type=int, help="sweep task index: SWEEP_DIR/tasks/<N>")
-    parser.add_argument("--rank", type=int, default=0, help="which rank's log (default 0)")
+    parser.add_argument(
+        "--rank", type=_non_negative_int, default=0, help="which rank's log (default 0)"
+    )
     stream = parser.add_mutually_exclusive_group()
     stream.add_argument(
         "--err",
@@ -53,18 +95,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(stream="err")
     parser.add_argument("--batch", action="store_true", help="the batch script's own log")
     parser.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
-    parser.add_argument("--poll", type=float, default=0.5, help=argparse.SUPPRESS)
-    parser.add_argument("--follow-for", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--poll", type=lambda t: _seconds(t, zero=False), default=0.5, help=argparse.SUPPRESS
+    )
+    parser.add_argument(
+        "--follow-for", type=lambda t: _seconds(t, zero=True), default=None, help=argparse.SUPPRESS
+    )
 
 
 def run_paths(target: Path, task: int | None) -> RunPaths:
     """The run directory to read: ``target`` itself, or sweep task ``task`` of it."""
-    if not target.is_dir():
-        raise TargetError(
-            f"{str(target)!r} is not a directory. HINT: pass the run directory printed by "
-            "`hpc-ddp submit` (or a sweep directory and --task N)."
-        )
-    paths = RunPaths(target)
+    paths = RunPaths(require_dir(str(target)))
     tasks = paths.tasks.iterdir() if paths.tasks.is_dir() else iter(())
     have = sorted(int(p.name) for p in tasks if p.name.isdigit())
     if task is None:
@@ -85,54 +126,97 @@ def run_paths(target: Path, task: int | None) -> RunPaths:
 
 def _ranges(indices: list[int]) -> str:
     """``0-3, 7`` for [0, 1, 2, 3, 7]."""
-    parts: list[str] = []
-    start = prev = indices[0]
-    for i in [*indices[1:], None]:
-        if i is not None and i == prev + 1:
-            prev = i
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if i is not None:
-            start = prev = i
-    return ", ".join(parts)
+    return format_index_ranges(indices).replace(",", ", ")
+
+
+def _log_file(path: Path) -> Path | None:
+    """``path`` if it is a log file, None if there is none yet; anything else in its place (a
+    directory, a dangling symlink) is a :class:`RunDirError`."""
+    if path.is_file():
+        return path
+    if path.exists():
+        raise RunDirError(
+            f"{path}: is not a regular file, so not a log. HINT: something else created it; "
+            "move it aside (the job writes the log there)."
+        )
+    if path.is_symlink():
+        raise RunDirError(
+            f"{path}: a symlink to {path.readlink()}, which does not exist. HINT: restore the "
+            "file it points to, or remove the link."
+        )
+    return None
 
 
 def log_paths(paths: RunPaths, *, rank: int, stream: str, batch: bool) -> list[Path]:
-    """The log files asked for that exist; none is a RunDirError listing what does."""
+    """The log files asked for that exist ([] when none does yet)."""
     streams = ["err", "out"] if stream == "both" else [stream]
-    found: list[Path] = []
+    found: list[Path | None] = []
     for s in streams:
         if batch:
-            found.extend(sorted(paths.logs.glob(f"batch-*.{s}"))[-1:])
-        elif paths.rank_log(rank, s).exists():
-            found.append(paths.rank_log(rank, s))
-    if found:
-        return found
+            found.extend(_log_file(p) for p in sorted(paths.logs.glob(f"batch-*.{s}"))[-1:])
+        else:
+            found.append(_log_file(paths.rank_log(rank, s)))
+    return [p for p in found if p is not None]
+
+
+def missing_logs(paths: RunPaths, *, rank: int, stream: str, batch: bool) -> RunDirError:
+    """The error for logs that do not exist (yet), listing those that do."""
+    streams = ["err", "out"] if stream == "both" else [stream]
     have = sorted(p.name for p in paths.logs.glob("*")) if paths.logs.is_dir() else []
     name = "batch-*" if batch else f"rank-{rank}"
-    raise RunDirError(
+    return RunDirError(
         f"{paths.logs}: no {name}.{'/'.join(streams)} log yet. "
         f"HINT: logs present: {', '.join(have) or 'none (has the job started?)'}."
     )
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """Control characters as ``cat -v`` shows them (``^[``, ``^?``, ``M-^[``), except newline,
+    tab and carriage return: what a rank printed cannot send the terminal escape sequences."""
+
+    def caret(match: re.Match[str]) -> str:
+        code = ord(match.group())
+        if code == 0x7F:
+            return "^?"
+        return f"^{chr(code + 64)}" if code < 0x20 else f"M-^{chr(code - 64)}"
+
+    return _CONTROL.sub(caret, text)
+
+
 def copy_logs(
-    paths: list[Path], out: TextIO, *, follow: bool, poll_s: float, follow_for: float | None
+    paths: list[Path],
+    out: BinaryIO,
+    *,
+    follow: bool,
+    poll_s: float,
+    deadline: float | None,
+    escape: bool = False,
 ) -> None:
-    """Print the files, then (``follow``) what is appended to them until ``follow_for`` s."""
-    deadline = None if follow_for is None else time.monotonic() + follow_for
-    files = [p.open("r", errors="replace") for p in paths]
-    shown: Path | None = None
+    """Copy the files to ``out``, then (``follow``) what is appended to them until
+    ``deadline`` (``time.monotonic()``); ``escape``: through :func:`visible` (a terminal)."""
+    files: list[BinaryIO] = []
     try:
+        for p in paths:
+            try:
+                files.append(p.open("rb"))
+            except OSError as exc:
+                raise RunDirError(
+                    f"{p}: cannot read it ({exc.strerror or exc}). HINT: check its permissions."
+                ) from None
+        decoders = [codecs.getincrementaldecoder("utf-8")("replace") for _ in files]
+        shown: Path | None = None
         while True:
-            for path, f in zip(paths, files, strict=True):
+            for path, f, decoder in zip(paths, files, decoders, strict=True):
                 chunk = f.read()
                 if not chunk:
                     continue
                 if len(paths) > 1 and shown != path:
-                    out.write(f"{'' if shown is None else chr(10)}==> {path.name} <==\n")
+                    out.write(f"{'' if shown is None else chr(10)}==> {path.name} <==\n".encode())
                     shown = path
-                out.write(chunk)
+                out.write(visible(decoder.decode(chunk)).encode() if escape else chunk)
                 out.flush()
             if not follow or (deadline is not None and time.monotonic() > deadline):
                 return
@@ -142,9 +226,76 @@ def copy_logs(
             f.close()
 
 
+def wait_for_logs(
+    find: Callable[[], list[Path]],
+    waiting: Callable[[], str | None],
+    *,
+    poll_s: float,
+    deadline: float | None,
+) -> list[Path]:
+    """Poll ``find`` until it finds the logs; [] once ``waiting`` (asked every
+    :data:`ASK_EVERY_S`) says the job has ended, or at ``deadline``."""
+    asked = time.monotonic()
+    while True:
+        time.sleep(poll_s)
+        found = find()
+        now = time.monotonic()
+        if found or (deadline is not None and now > deadline):
+            return found
+        if now - asked >= ASK_EVERY_S:
+            asked = now
+            if waiting() is None:
+                return find()  # it may have written the log just before it ended
+
+
+def job_waiting(client: SlurmClient, target: Path, task: int | None, paths: RunPaths) -> str | None:
+    """``job 12 is PENDING`` while the job that writes ``paths``' logs is queued or running;
+    None once it has ended, or when that cannot be told (no job id, Slurm not answering)."""
+    sweep = (target, task) if task is not None else sweep_task_of(target)
+    try:
+        if sweep is not None:
+            ref = point_task(*sweep).ref
+            job, _, index = ref.partition("_")
+            info = live_task(client.job_states([job]), job, int(index))
+        else:
+            manifest = read_manifest(paths.root)
+            if manifest.backend == "local":
+                alive = local_alive(paths.root, manifest.job_id)
+                return f"local job {manifest.job_id} is running" if alive else None
+            ref = check_job_ref(manifest.job_id, str(paths.manifest))
+            info = client.job_states([ref]).get(ref)
+    except (RunDirError, SlurmError):
+        return None
+    return None if info is None or info.state.finished else f"job {ref} is {info.state.value}"
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the log(s), then follow them if asked."""
     paths = run_paths(Path(args.run_dir), args.task)
-    found = log_paths(paths, rank=args.rank, stream=args.stream, batch=args.batch)
-    copy_logs(found, sys.stdout, follow=args.follow, poll_s=args.poll, follow_for=args.follow_for)
+    deadline = None if args.follow_for is None else time.monotonic() + args.follow_for
+
+    def find() -> list[Path]:
+        return log_paths(paths, rank=args.rank, stream=args.stream, batch=args.batch)
+
+    found = find()
+    if not found and args.follow:
+
+        def waiting() -> str | None:
+            return job_waiting(args.slurm, Path(args.run_dir), args.task, paths)
+
+        why = waiting()
+        if why is not None:
+            print(f"hpc-ddp logs: {why}; waiting for its log to appear", file=sys.stderr)
+            found = wait_for_logs(find, waiting, poll_s=args.poll, deadline=deadline)
+    if not found:
+        raise missing_logs(paths, rank=args.rank, stream=args.stream, batch=args.batch)
+    sys.stdout.flush()
+    copy_logs(
+        found,
+        sys.stdout.buffer,
+        follow=args.follow,
+        poll_s=args.poll,
+        deadline=deadline,
+        escape=sys.stdout.isatty(),
+    )
     return 0

@@ -1,13 +1,16 @@
 """``hpc-ddp results SWEEP_DIR``: every task of a sweep in one sorted table (or CSV, JSON,
 Markdown), and optionally a plot. Works while the sweep runs; unfinished tasks are shown as such.
 
-Exit codes: 0 shown, 2 usage error (or ``--plot`` without matplotlib), 1 unreadable sweep.
+Exit codes: 0 shown; 2 usage error (no such sweep directory, ``--sort`` naming no metric that
+was logged, a ``--plot`` file matplotlib cannot write there, or no matplotlib); 1 unreadable
+sweep.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import difflib
 import io
 import json
 import sys
@@ -17,12 +20,14 @@ from typing import Any
 
 from tabulate import tabulate
 
+from hpc_ddp.cli.runs import require_dir
 from hpc_ddp.errors import ConfigError, SlurmError
 from hpc_ddp.slurm.client import JobInfo, SlurmClient
 from hpc_ddp.sweep.results import (
     ResultRow,
     SweepRecord,
     gather_results,
+    logged_metrics,
     loss_curve,
     read_arrays,
     read_metrics,
@@ -51,7 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=FORMATS, default="table", help="default: table")
     parser.add_argument("--top", type=int, metavar="K", help="only the first K rows")
     parser.add_argument(
-        "--plot", metavar="OUT.png", help="also draw the metric per swept key and the top curves"
+        "--plot",
+        metavar="OUT.png",
+        help="also draw the metric per swept key and the top curves (the suffix names the "
+        "format; a directory gets results.png)",
     )
     parser.add_argument(
         "--no-slurm", action="store_true", help="do not ask squeue: states from the ledgers only"
@@ -65,15 +73,18 @@ def run(args: argparse.Namespace) -> int:
             f"--top {args.top}: must be at least 1 (the number of rows to show). HINT: leave "
             "--top out to show every task"
         )
-    sweep_dir = Path(args.sweep_dir)
+    sweep_dir = require_dir(args.sweep_dir, "sweep directory")
     record = read_sweep_record(sweep_dir)
+    plot_out = None
     if args.plot:
-        from hpc_ddp.sweep.plot import require_matplotlib
+        from hpc_ddp.sweep.plot import plot_target
 
-        require_matplotlib()
+        plot_out = plot_target(args.plot)  # before anything is computed
     live = None if args.no_slurm else _live(sweep_dir, args.slurm)
     sort_key, metric, mode = choose_sort(record, args.sort, args.mode)
     rows = sort_rows(gather_results(sweep_dir, live, metric), sort_key, mode)
+    if metric != record.metric and all(r.best is None for r in rows):
+        raise unlogged_metric(record, metric, logged_metrics(rows))
     shown = rows[: args.top] if args.top is not None else rows
     print(format_rows(shown, record.keys, metric, args.format), end="")
     if args.format == "table":
@@ -83,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"showing {len(shown)} of {len(rows)} tasks (--top {args.top})", file=sys.stderr)
     if live is None and not args.no_slurm:
         print("Slurm not reachable: states come from the task ledgers only", file=sys.stderr)
-    if args.plot:
+    if plot_out is not None:
         from hpc_ddp.sweep.plot import plot_results
 
         top = [r for r in rows if r.best is not None][:5]
@@ -93,11 +104,23 @@ def run(args: argparse.Namespace) -> int:
             keys=record.keys,
             metric=metric,
             curves=curves,
-            out=Path(args.plot),
+            out=plot_out,
             title=f"{record.name}: {len(rows)} tasks",
         )
         print(f"plot written to {out}", file=sys.stderr)
     return 0
+
+
+def unlogged_metric(record: SweepRecord, metric: str, logged: list[str]) -> ConfigError:
+    """``--sort METRIC`` where no task logged METRIC: name what was logged, and the nearest."""
+    close = difflib.get_close_matches(metric, [*logged, *record.keys, *_COLUMNS], n=1)
+    maybe = f"did you mean {close[0]!r}? " if close else ""
+    keys = ", ".join([*record.keys, *_COLUMNS])
+    return ConfigError(
+        f"--sort {metric}: no task logged a metric {metric!r} (metrics logged: "
+        f"{', '.join(logged) or 'none yet'}), and it is no swept key or column. HINT: {maybe}"
+        f"sort by a logged metric or one of: {keys}"
+    )
 
 
 def _live(sweep_dir: Path, client: SlurmClient) -> dict[str, JobInfo] | None:

@@ -19,10 +19,10 @@ from typing import Any
 
 from tabulate import tabulate
 
-from hpc_ddp.cli.runs import resolve_targets, runs_dir_from
+from hpc_ddp.cli.runs import manifest_jobs, resolve_targets, runs_dir_from
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.rundir import RUNS_DIR_ENV, Manifest, read_manifest
-from hpc_ddp.state.report import DAMAGED, ask_slurm, damaged_row, run_status
+from hpc_ddp.state.report import DAMAGED, ask_slurm, damaged_row, reason_lines, run_status
 from hpc_ddp.state.verdict import SlurmView
 
 COLUMNS = ["run", "job", "state", "nodes", "elapsed", "attempts", "causes", "ckpt step", "loss"]
@@ -73,11 +73,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _read_manifests(dirs: list[Path]) -> dict[Path, Manifest | RunDirError]:
-    """Each run's manifest, or why it cannot be read (that run becomes a DAMAGED row)."""
+    """Each run's manifest, or why it cannot be read (that run becomes a DAMAGED row).
+
+    A Slurm run's job ids must be job ids: ``--me`` or ``1,2`` there is a damaged manifest,
+    shown as such rather than left out of the squeue call in silence.
+    """
     manifests: dict[Path, Manifest | RunDirError] = {}
     for d in dirs:
         try:
-            manifests[d] = read_manifest(d)
+            manifest = read_manifest(d)
+            if manifest.backend != "local":
+                manifest_jobs(d, manifest)  # raises for an id that is no job id
+            manifests[d] = manifest
         except RunDirError as exc:
             manifests[d] = exc
     return manifests
@@ -110,10 +117,8 @@ def _print_runs(rows: list[dict[str, Any]], *, attempts: bool) -> None:
     if rows:
         print(tabulate([[r[c] for c in COLUMNS] for r in rows], headers=COLUMNS))
     for r in rows:
-        if r["failed_rank"]:
-            print(f"{r['run']}: failed first: {r['failed_rank']} (srun, in logs/batch-*.err)")
-        if r["note"]:
-            print(f"{r['run']}: {r['note']}")
+        for line in reason_lines(r):
+            print(line)
     if attempts:
         for r in rows:
             print(f"\n{r['run']}")

@@ -1,20 +1,43 @@
 """Which runs a command means: every run under ``--runs-dir``, or the run dirs and job ids given.
 
-Shared by ``status``, ``cancel`` and ``logs``; finding runs reads manifests and nothing else.
+Shared by ``status``, ``cancel``, ``logs``, ``results`` and ``checkpoints``; finding runs reads
+manifests and sweep records and nothing else. A target that names nothing (no such path, no
+run with that job id) is a :class:`TargetError` (exit 2) with a hint, for every verb alike.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from hpc_ddp.errors import RunDirError, RunsDirError
-from hpc_ddp.rundir import RUNS_DIR_ENV, check_runs_dir, read_manifest
+from hpc_ddp.errors import RunDirError, RunsDirError, TargetError
+from hpc_ddp.rundir import RUNS_DIR_ENV, Manifest, check_runs_dir, read_manifest
+from hpc_ddp.slurm.jobstate import check_job_ref, is_job_ref
+from hpc_ddp.sweep.records import (
+    ARRAYS_RECORD,
+    SWEEP_RECORD,
+    current_refs,
+    format_index_ranges,
+    parse_index_ranges,
+    read_arrays,
+)
+
+LIST_HINT = "`hpc-ddp status` lists the runs under --runs-dir (default $HPC_DDP_RUNS_DIR or ./runs)"
 
 
 def runs_dir_from(arg: str | None, env: Mapping[str, str]) -> Path:
     """``--runs-dir``, else ``$HPC_DDP_RUNS_DIR``, else ``./runs``."""
     return Path(arg or env.get(RUNS_DIR_ENV) or "runs")
+
+
+def require_dir(target: str, what: str = "run directory") -> Path:
+    """``target`` as a directory; a missing path or a file is a :class:`TargetError`."""
+    path = Path(target)
+    if not path.is_dir():
+        problem = f"is a file, not a {what}" if path.exists() else f"no such {what}"
+        raise TargetError(f"{target}: {problem}. HINT: {LIST_HINT}.")
+    return path
 
 
 def list_runs(runs_dir: Path) -> list[Path]:
@@ -56,6 +79,8 @@ def resolve_targets(targets: Sequence[str], runs_dir: Path) -> list[Path]:
                 read_manifest(path)  # raises: "no manifest.json" with its hint
             found.append(path)
             continue
+        if not is_job_ref(t):
+            require_dir(t)  # raises: no such run directory, or a file
         listing = list_runs(runs_dir) if listing is None else listing
         match, damaged = [], []
         for p in listing:
@@ -65,16 +90,97 @@ def resolve_targets(targets: Sequence[str], runs_dir: Path) -> list[Path]:
             except RunDirError:
                 damaged.append(p.name)
         if not match:
-            skipped = (
-                f" ({len(damaged)} run(s) with a damaged manifest were skipped: "
-                f"{', '.join(damaged[:5])}{' ...' if len(damaged) > 5 else ''})"
-                if damaged
-                else ""
-            )
-            raise RunDirError(
+            raise TargetError(
                 f"{t!r} is neither a run directory nor a job id found under {runs_dir}"
-                f"{skipped}. HINT: pass the run directory printed by `hpc-ddp submit`, or "
-                "--runs-dir."
+                f"{_skipped(damaged)}. HINT: pass the run directory printed by `hpc-ddp "
+                f"submit`, or its job id; {LIST_HINT}."
             )
         found.extend(match)
     return found
+
+
+def _skipped(damaged: list[str]) -> str:
+    if not damaged:
+        return ""
+    more = " ..." if len(damaged) > 5 else ""
+    return (
+        f" ({len(damaged)} run(s) with a damaged manifest were skipped: "
+        f"{', '.join(damaged[:5])}{more})"
+    )
+
+
+def manifest_jobs(run_dir: Path, manifest: Manifest) -> list[str]:
+    """Every Slurm job of a run: its job id, and for a sweep each of its job arrays.
+
+    Each must be a job id (``123``): anything else is a :class:`RunDirError` naming the
+    manifest, which is damaged; no Slurm command may ever be run with it.
+    """
+    jobs = [manifest.job_id] if manifest.job_id is not None else []
+    source = str(run_dir / "manifest.json")
+    return [check_job_ref(j, source) for j in dict.fromkeys([*jobs, *manifest.array_jobs])]
+
+
+# --- sweep tasks --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArrayTask:
+    """One point of a sweep and the array task that runs it (``scancel ARRAYJOB_TASK``)."""
+
+    sweep_dir: Path
+    point: int
+    ref: str
+    """``ARRAYJOB_TASK``, e.g. ``1001_3`` (the task id is the point minus the array's offset)."""
+
+    @property
+    def source(self) -> Path:
+        """The record the ref was read from."""
+        return self.sweep_dir / ARRAYS_RECORD
+
+
+def sweep_task_of(path: Path) -> tuple[Path, int] | None:
+    """(sweep dir, point) when ``path`` is ``SWEEP_DIR/tasks/<N>`` of a sweep directory."""
+    resolved = path.resolve()
+    sweep_dir = resolved.parent.parent
+    if resolved.parent.name != "tasks" or not resolved.name.isdigit():
+        return None
+    return (sweep_dir, int(resolved.name)) if (sweep_dir / SWEEP_RECORD).is_file() else None
+
+
+def point_task(sweep_dir: Path, point: int) -> ArrayTask:
+    """The array task that runs ``point`` now (the latest array submitted for it)."""
+    ref = current_refs(read_arrays(sweep_dir)).get(point)
+    if ref is None:
+        raise RunDirError(
+            f"{sweep_dir}: point {point} is in no job array of {ARRAYS_RECORD}; nothing to "
+            f"cancel. HINT: it was never submitted; `hpc-ddp status {sweep_dir}` shows the sweep."
+        )
+    return ArrayTask(sweep_dir, point, f"{ref[0]}_{ref[1]}")
+
+
+def find_array_task(ref: str, runs_dir: Path) -> ArrayTask:
+    """The sweep task that ``ARRAYJOB_TASK`` names, among the sweeps under ``runs_dir``."""
+    job, _, task = ref.partition("_")
+    damaged = []
+    for sweep_dir in list_runs(runs_dir):
+        try:
+            arrays = read_arrays(sweep_dir)
+        except RunDirError:
+            damaged.append(sweep_dir.name)
+            continue
+        for array in arrays:
+            if array.job_id != job:
+                continue
+            points = parse_index_ranges(array.points)
+            if int(task) + array.offset not in points:
+                tasks = format_index_ranges(p - array.offset for p in points)
+                raise TargetError(
+                    f"{ref}: array job {job} of sweep {sweep_dir} has no task {task} (its "
+                    f"tasks: {tasks}). HINT: pass one of its tasks, or the task's directory "
+                    "SWEEP_DIR/tasks/N."
+                )
+            return ArrayTask(sweep_dir, int(task) + array.offset, ref)
+    raise TargetError(
+        f"{ref}: no sweep under {runs_dir} has an array job {job}{_skipped(damaged)}. HINT: pass "
+        f"the task's directory (SWEEP_DIR/tasks/N), or --runs-dir where the sweep is; {LIST_HINT}."
+    )

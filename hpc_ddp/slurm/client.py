@@ -5,6 +5,11 @@ never a shell), so tests swap in a fake and a dry run can show the argv without 
 Parsing lives in the pure :mod:`hpc_ddp.slurm.jobstate` (``parse_*``, re-exported here);
 :class:`hpc_ddp.slurm.fake.FakeSlurm` is a scripted runner for tests.
 
+Every job id sent is checked against :data:`~hpc_ddp.slurm.jobstate.JOB_REF` first: an id read
+from a damaged file (``--me``, ``1,2,3``) would otherwise widen ``scancel`` to other jobs.
+Commands that act on one job refuse such an id (naming the file it came from); queries over
+many runs leave it out.
+
 Slurm 22.05 is the oldest version served: ``squeue --json`` there ignores ``-j``/``-t``, so the
 queue is read as ``squeue -h -j IDS -O ...`` text, which honours both (asking for the whole queue
 on every poll loads slurmctld on a real cluster); ``scontrol`` has no ``--json``, and ``sacct``
@@ -14,7 +19,6 @@ may be unavailable (no slurmdbd).
 from __future__ import annotations
 
 import logging
-import re
 import shlex
 import subprocess
 from collections.abc import Iterable, Sequence
@@ -30,6 +34,8 @@ from hpc_ddp.slurm.jobstate import (
     CompletedCommand,
     JobInfo,
     JobState,
+    check_job_ref,
+    is_job_ref,
     parse_job_state,
     parse_max_array_size,
     parse_sacct,
@@ -115,7 +121,6 @@ class SubmitResult:
 
 
 _NO_SUCH_JOB = "Invalid job id specified"
-_JOB_REF = re.compile(r"[0-9]+(?:_[0-9]+)?")
 _SQUEUE_CHUNK = 500
 """Job ids per ``squeue -j`` call (keeps the command line short for a thousand runs)."""
 
@@ -161,18 +166,31 @@ class SlurmClient:
         logger.info("submitted job %s%s", job_id, f" on {cluster}" if cluster else "")
         return SubmitResult(tuple(argv), job_id, cluster, result.stderr.strip())
 
-    def cancel(self, job_ref: str, *, signal: str | None = None, full: bool = False) -> None:
-        """``scancel`` a job (or send it ``signal``; ``full`` also signals the batch shell)."""
+    def cancel(
+        self,
+        job_ref: str,
+        *,
+        signal: str | None = None,
+        full: bool = False,
+        source: str | None = None,
+    ) -> None:
+        """``scancel`` a job (or send it ``signal``; ``full`` also signals the batch shell).
+
+        ``source`` names the file ``job_ref`` was read from, for the error when it is not a job
+        id (then nothing is run).
+        """
         argv = ["scancel"]
         if signal is not None:
             argv.append(f"--signal={signal}")
         if full:
             argv.append("--full")
-        self._check(self._run([*argv, job_ref]), "scancel failed")
+        argv.append(check_job_ref(job_ref, source))
+        self._check(self._run(argv), "scancel failed")
 
-    def requeue(self, job_ref: str) -> None:
+    def requeue(self, job_ref: str, *, source: str | None = None) -> None:
         """``scontrol requeue``: stop the job and queue it again under the same id."""
-        self._check(self._run(["scontrol", "requeue", job_ref]), "scontrol requeue failed")
+        argv = ["scontrol", "requeue", check_job_ref(job_ref, source)]
+        self._check(self._run(argv), "scontrol requeue failed")
 
     def job_states(self, job_ids: Sequence[str]) -> dict[str, JobInfo]:
         """The jobs among ``job_ids`` that the controller still holds, keyed by :attr:`JobInfo.ref`.
@@ -184,7 +202,7 @@ class SlurmClient:
         pending range; ``120_3`` matches one task. Ids that are not job ids (``12x``, a local
         backend's pid is fine) are never sent: one bad id makes squeue refuse them all.
         """
-        wanted = list(dict.fromkeys(j for j in job_ids if _JOB_REF.fullmatch(j)))
+        wanted = list(dict.fromkeys(j for j in job_ids if is_job_ref(j)))
         found: dict[str, JobInfo] = {}
         for i in range(0, len(wanted), _SQUEUE_CHUNK):
             chunk = wanted[i : i + _SQUEUE_CHUNK]
@@ -201,10 +219,10 @@ class SlurmClient:
             )
         return found
 
-    def show_job(self, job_ref: str) -> dict[str, str]:
+    def show_job(self, job_ref: str, *, source: str | None = None) -> dict[str, str]:
         """``scontrol show job -o``: the job's fields (an array's first task for an array id)."""
         result = self._check(
-            self._run(["scontrol", "show", "job", "-o", job_ref]),
+            self._run(["scontrol", "show", "job", "-o", check_job_ref(job_ref, source)]),
             "scontrol show job failed",
             "HINT: the job may have finished longer ago than the controller keeps it "
             "(MinJobAge); use `hpc-ddp status` or sacct",
@@ -222,8 +240,11 @@ class SlurmClient:
         return parse_max_array_size(result.stdout)
 
     def sacct_states(self, job_ids: Iterable[str]) -> dict[str, AccountingRecord] | None:
-        """Accounting records of finished jobs and their steps; ``None`` without slurmdbd."""
-        job_ids = list(job_ids)
+        """Accounting records of finished jobs and their steps; ``None`` without slurmdbd.
+
+        Ids that are not job ids are left out, as in :meth:`job_states`.
+        """
+        job_ids = list(dict.fromkeys(j for j in job_ids if is_job_ref(j)))
         if not job_ids:
             return {}
         argv = ["sacct", "-n", "-P", "-o", "JobID,State,ExitCode,Elapsed", "-j", ",".join(job_ids)]

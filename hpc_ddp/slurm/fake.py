@@ -202,7 +202,9 @@ class FakeSlurm:
         return CompletedCommand(args, 0, "".join(f"{line}\n" for line in lines), "")
 
     def _scancel(self, args: tuple[str, ...]) -> CompletedCommand:
-        found = self._find(args[-1])
+        # As Slurm reads it: `scancel --me` cancels every job of the user, here every job.
+        mine = "--me" in args
+        found = [j for j in self.jobs.values() if j.in_queue] if mine else self._find(args[-1])
         if not found:
             said = f"scancel: error: Kill job error on job id {args[-1]}: {INVALID_JOB}\n"
             return CompletedCommand(args, 1, "", said)

@@ -13,9 +13,41 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from hpc_ddp.errors import SlurmError, SubmissionError
+from hpc_ddp.errors import RunDirError, SlurmError, SubmissionError, TargetError
 
 logger = logging.getLogger(__name__)
+
+JOB_REF = re.compile(r"[1-9][0-9]*(?:_(?:0|[1-9][0-9]*))?")
+"""A Slurm job id as hpc-ddp stores and sends it: a job or array job (``123``), or one task of
+an array (``123_4``). Nothing else is ever passed to Slurm's commands: ``--me``, ``1,2,3`` or
+``123_[1-9]`` in a damaged manifest would widen the command to other jobs."""
+
+
+def is_job_ref(text: object) -> bool:
+    """True for a string in :data:`JOB_REF`'s form."""
+    return isinstance(text, str) and JOB_REF.fullmatch(text) is not None
+
+
+def check_job_ref(ref: object, source: str | None = None) -> str:
+    """``ref`` if it is a job id (:data:`JOB_REF`), else an error naming where it came from.
+
+    ``source`` is the file the id was read from (a damaged file: :class:`RunDirError`); None
+    for an id typed by a person (:class:`TargetError`, a usage error).
+    """
+    if is_job_ref(ref):
+        return str(ref)
+    shown = repr(ref) if len(repr(ref)) <= 60 else repr(ref)[:57] + "..."
+    what = (
+        f"job id {shown} is not a Slurm job id (123, or 123_4 for an array task); nothing was "
+        "sent to Slurm"
+    )
+    if source is None:
+        raise TargetError(f"{what}. HINT: pass one job id as sbatch printed it (e.g. 1234)")
+    raise RunDirError(
+        f"{source}: {what}. HINT: the file is damaged or was edited; the run's job id is "
+        "also in its logs (logs/batch-<job>.out): restore the file, or use Slurm's own commands "
+        "with that id"
+    )
 
 
 class JobState(str, Enum):

@@ -2,7 +2,8 @@
 
 matplotlib is an optional extra (``pip install 'hpc-ddp[plot]'``), imported only here and only
 when a plot is asked for; without it :func:`plot_results` raises a :class:`ConfigError` that
-says how to install it (exit code 2).
+says how to install it (exit code 2). :func:`plot_target` checks where the picture goes (a
+format matplotlib writes, a directory that can hold it) before anything is computed.
 """
 
 from __future__ import annotations
@@ -22,6 +23,53 @@ INSTALL_HINT = "HINT: pip install 'hpc-ddp[plot]' (or pip install matplotlib)"
 def require_matplotlib() -> None:
     """Fail early (before any output) when ``--plot`` cannot be honoured."""
     _pyplot()
+
+
+def plot_target(arg: str) -> Path:
+    """Where ``--plot ARG`` writes: ``ARG`` (its suffix names the format), ``ARG/results.png``
+    for an existing directory, ``ARG.png`` for a name without a suffix (as matplotlib would).
+
+    Refused with a :class:`ConfigError` (exit 2) before anything is computed: a format
+    matplotlib does not write, a parent that is a file, a place no file can be created.
+    """
+    _pyplot()
+    out = Path(arg)
+    if out.is_dir():
+        out = out / "results.png"
+    elif not out.suffix:
+        out = out.with_name(out.name + ".png")
+    backend_bases = importlib.import_module("matplotlib.backend_bases")
+    formats = sorted(backend_bases.FigureCanvasBase.get_supported_filetypes())
+    if out.suffix[1:].lower() not in formats:
+        raise ConfigError(
+            f"--plot {arg}: matplotlib cannot write {out.suffix!r} files. HINT: end the file name "
+            f"with one of the supported formats: {', '.join('.' + f for f in formats)} "
+            "(e.g. --plot results.png)"
+        )
+    _check_writable(arg, out)
+    return out
+
+
+def _check_writable(arg: str, out: Path) -> None:
+    """Create ``out``'s directory and prove a file can be created there (the probe is removed
+    again unless ``out`` already existed)."""
+    hint = "HINT: pass a file path in a directory you can write, e.g. --plot results.png"
+    above = out.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise ConfigError(f"--plot {arg}: {above} is a file, not a directory. {hint}")
+    existed = out.exists()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("ab"):
+            pass
+        if not existed:
+            out.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            f"--plot {arg}: cannot write {out} ({exc.strerror or exc}). {hint}"
+        ) from None
 
 
 def _pyplot() -> Any:
@@ -75,9 +123,16 @@ def plot_results(
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=120)
+    except OSError as exc:  # checked by plot_target, but the directory may change since
+        raise ConfigError(
+            f"--plot: cannot write {out} ({exc.strerror or exc}). HINT: pass a file path in a "
+            "directory you can write"
+        ) from None
+    finally:
+        plt.close(fig)
     return out
 
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from hpc_ddp.config.yaml_dialect import parse_yaml
-from hpc_ddp.errors import ConfigError, RunDirError
-from hpc_ddp.slurm.jobstate import JobInfo
+from hpc_ddp.errors import ConfigError, RunDirError, TargetError
+from hpc_ddp.slurm.jobstate import JobInfo, is_job_ref
 
 SWEEP_RECORD = "sweep.yaml"
 ARRAYS_RECORD = "arrays.json"
@@ -113,13 +113,15 @@ def parse_index_ranges(text: str) -> list[int]:
 def read_sweep_record(sweep_dir: Path) -> SweepRecord:
     """Read ``sweep.yaml``; a missing or damaged one is a :class:`RunDirError` with a hint.
 
-    A path that is not a directory at all is a :class:`ConfigError` (the argument is wrong).
+    A path that is no directory at all (missing, or a file) is a :class:`TargetError`: the
+    argument is wrong, not the sweep.
     """
     path = sweep_dir / SWEEP_RECORD
-    if sweep_dir.exists() and not sweep_dir.is_dir():
-        raise ConfigError(
-            f"{sweep_dir}: is a file, not a sweep directory. HINT: pass the sweep directory "
-            "printed by `hpc-ddp sweep` (it holds sweep.yaml and tasks/)"
+    if not sweep_dir.is_dir():
+        what = "is a file, not a sweep directory" if sweep_dir.exists() else "no such directory"
+        raise TargetError(
+            f"{sweep_dir}: {what}. HINT: pass the sweep directory printed by `hpc-ddp sweep` (it "
+            "holds sweep.yaml and tasks/); `hpc-ddp status` lists the sweeps under --runs-dir"
         )
     try:
         text = path.read_text(encoding="utf-8")
@@ -176,15 +178,75 @@ def _parse_record(text: str, source: str) -> Any:
 
 
 def read_arrays(sweep_dir: Path) -> list[ArrayRecord]:
-    """The arrays submitted for a sweep, in submission order ([] before the first submit)."""
+    """The arrays submitted for a sweep, in submission order ([] before the first submit).
+
+    Anything but a JSON list of array records with the right value types (a job id in Slurm's
+    form, ``points`` as index ranges) is a :class:`RunDirError` with a hint: ``status`` shows
+    the sweep DAMAGED, and nothing is sent to Slurm from it.
+    """
     path = sweep_dir / ARRAYS_RECORD
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return [ArrayRecord(**item) for item in data]
     except FileNotFoundError:
         return []
-    except (ValueError, TypeError) as exc:
-        raise RunDirError(f"{path}: unreadable array record ({exc}).") from None
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        raise _damaged_arrays(path, f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(data, list):
+        raise _damaged_arrays(path, f"a JSON {type(data).__name__}, not a list of arrays")
+    return [_array_record(path, number, item) for number, item in enumerate(data)]
+
+
+_ARRAY_TYPES: dict[str, type] = {
+    "job_id": str, "points": str, "offset": int, "array": str, "script": str,
+    "submitted_at": str, "reason": str, "command": list,
+}  # fmt: skip
+_ARRAY_OPTIONAL = frozenset({"reason", "command"})
+
+
+def _array_record(path: Path, number: int, item: Any) -> ArrayRecord:
+    """Array ``number`` of ``arrays.json``, checked (a :class:`RunDirError` if it is wrong)."""
+    if not isinstance(item, dict):
+        raise _damaged_arrays(path, f"array {number} is a JSON {type(item).__name__}")
+    for key, kind in _ARRAY_TYPES.items():
+        if key not in item:
+            if key in _ARRAY_OPTIONAL:
+                continue
+            raise _damaged_arrays(path, f"array {number} has no {key}")
+        value = item[key]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise _damaged_arrays(
+                path, f"array {number}: {key} is {value!r:.80}, expected {kind.__name__}"
+            )
+    why = _array_values_wrong(item)
+    if why is not None:
+        raise _damaged_arrays(path, f"array {number}: {why}")
+    known = {f.name for f in fields(ArrayRecord)}  # keys a newer hpc-ddp added are left out
+    return ArrayRecord(**{k: v for k, v in item.items() if k in known})
+
+
+def _array_values_wrong(item: dict[str, Any]) -> str | None:
+    """Why a well-typed array record still cannot be right, or None."""
+    if not is_job_ref(item["job_id"]):
+        return f"job_id {item['job_id']!r:.80} is not a Slurm job id (e.g. 1234)"
+    try:
+        points = parse_index_ranges(item["points"])
+    except ValueError:
+        points = []
+    if not points:
+        return f"points {item['points']!r:.80} are not array indices (e.g. 0-5,7)"
+    if item["offset"] < 0 or item["offset"] > points[0]:
+        return f"offset {item['offset']} is not between 0 and its first point {points[0]}"
+    if not all(isinstance(word, str) for word in item.get("command", [])):
+        return f"command {item['command']!r:.80} is not a list of strings"
+    return None
+
+
+def _damaged_arrays(path: Path, why: str) -> RunDirError:
+    return RunDirError(
+        f"{path}: damaged array record ({why[:300]}). HINT: it is written by `hpc-ddp sweep`; "
+        "restore it from a backup or move the sweep aside (its array job ids are also in "
+        "manifest.json, array_jobs)."
+    )
 
 
 def current_refs(arrays: Sequence[ArrayRecord]) -> dict[int, tuple[str, int]]:

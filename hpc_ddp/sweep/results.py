@@ -53,6 +53,7 @@ __all__ = [
     "format_index_ranges",
     "gather_results",
     "live_task",
+    "logged_metrics",
     "loss_curve",
     "metric_summary",
     "parse_index_ranges",
@@ -156,6 +157,20 @@ def metric_summary(
         if best is None or (value < best if mode == "min" else value > best):
             best, best_step = value, row.get("step")
     return final, best, best_step if isinstance(best_step, int) else None
+
+
+_NOT_METRICS = frozenset({"step", "time"})  # the x axis and the wall time
+
+
+def logged_metrics(rows: Sequence[ResultRow]) -> list[str]:
+    """Every name that some task logged a number for in its ``metrics.jsonl``, sorted."""
+    names: set[str] = set()
+    for row in rows:
+        for line in read_metrics(row.run_dir / "metrics.jsonl"):
+            names.update(
+                k for k, v in line.items() if k not in _NOT_METRICS and _number(v) is not None
+            )
+    return sorted(names)
 
 
 def loss_curve(rows: Sequence[Mapping[str, Any]], key: str = "loss") -> list[tuple[int, float]]:

@@ -11,8 +11,10 @@ its tasks end; a real Slurm sweep of two job arrays is cancelled as a whole.
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import pty
 import subprocess
 import sys
 import time
@@ -22,11 +24,17 @@ from pathlib import Path
 
 import pytest
 
+from hpc_ddp.cli import cmd_logs
+from hpc_ddp.cli.main import main
 from hpc_ddp.local.process import identify_started, write_identity
 from hpc_ddp.rundir import Manifest, RunPaths, write_manifest
 from hpc_ddp.runtime.ledger import EndCause, read_ledger
 from hpc_ddp.slurm.client import parse_scontrol_oneliner
+from hpc_ddp.slurm.fake import FakeSlurm
+from hpc_ddp.slurm.jobstate import JobState
 from tests import e2e_util as e2e
+from tests.cli.test_status import command_job
+from tests.cli.test_targets import write_run, write_sweep
 from tests.conftest import REPO, Cluster
 
 GUARD = """
@@ -248,6 +256,78 @@ def test_cancel_sweep_dir_cancels_every_array_job(slurm_cluster: Cluster, tmp_pa
     assert set(final.values()) == {"CANCELLED"}, final
 
 
+@pytest.mark.slurm
+def test_real_job_survives_cancel_of_a_damaged_manifest_that_names_it(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """A damaged manifest whose job id would widen scancel (here to a list holding our own
+    running job, so a regression could only ever hurt this test's job) cancels nothing."""
+    runs = tmp_path / "runs"
+    sleeper = command_job(tmp_path, "sleeper", "import time\ntime.sleep(300)\n")
+    job = e2e.submit(slurm_cluster, runs, str(sleeper))
+    try:
+        e2e.wait_state(slurm_cluster, job.job_id, ["RUNNING"], timeout_s=240)
+        listed = write_run(runs, "listed", job_id=f"{job.job_id},{job.job_id}")
+        ranged = write_run(runs, "ranged", job_id=job.job_id,
+                           array_jobs=[job.job_id, f"{job.job_id}_[0-3]"])  # fmt: skip
+        for damaged, bad in ((listed, f"{job.job_id},{job.job_id}"),
+                             (ranged, f"{job.job_id}_[0-3]")):  # fmt: skip
+            done = e2e.hpc(slurm_cluster, "cancel", str(damaged), check=False)
+            assert done.returncode == 1, done.stdout
+            assert f"{damaged / 'manifest.json'}: job id {bad!r} is not a Slurm job id" in (
+                done.stderr
+            )
+            assert "HINT:" in done.stderr
+            assert done.stdout == ""
+        assert e2e.job_fields(slurm_cluster, job.job_id)["JobState"] == "RUNNING"
+        shown = e2e.hpc(slurm_cluster, "status", "--runs-dir", str(runs), "--json", check=False)
+        states = {Path(r["run"]).name: r["state"] for r in json.loads(shown.stdout)}
+        assert states == {job.run_dir.name: "RUNNING", "listed": "DAMAGED", "ranged": "DAMAGED"}
+    finally:
+        e2e.hpc(slurm_cluster, "cancel", str(job.run_dir), check=False)
+    assert e2e.wait_done(slurm_cluster, job.job_id)["JobState"] == "CANCELLED"
+
+
+# Point 0 sleeps until cancelled; point 1 waits for a file, then ends well.
+TWO_ROLES = """\
+import pathlib, sys, time
+go = pathlib.Path(sys.argv[2])
+while sys.argv[1] == "sleep" or not go.exists():
+    time.sleep(0.2)
+"""
+
+
+@pytest.mark.slurm
+def test_real_cancel_of_one_sweep_task_by_its_directory(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    script = tmp_path / "roles.py"
+    script.write_text(TWO_ROLES)
+    go = tmp_path / "go"
+    (tmp_path / "job.yaml").write_text(
+        f"name: roles\ncommand: [python, {script}, '{{params.role}}', {go}]\n"
+        "params: {role: sleep}\n"
+        "slurm: {nodes: 1, tasks_per_node: 1, cpus_per_task: 1, time: '5'}\n"
+    )
+    sweep_file = tmp_path / "sweep.yaml"
+    sweep_file.write_text("base: job.yaml\nsweep:\n  grid:\n    params.role: [sleep, wait]\n")
+    sub = e2e.sweep(slurm_cluster, tmp_path / "runs", sweep_file)
+    [array] = sub["array_jobs"]
+    sweep_dir = Path(sub["sweep_dir"])
+    try:
+        for task in ("0", "1"):
+            e2e.wait_state(slurm_cluster, f"{array}_{task}", ["RUNNING"], timeout_s=240)
+        done = e2e.hpc(slurm_cluster, "cancel", str(sweep_dir / "tasks" / "0"))
+        assert f"cancelled slurm array task {array}_0 ({sweep_dir / 'tasks' / '0'})" in done.stdout
+        assert e2e.wait_done(slurm_cluster, f"{array}_0")["JobState"] == "CANCELLED"
+        assert e2e.job_fields(slurm_cluster, f"{array}_1")["JobState"] == "RUNNING"
+        go.touch()
+        assert e2e.wait_done(slurm_cluster, f"{array}_1")["JobState"] == "COMPLETED"
+    finally:
+        go.touch()
+        e2e.hpc(slurm_cluster, "cancel", str(sweep_dir), check=False)
+
+
 # --- logs ------------------------------------------------------------------------------------
 
 
@@ -313,8 +393,176 @@ def test_logs_of_a_sweep_task(tmp_path: Path) -> None:
 def test_logs_errors_are_clear(tmp_path: Path) -> None:
     gone = hpc("logs", str(tmp_path / "nope"))
     assert gone.returncode == 2
-    assert "is not a directory. HINT:" in gone.stderr
+    assert f"{tmp_path / 'nope'}: no such run directory. HINT:" in gone.stderr
     run_dir = _logs_run(tmp_path / "run", "", "x\n")
     absent = hpc("logs", str(run_dir), "--rank", "3")
     assert absent.returncode == 1
     assert "no rank-3.err log yet. HINT: logs present: rank-0.err, rank-0.out" in absent.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--poll", "-1"], ["--poll", "nan"], ["--poll", "inf"], ["--poll", "0"], ["--poll", "x"],
+     ["--follow-for", "-1"], ["--follow-for", "nan"], ["--rank", "-1"], ["--rank", "1.5"]],
+)  # fmt: skip
+def test_logs_option_values_out_of_range_are_usage_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    run_dir = _logs_run(tmp_path / "run", "", "x\n")
+    with pytest.raises(SystemExit) as info:
+        main(["logs", str(run_dir), "-f", *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {argv[0]}: {argv[1]!r} is not a" in err
+    assert "Traceback" not in err
+
+
+def test_something_else_where_a_log_belongs_is_named_not_a_traceback(tmp_path: Path) -> None:
+    run_dir = _logs_run(tmp_path / "run", "", "x\n")
+    logs = run_dir / "logs"
+    (logs / "rank-0.err").unlink()
+    (logs / "rank-0.err").mkdir()
+    as_dir = hpc("logs", str(run_dir))
+    assert as_dir.returncode == 1
+    assert f"{logs / 'rank-0.err'}: is not a regular file, so not a log. HINT:" in as_dir.stderr
+    (logs / "rank-0.err").rmdir()
+    (logs / "rank-0.err").symlink_to(logs / "gone.err")
+    dangling = hpc("logs", str(run_dir))
+    assert dangling.returncode == 1
+    assert (
+        f"{logs / 'rank-0.err'}: a symlink to {logs / 'gone.err'}, which does not exist. HINT:"
+    ) in dangling.stderr
+    assert "log yet" not in dangling.stderr
+    (logs / "batch-7.out").mkdir()
+    batch = hpc("logs", str(run_dir), "--batch", "--out")
+    assert batch.returncode == 1
+    assert "batch-7.out: is not a regular file" in batch.stderr
+    assert "Traceback" not in as_dir.stderr + dangling.stderr + batch.stderr
+
+
+# A rank's output with escape sequences (an OSC title change, a CSI clear screen, an 8-bit CSI),
+# a bell, DEL, and bytes that are not UTF-8.
+RAW = b"step 1\tok\r\n\x1b]0;owned\x07\x1b[2J\xc2\x9b31m\x7f \xff caf\xc3\xa9\n"
+SHOWN = "step 1\tok\r\n^[]0;owned^G^[[2JM-^[31m^? \ufffd caf\u00e9\n"
+
+
+def test_copy_logs_escapes_control_characters_only_when_asked() -> None:
+    assert cmd_logs.visible("a\x1b[1mb\x00\x9b\x85\tc\r\n") == "a^[[1mb^@M-^[M-^E\tc\r\n"
+    assert cmd_logs.visible("plain text, \u00e9t\u00e9") == "plain text, \u00e9t\u00e9"
+
+
+def test_logs_pass_bytes_unchanged_to_a_pipe_and_escape_them_on_a_terminal(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "logs" / "rank-0.err").write_bytes(RAW)
+    argv = [sys.executable, "-m", "hpc_ddp", "logs", str(run_dir)]
+    piped = subprocess.run(argv, cwd=REPO, env=local_env(), capture_output=True, timeout=60,
+                           check=False)  # fmt: skip
+    assert (piped.returncode, piped.stdout) == (0, RAW)
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run(argv, cwd=REPO, env=local_env(), stdout=follower,
+                              stderr=subprocess.PIPE, timeout=60, check=False)  # fmt: skip
+        os.close(follower)
+        shown = b""
+        while chunk := _read_pty(leader):
+            shown += chunk
+    finally:
+        os.close(leader)
+    assert done.returncode == 0, done.stderr
+    # The terminal's line discipline turns each \n into \r\n; nothing else may differ.
+    assert shown == SHOWN.encode().replace(b"\n", b"\r\n")
+    assert b"\x1b" not in shown
+
+
+def _read_pty(fd: int) -> bytes:
+    try:
+        return os.read(fd, 4096)
+    except OSError:  # EIO: the other end is closed and everything was read
+        return b""
+
+
+# --- logs -f on a job that has not written its log yet ----------------------------------------
+
+
+class Sleeps:
+    """Stands in for ``time.sleep`` while ``logs`` waits: records each sleep and runs ``then``
+    (the world changing meanwhile) on the first one."""
+
+    def __init__(self, then: object) -> None:
+        self.then = then
+        self.calls: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.calls.append(seconds)
+        if len(self.calls) == 1 and callable(self.then):
+            self.then()
+
+
+def test_logs_follow_waits_for_the_log_of_a_pending_job(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = write_run(tmp_path / "runs", "pending", job_id="77")
+    slurm = FakeSlurm()
+    slurm.add_job("77", state=JobState.PENDING)
+    sleeps = Sleeps(lambda: (run_dir / "logs" / "rank-0.err").write_text("step 1/9\n"))
+    monkeypatch.setattr(time, "sleep", sleeps)
+    argv = ["logs", str(run_dir), "-f", "--poll", "0.25", "--follow-for", "0"]
+    assert main(argv, slurm=slurm.client()) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "step 1/9\n"
+    assert "hpc-ddp logs: job 77 is PENDING; waiting for its log to appear" in captured.err
+    assert sleeps.calls == [0.25]
+    assert [c.split()[0] for c in slurm.commands()] == ["squeue"]
+
+
+@pytest.mark.parametrize("state", [JobState.COMPLETED, JobState.CANCELLED, None])
+def test_logs_follow_does_not_wait_for_a_job_that_has_ended(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    state: JobState | None,
+) -> None:
+    run_dir = write_run(tmp_path / "runs", "ended", job_id="78")
+    slurm = FakeSlurm()
+    if state is not None:  # None: slurmctld has forgotten the job
+        slurm.add_job("78", state=state)
+    sleeps = Sleeps(None)
+    monkeypatch.setattr(time, "sleep", sleeps)
+    assert main(["logs", str(run_dir), "-f"], slurm=slurm.client()) == 1
+    assert "no rank-0.err log yet. HINT:" in capsys.readouterr().err
+    assert sleeps.calls == []
+
+
+def test_logs_follow_stops_waiting_when_the_job_ends_without_a_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sweep = write_sweep(tmp_path / "runs")
+    slurm = FakeSlurm()
+    # Points 1 and 2 wait in array 1001's pending range; point 1 is 1003_1 since a resubmit.
+    pending = slurm.add_job("1003", state=JobState.PENDING, array_job_id="1003",
+                            array_task_id="1")  # fmt: skip
+
+    def ends() -> None:
+        pending.state = JobState.FAILED
+
+    sleeps = Sleeps(ends)
+    monkeypatch.setattr(time, "sleep", sleeps)
+    monkeypatch.setattr(cmd_logs, "ASK_EVERY_S", 0.0)
+    assert main(["logs", str(sweep), "--task", "1", "-f"], slurm=slurm.client()) == 1
+    captured = capsys.readouterr()
+    assert "job 1003_1 is PENDING; waiting for its log to appear" in captured.err
+    assert f"{sweep / 'tasks' / '1' / 'logs'}: no rank-0.err log yet" in captured.err
+    assert len(sleeps.calls) == 1
+    assert slurm.commands("squeue -h -t all -j 1003 ")  # asked by the array job id
+
+
+def test_copy_logs_writes_bytes_with_headers_for_two_streams(tmp_path: Path) -> None:
+    (tmp_path / "a.err").write_bytes(b"\x1b[1mA\n")
+    (tmp_path / "b.out").write_bytes(b"B\n")
+    out = io.BytesIO()
+    paths = [tmp_path / "a.err", tmp_path / "b.out"]
+    cmd_logs.copy_logs(paths, out, follow=False, poll_s=1.0, deadline=None)
+    assert out.getvalue() == b"==> a.err <==\n\x1b[1mA\n\n==> b.out <==\nB\n"

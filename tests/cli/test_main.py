@@ -54,10 +54,8 @@ def test_dry_run_prints_script_and_command_and_writes_nothing(
 
 
 def test_dry_run_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert (
-        main(["submit", "jobs/quickstart.yaml", "--dry-run", "--json", "--runs-dir", str(tmp_path)])
-        == 0
-    )
+    argv = ["submit", "jobs/quickstart.yaml", "--dry-run", "--json", "--backend", "slurm"]
+    assert main([*argv, "--runs-dir", str(tmp_path)]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["command"][:2] == ["sbatch", "--parsable"]
     assert data["script"].startswith("#!/bin/bash")
@@ -92,7 +90,7 @@ def test_missing_config_file_is_a_clear_error(capsys: pytest.CaptureFixture[str]
 def test_status_of_a_non_run_dir_says_what_to_pass(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["status", "12345", "--runs-dir", str(tmp_path)]) == 1
+    assert main(["status", "12345", "--runs-dir", str(tmp_path)]) == 2
     assert "HINT" in capsys.readouterr().err
 
 
@@ -102,7 +100,10 @@ def test_login_node_commands_import_no_torch_or_submitit(tmp_path: Path) -> None
         "import sys\n"
         "from hpc_ddp.cli.main import main\n"
         "runs = sys.argv[-1]\n"
-        "for argv in (['submit', 'jobs/quickstart.yaml', '--dry-run', '--runs-dir', runs],\n"
+        "for argv in (['submit', 'jobs/quickstart.yaml', '--dry-run', '--runs-dir', runs,\n"
+        "              '--backend', 'slurm'],\n"
+        "             ['submit', 'jobs/quickstart.yaml', '--dry-run', '--runs-dir', runs,\n"
+        "              '--backend', 'local'],\n"
         "             ['status', '--runs-dir', runs]):\n"
         "    assert main(argv) == 0\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in\n"

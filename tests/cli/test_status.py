@@ -357,6 +357,50 @@ def test_plain_runs_are_shown_beside_sweeps(
     assert f"{sweep}: 1 tasks: 1 failed" in text
 
 
+@pytest.mark.parametrize(
+    ("arrays", "why"),
+    [
+        ('[{"job_id": "40", "points": "abc", "offset": 0, "array": "0", "script": "j",'
+         ' "submitted_at": ""}]', "points 'abc' are not array indices"),
+        ('[{"job_id": "40", "points": null, "offset": 0, "array": "0", "script": "j",'
+         ' "submitted_at": ""}]', "points is None, expected str"),
+        ('[{"job_id": 40, "points": "0", "offset": 0, "array": "0", "script": "j",'
+         ' "submitted_at": ""}]', "job_id is 40, expected str"),
+        ("{}", "a JSON dict, not a list of arrays"),
+        ("\udcff[", "UnicodeDecodeError"),
+    ],
+    ids=["points-abc", "points-null", "job-id-int", "object", "undecodable"],
+)  # fmt: skip
+def test_a_sweep_with_a_damaged_arrays_json_is_one_damaged_row(
+    tmp_path: Path,
+    fake: StatusSlurm,
+    capsys: pytest.CaptureFixture[str],
+    arrays: str,
+    why: str,
+) -> None:
+    plain = make_run(tmp_path, "a-plain", "31", [EndCause.FINISHED])
+    sweep = make_run(tmp_path, "b-sweep", "40")
+    (sweep / "sweep.yaml").write_text(
+        "name: b\nsweep_file: s.yaml\nbase: j.yaml\nmetric: {name: val_loss, mode: min}\n"
+        'max_parallel: null\nkeys: [train.lr]\npoints:\n- {"index": 0, "name": "b-0", '
+        '"overrides": {"train.lr": 0.1}}\n'
+    )
+    (sweep / "arrays.json").write_bytes(arrays.encode("utf-8", "surrogateescape"))
+    (sweep / "tasks" / "0").mkdir(parents=True)
+    fake.rows = {"31": ("COMPLETED", script(plain))}
+    rows = status_json(capsys, "--runs-dir", str(tmp_path), code=1)
+    assert [(r["run"], r["state"]) for r in rows] == [
+        (str(plain), "COMPLETED"), (str(sweep), "DAMAGED")
+    ]  # fmt: skip
+    assert rows[1]["note"].startswith(f"{sweep / 'arrays.json'}: damaged array record (")
+    assert why in rows[1]["note"]
+    assert "HINT:" in rows[1]["note"]
+    assert main(["status", "--runs-dir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("DAMAGED") == 1
+    assert "COMPLETED" in out
+
+
 def test_slurm_forgot_the_job_sacct_decides_or_status_says_it_cannot(
     tmp_path: Path, fake: StatusSlurm, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -582,8 +626,8 @@ def test_real_job_dying_before_its_first_attempt_is_failed_with_why(
     slurm_cluster: Cluster, tmp_path: Path
 ) -> None:
     """Held at submit, given only damaged checkpoints, released: every rank stops in restore
-    before the ledger's first start. Status: FAILED, the error from the rank log, and that no
-    checkpoint can be resumed from."""
+    before the ledger's first start; their crash ends still count as the attempt. Status:
+    FAILED, the error, and that no checkpoint can be resumed from."""
     job = e2e.submit(slurm_cluster, tmp_path, "jobs/quickstart.yaml", "slurm.extra={hold: null}")
     checkpoints = job.run_dir / "checkpoints"
     checkpoints.mkdir(exist_ok=True)
@@ -591,11 +635,14 @@ def test_real_job_dying_before_its_first_attempt_is_failed_with_why(
     (checkpoints / "step-00000008.pt").write_bytes(b"PK\x03\x04 torn")
     slurm_cluster.run("scontrol", "release", job.job_id)
     assert e2e.wait_done(slurm_cluster, job.job_id)["JobState"] == "FAILED"
-    assert e2e.ledger(job.run_dir) == []
+    (crash,) = e2e.ledger(job.run_dir)  # the ranks' crash ends, without a start
+    assert crash.cause is EndCause.CRASH
+    assert crash.steps_done == 0
     row = e2e.status(slurm_cluster, job.run_dir)
     assert row["state"] == "FAILED"
-    assert row["attempts"] == 0
-    assert "no attempt started: rank-" in row["note"]
+    assert row["attempts"] == 1
+    assert row["causes"] == "crash"
+    assert "ended 'crash' at step 0" in row["note"]
     assert "none of 2 checkpoints loads" in row["note"]
     assert "all 2 checkpoint(s) damaged (newest step 8: truncated" in row["note"]
     assert row["ckpt step"] is None

@@ -227,6 +227,107 @@ def test_results_plot(tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFi
     assert f"plot written to {out}" in capsys.readouterr().err
 
 
+def test_results_plot_to_a_directory_or_a_bare_name_says_the_true_path(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    sweep_dir = submit(tmp_path, capsys)
+    _fill(sweep_dir, slurm)
+    plots = tmp_path / "plots"
+    plots.mkdir()
+    for arg, written in ((plots, plots / "results.png"), (plots / "bare", plots / "bare.png"),
+                         (plots / "new" / "p.svg", plots / "new" / "p.svg")):  # fmt: skip
+        assert main(["results", str(sweep_dir), "--plot", str(arg)]) == 0
+        assert f"plot written to {written}\n" in capsys.readouterr().err
+        assert written.stat().st_size > 0
+    assert sorted(p.name for p in plots.iterdir()) == ["bare.png", "new", "results.png"]
+    assert (plots / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (plots / "new" / "p.svg").read_text().lstrip().startswith("<?xml")
+
+
+@pytest.mark.parametrize(
+    ("target", "words"),
+    [
+        ("notes.txt/x.png", "notes.txt is a file, not a directory. HINT:"),
+        ("notes.txt/sub/x.png", "notes.txt is a file, not a directory. HINT:"),
+        ("x.txt", "matplotlib cannot write '.txt' files. HINT: end the file name with one of "
+                  "the supported formats: "),
+        ("x.PNGX", "cannot write '.PNGX' files"),
+        ("/proc/x.png", "cannot write /proc/x.png (No such file or directory). HINT:"),
+    ],
+)  # fmt: skip
+def test_results_plot_to_an_unwritable_place_or_format_is_a_usage_error_before_any_work(
+    tmp_path: Path,
+    slurm: FakeSlurm,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    target: str,
+    words: str,
+) -> None:
+    pytest.importorskip("matplotlib")
+    sweep_dir = submit(tmp_path, capsys)
+    (tmp_path / "notes.txt").write_text("a file\n")
+    monkeypatch.chdir(tmp_path)
+    asked = len(slurm.calls)
+    assert main(["results", str(sweep_dir), "--plot", target]) == 2
+    captured = capsys.readouterr()
+    assert words in captured.err
+    if target == "x.txt":
+        assert ".pdf, " in captured.err
+        assert ".png, " in captured.err
+    assert "Traceback" not in captured.err
+    assert captured.out == ""  # no table: refused before anything was computed
+    assert len(slurm.calls) == asked  # ...and before squeue was asked
+    assert not Path("x.txt").exists()
+
+
+def test_results_sort_by_a_metric_no_task_logged_names_those_that_were(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep_dir = submit(tmp_path, capsys)
+    _fill(sweep_dir, slurm)
+    with (sweep_dir / "tasks" / "2" / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 20, "val_acc": 0.75}) + "\n")
+    assert main(["results", str(sweep_dir), "--sort", "nosuch"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert (
+        "--sort nosuch: no task logged a metric 'nosuch' (metrics logged: loss, val_acc, "
+        "val_loss), and it is no swept key or column. HINT: sort by a logged metric or one of: "
+        "train.lr, train.seed, best, final, loss, steps, attempts, index"
+    ) in captured.err
+    assert main(["results", str(sweep_dir), "--sort", "val_los"]) == 2
+    assert "HINT: did you mean 'val_loss'? sort by" in capsys.readouterr().err
+    # A metric only one task logged still ranks (the others come last).
+    assert main(["results", str(sweep_dir), "--sort", "val_acc", "--mode", "max"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[4:6] == ["best", "val_acc"]
+    assert out[2].split()[0] == "2"
+    assert out[-1].endswith("ranked by best (max)")
+
+
+@pytest.mark.parametrize(
+    "arrays",
+    ['[{"job_id": "501", "points": "abc", "offset": 0, "array": "0-5", "script": "job.sbatch",'
+     ' "submitted_at": "t"}]', "{}", '[{"job_id": 501}]'],
+    ids=["points-abc", "object", "job-id-int"],
+)  # fmt: skip
+def test_results_and_resubmit_of_a_sweep_with_a_damaged_arrays_json_exit_1(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str], arrays: str
+) -> None:
+    sweep_dir = submit(tmp_path, capsys)
+    (sweep_dir / "arrays.json").write_text(arrays)
+    for argv in (["results", str(sweep_dir)], ["sweep", "--resubmit-failed", str(sweep_dir)]):
+        asked = len(slurm.calls)
+        assert main(argv) == 1
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert f"{sweep_dir / 'arrays.json'}: damaged array record (" in captured.err
+        assert "HINT: it is written by `hpc-ddp sweep`" in captured.err
+        assert "Traceback" not in captured.err
+        assert len(slurm.calls) == asked  # nothing submitted, nothing asked
+
+
 def test_results_plot_without_matplotlib_says_how_to_install(
     tmp_path: Path,
     slurm: FakeSlurm,
@@ -270,7 +371,7 @@ def test_sweep_and_results_do_not_import_torch_or_submitit(tmp_path: Path) -> No
 # --- user errors and damaged files: an exit code and a HINT, never a traceback -----------------
 
 
-def test_results_of_a_file_is_a_usage_error(
+def test_results_of_a_file_or_of_nothing_is_a_usage_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "results.csv"
@@ -278,6 +379,9 @@ def test_results_of_a_file_is_a_usage_error(
     assert main(["results", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"hpc-ddp results: error: {path}: is a file, not a sweep directory. HINT:" in err
+    assert main(["results", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert f"hpc-ddp results: error: {tmp_path / 'nope'}: no such sweep directory. HINT:" in err
 
 
 @pytest.mark.parametrize("top", ["0", "-3"])

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
-from hpc_ddp.errors import SlurmError, SlurmUnavailableError, SubmissionError
+from hpc_ddp.errors import (
+    RunDirError,
+    SlurmError,
+    SlurmUnavailableError,
+    SubmissionError,
+    TargetError,
+)
 from hpc_ddp.slurm.client import (
     SQUEUE_FIELDS,
     SQUEUE_FORMAT,
@@ -29,6 +35,8 @@ from hpc_ddp.slurm.client import (
     parse_squeue,
     subprocess_runner,
 )
+from hpc_ddp.slurm.fake import FakeSlurm
+from hpc_ddp.slurm.jobstate import JOB_REF, is_job_ref
 
 SCRIPT = Path("/runs/demo/job.sbatch")
 
@@ -389,6 +397,74 @@ def test_requeue_and_cancel_argv() -> None:
         ("scancel", "12"),
         ("scancel", "--signal=USR2", "--full", "12_3"),
     ]
+
+
+# What a damaged manifest or arrays.json may hold where a job id belongs: each would make a
+# Slurm command act on other jobs (`scancel --me`: every job of the user) or on none.
+NOT_JOB_IDS = ["--me", "1,2,3", "12_[1-3]", "12 13", "-1", "0", "", "12x", "1;rm -rf /",
+               "12_", "_3", "12_03", "12.batch", "+12", "１２"]  # fmt: skip
+
+
+@pytest.mark.parametrize("text", ["1", "123", "4294967295", "12_0", "12_3", "1001_999"])
+def test_job_ids_slurm_names_are_accepted(text: str) -> None:
+    assert is_job_ref(text)
+
+
+@pytest.mark.parametrize("text", NOT_JOB_IDS)
+def test_anything_else_is_not_a_job_id(text: str) -> None:
+    assert not is_job_ref(text)
+    assert JOB_REF.fullmatch(text) is None
+
+
+@pytest.mark.parametrize("bad", NOT_JOB_IDS)
+def test_acting_commands_refuse_a_bad_id_naming_its_file_and_run_nothing(bad: str) -> None:
+    slurm = FakeSlurm()
+    victim = slurm.add_job("12", state=JobState.RUNNING)
+    client = slurm.client()
+    source = "/runs/demo/manifest.json"
+    calls: list[Callable[[], object]] = [
+        lambda: client.cancel(bad, source=source),
+        lambda: client.cancel(bad, signal="USR2", source=source),
+        lambda: client.requeue(bad, source=source),
+        lambda: client.show_job(bad, source=source),
+    ]
+    for call in calls:
+        with pytest.raises(RunDirError) as info:
+            call()
+        assert type(info.value) is RunDirError
+        message = str(info.value)
+        assert message.startswith(f"{source}: job id {bad!r} is not a Slurm job id")
+        assert "nothing was sent to Slurm. HINT: the file is damaged" in message
+    # Typed by a person (no file): a usage error.
+    with pytest.raises(TargetError, match=r"is not a Slurm job id.*HINT: pass one job id"):
+        client.cancel(bad)
+    assert slurm.calls == []
+    assert victim.state is JobState.RUNNING
+
+
+def test_queries_leave_bad_ids_out_and_send_the_good_ones() -> None:
+    slurm = FakeSlurm()
+    slurm.add_job("12", state=JobState.RUNNING)
+    slurm.add_job("13", state=JobState.COMPLETED, in_queue=False)
+    client = slurm.client()
+    assert list(client.job_states([*NOT_JOB_IDS, "12"])) == ["12"]
+    records = client.sacct_states([*NOT_JOB_IDS, "13"])
+    assert records is not None
+    assert list(records) == ["13"]
+    assert slurm.commands() == [
+        f"squeue -h -t all -j 12 -O {SQUEUE_FORMAT}",
+        "sacct -n -P -o JobID,State,ExitCode,Elapsed -j 13",
+    ]
+    assert client.sacct_states(NOT_JOB_IDS) == {}  # nothing left to ask about
+    assert len(slurm.calls) == 2
+
+
+def test_the_fake_cancels_every_job_for_scancel_me_as_slurm_does() -> None:
+    """The fake answers the dangerous argv as Slurm would, so a regression shows as harm."""
+    slurm = FakeSlurm()
+    jobs = [slurm.add_job(j, state=JobState.RUNNING) for j in ("12", "13")]
+    assert slurm(["scancel", "--me"]).returncode == 0
+    assert [j.state for j in jobs] == [JobState.CANCELLED, JobState.CANCELLED]
 
 
 def test_requeue_refused_is_a_slurm_error() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from hpc_ddp.errors import ConfigError, RunDirError
+from hpc_ddp.errors import RunDirError, TargetError
 from hpc_ddp.runtime.ledger import Attempt, EndCause, record_end, record_start
 from hpc_ddp.slurm.client import JobInfo, JobState
 from hpc_ddp.sweep.results import (
@@ -22,9 +22,11 @@ from hpc_ddp.sweep.results import (
     format_index_ranges,
     gather_results,
     live_task,
+    logged_metrics,
     loss_curve,
     metric_summary,
     parse_index_ranges,
+    read_arrays,
     read_metrics,
     read_sweep_record,
     sort_rows,
@@ -300,11 +302,77 @@ def test_read_sweep_record_of_a_plain_run_dir_says_so(tmp_path: Path) -> None:
         read_sweep_record(tmp_path)
 
 
-def test_read_sweep_record_of_a_file_is_a_usage_error(tmp_path: Path) -> None:
+def test_read_sweep_record_of_a_file_or_nothing_is_a_usage_error(tmp_path: Path) -> None:
     path = tmp_path / "sweep.yaml"
     path.write_text("name: x\n")
-    with pytest.raises(ConfigError, match=r"is a file, not a sweep directory\. HINT:"):
+    with pytest.raises(TargetError, match=r"is a file, not a sweep directory\. HINT:"):
         read_sweep_record(path)
+    with pytest.raises(TargetError, match=r"nope: no such directory\. HINT:") as info:
+        read_sweep_record(tmp_path / "nope")
+    assert info.value.exit_code == 2
+
+
+GOOD_ARRAY = {"job_id": "10", "points": "0-4", "offset": 0, "array": "0-4%2",
+              "script": "job.sbatch", "submitted_at": "t"}  # fmt: skip
+
+# arrays.json content -> words of the reason (each once crashed status/results or passed)
+DAMAGED_ARRAYS = {
+    "points-abc": ([{**GOOD_ARRAY, "points": "abc"}], "points 'abc' are not array indices"),
+    "points-null": ([{**GOOD_ARRAY, "points": None}], "points is None, expected str"),
+    "points-empty": ([{**GOOD_ARRAY, "points": ""}], "points '' are not array indices"),
+    "job-id-int": ([{**GOOD_ARRAY, "job_id": 1001}], "job_id is 1001, expected str"),
+    "job-id-me": ([{**GOOD_ARRAY, "job_id": "--me"}], "job_id '--me' is not a Slurm job id"),
+    "job-id-list": ([{**GOOD_ARRAY, "job_id": "1,2"}], "job_id '1,2' is not a Slurm job id"),
+    "offset-bool": ([{**GOOD_ARRAY, "offset": True}], "offset is True, expected int"),
+    "offset-past": ([{**GOOD_ARRAY, "offset": 3}], "offset 3 is not between 0 and its first"),
+    "no-job-id": ([{k: v for k, v in GOOD_ARRAY.items() if k != "job_id"}], "has no job_id"),
+    "command": ([{**GOOD_ARRAY, "command": ["sbatch", 3]}], "is not a list of strings"),
+    "item-list": ([["10", "0-4"]], "array 0 is a JSON list"),
+    "object": ({}, "a JSON dict, not a list of arrays"),
+    "null": (None, "a JSON NoneType, not a list"),
+}
+
+
+@pytest.mark.parametrize(("data", "why"), DAMAGED_ARRAYS.values(), ids=list(DAMAGED_ARRAYS))
+def test_a_wrongly_typed_arrays_json_is_a_run_dir_error_with_a_hint(
+    tmp_path: Path, data: Any, why: str
+) -> None:
+    sweep = fabricate(tmp_path, n=5)
+    (sweep / "arrays.json").write_text(json.dumps(data))
+    with pytest.raises(RunDirError) as info:
+        read_arrays(sweep)
+    assert type(info.value) is RunDirError  # exit 1: the sweep is damaged, not the argument
+    message = str(info.value)
+    assert message.startswith(f"{sweep / 'arrays.json'}: damaged array record (")
+    assert why in message
+    assert "HINT: it is written by `hpc-ddp sweep`" in message
+    with pytest.raises(RunDirError, match="damaged array record"):
+        gather_results(sweep, {})
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00[", b'[{"job_id": "10", '])
+def test_undecodable_arrays_json_has_a_hint(tmp_path: Path, content: bytes) -> None:
+    sweep = fabricate(tmp_path, n=1)
+    (sweep / "arrays.json").write_bytes(content)
+    with pytest.raises(RunDirError, match=r"damaged array record \(.*Error.*HINT: "):
+        read_arrays(sweep)
+
+
+def test_a_good_arrays_json_reads_and_keys_of_newer_versions_are_ignored(tmp_path: Path) -> None:
+    sweep = fabricate(tmp_path, n=5)
+    later = {**GOOD_ARRAY, "job_id": "11", "points": "3,4", "offset": 3, "added_later": 1}
+    (sweep / "arrays.json").write_text(json.dumps([GOOD_ARRAY, later]))
+    assert [(a.job_id, a.points, a.offset, a.reason) for a in read_arrays(sweep)] == [
+        ("10", "0-4", 0, "sweep"), ("11", "3,4", 3, "sweep")
+    ]  # fmt: skip
+    (sweep / "arrays.json").unlink()
+    assert read_arrays(sweep) == []  # before the first submission
+
+
+def test_logged_metrics_names_every_numeric_key_but_step_and_time(tmp_path: Path) -> None:
+    rows = gather_results(populated(tmp_path), LIVE)
+    task_files(tmp_path / "demo-sweep", 4, [{"step": 1, "time": 3.0, "note": "x", "acc": 1}], [])
+    assert logged_metrics(rows) == ["acc", "loss", "val_loss"]
 
 
 @pytest.mark.parametrize(
