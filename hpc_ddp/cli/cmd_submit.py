@@ -12,7 +12,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from hpc_ddp.cli.launching import report, submit_local
+from hpc_ddp.cli.launching import check_local_job, describe_local_plan, report, submit_local
 from hpc_ddp.cli.runs import runs_dir_from
 from hpc_ddp.config.load import find_site_profile, load_job_config
 from hpc_ddp.config.preflight import preflight_job
@@ -79,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     backend = choose_backend(args.backend, shutil.which("sbatch"))
     if backend == "local" and args.test_only:
         raise ConfigError("--test-only asks Slurm; HINT: use --backend slurm on a Slurm cluster.")
+    if backend == "local":
+        check_local_job(cfg)  # a dry run says so too, rather than show a job that cannot start
     client = args.slurm
     runs_dir = runs_dir_from(args.runs_dir, os.environ)
     prepared = prepare(
@@ -132,17 +134,19 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 def _show_dry_run(prepared: Prepared, backend: str, as_json: bool) -> int:
+    local = backend == "local"
     if as_json:
-        print(
-            json.dumps(
-                {
-                    "backend": backend,
-                    "run_dir": str(prepared.paths.root),
-                    "command": list(prepared.sbatch_argv),
-                    "script": prepared.script,
-                }
-            )
-        )
+        shown: dict[str, object] = {"backend": backend, "run_dir": str(prepared.paths.root)}
+        if local:  # no sbatch runs: submitit's controller starts the processes
+            folder = str(prepared.paths.root / "submitit")
+            shown["command"] = [sys.executable, "-m", "submitit.local._local", folder]
+            shown["plan"] = describe_local_plan(prepared.cfg, prepared.paths.root)[2:]
+        else:
+            shown.update(command=list(prepared.sbatch_argv), script=prepared.script)
+        print(json.dumps(shown))
+    elif local:
+        print(describe_local_plan(prepared.cfg, prepared.paths.root))
+        print(f"# run directory: {prepared.paths.root}")
     else:
         print(prepared.script, end="")
         print(f"# backend: {backend}; would run: {' '.join(prepared.sbatch_argv)}")

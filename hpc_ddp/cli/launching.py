@@ -5,11 +5,59 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+from hpc_ddp.config.model import JobConfig
+from hpc_ddp.config.units import parse_slurm_time
+from hpc_ddp.errors import ConfigError
 from hpc_ddp.rundir import write_manifest
 from hpc_ddp.slurm.submission import Prepared, materialize, record
+
+LOCAL_CPU_FACTOR = 4
+"""A local job may start this many processes per CPU this process may run on, at most ..."""
+LOCAL_MAX_PROCESSES = 256
+"""... and never more than this: each is a whole Python process with torch loaded."""
+
+
+def check_local_size(ntasks: int, cpus: int) -> None:
+    """Refuse a local job with more processes than this machine can sensibly run (``cpus``:
+    the CPUs this process may run on)."""
+    limit = min(LOCAL_MAX_PROCESSES, max(1, cpus) * LOCAL_CPU_FACTOR)
+    if ntasks <= limit:
+        return
+    why = (
+        f"the hard cap of {LOCAL_MAX_PROCESSES}"
+        if limit == LOCAL_MAX_PROCESSES
+        else f"{LOCAL_CPU_FACTOR} per CPU this process may use: {cpus} CPUs"
+    )
+    raise ConfigError(
+        f"slurm.nodes x slurm.tasks_per_node = {ntasks} local processes, more than {limit} "
+        f"({why}); nothing was created. HINT: lower slurm.nodes or slurm.tasks_per_node "
+        "(e.g. slurm.nodes=1 slurm.tasks_per_node=2), or submit it to Slurm (--backend slurm)."
+    )
+
+
+def check_local_job(cfg: JobConfig) -> None:
+    """:func:`check_local_size` for ``cfg`` on this machine (its CPU affinity, which a
+    container or ``taskset`` may keep below the machine's count)."""
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux; a dry run may be elsewhere
+    cpus = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+    check_local_size(cfg.slurm.ntasks, cpus)
+
+
+def describe_local_plan(cfg: JobConfig, run_dir: Path) -> str:
+    """What a local submit would do, for ``--dry-run`` (no sbatch runs, so none is shown)."""
+    n = cfg.slurm.ntasks
+    minutes = max(1, parse_slurm_time(cfg.slurm.time) // 60)
+    return (
+        f"# backend: local; would start {n} process(es) on this machine (ranks 0-{n - 1}, "
+        f"MASTER_ADDR=127.0.0.1) with submitit's local executor in {run_dir}/submitit, each "
+        f"running the job as `hpc-ddp run {run_dir}` does on a Slurm task; time limit "
+        f"{minutes} min, USR2 {cfg.requeue.lead_time} s before it"
+    )
 
 
 def submit_local(
@@ -22,6 +70,7 @@ def submit_local(
     from hpc_ddp.local.backend import wait_local
     from hpc_ddp.local.process import unmark_cancelled, was_cancelled
 
+    check_local_job(prepared.cfg)  # before anything is created
     if not prepared.created:
         prepared = materialize(prepared)
     unmark_cancelled(prepared.paths.root)  # a resumed run's earlier cancel is not this one's

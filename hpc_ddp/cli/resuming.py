@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.cli.launching import report, submit_local
+from hpc_ddp.cli.launching import check_local_job, describe_local_plan, report, submit_local
 from hpc_ddp.config.load import (
     apply_overrides,
     dump_job_config,
@@ -65,16 +65,21 @@ def resume_run(request: ResumeRequest, client: SlurmClient) -> int:
     cfg = _with_overrides(old, request.overrides, paths.config)
     preflight_job(cfg, str(paths.config))
     invocation = ["hpc-ddp", "resume", str(request.run_dir), *request.overrides]
+    local = manifest.backend == "local"
+    if local:
+        check_local_job(cfg)  # an override may ask for more processes than this machine has
     prepared = _prepare_in_place(cfg, manifest, run_dir, invocation, client)
-    step = row["ckpt step"]
-    start = f"from checkpoint step {step}" if step is not None else "from step 0 (no checkpoint)"
     say = sys.stderr if request.as_json else sys.stdout
-    print(f"resuming {run_dir} ({row['state']}, {row['attempts']} attempt(s)) {start}", file=say)
+    print(f"resuming {run_dir} ({row['state']}, {row['attempts']} attempt(s)) "
+          f"{start_words(row['ckpt step'])}", file=say)  # fmt: skip
     for line in _changes(old, cfg):
         print(f"  changed: {line}", file=say)
     if request.dry_run:
-        print(prepared.script, end="")
-        print(f"# backend: {manifest.backend}; would run: {' '.join(prepared.sbatch_argv)}")
+        if local:
+            print(describe_local_plan(cfg, run_dir))
+        else:
+            print(prepared.script, end="")
+            print(f"# backend: {manifest.backend}; would run: {' '.join(prepared.sbatch_argv)}")
         return 0
     write_text_atomic(paths.config, dump_job_config(cfg))
     write_text_atomic(paths.script, prepared.script)
@@ -84,6 +89,21 @@ def resume_run(request: ResumeRequest, client: SlurmClient) -> int:
             prepared, wait=request.wait, as_json=request.as_json, previous_jobs=earlier
         )
     return _resubmit_slurm(prepared, manifest, earlier, request, client)
+
+
+def start_words(step: int | None) -> str:
+    """Where the new job starts, as far as the login side can tell.
+
+    Only the zip structure of a checkpoint is checked here (reading its tensors needs torch,
+    which the login side never imports); the runtime verifies the weights digest and falls
+    back to an older checkpoint when it does not match, so the step is a claim, not a promise.
+    """
+    if step is None:
+        return "from step 0 (no checkpoint)"
+    return (
+        f"from checkpoint step {step} (the newest on disk; the job verifies its weights when it "
+        "starts and falls back to an older checkpoint if they are damaged)"
+    )
 
 
 def _manifest_of(run_dir: Path) -> Manifest:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hpc_ddp.errors import SlurmError
 from hpc_ddp.slurm.client import JobInfo, JobState, SlurmClient
-from hpc_ddp.state.report import run_status
+from hpc_ddp.state.report import reason_lines, run_status
 from hpc_ddp.state.verdict import SlurmView
 
 FIRST_POLL_S = 0.5
@@ -43,7 +43,8 @@ def wait_for_jobs(
     """Wait until every job has finished; 0 when all completed.
 
     With ``run_dirs`` (one per job), "completed" also needs the run's ledger to say finished,
-    and the state printed is the one ``status`` shows.
+    and the state printed is the one ``status`` shows, followed by the lines ``status`` prints
+    under its table: the rank that failed first and why.
     """
     # squeue keeps finished jobs listed for MinJobAge: wait for a finished state, not absence.
     delay = first_poll_s
@@ -60,9 +61,12 @@ def wait_for_jobs(
         accounting = None
     view = SlurmView(live, accounting=accounting)
     states = []
+    reasons: list[str] = []
     for i, job in enumerate(job_ids):
         if i < len(run_dirs):
-            states.append(run_status(run_dirs[i], view)["state"])
+            row = run_status(run_dirs[i], view)
+            states.append(row["state"])
+            reasons.extend(reason_lines(row))  # the same words `status` would print
             continue
         state = job_state_of(live, job)
         record = None if accounting is None else accounting.get(job)
@@ -71,4 +75,6 @@ def wait_for_jobs(
         f"finished: {', '.join(f'{j} {s}' for j, s in zip(job_ids, states, strict=False))}",
         file=sys.stderr,
     )
+    for line in reasons:
+        print(line, file=sys.stderr)
     return 0 if all(s == "COMPLETED" for s in states) else 1

@@ -1,12 +1,15 @@
-"""Which process a local run's controller is, proven from ``/proc`` before anything is signalled.
+"""Which processes a local run is, proven from ``/proc`` before anything is signalled.
 
 A local run's job id is the pid of submitit's controller, and pids are reused: once the run
 has ended the same number may belong to any process on the machine. So at submit time the
-controller's identity goes to ``RUN_DIR/local.json``: pid, start time (field 22 of
+controller's identity goes to ``RUN_DIR/local.json``, and each rank records its own in
+``RUN_DIR/local-ranks/rank-N.json`` when it starts: pid, start time (field 22 of
 ``/proc/PID/stat``, in clock ticks since boot, which no later process with that pid can share
-until a reboot), boot id, process group, session and command line. ``cancel`` signals the
-pid only while the process under it still matches all of them, through a pidfd opened before
-the check, so the pid cannot change hands between the check and the signal.
+until a reboot), boot id, process group, session and command line. A run is live while its
+controller or any of its ranks still matches its record; ``cancel`` signals a process only
+while it matches, through a pidfd opened before the check, so the pid cannot change hands
+between the check and the signal. (Ranks also ask to be SIGTERMed when the controller dies,
+:func:`hpc_ddp.local.backend.run_task`; their records still find them if that failed.)
 
 Linux only (``/proc``), as the local backend's controller is.
 """
@@ -21,13 +24,18 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from hpc_ddp.errors import RunDirError, TargetError
 
 IDENTITY_FILE = "local.json"
+RANKS_DIR = "local-ranks"
 CANCELLED_FILE = "local-cancelled"
 PROC = Path("/proc")
-_PID_RE = re.compile(r"[0-9]+")
+PID_MAX_LIMIT = 1 << 22
+"""Linux's largest possible pid (``PID_MAX_LIMIT`` on 64-bit; ``kernel/pid_max`` is at most
+this): a recorded pid outside 2..this is a damaged record, never a process."""
+_PID_RE = re.compile(r"[0-9]{1,7}")
 
 
 @dataclass(frozen=True)
@@ -86,46 +94,110 @@ def parse_pid(job_id: str, where: str) -> int:
     """A local job id as a pid, refusing what could signal a process group or everything.
 
     ``os.kill`` reads 0 as "my own process group", -1 as "every process I may signal" and
-    other negatives as process groups; 1 is init. None of them is ever a local job.
+    other negatives as process groups; 1 is init. None of them is ever a local job, and
+    neither is a number above any pid Linux hands out.
     """
-    if not _PID_RE.fullmatch(job_id) or int(job_id) <= 1:
+    if not _PID_RE.fullmatch(job_id) or not 1 < int(job_id) <= PID_MAX_LIMIT:
+        shown = job_id if len(job_id) <= 40 else job_id[:40] + "..."
         raise TargetError(
-            f"{where}: local job id {job_id!r} is not a process id (an integer above 1); "
-            "nothing was signalled. HINT: the manifest is damaged; stop the run's processes "
-            "by hand (see its logs/) or move the run aside."
+            f"{where}: local job id {shown!r} is not a process id (an integer from 2 to "
+            f"{PID_MAX_LIMIT}); nothing was signalled. HINT: the manifest is damaged; stop the "
+            "run's processes by hand (see its logs/) or move the run aside."
         )
     return int(job_id)
 
 
-def write_identity(run_dir: Path, ident: ProcIdentity) -> None:
-    """Record the controller's identity in ``RUN_DIR/local.json``."""
-    from hpc_ddp.rundir import write_text_atomic
-
-    data = {**asdict(ident), "cmdline": list(ident.cmdline)}
-    write_text_atomic(run_dir / IDENTITY_FILE, json.dumps(data, indent=2, sort_keys=True) + "\n")
+def _identity_data(ident: ProcIdentity) -> str:
+    return json.dumps({**asdict(ident), "cmdline": list(ident.cmdline)}, indent=2) + "\n"
 
 
-def read_identity(run_dir: Path) -> ProcIdentity | None:
-    """The identity recorded at submit time; None when the run has no ``local.json``."""
-    path = run_dir / IDENTITY_FILE
+def _int_in(data: dict[str, Any], key: str, low: int, high: int) -> int:
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{key} {str(value)[:40]!r} is not an integer in {low}..{high}")
+    return value
+
+
+def _parse_identity(path: Path) -> ProcIdentity:
+    """The identity recorded in ``path``; a :class:`RunDirError` with a hint if it is damaged."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        ident = ProcIdentity(
-            pid=int(data["pid"]),
-            start_ticks=int(data["start_ticks"]),
+        return ProcIdentity(
+            pid=_int_in(data, "pid", 2, PID_MAX_LIMIT),
+            start_ticks=_int_in(data, "start_ticks", 0, 1 << 63),
             boot_id=str(data["boot_id"]),
-            pgid=int(data["pgid"]),
-            sid=int(data["sid"]),
+            pgid=_int_in(data, "pgid", 0, PID_MAX_LIMIT),
+            sid=_int_in(data, "sid", 0, PID_MAX_LIMIT),
             cmdline=tuple(str(a) for a in data["cmdline"]),
         )
     except FileNotFoundError:
-        return None
+        raise
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise RunDirError(
             f"{path}: damaged local process record ({type(exc).__name__}: {exc}); nothing was "
             "signalled. HINT: stop the run's processes by hand (see its logs/) or move it aside."
         ) from None
-    return ident
+
+
+def write_identity(run_dir: Path, ident: ProcIdentity) -> None:
+    """Record the controller's identity in ``RUN_DIR/local.json``."""
+    from hpc_ddp.durable import write_text_atomic
+
+    write_text_atomic(run_dir / IDENTITY_FILE, _identity_data(ident))
+
+
+def read_identity(run_dir: Path) -> ProcIdentity | None:
+    """The identity recorded at submit time; None when the run has no ``local.json``."""
+    try:
+        return _parse_identity(run_dir / IDENTITY_FILE)
+    except FileNotFoundError:
+        return None
+
+
+# --- the ranks ---------------------------------------------------------------------------------
+
+
+def write_rank_identity(run_dir: Path, rank: int, ident: ProcIdentity) -> None:
+    """Record a rank process's identity in ``RUN_DIR/local-ranks/rank-N.json`` (durably: a
+    rank that outlives its controller is found through it)."""
+    from hpc_ddp.durable import write_text_atomic
+
+    folder = run_dir / RANKS_DIR
+    folder.mkdir(exist_ok=True)
+    write_text_atomic(folder / f"rank-{rank}.json", _identity_data(ident))
+
+
+def clear_rank_identities(run_dir: Path) -> None:
+    """Forget an earlier job's ranks before a new job of the run starts (a resumed run)."""
+    for path in (run_dir / RANKS_DIR).glob("rank-*.json"):
+        path.unlink(missing_ok=True)
+
+
+def read_rank_identities(run_dir: Path) -> dict[int, ProcIdentity]:
+    """Every rank's recorded identity, by rank; {} for a run from before the records."""
+    found: dict[int, ProcIdentity] = {}
+    try:
+        paths = sorted((run_dir / RANKS_DIR).glob("rank-*.json"))
+    except OSError:
+        return found
+    for path in paths:
+        number = path.name.removeprefix("rank-").removesuffix(".json")
+        if number.isdigit():
+            try:
+                found[int(number)] = _parse_identity(path)
+            except FileNotFoundError:
+                continue  # a new job of the run cleared it meanwhile
+    return found
+
+
+def live_ranks(run_dir: Path, proc: Path = PROC) -> dict[int, ProcIdentity]:
+    """The recorded rank processes that still run (a zombie, or a stranger that got the pid,
+    does not match its record: its command line or start time differ)."""
+    return {
+        rank: ident
+        for rank, ident in read_rank_identities(run_dir).items()
+        if identify(ident.pid, proc) == ident
+    }
 
 
 def controller_cmdline_matches(cmdline: tuple[str, ...], run_dir: Path) -> bool:
@@ -133,12 +205,33 @@ def controller_cmdline_matches(cmdline: tuple[str, ...], run_dir: Path) -> bool:
     return "submitit.local._local" in cmdline and str(run_dir / "submitit") in cmdline
 
 
+def live_controller(run_dir: Path, job_id: str | None, proc: Path = PROC) -> ProcIdentity | None:
+    """The run's controller while it runs: the process recorded in ``local.json`` (or, for
+    older runs, the pid if it runs this run's submitit controller). A bare pid check would
+    call any later process that got the same pid this run."""
+    expected = read_identity(run_dir)
+    if expected is not None:
+        return expected if identify(expected.pid, proc) == expected else None
+    if not job_id or not _PID_RE.fullmatch(job_id) or not 1 < int(job_id) <= PID_MAX_LIMIT:
+        return None
+    now = identify(int(job_id), proc)
+    if now is not None and controller_cmdline_matches(now.cmdline, run_dir.resolve()):
+        return now
+    return None
+
+
+def local_alive(run_dir: Path, job_id: str | None) -> bool:
+    """True while the run's controller or any of its ranks runs: one live rank is enough
+    for a second job in the same run directory to corrupt it."""
+    return live_controller(run_dir, job_id) is not None or bool(live_ranks(run_dir))
+
+
 def signal_if_same(expected: ProcIdentity, signum: int, proc: Path = PROC) -> bool:
     """Send ``signum`` to ``expected.pid`` if that process is still ``expected``.
 
     False (and nothing sent) when the process is gone or the pid now belongs to another one.
     """
-    if expected.pid <= 1:
+    if not 1 < expected.pid <= PID_MAX_LIMIT:
         raise ValueError(f"refusing to signal pid {expected.pid}")
     try:
         # Held open, the pidfd names this process even if it exits and its pid is reused.
@@ -155,6 +248,41 @@ def signal_if_same(expected: ProcIdentity, signum: int, proc: Path = PROC) -> bo
         return True
     finally:
         os.close(fd)
+
+
+def cancel_local(run_dir: Path, job_id: str | None) -> str:
+    """SIGTERM a local run: its controller if it still is that (it forwards the signal to the
+    ranks, which agree on a step, save and stop), else any rank that outlived it; a line
+    saying what was done."""
+    pid = parse_pid(job_id or "", str(run_dir))
+    expected = read_identity(run_dir)
+    if expected is not None and expected.pid != pid:
+        raise RunDirError(
+            f"{run_dir}: the manifest's job id {pid} is not the pid {expected.pid} recorded in "
+            "local.json; nothing was signalled. HINT: one of the two files was edited or is "
+            "damaged; stop the run's processes by hand (see its logs/)."
+        )
+    controller = live_controller(run_dir, job_id)
+    ranks = live_ranks(run_dir)
+    ended = f"{run_dir}: local job {pid} already ended; nothing was signalled"
+    if controller is None and not ranks:
+        return ended
+    # Noted before the signal: `submit --wait` may see the end at once.
+    marked = mark_cancelled(run_dir)
+    if controller is not None and signal_if_same(controller, signal.SIGTERM):
+        return f"cancelled local job {pid} ({run_dir})"
+    stopped = [rank for rank, ident in ranks.items() if signal_if_same(ident, signal.SIGTERM)]
+    if not stopped:
+        if marked:
+            unmark_cancelled(run_dir)
+        return ended
+    return (
+        f"cancelled local job {pid} ({run_dir}): its controller had exited; signalled the "
+        f"rank process(es) still running: rank {', '.join(map(str, stopped))}"
+    )
+
+
+# --- a person's cancel -------------------------------------------------------------------------
 
 
 def mark_cancelled(run_dir: Path) -> bool:

@@ -18,7 +18,9 @@ Only global rank 0 writes, so there is a single writer per run: each event is on
 one whole line to a file opened ``O_APPEND``, then fsynced. A crash can still leave a torn last
 line; readers skip any line that does not parse, and writers start on a fresh line after one.
 An attempt with a start and no end is still running, or died without a word (SIGKILL, node
-failure): :func:`read_ledger` reports it with ``ended=None``.
+failure): :func:`read_ledger` reports it with ``ended=None``. An end with no start is an attempt
+that failed before rank 0 wrote its start (every rank records its own crash): it is reported
+as an attempt that started when it ended.
 
 The types (:class:`EndCause`, :class:`Attempt`) and the requeue decision
 (:func:`decide_requeue`) are pure and live in :mod:`hpc_ddp.runtime.attempt`, re-exported here;
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -114,14 +117,23 @@ def _append(path: Path, event: dict[str, Any]) -> None:
     append_line(path, json.dumps(event, sort_keys=True))
 
 
-def read_ledger(path: Path) -> list[Attempt]:
+def read_ledger(path: Path, *, since: float | None = None) -> list[Attempt]:
     """The attempts recorded in ``path``, in the order they started; [] if there is no file.
 
-    Lines that do not parse (a torn last line) or are not ledger events are skipped, never fatal.
-    A ledger that cannot be read at all (a directory in its place, no permission) is a
-    :class:`~hpc_ddp.errors.RunDirError` with a hint, not a traceback. A second start of the
-    same attempt number (the same step relaunched) opens a new entry; an end closes the latest
-    open entry of its attempt, and an end with no start is ignored.
+    Lines that do not parse (a torn last line) or are not ledger events are skipped, never fatal,
+    and so is an event whose attempt number or time is not a sane number (negative, not finite,
+    out of any clock's range); an optional number that is not (a negative step, a world size of
+    0) is read as unknown. A ledger that cannot be read at all (a directory in its place, no
+    permission) is a :class:`~hpc_ddp.errors.RunDirError` with a hint, not a traceback.
+
+    A second start of the same attempt number (the same step relaunched) opens a new entry; an
+    end closes the latest open entry of its attempt. An end with no open entry is the end of an
+    attempt that failed before rank 0 recorded its start (a model that cannot be built, a bad
+    checkpoint): it becomes an attempt of its own, started when it ended, unless the attempt
+    has ended already (every rank of a crashed attempt writes its end; the first written wins).
+    ``since``: when the run's current job was submitted (its manifest's ``submitted_at``), to
+    tell the ends of a resumed run's new job, whose attempts count from 0 again, from old ones;
+    only for runs whose old processes had all ended by then (the local backend's).
     """
     try:
         text = path.read_text(errors="replace")
@@ -139,51 +151,133 @@ def read_ledger(path: Path) -> list[Attempt]:
             continue
         try:
             event = json.loads(line)
-            _fold(attempts, event)
-        except (ValueError, TypeError, KeyError) as exc:
+            _fold(attempts, event, since)
+        except (ValueError, TypeError, KeyError, OverflowError) as exc:
             log.warning("%s:%d: skipping an unreadable ledger line (%s)", path, number, exc)
     return attempts
 
 
-def _fold(attempts: list[Attempt], event: Any) -> None:
+def _fold(attempts: list[Attempt], event: Any, since: float | None) -> None:
     kind = event["event"]
     if kind == "attempt_start":
         checkpoint = _opt_str(event.get("checkpoint"))
         attempts.append(
             Attempt(
-                attempt=int(event["attempt"]),
-                started=float(event["time"]),
+                attempt=_count(event["attempt"], "attempt"),
+                started=_time(event["time"]),
                 ended=None,
                 cause=None,
                 steps_done=None,
                 checkpoint=checkpoint,
                 nodelist=str(event.get("nodelist") or ""),
                 job_ref=_opt_str(event.get("job_ref")),
-                resumed_from_step=_opt_int(event.get("resumed_from_step")),
+                resumed_from_step=_opt_count(event.get("resumed_from_step"), "resumed_from_step"),
                 job_id=_opt_str(event.get("job_id")),
-                world_size=_opt_int(event.get("world_size")),
+                world_size=_opt_count(event.get("world_size"), "world_size", low=1),
                 resumed_from=checkpoint,
             )
         )
     elif kind == "attempt_end":
-        number = int(event["attempt"])
-        for index in range(len(attempts) - 1, -1, -1):
-            entry = attempts[index]
-            if entry.attempt == number and entry.is_open:
-                attempts[index] = replace(
-                    entry,
-                    ended=float(event["time"]),
-                    cause=_cause(event.get("cause")),
-                    steps_done=_opt_int(event.get("steps_done")),
-                    checkpoint=_opt_str(event.get("checkpoint")) or entry.checkpoint,
-                    requeue_requested=bool(event.get("requeue_requested")),
-                    message=_opt_str(event.get("message")),
-                )
-                return
-        if not any(entry.attempt == number for entry in attempts):
-            log.warning("ledger: end of attempt %d without its start; ignored", number)
+        _fold_end(attempts, event, since)
     else:
         raise ValueError(f"unknown event {kind!r}")
+
+
+def _fold_end(attempts: list[Attempt], event: Any, since: float | None) -> None:
+    number = _count(event["attempt"], "attempt")
+    ended = _time(event["time"])
+    cause = _cause(event.get("cause"))
+    steps = _opt_count(event.get("steps_done"), "steps_done")
+    checkpoint = _opt_str(event.get("checkpoint"))
+    requested = bool(event.get("requeue_requested"))
+    message = _opt_str(event.get("message"))
+    for index in range(len(attempts) - 1, -1, -1):
+        entry = attempts[index]
+        if entry.attempt == number and entry.is_open:
+            attempts[index] = replace(
+                entry,
+                ended=ended,
+                cause=cause,
+                steps_done=steps,
+                checkpoint=checkpoint or entry.checkpoint,
+                requeue_requested=requested,
+                message=message,
+            )
+            return
+    if not _starts_an_attempt(attempts, number, ended, since):
+        return  # a peer's late word on an attempt already ended: the first end wins
+    attempts.append(
+        Attempt(
+            attempt=number,
+            started=ended,  # never recorded: it failed before its start was written
+            ended=ended,
+            cause=cause,
+            steps_done=steps,
+            checkpoint=checkpoint,
+            nodelist="",
+            job_ref=None,
+            resumed_from_step=None,
+            requeue_requested=requested,
+            message=message,
+        )
+    )
+
+
+def _starts_an_attempt(
+    attempts: list[Attempt], number: int, ended: float, since: float | None
+) -> bool:
+    """Whether an end with no open entry is an attempt of its own (one that failed before its
+    start was written), not a repeat of an end already recorded for the attempt.
+
+    Every rank of a crashed attempt writes its end, so an end after an ended entry of the same
+    number is normally such a repeat. Attempt numbers start again at 0 in a resumed run's new
+    job, though: with ``since`` (when the run's current job was submitted), an end from that
+    job after an entry that ended before it is the new job's own.
+    """
+    earlier = [a for a in attempts if a.attempt == number]
+    if not earlier:
+        return True
+    last_end = earlier[-1].ended
+    return since is not None and ended >= since and last_end is not None and last_end < since
+
+
+_LATEST_TIME = 253402300799.0
+"""9999-12-31T23:59:59Z: the latest time every platform's clock functions can show."""
+_LARGEST_COUNT = (1 << 63) - 1
+
+
+def _time(value: Any) -> float:
+    """A ledger time (seconds since the epoch); ValueError unless finite and in 0..9999 AD."""
+    if isinstance(value, bool):
+        raise ValueError(f"time {value!r} is not a number")
+    t = float(value)
+    if not (math.isfinite(t) and 0.0 <= t <= _LATEST_TIME):
+        raise ValueError(f"time {value!r} is out of range")
+    return t
+
+
+def _count(value: Any, name: str, low: int = 0) -> int:
+    """A whole number of at least ``low`` (an attempt, a step); ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{name} {value!r} is not a whole number")
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise ValueError(f"{name} {value!r} is not a whole number")
+    number = int(value)
+    if not low <= number <= _LARGEST_COUNT:
+        raise ValueError(f"{name} {number} is out of range")
+    return number
+
+
+def _opt_count(value: Any, name: str, low: int = 0) -> int | None:
+    """:func:`_count` for an optional field: None when absent, or (with a warning) when not a
+    sane number, so one bad field never hides the rest of its event."""
+    if value is None:
+        return None
+    try:
+        return _count(value, name, low)
+    except (ValueError, OverflowError) as exc:
+        log.warning("ledger: %s; read as unknown", exc)
+        return None
 
 
 def _cause(value: Any) -> EndCause:
@@ -195,7 +289,3 @@ def _cause(value: Any) -> EndCause:
 
 def _opt_str(value: Any) -> str | None:
     return None if value is None else str(value)
-
-
-def _opt_int(value: Any) -> int | None:
-    return None if value is None else int(value)

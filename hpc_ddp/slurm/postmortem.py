@@ -128,12 +128,17 @@ def _rank_of(path: Path) -> int:
     return int(number) if number.isdigit() else 1 << 30
 
 
+# torch.distributed prints a rank's uncaught exception with every line prefixed: "[rank1]: ...".
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s*")
+
+
 def last_error_line(text: str) -> str | None:
     """The last line of ``text`` that states an error (``hpc-ddp run: error: ...`` or the
-    closing line of a Python traceback), stripped; None when there is none."""
+    closing line of a Python traceback, also as torch prints it: ``[rank1]: ValueError: x``),
+    stripped of any such prefix; None when there is none."""
     found = None
     for raw in text.splitlines():
-        line = raw.strip()
+        line = _RANK_PREFIX.sub("", raw.strip())
         if _ERROR_LINE.match(line):
             found = line
     return found

@@ -6,13 +6,16 @@ never hides the others. Never imports torch: checkpoints are judged by their zip
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from hpc_ddp.errors import RunDirError, SlurmError
-from hpc_ddp.local.process import controller_cmdline_matches, identify, read_identity
+from hpc_ddp.local.backend import local_failure
+from hpc_ddp.local.process import live_controller, live_ranks, was_cancelled
 from hpc_ddp.rundir import (
     Manifest,
     RunPaths,
@@ -26,7 +29,7 @@ from hpc_ddp.runtime.ledger import read_ledger
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.jobstate import JobState
 from hpc_ddp.slurm.postmortem import failed_rank, has_logs, startup_failure
-from hpc_ddp.state.verdict import SlurmView, Source, Verdict, judge
+from hpc_ddp.state.verdict import SlurmView, Source, Verdict, describe_attempt, judge
 
 DAMAGED = "DAMAGED"
 
@@ -58,9 +61,9 @@ def _said(exc: SlurmError) -> str:
 
 
 def _fmt_elapsed(seconds: float | None) -> str:
-    if seconds is None:
+    if seconds is None or not math.isfinite(seconds):
         return "-"
-    s = int(seconds)
+    s = max(0, int(seconds))  # clocks of login and compute nodes may disagree a little
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
@@ -107,17 +110,21 @@ def _damage_note(damaged: list[tuple[int, str]], total: int) -> str | None:
     return f"{len(damaged)} newest checkpoint(s) damaged (step {step}: {why}); resume skips them"
 
 
-def _local_alive(run_dir: Path, job_id: str | None) -> bool:
-    """True while a local run's controller runs: the process recorded in ``local.json`` (or,
-    for older runs, the pid if it is this run's submitit controller). A bare pid check would
-    call any later process that got the same pid this run."""
-    expected = read_identity(run_dir)
-    if expected is not None:
-        return identify(expected.pid) == expected
-    if not job_id or not job_id.isdigit() or int(job_id) <= 1:
-        return False
-    now = identify(int(job_id))
-    return now is not None and controller_cmdline_matches(now.cmdline, run_dir.resolve())
+def _local_word(run_dir: Path, job_id: str) -> tuple[JobState | None, Source, str | None]:
+    """A local run's stand-in for Slurm's word: running while its controller or any of its
+    rank processes is (each proven against its record, never a bare pid), CANCELLED once a
+    person cancelled it and everything has stopped; and a note for ranks left orphaned."""
+    controller = live_controller(run_dir, job_id)
+    ranks = live_ranks(run_dir)
+    if controller is None and ranks:
+        listed = ", ".join(str(r) for r in sorted(ranks))
+        orphans = f"the local controller has exited, but rank {listed} still run: "
+        return None, Source.LOCAL_RUNNING, orphans + f"`hpc-ddp cancel {run_dir}` stops them"
+    if controller is not None:
+        return None, Source.LOCAL_RUNNING, None
+    if was_cancelled(run_dir):
+        return JobState.CANCELLED, Source.LOCAL_ENDED, None
+    return None, Source.LOCAL_ENDED, None
 
 
 def run_status(run_dir: Path, view: SlurmView) -> dict[str, Any]:
@@ -141,12 +148,11 @@ def damaged_row(run_dir: Path, exc: BaseException) -> dict[str, Any]:
 def _slurm_word(
     run_dir: Path, manifest: Manifest, paths: RunPaths, view: SlurmView
 ) -> tuple[JobState | None, Source, Any]:
-    """(Slurm's state, its source, squeue's row or sacct's record) for the run's job; a local
-    run's controller process stands in for Slurm."""
+    """(Slurm's state, its source, squeue's row or sacct's record) for the run's Slurm job; a
+    local run's processes stand in for Slurm (the third item is then a note, or None)."""
     job = manifest.job_id or ""
     if manifest.backend == "local":
-        alive = _local_alive(run_dir, job)
-        return None, Source.LOCAL_RUNNING if alive else Source.LOCAL_ENDED, None
+        return _local_word(run_dir, job)
     scripts = [str(Path(manifest.run_dir) / "job.sbatch"), str(paths.script.resolve())]
     return view.of(job, scripts)
 
@@ -156,11 +162,29 @@ def _notes(
 ) -> list[str]:
     """What the row's note says beside the verdict's own word."""
     notes = [verdict.note] if verdict.note else []
+    last = attempts[-1] if attempts else None
+    if (
+        not notes
+        and verdict.state == "FAILED"
+        and last is not None
+        and last.cause is EndCause.CRASH
+    ):
+        notes.append(describe_attempt(last))  # Slurm's FAILED stands; the ledger says why
     if source is Source.GONE_NO_ACCOUNTING and view.error:
         notes.append(view.error)
-    if not attempts and verdict.state in _FAILED_STATES and not has_logs(paths.logs):
+    slurm_job = source not in (Source.LOCAL_RUNNING, Source.LOCAL_ENDED)
+    if slurm_job and not attempts and verdict.state in _FAILED_STATES and not has_logs(paths.logs):
         notes.append("the batch script left no log in logs/ (it never started?)")
     return notes
+
+
+def _startup(run_dir: Path, manifest: Manifest, paths: RunPaths) -> Callable[[], str | None]:
+    """Why a job ended without a word in its ledger: a local job's tasks reported it in their
+    result files (exactly, per rank); else the logs say what they can."""
+    job = manifest.job_id
+    if manifest.backend == "local" and job:
+        return lambda: local_failure(run_dir, job) or startup_failure(paths.logs)
+    return lambda: startup_failure(paths.logs)
 
 
 def _nodes_and_elapsed(
@@ -184,15 +208,31 @@ def _nodes_and_elapsed(
     return nodes, elapsed
 
 
+def _submitted(manifest: Manifest) -> float | None:
+    """When the run's current job was submitted (epoch seconds); None if the manifest's time
+    is not a time (an older or edited manifest: the ledger is then read without it)."""
+    try:
+        when = datetime.fromisoformat(manifest.submitted_at)
+    except (TypeError, ValueError):
+        return None
+    return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
+
+
 def _row(run_dir: Path, manifest: Manifest, view: SlurmView) -> dict[str, Any]:
     paths = RunPaths(run_dir)
-    attempts = read_ledger(paths.ledger)
+    # A resumed local job's early crash is told from the old job's ends by its submit time: its
+    # old ranks were provably gone before the resume. Not so on Slurm: a rank may still write
+    # its end a moment after Slurm has called the job FAILED (seen on 22.05).
+    since = _submitted(manifest) if manifest.backend == "local" else None
+    attempts = read_ledger(paths.ledger, since=since)
     slurm_state, source, record = _slurm_word(run_dir, manifest, paths, view)
     detail = view.error if source is Source.UNREACHABLE else ""
     if source is Source.REUSED:
         detail = f"script {record.command}"
-    verdict = judge(slurm_state, source, attempts, lambda: startup_failure(paths.logs), detail)
+    verdict = judge(slurm_state, source, attempts, _startup(run_dir, manifest, paths), detail)
     notes = _notes(verdict, source, view, attempts, paths)
+    if manifest.backend == "local" and record:
+        notes.append(record)
     nodes, elapsed = _nodes_and_elapsed(source, record, attempts)
     step, ckpt_note = _checkpoints(paths)
     if ckpt_note:
@@ -221,3 +261,16 @@ def _row(run_dir: Path, manifest: Manifest, view: SlurmView) -> dict[str, Any]:
             for a in attempts
         ],
     }
+
+
+def reason_lines(row: dict[str, Any]) -> list[str]:
+    """The lines ``status`` prints under its table for one row: the rank srun saw fail
+    first, and the note (why the run stands where it does). ``submit --wait`` prints them too."""
+    lines = []
+    if row["failed_rank"]:
+        lines.append(
+            f"{row['run']}: failed first: {row['failed_rank']} (srun, in logs/batch-*.err)"
+        )
+    if row["note"]:
+        lines.append(f"{row['run']}: {row['note']}")
+    return lines

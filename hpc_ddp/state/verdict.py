@@ -79,7 +79,12 @@ class Verdict:
 
 
 def _when(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    """A ledger time as local time; '?' for one no clock can show (the ledger reader skips
+    those, but an :class:`Attempt` may come from elsewhere)."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    except (OverflowError, ValueError, OSError):
+        return "?"
 
 
 def describe_attempt(a: Attempt) -> str:

@@ -8,31 +8,42 @@ imported and checks that ``submit --wait`` fails and names the rank.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 
-from hpc_ddp.errors import RunDirError, TargetError
+from hpc_ddp.cli.launching import check_local_size
+from hpc_ddp.cli.main import main
+from hpc_ddp.errors import ConfigError, RunDirError, TargetError
 from hpc_ddp.local.backend import LocalResult, TaskOutcome, first_failure, task_outcomes
 from hpc_ddp.local.process import (
+    cancel_local,
+    clear_rank_identities,
     controller_cmdline_matches,
     identify,
     identify_started,
+    live_ranks,
+    local_alive,
     mark_cancelled,
     parse_pid,
     parse_stat,
     read_identity,
+    read_rank_identities,
     signal_if_same,
     unmark_cancelled,
     was_cancelled,
     write_identity,
+    write_rank_identity,
 )
+from hpc_ddp.rundir import Manifest, RunPaths, write_manifest
 from tests.conftest import REPO
 
 
@@ -206,3 +217,189 @@ def test_local_wait_fails_and_names_the_rank_that_failed_first(tmp_path: Path) -
     )
     [run_dir] = tmp_path.iterdir()
     assert read_identity(run_dir) is not None  # the controller was recorded at submit time
+
+
+# --- pids no process can have (a damaged record is never signalled) ---------------------------
+
+HUGE = "99999999999999999999"
+
+
+@pytest.mark.parametrize("job_id", [HUGE, str(2**22 + 1), "9" * 400])
+def test_parse_pid_refuses_a_pid_above_any_linux_gives(job_id: str) -> None:
+    with pytest.raises(TargetError, match=r"is not a process id \(an integer from 2 to 4194304\)"):
+        parse_pid(job_id, "RUN")
+
+
+def test_parse_pid_accepts_the_largest_pid() -> None:
+    assert parse_pid(str(2**22), "RUN") == 2**22
+
+
+@pytest.mark.parametrize(
+    "record",
+    [{"pid": int(HUGE)}, {"pid": 2**22 + 1}, {"pid": 1}, {"pid": True}, {"pid": 1.5},
+     {"pgid": -1}, {"start_ticks": -3}],
+)  # fmt: skip
+def test_a_local_record_with_an_impossible_number_is_damaged(
+    tmp_path: Path, record: dict[str, object]
+) -> None:
+    ident = identify(os.getpid())
+    assert ident is not None
+    write_identity(tmp_path, ident)
+    data = {**json.loads((tmp_path / "local.json").read_text()), **record}
+    (tmp_path / "local.json").write_text(json.dumps(data))
+    with pytest.raises(RunDirError, match=r"damaged local process record.*HINT:"):
+        read_identity(tmp_path)
+
+
+def _local_run(runs: Path, job_id: str, pid: int) -> Path:
+    run_dir = runs / "d"
+    run_dir.mkdir(parents=True)
+    write_manifest(RunPaths(run_dir), Manifest("d", "local", job_id, "2026-01-01T00:00:00+00:00",
+                                               ["x"], "job.yaml", str(run_dir)))  # fmt: skip
+    ident = identify(os.getpid())
+    assert ident is not None
+    (run_dir / "local.json").write_text(json.dumps({**asdict(ident), "pid": pid}))
+    return run_dir
+
+
+@pytest.mark.parametrize(
+    ("job_id", "pid", "code", "says"),
+    [(HUGE, int(HUGE), 2, f"local job id '{HUGE}' is not a process id"),
+     ("4242", int(HUGE), 1, "damaged local process record (ValueError: pid")],
+)  # fmt: skip
+def test_cancel_of_a_run_with_a_huge_pid_is_an_error_not_a_traceback(
+    tmp_path: Path, job_id: str, pid: int, code: int, says: str
+) -> None:
+    run_dir = _local_run(tmp_path, job_id, pid)
+    hpc = [sys.executable, "-m", "hpc_ddp"]
+    done = subprocess.run([*hpc, "cancel", str(run_dir)], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert (done.returncode, "Traceback" in done.stderr) == (code, False), done.stderr
+    assert says in done.stderr
+    assert "HINT:" in done.stderr
+    # status: one damaged run is a DAMAGED row (exit 1), never the end of the table
+    done = subprocess.run([*hpc, "status", str(run_dir), "--json"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    [row] = json.loads(done.stdout)
+    assert (done.returncode, row["state"]) == (1, "DAMAGED")
+    assert "damaged local process record" in row["note"]
+
+
+# --- the ranks' own records --------------------------------------------------------------------
+
+
+def test_rank_records_find_the_ranks_that_still_run(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    ident = identify_started(sleeper.pid)
+    me = identify(os.getpid())
+    assert ident is not None
+    assert me is not None
+    write_rank_identity(tmp_path, 0, replace(me, start_ticks=me.start_ticks + 1))  # a stranger
+    write_rank_identity(tmp_path, 1, ident)
+    assert read_rank_identities(tmp_path) == {0: replace(me, start_ticks=me.start_ticks + 1),
+                                              1: ident}  # fmt: skip
+    assert live_ranks(tmp_path) == {1: ident}
+    assert local_alive(tmp_path, None)
+    sleeper.kill()
+    sleeper.wait()
+    assert live_ranks(tmp_path) == {}
+    assert not local_alive(tmp_path, None)
+    clear_rank_identities(tmp_path)
+    assert read_rank_identities(tmp_path) == {}
+
+
+def test_cancel_signals_the_ranks_once_the_controller_is_gone(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    run_dir = _local_run(tmp_path, str(2**22), 2**22)  # a controller that cannot exist
+    ident = identify_started(sleeper.pid)
+    assert ident is not None
+    write_rank_identity(run_dir, 3, ident)
+    said = cancel_local(run_dir, str(2**22))
+    assert said.endswith("signalled the rank process(es) still running: rank 3")
+    assert sleeper.wait(timeout=10) == -15
+    assert was_cancelled(run_dir)
+    assert cancel_local(run_dir, str(2**22)).endswith("already ended; nothing was signalled")
+
+
+def test_a_result_file_is_read_as_plain_values_only(tmp_path: Path) -> None:
+    witness = tmp_path / "ran"
+    evil = b"cos\nsystem\n(S'touch " + str(witness).encode() + b"'\ntR."
+    (tmp_path / "77_0_result.pkl").write_bytes(evil)
+    [got] = task_outcomes(tmp_path, "77", 1)
+    assert not witness.exists()
+    assert (got.ok, got.detail.startswith("unreadable result 77_0_result.pkl")) == (False, True)
+
+
+# --- how many processes a local job may start --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ntasks", "cpus", "refused"),
+    [(2, 1, False), (4, 1, False), (5, 1, True), (8, 2, False), (9, 2, True),
+     (256, 64, False), (257, 64, True), (257, 1024, True), (1000, 2, True)],
+)  # fmt: skip
+def test_a_local_job_is_capped_by_the_cpus_and_a_hard_limit(
+    ntasks: int, cpus: int, refused: bool
+) -> None:
+    if not refused:
+        check_local_size(ntasks, cpus)
+        return
+    with pytest.raises(ConfigError, match=rf"= {ntasks} local processes, more than .*HINT:"):
+        check_local_size(ntasks, cpus)
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_submit_refuses_a_thousand_local_processes_before_creating_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dry_run: list[str]
+) -> None:
+    runs = tmp_path / "runs"
+    argv = ["submit", "jobs/quickstart.yaml", "--backend", "local", "slurm.nodes=1000",
+            "--runs-dir", str(runs), *dry_run]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "slurm.nodes x slurm.tasks_per_node = 1000 local processes" in err
+    assert "--backend slurm" in err
+    assert not runs.exists()
+
+
+def test_a_local_dry_run_says_what_the_local_backend_would_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["submit", "jobs/quickstart.yaml", "--backend", "local", "--dry-run", "--runs-dir",
+            str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "# backend: local; would start 2 process(es) on this machine (ranks 0-1" in out
+    assert "sbatch" not in out
+    assert main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["command"][1:3] == ["-m", "submitit.local._local"]
+    assert data["plan"].startswith("backend: local; would start 2 process(es)")
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.torch
+def test_a_local_run_that_fails_before_its_attempt_starts_is_failed_in_status(
+    tmp_path: Path,
+) -> None:
+    """The model cannot be built: every rank crashes inside the session before rank 0 records
+    the attempt's start. status must say FAILED, with the rank and its error."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    done = subprocess.run(
+        [sys.executable, "-m", "hpc_ddp", "submit", "jobs/quickstart.yaml", "--backend", "local",
+         "--wait", "--runs-dir", str(tmp_path), "train.model=tests.helpers.user_code:Nope"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]
+    [run_dir] = tmp_path.iterdir()
+    status = subprocess.run(
+        [sys.executable, "-m", "hpc_ddp", "status", str(run_dir), "--json"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    [row] = json.loads(status.stdout)
+    assert (row["state"], row["causes"]) == ("FAILED", "crash")
+    said = r"\(rank [01] on [^:]+: ConfigError: train\.model: module 'tests\.helpers\.user_code' "
+    assert re.search(said + "has no attribute 'Nope'", row["note"]), row["note"]
+    assert "command:" not in row["note"]

@@ -165,8 +165,10 @@ def test_garbage_and_unknown_lines_are_skipped(tmp_path: Path) -> None:
         f.write("\xff\xfe\n")
         f.write('{"event": "attempt_end", "attempt": 7, "time": 3.0, "cause": "finished"}\n')
         f.write('{"event": "attempt_end", "attempt": 0, "time": 4.0, "cause": "from_the_future"}\n')
-    (only,) = read_ledger(path)
+    only, no_start = read_ledger(path)
     assert (only.attempt, only.ended, only.cause) == (0, 4.0, EndCause.UNKNOWN)
+    # An end without its start is an attempt that failed before rank 0 recorded the start.
+    assert (no_start.attempt, no_start.started, no_start.cause) == (7, 3.0, EndCause.FINISHED)
 
 
 def test_a_relaunched_attempt_gets_its_own_entry(tmp_path: Path) -> None:
@@ -263,3 +265,118 @@ def test_a_failed_requeue_is_recorded_as_such_not_as_a_request(tmp_path: Path) -
 
 def test_a_crash_without_on_crash_points_at_the_setting() -> None:
     assert "requeue.on_crash=true" in decide_requeue(EndCause.CRASH, 0, 5, False).reason
+
+
+# --- ends without a start, and numbers no clock or counter can hold ------------------------
+
+
+def crash(path: Path, attempt: int, now: float, rank: int) -> None:
+    record_end(path, attempt=attempt, cause=EndCause.CRASH, steps_done=0, checkpoint=None,
+               requeue_requested=False, message=f"rank {rank} on n1: ValueError: no model",
+               now=now)  # fmt: skip
+
+
+def test_a_crash_before_the_start_is_an_attempt_and_the_first_rank_to_write_it_is_named(
+    tmp_path: Path,
+) -> None:
+    """Every rank records its crash; the model failed to build before rank 0 wrote a start."""
+    path = tmp_path / "ledger.jsonl"
+    crash(path, 0, 10.0, rank=1)
+    crash(path, 0, 10.5, rank=0)
+    (failed,) = read_ledger(path)
+    assert (failed.attempt, failed.cause, failed.started, failed.ended) == (
+        0, EndCause.CRASH, 10.0, 10.0,
+    )  # fmt: skip
+    assert failed.message is not None
+    assert failed.message.startswith("rank 1 on n1")
+    assert not failed.is_open
+
+
+def test_peers_repeating_a_recorded_crash_add_no_attempt(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    start(path, 0, 1.0)
+    crash(path, 0, 5.0, rank=1)
+    crash(path, 0, 6.0, rank=0)  # the peer that lost its connection
+    (attempt,) = read_ledger(path)
+    assert attempt.started == 1.0
+    assert attempt.message is not None
+    assert attempt.message.startswith("rank 1")
+
+
+def test_a_resumed_jobs_crash_before_its_start_is_told_apart_by_the_submit_time(
+    tmp_path: Path,
+) -> None:
+    """A resumed run's new job counts its attempts from 0 again: without the job's submit
+    time its early crash would read as a peer's repeat of the old job's end."""
+    path = tmp_path / "ledger.jsonl"
+    start(path, 0, 1.0)
+    record_end(path, attempt=0, cause=EndCause.CANCELLED, steps_done=10, checkpoint=None,
+               requeue_requested=False, now=5.0)  # fmt: skip
+    crash(path, 0, 50.0, rank=1)  # the new job, submitted at 40
+    crash(path, 0, 50.2, rank=0)
+    assert [a.cause for a in read_ledger(path)] == [EndCause.CANCELLED]
+    old, new = read_ledger(path, since=40.0)
+    assert (old.cause, new.cause, new.started) == (EndCause.CANCELLED, EndCause.CRASH, 50.0)
+    assert new.message is not None
+    assert new.message.startswith("rank 1")
+
+
+BAD_NUMBERS = [
+    # (field, value as JSON): the event is skipped, with a warning
+    ("time", "1e20"), ("time", "1e400"), ("time", "-1e400"), ("time", "NaN"),
+    ("time", "Infinity"), ("time", "-5"), ("time", '"soon"'), ("time", "true"),
+    ("attempt", "-1"), ("attempt", "1e400"), ("attempt", "NaN"), ("attempt", "1.5"),
+    ("attempt", "99999999999999999999999"), ("attempt", "null"), ("attempt", "[0]"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("field", "value"), BAD_NUMBERS)
+def test_an_event_whose_time_or_attempt_is_no_sane_number_is_skipped(
+    tmp_path: Path, field: str, value: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "ledger.jsonl"
+    start(path, 0, 1.0)
+    good_end = {"event": "attempt_end", "attempt": 0, "time": 9.0, "cause": "finished"}
+    bad_start = {"event": "attempt_start", "attempt": 1, "time": 10.0}
+    bad_end = {"event": "attempt_end", "attempt": 1, "time": 11.0, "cause": "crash"}
+    with path.open("a") as f:
+        f.write(json.dumps(good_end) + "\n")
+        for event in (bad_start, bad_end):
+            text = json.dumps({k: v for k, v in event.items() if k != field})
+            f.write(f'{text[:-1]}, "{field}": {value}}}\n')
+    (attempt,) = read_ledger(path)
+    assert (attempt.attempt, attempt.cause) == (0, EndCause.FINISHED)
+    assert sum("skipping an unreadable ledger line" in r.message for r in caplog.records) == 2
+
+
+OPTIONAL_BAD = [
+    ("steps_done", "-3"), ("steps_done", "1e400"), ("steps_done", "NaN"), ("steps_done", '"x"'),
+    ("steps_done", "2.5"), ("steps_done", "99999999999999999999999"), ("world_size", "0"),
+    ("resumed_from_step", "-1"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("field", "value"), OPTIONAL_BAD)
+def test_an_optional_number_that_is_no_sane_number_is_unknown(
+    tmp_path: Path, field: str, value: str
+) -> None:
+    path = tmp_path / "ledger.jsonl"
+    begin = {"event": "attempt_start", "attempt": 0, "time": 1.0, "world_size": 2}
+    end = {"event": "attempt_end", "attempt": 0, "time": 2.0, "cause": "cancelled"}
+    with path.open("a") as f:
+        for event in (begin, end):
+            text = json.dumps({k: v for k, v in event.items() if k != field})
+            extra = f', "{field}": {value}' if (field == "steps_done") == (event is end) else ""
+            f.write(f"{text[:-1]}{extra}}}\n")
+    (attempt,) = read_ledger(path)
+    assert getattr(attempt, field) is None
+    assert (attempt.started, attempt.cause) == (1.0, EndCause.CANCELLED)  # the rest still counts
+
+
+def test_huge_but_whole_numbers_are_kept(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    start(path, 0, 1.0)
+    record_end(path, attempt=0, cause=EndCause.FINISHED, steps_done=2**40, checkpoint=None,
+               requeue_requested=False, now=4102444800.0)  # 2100-01-01  # fmt: skip
+    (attempt,) = read_ledger(path)
+    assert (attempt.steps_done, attempt.ended) == (2**40, 4102444800.0)

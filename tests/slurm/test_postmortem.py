@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp.slurm.postmortem import TaskFailure, failed_rank, first_failure, parse_failure_bursts
+from hpc_ddp.slurm.postmortem import (
+    TaskFailure,
+    failed_rank,
+    first_failure,
+    last_error_line,
+    parse_failure_bursts,
+    startup_failure,
+)
 
 # Rank 1 SIGKILLed on n2 (tests/runtime/test_requeue_e2e.py): srun then terminates rank 0.
 KILLED = """\
@@ -65,3 +72,35 @@ def test_failed_rank_reads_the_newest_batch_log(tmp_path: Path) -> None:
     (tmp_path / "batch-11.err").write_text(KILLED)
     (tmp_path / "batch-11.out").write_text("srun: error: n9: task 7: Killed\n")
     assert failed_rank(tmp_path) == TaskFailure(1, "n2", "Killed")
+
+
+# What torch.distributed prints for a rank's uncaught exception once its process group is up.
+TORCH_PREFIXED = """\
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "/work/hpc_ddp/train/data.py", line 86, in load_import_string
+[rank1]:     raise ConfigError(
+[rank1]: hpc_ddp.errors.ConfigError: train.model: no attribute 'Nope'. HINT: write it right.
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (TORCH_PREFIXED, "hpc_ddp.errors.ConfigError: train.model: no attribute 'Nope'. HINT: "
+         "write it right."),
+        ("[rank12]:ValueError: x\n", "ValueError: x"),
+        ("[rank0]: all good\n", None),
+        ("[rankX]: ValueError: x\n", None),  # not torch's prefix: not an error line
+        ("ValueError: plain\n", "ValueError: plain"),
+    ],
+)  # fmt: skip
+def test_an_error_line_is_found_behind_torchs_rank_prefix(text: str, expected: str | None) -> None:
+    assert last_error_line(text) == expected
+
+
+def test_startup_failure_reads_a_rank_log_torch_prefixed(tmp_path: Path) -> None:
+    (tmp_path / "rank-1.err").write_text(TORCH_PREFIXED)
+    assert startup_failure(tmp_path) == (
+        "rank-1.err: hpc_ddp.errors.ConfigError: train.model: no attribute 'Nope'. HINT: write "
+        "it right."
+    )
