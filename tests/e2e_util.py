@@ -423,3 +423,20 @@ def crashy_job(
         'env: {vars: {OMP_NUM_THREADS: "1"}}\n' + extra
     )
     return config
+
+
+def killed_once_job(
+    directory: Path, steps: int, every: int, kill_at: int, *, on_crash: bool
+) -> Path:
+    """A 2-node job file running ``tests/helpers/killed_once.py`` (rank 1 dies of SIGKILL once
+    at ``kill_at``) as ``[python, ...]``, with at most one requeue."""
+    script = Path(__file__).resolve().parent / "helpers" / "killed_once.py"
+    config = directory / "killed-once.yaml"
+    config.write_text(
+        "name: killed-once\n"
+        f"command: [python, {script}, '{steps}', '{every}', '{kill_at}']\n"
+        "slurm: {nodes: 2, tasks_per_node: 1, cpus_per_task: 1, time: '00:05:00'}\n"
+        f"requeue: {{max_requeues: 1, on_crash: {str(on_crash).lower()}}}\n"
+        'env: {vars: {OMP_NUM_THREADS: "1"}}\n'
+    )
+    return config

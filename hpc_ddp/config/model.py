@@ -140,7 +140,8 @@ class TrainConfig:
     """``synthetic`` | ``cifar10`` | ``mnist`` | ``imagefolder`` | ``pkg.mod:fn``."""
     data_root: str | None = None
     """Directory of pre-staged data for ``cifar10``, ``mnist`` and ``imagefolder`` (nothing is
-    downloaded at run time); ``None`` for ``synthetic``."""
+    downloaded at run time); ``$VAR``, ``${VAR}`` and ``~`` are expanded on each task, in its
+    environment. ``None`` for ``synthetic``."""
     num_classes: int = 10
     """Classes the model's head predicts."""
     image_size: int = 32
@@ -223,7 +224,10 @@ class JobConfig:
     command: tuple[str, ...] | None = None
     """Run your own program on every task instead of the built-in trainer: an argv list,
     run without a shell; ``{params.NAME}`` in an item is replaced by that param's value
-    (``{{params.NAME}}`` for the literal text). ``None``: no command."""
+    (``{{params.NAME}}`` for the literal text). A first item of exactly ``python`` or
+    ``python3`` runs the interpreter that runs hpc-ddp on the task (the one you submitted
+    with, or ``env.container.python``), not whichever ``python`` comes first on the nodes'
+    PATH. ``None``: no command."""
     entrypoint: str | None = None
     """Call your own Python function on every task instead: ``package.module:function``.
     ``None``: no entry point."""

@@ -7,7 +7,11 @@
 - the module of every import string (``train.model``, ``train.dataset``, ``entrypoint``) can
   be found from here, searched for without importing anything;
 - the program of ``command`` exists (on PATH, or as a file), and so does the script or module
-  a ``python`` command runs.
+  a ``python`` command runs (``python``/``python3`` themselves are the task's own interpreter,
+  see :func:`hpc_ddp.runtime.entry.command_argv`, so they need no PATH);
+- ``train.data_root`` exists here, ``~`` and ``$VARS`` expanded with this shell's environment
+  (:func:`expand_path`); only a warning when missing, since the data may be staged on a file
+  system only the compute nodes mount.
 
 A job whose environment differs from this shell's (a container, ``env.modules`` or
 ``env.setup`` lines) may find on the nodes what is missing here: a missing module or program
@@ -32,7 +36,7 @@ import re
 import shutil
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpc_ddp.config.model import JobConfig
@@ -70,6 +74,9 @@ TORCHVISION_MODELS = (
 """``torchvision.models.list_models(module=torchvision.models)`` of torchvision 0.29."""
 
 _PYTHON_RE = re.compile(r"python[0-9.]*")
+_OWN_PYTHON = frozenset({"python", "python3"})
+"""A ``command`` starting with one of these runs the task's interpreter (runtime.entry)."""
+_VAR = re.compile(r"\$(\w+|\{[^}]*\})", re.ASCII)
 _Missing = Callable[[str, str, str], None]
 """(key, what is missing, how to fix it): reports something not found on this machine."""
 _OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "-Q"})  # python options whose value is the next arg
@@ -90,6 +97,8 @@ class LoginNode:
     only when a model name is unknown: reading it costs ~10 ms of every submit."""
     use_import_system: bool = True
     """Also ask this interpreter's import system (editable installs, zip imports)."""
+    environ: Mapping[str, str] = field(default_factory=dict)
+    """This shell's environment: what ``$VARS`` in ``train.data_root`` expand to here."""
 
 
 def this_machine(env: Mapping[str, str] | None = None) -> LoginNode:
@@ -100,7 +109,29 @@ def this_machine(env: Mapping[str, str] | None = None) -> LoginNode:
         path=env.get("PATH", os.defpath),
         python_path=tuple(sys.path),
         torchvision_version=installed_torchvision,
+        environ=dict(env),
     )
+
+
+def expand_path(value: str, env: Mapping[str, str]) -> str:
+    """``value`` with a leading ``~`` and every ``$NAME``/``${NAME}`` expanded from ``env``.
+
+    What a shell would make of an unquoted path, done where the path is used: on a task with
+    the task's environment (``$USER``, ``$SCRATCH`` and ``$HOME`` may differ from the login
+    node's), at submit time with this shell's. A variable ``env`` lacks is left as written,
+    as :func:`os.path.expandvars` does, so an error shows which one was missing.
+    """
+    if value == "~" or value.startswith("~/"):
+        home = env.get("HOME")
+        value = home.rstrip("/") + value[1:] if home else os.path.expanduser(value)
+    elif value.startswith("~"):
+        value = os.path.expanduser(value)  # ~user: the password database knows their home
+
+    def lookup(match: re.Match[str]) -> str:
+        name = match.group(1).removeprefix("{").removesuffix("}")
+        return env.get(name, match.group(0))
+
+    return _VAR.sub(lookup, value)
 
 
 def installed_torchvision() -> tuple[int, int] | None:
@@ -150,6 +181,7 @@ def check_job(cfg: JobConfig, node: LoginNode) -> Findings:
     try:
         if cfg.command is None and cfg.entrypoint is None:  # the built-in trainer runs
             _check_dataset(cfg, node, missing)
+            _check_data_root(cfg, node, warnings)
             _check_model(cfg, node, missing, warnings)
         if cfg.entrypoint is not None:
             _check_import(cfg.entrypoint, "entrypoint", cfg, node, missing)
@@ -246,6 +278,24 @@ def _check_dataset(cfg: JobConfig, node: LoginNode, missing: _Missing) -> None:
         )
 
 
+def _check_data_root(cfg: JobConfig, node: LoginNode, warnings: list[tuple[str, str]]) -> None:
+    """A ``data_root`` not found here is a warning: the data may be staged on a file system
+    that only the compute nodes mount, and the dataset itself says so on the task if not."""
+    root = cfg.train.data_root
+    if root is None or cfg.train.dataset == "synthetic":
+        return
+    expanded = expand_path(root, node.environ)
+    path = node.cwd / expanded
+    if path.is_dir():
+        return
+    shown = repr(root) if expanded == root else f"{root!r} ({expanded} here)"
+    what = "is not a directory" if path.exists() else "does not exist"
+    unset = " and ".join(sorted({m.group(0) for m in _VAR.finditer(expanded)}))
+    fix = f"{unset}: not set here; the nodes must set it" if unset else "stage the data there"
+    text = f"{shown} {what} on this machine; it may exist only on the compute nodes"
+    warnings.append(("train.data_root", f"{text}. HINT: {fix}, or fix the path"))
+
+
 def _check_model(
     cfg: JobConfig, node: LoginNode, missing: _Missing, warnings: list[tuple[str, str]]
 ) -> None:
@@ -314,31 +364,46 @@ def find_module(name: str, search: Sequence[str], use_import_system: bool = True
 def _check_command(cfg: JobConfig, node: LoginNode, missing: _Missing) -> None:
     assert cfg.command is not None
     program, *args = resolve_command(cfg.command, cfg.params)  # what the tasks will run
-    if "/" in program:
-        path = node.cwd / program
-        if not path.is_file():
-            missing(
-                "command[0]",
-                f"program {program!r} does not exist (looked for {path})",
-                "fix the path; a relative one starts from the directory you submit from",
-            )
-            return
-        if not os.access(path, os.X_OK):
-            missing(
-                "command[0]",
-                f"program {program!r} is not executable",
-                f"chmod +x {program}, or run it through its interpreter, e.g. [bash, {program}]",
-            )
-            return
-    elif shutil.which(program, path=node.path) is None:
+    # `python`/`python3` run the task's own interpreter (the one running hpc-ddp), not PATH's.
+    if program not in _OWN_PYTHON and not _program_found(program, node, missing):
+        return
+    if _PYTHON_RE.fullmatch(Path(program).name):
+        _check_python_args(args, cfg, node, missing)
+
+
+def _program_found(program: str, node: LoginNode, missing: _Missing) -> bool:
+    """Whether ``command[0]`` can run from here; reports it to ``missing`` when not."""
+    if "/" not in program:
+        if shutil.which(program, path=node.path) is not None:
+            return True
         missing(
             "command[0]",
             f"program {program!r} is not on PATH",
             "check the spelling, give its full path, or load what provides it in env.setup",
         )
-        return
-    if _PYTHON_RE.fullmatch(Path(program).name):
-        _check_python_args(args, cfg, node, missing)
+        return False
+    path = node.cwd / program
+    if path.is_dir():
+        missing(
+            "command[0]",
+            f"program {program!r} is a directory ({path})",
+            "name the program inside it (a directory cannot be run)",
+        )
+    elif not path.is_file():
+        missing(
+            "command[0]",
+            f"program {program!r} does not exist (looked for {path})",
+            "fix the path; a relative one starts from the directory you submit from",
+        )
+    elif not os.access(path, os.X_OK):
+        missing(
+            "command[0]",
+            f"program {program!r} is not executable",
+            f"chmod +x {program}, or run it through its interpreter, e.g. [bash, {program}]",
+        )
+    else:
+        return True
+    return False
 
 
 def _check_python_args(
@@ -367,7 +432,13 @@ def _check_python_args(
         if arg.startswith("-"):
             continue
         script = node.cwd / arg
-        if not script.is_file():
+        if script.is_dir() and not (script / "__main__.py").is_file():
+            missing(
+                "command",
+                f"python script {arg!r} is a directory without a __main__.py (looked in {script})",
+                "name the script inside it; python runs a directory only through its __main__.py",
+            )
+        elif not script.exists():
             missing(
                 "command",
                 f"python script {arg!r} does not exist (looked for {script})",

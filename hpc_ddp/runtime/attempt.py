@@ -80,14 +80,19 @@ class RequeueDecision:
 
 
 def decide_requeue(
-    cause: EndCause, attempts_so_far: int, max_requeues: int, on_crash: bool
+    cause: EndCause,
+    attempts_so_far: int,
+    max_requeues: int,
+    on_crash: bool,
+    run_dir: str = "RUN_DIR",
 ) -> RequeueDecision:
     """Decide whether an attempt that ended with ``cause`` is followed by another.
 
     ``attempts_so_far`` is the number of requeues already spent (this attempt's
     ``SLURM_RESTART_COUNT``). Time limits, preemptions and manual requeues go on while fewer
     than ``max_requeues`` were spent; a crash too, only with ``on_crash``; a finished,
-    cancelled, failed-to-requeue or unexplained stop never.
+    cancelled, failed-to-requeue or unexplained stop never. ``run_dir`` is named in the hints
+    (``hpc-ddp resume RUN_DIR``).
     """
     if cause is EndCause.FINISHED:
         return RequeueDecision(False, "finished: nothing left to do")
@@ -101,14 +106,15 @@ def decide_requeue(
         return RequeueDecision(
             False,
             "crashed: not requeued (a crash is not a preemption). HINT: fix the error in the "
-            "rank logs, or set requeue.on_crash=true to retry crashes.",
+            f"rank logs, then `hpc-ddp resume {run_dir}` goes on from the newest checkpoint; "
+            "or set requeue.on_crash=true to retry crashes.",
         )
     if cause is EndCause.BUDGET_EXHAUSTED or attempts_so_far >= max_requeues:
         return RequeueDecision(
             False,
             f"requeue budget exhausted: {attempts_so_far} of requeue.max_requeues="
             f"{max_requeues} requeues used. HINT: go on with a larger budget: `hpc-ddp resume "
-            f"RUN_DIR requeue.max_requeues={max(2 * max_requeues, max_requeues + 5)}`; the run "
+            f"{run_dir} requeue.max_requeues={max(2 * max_requeues, max_requeues + 5)}`; the run "
             "resumes from its last checkpoint.",
         )
     return RequeueDecision(

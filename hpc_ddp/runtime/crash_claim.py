@@ -4,6 +4,9 @@ A crash needs no agreement between the ranks (the others are typically stuck in 
 or die of the lost connection), so with ``requeue.on_crash`` the ranks that crash race for one
 claim file per attempt; the one that creates it asks ``scontrol requeue`` and writes the
 ledger's end, the others write nothing (see :meth:`hpc_ddp.runtime.requeue.Coordinator.crash`).
+The ``hpc_ddp run`` process above a ``command`` child races for the same claim when its child
+dies (:func:`hpc_ddp.runtime.entry.record_child_crash`), so a crash its child's session already
+claimed is never requeued twice.
 """
 
 from __future__ import annotations

@@ -27,10 +27,12 @@ from pathlib import Path
 
 from hpc_ddp.config.model import RequeueConfig
 from hpc_ddp.errors import SlurmError
+from hpc_ddp.runtime.attempt import RequeueDecision
 from hpc_ddp.runtime.crash_claim import claim_crash_requeue
 from hpc_ddp.runtime.distenv import DistEnv
 from hpc_ddp.runtime.ledger import EndCause, decide_requeue, record_end, record_start
 from hpc_ddp.runtime.requeue_messages import (
+    outside_slurm_message,
     requeue_failed_message,
     slurm_failure_summary,
     unconfirmed_message,
@@ -75,6 +77,7 @@ class Coordinator:
     ) -> None:
         self.dist = dist
         self.ledger = ledger
+        self.run_dir = str(ledger.parent)  # named in the hints: `hpc-ddp resume RUN_DIR`
         self.cfg = cfg
         self.client = slurm if slurm is not None else SlurmClient()
         # Inside a Slurm job, also for a `command:` child that got torchrun-style variables.
@@ -105,7 +108,7 @@ class Coordinator:
                 f"attempt {self.attempt} is beyond the requeue budget "
                 f"(requeue.max_requeues={self.cfg.max_requeues}); not training. "
                 "HINT: go on from the newest checkpoint with a larger budget: "
-                f"`hpc-ddp resume {self.ledger.parent} "
+                f"`hpc-ddp resume {self.run_dir} "
                 f"requeue.max_requeues={max(2 * self.cfg.max_requeues, self.attempt + 1)}`."
             )
             log.error(message)
@@ -137,10 +140,13 @@ class Coordinator:
             )
         return self._act(verdict, step=step, checkpoint=checkpoint)
 
-    def _act(self, verdict: StopVerdict, *, step: int, checkpoint: str | None) -> StopOutcome:
-        decision = decide_requeue(
-            verdict.cause, self.attempt, self.cfg.max_requeues, self.cfg.on_crash
+    def _decide(self, cause: EndCause) -> RequeueDecision:
+        return decide_requeue(
+            cause, self.attempt, self.cfg.max_requeues, self.cfg.on_crash, self.run_dir
         )
+
+    def _act(self, verdict: StopVerdict, *, step: int, checkpoint: str | None) -> StopOutcome:
+        decision = self._decide(verdict.cause)
         if verdict.request_requeue and not decision.requeue:
             message = f"requeue budget exhausted: {decision.reason}"
             log.error("%s", message)
@@ -156,14 +162,13 @@ class Coordinator:
                 if after is None:
                     return self._requeue_failed(verdict, error, step, checkpoint)
                 verdict = after
-                decision = decide_requeue(
-                    verdict.cause, self.attempt, self.cfg.max_requeues, self.cfg.on_crash
-                )
+                decision = self._decide(verdict.cause)
         if not verdict.slurm_answered and not requested:
             return self._unconfirmed(verdict, step, checkpoint)
-        message = f"{verdict.cause.value}: {verdict.explanation}; {decision.reason}"
+        reason = decision.reason
         if verdict.request_requeue and not self.under_slurm:
-            message += "; not a Slurm job, so nothing requeues it: start it again to resume"
+            reason = outside_slurm_message(self.run_dir)
+        message = f"{verdict.cause.value}: {verdict.explanation}; {reason}"
         log.info("stopping at step %d: %s", step, message)
         self._end(verdict.cause, step, checkpoint, requested, message)
         return StopOutcome(verdict.cause, requested, 0, message)
@@ -207,8 +212,9 @@ class Coordinator:
     ) -> StopOutcome:
         """A requeue was needed and could not be had: the job must end FAILED, and say so."""
         message = requeue_failed_message(
-            self.dist.job_ref, verdict, error, step, checkpoint, REQUEUE_FAILED_EXIT_CODE
-        )
+            self.dist.job_ref, verdict, error, step, checkpoint, REQUEUE_FAILED_EXIT_CODE,
+            self.run_dir,
+        )  # fmt: skip
         log.error("%s", message)
         self._end(EndCause.REQUEUE_FAILED, step, checkpoint, False, message)
         return StopOutcome(EndCause.REQUEUE_FAILED, False, REQUEUE_FAILED_EXIT_CODE, message)
@@ -216,8 +222,9 @@ class Coordinator:
     def _unconfirmed(self, verdict: StopVerdict, step: int, checkpoint: str | None) -> StopOutcome:
         """A stop Slurm could not be asked about and no requeue was asked for: exit non-zero."""
         message = unconfirmed_message(
-            self.dist.job_ref, verdict, step, checkpoint, REQUEUE_FAILED_EXIT_CODE
-        )
+            self.dist.job_ref, verdict, step, checkpoint, REQUEUE_FAILED_EXIT_CODE,
+            self.run_dir,
+        )  # fmt: skip
         log.error("%s", message)
         self._end(verdict.cause, step, checkpoint, False, message)
         return StopOutcome(verdict.cause, False, REQUEUE_FAILED_EXIT_CODE, message)
@@ -227,7 +234,14 @@ class Coordinator:
         if self.dist.is_main:
             self._end(EndCause.FINISHED, step, checkpoint, False, "training finished")
 
-    def crash(self, *, step: int | None, checkpoint: str | None, error: BaseException) -> None:
+    def crash(
+        self,
+        *,
+        step: int | None,
+        checkpoint: str | None,
+        error: BaseException | str,
+        claimed: bool = False,
+    ) -> None:
         """Record a crash of this rank, and with ``requeue.on_crash`` requeue the job.
 
         Any rank may write it (one O_APPEND line): the first end of an attempt wins in the
@@ -237,20 +251,20 @@ class Coordinator:
         requeued the first rank to crash claims that by creating a file exclusively: it alone
         asks ``scontrol requeue`` and writes the end; a rank that loses the claim writes
         nothing, so the ledger's first end is always the one that says what was requested.
+        ``error``: the exception, or what happened in words (a ``command`` child killed by a
+        signal); ``claimed``: the caller already holds this attempt's claim.
         """
         where = self.dist.node_name or "?"
-        message = f"rank {self.dist.rank} on {where}: {type(error).__name__}: {error}"
+        what = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        message = f"rank {self.dist.rank} on {where}: {what}"
         log.error("crash: %s", message)
-        decision = decide_requeue(
-            EndCause.CRASH, self.attempt, self.cfg.max_requeues, self.cfg.on_crash
-        )
+        decision = self._decide(EndCause.CRASH)
         if not (decision.requeue and self.under_slurm):
-            if self.cfg.on_crash:
-                message += f"; {decision.reason}"
-            self._end(EndCause.CRASH, step, checkpoint, False, message)
+            why = outside_slurm_message(self.run_dir) if decision.requeue else decision.reason
+            self._end(EndCause.CRASH, step, checkpoint, False, f"{message}; {why}")
             return
         claims = self.ledger.parent / "rendezvous"
-        if not claim_crash_requeue(claims, self.dist.job_id, self.attempt):
+        if not claimed and not claim_crash_requeue(claims, self.dist.job_id, self.attempt):
             log.info("another rank crashed first and requests the requeue")
             self._ended = True
             return
@@ -261,7 +275,7 @@ class Coordinator:
         ref = self.dist.job_ref
         message += (
             f"; requeue.on_crash: could not requeue job {ref}: {error_text}. "
-            f"HINT: `hpc-ddp resume {self.ledger.parent}` goes on from the newest checkpoint."
+            f"HINT: `hpc-ddp resume {self.run_dir}` goes on from the newest checkpoint."
         )
         log.error("%s", message)
         self._end(EndCause.CRASH, step, checkpoint, False, message)

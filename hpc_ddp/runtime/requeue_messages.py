@@ -10,11 +10,22 @@ from __future__ import annotations
 from hpc_ddp.errors import SlurmError
 from hpc_ddp.runtime.stopcause import StopVerdict
 
-__all__ = ["requeue_failed_message", "slurm_failure_summary", "unconfirmed_message"]
+__all__ = [
+    "outside_slurm_message",
+    "requeue_failed_message",
+    "slurm_failure_summary",
+    "unconfirmed_message",
+]
 
 
 def requeue_failed_message(
-    ref: str | None, verdict: StopVerdict, error: str, step: int, checkpoint: str | None, code: int
+    ref: str | None,
+    verdict: StopVerdict,
+    error: str,
+    step: int,
+    checkpoint: str | None,
+    code: int,
+    run_dir: str,
 ) -> str:
     """A requeue was needed and could not be had: the job ends FAILED (its tasks exit ``code``)."""
     why = verdict.explanation if verdict.slurm_answered else "Slurm could not be asked either"
@@ -24,22 +35,36 @@ def requeue_failed_message(
         f"{code}, so Slurm records it FAILED. {_kept(step, checkpoint)} "
         "HINT: let the job reach Slurm (scontrol on PATH inside the container, munged's "
         f"socket, SLURM_CONF), and run `scontrol requeue {ref}` where Slurm's commands "
-        "work (Slurm keeps a finished job for MinJobAge): the run resumes from that "
-        "checkpoint."
+        "work: the run resumes from that checkpoint. Slurm forgets a finished job after "
+        f"MinJobAge; then, or any time, `hpc-ddp resume {run_dir}` goes on from it as a new job."
     )
 
 
 def unconfirmed_message(
-    ref: str | None, verdict: StopVerdict, step: int, checkpoint: str | None, code: int
+    ref: str | None,
+    verdict: StopVerdict,
+    step: int,
+    checkpoint: str | None,
+    code: int,
+    run_dir: str,
 ) -> str:
     """A stop Slurm could not be asked about, and no requeue asked for (tasks exit ``code``)."""
     return (
         f"{verdict.cause.value}: {verdict.explanation}. The tasks exit "
         f"{code}: the job ends FAILED unless Slurm requeues or cancels "
         f"it. {_kept(step, checkpoint)} HINT: if the job does not come back (`hpc-ddp "
-        f"status`), run `scontrol requeue {ref}` where Slurm's commands work; and let the "
-        "job reach Slurm (scontrol on PATH inside the container, munged's socket, "
+        f"status`), run `scontrol requeue {ref}` where Slurm's commands work, or "
+        f"`hpc-ddp resume {run_dir}` (also once Slurm has forgotten the job, after MinJobAge); "
+        "and let the job reach Slurm (scontrol on PATH inside the container, munged's socket, "
         "SLURM_CONF)."
+    )
+
+
+def outside_slurm_message(run_dir: str) -> str:
+    """Why a stop or crash that Slurm would requeue is not followed by another attempt here."""
+    return (
+        "not a Slurm job, so no requeue is possible: nothing starts the run again by itself. "
+        f"HINT: `hpc-ddp resume {run_dir}` goes on from the newest checkpoint."
     )
 
 

@@ -250,11 +250,15 @@ def task_python(cfg: JobConfig, ctx: RenderContext) -> str:
 
 
 def srun_args(cfg: JobConfig, ctx: RenderContext) -> list[str]:
-    """The step's srun options (unquoted argv); ``slurm.srun_args`` come last."""
+    """The step's srun options (unquoted argv); ``slurm.srun_args`` come last.
+
+    No ``--cpu-bind``: Slurm binds each task to its ``cpus_per_task`` CPUs (or follows the
+    site's default), which keeps ranks sharing a node off each other's cores; a job that wants
+    another binding sets ``--cpu-bind=...`` in ``slurm.srun_args``.
+    """
     logs = _log_dir_pattern(ctx)
     args = [
         "--kill-on-bad-exit=1",
-        "--cpu-bind=none",
         f"--output={logs}/rank-%t.out",
         f"--error={logs}/rank-%t.err",
         "--open-mode=append",

@@ -12,9 +12,11 @@ Every built-in dataset yields ``(image, label)`` with images of shape
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ import torch
 from torch.utils.data import Dataset
 
 from hpc_ddp.config.model import TrainConfig
-from hpc_ddp.config.preflight import BUILTIN_DATASETS
+from hpc_ddp.config.preflight import BUILTIN_DATASETS, expand_path
 from hpc_ddp.errors import ConfigError
 
 BUILTIN = BUILTIN_DATASETS
@@ -112,6 +114,23 @@ def _staging_hint(name: str, root: str) -> str:
     )
 
 
+def data_root(cfg: TrainConfig) -> str:
+    """``train.data_root`` as this task sees it: ``~`` and ``$VARS`` expanded from its
+    environment (``/scratch/$USER/data`` is a path on the nodes, not a literal ``$USER``)."""
+    assert cfg.data_root is not None
+    return expand_path(cfg.data_root, os.environ)
+
+
+def _unexpanded_hint(root: str) -> str:
+    """A hint for a root that still holds a ``$VAR`` the task's environment does not set."""
+    if "$" not in root:
+        return ""
+    return (
+        f" (a variable in {root!r} is not set on the task: set it in env.vars or env.setup, "
+        "or write the path out)"
+    )
+
+
 def _torchvision_dataset(cfg: TrainConfig, train: bool) -> Dataset[Any] | None:
     name = cfg.dataset
     if cfg.data_root is None:
@@ -119,7 +138,7 @@ def _torchvision_dataset(cfg: TrainConfig, train: bool) -> Dataset[Any] | None:
             f"train.dataset is {name!r} but train.data_root is not set. "
             "HINT: set train.data_root to the directory holding the staged dataset."
         )
-    root = str(Path(cfg.data_root).expanduser())
+    root = data_root(cfg)
     from torchvision import datasets  # 1.5 s to import: only when used
 
     if name == "imagefolder":
@@ -128,8 +147,9 @@ def _torchvision_dataset(cfg: TrainConfig, train: bool) -> Dataset[Any] | None:
             if not train:
                 return None
             raise ConfigError(
-                f"train.data_root {root!r} has no train/ directory. HINT: lay the images out as "
-                "DATA_ROOT/train/<class>/<image> (and DATA_ROOT/val/<class>/<image> to evaluate)."
+                f"train.data_root {root!r} has no train/ directory{_unexpanded_hint(root)}. "
+                "HINT: lay the images out as DATA_ROOT/train/<class>/<image> (and "
+                "DATA_ROOT/val/<class>/<image> to evaluate)."
             )
         ds: Any = datasets.ImageFolder(str(split), transform=_transform(cfg))
         found = len(ds.classes)
@@ -141,7 +161,8 @@ def _torchvision_dataset(cfg: TrainConfig, train: bool) -> Dataset[Any] | None:
             )
         except RuntimeError as exc:  # torchvision: "Dataset not found or corrupted. ..."
             raise ConfigError(
-                f"dataset {name!r} not found under {root!r} ({exc}). {_staging_hint(name, root)}"
+                f"dataset {name!r} not found under {root!r} ({exc}){_unexpanded_hint(root)}. "
+                f"{_staging_hint(name, root)}"
             ) from exc
         found = 10
     if found != cfg.num_classes:
@@ -166,6 +187,8 @@ def build_dataset(cfg: TrainConfig, *, train: bool) -> Dataset[Any] | None:
         return _torchvision_dataset(cfg, train)
     if ":" in name:
         fn = load_import_string(name, "train.dataset")
+        if cfg.data_root is not None:  # the user's function gets the path the task sees
+            cfg = dataclasses.replace(cfg, data_root=data_root(cfg))
         out: Dataset[Any] | None = fn(cfg, train)
         return out
     close = difflib.get_close_matches(name, BUILTIN, n=3)

@@ -203,3 +203,91 @@ def test_a_run_out_of_requeues_resumes_with_a_larger_budget(
     assert second.resumed_from_step == first.steps_done
     assert second.steps_done == 64
     assert "max_requeues: 2" in (job.run_dir / "config.yaml").read_text()
+
+
+@pytest.mark.slurm
+@pytest.mark.torch
+def test_a_crashed_slurm_run_resumes_after_the_fix_to_the_uninterrupted_weights(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """A crash (rank 1 raises at step 8, requeue.on_crash off) ends the job FAILED with the
+    step-5 checkpoint; `hpc-ddp resume RUN_DIR` with the fix (here: the param that injected
+    the crash) goes on from that checkpoint to the weights of a run that never crashed."""
+    script = REPO / "tests" / "helpers" / "crashy.py"
+    config = tmp_path / "crashy.yaml"
+    config.write_text(
+        "name: crashy\n"
+        f"command: [python, {script}, '30', '5', '{{params.crash_at}}']\n"
+        "params: {crash_at: 8}\n"
+        "slurm: {nodes: 2, tasks_per_node: 1, cpus_per_task: 1, time: '00:05:00'}\n"
+        "requeue: {max_requeues: 1, on_crash: false}\n"
+        'env: {vars: {OMP_NUM_THREADS: "1"}}\n'
+    )
+    ref = e2e.submit(slurm_cluster, tmp_path / "ref", str(config), "params.crash_at=0")
+    job = e2e.submit(slurm_cluster, tmp_path / "run", str(config))
+    fields = e2e.wait_done(slurm_cluster, job.job_id, timeout_s=300)
+    assert (fields["JobState"], fields["Restarts"]) == ("FAILED", "0")
+    [crashed] = e2e.ledger(job.run_dir)
+    assert (crashed.cause, crashed.requeue_requested) == (EndCause.CRASH, False)
+    assert crashed.checkpoint == "step-00000005.pt"
+    assert crashed.message is not None
+    assert f"`hpc-ddp resume {job.run_dir}`" in crashed.message  # the hint says how
+    assert e2e.status(slurm_cluster, job.run_dir)["state"] == "FAILED"
+
+    again = _resume(slurm_cluster, job.run_dir, "params.crash_at=0")
+    assert again["run_dir"] == str(job.run_dir)
+    assert e2e.wait_done(slurm_cluster, again["job_id"], timeout_s=300)["JobState"] == "COMPLETED"
+    assert e2e.wait_done(slurm_cluster, ref.job_id, timeout_s=300)["JobState"] == "COMPLETED"
+    first, second = e2e.ledger(job.run_dir)
+    assert first.cause is EndCause.CRASH
+    assert (second.resumed_from, second.resumed_from_step) == ("step-00000005.pt", 5)
+    assert (second.cause, second.steps_done) == (EndCause.FINISHED, 30)
+    assert read_manifest(job.run_dir).previous_jobs == [job.job_id]
+    assert e2e.final_digest(slurm_cluster, job.run_dir) == e2e.final_digest(
+        slurm_cluster, ref.run_dir
+    )
+    assert e2e.status(slurm_cluster, job.run_dir)["causes"] == "crash,finished"
+
+
+# --- a local run's dry run, and what the resume message claims -------------------------------
+
+
+def _ended_local_run(runs: Path) -> Path:
+    """A local run whose job is gone (its pid: the largest Linux has) with a checkpoint at 32
+    that looks whole to the login side (a zip archive: only torch could tell its weights)."""
+    import zipfile
+
+    from hpc_ddp.config.load import load_job_config
+    from hpc_ddp.slurm.fake import FakeSlurm
+    from hpc_ddp.slurm.submission import materialize, prepare, record
+
+    config = REPO / "jobs" / "quickstart.yaml"
+    cfg = load_job_config(config, [], site_profile=None)
+    client = FakeSlurm().client()
+    prepared = materialize(
+        prepare(cfg, config_path=config, runs_dir=runs, python=sys.executable,
+                invocation=["hpc-ddp", "submit"], client=client)
+    )  # fmt: skip
+    record(prepared, backend="local", job_id="4194304", command=["submitit-local", "4194304"])
+    prepared.paths.checkpoints.mkdir(exist_ok=True)
+    with zipfile.ZipFile(prepared.paths.checkpoints / "step-00000032.pt", "w") as z:
+        z.writestr("archive/data.pkl", b"not really weights")
+    return prepared.paths.root
+
+
+def test_a_local_resume_dry_run_shows_the_local_backend_and_claims_no_verified_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hpc_ddp.cli.main import main
+
+    run_dir = _ended_local_run(tmp_path)
+    assert main(["resume", str(run_dir), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "from checkpoint step 32 (the newest on disk; the job verifies its weights" in out
+    assert "falls back to an older checkpoint if they are damaged" in out
+    assert "# backend: local; would start 2 process(es) on this machine" in out
+    assert "sbatch" not in out
+    assert "#SBATCH" not in out
+    assert main(["resume", str(run_dir), "slurm.nodes=1000", "--dry-run"]) == 2
+    assert "= 1000 local processes" in capsys.readouterr().err
+    assert "slurm:\n  nodes: 2\n" in (run_dir / "config.yaml").read_text()  # nothing written

@@ -7,6 +7,7 @@ and module path); the CLI tests run ``main()`` from the repository root."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from hpc_ddp.config.preflight import (
     TORCHVISION_MODELS_VERSION,
     LoginNode,
     check_job,
+    expand_path,
     find_module,
     preflight_job,
     preflight_points,
@@ -40,8 +42,10 @@ def node(tmp_path: Path) -> LoginNode:
     """A login node in ``tmp_path/work`` with ``tmp_path/bin`` as PATH and ``tmp_path/site`` as
     its only package directory: nothing of this machine's leaks in."""
     work, bin_dir, site = tmp_path / "work", tmp_path / "bin", tmp_path / "site"
-    for d in (work / "mypkg", work / "libs" / "extra", bin_dir, site / "installed" / "sub"):
+    for d in (work / "mypkg", work / "libs" / "extra", bin_dir, site / "installed" / "sub",
+              work / "data", work / "app", tmp_path / "home" / "data"):  # fmt: skip
         d.mkdir(parents=True)
+    (work / "app" / "__main__.py").write_text("")
     (work / "mypkg" / "__init__.py").write_text("raise RuntimeError('imported!')\n")
     (work / "mypkg" / "models.py").write_text("")
     (work / "single.py").write_text("")  # a module, not a package
@@ -61,6 +65,7 @@ def node(tmp_path: Path) -> LoginNode:
         python_path=(str(site),),
         torchvision_version=lambda: TORCHVISION_MODELS_VERSION,
         use_import_system=False,
+        environ={"HOME": str(tmp_path / "home"), "STAGE": str(work)},
     )
 
 
@@ -86,7 +91,22 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
      "HINT: use one of synthetic, cifar10, mnist, imagefolder"),
     ("staged-without-root", {"train": {"dataset": "mnist"}}, ERROR,
      "train.data_root: is not set, and train.dataset 'mnist' is read from pre-staged files"),
-    ("staged-with-root", {"train": {"dataset": "imagefolder", "data_root": "/d"}}, OK, ""),
+    ("staged-with-root", {"train": {"dataset": "imagefolder", "data_root": "data"}}, OK, ""),
+    ("staged-root-from-env", {"train": {"dataset": "mnist", "data_root": "$STAGE/data"}}, OK, ""),
+    ("staged-root-from-env-braced", {"train": {"dataset": "mnist", "data_root": "${STAGE}/data"}},
+     OK, ""),
+    ("staged-root-in-home", {"train": {"dataset": "cifar10", "data_root": "~/data"}}, OK, ""),
+    # Not here is not an error: the data may be staged where only the compute nodes look.
+    ("staged-root-missing", {"train": {"dataset": "cifar10", "data_root": "/no/such/data"}},
+     WARN, "train.data_root: '/no/such/data' does not exist on this machine; it may exist only "
+     "on the compute nodes. HINT: stage the data there"),
+    ("staged-root-var-unset", {"train": {"dataset": "cifar10", "data_root": "/s/$NOPE/data"}},
+     WARN, "HINT: $NOPE: not set here; the nodes must set it"),
+    ("staged-root-expanded", {"train": {"dataset": "cifar10", "data_root": "$STAGE/nope"}}, WARN,
+     "'$STAGE/nope' ("),
+    ("staged-root-a-file", {"train": {"dataset": "imagefolder", "data_root": "notes.txt"}}, WARN,
+     "'notes.txt' is not a directory on this machine"),
+    ("synthetic-ignores-root", {"train": {"data_root": "/no/such/data"}}, OK, ""),
     ("model-module-in-cwd", {"train": {"model": "mypkg.models:Net"}}, OK, ""),
     ("dataset-module-installed", {"train": {"dataset": "installed.sub:make"}}, OK, ""),
     ("model-module-missing", {"train": {"model": "nopkg.models:Net"}}, ERROR,
@@ -118,6 +138,8 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("program-file", {"command": ["./run.sh", "--fast"]}, OK, ""),
     ("program-file-missing", {"command": ["./nope.sh"]}, ERROR,
      "command[0]: program './nope.sh' does not exist"),
+    ("program-a-directory", {"command": ["./mypkg"]}, ERROR,
+     "command[0]: program './mypkg' is a directory"),
     ("program-not-executable", {"command": ["./notes.txt"]}, ERROR,
      "is not executable. HINT: chmod +x ./notes.txt"),
     ("python-script", {"command": ["python", "-u", "-X", "dev", "train.py", "--lr", "1"]}, OK, ""),
@@ -129,6 +151,9 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("python-module-missing", {"command": ["python", "-m", "mypkg.trainer"]}, ERROR,
      "python -m mypkg.trainer: module 'mypkg.trainer' cannot be found"),
     ("python-code", {"command": ["python", "-c", "print(1)"]}, OK, ""),
+    ("python-runs-a-directory", {"command": ["python", "app", "--x"]}, OK, ""),  # __main__.py
+    ("python-script-a-directory", {"command": ["python", "libs"]}, ERROR,
+     "command: python script 'libs' is a directory without a __main__.py"),
     ("python-by-path", {"command": ["../bin/python", "missing.py"]}, ERROR,
      "python script 'missing.py'"),
 ]  # fmt: skip
@@ -152,6 +177,43 @@ def test_check_job(node: LoginNode, sections: dict[str, Any], outcome: str, frag
         assert len(messages) == 1
     assert fragment in messages[0]
     assert "HINT:" in messages[0]
+
+
+def test_python_and_python3_need_no_python_on_path(node: LoginNode, tmp_path: Path) -> None:
+    """They run the task's own interpreter (runtime.entry.command_argv), not PATH's: a login
+    shell without any python on PATH is no reason to refuse them. Their scripts still count."""
+    bare = dataclasses.replace(node, path=str(tmp_path / "empty"))
+    for program in ("python", "python3"):
+        assert check_job(job(command=[program, "train.py"]), bare).error is None
+        assert check_job(job(command=[program, "-m", "mypkg.models"]), bare).error is None
+        error = check_job(job(command=[program, "trian.py"]), bare).error
+        assert error is not None
+        assert "python script 'trian.py' does not exist" in error[1]
+    error = check_job(job(command=["python3.11", "train.py"]), bare).error  # run as written
+    assert error == (
+        "command[0]",
+        "program 'python3.11' is not on PATH. HINT: check the spelling, give its full path, or "
+        "load what provides it in env.setup",
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("/scratch/$USER/data", "/scratch/alice/data"),
+        ("/scratch/${USER}/data", "/scratch/alice/data"),
+        ("$SCRATCH/$USER", "/lustre/alice"),
+        ("~/data", "/home/alice/data"),
+        ("~", "/home/alice"),
+        ("/d/$UNSET/x", "/d/$UNSET/x"),  # left as written: the message shows which is missing
+        ("/d/~/x", "/d/~/x"),  # only a leading ~ is the home
+        ("/plain/path", "/plain/path"),
+        ("$USER_DIR", "$USER_DIR"),  # the whole name, not a prefix of it
+    ],
+)
+def test_expand_path_like_a_shell(value: str, expected: str) -> None:
+    env = {"USER": "alice", "SCRATCH": "/lustre", "HOME": "/home/alice/"}
+    assert expand_path(value, env) == expected
 
 
 def test_a_newer_torchvision_here_turns_an_unknown_model_into_a_warning(node: LoginNode) -> None:
@@ -183,6 +245,7 @@ def test_this_machine_reads_its_environment() -> None:
     assert here.cwd == Path.cwd()
     assert here.python_path == tuple(sys.path)
     assert here.torchvision_version() is not None  # installed with hpc-ddp
+    assert here.environ == {"PATH": "/opt/x/bin"}  # what data_root's $VARS expand to
 
 
 def test_preflight_job_raises_with_the_source_and_logs_warnings(

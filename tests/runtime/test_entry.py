@@ -4,16 +4,30 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from hpc_ddp.config.load import dump_job_config
-from hpc_ddp.config.model import JobConfig, TrainConfig
+from hpc_ddp.config.load import dump_job_config, job_config_from_dict
+from hpc_ddp.config.model import ContainerConfig, EnvConfig, JobConfig, RequeueConfig, TrainConfig
 from hpc_ddp.errors import ConfigError, RunDirError
-from hpc_ddp.runtime.entry import resolve_entrypoint, run_job, task_run_dir
-from hpc_ddp.runtime.ledger import EndCause, read_ledger
+from hpc_ddp.runtime.entry import (
+    child_failure,
+    command_argv,
+    exit_status,
+    resolve_entrypoint,
+    run_job,
+    task_interpreter,
+    task_run_dir,
+)
+from hpc_ddp.runtime.ledger import EndCause, read_ledger, record_end, record_start
+from hpc_ddp.slurm.fake import FakeSlurm
+from hpc_ddp.slurm.jobstate import JobState
+from tests.conftest import REPO
 
 
 @pytest.fixture(autouse=True)
@@ -90,3 +104,238 @@ def test_single_process_run_trains_and_records_the_attempt(tmp_path: Path) -> No
     assert attempt.steps_done == 12
     assert (run / "checkpoints" / "step-00000012.pt").exists()
     assert (run / "checkpoints" / "step-00000010.pt").exists()
+
+
+# --- `command:` jobs: the interpreter, and the parent of a child that crashes -------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        (
+            ["python", "train.py", "--lr", "{params.lr}"],
+            ["/venv/bin/python", "train.py", "--lr", "0.5"],
+        ),
+        (["python3", "-m", "pkg"], ["/venv/bin/python", "-m", "pkg"]),
+        (["python3.11", "x.py"], ["python3.11", "x.py"]),  # exactly python or python3 only
+        (["/usr/bin/python", "x.py"], ["/usr/bin/python", "x.py"]),  # a path is run as written
+        (["torchrun", "python"], ["torchrun", "python"]),  # only the program itself
+    ],
+)
+def test_python_in_a_command_is_the_tasks_interpreter(
+    command: list[str], expected: list[str]
+) -> None:
+    cfg = job_config_from_dict({"name": "x", "command": command, "params": {"lr": 0.5}}, "t")
+    assert command_argv(cfg, "/venv/bin/python") == expected
+
+
+def test_the_tasks_interpreter_is_the_one_running_hpc_ddp(monkeypatch: pytest.MonkeyPatch) -> None:
+    container = EnvConfig(container=ContainerConfig("apptainer", "/i.sif", python="/opt/py"))
+    assert task_interpreter(JobConfig("x")) == sys.executable
+    assert task_interpreter(JobConfig("x", env=container)) == sys.executable  # in the image
+    monkeypatch.setattr(sys, "executable", "")  # Python could not tell its own path
+    assert task_interpreter(JobConfig("x", env=container)) == "/opt/py"
+    assert task_interpreter(JobConfig("x")) == ""
+    assert command_argv(JobConfig("x", command=("python", "t.py")), "") == ["python", "t.py"]
+
+
+@pytest.mark.parametrize(
+    ("code", "expected", "status"),
+    [
+        (-9, "command `p x` was killed by SIGKILL", 137),
+        (-11, "command `p x` was killed by SIGSEGV", 139),
+        (-6, "command `p x` was killed by SIGABRT", 134),
+        (1, "command `p x` exited with status 1", 1),
+        (137, "command `p x` exited with status 137", 137),
+        (0, None, 0),  # finished, or stopped and requeued by its session
+        (3, None, 3),  # its session's requeue budget ran out: recorded by the session
+        (4, None, 4),  # its session's requeue request failed: recorded by the session
+    ],
+)
+def test_which_child_exits_are_crashes(code: int, expected: str | None, status: int) -> None:
+    assert child_failure(code, "p x") == expected
+    assert exit_status(code) == status
+
+
+TASK = {
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+    "SLURM_NTASKS": "1",
+    "SLURM_JOB_ID": "78",
+    "SLURM_ARRAY_JOB_ID": "77",
+    "SLURM_ARRAY_TASK_ID": "3",
+    "SLURM_JOB_NODELIST": "n1",
+    "SLURMD_NODENAME": "n1",
+    "SLURM_STEP_ID": "0",
+}
+REF = "77_3"
+KILL_SELF = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+
+
+@pytest.fixture
+def _own_signal_handlers() -> Iterator[None]:
+    """run_command forwards stop signals to its child; pytest keeps its own handlers."""
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+    saved = {sig: signal.getsignal(sig) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _command_run(
+    tmp_path: Path, code: str, *, on_crash: bool, restart_count: int = 0
+) -> tuple[Path, dict[str, str], FakeSlurm]:
+    """A one-task Slurm `command:` run dir whose child runs ``python -c CODE``, and a Slurm
+    that holds the job, running."""
+    cfg = JobConfig(
+        name="cmd",
+        command=("python", "-c", code),
+        requeue=RequeueConfig(max_requeues=1, on_crash=on_crash),
+    )
+    slurm = FakeSlurm()
+    slurm.add_job("78", array_job_id="77", array_task_id="3", state=JobState.RUNNING,
+                  restart_count=restart_count)  # fmt: skip
+    env = {**TASK, "PATH": os.environ["PATH"], "SLURM_RESTART_COUNT": str(restart_count)}
+    return _run_dir(tmp_path / "run", cfg), env, slurm
+
+
+@pytest.mark.usefixtures("_own_signal_handlers")
+def test_a_killed_command_child_is_requeued_with_on_crash(tmp_path: Path) -> None:
+    """The child dies of SIGKILL, which no session inside it can see: the ``hpc_ddp run``
+    parent takes the session's crash path, asks Slurm for exactly one requeue and records it."""
+    run, env, slurm = _command_run(tmp_path, KILL_SELF, on_crash=True)
+    assert run_job(run, env, slurm=slurm.client()) == 128 + signal.SIGKILL
+    assert slurm.commands("scontrol") == [f"scontrol requeue {REF}"]
+    assert slurm.jobs[REF].restart_count == 1
+    [attempt] = read_ledger(run / "ledger.jsonl")  # the parent wrote the start the child did not
+    assert (attempt.attempt, attempt.job_id, attempt.job_ref) == (0, "78", REF)
+    assert (attempt.cause, attempt.requeue_requested) == (EndCause.CRASH, True)
+    assert attempt.message is not None
+    assert attempt.message.startswith(f"rank 0 on n1: command `{sys.executable} -c` was killed")
+    assert "SIGKILL; crash: requeue 1 of 1 (requeue.max_requeues)" in attempt.message
+    # A second crash in the same attempt (another rank's parent) finds the claim taken.
+    assert run_job(run, env, slurm=slurm.client()) == 128 + signal.SIGKILL
+    assert slurm.commands("scontrol") == [f"scontrol requeue {REF}"]
+    assert len((run / "ledger.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.usefixtures("_own_signal_handlers")
+def test_a_crashed_command_child_without_on_crash_is_recorded_not_requeued(tmp_path: Path) -> None:
+    run, env, slurm = _command_run(tmp_path, "raise SystemExit(7)", on_crash=False)
+    assert run_job(run, env, slurm=slurm.client()) == 7
+    assert slurm.calls == []
+    [attempt] = read_ledger(run / "ledger.jsonl")
+    assert (attempt.cause, attempt.requeue_requested) == (EndCause.CRASH, False)
+    assert attempt.message is not None
+    assert "exited with status 7; crashed: not requeued" in attempt.message
+    assert f"then `hpc-ddp resume {run}` goes on from the newest checkpoint" in attempt.message
+
+
+@pytest.mark.usefixtures("_own_signal_handlers")
+def test_a_command_crash_past_the_budget_is_not_requeued(tmp_path: Path) -> None:
+    run, env, slurm = _command_run(tmp_path, KILL_SELF, on_crash=True, restart_count=1)
+    assert run_job(run, env, slurm=slurm.client()) == 128 + signal.SIGKILL
+    assert slurm.commands("scontrol") == []
+    [attempt] = read_ledger(run / "ledger.jsonl")
+    assert (attempt.attempt, attempt.cause, attempt.requeue_requested) == (1, EndCause.CRASH, False)
+    assert "requeue budget exhausted: 1 of requeue.max_requeues=1" in (attempt.message or "")
+
+
+@pytest.mark.usefixtures("_own_signal_handlers")
+def test_a_crash_the_childs_session_handled_is_not_handled_twice(tmp_path: Path) -> None:
+    """A session that crashes raises out of its ``with`` block: the child exits 1 after its
+    session claimed the requeue (on_crash) or wrote the attempt's end. Neither is repeated."""
+    run, env, slurm = _command_run(tmp_path, "raise SystemExit(1)", on_crash=True)
+    claim = run / "rendezvous" / "crash-requeue-78-0"  # as Coordinator.crash claims it
+    claim.parent.mkdir()
+    claim.touch()
+    assert run_job(run, env, slurm=slurm.client()) == 1
+    assert slurm.calls == []
+    assert not (run / "ledger.jsonl").exists()
+
+    claim.unlink()  # on_crash off, or past the budget: the session wrote the end, no claim
+    ledger = run / "ledger.jsonl"
+    record_start(ledger, attempt=0, job_id="78", job_ref=REF, nodelist="n1", world_size=1,
+                 resumed_from_step=None, checkpoint=None)  # fmt: skip
+    record_end(ledger, attempt=0, cause=EndCause.CRASH, steps_done=3, checkpoint=None,
+               requeue_requested=False, message="rank 0 on n1: ValueError: x")  # fmt: skip
+    before = ledger.read_text()
+    assert run_job(run, env, slurm=slurm.client()) == 1
+    assert slurm.calls == []
+    assert ledger.read_text() == before
+
+
+@pytest.mark.usefixtures("_own_signal_handlers")
+@pytest.mark.parametrize("code", [0, 3, 4])
+def test_hpc_ddps_own_exit_codes_are_not_crashes(tmp_path: Path, code: int) -> None:
+    run, env, slurm = _command_run(tmp_path, f"raise SystemExit({code})", on_crash=True)
+    assert run_job(run, env, slurm=slurm.client()) == code
+    assert slurm.calls == []
+    assert not (run / "ledger.jsonl").exists()
+
+
+@pytest.mark.usefixtures("_own_signal_handlers")
+def test_a_child_killed_by_a_forwarded_stop_signal_did_not_crash(tmp_path: Path) -> None:
+    """A cancel, time limit or preemption SIGTERMs the task: the parent forwards it, and a
+    child without a session dies of it. That is a stop, not a crash: nothing is requeued."""
+    code = "import os, signal, time; os.kill(os.getppid(), signal.SIGTERM); time.sleep(60)"
+    run, env, slurm = _command_run(tmp_path, code, on_crash=True)
+    assert run_job(run, env, slurm=slurm.client()) == 128 + signal.SIGTERM
+    assert slurm.calls == []
+    assert not (run / "ledger.jsonl").exists()
+
+
+# --- `command:` jobs through the local backend, as a user runs them -----------------------------
+
+
+def _local_command_run(tmp_path: Path, code: str, path: str) -> Path:
+    """``hpc-ddp submit --backend local --wait`` of a one-task job running
+    ``[python, -c, CODE]``, with ``path`` as PATH; returns the run directory."""
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "name: cmd\n"
+        f"command: [python, -c, {json.dumps(code)}]\n"
+        "slurm: {nodes: 1, tasks_per_node: 1}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    done = subprocess.run(
+        [sys.executable, "-m", "hpc_ddp", "submit", str(job), "--backend", "local", "--wait",
+         "--runs-dir", str(tmp_path / "runs")],
+        cwd=REPO, env={**env, "PATH": path}, capture_output=True, text=True, timeout=300,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    [run_dir] = (tmp_path / "runs").iterdir()
+    return run_dir
+
+
+def _printed(run_dir: Path) -> list[str]:
+    """What the command printed after ``ran:`` (the rank log also holds submitit's lines)."""
+    lines = (run_dir / "logs" / "rank-0.out").read_text().splitlines()
+    return [line.removeprefix("ran: ") for line in lines if line.startswith("ran: ")]
+
+
+def test_python_in_a_local_command_is_the_submitting_interpreter(tmp_path: Path) -> None:
+    """Another ``python`` comes first on PATH (the nodes' /usr/bin/python, without torch):
+    ``[python, ...]`` still runs the interpreter hpc-ddp was started with."""
+    impostor = tmp_path / "bin"
+    impostor.mkdir()
+    for name in ("python", "python3"):
+        (impostor / name).write_text("#!/bin/sh\necho impostor; exit 9\n")
+        (impostor / name).chmod(0o755)
+    run_dir = _local_command_run(
+        tmp_path, "import sys; print('ran:', sys.executable)", f"{impostor}:{os.environ['PATH']}"
+    )
+    assert _printed(run_dir) == [sys.executable]
+
+
+def test_a_command_job_gets_the_run_id(tmp_path: Path) -> None:
+    run_dir = _local_command_run(
+        tmp_path, "import os; print('ran:', os.environ['HPC_DDP_RUN_ID'])", os.environ["PATH"]
+    )
+    printed = _printed(run_dir)
+    assert printed == [(run_dir / "run_id").read_text().strip()]
+    assert printed[0].startswith("cmd-")

@@ -130,6 +130,8 @@ def test_a_failed_requeue_is_a_failure_not_a_requeue(tmp_path: Path, failure: An
     assert "FAILED" in message
     assert "HINT: let the job reach Slurm" in message
     assert f"run `scontrol requeue {REF}`" in message
+    # Slurm forgets the job after MinJobAge, and `scontrol requeue` with it: resume still works.
+    assert f"`hpc-ddp resume {tmp_path}`" in message
     # What Slurm (or the missing command) said, verbatim.
     assert isinstance(failure, Exception | tuple)
     said = failure.args[0] if isinstance(failure, Exception) else failure[1].strip()
@@ -226,7 +228,7 @@ def test_budget_exhausted_at_a_stop_fails_without_a_request(tmp_path: Path, show
     assert (cause, requested, code) == (EndCause.BUDGET_EXHAUSTED, False, BUDGET_EXIT_CODE)
     assert runner.commands() == [f"scontrol show job -o {REF}"]  # never `scontrol requeue`
     assert "2 of requeue.max_requeues=2" in message
-    assert "HINT: go on with a larger budget: `hpc-ddp resume RUN_DIR" in message
+    assert f"HINT: go on with a larger budget: `hpc-ddp resume {tmp_path} " in message
     attempt = ended(tmp_path)
     assert (attempt.attempt, attempt.cause, attempt.requeue_requested) == (
         2,
@@ -271,7 +273,9 @@ def test_outside_slurm_nothing_is_asked_and_the_run_stops_cleanly(tmp_path: Path
     env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
     cause, requested, code, message = stop(coordinator(tmp_path, runner, env=env), USR2)
     assert (cause, requested, code) == (EndCause.TIME_LIMIT, False, 0)
-    assert "not a Slurm job" in message
+    assert "not a Slurm job, so no requeue is possible" in message
+    assert "requeue 1 of" not in message  # no requeue is counted that nothing will make
+    assert f"HINT: `hpc-ddp resume {tmp_path}`" in message
     assert runner.commands() == []
 
 
@@ -332,6 +336,26 @@ def test_a_crash_without_on_crash_is_not_requeued(tmp_path: Path) -> None:
     assert slurm.calls == []
     attempt = ended(tmp_path)
     assert (attempt.cause, attempt.requeue_requested) == (EndCause.CRASH, False)
+    assert attempt.message is not None
+    # How to go on: fix the error and resume, or let crashes requeue.
+    assert f"fix the error in the rank logs, then `hpc-ddp resume {tmp_path}`" in attempt.message
+    assert "requeue.on_crash=true" in attempt.message
+
+
+def test_a_crash_described_in_words_by_a_claim_holder_requeues(tmp_path: Path) -> None:
+    """The ``hpc_ddp run`` parent of a ``command`` child that was killed has already won the
+    claim: it describes the death in words and asks for the requeue itself."""
+    slurm = running_task()
+    c = coordinator(tmp_path, slurm, max_requeues=1, on_crash=True)
+    c.begin(resumed_from_step=None, checkpoint=None)
+    c.crash(step=None, checkpoint=None, error="command `x` was killed by SIGKILL", claimed=True)
+    assert slurm.commands("scontrol") == [f"scontrol requeue {REF}"]
+    attempt = ended(tmp_path)
+    assert (attempt.cause, attempt.requeue_requested) == (EndCause.CRASH, True)
+    assert attempt.message == (
+        "rank 0 on n1: command `x` was killed by SIGKILL; crash: requeue 1 of 1 "
+        "(requeue.max_requeues)"
+    )
 
 
 def test_a_crash_past_the_budget_is_not_requeued(tmp_path: Path) -> None:
@@ -346,7 +370,7 @@ def test_a_crash_past_the_budget_is_not_requeued(tmp_path: Path) -> None:
     )
     assert attempt.message is not None
     assert "requeue budget exhausted: 1 of requeue.max_requeues=1" in attempt.message
-    assert "hpc-ddp resume RUN_DIR" in attempt.message
+    assert f"hpc-ddp resume {tmp_path} requeue.max_requeues=" in attempt.message
 
 
 def test_a_crash_whose_requeue_fails_says_so_and_how_to_go_on(tmp_path: Path) -> None:
@@ -367,7 +391,13 @@ def test_a_crash_outside_slurm_asks_nothing(tmp_path: Path) -> None:
     env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
     crash(coordinator(tmp_path, slurm, env=env, max_requeues=1, on_crash=True))
     assert slurm.calls == []
-    assert ended(tmp_path).requeue_requested is False
+    attempt = ended(tmp_path)
+    assert attempt.requeue_requested is False
+    assert attempt.message is not None
+    # It used to read "crash: requeue 1 of 1" beside requeue_requested false.
+    assert "requeue 1 of 1" not in attempt.message
+    assert "not a Slurm job, so no requeue is possible" in attempt.message
+    assert f"`hpc-ddp resume {tmp_path}`" in attempt.message
 
 
 def test_the_budget_hint_names_the_resume_command(tmp_path: Path) -> None:

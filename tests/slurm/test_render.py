@@ -376,13 +376,19 @@ def test_mem_zero_renders_all_of_the_nodes_memory(tmp_path: Path) -> None:
     assert "--mem=0" in sbatch_parse(script, tmp_path)
 
 
-def test_no_cpu_binding_is_requested() -> None:
-    """Tasks are never pinned: ``--cpu-bind=none`` on srun overrides a site's default binding,
-    which would squeeze a rank's data-loader workers onto its bound cores."""
+def test_cpu_binding_is_left_to_slurm_unless_srun_args_ask() -> None:
+    """hpc-ddp asks for no ``--cpu-bind``: Slurm binds each task to its cpus_per_task CPUs (or
+    applies the site's default); a user's own ``--cpu-bind`` in slurm.srun_args reaches srun."""
     cfg, ctx = CASES["site_profile"]
     script = render_sbatch(cfg, ctx)
-    assert [a for a in srun_args(cfg, ctx) if a.startswith("--cpu-bind")] == ["--cpu-bind=none"]
-    assert "#SBATCH --cpu-bind" not in script
+    assert [a for a in srun_args(cfg, ctx) if a.startswith("--cpu-bind")] == []
+    assert "--cpu-bind" not in script
+    bound = dataclasses.replace(
+        cfg, slurm=dataclasses.replace(cfg.slurm, srun_args=("--cpu-bind=cores",))
+    )
+    assert [a for a in srun_args(bound, ctx) if a.startswith("--cpu-bind")] == ["--cpu-bind=cores"]
+    assert srun_args(bound, ctx)[-1] == "--cpu-bind=cores"  # last: nothing of ours overrides it
+    assert "  --cpu-bind=cores \\\n" in render_sbatch(bound, ctx)
 
 
 _EXEC_SRUN = """#!/bin/sh
@@ -539,7 +545,6 @@ def test_hostile_values_reach_their_commands_verbatim_and_run_nothing(tmp_path: 
     logs = run_dir.replace("%", "%%") + "/logs"
     assert calls.argv("srun") == [
         "--kill-on-bad-exit=1",
-        "--cpu-bind=none",
         f"--output={logs}/rank-%t.out",
         f"--error={logs}/rank-%t.err",
         "--open-mode=append",
@@ -571,7 +576,7 @@ def test_hostile_pyxis_values(tmp_path: Path) -> None:
     calls = run_with_stubs(render_sbatch(cfg, CTX), tmp_path)
     assert sorted(os.listdir(sentinels)) == []
     argv = calls.argv("srun")
-    assert argv[5:] == [
+    assert argv[4:] == [
         "--cpus-per-task=3",
         f"--container-image={values[0]}",
         f"--container-mounts={values[1]},{values[2]}",

@@ -154,3 +154,46 @@ def test_imagefolder(tmp_path: Path) -> None:
     assert y in (0, 1)
     with pytest.raises(ConfigError, match="num_classes: 2"):
         build_dataset(TrainConfig(dataset="imagefolder", data_root=str(tmp_path)), train=True)
+
+
+seen_roots: list[str | None] = []
+
+
+def recording_dataset(cfg: TrainConfig, train: bool) -> None:
+    """A user dataset function that only records the ``data_root`` it was given."""
+    del train
+    seen_roots.append(cfg.data_root)
+
+
+def test_data_root_is_expanded_on_the_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``/scratch/$USER/data`` (as jobs/resnet18-cifar10.yaml ships it) and ``~`` are expanded
+    with the task's environment, for the built-in datasets and for a user's function."""
+    image = pytest.importorskip("PIL.Image")
+    for cls in ("cat", "dog"):
+        (tmp_path / "alice" / "imgs" / "train" / cls).mkdir(parents=True)
+        image.new("RGB", (4, 4)).save(tmp_path / "alice" / "imgs" / "train" / cls / "0.png")
+    monkeypatch.setenv("HPC_DDP_TEST_SCRATCH", str(tmp_path))
+    monkeypatch.setenv("USER", "alice")
+    monkeypatch.setenv("HOME", str(tmp_path / "alice"))
+    for root in (
+        "$HPC_DDP_TEST_SCRATCH/$USER/imgs",
+        "${HPC_DDP_TEST_SCRATCH}/alice/imgs",
+        "~/imgs",
+    ):
+        cfg = TrainConfig(dataset="imagefolder", data_root=root, num_classes=2, image_size=4)
+        train = build_dataset(cfg, train=True)
+        assert train is not None
+        assert len(train) == 2  # type: ignore[arg-type]
+    seen_roots.clear()
+    user = TrainConfig(dataset="tests.train.test_data:recording_dataset", data_root="~/$USER")
+    assert build_dataset(user, train=True) is None
+    assert seen_roots == [f"{tmp_path}/alice/alice"]
+
+
+def test_an_unset_variable_in_data_root_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HPC_DDP_TEST_UNSET", raising=False)
+    cfg = TrainConfig(dataset="imagefolder", data_root="/d/$HPC_DDP_TEST_UNSET/x")
+    with pytest.raises(
+        ConfigError, match=r"'/d/\$HPC_DDP_TEST_UNSET/x'.*not set on the task.*HINT"
+    ):
+        build_dataset(cfg, train=True)
