@@ -3,8 +3,7 @@
 Written once per submission (and again by ``hpc-ddp resume``, which adds the earlier job ids);
 read by every later command (``status``, ``cancel``, ``logs``, ``resume``, a sweep's
 ``results``) to find the run's job. Plain JSON, standard library only: a login node reads it.
-:mod:`hpc_ddp.rundir` declares where it lives (:attr:`~hpc_ddp.rundir.RunPaths.manifest`) and
-re-exports every name here.
+:mod:`hpc_ddp.rundir` declares where it lives (:attr:`~hpc_ddp.rundir.RunPaths.manifest`).
 """
 
 from __future__ import annotations
@@ -12,17 +11,13 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import RunDirError
+from hpc_ddp.rundir import MANIFEST_FILE, RunPaths
 
-if TYPE_CHECKING:  # rundir imports this module to re-export it: no import back at run time
-    from hpc_ddp.rundir import RunPaths
+__all__ = ["MANIFEST_VERSION", "Manifest", "read_manifest", "write_manifest"]
 
-__all__ = ["MANIFEST_FILE", "MANIFEST_VERSION", "Manifest", "read_manifest", "write_manifest"]
-
-MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
 
 

@@ -6,7 +6,7 @@ attempt. The id is ``<name>-<8 hex>``: the job name without the submit stamp (a 
 adds ``-t<index>``), then 32 random bits so that two runs of one job never share an id.
 
 It lives in ``RUN_DIR/run_id`` (one line), written once: at submit time for a run directory
-(:meth:`hpc_ddp.rundir.RunPaths.make`), else by the first reader (a sweep task's first attempt,
+(:func:`hpc_ddp.runsdir.make_run_dir`), else by the first reader (a sweep task's first attempt,
 a run made by an older hpc-ddp). Creation goes through :func:`hpc_ddp.durable.create_atomic`:
 exactly one of several racing creators (every rank of an attempt) wins, and all read its id.
 
@@ -22,10 +22,10 @@ from pathlib import Path
 
 from hpc_ddp.durable import create_atomic
 from hpc_ddp.errors import RunDirError
+from hpc_ddp.rundir import RUN_ID_FILE, RunPaths
 
-__all__ = ["RUN_ID_FILE", "ensure_run_id", "new_run_id"]
+__all__ = ["ensure_run_id", "new_run_id", "read_run_id"]
 
-RUN_ID_FILE = "run_id"
 MAX_RUN_ID_LEN = 64
 """W&B and MLflow accept ids up to this long; the name part is cut to fit."""
 
@@ -89,3 +89,13 @@ def _read(path: Path) -> str:
             "run of this job shows it), or delete the file to start a new id."
         )
     return text
+
+
+def read_run_id(paths: RunPaths) -> str:
+    """The run's stable id, ``<name>-<8 hex>``, the same for every attempt and resume.
+
+    Created at submit time; a run directory without one (a sweep task before its first
+    attempt, a run from an older hpc-ddp) gets one now, once, even with racing readers. A
+    damaged or unwritable ``run_id`` is a :class:`RunDirError` with a hint.
+    """
+    return ensure_run_id(paths.root)

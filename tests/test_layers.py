@@ -1,9 +1,15 @@
 """Layering rules that keep the login-node side light and the pure core pure.
 
-* The pure modules (config, rendering, node lists, sweep specs, the distributed environment)
-  import neither torch nor the part of hpc-ddp that runs Slurm commands, and never touch
-  ``subprocess`` or ``os.environ`` themselves: they take what they need as arguments, so they
-  are testable and cheap on a login node.
+* The pure core (every module of ``config/`` but ``preflight``; ``slurm/`` render, nodelist,
+  jobstate; ``sweep/`` model and spec; the on-node derivations in ``runtime/``; the verdicts
+  in ``state/``; the run-directory contract ``rundir``) never runs a command, never reads the
+  environment, never writes a file and never imports torch. It takes what it needs as
+  arguments (config parsing reads the file it is given), so it is testable and cheap on a
+  login node. Checked two ways: the source of each pure module (``subprocess``, ``os.environ``,
+  ``os.getenv``, however ``os`` is imported), and what importing it loads (only other pure
+  modules of hpc_ddp, and neither torch nor ``subprocess``).
+* ``config/preflight`` inspects the login node (PATH, files) but still runs nothing and
+  imports no torch.
 * ``import hpc_ddp`` exposes the exception tree and ``JobConfig`` without importing torch.
 * The package's version agrees with ``pyproject.toml``.
 """
@@ -24,36 +30,29 @@ from hpc_ddp import errors
 from hpc_ddp.version import __version__
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "hpc_ddp"
 
-PURE_MODULES = [
-    "hpc_ddp.config.fields",
-    "hpc_ddp.config.load",
-    "hpc_ddp.config.model",
-    "hpc_ddp.config.pairs",
-    "hpc_ddp.config.params",
-    # hpc_ddp.config.preflight is left out on purpose: it inspects the environment.
-    "hpc_ddp.config.reference",
-    "hpc_ddp.config.schema",
-    "hpc_ddp.config.units",
-    "hpc_ddp.config.values",
-    "hpc_ddp.config.yaml_dialect",
-    "hpc_ddp.slurm.render",
-    "hpc_ddp.slurm.nodelist",
-    "hpc_ddp.slurm.jobstate",
-    "hpc_ddp.sweep.model",
-    "hpc_ddp.sweep.spec",
-    "hpc_ddp.runtime.distenv",
-    "hpc_ddp.runtime.placement",
-    "hpc_ddp.runtime.attempt",
-    "hpc_ddp.runtime.progress",
-    "hpc_ddp.runtime.requeue_messages",
-    "hpc_ddp.runtime.stopcause",
-    "hpc_ddp.state.resumable",
-    "hpc_ddp.state.task",
-    "hpc_ddp.state.verdict",
-]
 
-HEAVY = ("torch", "hpc_ddp.slurm.client")
+def _modules(folder: str, names: list[str] | None = None) -> list[str]:
+    """``hpc_ddp.<folder>.<name>`` for the given names, or for every module in the folder."""
+    found = sorted(p.stem for p in (PACKAGE / folder).glob("*.py") if p.stem != "__init__")
+    chosen = found if names is None else names
+    assert set(chosen) <= set(found), f"no such module in hpc_ddp/{folder}"
+    return [f"hpc_ddp.{folder}.{name}" for name in chosen]
+
+
+PURE_MODULES = sorted(
+    [m for m in _modules("config") if m != "hpc_ddp.config.preflight"]
+    + _modules("slurm", ["render", "nodelist", "jobstate"])
+    + _modules("sweep", ["model", "spec"])
+    + _modules(
+        "runtime", ["distenv", "placement", "attempt", "progress", "requeue_messages", "stopcause"]
+    )
+    + _modules("state", ["resumable", "task", "verdict"])
+    + ["hpc_ddp.rundir", "hpc_ddp.errors", "hpc_ddp.version"]
+)
+PACKAGES = {"hpc_ddp", *(f"hpc_ddp.{p.name}" for p in PACKAGE.iterdir() if p.is_dir())}
+HEAVY = ("torch", "subprocess")
 
 
 def _run(code: str) -> str:
@@ -64,13 +63,27 @@ def _run(code: str) -> str:
     return out.stdout
 
 
-@pytest.mark.parametrize("module", PURE_MODULES)
-def test_a_pure_module_imports_neither_torch_nor_the_slurm_client(module: str) -> None:
+def _loaded_by(module: str) -> dict[str, list[str]]:
     code = (
         f"import importlib, json, sys; importlib.import_module({module!r}); "
-        f"print(json.dumps([m for m in {list(HEAVY)!r} if m in sys.modules]))"
+        f"print(json.dumps({{'heavy': [m for m in {list(HEAVY)!r} if m in sys.modules], "
+        "'ours': sorted(m for m in sys.modules if m.startswith('hpc_ddp'))}))"
     )
-    assert json.loads(_run(code)) == [], f"{module} pulls in heavy modules"
+    return json.loads(_run(code))  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("module", PURE_MODULES)
+def test_a_pure_module_loads_only_pure_modules(module: str) -> None:
+    loaded = _loaded_by(module)
+    assert loaded["heavy"] == [], f"{module} pulls in {loaded['heavy']}"
+    impure = sorted(set(loaded["ours"]) - set(PURE_MODULES) - PACKAGES)
+    assert impure == [], f"{module} pulls in modules that do I/O: {impure}"
+
+
+def test_preflight_runs_nothing_and_imports_no_torch() -> None:
+    module = "hpc_ddp.config.preflight"
+    assert _loaded_by(module)["heavy"] == []
+    assert [v for v in _violations(_source(module)) if "environ" not in v] == []
 
 
 def _source(module: str) -> ast.Module:
@@ -80,23 +93,36 @@ def _source(module: str) -> ast.Module:
     return ast.parse(Path(spec.origin).read_text(encoding="utf-8"), spec.origin)
 
 
+def _os_names(tree: ast.Module) -> set[str]:
+    """The names ``os`` is bound to in a module (``import os``, ``import os as _os``)."""
+    return {
+        a.asname or a.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for a in node.names
+        if a.name == "os"
+    }
+
+
 def _violations(tree: ast.Module) -> list[str]:
     found = []
+    os_names = _os_names(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [
                 f"import {a.name}" for a in node.names if a.name.split(".")[0] == "subprocess"
             ]
         elif isinstance(node, ast.ImportFrom):
-            if node.module == "subprocess":
+            if (node.module or "").split(".")[0] == "subprocess":
                 found.append("from subprocess import ...")
-            if node.module == "os" and any(a.name in ("environ", "environb") for a in node.names):
-                found.append("from os import environ")
+            env = ("environ", "environb", "getenv", "getenvb", "putenv", "unsetenv")
+            if node.module == "os" and any(a.name in env for a in node.names):
+                found.append("from os import environ/getenv")
         elif (
             isinstance(node, ast.Attribute)
-            and node.attr in ("environ", "environb")
+            and node.attr in ("environ", "environb", "getenv", "getenvb", "putenv", "unsetenv")
             and isinstance(node.value, ast.Name)
-            and node.value.id == "os"
+            and node.value.id in os_names
         ):
             found.append(f"os.{node.attr} (line {node.lineno})")
     return found
@@ -108,8 +134,11 @@ def test_a_pure_module_neither_runs_commands_nor_reads_the_environment(module: s
 
 
 def test_the_static_check_catches_what_it_looks_for() -> None:
-    tree = ast.parse("import os, subprocess\nfrom os import environ\nx = os.environ['A']\n")
-    assert len(_violations(tree)) == 3
+    tree = ast.parse(
+        "import os, subprocess\nimport os as _os\nfrom os import environ\n"
+        "from subprocess import run\nx = os.environ['A']\ny = _os.getenv('B')\n"
+    )
+    assert len(_violations(tree)) == 5
 
 
 def test_import_hpc_ddp_gives_errors_and_job_config_without_torch() -> None:

@@ -17,7 +17,6 @@ import argparse
 from pathlib import Path
 
 from hpc_ddp.cli.resuming import ResumeRequest, resume_run
-from hpc_ddp.slurm.client import SlurmClient
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,4 +45,4 @@ def run(args: argparse.Namespace) -> int:
         wait=args.wait,
         as_json=args.json,
     )
-    return resume_run(request, getattr(args, "slurm", None) or SlurmClient())
+    return resume_run(request, args.slurm)

@@ -21,7 +21,8 @@ from hpc_ddp.cli.runs import runs_dir_from
 from hpc_ddp.config.load import find_site_profile
 from hpc_ddp.config.preflight import preflight_points
 from hpc_ddp.errors import ConfigError, RunDirError, RunsDirError, SlurmError
-from hpc_ddp.rundir import RUNS_DIR_ENV, new_run_dir
+from hpc_ddp.rundir import RUNS_DIR_ENV
+from hpc_ddp.runsdir import new_run_dir, stamp_of
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.sweep.spec import SweepSpec, load_sweep
 from hpc_ddp.sweep.submit import (
@@ -193,7 +194,7 @@ def _dry_run(
 ) -> int:
     name = sweep_name(spec)
     now = datetime.now(timezone.utc)
-    sweep_dir = new_run_dir(runs_dir.resolve(), name, now.strftime("%Y%m%d-%H%M%S"))
+    sweep_dir = new_run_dir(runs_dir.resolve(), name, stamp_of(now))
     try:
         max_array_size, note = client.max_array_size(), ""
     except SlurmError:

@@ -13,7 +13,7 @@ from pathlib import Path
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.units import parse_slurm_time
 from hpc_ddp.errors import ConfigError
-from hpc_ddp.rundir import write_manifest
+from hpc_ddp.manifest import write_manifest
 from hpc_ddp.slurm.submission import Prepared, materialize, record
 
 LOCAL_CPU_FACTOR = 4

@@ -29,8 +29,10 @@ from hpc_ddp.config.load import (
 )
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.preflight import preflight_job
+from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import ConfigError, TargetError
-from hpc_ddp.rundir import Manifest, RunPaths, read_manifest, write_manifest, write_text_atomic
+from hpc_ddp.manifest import Manifest, read_manifest, write_manifest
+from hpc_ddp.rundir import RunPaths
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.submission import Prepared, prepare, relocate
 from hpc_ddp.state.report import ask_slurm, run_status

@@ -38,13 +38,10 @@ from hpc_ddp.local.process import (
     write_identity,
     write_rank_identity,
 )
-from hpc_ddp.rundir import PER_RANK_LOGS_ENV, RunPaths
+from hpc_ddp.rundir import NO_PDEATHSIG_ENV, PER_RANK_LOGS_ENV, RunPaths
 
 log = logging.getLogger(__name__)
 
-NO_PDEATHSIG_ENV = "HPC_DDP_TEST_NO_PDEATHSIG"
-"""Tests only: ``1`` and the ranks do not ask to die with their controller, which is how a test
-makes ranks that outlive it (to prove that ``cancel`` still stops them)."""
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.params import resolve_command
 from hpc_ddp.errors import ConfigError, RunDirError
-from hpc_ddp.rundir import RUN_DIR_ENV, RUN_ID_ENV, RunPaths, read_run_id
+from hpc_ddp.run_id import read_run_id
+from hpc_ddp.rundir import RUN_DIR_ENV, RUN_ID_ENV, RunPaths
 
 if TYPE_CHECKING:
     from hpc_ddp.runtime.requeue import Coordinator

@@ -22,8 +22,8 @@ import socket
 import time
 from pathlib import Path
 
+from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import DistEnvError
-from hpc_ddp.rundir import write_text_atomic
 from hpc_ddp.runtime.distenv import DistEnv, derive_master_port
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,8 @@ import torch.distributed as dist
 from hpc_ddp.config.load import load_resolved_config
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.params import Params
-from hpc_ddp.rundir import PER_RANK_LOGS_ENV, RUN_DIR_ENV, RunPaths, read_run_id
+from hpc_ddp.run_id import read_run_id
+from hpc_ddp.rundir import PER_RANK_LOGS_ENV, RUN_DIR_ENV, RunPaths
 from hpc_ddp.runtime.checkpointer import Checkpointer, broadcast_object
 from hpc_ddp.runtime.distenv import DistEnv, derive_dist_env
 from hpc_ddp.runtime.lifecycle import Phase

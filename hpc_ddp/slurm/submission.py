@@ -22,18 +22,12 @@ from pathlib import Path
 from hpc_ddp import __version__
 from hpc_ddp.config.load import dump_job_config
 from hpc_ddp.config.model import JobConfig
-from hpc_ddp.rundir import (
-    Manifest,
-    RunPaths,
-    create_run_dir,
-    new_run_dir,
-    write_manifest,
-    write_text_atomic,
-)
+from hpc_ddp.durable import write_text_atomic
+from hpc_ddp.manifest import Manifest, write_manifest
+from hpc_ddp.rundir import RunPaths
+from hpc_ddp.runsdir import create_run_dir, make_run_dir, new_run_dir, stamp_of
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.render import RenderContext, load_template, render_sbatch
-
-STAMP_FORMAT = "%Y%m%d-%H%M%S"
 
 
 @dataclass(frozen=True)
@@ -70,7 +64,7 @@ def prepare(
     """Render the script and the sbatch command for ``cfg`` into a new run directory path."""
     now = now or datetime.now(timezone.utc)
     base = runs_dir.resolve()
-    stamp = now.strftime(STAMP_FORMAT)
+    stamp = stamp_of(now)
     paths = RunPaths(new_run_dir(base, cfg.name, stamp))
     argv = tuple(client.submit_command(paths.script))
     invocation_text = shlex.join(invocation)
@@ -113,7 +107,7 @@ def materialize(prepared: Prepared) -> Prepared:
     if root != prepared.paths.root:
         prepared = relocate(prepared, root)
     prepared = dataclasses.replace(prepared, created=True)
-    prepared.paths.make()
+    make_run_dir(prepared.paths)
     write_text_atomic(prepared.paths.config, dump_job_config(prepared.cfg))
     write_text_atomic(prepared.paths.script, prepared.script)
     return prepared

@@ -16,19 +16,14 @@ from typing import Any
 from hpc_ddp.errors import RunDirError, SlurmError
 from hpc_ddp.local.backend import local_failure
 from hpc_ddp.local.process import live_controller, live_ranks, was_cancelled
-from hpc_ddp.rundir import (
-    Manifest,
-    RunPaths,
-    checkpoint_steps,
-    damaged_checkpoint,
-    last_metric,
-    read_manifest,
-)
+from hpc_ddp.manifest import Manifest, read_manifest
+from hpc_ddp.rundir import RunPaths
 from hpc_ddp.runtime.attempt import Attempt, EndCause
 from hpc_ddp.runtime.ledger import read_ledger
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.jobstate import JobState
 from hpc_ddp.slurm.postmortem import failed_rank, has_logs, startup_failure
+from hpc_ddp.state.artifacts import checkpoint_steps, damaged_checkpoint, last_metric
 from hpc_ddp.state.verdict import SlurmView, Source, Verdict, describe_attempt, judge
 
 DAMAGED = "DAMAGED"

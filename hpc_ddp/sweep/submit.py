@@ -22,7 +22,9 @@ from pathlib import Path
 from hpc_ddp.config.load import load_resolved_config
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import SlurmError, SubmissionError
-from hpc_ddp.rundir import Manifest, RunPaths, create_run_dir, read_manifest, write_manifest
+from hpc_ddp.manifest import Manifest, read_manifest, write_manifest
+from hpc_ddp.rundir import RunPaths
+from hpc_ddp.runsdir import create_run_dir, stamp_of
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.sweep.arrays import (
     SLURM_DEFAULT_MAX_ARRAY_SIZE,
@@ -156,7 +158,7 @@ def submit_sweep(
     name = sweep_name(spec)
     # Claimed by mkdir: a sweep submitted in the same second gets the next suffix, never this
     # directory (whose clean-up below would otherwise delete the other sweep's files).
-    sweep_dir = create_run_dir(runs_dir.resolve(), name, now.strftime("%Y%m%d-%H%M%S"))
+    sweep_dir = create_run_dir(runs_dir.resolve(), name, stamp_of(now))
     record = sweep_record_text(spec, name, sweep_file.resolve())
     try:
         # Ask slurmctld for MaxArraySize while the configs are written: only the scripts need

@@ -27,7 +27,9 @@ import pytest
 from hpc_ddp.cli import cmd_logs
 from hpc_ddp.cli.main import main
 from hpc_ddp.local.process import identify_started, write_identity
-from hpc_ddp.rundir import Manifest, RunPaths, write_manifest
+from hpc_ddp.manifest import Manifest, write_manifest
+from hpc_ddp.rundir import RunPaths
+from hpc_ddp.runsdir import make_run_dir
 from hpc_ddp.runtime.ledger import EndCause, read_ledger
 from hpc_ddp.slurm.client import parse_scontrol_oneliner
 from hpc_ddp.slurm.fake import FakeSlurm
@@ -81,7 +83,7 @@ def guarded(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str
 def local_run(root: Path, job_id: str) -> Path:
     """A run directory whose manifest says: local job ``job_id``."""
     paths = RunPaths(root)
-    paths.make()
+    make_run_dir(paths)
     write_manifest(
         paths,
         Manifest(

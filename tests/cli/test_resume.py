@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from hpc_ddp.rundir import read_manifest
+from hpc_ddp.manifest import read_manifest
 from hpc_ddp.runtime.ledger import EndCause
 from hpc_ddp.state.resumable import ENDED_UNFINISHED, check_resumable
 from tests import e2e_util as e2e
@@ -154,8 +154,11 @@ def _resume(cluster: Cluster, run_dir: Path, *args: str) -> dict[str, Any]:
 def test_a_cancelled_slurm_run_resumes_to_the_uninterrupted_weights(
     slurm_cluster: Cluster, tmp_path: Path
 ) -> None:
-    ref = e2e.submit(slurm_cluster, tmp_path / "ref", "jobs/quickstart.yaml", *QUICK)
-    job = e2e.submit(slurm_cluster, tmp_path / "run", "jobs/quickstart.yaml", *QUICK)
+    # Paced steps (0.16 s each, ~10 s in all): the whole run must not finish between its
+    # step-10 checkpoint and the cancel, however idle the machine is.
+    paced = [*QUICK, "train.dataset=tests.e2e_util:io_bound_synthetic"]
+    ref = e2e.submit(slurm_cluster, tmp_path / "ref", "jobs/quickstart.yaml", *paced)
+    job = e2e.submit(slurm_cluster, tmp_path / "run", "jobs/quickstart.yaml", *paced)
     e2e.wait_checkpoint(job.run_dir, 10)
     refused = e2e.hpc(slurm_cluster, "resume", str(job.run_dir), check=False)
     assert refused.returncode == 2
@@ -291,3 +294,56 @@ def test_a_local_resume_dry_run_shows_the_local_backend_and_claims_no_verified_s
     assert main(["resume", str(run_dir), "slurm.nodes=1000", "--dry-run"]) == 2
     assert "= 1000 local processes" in capsys.readouterr().err
     assert "slurm:\n  nodes: 2\n" in (run_dir / "config.yaml").read_text()  # nothing written
+
+
+# --- the Slurm side of the verb, over the shipped FakeSlurm ------------------------------------
+
+
+def _slurm_run(runs: Path, job_id: str) -> Path:
+    """A run submitted to (fake) Slurm as job ``job_id``."""
+    from hpc_ddp.config.load import load_job_config
+    from hpc_ddp.slurm.fake import FakeSlurm
+    from hpc_ddp.slurm.submission import materialize, prepare, record
+
+    config = REPO / "jobs" / "quickstart.yaml"
+    cfg = load_job_config(config, [], site_profile=None)
+    prepared = materialize(
+        prepare(cfg, config_path=config, runs_dir=runs, python=sys.executable,
+                invocation=["hpc-ddp", "submit"], client=FakeSlurm().client())
+    )  # fmt: skip
+    record(prepared, backend="slurm", job_id=job_id, command=["sbatch", "--parsable"])
+    return prepared.paths.root
+
+
+@pytest.mark.parametrize("state", ["RUNNING", "PENDING"])
+def test_a_live_slurm_run_is_never_submitted_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], state: str
+) -> None:
+    from hpc_ddp.cli.main import main
+    from hpc_ddp.slurm.fake import FakeSlurm
+    from hpc_ddp.slurm.jobstate import JobState
+
+    run_dir = _slurm_run(tmp_path, "77")
+    slurm = FakeSlurm()
+    slurm.add_job("77", state=JobState(state))
+    assert main(["resume", str(run_dir), "--force"], slurm=slurm.client()) == 2
+    assert f"still {state}" in capsys.readouterr().err
+    assert slurm.commands("sbatch") == []
+    assert read_manifest(run_dir).job_id == "77"
+
+
+def test_a_slurm_run_slurm_forgot_is_resubmitted_and_keeps_its_history(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hpc_ddp.cli.main import main
+    from hpc_ddp.slurm.fake import FakeSlurm
+
+    run_dir = _slurm_run(tmp_path, "77")
+    slurm = FakeSlurm()  # job 77 is known to no squeue, and there is no accounting
+    assert main(["resume", str(run_dir)], slurm=slurm.client()) == 0
+    (submitted,) = slurm.commands("sbatch")
+    assert str(run_dir / "job.sbatch") in submitted
+    manifest = read_manifest(run_dir)
+    assert manifest.job_id not in (None, "77")
+    assert "77" in manifest.previous_jobs
+    assert manifest.job_id in capsys.readouterr().out

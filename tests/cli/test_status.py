@@ -25,7 +25,8 @@ from hpc_ddp.cli.runs import resolve_targets
 from hpc_ddp.cli.waiting import wait_for_jobs
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.local.process import identify, write_identity
-from hpc_ddp.rundir import Manifest, RunPaths, write_manifest
+from hpc_ddp.manifest import Manifest, write_manifest
+from hpc_ddp.rundir import RunPaths
 from hpc_ddp.runtime.ledger import Attempt, EndCause, record_end, record_start
 from hpc_ddp.slurm.client import CompletedCommand, JobState, SlurmClient, parse_job_state
 from hpc_ddp.slurm.fake import FakeSlurm

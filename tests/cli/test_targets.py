@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 
 from hpc_ddp.cli.main import main
-from hpc_ddp.rundir import Manifest, RunPaths, write_manifest
+from hpc_ddp.manifest import Manifest, write_manifest
+from hpc_ddp.rundir import RunPaths
+from hpc_ddp.runsdir import make_run_dir
 from hpc_ddp.slurm.fake import FakeJob, FakeSlurm
 from hpc_ddp.slurm.jobstate import JobState
 
@@ -27,7 +29,7 @@ def write_run(runs: Path, name: str, **fields: Any) -> Path:
     """A Slurm run directory whose manifest holds ``fields`` (as written, unchecked)."""
     run_dir = runs / name
     paths = RunPaths(run_dir)
-    paths.make()
+    make_run_dir(paths)
     write_manifest(paths, Manifest(name, "slurm", "1", "2026-01-01T00:00:00+00:00", ["sbatch"],
                                    "job.yaml", str(run_dir)))  # fmt: skip
     data = json.loads(paths.manifest.read_text())

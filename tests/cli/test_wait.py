@@ -14,7 +14,8 @@ import pytest
 
 from hpc_ddp.cli.main import main
 from hpc_ddp.cli.waiting import wait_for_jobs
-from hpc_ddp.rundir import Manifest, RunPaths, write_manifest
+from hpc_ddp.manifest import Manifest, write_manifest
+from hpc_ddp.rundir import RunPaths
 from hpc_ddp.runtime.ledger import EndCause, record_end, record_start
 from hpc_ddp.slurm.fake import FakeSlurm
 from hpc_ddp.slurm.jobstate import JobState

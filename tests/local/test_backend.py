@@ -43,7 +43,8 @@ from hpc_ddp.local.process import (
     write_identity,
     write_rank_identity,
 )
-from hpc_ddp.rundir import Manifest, RunPaths, write_manifest
+from hpc_ddp.manifest import Manifest, write_manifest
+from hpc_ddp.rundir import RunPaths
 from tests.conftest import REPO
 
 

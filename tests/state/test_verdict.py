@@ -18,7 +18,8 @@ import pytest
 
 from hpc_ddp.cli.main import main
 from hpc_ddp.local.process import identify_started, mark_cancelled, write_rank_identity
-from hpc_ddp.rundir import Manifest, RunPaths, write_manifest
+from hpc_ddp.manifest import Manifest, write_manifest
+from hpc_ddp.rundir import RunPaths
 from hpc_ddp.runtime.ledger import Attempt, EndCause, record_end, record_start
 from hpc_ddp.slurm.fake import FakeSlurm
 from hpc_ddp.slurm.jobstate import JobState

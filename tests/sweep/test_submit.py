@@ -24,7 +24,8 @@ import yaml
 from hpc_ddp.config.load import dump_job_config, load_resolved_config
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import SubmissionError
-from hpc_ddp.rundir import RunPaths, read_manifest
+from hpc_ddp.manifest import read_manifest
+from hpc_ddp.rundir import RunPaths
 from hpc_ddp.runtime.entry import task_run_dir
 from hpc_ddp.runtime.ledger import EndCause, record_end, record_start
 from hpc_ddp.slurm.fake import FakeSlurm

@@ -1,0 +1,87 @@
+"""Reading and writing ``manifest.json``: round trips, newer versions, damage as clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hpc_ddp.errors import RunDirError
+from hpc_ddp.manifest import Manifest, read_manifest, write_manifest
+from hpc_ddp.rundir import RunPaths
+
+STAMP = "20260101-120000"
+
+
+# --- damaged manifests --------------------------------------------------------------------------
+
+
+def _manifest() -> Manifest:
+    return Manifest("job", "slurm", "42", "2026-01-01T12:00:00+00:00", ["sbatch"], "j.yaml", "r")
+
+
+def test_manifest_round_trip_and_unknown_keys_from_a_newer_version(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path)
+    write_manifest(paths, _manifest())
+    assert read_manifest(tmp_path) == _manifest()
+    data = json.loads(paths.manifest.read_text())
+    paths.manifest.write_text(json.dumps({**data, "added_later": 1}))
+    assert read_manifest(tmp_path).job_id == "42"
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"", "JSONDecodeError"),
+        (b'{"name": "job", "backend": "sl', "JSONDecodeError"),
+        (b"\xff\xfe\x00garbage", "UnicodeDecodeError"),
+        (b"[1, 2]", "a JSON list, not an object"),
+        (b'"text"', "a JSON str, not an object"),
+        (b'{"name": "job"}', "missing"),
+        (
+            b'{"name": "j", "backend": "slurm", "job_id": 42, "submitted_at": "", "command": [],'
+            b' "config_source": "", "run_dir": ""}',
+            "job_id is 42, expected str or null",
+        ),
+        (
+            b'{"name": "j", "backend": "slurm", "job_id": "1", "submitted_at": "", "command": [],'
+            b' "config_source": "", "run_dir": "", "array_jobs": [7]}',
+            "array_jobs is [7], expected a list of strings",
+        ),
+    ],
+)
+def test_damaged_manifest_is_a_run_dir_error_naming_why(
+    tmp_path: Path, content: bytes, reason: str
+) -> None:
+    (tmp_path / "manifest.json").write_bytes(content)
+    with pytest.raises(RunDirError) as info:
+        read_manifest(tmp_path)
+    message = str(info.value)
+    assert str(tmp_path / "manifest.json") in message
+    assert "damaged manifest" in message
+    assert reason in message
+    assert "HINT:" in message
+
+
+def test_manifest_that_is_a_directory_is_damaged(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").mkdir()
+    with pytest.raises(RunDirError, match=r"damaged manifest \(IsADirectoryError"):
+        read_manifest(tmp_path)
+
+
+def test_missing_manifest_says_what_to_pass(tmp_path: Path) -> None:
+    with pytest.raises(RunDirError, match=r"no manifest.json\. HINT: pass a run directory"):
+        read_manifest(tmp_path)
+
+
+def test_write_manifest_leaves_no_temp_file(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path)
+    manifest = Manifest(
+        name="j", backend="slurm", job_id="1", submitted_at="t", command=["sbatch"],
+        config_source="job.yaml", run_dir=str(tmp_path),
+    )  # fmt: skip
+    write_manifest(paths, manifest)
+    write_manifest(paths, manifest)
+    assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
+    assert read_manifest(tmp_path) == manifest
