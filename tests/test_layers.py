@@ -1,6 +1,6 @@
 """Layering rules that keep the login-node side light and the pure core pure.
 
-* The pure core (every module of ``config/`` but ``preflight``; ``slurm/`` render, nodelist,
+* The pure core (every module of ``config/`` but the preflight ones; ``slurm/`` render, nodelist,
   jobstate; ``sweep/`` model and spec; the on-node derivations in ``runtime/``; the verdicts
   in ``state/``; the run-directory contract ``rundir``) never runs a command, never reads the
   environment, never writes a file and never imports torch. It takes what it needs as
@@ -8,8 +8,8 @@
   login node. Checked two ways: the source of each pure module (``subprocess``, ``os.environ``,
   ``os.getenv``, however ``os`` is imported), and what importing it loads (only other pure
   modules of hpc_ddp, and neither torch nor ``subprocess``).
-* ``config/preflight`` inspects the login node (PATH, files) but still runs nothing and
-  imports no torch.
+* ``config/preflight`` (with ``loginnode`` and ``programs``) inspects the login node (PATH,
+  files, the environment) but still runs nothing and imports no torch.
 * ``import hpc_ddp`` exposes the exception tree and ``JobConfig`` without importing torch.
 * The package's version agrees with ``pyproject.toml``.
 """
@@ -41,8 +41,10 @@ def _modules(folder: str, names: list[str] | None = None) -> list[str]:
     return [f"hpc_ddp.{folder}.{name}" for name in chosen]
 
 
+PREFLIGHT = _modules("config", ["preflight", "loginnode", "programs"])
+"""The submit-time checks: they look at this machine (PATH, files, the environment)."""
 PURE_MODULES = sorted(
-    [m for m in _modules("config") if m != "hpc_ddp.config.preflight"]
+    [m for m in _modules("config") if m not in PREFLIGHT]
     + _modules("slurm", ["render", "nodelist", "jobstate"])
     + _modules("sweep", ["model", "spec"])
     + _modules(
@@ -80,8 +82,8 @@ def test_a_pure_module_loads_only_pure_modules(module: str) -> None:
     assert impure == [], f"{module} pulls in modules that do I/O: {impure}"
 
 
-def test_preflight_runs_nothing_and_imports_no_torch() -> None:
-    module = "hpc_ddp.config.preflight"
+@pytest.mark.parametrize("module", PREFLIGHT)
+def test_preflight_runs_nothing_and_imports_no_torch(module: str) -> None:
     assert _loaded_by(module)["heavy"] == []
     assert [v for v in _violations(_source(module)) if "environ" not in v] == []
 

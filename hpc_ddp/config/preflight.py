@@ -21,26 +21,22 @@ The model names are a static list, so that checking them never imports torchvisi
 torch with it); a torch-marked test compares the list with torchvision's own. Login-node side:
 the standard library only.
 
-Over 300 lines because the checks share one search path and one error-or-warning rule; split
-apart, each piece would need both.
+The login node as the checks see it is :mod:`hpc_ddp.config.loginnode`; finding modules and
+programs is :mod:`hpc_ddp.config.programs`; this module holds the policy (what is checked, and
+whether a finding is an error or a warning) and the names.
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib.machinery
-import importlib.util
 import logging
-import os
-import re
-import shutil
-import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
+from hpc_ddp.config.loginnode import LoginNode, expand_path, this_machine, unset_vars
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.params import resolve_command
+from hpc_ddp.config.programs import Missing, check_command, check_import
 from hpc_ddp.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -72,81 +68,6 @@ TORCHVISION_MODELS = (
     "wide_resnet50_2",
 )  # fmt: skip
 """``torchvision.models.list_models(module=torchvision.models)`` of torchvision 0.29."""
-
-_PYTHON_RE = re.compile(r"python[0-9.]*")
-_OWN_PYTHON = frozenset({"python", "python3"})
-"""A ``command`` starting with one of these runs the task's interpreter (runtime.entry)."""
-_VAR = re.compile(r"\$(\w+|\{[^}]*\})", re.ASCII)
-_Missing = Callable[[str, str, str], None]
-"""(key, what is missing, how to fix it): reports something not found on this machine."""
-_OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "-Q"})  # python options whose value is the next arg
-
-
-@dataclass(frozen=True)
-class LoginNode:
-    """What the checks look at: this machine as the job will inherit it (sbatch exports the
-    submitting shell's environment and runs in its directory)."""
-
-    cwd: Path
-    path: str
-    """``$PATH``: where a ``command`` program is looked for."""
-    python_path: tuple[str, ...]
-    """Where ``python -m hpc_ddp run`` finds modules, besides the current directory."""
-    torchvision_version: Callable[[], tuple[int, int] | None]
-    """The installed torchvision's (major, minor), read from its metadata (never imported)
-    only when a model name is unknown: reading it costs ~10 ms of every submit."""
-    use_import_system: bool = True
-    """Also ask this interpreter's import system (editable installs, zip imports)."""
-    environ: Mapping[str, str] = field(default_factory=dict)
-    """This shell's environment: what ``$VARS`` in ``train.data_root`` expand to here."""
-
-
-def this_machine(env: Mapping[str, str] | None = None) -> LoginNode:
-    """The :class:`LoginNode` this process runs on."""
-    env = os.environ if env is None else env
-    return LoginNode(
-        cwd=Path.cwd(),
-        path=env.get("PATH", os.defpath),
-        python_path=tuple(sys.path),
-        torchvision_version=installed_torchvision,
-        environ=dict(env),
-    )
-
-
-def expand_path(value: str, env: Mapping[str, str]) -> str:
-    """``value`` with a leading ``~`` and every ``$NAME``/``${NAME}`` expanded from ``env``.
-
-    What a shell would make of an unquoted path, done where the path is used: on a task with
-    the task's environment (``$USER``, ``$SCRATCH`` and ``$HOME`` may differ from the login
-    node's), at submit time with this shell's. A variable ``env`` lacks is left as written,
-    as :func:`os.path.expandvars` does, so an error shows which one was missing.
-    """
-    if value == "~" or value.startswith("~/"):
-        home = env.get("HOME")
-        value = home.rstrip("/") + value[1:] if home else os.path.expanduser(value)
-    elif value.startswith("~"):
-        value = os.path.expanduser(value)  # ~user: the password database knows their home
-
-    def lookup(match: re.Match[str]) -> str:
-        name = match.group(1).removeprefix("{").removesuffix("}")
-        return env.get(name, match.group(0))
-
-    return _VAR.sub(lookup, value)
-
-
-def installed_torchvision() -> tuple[int, int] | None:
-    """(major, minor) of the torchvision installed here, from its metadata; None if absent."""
-    import importlib.metadata
-
-    try:
-        return _version(importlib.metadata.version("torchvision"))
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _version(text: str) -> tuple[int, int] | None:
-    match = re.match(r"([0-9]+)\.([0-9]+)", text)
-    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 @dataclass(frozen=True)
@@ -184,9 +105,9 @@ def check_job(cfg: JobConfig, node: LoginNode) -> Findings:
             _check_data_root(cfg, node, warnings)
             _check_model(cfg, node, missing, warnings)
         if cfg.entrypoint is not None:
-            _check_import(cfg.entrypoint, "entrypoint", cfg, node, missing)
+            check_import(cfg.entrypoint, "entrypoint", cfg, node, missing)
         if cfg.command is not None:
-            _check_command(cfg, node, missing)
+            check_command(cfg, node, missing)
     except _Found as exc:
         return Findings((exc.key, exc.text), tuple(warnings))
     return Findings(None, tuple(warnings))
@@ -253,10 +174,10 @@ def _did_you_mean(name: str, choices: Sequence[str], rest: str) -> str:
     return f"did you mean {' or '.join(repr(c) for c in close)}? Otherwise {rest}"
 
 
-def _check_dataset(cfg: JobConfig, node: LoginNode, missing: _Missing) -> None:
+def _check_dataset(cfg: JobConfig, node: LoginNode, missing: Missing) -> None:
     name = cfg.train.dataset
     if ":" in name:
-        _check_import(name, "train.dataset", cfg, node, missing)
+        check_import(name, "train.dataset", cfg, node, missing)
         return
     if name not in BUILTIN_DATASETS:
         raise _Found(
@@ -290,18 +211,18 @@ def _check_data_root(cfg: JobConfig, node: LoginNode, warnings: list[tuple[str, 
         return
     shown = repr(root) if expanded == root else f"{root!r} ({expanded} here)"
     what = "is not a directory" if path.exists() else "does not exist"
-    unset = " and ".join(sorted({m.group(0) for m in _VAR.finditer(expanded)}))
+    unset = " and ".join(unset_vars(expanded))
     fix = f"{unset}: not set here; the nodes must set it" if unset else "stage the data there"
     text = f"{shown} {what} on this machine; it may exist only on the compute nodes"
     warnings.append(("train.data_root", f"{text}. HINT: {fix}, or fix the path"))
 
 
 def _check_model(
-    cfg: JobConfig, node: LoginNode, missing: _Missing, warnings: list[tuple[str, str]]
+    cfg: JobConfig, node: LoginNode, missing: Missing, warnings: list[tuple[str, str]]
 ) -> None:
     name = cfg.train.model
     if ":" in name:
-        _check_import(name, "train.model", cfg, node, missing)
+        check_import(name, "train.model", cfg, node, missing)
         return
     if name in BUILTIN_MODELS or name in TORCHVISION_MODELS:
         return
@@ -322,126 +243,3 @@ def _check_model(
 
 
 _ALL_MODELS = (*BUILTIN_MODELS, *TORCHVISION_MODELS)
-
-
-def _check_import(spec: str, key: str, cfg: JobConfig, node: LoginNode, missing: _Missing) -> None:
-    module = spec.partition(":")[0]
-    if not find_module(module, _search_path(cfg, node), node.use_import_system):
-        missing(
-            key,
-            f"module {module!r} of {spec!r} cannot be found from {node.cwd} (searched the "
-            "current directory, PYTHONPATH and this Python's packages, without importing)",
-            f"submit from the directory that holds {module.split('.')[0]}/, set "
-            "env.vars.PYTHONPATH, or install the package into this environment",
-        )
-
-
-def _search_path(cfg: JobConfig, node: LoginNode) -> list[str]:
-    """Where the job's Python looks: its directory, the job's PYTHONPATH, then this one's."""
-    job_path = dict(cfg.env.vars).get("PYTHONPATH", "")
-    extra = [str(node.cwd / p) for p in job_path.split(os.pathsep) if p]
-    return [str(node.cwd), *extra, *node.python_path]
-
-
-def find_module(name: str, search: Sequence[str], use_import_system: bool = True) -> bool:
-    """Whether module ``name`` (dotted) can be found on ``search`` (or, with
-    ``use_import_system``, by this interpreter), without importing it or its parents."""
-    top, *rest = name.split(".")
-    spec = importlib.machinery.PathFinder.find_spec(top, list(search))
-    if spec is None and use_import_system:
-        try:  # editable installs and other finders on sys.meta_path; a top-level name is
-            spec = importlib.util.find_spec(top)  # looked up, never imported
-        except (ImportError, ValueError):
-            spec = None
-    for part in rest:
-        locations = None if spec is None else spec.submodule_search_locations
-        if locations is None:  # not found, or a module where a package should be
-            return False
-        spec = importlib.machinery.PathFinder.find_spec(part, list(locations))
-    return spec is not None
-
-
-def _check_command(cfg: JobConfig, node: LoginNode, missing: _Missing) -> None:
-    assert cfg.command is not None
-    program, *args = resolve_command(cfg.command, cfg.params)  # what the tasks will run
-    # `python`/`python3` run the task's own interpreter (the one running hpc-ddp), not PATH's.
-    if program not in _OWN_PYTHON and not _program_found(program, node, missing):
-        return
-    if _PYTHON_RE.fullmatch(Path(program).name):
-        _check_python_args(args, cfg, node, missing)
-
-
-def _program_found(program: str, node: LoginNode, missing: _Missing) -> bool:
-    """Whether ``command[0]`` can run from here; reports it to ``missing`` when not."""
-    if "/" not in program:
-        if shutil.which(program, path=node.path) is not None:
-            return True
-        missing(
-            "command[0]",
-            f"program {program!r} is not on PATH",
-            "check the spelling, give its full path, or load what provides it in env.setup",
-        )
-        return False
-    path = node.cwd / program
-    if path.is_dir():
-        missing(
-            "command[0]",
-            f"program {program!r} is a directory ({path})",
-            "name the program inside it (a directory cannot be run)",
-        )
-    elif not path.is_file():
-        missing(
-            "command[0]",
-            f"program {program!r} does not exist (looked for {path})",
-            "fix the path; a relative one starts from the directory you submit from",
-        )
-    elif not os.access(path, os.X_OK):
-        missing(
-            "command[0]",
-            f"program {program!r} is not executable",
-            f"chmod +x {program}, or run it through its interpreter, e.g. [bash, {program}]",
-        )
-    else:
-        return True
-    return False
-
-
-def _check_python_args(
-    args: Sequence[str], cfg: JobConfig, node: LoginNode, missing: _Missing
-) -> None:
-    """``python [options] script.py ...`` or ``python [options] -m module ...``."""
-    it = iter(args)
-    for arg in it:
-        if arg == "-m":
-            module = next(it, None)
-            if module is not None and not find_module(
-                module, _search_path(cfg, node), node.use_import_system
-            ):
-                missing(
-                    "command",
-                    f"python -m {module}: module {module!r} cannot be found from {node.cwd}",
-                    "submit from the directory that holds it, set env.vars.PYTHONPATH, or "
-                    "install it into this environment",
-                )
-            return
-        if arg in ("-c", "-"):  # code on the command line or stdin: nothing to look for
-            return
-        if arg in _OPTIONS_WITH_VALUE:
-            next(it, None)
-            continue
-        if arg.startswith("-"):
-            continue
-        script = node.cwd / arg
-        if script.is_dir() and not (script / "__main__.py").is_file():
-            missing(
-                "command",
-                f"python script {arg!r} is a directory without a __main__.py (looked in {script})",
-                "name the script inside it; python runs a directory only through its __main__.py",
-            )
-        elif not script.exists():
-            missing(
-                "command",
-                f"python script {arg!r} does not exist (looked for {script})",
-                "fix the path; a relative one starts from the directory you submit from",
-            )
-        return

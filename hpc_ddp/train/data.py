@@ -23,8 +23,9 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from hpc_ddp.config.loginnode import expand_path
 from hpc_ddp.config.model import TrainConfig
-from hpc_ddp.config.preflight import BUILTIN_DATASETS, expand_path
+from hpc_ddp.config.preflight import BUILTIN_DATASETS
 from hpc_ddp.errors import ConfigError
 
 BUILTIN = BUILTIN_DATASETS

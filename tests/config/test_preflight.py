@@ -18,20 +18,18 @@ import pytest
 
 from hpc_ddp.cli.main import main
 from hpc_ddp.config.load import job_config_from_dict
+from hpc_ddp.config.loginnode import LoginNode, expand_path, this_machine
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.preflight import (
     BUILTIN_DATASETS,
     BUILTIN_MODELS,
     TORCHVISION_MODELS,
     TORCHVISION_MODELS_VERSION,
-    LoginNode,
     check_job,
-    expand_path,
-    find_module,
     preflight_job,
     preflight_points,
-    this_machine,
 )
+from hpc_ddp.config.programs import find_module
 from hpc_ddp.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
