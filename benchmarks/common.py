@@ -13,7 +13,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -88,6 +88,24 @@ def time_command(argv: Sequence[str], repeats: int, cwd: Path = REPO) -> list[fl
         t0 = time.perf_counter()
         subprocess.run(argv, cwd=cwd, check=True, capture_output=True)
         times.append(time.perf_counter() - t0)
+    return times
+
+
+def time_commands_interleaved(
+    commands: Mapping[str, Sequence[str]], repeats: int, cwd: Path = REPO
+) -> dict[str, list[float]]:
+    """:func:`time_command` for several commands, one run of each in turn per round (the order
+    rotated every round), so a busy spell of the machine falls on all of them alike."""
+    for argv in commands.values():
+        subprocess.run(argv, cwd=cwd, check=True, capture_output=True)  # warm-up
+    times: dict[str, list[float]] = {label: [] for label in commands}
+    labels = list(commands)
+    for round_ in range(repeats):
+        shift = round_ % len(labels)
+        for label in labels[shift:] + labels[:shift]:
+            t0 = time.perf_counter()
+            subprocess.run(commands[label], cwd=cwd, check=True, capture_output=True)
+            times[label].append(time.perf_counter() - t0)
     return times
 
 

@@ -8,14 +8,27 @@ by :mod:`hpc_ddp.rundir`.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
 from hpc_ddp.errors import RunsDirError
 from hpc_ddp.run_id import ensure_run_id
-from hpc_ddp.rundir import STAMP_FORMAT, RunPaths, run_dir_name
+from hpc_ddp.rundir import RUNS_DIR_ENV, STAMP_FORMAT, RunPaths, run_dir_name
 
-__all__ = ["check_runs_dir", "create_run_dir", "make_run_dir", "new_run_dir", "stamp_of"]
+__all__ = [
+    "check_runs_dir",
+    "create_run_dir",
+    "make_run_dir",
+    "new_run_dir",
+    "runs_dir_from",
+    "stamp_of",
+]
+
+
+def runs_dir_from(arg: str | None, env: Mapping[str, str]) -> Path:
+    """``--runs-dir``, else ``$HPC_DDP_RUNS_DIR``, else ``./runs``."""
+    return Path(arg or env.get(RUNS_DIR_ENV) or "runs")
 
 
 def stamp_of(now: datetime) -> str:

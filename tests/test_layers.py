@@ -51,6 +51,7 @@ PURE_MODULES = sorted(
         "runtime", ["distenv", "placement", "attempt", "progress", "requeue_messages", "stopcause"]
     )
     + _modules("state", ["resumable", "task", "verdict"])
+    + _modules("devcluster", ["conf"])
     + ["hpc_ddp.rundir", "hpc_ddp.errors", "hpc_ddp.version"]
 )
 PACKAGES = {"hpc_ddp", *(f"hpc_ddp.{p.name}" for p in PACKAGE.iterdir() if p.is_dir())}

@@ -22,13 +22,13 @@ from hpc_ddp.cli.runs import (
     manifest_jobs,
     point_task,
     resolve_targets,
-    runs_dir_from,
     sweep_task_of,
 )
 from hpc_ddp.errors import RunDirError, SlurmError, TargetError
 from hpc_ddp.local.process import cancel_local
 from hpc_ddp.manifest import read_manifest
 from hpc_ddp.rundir import RUNS_DIR_ENV
+from hpc_ddp.runsdir import runs_dir_from
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.jobstate import is_job_ref
 

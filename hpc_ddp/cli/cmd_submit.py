@@ -8,16 +8,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
 from hpc_ddp.cli.launching import check_local_job, describe_local_plan, report, submit_local
-from hpc_ddp.cli.runs import runs_dir_from
 from hpc_ddp.config.load import find_site_profile, load_job_config
 from hpc_ddp.config.preflight import preflight_job
 from hpc_ddp.errors import ConfigError
 from hpc_ddp.rundir import RUNS_DIR_ENV
+from hpc_ddp.runsdir import runs_dir_from
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.submission import Prepared, materialize, prepare, schedule_slurm
 
@@ -66,6 +65,12 @@ def choose_backend(requested: str, sbatch_path: str | None) -> str:
     return "slurm" if sbatch_path else "local"
 
 
+def _sbatch_on_path() -> str | None:
+    import shutil  # not at the top: shutil loads the compression modules, ~3 ms of every submit
+
+    return shutil.which("sbatch")
+
+
 def run(args: argparse.Namespace) -> int:
     """Submit (or show) one job."""
     if args.resume:
@@ -76,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     site = find_site_profile(args.site, os.environ, Path.home())
     cfg = load_job_config(config_path, args.overrides, site_profile=site)
     preflight_job(cfg, str(config_path))  # what would fail on the nodes, checked from here
-    backend = choose_backend(args.backend, shutil.which("sbatch"))
+    backend = choose_backend(args.backend, _sbatch_on_path() if args.backend == "auto" else None)
     if backend == "local" and args.test_only:
         raise ConfigError("--test-only asks Slurm; HINT: use --backend slurm on a Slurm cluster.")
     if backend == "local":
@@ -159,6 +164,8 @@ def _test_only(prepared: Prepared, client: SlurmClient) -> int:
     try:
         message = client.submit(prepared.paths.script, test_only=True).message
     finally:
+        import shutil
+
         shutil.rmtree(prepared.paths.root, ignore_errors=True)
     print(message)
     return 0

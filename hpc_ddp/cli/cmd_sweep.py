@@ -17,12 +17,11 @@ from typing import Any
 
 from tabulate import tabulate
 
-from hpc_ddp.cli.runs import runs_dir_from
 from hpc_ddp.config.load import find_site_profile
 from hpc_ddp.config.preflight import preflight_points
 from hpc_ddp.errors import ConfigError, RunDirError, RunsDirError, SlurmError
 from hpc_ddp.rundir import RUNS_DIR_ENV
-from hpc_ddp.runsdir import new_run_dir, stamp_of
+from hpc_ddp.runsdir import new_run_dir, runs_dir_from, stamp_of
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.sweep.spec import SweepSpec, load_sweep
 from hpc_ddp.sweep.submit import (

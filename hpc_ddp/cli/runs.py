@@ -7,13 +7,12 @@ run with that job id) is a :class:`TargetError` (exit 2) with a hint, for every 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_ddp.errors import RunDirError, RunsDirError, TargetError
 from hpc_ddp.manifest import Manifest, read_manifest
-from hpc_ddp.rundir import RUNS_DIR_ENV
 from hpc_ddp.runsdir import check_runs_dir
 from hpc_ddp.slurm.jobstate import check_job_ref, is_job_ref
 from hpc_ddp.sweep.records import (
@@ -26,11 +25,6 @@ from hpc_ddp.sweep.records import (
 )
 
 LIST_HINT = "`hpc-ddp status` lists the runs under --runs-dir (default $HPC_DDP_RUNS_DIR or ./runs)"
-
-
-def runs_dir_from(arg: str | None, env: Mapping[str, str]) -> Path:
-    """``--runs-dir``, else ``$HPC_DDP_RUNS_DIR``, else ``./runs``."""
-    return Path(arg or env.get(RUNS_DIR_ENV) or "runs")
 
 
 def require_dir(target: str, what: str = "run directory") -> Path:

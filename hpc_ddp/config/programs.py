@@ -10,7 +10,6 @@ import importlib.machinery
 import importlib.util
 import os
 import re
-import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -79,6 +78,8 @@ def check_command(cfg: JobConfig, node: LoginNode, missing: Missing) -> None:
 def _program_found(program: str, node: LoginNode, missing: Missing) -> bool:
     """Whether ``command[0]`` can run from here; reports it to ``missing`` when not."""
     if "/" not in program:
+        import shutil  # only for a command job: not on every submit
+
         if shutil.which(program, path=node.path) is not None:
             return True
         missing(

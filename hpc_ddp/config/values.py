@@ -7,7 +7,6 @@ value came from, so these messages name only the key.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -132,6 +131,8 @@ def one_of(choices: tuple[str, ...]) -> Converter:
         if isinstance(value, str) and value in choices:
             return value
         probe = str(value)[:SHOWN_CHARS] if isinstance(value, (str, int, float)) else ""
+        import difflib  # only for a bad value: a submit that is right never pays for it
+
         close = difflib.get_close_matches(probe, choices, n=1)
         hint = f"did you mean '{close[0]}'?" if close else "use one of those"
         raise Invalid(key, f"{describe(value)} is not one of: {', '.join(choices)}. HINT: {hint}")

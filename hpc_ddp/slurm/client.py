@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import shlex
-import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +83,8 @@ class Runner(Protocol):
 
 def subprocess_runner(argv: Sequence[str], *, timeout: float | None = None) -> CompletedCommand:
     """The real :class:`Runner`: :func:`subprocess.run` without a shell."""
+    import subprocess  # here: a dry run renders ``sbatch`` argv but never runs one
+
     command = shlex.join(argv)
     try:
         proc = subprocess.run(
