@@ -409,34 +409,25 @@ __all__ = [
 
 
 def crashy_job(
-    directory: Path, steps: int, every: int, crash_at: int, *, on_crash: bool, extra: str = ""
+    directory: Path,
+    steps: int,
+    every: int,
+    crash_at: int | str,
+    *,
+    on_crash: bool,
+    how: str = "raise",
+    extra: str = "",
 ) -> Path:
-    """A 2-node job file running ``tests/helpers/crashy.py`` (rank 1 crashes once at
-    ``crash_at``), with at most one requeue; ``extra``: more YAML lines."""
+    """A 2-node job file running ``[python, tests/helpers/crashy.py, ...]`` (rank 1 fails once
+    at ``crash_at``, by ``how``: ``raise`` or ``sigkill``), with at most one requeue;
+    ``crash_at`` may be a ``{params.X}`` placeholder; ``extra``: more YAML lines."""
     script = Path(__file__).resolve().parent / "helpers" / "crashy.py"
     config = directory / "crashy.yaml"
     config.write_text(
         "name: crashy\n"
-        f"command: [{sys.executable}, {script}, '{steps}', '{every}', '{crash_at}']\n"
+        f"command: [python, {script}, '{steps}', '{every}', '{crash_at}', {how}]\n"
         "slurm: {nodes: 2, tasks_per_node: 1, cpus_per_task: 1, time: '00:05:00'}\n"
         f"requeue: {{max_requeues: 1, on_crash: {str(on_crash).lower()}}}\n"
         'env: {vars: {OMP_NUM_THREADS: "1"}}\n' + extra
-    )
-    return config
-
-
-def killed_once_job(
-    directory: Path, steps: int, every: int, kill_at: int, *, on_crash: bool
-) -> Path:
-    """A 2-node job file running ``tests/helpers/killed_once.py`` (rank 1 dies of SIGKILL once
-    at ``kill_at``) as ``[python, ...]``, with at most one requeue."""
-    script = Path(__file__).resolve().parent / "helpers" / "killed_once.py"
-    config = directory / "killed-once.yaml"
-    config.write_text(
-        "name: killed-once\n"
-        f"command: [python, {script}, '{steps}', '{every}', '{kill_at}']\n"
-        "slurm: {nodes: 2, tasks_per_node: 1, cpus_per_task: 1, time: '00:05:00'}\n"
-        f"requeue: {{max_requeues: 1, on_crash: {str(on_crash).lower()}}}\n"
-        'env: {vars: {OMP_NUM_THREADS: "1"}}\n'
     )
     return config

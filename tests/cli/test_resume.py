@@ -216,15 +216,8 @@ def test_a_crashed_slurm_run_resumes_after_the_fix_to_the_uninterrupted_weights(
     """A crash (rank 1 raises at step 8, requeue.on_crash off) ends the job FAILED with the
     step-5 checkpoint; `hpc-ddp resume RUN_DIR` with the fix (here: the param that injected
     the crash) goes on from that checkpoint to the weights of a run that never crashed."""
-    script = REPO / "tests" / "helpers" / "crashy.py"
-    config = tmp_path / "crashy.yaml"
-    config.write_text(
-        "name: crashy\n"
-        f"command: [python, {script}, '30', '5', '{{params.crash_at}}']\n"
-        "params: {crash_at: 8}\n"
-        "slurm: {nodes: 2, tasks_per_node: 1, cpus_per_task: 1, time: '00:05:00'}\n"
-        "requeue: {max_requeues: 1, on_crash: false}\n"
-        'env: {vars: {OMP_NUM_THREADS: "1"}}\n'
+    config = e2e.crashy_job(
+        tmp_path, 30, 5, "{params.crash_at}", on_crash=False, extra="params: {crash_at: 8}\n"
     )
     ref = e2e.submit(slurm_cluster, tmp_path / "ref", str(config), "params.crash_at=0")
     job = e2e.submit(slurm_cluster, tmp_path / "run", str(config))

@@ -328,21 +328,28 @@ def test_job_id_lookup_skips_damaged_manifests_for_status_and_cancel(
         resolve_targets(["21"], tmp_path)
 
 
-def test_plain_runs_are_shown_beside_sweeps(
-    tmp_path: Path, fake: StatusSlurm, capsys: pytest.CaptureFixture[str]
-) -> None:
-    plain = make_run(tmp_path, "a-plain", "31", [EndCause.FINISHED])
+def make_sweep(tmp_path: Path, arrays: bytes) -> Path:
+    """A one-point sweep ``b-sweep`` (array job 40) whose ``arrays.json`` holds ``arrays``."""
     sweep = make_run(tmp_path, "b-sweep", "40")
     (sweep / "sweep.yaml").write_text(
         "name: b\nsweep_file: s.yaml\nbase: j.yaml\nmetric: {name: val_loss, mode: min}\n"
         'max_parallel: null\nkeys: [train.lr]\npoints:\n- {"index": 0, "name": "b-0", '
         '"overrides": {"train.lr": 0.1}}\n'
     )
-    (sweep / "arrays.json").write_text(
-        '[{"job_id": "40", "points": "0", "offset": 0, "array": "0", "script": "job.sbatch",'
-        ' "submitted_at": "", "reason": "sweep", "command": []}]\n'
-    )
+    (sweep / "arrays.json").write_bytes(arrays)
     (sweep / "tasks" / "0").mkdir(parents=True)
+    return sweep
+
+
+def test_plain_runs_are_shown_beside_sweeps(
+    tmp_path: Path, fake: StatusSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plain = make_run(tmp_path, "a-plain", "31", [EndCause.FINISHED])
+    sweep = make_sweep(
+        tmp_path,
+        b'[{"job_id": "40", "points": "0", "offset": 0, "array": "0", "script": "job.sbatch",'
+        b' "submitted_at": "", "reason": "sweep", "command": []}]\n',
+    )
     data = json.loads((sweep / "manifest.json").read_text())
     (sweep / "manifest.json").write_text(json.dumps({**data, "array_jobs": ["40"]}))
     fake.rows = {"31": ("COMPLETED", script(plain))}
@@ -380,14 +387,7 @@ def test_a_sweep_with_a_damaged_arrays_json_is_one_damaged_row(
     why: str,
 ) -> None:
     plain = make_run(tmp_path, "a-plain", "31", [EndCause.FINISHED])
-    sweep = make_run(tmp_path, "b-sweep", "40")
-    (sweep / "sweep.yaml").write_text(
-        "name: b\nsweep_file: s.yaml\nbase: j.yaml\nmetric: {name: val_loss, mode: min}\n"
-        'max_parallel: null\nkeys: [train.lr]\npoints:\n- {"index": 0, "name": "b-0", '
-        '"overrides": {"train.lr": 0.1}}\n'
-    )
-    (sweep / "arrays.json").write_bytes(arrays.encode("utf-8", "surrogateescape"))
-    (sweep / "tasks" / "0").mkdir(parents=True)
+    sweep = make_sweep(tmp_path, arrays.encode("utf-8", "surrogateescape"))
     fake.rows = {"31": ("COMPLETED", script(plain))}
     rows = status_json(capsys, "--runs-dir", str(tmp_path), code=1)
     assert [(r["run"], r["state"]) for r in rows] == [

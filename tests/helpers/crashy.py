@@ -1,13 +1,18 @@
-"""A ``command:`` job on the session API that crashes once: rank 1 raises at step CRASH_AT of
-the first attempt only (``SLURM_RESTART_COUNT`` 0).
+"""A ``command:`` job on the session API that crashes once: rank 1 fails at step CRASH_AT of
+the first attempt only (``SLURM_RESTART_COUNT`` 0), and the run may then go on.
 
-Usage: crashy.py STEPS CHECKPOINT_EVERY CRASH_AT
+Usage: crashy.py STEPS CHECKPOINT_EVERY CRASH_AT [raise|sigkill]
 
-Prints the run id each attempt reads; logs ``loss`` and ``attempt`` at every step.
+``raise`` (the default): a RuntimeError, which the session sees. ``sigkill``: the process kills
+itself as the OOM killer would; no Python code runs after it, so only the ``hpc_ddp run``
+process above it can tell Slurm. Prints the run id each attempt reads; logs ``loss`` and
+``attempt`` at every step.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 import torch
@@ -17,8 +22,17 @@ from torch.utils.data import TensorDataset
 import hpc_ddp
 
 
+def crash(how: str, step: int) -> None:
+    """Fail the way ``how`` says."""
+    if how == "sigkill":
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise RuntimeError(f"injected crash at step {step}")
+
+
 def main() -> None:
     steps, every, crash_at = (int(a) for a in sys.argv[1:4])
+    how = sys.argv[4] if len(sys.argv) > 4 else "raise"
     with hpc_ddp.session() as s:
         print("run id", s.run_id, flush=True)
         torch.manual_seed(0)
@@ -36,7 +50,7 @@ def main() -> None:
             opt.step()
             s.log(step=step, loss=loss.item(), attempt=s.dist.restart_count)
             if step == crash_at and s.rank == 1 and s.dist.restart_count == 0:
-                raise RuntimeError(f"injected crash at step {crash_at}")
+                crash(how, step)
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ def test_a_command_child_killed_by_sigkill_is_requeued_with_on_crash(
     it); its ``hpc_ddp run`` parent takes the crash path: one requeue, then the run resumes
     from the step-5 checkpoint and completes. Rank 0's program dies of the lost connection
     at the same moment; whichever of the two claims the crash first asks Slurm, once."""
-    config = e2e.killed_once_job(tmp_path, STEPS, CKPT_EVERY, KILL_AT, on_crash=True)
+    config = e2e.crashy_job(tmp_path, STEPS, CKPT_EVERY, KILL_AT, on_crash=True, how="sigkill")
     job = e2e.submit(slurm_cluster, tmp_path / "runs", str(config))
     fields = e2e.wait_done(slurm_cluster, job.job_id, timeout_s=300)
     assert fields["JobState"] == "COMPLETED", fields
@@ -98,7 +98,7 @@ def test_a_command_child_killed_by_sigkill_is_requeued_with_on_crash(
 def test_a_command_child_killed_by_sigkill_without_on_crash_fails_the_job(
     slurm_cluster: Cluster, tmp_path: Path
 ) -> None:
-    config = e2e.killed_once_job(tmp_path, STEPS, CKPT_EVERY, KILL_AT, on_crash=False)
+    config = e2e.crashy_job(tmp_path, STEPS, CKPT_EVERY, KILL_AT, on_crash=False, how="sigkill")
     job = e2e.submit(slurm_cluster, tmp_path / "runs", str(config))
     fields = e2e.wait_done(slurm_cluster, job.job_id, timeout_s=300)
     assert (fields["JobState"], fields["Restarts"]) == ("FAILED", "0")

@@ -28,6 +28,7 @@ from hpc_ddp.runtime.ledger import EndCause, read_ledger, record_end, record_sta
 from hpc_ddp.slurm.fake import FakeSlurm
 from hpc_ddp.slurm.jobstate import JobState
 from tests.conftest import REPO
+from tests.runtime.array_task import REF, TASK
 
 
 @pytest.fixture(autouse=True)
@@ -157,19 +158,6 @@ def test_which_child_exits_are_crashes(code: int, expected: str | None, status: 
     assert exit_status(code) == status
 
 
-TASK = {
-    "SLURM_PROCID": "0",
-    "SLURM_LOCALID": "0",
-    "SLURM_NODEID": "0",
-    "SLURM_NTASKS": "1",
-    "SLURM_JOB_ID": "78",
-    "SLURM_ARRAY_JOB_ID": "77",
-    "SLURM_ARRAY_TASK_ID": "3",
-    "SLURM_JOB_NODELIST": "n1",
-    "SLURMD_NODENAME": "n1",
-    "SLURM_STEP_ID": "0",
-}
-REF = "77_3"
 KILL_SELF = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
 
 

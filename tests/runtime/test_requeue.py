@@ -22,23 +22,11 @@ from hpc_ddp.runtime.requeue import BUDGET_EXIT_CODE, REQUEUE_FAILED_EXIT_CODE, 
 from hpc_ddp.slurm.client import SlurmClient, subprocess_runner
 from hpc_ddp.slurm.fake import Answer, FakeSlurm
 from hpc_ddp.slurm.jobstate import JobState
+from tests.runtime.array_task import REF, TASK
 
 USR2, TERM = int(signal.SIGUSR2), int(signal.SIGTERM)
-REF = "77_3"
 CKPT = "step-00000012.pt"
 
-TASK = {
-    "SLURM_PROCID": "0",
-    "SLURM_LOCALID": "0",
-    "SLURM_NODEID": "0",
-    "SLURM_NTASKS": "1",
-    "SLURM_JOB_ID": "78",
-    "SLURM_ARRAY_JOB_ID": "77",
-    "SLURM_ARRAY_TASK_ID": "3",
-    "SLURM_JOB_NODELIST": "n1",
-    "SLURMD_NODENAME": "n1",
-    "SLURM_STEP_ID": "0",
-}
 
 RUNNING = "JobId=78 ArrayJobId=77 ArrayTaskId=3 JobState=RUNNING Restarts=0 PreemptTime=None"
 REQUEUEING = "JobId=78 JobState=COMPLETING Restarts=1 PreemptTime=None"

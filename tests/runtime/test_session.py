@@ -29,6 +29,7 @@ from hpc_ddp.runtime.session import DEFAULT_RUN_DIR, Phase, RequeueExit, Session
 from hpc_ddp.slurm.fake import FakeSlurm
 from hpc_ddp.slurm.jobstate import JobState
 from tests.helpers.launch import REPO, base_env, free_port
+from tests.runtime.array_task import TASK
 
 pytestmark = pytest.mark.torch
 
@@ -164,19 +165,6 @@ def test_checkpoint_needs_restore_first_and_corrupt_only_is_an_error(tmp_path: P
             s.restore(model=s.wrap(nn.Linear(2, 2)))
 
 
-SLURM_TASK = {
-    "SLURM_PROCID": "0",
-    "SLURM_LOCALID": "0",
-    "SLURM_NODEID": "0",
-    "SLURM_NTASKS": "1",
-    "SLURM_JOB_ID": "78",
-    "SLURM_ARRAY_JOB_ID": "77",
-    "SLURM_ARRAY_TASK_ID": "3",
-    "SLURM_JOB_NODELIST": "n1",
-    "SLURM_STEP_ID": "0",
-}
-
-
 RUNNING = "JobId=78 JobState=RUNNING Reason=None Restarts=0 PreemptTime=None"
 REQUEUEING = "JobId=78 JobState=COMPLETING Reason=None Restarts=1 PreemptTime=None"
 CANCELLING = "JobId=78 JobState=COMPLETING Reason=None Restarts=0 PreemptTime=None"
@@ -189,11 +177,11 @@ COMMAND_CHILD = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "SLURM_JOB_I
 @pytest.mark.parametrize(
     ("env", "signum", "job", "call"),
     [
-        (SLURM_TASK, USR2, RUNNING, "requeue 77_3"),
+        (TASK, USR2, RUNNING, "requeue 77_3"),
         # SIGTERM from `scontrol requeue`: Slurm already counted the restart.
-        (SLURM_TASK, TERM, REQUEUEING, None),
+        (TASK, TERM, REQUEUEING, None),
         # SIGTERM from `scancel`: completing without a restart, never brought back.
-        (SLURM_TASK, TERM, CANCELLING, None),
+        (TASK, TERM, CANCELLING, None),
         (COMMAND_CHILD, USR2, RUNNING, "requeue 90"),
         ({}, USR2, RUNNING, None),
     ],
@@ -235,7 +223,7 @@ def test_a_failed_requeue_leaves_non_zero_and_says_so(tmp_path: Path) -> None:
     )
     slurm.fail("scontrol", no_munge, times=3)  # show job, requeue, show job again
     with pytest.raises(RequeueExit) as stop:
-        byo_loop(tmp_path / "run", 30, env=SLURM_TASK, stop_at=4, signum=USR2, slurm=slurm)
+        byo_loop(tmp_path / "run", 30, env=TASK, stop_at=4, signum=USR2, slurm=slurm)
     assert slurm.commands() == [
         "scontrol show job -o 77_3",
         "scontrol requeue 77_3",
@@ -321,7 +309,7 @@ def test_a_crash_in_the_loop_reaches_the_coordinator(tmp_path: Path, on_crash: b
     slurm = FakeSlurm()
     slurm.add_job("78", array_job_id="77", array_task_id="3", state=JobState.RUNNING)
     cfg = JobConfig(name="t", requeue=RequeueConfig(max_requeues=1, on_crash=on_crash))
-    s = Session(tmp_path, cfg, env=SLURM_TASK, slurm=slurm.client())
+    s = Session(tmp_path, cfg, env=TASK, slurm=slurm.client())
     with pytest.raises(ValueError, match="boom"), s:  # noqa: PT012
         s.restore(model=s.wrap(nn.Linear(4, 3)))
         for step in s.steps(10, checkpoint_every=2):
