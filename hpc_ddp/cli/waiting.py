@@ -1,4 +1,4 @@
-"""Waiting for Slurm jobs to end (``submit --wait``, ``sweep --wait``), politely.
+"""Waiting for Slurm jobs to end (``submit --wait``), politely.
 
 Polls start fast (short jobs end in about a second) and back off, asking squeue only for the
 jobs waited on, so a long wait costs slurmctld one small query every 15 s.

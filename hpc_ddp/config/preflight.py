@@ -28,7 +28,6 @@ whether a finding is an error or a warning) and the names.
 
 from __future__ import annotations
 
-import difflib
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -168,6 +167,8 @@ def _indirection(cfg: JobConfig) -> str | None:
 
 def _did_you_mean(name: str, choices: Sequence[str], rest: str) -> str:
     """A hint: the close matches of ``name`` if any, then ``rest`` (what else to do)."""
+    import difflib  # only for a bad name: a submit that is right never pays for it
+
     close = difflib.get_close_matches(name, choices, n=3)
     if not close:
         return rest

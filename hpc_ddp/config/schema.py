@@ -13,7 +13,6 @@ Over 300 lines: the job config's whole-config checks (combinations, size) share 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import types
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
@@ -70,6 +69,8 @@ class Schema:
 
     def unknown_key(self, key: str) -> Invalid:
         """The error for an unknown dotted key, with a did-you-mean hint (or the valid keys)."""
+        import difflib  # only for a typo: a submit that is right never pays for it
+
         parent, _, leaf = key.rpartition(".")
         siblings = self.children.get(parent, ())
         close = [
@@ -254,6 +255,14 @@ def _check_combinations(cfg: JobConfig, placeholders: bool) -> None:
             "slurm.gpus_per_task",
             "is set together with slurm.gpus_per_node. HINT: set only one (gpus_per_task: 1 "
             "gives each rank its own GPU)",
+        )
+    if slurm.gpus_per_node is not None and slurm.tasks_per_node > slurm.gpus_per_node:
+        # The runtime puts rank LOCAL_RANK on cuda:LOCAL_RANK: the extra ranks would have none.
+        raise Invalid(
+            "slurm.tasks_per_node",
+            f"is {slurm.tasks_per_node}, more tasks than slurm.gpus_per_node "
+            f"({slurm.gpus_per_node}): each rank needs a GPU of its own. HINT: set "
+            "slurm.tasks_per_node to the GPUs per node (one task per GPU)",
         )
     limit = parse_slurm_time(slurm.time)
     if cfg.requeue.lead_time >= limit:

@@ -189,3 +189,23 @@ def test_cancel_of_an_array_task_that_is_not_there_says_why(
     assert cli(slurm, "cancel", str(sweep / "tasks" / "0")) == 1
     assert "damaged array record" in capsys.readouterr().err
     assert slurm.calls == []
+
+
+def test_cancel_of_a_sweep_dir_cancels_every_array_even_past_a_failed_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = write_sweep(tmp_path / "runs")
+    slurm = FakeSlurm()
+    jobs = running(slurm, "1001", "1002", "1003")
+    assert cli(slurm, "cancel", str(sweep)) == 0
+    assert slurm.commands("scancel") == ["scancel 1001", "scancel 1002", "scancel 1003"]
+    assert "cancelled slurm job arrays 1001, 1002, 1003" in capsys.readouterr().out
+    assert all(j.state is JobState.CANCELLED for j in jobs)
+
+    slurm = FakeSlurm()
+    jobs = running(slurm, "1001", "1002", "1003")
+    slurm.fail("scancel 1001")  # the controller drops one request: the others still go out
+    assert cli(slurm, "cancel", str(sweep)) == 1
+    assert slurm.commands("scancel") == ["scancel 1001", "scancel 1002", "scancel 1003"]
+    assert "Unable to contact slurm controller" in capsys.readouterr().err
+    assert [j.state for j in jobs] == [JobState.RUNNING, JobState.CANCELLED, JobState.CANCELLED]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,8 @@ from hpc_ddp.slurm.client import CompletedCommand, SlurmClient
 from hpc_ddp.slurm.submission import materialize, prepare, record, schedule_slurm
 from hpc_ddp.sweep.spec import load_sweep
 from hpc_ddp.sweep.submit import submit_sweep
+from tests import e2e_util as e2e
+from tests.conftest import Cluster
 
 DATA = Path(__file__).parents[1] / "data" / "config"
 GOLDEN = Path(__file__).parents[1] / "golden" / "site_profile_overrides.sbatch"
@@ -229,3 +232,43 @@ def test_concurrent_sweeps_in_one_second_each_get_their_own_dir(tmp_path: Path) 
         assert f"--output={d}/tasks/%a/logs/batch-%A_%a.out" in (d / "job.sbatch").read_text()
         assert sorted(p.name for p in (d / "tasks").iterdir()) == ["0", "1", "2"]
     assert len(jobs) == 12  # every sweep's manifest kept its own array job
+
+
+@pytest.mark.slurm
+def test_two_real_jobs_submitted_in_the_same_second_each_train_in_their_own_dir(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """Issue 11.2 on the dev cluster: two submissions of one job with the same clock second
+    (pinned) get two run directories, and each job writes its config, manifest, ledger and
+    checkpoints only into its own."""
+    client = SlurmClient()  # the real sbatch, against the cluster the fixture exported
+    runs = tmp_path / "runs"
+
+    def prepared(seed: int):  # type: ignore[no-untyped-def]
+        overrides = ["slurm.nodes=1", "train.max_steps=6", "train.checkpoint_every=3",
+                     f"train.seed={seed}"]  # fmt: skip
+        cfg = load_job_config(Path("jobs/quickstart.yaml"), overrides)
+        return prepare(
+            cfg,
+            config_path=Path("jobs/quickstart.yaml"),
+            runs_dir=runs,
+            python=sys.executable,
+            invocation=["test"],
+            client=client,
+            now=NOW,
+        )
+
+    first, second = prepared(1), prepared(2)
+    assert first.paths.root == second.paths.root  # the same forecast: the same second
+    manifests = [schedule_slurm(first, client), schedule_slurm(second, client)]
+    dirs = [Path(m.run_dir) for m in manifests]
+    assert [d.name for d in dirs] == ["quickstart-20260101-120000", "quickstart-20260101-120000-2"]
+    for manifest, run_dir, seed in zip(manifests, dirs, (1, 2), strict=True):
+        assert manifest.job_id is not None
+        assert e2e.wait_done(slurm_cluster, manifest.job_id)["JobState"] == "COMPLETED"
+        assert load_resolved_config(run_dir / "config.yaml").train.seed == seed
+        assert json.loads((run_dir / "manifest.json").read_text())["job_id"] == manifest.job_id
+        assert {a.job_id for a in e2e.ledger(run_dir)} == {manifest.job_id}
+    digests = [e2e.final_digest(slurm_cluster, d) for d in dirs]
+    assert [step for step, _ in digests] == [6, 6]
+    assert digests[0][1] != digests[1][1]  # two seeds, two trainings, two sets of weights
