@@ -244,10 +244,22 @@ def _tcp_store(dist: DistEnv, port: int, timeout: timedelta) -> Any:
     )
 
 
-def destroy_process_group() -> None:
-    """Leave the default process group; a no-op when there is none (safe to call twice)."""
+def destroy_process_group(*, together: bool = False) -> None:
+    """Leave the default process group; a no-op when there is none (safe to call twice).
+
+    ``together``: first wait at a barrier for every rank, when all of them are known to be
+    leaving (a finished run, an agreed stop). A rank that tore its gloo connections down while
+    its peer was still finishing (rank 0 writes the last checkpoint and the ledger) was once
+    seen to abort at exit ("terminate called without an active exception"), failing a run that
+    had finished. A barrier that fails (a peer already gone) is logged, never raised.
+    """
     tdist = sys.modules.get("torch.distributed")
     if tdist is None:
         return  # torch was never imported, so no group was ever made
     if tdist.is_available() and tdist.is_initialized():
+        if together and tdist.get_world_size() > 1:
+            try:
+                tdist.barrier()
+            except Exception as exc:  # leaving anyway: say why, do not fail
+                log.warning("leaving the process group without the others: %s", exc)
         tdist.destroy_process_group()

@@ -129,8 +129,13 @@ class SessionBase:
         )
         return self
 
-    def close(self, *, keep_signal_handlers: bool = False) -> None:
-        """Wait for a checkpoint in flight, leave the process group, restore signal handlers."""
+    def close(self, *, keep_signal_handlers: bool = False, together: bool = True) -> None:
+        """Wait for a checkpoint in flight, leave the process group, restore signal handlers.
+
+        ``together``: every rank is closing too (a finished run, an agreed stop), so they
+        leave the group together (see :func:`~hpc_ddp.runtime.procgroup.destroy_process_group`);
+        False after an error, when a peer may be gone.
+        """
         if self.phase is Phase.CLOSED:
             return
         started = self.phase is not Phase.NEW
@@ -141,7 +146,7 @@ class SessionBase:
         finally:
             self._metrics.close()
             if started:
-                destroy_process_group()
+                destroy_process_group(together=together)
             if not keep_signal_handlers:
                 self.stop_flag.close()
             if self._log_handler is not None:
@@ -159,7 +164,7 @@ class SessionBase:
                 step=self.progress.step, checkpoint=self._last_name(), error=exc
             )
         try:
-            self.close()
+            self.close(together=False)
         except Exception:  # do not hide the error that is already on its way out
             log.exception("while closing the session after an error")
 

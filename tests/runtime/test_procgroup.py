@@ -60,7 +60,11 @@ tdist.all_reduce(x)
 report = dict(rank=dist.rank, sum=x.item(), world=tdist.get_world_size(), backend=info.backend,
               device=info.device, init_method=info.init_method, port=info.master_port,
               env_port=os.environ.get("MASTER_PORT"))
-destroy_process_group()
+import time
+time.sleep(float(os.environ.get("SLEEP_BEFORE_LEAVING", "0")))
+report["arrived"] = time.time()
+destroy_process_group(together=os.environ.get("LEAVE") == "together")
+report["left"] = time.time()
 destroy_process_group()
 print(json.dumps(report))
 """
@@ -268,6 +272,30 @@ def test_rank_0_holds_the_port_it_listens_on() -> None:
             _listen(port)
     finally:
         sock.close()
+
+
+@pytest.mark.torch
+def test_ranks_that_leave_together_wait_for_the_last_one(tmp_path: Path) -> None:
+    """Rank 1 comes 1.5 s late to leaving: rank 0 leaves only when it has come."""
+    job = free_job_id(270_000)
+    envs = [{**rank_env(job, r, 2), "LEAVE": "together"} for r in range(2)]
+    envs[1]["SLEEP_BEFORE_LEAVING"] = "1.5"
+    first, last = reports(run_ranks(tmp_path, "env", envs))
+    assert last["arrived"] - first["arrived"] > 1.0
+    assert first["left"] >= last["arrived"] - 0.05  # waited for the late one (clock: same host)
+
+
+@pytest.mark.torch
+def test_leaving_together_when_a_peer_has_gone_only_warns(tmp_path: Path) -> None:
+    """Rank 1 leaves alone and exits; rank 0's barrier fails and it leaves anyway, exit 0."""
+    job = free_job_id(280_000)
+    envs = [rank_env(job, r, 2) for r in range(2)]
+    envs[0].update(LEAVE="together", SLEEP_BEFORE_LEAVING="1")
+    start = time.monotonic()
+    done = run_ranks(tmp_path, "env", envs, timeout_s=20)
+    assert [r["rank"] for r in reports(done)] == [0, 1]
+    assert "leaving the process group without the others" in done[0].stderr
+    assert time.monotonic() - start < 15  # the failed barrier did not wait out the timeout
 
 
 @pytest.mark.torch

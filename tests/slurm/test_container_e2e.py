@@ -18,20 +18,12 @@ import pytest
 from hpc_ddp.runtime.ledger import EndCause
 from tests import e2e_util as e2e
 from tests.conftest import Cluster
+from tests.slurm.stubs import apptainer_stub
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
 STEPS = 12
 
-# apptainer exec [OPTIONS] IMAGE COMMAND...: one file of NUL-separated argv per call.
-_APPTAINER = """#!/bin/sh
-printf '%s\\0' "$@" > "{out}/apptainer.$$.argv"
-[ "$1" = exec ] && shift
-while [ $# -gt 0 ]; do
-    case "$1" in --bind) shift 2 ;; -*) shift ;; *) shift; break ;; esac
-done
-exec "$@"
-"""
 _IMAGE_PYTHON = """#!/bin/sh
 exec {python} "$@"
 """
@@ -54,7 +46,7 @@ def test_an_apptainer_job_trains_through_the_wrapper(
     out = tmp_path / "calls"
     out.mkdir()
     stubs = tmp_path / "stubs"
-    _write_stub(stubs / "apptainer", _APPTAINER.format(out=out))
+    _write_stub(stubs / "apptainer", apptainer_stub(f'"{out}/apptainer.$$.argv"'))
     image_python = _write_stub(
         tmp_path / "image" / "bin" / "python3", _IMAGE_PYTHON.format(python=sys.executable)
     )

@@ -38,6 +38,7 @@ from hpc_ddp.slurm.render import (
     srun_args,
     task_python,
 )
+from tests.slurm.stubs import apptainer_stub
 
 GOLDEN_DIR = Path(__file__).parents[1] / "golden"
 UPDATE_GOLDEN = os.environ.get("UPDATE_GOLDEN", "") not in ("", "0")
@@ -396,14 +397,6 @@ printf '%s\\0' "$@" > "$STUB_OUT/srun.argv"
 while [ $# -gt 0 ]; do case "$1" in -*) shift ;; *) break ;; esac; done
 exec "$@"
 """
-_EXEC_APPTAINER = """#!/bin/sh
-printf '%s\\0' "$@" > "$STUB_OUT/apptainer.argv"
-[ "$1" = exec ] && shift
-while [ $# -gt 0 ]; do
-    case "$1" in --bind) shift 2 ;; -*) shift ;; *) shift; break ;; esac
-done
-exec "$@"
-"""
 _IMAGE_PYTHON = """#!/bin/sh
 printf '%s\\0' "$0" "$@" > "$STUB_OUT/python.argv"
 """
@@ -417,7 +410,8 @@ def test_container_python_end_to_end_through_stub_srun_and_apptainer(tmp_path: P
     for d in (bin_dir, out, image_bin):
         d.mkdir(parents=True)
     python = image_bin / "python3"
-    for path, text in ((bin_dir / "srun", _EXEC_SRUN), (bin_dir / "apptainer", _EXEC_APPTAINER),
+    apptainer = apptainer_stub('"$STUB_OUT/apptainer.argv"')
+    for path, text in ((bin_dir / "srun", _EXEC_SRUN), (bin_dir / "apptainer", apptainer),
                        (python, _IMAGE_PYTHON)):  # fmt: skip
         path.write_text(text)
         path.chmod(0o755)
