@@ -583,6 +583,33 @@ def test_round_trip_through_dict_and_yaml(seed: int, tmp_path: Path) -> None:
     assert job_config_from_dict(yaml.safe_load(text), "x") == cfg
 
 
+def test_libyamls_emitter_writes_what_the_python_emitter_writes() -> None:
+    """dump_yaml uses libyaml's emitter when PyYAML has it: the text must be the Python
+    emitter's, byte for byte, for every awkward value and for whole configs."""
+    from hpc_ddp.config import yaml_dialect
+
+    assert yaml.__with_libyaml__  # else this compares the Python emitter with itself
+
+    class PythonDumper(yaml.SafeDumper):
+        pass
+
+    PythonDumper.yaml_implicit_resolvers = yaml_dialect._Dumper.yaml_implicit_resolvers
+    PythonDumper.yaml_representers = dict(yaml_dialect._Dumper.yaml_representers)
+
+    def python_dump(data: Any) -> str:
+        text: str = yaml.dump(data, Dumper=PythonDumper, sort_keys=False, allow_unicode=True,
+                              default_flow_style=False, width=2**16)  # fmt: skip
+        return text
+
+    values = [*AWKWARD, "", "multi\nline", "a\\b", "x" * 300, "\u00e9\u4e2d", 0, -1.5, 1e300,
+              True, None, [], {}, ["a", 1, None], {"k": {"n": ["on", "off"]}}]  # fmt: skip
+    for value in values:
+        assert yaml_dialect.dump_yaml({"v": value}) == python_dump({"v": value}), value
+    for seed in range(40):
+        plain = job_config_to_dict(_random_config(random.Random(seed)))
+        assert yaml_dialect.dump_yaml(plain) == python_dump(plain)
+
+
 def test_full_fixture_round_trips(tmp_path: Path) -> None:
     cfg = load_job_config(DATA / "full.yaml")
     plain = job_config_to_dict(cfg)
