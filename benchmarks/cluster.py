@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import TypeVar
 
 from benchmarks.common import BIN
@@ -76,8 +77,12 @@ def state_of(fields: dict[str, str]) -> JobState:
 
 
 def release_if_held(job_ref: str, fields: dict[str, str]) -> None:
-    """Let a requeued job start now instead of after Slurm's hold (``cred_expire`` + 1 s)."""
-    if state_of(fields) is JobState.PENDING and fields.get("Reason") == "BeginTime":
+    """Let a requeued job start now instead of after Slurm's hold (``cred_expire`` + 1 s), but
+    not within 2 s of the requeue (``SubmitTime``): the nodes revoked the old run's credential
+    then, in whole seconds, and a start in that second is killed ("Job credential revoked")."""
+    if state_of(fields) is not JobState.PENDING or fields.get("Reason") != "BeginTime":
+        return
+    if time.time() >= datetime.fromisoformat(fields["SubmitTime"]).timestamp() + 2.0:
         subprocess.run(
             ["scontrol", "update", f"JobId={job_ref}", "StartTime=now"],
             capture_output=True,
