@@ -47,3 +47,28 @@ def test_a_params_sweep_gives_each_task_its_own_lr(slurm_cluster: Cluster, tmp_p
 
     rows = json.loads(hpc(slurm_cluster, "results", str(sweep_dir), "--format", "json").stdout)
     assert [row.get("params.lr") for row in rows] == [0.1, 0.003], rows
+
+
+@pytest.mark.torch
+def test_the_byo_example_sweep_runs_as_the_readme_says(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """``hpc-ddp sweep examples/byo/sweep.yaml`` as documented: three array tasks of two DDP
+    ranks each, every one training examples/byo/train.py with its own ``--lr``, then
+    ``hpc-ddp results`` ranks them by the loss the script logged."""
+    submitted = sweep(slurm_cluster, tmp_path / "runs", "examples/byo/sweep.yaml")
+    [job] = submitted["array_jobs"]
+    sweep_dir = Path(submitted["sweep_dir"])
+    refs = [f"{job}_{i}" for i in range(3)]
+    final = wait_all_done(slurm_cluster, refs, timeout_s=240)
+    assert [f["JobState"] for f in final] == ["COMPLETED"] * 3, final
+
+    rows = json.loads(hpc(slurm_cluster, "results", str(sweep_dir), "--format", "json").stdout)
+    assert sorted(row["params.lr"] for row in rows) == [0.001, 0.003, 0.01], rows
+    best = [row["best"] for row in rows]
+    assert best == sorted(best)  # metric: {name: loss, mode: min}: the lowest loss first
+    assert len(set(best)) == 3  # three learning rates, three trainings
+    assert {row["steps"] for row in rows} == {200}
+    for index, lr in enumerate(["0.01", "0.003", "0.001"]):
+        config = yaml.safe_load((sweep_dir / "tasks" / str(index) / "config.yaml").read_text())
+        assert config["params"] == {"lr": float(lr)}
