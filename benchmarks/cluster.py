@@ -13,11 +13,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime
 from typing import TypeVar
 
 from benchmarks.common import BIN
 from hpc_ddp.devcluster import cluster as devcluster
+from hpc_ddp.devcluster.conf import releasable_early
 from hpc_ddp.slurm.client import JobState, SlurmClient, parse_job_state
 
 T = TypeVar("T")
@@ -77,12 +77,9 @@ def state_of(fields: dict[str, str]) -> JobState:
 
 
 def release_if_held(job_ref: str, fields: dict[str, str]) -> None:
-    """Let a requeued job start now instead of after Slurm's hold (``cred_expire`` + 1 s), but
-    not within 2 s of the requeue (``SubmitTime``): the nodes revoked the old run's credential
-    then, in whole seconds, and a start in that second is killed ("Job credential revoked")."""
-    if state_of(fields) is not JobState.PENDING or fields.get("Reason") != "BeginTime":
-        return
-    if time.time() >= datetime.fromisoformat(fields["SubmitTime"]).timestamp() + 2.0:
+    """Let a requeued job start now instead of after Slurm's hold (``cred_expire`` + 1 s), once
+    it may (:func:`hpc_ddp.devcluster.conf.releasable_early`)."""
+    if releasable_early(fields, time.time()):
         subprocess.run(
             ["scontrol", "update", f"JobId={job_ref}", "StartTime=now"],
             capture_output=True,

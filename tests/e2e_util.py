@@ -8,8 +8,8 @@ for a guessed time.
 
 A job requeued by Slurm is held for ``cred_expire`` + 1 s before it may start again;
 :func:`wait_done` and :func:`wait_state` release such holds (``scontrol update
-StartTime=now``) 2 s after the requeue (see :data:`REQUEUE_SETTLE_S`), so a requeue costs the
-tests about 2 s more than the restart itself.
+StartTime=now``) 2 s after the requeue (see :data:`hpc_ddp.devcluster.conf.REQUEUE_SETTLE_S`),
+so a requeue costs the tests about 2 s more than the restart itself.
 
 :func:`io_bound_synthetic` is a ``train.dataset`` for jobs whose length in wall-clock time must
 not depend on how busy the machine's cores are (the real time-limit test).
@@ -23,10 +23,10 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from hpc_ddp.devcluster.conf import releasable_early
 from hpc_ddp.runtime.ledger import Attempt, read_ledger
 from hpc_ddp.slurm.client import parse_scontrol_oneliner
 
@@ -136,19 +136,10 @@ def restarts(cluster: Cluster, job_ref: str) -> int:
     return int(job_fields(cluster, job_ref)["Restarts"])
 
 
-REQUEUE_SETTLE_S = 2.0
-"""How long after a requeue a held job is let go. Not in the second of the requeue itself: the
-nodes revoked the old run's credential then, slurmd compares credential times in whole
-seconds, and a start in that second is killed ("Job credential revoked"), the job FAILED."""
-
-
 def release_if_held(cluster: Cluster, job_ref: str, fields: dict[str, str]) -> bool:
     """Let a requeued job start now instead of after Slurm's hold (``cred_expire`` + 1 s), once
-    :data:`REQUEUE_SETTLE_S` have passed since the requeue; True when it was let go."""
-    if fields.get("JobState") != "PENDING" or fields.get("Reason") != "BeginTime":
-        return False
-    requeued = datetime.fromisoformat(fields["SubmitTime"]).timestamp()  # reset by a requeue
-    if time.time() < requeued + REQUEUE_SETTLE_S:
+    it may (:func:`~hpc_ddp.devcluster.conf.releasable_early`); True when it was let go."""
+    if not releasable_early(fields, time.time()):
         return False
     cluster.run("scontrol", "update", f"JobId={job_ref}", "StartTime=now", check=False)
     return True

@@ -222,7 +222,7 @@ class _Loader(yaml.SafeLoader):
 
 
 # libyaml's emitter when PyYAML was built with it: the same text as PyYAML's Python emitter (a
-# port of libyaml's; tests/config/test_yaml_dialect.py compares the two), 4x faster, which is
+# port of libyaml's; tests/config/test_load.py compares the two), 4x faster, which is
 # most of writing a thousand task configs for a sweep.
 _SafeDumper = yaml.CSafeDumper if yaml.__with_libyaml__ else yaml.SafeDumper
 

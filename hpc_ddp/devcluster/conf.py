@@ -5,7 +5,9 @@ Nothing here starts a process or touches a file; :mod:`hpc_ddp.devcluster.cluste
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 HOSTS_MARKER = "# hpc-ddp dev-cluster"
@@ -159,3 +161,23 @@ def parse_sinfo_states(text: str) -> dict[str, str]:
         if len(parts) == 2:
             states[parts[0]] = parts[1]
     return states
+
+
+REQUEUE_SETTLE_S = 2.0
+"""How long after a requeue a held job may be let go early (``scontrol update StartTime=now``).
+
+Not in the second of the requeue itself: the nodes revoked the old run's credential then,
+slurmd compares credential times in whole seconds, and a start in that second is killed
+("Job credential revoked"), the job FAILED. Slurm's own hold is ``cred_expire`` + 1 s."""
+
+
+def releasable_early(fields: Mapping[str, str], now: float) -> bool:
+    """Whether a job (``scontrol show job`` fields) is a requeued one held for its begin time
+    that may start at ``now`` (seconds since the epoch) without its start being killed.
+
+    A requeue resets ``SubmitTime`` (the controller's local time, as ``now`` is read here).
+    """
+    if fields.get("JobState") != "PENDING" or fields.get("Reason") != "BeginTime":
+        return False
+    requeued = datetime.fromisoformat(fields["SubmitTime"]).timestamp()
+    return now >= requeued + REQUEUE_SETTLE_S

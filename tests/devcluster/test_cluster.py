@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from hpc_ddp.devcluster.conf import (
     ClusterLayout,
     add_hosts_entry,
     parse_sinfo_states,
+    releasable_early,
     remove_hosts_entry,
     render_slurm_conf,
 )
@@ -60,6 +62,28 @@ def test_remove_hosts_entry_keeps_lines_it_did_not_add() -> None:
 def test_parse_sinfo_states() -> None:
     text = "n1 idle\nn2 mix\nn1 idle\n\ngarbage line here\n"
     assert parse_sinfo_states(text) == {"n1": "idle", "n2": "mix"}
+
+
+REQUEUED_AT = "2026-11-23T18:01:00"  # SubmitTime after a requeue (the controller's local time)
+
+
+@pytest.mark.parametrize(
+    ("state", "reason", "after_s", "releasable"),
+    [
+        ("PENDING", "BeginTime", 0.0, False),  # the second of the requeue: the start is killed
+        ("PENDING", "BeginTime", 1.9, False),
+        ("PENDING", "BeginTime", 2.0, True),
+        ("PENDING", "BeginTime", 30.0, True),
+        ("PENDING", "Priority", 30.0, False),  # not held by a requeue: nothing to release
+        ("RUNNING", "None", 30.0, False),
+    ],
+)
+def test_a_requeued_job_is_released_early_only_after_the_settle_time(
+    state: str, reason: str, after_s: float, releasable: bool
+) -> None:
+    fields = {"JobState": state, "Reason": reason, "SubmitTime": REQUEUED_AT}
+    requeued = datetime.fromisoformat(REQUEUED_AT).timestamp()
+    assert releasable_early(fields, requeued + after_s) is releasable
 
 
 @pytest.mark.slurm
