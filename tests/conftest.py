@@ -85,3 +85,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("slurm") and "slurm_cluster" not in item.fixturenames:  # type: ignore[attr-defined]
             item.fixturenames.insert(0, "slurm_cluster")  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """A real, unrelated process (``sleep 120``) for tests of what may be signalled: it stands
+    in for a rank or a process that took a recorded pid; killed at the end if still there."""
+    proc = subprocess.Popen(["sleep", "120"])
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()

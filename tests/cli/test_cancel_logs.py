@@ -18,7 +18,6 @@ import pty
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -93,15 +92,6 @@ def local_run(root: Path, job_id: str) -> Path:
         ),
     )  # fmt: skip
     return root
-
-
-@pytest.fixture
-def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(["sleep", "120"])
-    yield proc
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
 
 
 # --- cancel: nothing wrongly killed ----------------------------------------------------------

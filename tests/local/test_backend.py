@@ -14,7 +14,6 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -46,16 +45,6 @@ from hpc_ddp.local.process import (
 from hpc_ddp.manifest import Manifest, write_manifest
 from hpc_ddp.rundir import RunPaths
 from tests.conftest import REPO
-
-
-@pytest.fixture
-def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    """A real, unrelated process: ``sleep 60``, killed at the end if still there."""
-    proc = subprocess.Popen(["sleep", "60"])
-    yield proc
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
 
 
 def _stat_line(comm: str, pgrp: int, sid: int, start: int) -> str:

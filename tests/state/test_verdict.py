@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -148,21 +147,11 @@ def test_a_local_run_cancelled_before_any_attempt_is_cancelled(tmp_path: Path) -
     assert (row["state"], row["note"]) == ("CANCELLED", None)
 
 
-@pytest.fixture
-def orphan() -> Iterator[subprocess.Popen[bytes]]:
-    """A real process standing in for a rank whose controller is gone."""
-    proc = subprocess.Popen(["sleep", "60"])
-    yield proc
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-
-
 def test_a_local_run_is_live_while_any_recorded_rank_runs(
-    tmp_path: Path, orphan: subprocess.Popen[bytes]
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
 ) -> None:
     run_dir = make_run(tmp_path, "a")
-    ident = identify_started(orphan.pid)
+    ident = identify_started(sleeper.pid)
     assert ident is not None
     write_rank_identity(run_dir, 1, ident)
     record_start(RunPaths(run_dir).ledger, attempt=0, job_id=None, job_ref=None, nodelist="",
@@ -176,8 +165,8 @@ def test_a_local_run_is_live_while_any_recorded_rank_runs(
     refusal = check_resumable(row["state"], str(run_dir), DEAD_PID, force=True).refusal
     assert refusal is not None
     assert "two jobs must never write one run directory" in refusal
-    orphan.kill()
-    orphan.wait()
+    sleeper.kill()
+    sleeper.wait()
     assert run_status(run_dir, LOCAL)["state"] == "GONE?"
 
 
