@@ -27,7 +27,7 @@ from hpc_ddp.cli.runs import (
 from hpc_ddp.errors import RunDirError, SlurmError, TargetError
 from hpc_ddp.local.process import cancel_local
 from hpc_ddp.manifest import read_manifest
-from hpc_ddp.rundir import RUNS_DIR_ENV
+from hpc_ddp.rundir import MANIFEST_FILE, RUNS_DIR_ENV
 from hpc_ddp.runsdir import runs_dir_from
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.jobstate import is_job_ref
@@ -98,7 +98,7 @@ def plan_cancel(target: str, runs_dir: Path) -> list[Cancel]:
     for run_dir in resolve_targets([target], runs_dir):
         manifest = read_manifest(run_dir)
         if manifest.backend == "local":
-            source = run_dir / "manifest.json"
+            source = run_dir / MANIFEST_FILE
             plans.append(Cancel(run_dir, source, (manifest.job_id or "",), local=True))
             continue
         jobs = manifest_jobs(run_dir, manifest)  # raises for an id that is no job id
@@ -108,7 +108,7 @@ def plan_cancel(target: str, runs_dir: Path) -> list[Cancel]:
                 "never submitted; check `hpc-ddp status` or submit it again."
             )
         what = "job array" if manifest.array_jobs else "job"
-        plans.append(Cancel(run_dir, run_dir / "manifest.json", tuple(jobs), what))
+        plans.append(Cancel(run_dir, run_dir / MANIFEST_FILE, tuple(jobs), what))
     return plans
 
 

@@ -32,7 +32,7 @@ from hpc_ddp.config.preflight import preflight_job
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import ConfigError, TargetError
 from hpc_ddp.manifest import Manifest, read_manifest, write_manifest
-from hpc_ddp.rundir import RunPaths
+from hpc_ddp.rundir import MANIFEST_FILE, RunPaths
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.submission import Prepared, prepare, relocate
 from hpc_ddp.state.report import ask_slurm, run_status
@@ -114,12 +114,12 @@ def _manifest_of(run_dir: Path) -> Manifest:
             f"{run_dir} is a sweep. HINT: `hpc-ddp sweep --resubmit-failed {run_dir}` resumes "
             "its failed and cancelled tasks from their checkpoints."
         )
-    if run_dir.parent.name == "tasks" and (run_dir.parent.parent / "manifest.json").exists():
+    if run_dir.parent.name == "tasks" and (run_dir.parent.parent / MANIFEST_FILE).exists():
         raise TargetError(
             f"{run_dir} is one task of the sweep {run_dir.parent.parent}. HINT: `hpc-ddp sweep "
             f"--resubmit-failed {run_dir.parent.parent}` resumes its unfinished tasks."
         )
-    if not (run_dir / "manifest.json").exists():
+    if not (run_dir / MANIFEST_FILE).exists():
         raise TargetError(
             f"{run_dir}: no manifest.json, so not a run directory. HINT: pass a run directory "
             "printed by `hpc-ddp submit` (`hpc-ddp status` lists them)."

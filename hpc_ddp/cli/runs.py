@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hpc_ddp.errors import RunDirError, RunsDirError, TargetError
 from hpc_ddp.manifest import Manifest, read_manifest
+from hpc_ddp.rundir import MANIFEST_FILE
 from hpc_ddp.runsdir import check_runs_dir
 from hpc_ddp.slurm.jobstate import check_job_ref, is_job_ref
 from hpc_ddp.sweep.records import (
@@ -51,7 +52,7 @@ def list_runs(runs_dir: Path) -> list[Path]:
     found = []
     for p in entries:
         try:
-            if (p / "manifest.json").exists():
+            if (p / MANIFEST_FILE).exists():
                 found.append(p)
         except OSError:  # a run directory we may not look into: listed, then shown DAMAGED
             found.append(p)
@@ -71,7 +72,7 @@ def resolve_targets(targets: Sequence[str], runs_dir: Path) -> list[Path]:
     for t in targets:
         path = Path(t)
         if path.is_dir():
-            if not (path / "manifest.json").exists():
+            if not (path / MANIFEST_FILE).exists():
                 read_manifest(path)  # raises: "no manifest.json" with its hint
             found.append(path)
             continue
@@ -112,7 +113,7 @@ def manifest_jobs(run_dir: Path, manifest: Manifest) -> list[str]:
     manifest, which is damaged; no Slurm command may ever be run with it.
     """
     jobs = [manifest.job_id] if manifest.job_id is not None else []
-    source = str(run_dir / "manifest.json")
+    source = str(run_dir / MANIFEST_FILE)
     return [check_job_ref(j, source) for j in dict.fromkeys([*jobs, *manifest.array_jobs])]
 
 

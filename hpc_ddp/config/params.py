@@ -172,6 +172,11 @@ def _lookup(params: Params, name: str, key: str) -> object:
     return node
 
 
+PYTHON_NAMES = frozenset({"python", "python3"})
+"""A ``command`` whose first item is exactly one of these runs the task's own interpreter
+(:func:`hpc_ddp.runtime.entry.command_argv`); the login node's preflight does not look it up."""
+
+
 def resolve_command(command: tuple[str, ...], params: Params) -> tuple[str, ...]:
     """``command`` with its placeholders substituted: the argv a command job runs."""
     return tuple(substitute(item, params, f"command[{i}]") for i, item in enumerate(command))

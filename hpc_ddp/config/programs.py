@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hpc_ddp.config.loginnode import LoginNode
 from hpc_ddp.config.model import JobConfig
-from hpc_ddp.config.params import resolve_command
+from hpc_ddp.config.params import PYTHON_NAMES, resolve_command
 
 __all__ = ["Missing", "check_command", "check_import", "find_module", "search_path"]
 
@@ -23,8 +23,6 @@ Missing = Callable[[str, str, str], None]
 """(key, what is missing, how to fix it): reports something not found on this machine."""
 
 _PYTHON_RE = re.compile(r"python[0-9.]*")
-_OWN_PYTHON = frozenset({"python", "python3"})
-"""A ``command`` starting with one of these runs the task's interpreter (runtime.entry)."""
 _OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "-Q"})  # python options whose value is the next arg
 
 
@@ -69,7 +67,7 @@ def check_command(cfg: JobConfig, node: LoginNode, missing: Missing) -> None:
     assert cfg.command is not None
     program, *args = resolve_command(cfg.command, cfg.params)  # what the tasks will run
     # `python`/`python3` run the task's own interpreter (the one running hpc-ddp), not PATH's.
-    if program not in _OWN_PYTHON and not _program_found(program, node, missing):
+    if program not in PYTHON_NAMES and not _program_found(program, node, missing):
         return
     if _PYTHON_RE.fullmatch(Path(program).name):
         _check_python_args(args, cfg, node, missing)

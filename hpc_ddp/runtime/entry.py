@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpc_ddp.config.model import JobConfig
-from hpc_ddp.config.params import resolve_command
+from hpc_ddp.config.params import PYTHON_NAMES, resolve_command
 from hpc_ddp.errors import ConfigError, RunDirError
 from hpc_ddp.run_id import read_run_id
 from hpc_ddp.rundir import RUN_DIR_ENV, RUN_ID_ENV, RunPaths
@@ -67,10 +67,6 @@ def resolve_entrypoint(spec: str) -> object:
             "HINT: the module must be importable on the compute node (check PYTHONPATH or "
             "env.setup)."
         ) from None
-
-
-PYTHON_NAMES = frozenset({"python", "python3"})
-"""A ``command`` starting with exactly one of these runs the task's own interpreter."""
 
 
 def command_argv(cfg: JobConfig, interpreter: str) -> list[str]:

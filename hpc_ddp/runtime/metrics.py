@@ -23,7 +23,7 @@ from typing import IO, Any
 from hpc_ddp.errors import ConfigError
 
 TENSORBOARD_HINT = "pip install 'hpc-ddp[tensorboard]'"
-_NOT_SCALARS = frozenset({"step", "time"})  # the x axis and the wall time, not curves
+NOT_METRICS = frozenset({"step", "time"})  # the x axis and the wall time, not curves
 
 
 def _plain(value: Any) -> Any:
@@ -115,7 +115,7 @@ def tensorboard_scalars(row: dict[str, Any]) -> dict[str, float]:
     """
     scalars: dict[str, float] = {}
     for key, value in row.items():
-        if key in _NOT_SCALARS or isinstance(value, bool):
+        if key in NOT_METRICS or isinstance(value, bool):
             continue
         item = getattr(value, "item", None)
         number = item() if callable(item) and getattr(value, "ndim", 0) == 0 else value

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.errors import RunDirError, SlurmError
-from hpc_ddp.local.backend import local_failure
 from hpc_ddp.local.process import live_controller, live_ranks, was_cancelled
 from hpc_ddp.manifest import Manifest, read_manifest
 from hpc_ddp.rundir import RunPaths
@@ -178,6 +177,10 @@ def _startup(run_dir: Path, manifest: Manifest, paths: RunPaths) -> Callable[[],
     result files (exactly, per rank); else the logs say what they can."""
     job = manifest.job_id
     if manifest.backend == "local" and job:
+        # Imported here: the local backend (ctypes, pickle, sockets) is no part of a Slurm
+        # user's `hpc-ddp status`, which runs on the login node.
+        from hpc_ddp.local.backend import local_failure
+
         return lambda: local_failure(run_dir, job) or startup_failure(paths.logs)
     return lambda: startup_failure(paths.logs)
 

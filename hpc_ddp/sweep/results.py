@@ -21,6 +21,7 @@ from typing import Any
 
 from hpc_ddp.rundir import RunPaths
 from hpc_ddp.runtime.ledger import read_ledger
+from hpc_ddp.runtime.metrics import NOT_METRICS
 from hpc_ddp.slurm.jobstate import JobInfo
 from hpc_ddp.state.task import RESUBMITTABLE, TaskState, task_state
 from hpc_ddp.sweep.records import (
@@ -159,16 +160,13 @@ def metric_summary(
     return final, best, best_step if isinstance(best_step, int) else None
 
 
-_NOT_METRICS = frozenset({"step", "time"})  # the x axis and the wall time
-
-
 def logged_metrics(rows: Sequence[ResultRow]) -> list[str]:
     """Every name that some task logged a number for in its ``metrics.jsonl``, sorted."""
     names: set[str] = set()
     for row in rows:
         for line in read_metrics(row.run_dir / "metrics.jsonl"):
             names.update(
-                k for k, v in line.items() if k not in _NOT_METRICS and _number(v) is not None
+                k for k, v in line.items() if k not in NOT_METRICS and _number(v) is not None
             )
     return sorted(names)
 

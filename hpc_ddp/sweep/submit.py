@@ -23,7 +23,7 @@ from hpc_ddp.config.load import load_resolved_config
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import SlurmError, SubmissionError
 from hpc_ddp.manifest import Manifest, read_manifest, write_manifest
-from hpc_ddp.rundir import RunPaths
+from hpc_ddp.rundir import MANIFEST_FILE, RunPaths
 from hpc_ddp.runsdir import create_run_dir, stamp_of
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.sweep.arrays import (
@@ -188,7 +188,7 @@ def submit_sweep(
         )
         records = schedule_arrays(sweep_dir, arrays, client, manifest=manifest)
     except BaseException:
-        if not (sweep_dir / "manifest.json").exists():
+        if not (sweep_dir / MANIFEST_FILE).exists():
             shutil.rmtree(sweep_dir, ignore_errors=True)  # nothing submitted: leave no trace
         raise
     return SweepSubmission(sweep_dir, records)
