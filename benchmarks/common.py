@@ -82,20 +82,15 @@ def byte_compile_package() -> None:
 
 def time_command(argv: Sequence[str], repeats: int, cwd: Path = REPO) -> list[float]:
     """Wall-clock seconds of ``repeats`` runs of ``argv`` (after one warm-up run)."""
-    subprocess.run(argv, cwd=cwd, check=True, capture_output=True)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        subprocess.run(argv, cwd=cwd, check=True, capture_output=True)
-        times.append(time.perf_counter() - t0)
-    return times
+    return time_commands_interleaved({"": argv}, repeats, cwd)[""]
 
 
 def time_commands_interleaved(
     commands: Mapping[str, Sequence[str]], repeats: int, cwd: Path = REPO
 ) -> dict[str, list[float]]:
-    """:func:`time_command` for several commands, one run of each in turn per round (the order
-    rotated every round), so a busy spell of the machine falls on all of them alike."""
+    """Wall-clock seconds of ``repeats`` runs of each command (after one warm-up run of each),
+    one run of each in turn per round (the order rotated every round), so a busy spell of the
+    machine falls on all of them alike."""
     for argv in commands.values():
         subprocess.run(argv, cwd=cwd, check=True, capture_output=True)  # warm-up
     times: dict[str, list[float]] = {label: [] for label in commands}
