@@ -49,7 +49,7 @@ from benchmarks.cluster import (
 )
 from benchmarks.common import REPO, Targets, byte_compile_package
 from hpc_ddp.runtime.ledger import read_ledger
-from hpc_ddp.slurm.client import JobState
+from hpc_ddp.slurm.jobstate import JobState
 from hpc_ddp.sweep.results import read_metrics
 
 SIGNAL_AT_STEP = 20

@@ -18,7 +18,8 @@ from typing import TypeVar
 from benchmarks.common import BIN
 from hpc_ddp.devcluster import cluster as devcluster
 from hpc_ddp.devcluster.conf import releasable_early
-from hpc_ddp.slurm.client import JobState, SlurmClient, parse_job_state
+from hpc_ddp.slurm.client import SlurmClient
+from hpc_ddp.slurm.jobstate import JobState, parse_job_state
 
 T = TypeVar("T")
 SLURM = SlurmClient()

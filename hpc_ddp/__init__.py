@@ -80,9 +80,10 @@ __all__ = [
 if TYPE_CHECKING:
     from hpc_ddp.config.model import JobConfig
     from hpc_ddp.runtime.checkpoint import CheckpointInfo, list_checkpoints, weights_digest
+    from hpc_ddp.runtime.procgroup import unwrap
     from hpc_ddp.runtime.progress import Progress
     from hpc_ddp.runtime.sampler import ResumableLoader, ResumableSampler
-    from hpc_ddp.runtime.session import REQUEUE_EXIT_CODE, RequeueExit, Session, session, unwrap
+    from hpc_ddp.runtime.session import REQUEUE_EXIT_CODE, RequeueExit, Session, session
     from hpc_ddp.train.trainer import TrainResult, run_training
 
 

@@ -3,7 +3,7 @@
 Written once per submission (and again by ``hpc-ddp resume``, which adds the earlier job ids);
 read by every later command (``status``, ``cancel``, ``logs``, ``resume``, a sweep's
 ``results``) to find the run's job. Plain JSON, standard library only: a login node reads it.
-:mod:`hpc_ddp.rundir` declares where it lives (:attr:`~hpc_ddp.rundir.RunPaths.manifest`).
+:mod:`hpc_ddp.layout` declares where it lives (:attr:`~hpc_ddp.layout.RunPaths.manifest`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import RunDirError
-from hpc_ddp.rundir import MANIFEST_FILE, RunPaths
+from hpc_ddp.layout import MANIFEST_FILE, RunPaths
 
 __all__ = ["MANIFEST_VERSION", "Manifest", "read_manifest", "write_manifest"]
 

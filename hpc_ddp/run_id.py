@@ -6,9 +6,10 @@ attempt. The id is ``<name>-<8 hex>``: the job name without the submit stamp (a 
 adds ``-t<index>``), then 32 random bits so that two runs of one job never share an id.
 
 It lives in ``RUN_DIR/run_id`` (one line), written once: at submit time for a run directory
-(:func:`hpc_ddp.runsdir.make_run_dir`), else by the first reader (a sweep task's first attempt,
-a run made by an older hpc-ddp). Creation goes through :func:`hpc_ddp.durable.create_atomic`:
-exactly one of several racing creators (every rank of an attempt) wins, and all read its id.
+(:func:`hpc_ddp.launch.submission.make_run_dir`), else by the first reader (a sweep task's
+first attempt, a run made by an older hpc-ddp). Creation goes through
+:func:`hpc_ddp.durable.create_atomic`: exactly one of several racing creators (every rank of an
+attempt) wins, and all read its id.
 
 Standard library only: ``status`` and ``logs`` on a login node import it.
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from hpc_ddp.durable import create_atomic
 from hpc_ddp.errors import RunDirError
-from hpc_ddp.rundir import RUN_ID_FILE, RunPaths
+from hpc_ddp.layout import RUN_ID_FILE, RunPaths
 
 __all__ = ["ensure_run_id", "new_run_id", "read_run_id"]
 

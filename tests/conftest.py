@@ -8,10 +8,11 @@ found. Under ``CI=true`` a Slurm test that cannot get its cluster fails; elsewhe
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,12 +80,38 @@ def slurm_cluster() -> Iterator[Cluster]:
         devcluster.down(state_dir)
 
 
+@pytest.fixture(scope="session")
+def slurm_commands() -> None:
+    """Slurm's client commands (sbatch, scontrol) on PATH, installed if missing, for tests that
+    run them without a cluster (parsing only). Under ``CI=true`` their absence fails."""
+    try:
+        devcluster.ensure_installed(os.environ)
+    except HpcDdpError as exc:
+        _unavailable(str(exc))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Slurm tests get the cluster fixture without naming it."""
     del config
     for item in items:
         if item.get_closest_marker("slurm") and "slurm_cluster" not in item.fixturenames:  # type: ignore[attr-defined]
             item.fixturenames.insert(0, "slurm_cluster")  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Under ``CI=true`` a test that needs Slurm never skips: whatever skipped it (a check at
+    collection time, a missing command) fails it instead."""
+    report: pytest.TestReport = yield
+    needs_slurm = item.get_closest_marker("slurm") is not None or any(
+        name in getattr(item, "fixturenames", ()) for name in ("slurm_cluster", "slurm_commands")
+    )
+    if IN_CI and needs_slurm and report.skipped and call.when in ("setup", "call"):
+        report.outcome = "failed"
+        report.longrepr = f"CI=true and a Slurm-backed test skipped: {report.longrepr}"
+    return report
 
 
 @pytest.fixture
@@ -96,3 +123,22 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     if proc.poll() is None:
         proc.kill()
     proc.wait()
+
+
+@pytest.fixture
+def own_process() -> Iterator[None]:
+    """Give the test the process's environment and stop-signal handlers back as they were.
+
+    Code under test writes RANK, MASTER_PORT, OMP_NUM_THREADS ... into ``os.environ`` (the
+    ``env://`` rendezvous, a task's start-up, as on a node) and installs stop handlers (a
+    session); none of it may leak into later tests (an srun they start would inherit RANK=0).
+    """
+    saved = dict(os.environ)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from hpc_ddp.devcluster.conf import releasable_early
 from hpc_ddp.runtime.ledger import Attempt, read_ledger
-from hpc_ddp.slurm.client import parse_scontrol_oneliner
+from hpc_ddp.slurm.jobstate import parse_scontrol_oneliner
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset

@@ -1,13 +1,16 @@
-"""Layering rules that keep the login-node side light and the pure core pure.
+"""The package's layers, declared once here, and the rules that keep them honest.
 
-* The pure core (every module of ``config/`` but the preflight ones; ``slurm/`` render, nodelist,
-  jobstate; ``sweep/`` model and spec; the on-node derivations in ``runtime/``; the verdicts
-  in ``state/``; the run-directory contract ``rundir``) never runs a command, never reads the
-  environment, never writes a file and never imports torch. It takes what it needs as
-  arguments (config parsing reads the file it is given), so it is testable and cheap on a
-  login node. Checked two ways: the source of each pure module (``subprocess``, ``os.environ``,
-  ``os.getenv``, however ``os`` is imported), and what importing it loads (only other pure
-  modules of hpc_ddp, and neither torch nor ``subprocess``).
+:data:`LAYERS` lists hpc-ddp's packages and top-level modules from the bottom up, each with the
+modules in it that are *pure*. The README's architecture section describes the same order.
+
+* **Direction.** A module imports only modules of its own layer or of a layer below it: never
+  an arrow up (checked from every module's source, function-level imports included).
+* **Purity.** A pure module never runs a command, never reads the environment, never writes a
+  file and never imports torch; it imports only other pure modules. It takes what it needs as
+  arguments (config parsing reads the file it is given), so it is testable and cheap on a login
+  node. Checked two ways: the source of each pure module (``subprocess``, ``os.environ`` and
+  friends however ``os`` is imported, and every call that writes, renames or removes a file), and
+  what importing it loads (only pure modules of hpc_ddp, and neither torch nor ``subprocess``).
 * ``config/preflight`` (with ``loginnode`` and ``programs``) inspects the login node (PATH,
   files, the environment) but still runs nothing and imports no torch.
 * ``import hpc_ddp`` exposes the exception tree and ``JobConfig`` without importing torch.
@@ -21,6 +24,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -33,29 +37,127 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "hpc_ddp"
 
 
-def _modules(folder: str, names: list[str] | None = None) -> list[str]:
-    """``hpc_ddp.<folder>.<name>`` for the given names, or for every module in the folder."""
-    found = sorted(p.stem for p in (PACKAGE / folder).glob("*.py") if p.stem != "__init__")
-    chosen = found if names is None else names
-    assert set(chosen) <= set(found), f"no such module in hpc_ddp/{folder}"
-    return [f"hpc_ddp.{folder}.{name}" for name in chosen]
+@dataclass(frozen=True)
+class Layer:
+    """One layer: its packages and top-level modules, and which of their modules are pure."""
+
+    units: tuple[str, ...]
+    pure: tuple[str, ...] = ()
+    """Pure modules, by name relative to ``hpc_ddp`` (``config.model``); ``config.*``: every
+    module of the package ``config`` but those listed in :attr:`impure`."""
+    impure: tuple[str, ...] = ()
 
 
-PREFLIGHT = _modules("config", ["preflight", "loginnode", "programs"])
-"""The submit-time checks: they look at this machine (PATH, files, the environment)."""
-PURE_MODULES = sorted(
-    [m for m in _modules("config") if m not in PREFLIGHT]
-    + _modules("slurm", ["render", "nodelist", "jobstate"])
-    + _modules("sweep", ["model", "spec"])
-    + _modules(
-        "runtime", ["distenv", "placement", "attempt", "progress", "requeue_messages", "stopcause"]
-    )
-    + _modules("state", ["resumable", "task", "verdict"])
-    + _modules("devcluster", ["conf"])
-    + ["hpc_ddp.rundir", "hpc_ddp.errors", "hpc_ddp.version"]
+LAYERS: tuple[Layer, ...] = (
+    Layer(("errors", "version"), pure=("errors", "version")),
+    Layer(("durable", "layout"), pure=("layout",)),
+    Layer(("manifest", "run_id")),
+    Layer(("config",), pure=("config.*",), impure=("preflight", "loginnode", "programs")),
+    Layer(("devcluster",), pure=("devcluster.conf",)),
+    Layer(("slurm",), pure=("slurm.render", "slurm.nodelist", "slurm.jobstate")),
+    Layer(("runtime",), pure=("runtime.distenv", "runtime.ledger", "runtime.progress")),
+    Layer(("train",)),
+    Layer(("job",)),
+    Layer(("local",)),
+    Layer(("state",), pure=("state.verdict", "state.task", "state.resumable")),
+    Layer(("launch",)),
+    Layer(("sweep",), pure=("sweep.spec",)),
+    Layer(("cli",)),
+    Layer(("__init__", "__main__")),
 )
-PACKAGES = {"hpc_ddp", *(f"hpc_ddp.{p.name}" for p in PACKAGE.iterdir() if p.is_dir())}
+"""hpc-ddp from the bottom up: the run directory's contract, config, Slurm, the on-task runtime
+and what runs on the tasks, then the login side that launches runs and reads them back."""
+
+PREFLIGHT = ("hpc_ddp.config.preflight", "hpc_ddp.config.loginnode", "hpc_ddp.config.programs")
+"""The submit-time checks: they look at this machine (PATH, files, the environment)."""
 HEAVY = ("torch", "subprocess")
+
+
+def _all_modules() -> list[str]:
+    """Every module of the package, dotted (``hpc_ddp.config.model``, ``hpc_ddp``)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return found
+
+
+MODULES = _all_modules()
+
+
+def layer_of(module: str) -> int:
+    """The index in :data:`LAYERS` of the layer that holds ``module``."""
+    rest = module.removeprefix("hpc_ddp").removeprefix(".") or "__init__"
+    for index, layer in enumerate(LAYERS):
+        if any(rest == unit or rest.startswith(unit + ".") for unit in layer.units):
+            return index
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS in tests/test_layers.py")
+
+
+def _is_pure(module: str) -> bool:
+    rest = module.removeprefix("hpc_ddp.")
+    layer = LAYERS[layer_of(module)]
+    package, _, name = rest.partition(".")
+    for entry in layer.pure:
+        if entry == rest:
+            return True
+        if entry == f"{package}.*" and name and name not in layer.impure:
+            return True
+    return False
+
+
+PURE_MODULES = sorted(m for m in MODULES if m != "hpc_ddp" and _is_pure(m))
+
+
+def test_every_module_is_in_a_layer_and_every_declared_name_exists() -> None:
+    for module in MODULES:
+        layer_of(module)
+    for layer in LAYERS:
+        for entry in layer.pure:
+            name = entry.removesuffix(".*")
+            assert any(m == f"hpc_ddp.{name}" for m in MODULES), f"no module {name}"
+        for name in layer.impure:
+            assert any(m.endswith(f".{name}") for m in MODULES), f"no module {name}"
+    assert "hpc_ddp.config.model" in PURE_MODULES
+    assert "hpc_ddp.config.preflight" not in PURE_MODULES
+
+
+def _imports(module: str) -> list[tuple[str, int]]:
+    """``(imported hpc_ddp module, line)`` for every import in ``module``'s source."""
+    tree = _source(module)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names if a.name.startswith("hpc_ddp")]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if not node.module.startswith("hpc_ddp"):
+                continue
+            for alias in node.names:  # `from hpc_ddp.launch import wait` imports a module
+                sub = f"{node.module}.{alias.name}"
+                out.append((sub if sub in MODULES else node.module, node.lineno))
+    return out
+
+
+def upward_imports(module: str) -> list[str]:
+    """Every import in ``module`` that points to a higher layer."""
+    mine = layer_of(module)
+    return [
+        f"{module}:{line} imports {target} (layer {layer_of(target)} > {mine})"
+        for target, line in _imports(module)
+        if target in MODULES and layer_of(target) > mine
+    ]
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_imports_point_only_down_the_layers(module: str) -> None:
+    assert upward_imports(module) == []
+
+
+def test_the_direction_check_sees_an_arrow_up() -> None:
+    # The runtime may not call back into the CLI, not even from inside a function.
+    assert layer_of("hpc_ddp.runtime.session") < layer_of("hpc_ddp.cli.main")
+    assert layer_of("hpc_ddp.cli.main") == len(LAYERS) - 2
+    assert _imports("hpc_ddp.cli.cmd_run")  # it imports the job's entry, below it
 
 
 def _run(code: str) -> str:
@@ -75,6 +177,9 @@ def _loaded_by(module: str) -> dict[str, list[str]]:
     return json.loads(_run(code))  # type: ignore[no-any-return]
 
 
+PACKAGES = {"hpc_ddp", *(f"hpc_ddp.{p.name}" for p in PACKAGE.iterdir() if p.is_dir())}
+
+
 @pytest.mark.parametrize("module", PURE_MODULES)
 def test_a_pure_module_loads_only_pure_modules(module: str) -> None:
     loaded = _loaded_by(module)
@@ -86,7 +191,9 @@ def test_a_pure_module_loads_only_pure_modules(module: str) -> None:
 @pytest.mark.parametrize("module", PREFLIGHT)
 def test_preflight_runs_nothing_and_imports_no_torch(module: str) -> None:
     assert _loaded_by(module)["heavy"] == []
-    assert [v for v in _violations(_source(module)) if "environ" not in v] == []
+    assert [
+        v for v in _violations(_source(module)) if "environ" not in v and "writes" not in v
+    ] == []
 
 
 def _source(module: str) -> ast.Module:
@@ -107,6 +214,38 @@ def _os_names(tree: ast.Module) -> set[str]:
     }
 
 
+_ENV = ("environ", "environb", "getenv", "getenvb", "putenv", "unsetenv")
+_WRITES = frozenset(
+    {
+        "write_text", "write_bytes", "mkdir", "makedirs", "touch", "unlink", "remove", "rmdir",
+        "rmtree", "rename", "replace", "symlink_to", "hardlink_to", "chmod", "truncate",
+        "write_atomic", "write_text_atomic", "write_bytes_atomic", "create_atomic",
+        "append_line", "dump",
+    }
+)  # fmt: skip
+"""Calls that write, rename or remove files (``dump``: ``json.dump``/``yaml.dump`` to a file)."""
+_WRITE_MODES = frozenset("wax+")
+
+
+def _writes(node: ast.Call) -> str | None:
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    target = func.value if isinstance(func, ast.Attribute) else None
+    if name == "replace" and not (isinstance(target, ast.Name) and target.id == "os"):
+        return None  # str.replace, dataclasses.replace: not a file
+    to_stream = len(node.args) > 1 or any(k.arg in ("stream", "fp") for k in node.keywords)
+    if name == "dump" and not to_stream:
+        return None  # yaml.dump(data, Dumper=...): a string, not a file
+    if name in _WRITES:
+        return f"writes: {name}() (line {node.lineno})"
+    if name == "open":
+        mode = node.args[1] if len(node.args) > 1 else None
+        mode = next((k.value for k in node.keywords if k.arg == "mode"), mode)
+        if isinstance(mode, ast.Constant) and set(str(mode.value)) & _WRITE_MODES:
+            return f"writes: open(..., {mode.value!r}) (line {node.lineno})"
+    return None
+
+
 def _violations(tree: ast.Module) -> list[str]:
     found = []
     os_names = _os_names(tree)
@@ -118,21 +257,24 @@ def _violations(tree: ast.Module) -> list[str]:
         elif isinstance(node, ast.ImportFrom):
             if (node.module or "").split(".")[0] == "subprocess":
                 found.append("from subprocess import ...")
-            env = ("environ", "environb", "getenv", "getenvb", "putenv", "unsetenv")
-            if node.module == "os" and any(a.name in env for a in node.names):
+            if node.module == "os" and any(a.name in _ENV for a in node.names):
                 found.append("from os import environ/getenv")
         elif (
             isinstance(node, ast.Attribute)
-            and node.attr in ("environ", "environb", "getenv", "getenvb", "putenv", "unsetenv")
+            and node.attr in _ENV
             and isinstance(node.value, ast.Name)
             and node.value.id in os_names
         ):
             found.append(f"os.{node.attr} (line {node.lineno})")
+        elif isinstance(node, ast.Call) and (write := _writes(node)) is not None:
+            found.append(write)
     return found
 
 
 @pytest.mark.parametrize("module", PURE_MODULES)
-def test_a_pure_module_neither_runs_commands_nor_reads_the_environment(module: str) -> None:
+def test_a_pure_module_runs_no_command_reads_no_environment_and_writes_no_file(
+    module: str,
+) -> None:
     assert _violations(_source(module)) == []
 
 
@@ -140,8 +282,10 @@ def test_the_static_check_catches_what_it_looks_for() -> None:
     tree = ast.parse(
         "import os, subprocess\nimport os as _os\nfrom os import environ\n"
         "from subprocess import run\nx = os.environ['A']\ny = _os.getenv('B')\n"
+        "p.write_text('x')\nopen(p, 'w')\nopen(p, mode='ab')\nos.replace(a, b)\n"
+        "open(p)\nopen(p, 'rb')\n'a'.replace('a', 'b')\n"
     )
-    assert len(_violations(tree)) == 5
+    assert len(_violations(tree)) == 9
 
 
 def test_import_hpc_ddp_gives_errors_and_job_config_without_torch() -> None:

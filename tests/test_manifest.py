@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.errors import RunDirError
+from hpc_ddp.layout import RunPaths
 from hpc_ddp.manifest import Manifest, read_manifest, write_manifest
-from hpc_ddp.rundir import RunPaths
 
 STAMP = "20260101-120000"
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.errors import RunDirError
+from hpc_ddp.launch.submission import create_run_dir, make_run_dir
+from hpc_ddp.layout import RunPaths
 from hpc_ddp.run_id import MAX_RUN_ID_LEN, read_run_id
-from hpc_ddp.rundir import RunPaths
-from hpc_ddp.runsdir import create_run_dir, make_run_dir
 
 STAMP = "20260101-120000"
 

@@ -13,6 +13,7 @@ A local run's job id is a pid, and pids are reused: it is signalled only while
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,10 +26,10 @@ from hpc_ddp.cli.runs import (
     sweep_task_of,
 )
 from hpc_ddp.errors import RunDirError, SlurmError, TargetError
+from hpc_ddp.launch.submission import runs_dir_from
+from hpc_ddp.layout import MANIFEST_FILE, RUNS_DIR_ENV
 from hpc_ddp.local.process import cancel_local
 from hpc_ddp.manifest import read_manifest
-from hpc_ddp.rundir import MANIFEST_FILE, RUNS_DIR_ENV
-from hpc_ddp.runsdir import runs_dir_from
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.jobstate import is_job_ref
 
@@ -42,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(SWEEP_DIR/tasks/N), job ids or array tasks (1234_5)",
     )
     parser.add_argument("--runs-dir", help=f"where to look for job ids (default ${RUNS_DIR_ENV})")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object per line, one per target"
+    )
 
 
 def check_targets(targets: list[str]) -> None:
@@ -80,9 +84,19 @@ def run(args: argparse.Namespace) -> int:
     plans = [plan for t in args.targets for plan in plan_cancel(t, runs_dir)]
     for plan in plans:
         if plan.local:
-            print(cancel_local(plan.where, plan.jobs[0]))
+            message = cancel_local(plan.where, plan.jobs[0])
         else:
-            print(cancel_slurm(args.slurm, plan))
+            message = cancel_slurm(args.slurm, plan)
+        if args.json:
+            shown = {
+                "run_dir": str(plan.where),
+                "backend": "local" if plan.local else "slurm",
+                "jobs": list(plan.jobs),
+                "message": message,
+            }
+            print(json.dumps(shown))
+        else:
+            print(message)
     return 0
 
 

@@ -26,9 +26,9 @@ from typing import BinaryIO
 
 from hpc_ddp.cli.runs import point_task, require_dir, sweep_task_of
 from hpc_ddp.errors import RunDirError, SlurmError, TargetError
+from hpc_ddp.layout import RunPaths
 from hpc_ddp.local.process import local_alive
 from hpc_ddp.manifest import read_manifest
-from hpc_ddp.rundir import RunPaths
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.jobstate import check_job_ref
 from hpc_ddp.sweep.records import format_index_ranges, live_task

@@ -22,16 +22,15 @@ from tabulate import tabulate
 
 from hpc_ddp.cli.runs import require_dir
 from hpc_ddp.errors import ConfigError, SlurmError
-from hpc_ddp.slurm.client import JobInfo, SlurmClient
+from hpc_ddp.slurm.client import SlurmClient
+from hpc_ddp.slurm.jobstate import JobInfo
+from hpc_ddp.sweep.records import SweepRecord, read_arrays, read_sweep_record
 from hpc_ddp.sweep.results import (
     ResultRow,
-    SweepRecord,
     gather_results,
     logged_metrics,
     loss_curve,
-    read_arrays,
     read_metrics,
-    read_sweep_record,
     row_dict,
     sort_rows,
     sweep_summary,
@@ -53,7 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mode", choices=["min", "max"], help="min: lower is better (default: the sweep's)"
     )
-    parser.add_argument("--format", choices=FORMATS, default="table", help="default: table")
+    shape = parser.add_mutually_exclusive_group()
+    shape.add_argument("--format", choices=FORMATS, default="table", help="default: table")
+    shape.add_argument(
+        "--json", action="store_const", const="json", dest="format", help="same as --format json"
+    )
     parser.add_argument("--top", type=int, metavar="K", help="only the first K rows")
     parser.add_argument(
         "--plot",

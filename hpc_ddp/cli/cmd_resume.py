@@ -14,9 +14,12 @@ Exit codes: 0 resubmitted (or dry run shown), 2 refused or bad input, 1 failed s
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from hpc_ddp.cli.resuming import ResumeRequest, resume_run
+from hpc_ddp.launch.resume import plan_resume, resume, start_words
+from hpc_ddp.launch.submission import describe_local_plan, report
+from hpc_ddp.launch.wait import wait_for
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,12 +40,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Resume one run."""
-    request = ResumeRequest(
-        Path(args.run_dir),
-        tuple(args.overrides),
-        force=args.force,
-        dry_run=args.dry_run,
-        wait=args.wait,
-        as_json=args.json,
+    client = args.slurm
+    plan = plan_resume(Path(args.run_dir), tuple(args.overrides), client, force=args.force)
+    say = sys.stderr if args.json else sys.stdout
+    print(
+        f"resuming {plan.run_dir} ({plan.state}, {plan.attempts} attempt(s)) "
+        f"{start_words(plan.checkpoint_step)}",
+        file=say,
     )
-    return resume_run(request, args.slurm)
+    for line in plan.changes:
+        print(f"  changed: {line}", file=say)
+    prepared = plan.prepared
+    if args.dry_run:
+        if prepared.backend == "local":
+            print(describe_local_plan(prepared.cfg, plan.run_dir))
+        else:
+            print(prepared.script or "", end="")
+            print(f"# backend: slurm; would run: {' '.join(prepared.sbatch_argv)}")
+        return 0
+    launched = resume(plan, client)
+    report(launched, args.json)
+    return wait_for(launched, client) if args.wait else 0

@@ -14,6 +14,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run this task's share of the job."""
-    from hpc_ddp.runtime.entry import run_job
+    from hpc_ddp.job.task import run_job
 
     return run_job(Path(args.run_dir), os.environ)

@@ -21,9 +21,9 @@ from tabulate import tabulate
 
 from hpc_ddp.cli.runs import manifest_jobs, resolve_targets
 from hpc_ddp.errors import RunDirError
+from hpc_ddp.launch.submission import runs_dir_from
+from hpc_ddp.layout import RUNS_DIR_ENV
 from hpc_ddp.manifest import Manifest, read_manifest
-from hpc_ddp.rundir import RUNS_DIR_ENV
-from hpc_ddp.runsdir import runs_dir_from
 from hpc_ddp.state.report import DAMAGED, ask_slurm, damaged_row, reason_lines, run_status
 from hpc_ddp.state.verdict import SlurmView
 

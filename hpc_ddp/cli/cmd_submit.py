@@ -11,14 +11,21 @@ import os
 import sys
 from pathlib import Path
 
-from hpc_ddp.cli.launching import check_local_job, describe_local_plan, report, submit_local
 from hpc_ddp.config.load import find_site_profile, load_job_config
 from hpc_ddp.config.preflight import preflight_job
 from hpc_ddp.errors import ConfigError
-from hpc_ddp.rundir import RUNS_DIR_ENV
-from hpc_ddp.runsdir import runs_dir_from
-from hpc_ddp.slurm.client import SlurmClient
-from hpc_ddp.slurm.submission import Prepared, materialize, prepare, schedule_slurm
+from hpc_ddp.launch.submission import (
+    Prepared,
+    choose_backend,
+    describe_local_plan,
+    launch,
+    prepare,
+    report,
+    runs_dir_from,
+    test_only,
+)
+from hpc_ddp.launch.wait import wait_for
+from hpc_ddp.layout import RUNS_DIR_ENV
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,21 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     parser.add_argument("--wait", action="store_true", help="wait until the job has finished")
-    parser.add_argument(
-        "--resume",
-        metavar="RUN_DIR",
-        help="instead of CONFIG: submit RUN_DIR's job again (same as `hpc-ddp resume RUN_DIR`)",
-    )
-    parser.add_argument(
-        "--force", action="store_true", help="with --resume: also a finished or unconfirmed run"
-    )
-
-
-def choose_backend(requested: str, sbatch_path: str | None) -> str:
-    """``auto`` means Slurm when ``sbatch`` is on PATH, else the local backend."""
-    if requested != "auto":
-        return requested
-    return "slurm" if sbatch_path else "local"
 
 
 def _sbatch_on_path() -> str | None:
@@ -73,10 +65,11 @@ def _sbatch_on_path() -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     """Submit (or show) one job."""
-    if args.resume:
-        return _resume(args)
     if not args.config:
-        raise ConfigError("submit needs a job config. HINT: `hpc-ddp submit jobs/x.yaml`.")
+        raise ConfigError(
+            "submit needs a job config. HINT: `hpc-ddp submit jobs/x.yaml`; to go on with a "
+            "stopped run, `hpc-ddp resume RUN_DIR`."
+        )
     config_path = Path(args.config)
     site = find_site_profile(args.site, os.environ, Path.home())
     cfg = load_job_config(config_path, args.overrides, site_profile=site)
@@ -84,14 +77,12 @@ def run(args: argparse.Namespace) -> int:
     backend = choose_backend(args.backend, _sbatch_on_path() if args.backend == "auto" else None)
     if backend == "local" and args.test_only:
         raise ConfigError("--test-only asks Slurm; HINT: use --backend slurm on a Slurm cluster.")
-    if backend == "local":
-        check_local_job(cfg)  # a dry run says so too, rather than show a job that cannot start
     client = args.slurm
-    runs_dir = runs_dir_from(args.runs_dir, os.environ)
     prepared = prepare(
         cfg,
+        backend=backend,
         config_path=config_path,
-        runs_dir=runs_dir,
+        runs_dir=runs_dir_from(args.runs_dir, os.environ),
         python=sys.executable,
         invocation=["hpc-ddp", "submit", *sys.argv[2:]]
         if sys.argv[1:2] == ["submit"]
@@ -99,46 +90,17 @@ def run(args: argparse.Namespace) -> int:
         client=client,
     )
     if args.dry_run:
-        return _show_dry_run(prepared, backend, args.json)
+        return _show_dry_run(prepared, args.json)
     if args.test_only:
-        return _test_only(prepared, client)
-    if backend == "local":
-        return submit_local(prepared, wait=args.wait, as_json=args.json)
-    prepared = materialize(prepared)  # the directory it really got (another submit may race)
-    manifest = schedule_slurm(prepared, client)
-    report(prepared, "slurm", manifest.job_id, args.json)
-    if args.wait:
-        from hpc_ddp.cli.waiting import wait_for_jobs
-
-        return wait_for_jobs(client, [manifest.job_id or ""], run_dirs=[prepared.paths.root])
-    return 0
+        print(test_only(prepared, client))
+        return 0
+    launched = launch(prepared, client)
+    report(launched, args.json)
+    return wait_for(launched, client) if args.wait else 0
 
 
-def _resume(args: argparse.Namespace) -> int:
-    # Imported here: it pulls in the status machinery, which a plain submit never needs.
-    from hpc_ddp.cli.resuming import ResumeRequest, resume_run
-
-    # argparse gives the first KEY=VALUE to the CONFIG positional when --resume replaces it.
-    overrides = [*([args.config] if args.config else []), *args.overrides]
-    if args.config and "=" not in args.config:
-        raise ConfigError(
-            f"give a job config or --resume RUN_DIR, not both ({args.config!r}). HINT: overrides "
-            "after --resume apply over the run's resolved config: KEY=VALUE."
-        )
-    if args.test_only or args.backend != "auto":
-        raise ConfigError("--resume keeps the run's backend and cannot --test-only.")
-    request = ResumeRequest(
-        Path(args.resume),
-        tuple(overrides),
-        force=args.force,
-        dry_run=args.dry_run,
-        wait=args.wait,
-        as_json=args.json,
-    )
-    return resume_run(request, args.slurm)
-
-
-def _show_dry_run(prepared: Prepared, backend: str, as_json: bool) -> int:
+def _show_dry_run(prepared: Prepared, as_json: bool) -> int:
+    backend = prepared.backend
     local = backend == "local"
     if as_json:
         shown: dict[str, object] = {"backend": backend, "run_dir": str(prepared.paths.root)}
@@ -153,19 +115,7 @@ def _show_dry_run(prepared: Prepared, backend: str, as_json: bool) -> int:
         print(describe_local_plan(prepared.cfg, prepared.paths.root))
         print(f"# run directory: {prepared.paths.root}")
     else:
-        print(prepared.script, end="")
+        print(prepared.script or "", end="")
         print(f"# backend: {backend}; would run: {' '.join(prepared.sbatch_argv)}")
         print(f"# run directory: {prepared.paths.root}")
-    return 0
-
-
-def _test_only(prepared: Prepared, client: SlurmClient) -> int:
-    prepared = materialize(prepared)
-    try:
-        message = client.submit(prepared.paths.script, test_only=True).message
-    finally:
-        import shutil
-
-        shutil.rmtree(prepared.paths.root, ignore_errors=True)
-    print(message)
     return 0

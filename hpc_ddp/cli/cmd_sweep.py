@@ -20,18 +20,12 @@ from tabulate import tabulate
 from hpc_ddp.config.load import find_site_profile
 from hpc_ddp.config.preflight import preflight_points
 from hpc_ddp.errors import ConfigError, RunDirError, RunsDirError, SlurmError
-from hpc_ddp.rundir import RUNS_DIR_ENV
-from hpc_ddp.runsdir import new_run_dir, runs_dir_from, stamp_of
+from hpc_ddp.launch.submission import new_run_dir, runs_dir_from, stamp_of
+from hpc_ddp.layout import RUNS_DIR_ENV
 from hpc_ddp.slurm.client import SlurmClient
+from hpc_ddp.sweep.arrays import SLURM_DEFAULT_MAX_ARRAY_SIZE, PreparedArray, sweep_name
 from hpc_ddp.sweep.spec import SweepSpec, load_sweep
-from hpc_ddp.sweep.submit import (
-    SLURM_DEFAULT_MAX_ARRAY_SIZE,
-    PreparedArray,
-    prepare_sweep,
-    resubmit_failed,
-    submit_sweep,
-    sweep_name,
-)
+from hpc_ddp.sweep.submit import prepare_sweep, resubmit_failed, submit_sweep
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

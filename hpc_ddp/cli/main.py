@@ -13,8 +13,8 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from hpc_ddp import __version__
 from hpc_ddp.errors import HpcDdpError
+from hpc_ddp.version import __version__
 
 if TYPE_CHECKING:
     from hpc_ddp.slurm.client import SlurmClient

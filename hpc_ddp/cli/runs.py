@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_ddp.errors import RunDirError, RunsDirError, TargetError
+from hpc_ddp.launch.submission import check_runs_dir
+from hpc_ddp.layout import MANIFEST_FILE
 from hpc_ddp.manifest import Manifest, read_manifest
-from hpc_ddp.rundir import MANIFEST_FILE
-from hpc_ddp.runsdir import check_runs_dir
 from hpc_ddp.slurm.jobstate import check_job_ref, is_job_ref
 from hpc_ddp.sweep.records import (
     ARRAYS_RECORD,

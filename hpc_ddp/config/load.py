@@ -6,11 +6,9 @@ from a later layer replaces the earlier one. Each layer is checked on its own (u
 types, ranges), so an error names the file or override it comes from; the merged result is then
 checked as a whole (required keys, combinations).
 
-Reading and writing YAML is :mod:`hpc_ddp.config.yaml_dialect`
-(YAML 1.2 core scalars, duplicate keys
-refused); what each key accepts is :mod:`hpc_ddp.config.schema`. This module is the public face:
-every loading entry point lives here, and :func:`parse_yaml` and :func:`read_yaml` are
-re-exported from it.
+Reading and writing YAML is :mod:`hpc_ddp.config.yaml_dialect` (YAML 1.2 core scalars,
+duplicate keys refused); what each key accepts is :mod:`hpc_ddp.config.schema`. This module is
+the public face: every loading entry point lives here.
 
 Login-node side: imports only the standard library, PyYAML and the pure core.
 """
@@ -24,8 +22,8 @@ from typing import Any
 
 import yaml
 
-from hpc_ddp.config.fields import PAIR_KEYS
 from hpc_ddp.config.model import JobConfig
+from hpc_ddp.config.pairs import PAIR_KEYS
 from hpc_ddp.config.params import Params
 from hpc_ddp.config.schema import KEY_KINDS, Memo, check_layer, unknown_key, validate_job_config
 from hpc_ddp.config.values import short_repr
@@ -33,30 +31,10 @@ from hpc_ddp.config.yaml_dialect import (
     YamlLimitError,
     dump_yaml,
     load_yaml_value,
-    parse_yaml,
     read_yaml,
 )
 from hpc_ddp.errors import ConfigError, OverrideError, RunDirError
-from hpc_ddp.rundir import SITE_ENV
-
-__all__ = [
-    "SITE_DEFAULT",
-    "SITE_ENV_VAR",
-    "apply_overrides",
-    "dump_job_config",
-    "find_site_profile",
-    "job_config_from_dict",
-    "job_config_to_dict",
-    "job_configs_from_dicts",
-    "load_job_config",
-    "load_job_data",
-    "load_resolved_config",
-    "merge_layers",
-    "parse_yaml",
-    "read_yaml",
-    "split_key",
-    "with_value",
-]
+from hpc_ddp.layout import SITE_ENV
 
 SITE_ENV_VAR = SITE_ENV
 """Environment variable naming the site profile (after ``--site``, before the default path)."""

@@ -25,9 +25,11 @@ YAML layout (every key optional except where noted)::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 from hpc_ddp.config.params import Params
+from hpc_ddp.config.units import parse_slurm_time
 
 ContainerRuntime = Literal["apptainer", "pyxis"]
 Backend = Literal["auto", "gloo", "nccl"]
@@ -78,6 +80,11 @@ class SlurmConfig:
     def ntasks(self) -> int:
         """Total number of tasks (ranks) in the job."""
         return self.nodes * self.tasks_per_node
+
+    @cached_property
+    def time_s(self) -> int:
+        """The time limit in seconds: ``time`` parsed once, here, for every user of it."""
+        return parse_slurm_time(self.time)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The config reference (``docs/config-reference.md``), generated from the model itself.
 
 Every key, its type and default come from the dataclasses in :mod:`hpc_ddp.config.model` (job
-files) and :mod:`hpc_ddp.sweep.model` (sweep files); the one-line meaning is the class's
+files) and :mod:`hpc_ddp.config.sweepfile` (sweep files); the one-line meaning is the class's
 attribute docstring (the string right under a field). A test
 compares the committed file with :func:`config_reference`, so the reference cannot drift from
 the code. Regenerate with ``python -m hpc_ddp.config.reference > docs/config-reference.md``.
@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hpc_ddp.config import model
-from hpc_ddp.sweep.model import SweepFile
+from hpc_ddp.config.sweepfile import SweepFile
 
 
 def field_docs(cls: type) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """The config schema: every key's converter, derived once from the dataclasses' type hints.
 
 A :class:`Schema` covers one root dataclass and its sections, with its own namespace of dotted
-keys: the job config (:data:`JOB_SCHEMA`) and the sweep file (:mod:`hpc_ddp.sweep.model`) are
+keys: the job config (:data:`JOB_SCHEMA`) and the sweep file (:mod:`hpc_ddp.config.sweepfile`) are
 two, so a key of one is never valid in the other. Converting a mapping walks it section by
 section: unknown keys get a did-you-mean hint, each value goes through its key's converter,
 required keys are checked on a whole config (not on a single layer), and a whole config is then
@@ -17,10 +17,10 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from hpc_ddp.config.fields import FIELD_CONVERTERS, PAIR_KEYS
+from hpc_ddp.config.fields import FIELD_CONVERTERS
 from hpc_ddp.config.model import JobConfig
+from hpc_ddp.config.pairs import PAIR_KEYS
 from hpc_ddp.config.params import TREE_KEYS, Params, resolve_command
-from hpc_ddp.config.units import parse_slurm_time
 from hpc_ddp.config.values import (
     SHOWN_CHARS,
     Converter,
@@ -264,7 +264,7 @@ def _check_combinations(cfg: JobConfig, placeholders: bool) -> None:
             f"({slurm.gpus_per_node}): each rank needs a GPU of its own. HINT: set "
             "slurm.tasks_per_node to the GPUs per node (one task per GPU)",
         )
-    limit = parse_slurm_time(slurm.time)
+    limit = slurm.time_s
     if cfg.requeue.lead_time >= limit:
         raise Invalid(
             "requeue.lead_time",

@@ -29,7 +29,7 @@ from types import FrameType
 from typing import Any
 
 from hpc_ddp.config.model import JobConfig
-from hpc_ddp.config.units import parse_slurm_time
+from hpc_ddp.layout import NO_PDEATHSIG_ENV, PER_RANK_LOGS_ENV, RunPaths
 from hpc_ddp.local.process import (
     RANKS_DIR,
     clear_rank_identities,
@@ -38,7 +38,6 @@ from hpc_ddp.local.process import (
     write_identity,
     write_rank_identity,
 )
-from hpc_ddp.rundir import NO_PDEATHSIG_ENV, PER_RANK_LOGS_ENV, RunPaths
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +91,7 @@ def run_task(run_dir: str, master_port: int) -> int:
     """Body of one local task: set the dist variables from submitit's, then run the job."""
     import submitit
 
-    from hpc_ddp.runtime.entry import run_job
+    from hpc_ddp.job.task import run_job
 
     env = submitit.JobEnvironment()
     # Until the session catches stop signals, a SIGTERM (a cancel, the controller's death)
@@ -105,7 +104,7 @@ def run_task(run_dir: str, master_port: int) -> int:
         if me is not None:
             write_rank_identity(Path(run_dir), env.global_rank, me)
         _set_dist_env(env.global_rank, env.local_rank, env.num_tasks, master_port)
-        from hpc_ddp.runtime.entry import redirect_to_rank_logs, task_run_dir
+        from hpc_ddp.job.task import redirect_to_rank_logs, task_run_dir
 
         redirect_to_rank_logs(RunPaths(task_run_dir(Path(run_dir), os.environ)), env.global_rank)
         return run_job(Path(run_dir), os.environ)
@@ -153,7 +152,7 @@ def submit_local(cfg: JobConfig, paths: RunPaths) -> LocalJob:
     executor.update_parameters(
         tasks_per_node=cfg.slurm.ntasks,
         nodes=1,
-        timeout_min=max(1, parse_slurm_time(cfg.slurm.time) // 60),
+        timeout_min=max(1, cfg.slurm.time_s // 60),
         # Mirror the rendered --signal: submitit sends USR2 this long before the timeout.
         signal_delay_s=cfg.requeue.lead_time,
     )

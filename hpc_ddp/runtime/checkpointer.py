@@ -21,18 +21,18 @@ from torch import nn
 from hpc_ddp.config.load import job_config_to_dict
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import CheckpointError
+from hpc_ddp.layout import checkpoint_name
 from hpc_ddp.runtime.checkpoint import (
     CheckpointWriter,
-    Progress,
     build_payload,
     capture_rng_state,
-    checkpoint_name,
     find_latest,
     load_checkpoint,
     restore_rng_state,
     snapshot,
 )
-from hpc_ddp.runtime.ddp import unwrap
+from hpc_ddp.runtime.procgroup import unwrap
+from hpc_ddp.runtime.progress import Progress
 
 log = logging.getLogger("hpc_ddp")
 

@@ -1,4 +1,4 @@
-"""The attempt ledger: ``RUN_DIR/ledger.jsonl``, one JSON object per attempt event.
+"""The attempt ledger: ``RUN_DIR/ledger.jsonl``, one JSON line per attempt event. Pure.
 
 Every attempt of a run (the first start and each requeue) appends an ``attempt_start`` line
 when it begins and an ``attempt_end`` line when it stops on purpose::
@@ -14,17 +14,18 @@ when it begins and an ``attempt_end`` line when it stops on purpose::
 a request that failed is recorded as the cause ``requeue_failed`` with ``requeue_requested``
 false, and the ``message`` says what failed, which checkpoint is kept and how to go on.
 
-Only global rank 0 writes, so there is a single writer per run: each event is one ``write`` of
-one whole line to a file opened ``O_APPEND``, then fsynced. A crash can still leave a torn last
-line; readers skip any line that does not parse, and writers start on a fresh line after one.
-An attempt with a start and no end is still running, or died without a word (SIGKILL, node
-failure): :func:`read_ledger` reports it with ``ended=None``. An end with no start is an attempt
-that failed before rank 0 wrote its start (every rank records its own crash): it is reported
-as an attempt that started when it ended.
-
-The types (:class:`EndCause`, :class:`Attempt`) and the requeue decision
-(:func:`decide_requeue`) are pure and live in :mod:`hpc_ddp.runtime.attempt`, re-exported here;
-why a stop came is :func:`hpc_ddp.runtime.stopcause.classify_stop`'s to say.
+This module is the ledger's format: the events (:func:`start_event`, :func:`end_event`, each one
+JSON line), what they fold into (:class:`Attempt`, :class:`EndCause`) and reading them back
+(:func:`read_ledger`). It writes nothing: the requeue coordinator appends each line with
+:func:`hpc_ddp.durable.append_line` (one ``write`` of one whole line to a file opened
+``O_APPEND``, then fsynced), so the login side (``status``, ``results``) imports the same
+module without torch. A crash can still leave a torn last line; readers skip any line that does
+not parse, and writers start on a fresh line after one. An attempt with a start and no end is
+still running, or died without a word (SIGKILL, node failure): :func:`read_ledger` reports it
+with ``ended=None``. An end with no start is an attempt that failed before rank 0 wrote its
+start (every rank records its own crash): it is reported as an attempt that started when it
+ended. Why a stop came and whether another attempt follows is the requeue coordinator's to say
+(:mod:`hpc_ddp.runtime.requeue`).
 """
 
 from __future__ import annotations
@@ -33,31 +34,73 @@ import json
 import logging
 import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.durable import append_line
 from hpc_ddp.errors import RunDirError
-from hpc_ddp.runtime.attempt import Attempt, EndCause, RequeueDecision, decide_requeue
-
-# Re-exported: the types and the decision lived here before they moved to the pure
-# hpc_ddp.runtime.attempt, and the runtime, the CLI and the tests import them from here.
-__all__ = [
-    "Attempt",
-    "EndCause",
-    "RequeueDecision",
-    "decide_requeue",
-    "read_ledger",
-    "record_end",
-    "record_start",
-]
 
 log = logging.getLogger(__name__)
 
 
-def record_start(
-    path: Path,
+class EndCause(str, Enum):
+    """Why an attempt ended.
+
+    Only ``time_limit``, ``preempted`` and ``manual_requeue`` are followed by another attempt
+    (when ``requeue_requested`` is true, or Slurm was requeueing the job itself). The run is
+    over, unfinished, after ``crash``, ``budget_exhausted``, ``requeue_failed`` (a requeue was
+    needed and ``scontrol requeue`` failed: the job ends FAILED with the checkpoint kept) and
+    ``cancelled``; after ``unknown`` it is over unless Slurm itself brings the job back.
+    """
+
+    FINISHED = "finished"
+    TIME_LIMIT = "time_limit"
+    PREEMPTED = "preempted"
+    MANUAL_REQUEUE = "manual_requeue"
+    CRASH = "crash"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    REQUEUE_FAILED = "requeue_failed"
+    CANCELLED = "cancelled"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt folded from its ledger events."""
+
+    attempt: int
+    """``SLURM_RESTART_COUNT`` of the attempt (0 for the first)."""
+    started: float
+    ended: float | None
+    """``None``: still running, or died without writing its end (killed, node lost)."""
+    cause: EndCause | None
+    steps_done: int | None
+    """Global optimizer step reached when it ended."""
+    checkpoint: str | None
+    """The last checkpoint known: the one saved at the end, else the one resumed from."""
+    nodelist: str
+    job_ref: str | None
+    resumed_from_step: int | None
+    job_id: str | None = None
+    world_size: int | None = None
+    resumed_from: str | None = None
+    """The checkpoint this attempt started from."""
+    requeue_requested: bool | None = None
+    message: str | None = None
+
+    @property
+    def is_open(self) -> bool:
+        """True while no end has been recorded."""
+        return self.ended is None
+
+    @property
+    def duration_s(self) -> float | None:
+        """Seconds from start to end (None while open)."""
+        return None if self.ended is None else self.ended - self.started
+
+
+def start_event(
     *,
     attempt: int,
     job_id: str | None,
@@ -67,10 +110,9 @@ def record_start(
     resumed_from_step: int | None,
     checkpoint: str | None,
     now: float | None = None,
-) -> None:
-    """Append an ``attempt_start`` event (rank 0 only)."""
-    _append(
-        path,
+) -> str:
+    """The ``attempt_start`` line of an attempt (rank 0 appends it)."""
+    return _line(
         {
             "event": "attempt_start",
             "attempt": attempt,
@@ -81,12 +123,11 @@ def record_start(
             "world_size": world_size,
             "resumed_from_step": resumed_from_step,
             "checkpoint": checkpoint,
-        },
+        }
     )
 
 
-def record_end(
-    path: Path,
+def end_event(
     *,
     attempt: int,
     cause: EndCause,
@@ -95,10 +136,9 @@ def record_end(
     requeue_requested: bool,
     message: str = "",
     now: float | None = None,
-) -> None:
-    """Append an ``attempt_end`` event (rank 0 only)."""
-    _append(
-        path,
+) -> str:
+    """The ``attempt_end`` line of an attempt."""
+    return _line(
         {
             "event": "attempt_end",
             "attempt": attempt,
@@ -108,13 +148,12 @@ def record_end(
             "checkpoint": checkpoint,
             "requeue_requested": requeue_requested,
             "message": message,
-        },
+        }
     )
 
 
-def _append(path: Path, event: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    append_line(path, json.dumps(event, sort_keys=True))
+def _line(event: dict[str, Any]) -> str:
+    return json.dumps(event, sort_keys=True) + "\n"
 
 
 def read_ledger(path: Path, *, since: float | None = None) -> list[Attempt]:

@@ -1,8 +1,17 @@
-"""Joining the process group: backend, device, rendezvous, timeout.
+"""The process group: the master port, the backend and device, the rendezvous, and DDP wrapping.
 
-An edge: :func:`init_process_group` sets the CUDA device, may write ``os.environ`` (the ``env``
-method) and opens sockets or files. torch is imported inside the functions that need it, so
-importing this module (e.g. for :func:`choose_backend` on a login node) stays cheap.
+An edge: it probes ports, writes the chosen port into the run directory, sets the CUDA device,
+may write ``os.environ`` (the ``env`` method) and opens sockets or files. torch is imported
+inside the functions that need it, so importing this module stays cheap: the parent process of
+a ``command:`` job only agrees on the port here and never loads torch.
+
+The master port. :func:`~hpc_ddp.runtime.distenv.derive_master_port` already keeps jobs with
+nearby ids apart, but two unrelated jobs on one node can still derive the same port, and
+something else may already listen there. So rank 0, which runs on the master node, probes the
+derived port and, if it is taken, the job's deterministic fallbacks; it publishes the port it
+chose in ``RUN_DIR/rendezvous/master_port.<job_ref>.<attempt>`` (the key names the attempt, so
+a file left by an earlier attempt is never read), and the other ranks read it from there. A
+port fixed by ``dist.port`` or by torchrun is used as given.
 
 Rendezvous, by ``dist.init_method``:
 
@@ -11,35 +20,42 @@ Rendezvous, by ``dist.init_method``:
 ``tcp``   ``tcp://MASTER_ADDR:PORT`` with rank and world size passed explicitly.
 ``file``  ``file://RUN_DIR/rendezvous/pg.<job_ref>.<attempt>`` on the shared filesystem; no port.
 
-For ``env`` and ``tcp`` a derived port is checked and agreed first
-(:func:`hpc_ddp.runtime.ports.resolve_master_port`), and the ranks meet on a TCPStore made here
-rather than by torch's rendezvous: rank 0 listens on the port the moment it has published it.
-torch's own rendezvous binds the port only after ``init_process_group`` has imported
-``torch._dynamo`` (about a second), and a peer that read the port and connected in between was
-refused and retried only after a backoff of 0.3-1 s: every other restart was that much slower.
-A port set by a launcher (torchrun's) is left to torch: its agent may serve a store there.
-A one-rank group needs no rendezvous at all: it is
-formed on an in-memory store, so no port or file can clash with a neighbour's, and user code can
-still call collectives.
+For ``env`` and ``tcp`` with a derived port the ranks meet on a TCPStore made here rather than
+by torch's rendezvous: rank 0 listens on the port the moment it has published it. torch's own
+rendezvous binds the port only after ``init_process_group`` has imported ``torch._dynamo``
+(about a second), and a peer that read the port and connected in between was refused and
+retried only after a backoff of 0.3-1 s: every other restart was that much slower. A port set
+by a launcher (torchrun's) is left to torch: its agent may serve a store there. A one-rank
+group needs no rendezvous at all: it is formed on an in-memory store, so no port or file can
+clash with a neighbour's, and user code can still call collectives.
+
+DDP wrapping (:func:`wrap_model`) fixes the gradient-bucket layout that exact resume needs
+(:func:`fix_bucket_layout`), and :func:`unwrap` finds the plain module inside the wrappers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import socket
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.config.model import DistConfig
+from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import DistEnvError
-from hpc_ddp.runtime.distenv import DistEnv
-from hpc_ddp.runtime.ports import resolve_master_port
+from hpc_ddp.runtime.distenv import DistEnv, derive_master_port
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 log = logging.getLogger(__name__)
 
@@ -263,3 +279,153 @@ def destroy_process_group(*, together: bool = False) -> None:
             except Exception as exc:  # leaving anyway: say why, do not fail
                 log.warning("leaving the process group without the others: %s", exc)
         tdist.destroy_process_group()
+
+
+MAX_CANDIDATES = 16
+"""How many ports rank 0 tries (the derived one, then hashed fallbacks) before giving up."""
+
+
+def port_file(dist: DistEnv, rendezvous_dir: Path) -> Path:
+    """Where rank 0 publishes the port of this attempt."""
+    return rendezvous_dir / f"master_port.{dist.job_ref or 'local'}.{dist.restart_count}"
+
+
+def resolve_master_port(
+    dist: DistEnv, rendezvous_dir: Path, *, timeout_s: float, poll_s: float = 0.05
+) -> int:
+    """The master port every rank of this attempt will use.
+
+    Rank 0 picks the first free candidate and publishes it; other ranks wait up to
+    ``timeout_s`` for the file (:class:`DistEnvError` then, with a hint). A single rank only
+    probes: it has no one to tell. A port that was not derived is returned untouched.
+    """
+    if dist.port_source != "derived":
+        return dist.master_port
+    if dist.world_size == 1:
+        return _first_free_port(dist)
+    path = port_file(dist, rendezvous_dir)
+    if dist.is_main:
+        port = _first_free_port(dist)
+        _publish(path, port)
+        return port
+    return _wait_for_port(path, dist, timeout_s, poll_s)
+
+
+def _first_free_port(dist: DistEnv) -> int:
+    # A race remains: the port is free now, and torch binds it a moment later (after this
+    # probe socket is closed, or torch could not bind it at all). Another process may take it in
+    # between; then torch fails with "address already in use" and the attempt fails loudly
+    # rather than hanging. The window is short because this runs right before
+    # init_process_group, and derived ports lie below the ephemeral range, so the kernel does
+    # not hand them out to other processes' outgoing connections or bind(port=0) calls.
+    tried: list[int] = []
+    for candidate in range(MAX_CANDIDATES):
+        port = derive_master_port(dist.job_id, dist.restart_count, candidate=candidate)
+        if port in tried:
+            continue
+        tried.append(port)
+        if is_port_free(port):
+            if candidate:
+                log.warning("master port %d is taken; using fallback %d", tried[0], port)
+            return port
+    raise DistEnvError(
+        f"ports {', '.join(map(str, tried))} are all in use on {dist.node_name or 'this node'} "
+        f"(job {dist.job_ref}, attempt {dist.restart_count}). HINT: set dist.port to a port "
+        "you know is free on the first node."
+    )
+
+
+def is_port_free(port: int) -> bool:
+    """True if nothing on this host holds TCP ``port`` (on any IPv4 or IPv6 address)."""
+    # No SO_REUSEADDR: without it bind() also refuses ports held by a listener on a specific
+    # address and ports in TIME_WAIT, which is the conservative answer we want.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    if socket.has_ipv6:
+        try:
+            with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock6:
+                sock6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock6.bind(("::", port))
+        except OSError as exc:
+            # No IPv6 on this host is fine; only an IPv6-only holder of the port makes it taken.
+            return exc.errno != errno.EADDRINUSE
+    return True
+
+
+def _publish(path: Path, port: int) -> None:
+    """Write the port so that a reader on any node sees no file or the whole file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, f"{port}\n")
+
+
+def _wait_for_port(path: Path, dist: DistEnv, timeout_s: float, poll_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        # Listing the directory makes an NFS client revalidate it, so a file created on
+        # another node shows up without waiting out the negative lookup cache.
+        with contextlib.suppress(OSError):
+            os.listdir(path.parent)
+        try:
+            return int(path.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            pass
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(poll_s)
+    raise DistEnvError(
+        f"rank {dist.rank} waited {timeout_s:g} s for rank 0 to publish the master port in "
+        f"{path}. HINT: the run directory must be on a filesystem every node sees (not /tmp); "
+        "if it is, see rank 0's log (logs/rank-0.err) for why it did not get there."
+    )
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain module inside DDP (and ``torch.compile``) wrappers."""
+    from torch import nn
+
+    inner: Any = model
+    while True:
+        if isinstance(inner, nn.parallel.DistributedDataParallel):
+            inner = inner.module
+        elif hasattr(inner, "_orig_mod"):
+            inner = inner._orig_mod
+        else:
+            return inner  # type: ignore[no-any-return]
+
+
+def fix_bucket_layout(ddp: nn.parallel.DistributedDataParallel) -> None:
+    """Give DDP its final gradient-bucket layout now, the same in every attempt (collective).
+
+    DDP reduces the first backward pass in one bucket holding every gradient and then rebuilds
+    its buckets in the order gradients became ready. A resumed attempt's first step would so
+    use another layout than the uninterrupted run's step at that point; with 3+ ranks the ring
+    all-reduce then adds each gradient's terms in another order, and the weights drift by a few
+    ulps. (With 2 ranks a + b == b + a, and nothing changes.) Rebuilding at once, in parameter
+    order, makes the layout a function of the model alone.
+    """
+    reducer: Any = ddp.reducer
+    if not all(hasattr(reducer, m) for m in ("_push_all_rebuilt_params", "_rebuild_buckets")):
+        log.warning(
+            "this torch's DDP cannot fix its bucket layout: resume is exact only on 2 ranks"
+        )
+        return
+    reducer._push_all_rebuilt_params()  # private API, present in torch 1.10 through 2.14
+    reducer._rebuild_buckets()
+
+
+def wrap_model(
+    model: nn.Module, device: torch.device, *, exact: bool | None = None, **ddp_kwargs: Any
+) -> nn.Module:
+    """``model`` moved to ``device`` and wrapped in DistributedDataParallel (see
+    :meth:`hpc_ddp.runtime.session.Session.wrap`)."""
+    from torch import nn
+
+    model = model.to(device)
+    ids = [device.index] if device.type == "cuda" else None
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids, **ddp_kwargs)
+    if exact if exact is not None else device.type == "cpu":
+        fix_bucket_layout(ddp)
+    return ddp

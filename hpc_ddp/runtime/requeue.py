@@ -1,48 +1,77 @@
-"""The requeue coordinator: ledger entries, the budget, and the one requeue request.
+"""Stop and requeue: why a stop came, whether another attempt follows, and the one requeue request.
 
-The session calls it at four moments, on every rank (only global rank 0 acts):
+Why (:func:`classify_stop`, pure). What a task sees when a stop signal arrives (observed on
+Slurm 22.05, ``scontrol show job``):
+
+============================  ========  ==========  =========  =============================
+how the stop came             signal    JobState    Restarts   PreemptTime
+============================  ========  ==========  =========  =============================
+``--signal`` before timeout   USR2      RUNNING     unchanged  None
+preemption, grace time > 0    USR2      RUNNING     unchanged  set   (then TERM after grace)
+preemption, after grace       TERM      COMPLETING  +1         set
+``scontrol requeue``          TERM      COMPLETING  +1         None
+``scancel``                   TERM      COMPLETING  unchanged  None
+============================  ========  ==========  =========  =============================
+
+So: when Slurm has already counted a restart it is requeueing the job itself and a second
+request would be wrong; a job that is COMPLETING without a new restart was cancelled and must
+never be brought back; a job still RUNNING is ours to requeue (also under preemption with grace
+time: if it ended before the grace ran out, Slurm would record it COMPLETED and not requeue).
+
+When Slurm cannot be asked (``scontrol`` missing, as inside many containers, no munge socket,
+or a controller that does not answer), nothing above can be read, and hpc-ddp never guesses that
+Slurm is requeueing the job (:func:`classify_unanswered_stop`):
+
+* the requeue signal is still ours to act on: Slurm sends it only while the job runs (the
+  time-limit warning, the start of a preemption's grace time), never as part of a requeue of
+  its own, so the requeue is requested; if that request fails too, the attempt ends
+  ``requeue_failed`` and the tasks exit non-zero, so Slurm records the job FAILED;
+* SIGTERM may be Slurm requeueing the job, cancelling it or ending it at its time limit. A
+  requeue request would be wrong in all three (a second requeue is counted twice; a cancelled
+  job must never come back), so none is made; the attempt ends ``unknown`` and the tasks exit
+  non-zero. A job Slurm requeues or cancels does so whatever the tasks' exit status (observed on
+  22.05); one that nobody brings back then ends FAILED, never COMPLETED with training unfinished.
+
+Whether (:func:`decide_requeue`, pure): time limits, preemptions and manual requeues go on
+within ``requeue.max_requeues``; crashes only with ``requeue.on_crash``.
+
+Acting (:class:`Coordinator`). The session calls it at four moments, on every rank (only global
+rank 0 acts):
 
 * :meth:`Coordinator.begin` when the attempt starts: a ledger ``attempt_start``; an attempt
   beyond the budget (Slurm requeued the job itself once too often) ends at once, non-zero.
 * :meth:`Coordinator.stop` after the ranks agreed on a stop signal and the checkpoint is
-  durable: ask Slurm why (``scontrol show job``), decide with the budget, request the requeue
-  when Slurm is not already requeueing the job, and write ``attempt_end``. A requeue that was
-  needed and failed ends the attempt ``requeue_failed`` with :data:`REQUEUE_FAILED_EXIT_CODE`:
-  the job must end FAILED, never COMPLETED with training unfinished. Slurm's silence is never
-  taken for "Slurm is requeueing it" (see :mod:`hpc_ddp.runtime.stopcause`).
+  durable: ask Slurm why, decide with the budget, request the requeue when Slurm is not already
+  requeueing the job, and write ``attempt_end``. A requeue that was needed and failed ends the
+  attempt ``requeue_failed`` with :data:`REQUEUE_FAILED_EXIT_CODE`: the job must end FAILED,
+  never COMPLETED with training unfinished.
 * :meth:`Coordinator.finish` when training ended normally, :meth:`Coordinator.crash` when it
   raised (on whichever rank it raised).
 
 Exactly one process asks for a requeue, once, for ``ARRAYJOB_TASK`` in an array: after a stop
 signal global rank 0; after a crash with ``requeue.on_crash`` the first rank to crash, chosen by
-an exclusive create (see :meth:`Coordinator.crash` and :mod:`hpc_ddp.runtime.crash_claim`).
+an exclusive create (:func:`claim_crash_requeue`): a crash needs no agreement between the ranks
+(the others are typically stuck in a collective, or die of the lost connection). The
+``hpc_ddp run`` process above a ``command`` child races for the same claim when its child dies
+(:func:`hpc_ddp.job.task.record_child_crash`), so a crash its child's session already claimed
+is never requeued twice. The texts of the failure paths (``*_message``) name what failed, which
+checkpoint is kept, and what a person does next.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_ddp.config.model import RequeueConfig
+from hpc_ddp.durable import append_line
 from hpc_ddp.errors import SlurmError
-from hpc_ddp.runtime.attempt import RequeueDecision
-from hpc_ddp.runtime.crash_claim import claim_crash_requeue
 from hpc_ddp.runtime.distenv import DistEnv
-from hpc_ddp.runtime.ledger import EndCause, decide_requeue, record_end, record_start
-from hpc_ddp.runtime.requeue_messages import (
-    outside_slurm_message,
-    requeue_failed_message,
-    slurm_failure_summary,
-    unconfirmed_message,
-)
-from hpc_ddp.runtime.stopcause import (
-    StopVerdict,
-    classify_stop,
-    classify_unanswered_stop,
-    signal_number,
-)
+from hpc_ddp.runtime.ledger import EndCause, end_event, start_event
 from hpc_ddp.slurm.client import SlurmClient
 
 log = logging.getLogger(__name__)
@@ -53,6 +82,241 @@ REQUEUE_FAILED_EXIT_CODE = 4
 """Exit status of an attempt that needed a requeue and did not get one: ``scontrol requeue``
 failed, or (after a SIGTERM) Slurm could not be asked whether it is requeueing the job. Slurm
 records the job FAILED, unless it requeues or cancels the job itself."""
+
+_RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "SUSPENDED"})
+
+
+@dataclass(frozen=True)
+class StopVerdict:
+    """The cause of a stop and what to do about it."""
+
+    cause: EndCause
+    request_requeue: bool
+    """True when this job must ask Slurm to requeue it (Slurm is not doing so already)."""
+    explanation: str
+    slurm_answered: bool = True
+    """False when ``scontrol show job`` failed: the verdict rests on the signal alone."""
+
+
+def _restarts(job: Mapping[str, str]) -> int | None:
+    try:
+        return int(job["Restarts"])
+    except (KeyError, ValueError):
+        return None
+
+
+def classify_stop(
+    signum: int,
+    *,
+    requeue_signum: int,
+    restart_count: int,
+    job: Mapping[str, str] | None,
+) -> StopVerdict:
+    """Classify a stop from the agreed signal and Slurm's view of the job.
+
+    ``job`` is ``scontrol show job -o`` parsed into fields, None outside Slurm (inside a Slurm
+    job whose state could not be read, use :func:`classify_unanswered_stop`);
+    ``restart_count`` is this attempt's ``SLURM_RESTART_COUNT``.
+    """
+    if job is None:
+        # No Slurm job: a local run or plain torchrun. The requeue signal still means "save
+        # and come back" (the caller cannot requeue, so the run stops). Any other signal came
+        # from a person (`hpc-ddp cancel`, Ctrl-C, kill) and nothing will bring the run back:
+        # that is a cancel, and the ledger and `status` should say so rather than "unknown".
+        if signum == requeue_signum:
+            return StopVerdict(EndCause.TIME_LIMIT, True, "requeue signal, job state unknown")
+        return StopVerdict(
+            EndCause.CANCELLED, False, f"{_name(signum)} outside Slurm: cancelled by a person"
+        )
+    state = job.get("JobState", "UNKNOWN")
+    preempting = job.get("PreemptTime", "None") not in ("None", "", "Unknown")
+    restarts = _restarts(job)
+    if restarts is not None and restarts > restart_count:
+        cause = EndCause.PREEMPTED if preempting else EndCause.MANUAL_REQUEUE
+        return StopVerdict(cause, False, f"Slurm is already requeueing the job ({state})")
+    if state in _RUNNING_STATES:
+        if preempting:
+            return StopVerdict(
+                EndCause.PREEMPTED, True, "preemption announced; requeueing before grace ends"
+            )
+        if signum == requeue_signum:
+            return StopVerdict(EndCause.TIME_LIMIT, True, "time-limit warning signal")
+        return StopVerdict(
+            EndCause.MANUAL_REQUEUE, True, f"{_name(signum)} while the job is still running"
+        )
+    return StopVerdict(EndCause.CANCELLED, False, f"job is {state} without a requeue: cancelled")
+
+
+def classify_unanswered_stop(signum: int, *, requeue_signum: int, error: str) -> StopVerdict:
+    """Classify a stop inside a Slurm job whose state could not be read (see the module docstring).
+
+    ``error`` says why ``scontrol show job`` failed; it goes into the explanation.
+    """
+    if signum == requeue_signum:
+        return StopVerdict(
+            EndCause.TIME_LIMIT,
+            True,
+            f"requeue signal {_name(signum)} while Slurm could not be asked about the job "
+            f"({error}); Slurm sends it only to a running job",
+            slurm_answered=False,
+        )
+    return StopVerdict(
+        EndCause.UNKNOWN,
+        False,
+        f"{_name(signum)} while Slurm could not be asked about the job ({error}): Slurm may be "
+        "requeueing, cancelling or ending it, so no requeue is requested",
+        slurm_answered=False,
+    )
+
+
+def _name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
+
+
+def signal_number(name: str) -> int:
+    """``USR2`` or ``SIGUSR2`` -> its number."""
+    key = name.upper()
+    return int(signal.Signals[key if key.startswith("SIG") else f"SIG{key}"])
+
+
+@dataclass(frozen=True)
+class RequeueDecision:
+    """Whether the run goes on in a new attempt, and why (for the ledger and the log)."""
+
+    requeue: bool
+    reason: str
+
+
+def decide_requeue(
+    cause: EndCause,
+    attempts_so_far: int,
+    max_requeues: int,
+    on_crash: bool,
+    run_dir: str = "RUN_DIR",
+) -> RequeueDecision:
+    """Decide whether an attempt that ended with ``cause`` is followed by another.
+
+    ``attempts_so_far`` is the number of requeues already spent (this attempt's
+    ``SLURM_RESTART_COUNT``). Time limits, preemptions and manual requeues go on while fewer
+    than ``max_requeues`` were spent; a crash too, only with ``on_crash``; a finished,
+    cancelled, failed-to-requeue or unexplained stop never. ``run_dir`` is named in the hints
+    (``hpc-ddp resume RUN_DIR``).
+    """
+    if cause is EndCause.FINISHED:
+        return RequeueDecision(False, "finished: nothing left to do")
+    if cause is EndCause.CANCELLED:
+        return RequeueDecision(False, "cancelled: a cancelled job is not brought back")
+    if cause is EndCause.REQUEUE_FAILED:
+        return RequeueDecision(False, "the requeue request failed: nothing brings the job back")
+    if cause is EndCause.UNKNOWN:
+        return RequeueDecision(False, "stopped for an unknown reason: not requeued")
+    if cause is EndCause.CRASH and not on_crash:
+        return RequeueDecision(
+            False,
+            "crashed: not requeued (a crash is not a preemption). HINT: fix the error in the "
+            f"rank logs, then `hpc-ddp resume {run_dir}` goes on from the newest checkpoint; "
+            "or set requeue.on_crash=true to retry crashes.",
+        )
+    if cause is EndCause.BUDGET_EXHAUSTED or attempts_so_far >= max_requeues:
+        return RequeueDecision(
+            False,
+            f"requeue budget exhausted: {attempts_so_far} of requeue.max_requeues="
+            f"{max_requeues} requeues used. HINT: go on with a larger budget: `hpc-ddp resume "
+            f"{run_dir} requeue.max_requeues={max(2 * max_requeues, max_requeues + 5)}`; the run "
+            "resumes from its last checkpoint.",
+        )
+    return RequeueDecision(
+        True,
+        f"{cause.value}: requeue {attempts_so_far + 1} of {max_requeues} (requeue.max_requeues)",
+    )
+
+
+def requeue_failed_message(
+    ref: str | None,
+    verdict: StopVerdict,
+    error: str,
+    step: int,
+    checkpoint: str | None,
+    code: int,
+    run_dir: str,
+) -> str:
+    """A requeue was needed and could not be had: the job ends FAILED (its tasks exit ``code``)."""
+    why = verdict.explanation if verdict.slurm_answered else "Slurm could not be asked either"
+    return (
+        f"could not requeue job {ref} after {verdict.cause.value} ({why}): "
+        f"{error}. The job will not come back by itself: its tasks exit "
+        f"{code}, so Slurm records it FAILED. {_kept(step, checkpoint)} "
+        "HINT: let the job reach Slurm (scontrol on PATH inside the container, munged's "
+        f"socket, SLURM_CONF), and run `scontrol requeue {ref}` where Slurm's commands "
+        "work: the run resumes from that checkpoint. Slurm forgets a finished job after "
+        f"MinJobAge; then, or any time, `hpc-ddp resume {run_dir}` goes on from it as a new job."
+    )
+
+
+def unconfirmed_message(
+    ref: str | None,
+    verdict: StopVerdict,
+    step: int,
+    checkpoint: str | None,
+    code: int,
+    run_dir: str,
+) -> str:
+    """A stop Slurm could not be asked about, and no requeue asked for (tasks exit ``code``)."""
+    return (
+        f"{verdict.cause.value}: {verdict.explanation}. The tasks exit "
+        f"{code}: the job ends FAILED unless Slurm requeues or cancels "
+        f"it. {_kept(step, checkpoint)} HINT: if the job does not come back (`hpc-ddp "
+        f"status`), run `scontrol requeue {ref}` where Slurm's commands work, or "
+        f"`hpc-ddp resume {run_dir}` (also once Slurm has forgotten the job, after MinJobAge); "
+        "and let the job reach Slurm (scontrol on PATH inside the container, munged's socket, "
+        "SLURM_CONF)."
+    )
+
+
+def outside_slurm_message(run_dir: str) -> str:
+    """Why a stop or crash that Slurm would requeue is not followed by another attempt here."""
+    return (
+        "not a Slurm job, so no requeue is possible: nothing starts the run again by itself. "
+        f"HINT: `hpc-ddp resume {run_dir}` goes on from the newest checkpoint."
+    )
+
+
+def slurm_failure_summary(exc: SlurmError) -> str:
+    """A Slurm failure on one line for the ledger: what failed and what Slurm said, no hint."""
+    text = str(exc).split("HINT:", 1)[0]
+    lines = (line.strip().rstrip(".") for line in text.splitlines())
+    return "; ".join(line for line in lines if line and not line.startswith("command:"))
+
+
+def _kept(step: int, checkpoint: str | None) -> str:
+    if checkpoint is None:
+        return (
+            f"No checkpoint was saved at step {step} (session.restore() named nothing to save): "
+            "a new attempt starts from the beginning."
+        )
+    return f"The checkpoint at step {step} ({checkpoint}) is kept."
+
+
+def claim_crash_requeue(rendezvous: Path, job_id: str | None, attempt: int) -> bool:
+    """True for the one process that creates this attempt's crash claim first.
+
+    The claim is ``rendezvous/crash-requeue-<job id>-<attempt>``. ``O_CREAT | O_EXCL`` is
+    atomic on a local filesystem and on NFSv3+, which run directories live on; the name holds
+    the job id and attempt, so a requeued attempt (or a resumed run, a new job) can claim again.
+    """
+    name = f"crash-requeue-{job_id or 'local'}-{attempt}"
+    try:
+        rendezvous.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(rendezvous / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        # Better two requests (Slurm refuses the second) than none for a run that needs one.
+        log.warning("could not create the crash claim %s (%s); requeueing anyway", name, exc)
+    return True
 
 
 @dataclass(frozen=True)
@@ -93,16 +357,7 @@ class Coordinator:
         """Record the start; returns an outcome (end now) when the budget is already spent."""
         if not self.dist.is_main:
             return None
-        record_start(
-            self.ledger,
-            attempt=self.attempt,
-            job_id=self.dist.job_id,
-            job_ref=self.dist.job_ref,
-            nodelist=",".join(self.dist.nodelist),
-            world_size=self.dist.world_size,
-            resumed_from_step=resumed_from_step,
-            checkpoint=checkpoint,
-        )
+        self.write_start(resumed_from_step=resumed_from_step, checkpoint=checkpoint)
         if self.attempt > self.cfg.max_requeues:
             message = (
                 f"attempt {self.attempt} is beyond the requeue budget "
@@ -286,12 +541,31 @@ class Coordinator:
         if self._ended:
             return
         self._ended = True
-        record_end(
-            self.ledger,
-            attempt=self.attempt,
-            cause=cause,
-            steps_done=step,
-            checkpoint=checkpoint,
-            requeue_requested=requested,
-            message=msg,
+        self._append(
+            end_event(
+                attempt=self.attempt,
+                cause=cause,
+                steps_done=step,
+                checkpoint=checkpoint,
+                requeue_requested=requested,
+                message=msg,
+            )
         )
+
+    def write_start(self, *, resumed_from_step: int | None, checkpoint: str | None) -> None:
+        """Append this attempt's ``attempt_start`` to the ledger (no budget check)."""
+        self._append(
+            start_event(
+                attempt=self.attempt,
+                job_id=self.dist.job_id,
+                job_ref=self.dist.job_ref,
+                nodelist=",".join(self.dist.nodelist),
+                world_size=self.dist.world_size,
+                resumed_from_step=resumed_from_step,
+                checkpoint=checkpoint,
+            )
+        )
+
+    def _append(self, line: str) -> None:
+        self.ledger.parent.mkdir(parents=True, exist_ok=True)
+        append_line(self.ledger, line)

@@ -28,7 +28,7 @@ except ImportError:  # torch runs without numpy
     np = None  # type: ignore[assignment]
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
-from hpc_ddp.runtime.checkpoint import Progress
+from hpc_ddp.runtime.progress import Progress
 
 
 def mix_seed(*parts: int) -> int:

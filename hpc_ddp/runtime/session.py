@@ -29,50 +29,270 @@ them, and Slurm kills it after ``KillWait``.
 
 from __future__ import annotations
 
+import enum
+import logging
+import os
+import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
+import torch
+import torch.distributed as dist
 from torch import nn
 
+from hpc_ddp.config.load import load_resolved_config
 from hpc_ddp.config.model import JobConfig
+from hpc_ddp.config.params import Params
 from hpc_ddp.errors import HpcDdpError
-from hpc_ddp.runtime.checkpointer import Tracked
-from hpc_ddp.runtime.ddp import fix_bucket_layout, unwrap, wrap_model
-from hpc_ddp.runtime.lifecycle import (
-    REQUEUE_EXIT_CODE,
-    Phase,
-    RequeueExit,
-    begin_attempt,
-    end_attempt,
-)
+from hpc_ddp.layout import PER_RANK_LOGS_ENV, RUN_DIR_ENV, RunPaths
+from hpc_ddp.run_id import read_run_id
+from hpc_ddp.runtime.checkpointer import Checkpointer, Tracked, broadcast_object
+from hpc_ddp.runtime.distenv import DistEnv, derive_dist_env
+from hpc_ddp.runtime.metrics import MetricsWriter, setup_rank_logging
+from hpc_ddp.runtime.procgroup import destroy_process_group, init_process_group, wrap_model
 from hpc_ddp.runtime.progress import Progress
+from hpc_ddp.runtime.requeue import Coordinator, signal_number
 from hpc_ddp.runtime.sampler import ResumableLoader
-from hpc_ddp.runtime.session_base import DEFAULT_RUN_DIR, SessionBase
+from hpc_ddp.runtime.stopflag import AgreementCadence, StopFlag
 from hpc_ddp.slurm.client import SlurmClient
 
-# Re-exported: they lived here before the lifecycle, DDP helpers and the session's process
-# plumbing (hpc_ddp.runtime.session_base) were split out.
-__all__ = [
-    "DEFAULT_RUN_DIR",
-    "REQUEUE_EXIT_CODE",
-    "Phase",
-    "RequeueExit",
-    "Session",
-    "fix_bucket_layout",
-    "session",
-    "unwrap",
-]
+log = logging.getLogger("hpc_ddp")
+
+DEFAULT_RUN_DIR = "hpc-ddp-run"
+
+REQUEUE_EXIT_CODE = 0
 
 
-class Session(SessionBase):
-    """One process's view of a distributed run; see the module docstring.
+class RequeueExit(SystemExit):
+    """Raised on every rank once a stop is handled: checkpoint durable, process group gone.
 
-    Construction, :meth:`start`, :meth:`close`, who and where this process is (``rank``,
-    ``world_size``, ``is_main``, ``run_id``, ``params``...) come from
-    :class:`~hpc_ddp.runtime.session_base.SessionBase`.
+    Exit status 0 (:data:`REQUEUE_EXIT_CODE`): the process ended on purpose and nothing was
+    lost. A run that will not come back exits non-zero, so Slurm records it FAILED, never
+    COMPLETED with training unfinished: :data:`hpc_ddp.runtime.requeue.BUDGET_EXIT_CODE` when its
+    requeue budget ran out,
+    :data:`hpc_ddp.runtime.requeue.REQUEUE_FAILED_EXIT_CODE` when the requeue
+    request failed (or Slurm could not be asked whether it is requeueing the job).
+    ``signal`` is the agreed stop signal (None for a requeue asked for from code) and
+    ``requeued`` whether this process asked Slurm to requeue the job.
     """
+
+    def __init__(self, signum: int | None, requeued: bool, code: int = REQUEUE_EXIT_CODE) -> None:
+        super().__init__(code)
+        self.signal = signum
+        self.requeued = requeued
+
+
+class Phase(enum.Enum):
+    """Where a :class:`Session` is in its life; it only ever moves down this list."""
+
+    NEW = "new"
+    """Constructed; :meth:`Session.start` not called yet."""
+    STARTED = "started"
+    """Process group joined and stop signals caught; the attempt's start not in the ledger yet."""
+    TRAINING = "training"
+    """The attempt's start is in the ledger (written by ``restore`` or the first step)."""
+    STOPPING = "stopping"
+    """A stop is being handled (``requeue``, or an attempt past the budget): no second one."""
+    CLOSED = "closed"
+    """Process group left; nothing collective works any more."""
+
+
+def begin_attempt(coordinator: Coordinator, step: int, checkpoint: str | None) -> int | None:
+    """Rank 0 writes the attempt's start; every rank gets the exit code of an attempt past the
+    budget (it must end at once), else None."""
+    outcome = coordinator.begin(
+        resumed_from_step=step if checkpoint else None, checkpoint=checkpoint
+    )
+    code: int | None = broadcast_object(None if outcome is None else outcome.exit_code)
+    return code
+
+
+def end_attempt(
+    coordinator: Coordinator, signum: int, step: int, checkpoint: str | None
+) -> tuple[bool, int]:
+    """Rank 0 handles the agreed stop (ledger, requeue); every rank gets (requeue asked, exit
+    code)."""
+    outcome = None
+    if coordinator.dist.is_main:
+        outcome = coordinator.stop(signum, step=step, checkpoint=checkpoint)
+    asked, code = broadcast_object(
+        (False, 0) if outcome is None else (outcome.requeue_requested, outcome.exit_code)
+    )
+    return bool(asked), int(code)
+
+
+class Session:
+    """One process's view of a distributed run; see the module docstring."""
+
+    dist: DistEnv
+    """Rank, world, launcher and Slurm job of this process (set by :meth:`start`)."""
+    backend: str
+
+    def __init__(
+        self,
+        run_dir: str | Path | None = None,
+        config: JobConfig | None = None,
+        env: Mapping[str, str] | None = None,
+        *,
+        slurm: SlurmClient | None = None,
+    ) -> None:
+        self.env: Mapping[str, str] = dict(os.environ if env is None else env)
+        self.run_dir = Path(run_dir or self.env.get(RUN_DIR_ENV) or DEFAULT_RUN_DIR).resolve()
+        self.paths = RunPaths(self.run_dir)
+        self.config = config if config is not None else self._load_config()
+        self._run_id: str | None = None
+        self.progress = Progress()
+        self.device = torch.device("cpu")
+        self._signal_name = self.config.requeue.signal
+        self.stop_flag = StopFlag(())
+        self.cadence = AgreementCadence()
+        """When :meth:`steps` agrees on stops; ``AgreementCadence(fixed=1)`` for every step."""
+        self.phase = Phase.NEW
+        self._slurm = slurm  # None: the real Slurm, created by the coordinator when needed
+        tensorboard = self.paths.tensorboard if self.config.train.tensorboard else None
+        self._metrics = MetricsWriter(self.paths.metrics, tensorboard_dir=tensorboard)
+        self._log_handler: logging.Handler | None = None
+        self._checkpointer: Checkpointer | None = None
+        self._coordinator: Coordinator | None = None
+
+    def _load_config(self) -> JobConfig:
+        if self.paths.config.is_file():
+            return load_resolved_config(self.paths.config)
+        return JobConfig(name=self.run_dir.name)
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> Session:
+        """Catch stop signals, join the process group, pick the device."""
+        self.dist = derive_dist_env(self.env, port=self.config.dist.port)
+        self.requeue_signal = signal_number(self._signal_name)
+        signals = [self.requeue_signal, signal.SIGTERM]
+        if self.dist.launcher != "slurm":
+            signals.append(signal.SIGINT)  # a person at a terminal; srun handles ^C itself
+        self.stop_flag = StopFlag(signals).install()  # before anything slow: no window unguarded
+        self._log_handler = setup_rank_logging(
+            log, self.dist.rank, every_rank=self.env.get(PER_RANK_LOGS_ENV) == "1"
+        )
+        try:
+            info = init_process_group(self.dist, self.config.dist, self.run_dir, self.env)
+        except BaseException:
+            self.stop_flag.close()
+            raise
+        self.device = torch.device(info.device)
+        self.backend = info.backend
+        self.phase = Phase.STARTED
+        self._checkpointer = Checkpointer(
+            self.paths.checkpoints,
+            self.config,
+            rank=self.rank,
+            world_size=self.world_size,
+            device=self.device,
+        )
+        self._coordinator = Coordinator(
+            self.dist, self.paths.ledger, self.config.requeue, self._slurm
+        )
+        if self.is_main:
+            self.paths.checkpoints.mkdir(parents=True, exist_ok=True)
+        log.info(
+            "session: rank %d/%d (%s, %s on %s), run dir %s, run id %s",
+            self.rank,
+            self.world_size,
+            self.dist.launcher,
+            info.backend,
+            self.device,
+            self.run_dir,
+            self.run_id,
+        )
+        return self
+
+    def close(self, *, keep_signal_handlers: bool = False, together: bool = True) -> None:
+        """Wait for a checkpoint in flight, leave the process group, restore signal handlers.
+
+        ``together``: every rank is closing too (a finished run, an agreed stop), so they
+        leave the group together (see :func:`~hpc_ddp.runtime.procgroup.destroy_process_group`);
+        False after an error, when a peer may be gone.
+        """
+        if self.phase is Phase.CLOSED:
+            return
+        started = self.phase is not Phase.NEW
+        self.phase = Phase.CLOSED
+        try:
+            if self._checkpointer is not None:
+                self._checkpointer.wait()
+        finally:
+            self._metrics.close()
+            if started:
+                destroy_process_group(together=together)
+            if not keep_signal_handlers:
+                self.stop_flag.close()
+            if self._log_handler is not None:
+                log.removeHandler(self._log_handler)
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None or isinstance(exc, SystemExit):
+            # After a stop the coordinator has written the attempt's end: finish() adds none.
+            if exc_type is None and self._coordinator is not None:
+                self._coordinator.finish(step=self.progress.step, checkpoint=self._last_name())
+            self.close()
+            return
+        if self._coordinator is not None and isinstance(exc, BaseException):
+            self._coordinator.crash(
+                step=self.progress.step, checkpoint=self._last_name(), error=exc
+            )
+        try:
+            self.close(together=False)
+        except Exception:  # do not hide the error that is already on its way out
+            log.exception("while closing the session after an error")
+
+    # --- who and where --------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return self.dist.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.dist.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.dist.world_size
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0, the rank that writes checkpoints and metrics."""
+        return self.dist.is_main
+
+    @property
+    def run_id(self) -> str:
+        """The run's stable id (``RUN_DIR/run_id``), the same in every attempt and after
+        ``hpc-ddp resume``: pass it to W&B as ``wandb.init(id=s.run_id, resume="allow")``."""
+        if self._run_id is None:
+            self._run_id = read_run_id(self.paths)
+        return self._run_id
+
+    @property
+    def params(self) -> Params:
+        """The job's free-form ``params:`` (read-only; nested ones are ``Params`` too): this
+        task's own values in a sweep, e.g. ``s.params["lr"]``."""
+        return self.config.params
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank (a small picklable value)."""
+        return broadcast_object(obj)
+
+    def _ckpt(self) -> Checkpointer:
+        assert self._checkpointer is not None, "the session is not started"
+        return self._checkpointer
+
+    def _last_name(self) -> str | None:
+        last = self._checkpointer.last if self._checkpointer is not None else None
+        return None if last is None else last.name
 
     def __enter__(self) -> Session:
         return self if self.phase is not Phase.NEW else self.start()

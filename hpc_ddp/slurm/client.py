@@ -2,7 +2,7 @@
 
 Every command goes through an injected :class:`Runner` (argv in, :class:`CompletedCommand` out;
 never a shell), so tests swap in a fake and a dry run can show the argv without running it.
-Parsing lives in the pure :mod:`hpc_ddp.slurm.jobstate` (``parse_*``, re-exported here);
+Parsing lives in the pure :mod:`hpc_ddp.slurm.jobstate` (``parse_*``);
 :class:`hpc_ddp.slurm.fake.FakeSlurm` is a scripted runner for tests.
 
 Every job id sent is checked against :data:`~hpc_ddp.slurm.jobstate.JOB_REF` first: an id read
@@ -27,41 +27,18 @@ from typing import Protocol
 
 from hpc_ddp.errors import SlurmError, SlurmUnavailableError, SubmissionError
 from hpc_ddp.slurm.jobstate import (
-    SQUEUE_FIELDS,
     SQUEUE_FORMAT,
     AccountingRecord,
     CompletedCommand,
     JobInfo,
-    JobState,
     check_job_ref,
     is_job_ref,
-    parse_job_state,
     parse_max_array_size,
     parse_sacct,
     parse_sbatch_parsable,
     parse_scontrol_oneliner,
     parse_squeue,
 )
-
-# Re-exported: these lived here before the pure module was split out, and callers import them.
-__all__ = [
-    "SQUEUE_FIELDS",
-    "SQUEUE_FORMAT",
-    "AccountingRecord",
-    "CompletedCommand",
-    "JobInfo",
-    "JobState",
-    "Runner",
-    "SlurmClient",
-    "SubmitResult",
-    "parse_job_state",
-    "parse_max_array_size",
-    "parse_sacct",
-    "parse_sbatch_parsable",
-    "parse_scontrol_oneliner",
-    "parse_squeue",
-    "subprocess_runner",
-]
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from typing import Any
 import jinja2
 
 from hpc_ddp.config.model import JobConfig
-from hpc_ddp.config.units import format_slurm_time, parse_slurm_time
+from hpc_ddp.config.units import format_slurm_time
 from hpc_ddp.errors import RenderError
 
 DEFAULT_TEMPLATE = "default.sbatch.j2"
@@ -135,7 +135,7 @@ def sbatch_flags(cfg: JobConfig, ctx: RenderContext) -> list[Flag]:
         "job-name": cfg.name,
         "nodes": str(s.nodes),
         "ntasks-per-node": str(s.tasks_per_node),
-        "time": format_slurm_time(parse_slurm_time(s.time)),
+        "time": format_slurm_time(s.time_s),
         "signal": f"{_signal_name(cfg.requeue.signal)}@{cfg.requeue.lead_time}",
         "requeue": None,
         # A requeued job reopens its logs: without append Slurm truncates them.

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.errors import RunDirError
-from hpc_ddp.rundir import RunPaths
+from hpc_ddp.layout import RunPaths
 
 __all__ = ["checkpoint_steps", "damaged_checkpoint", "last_metric"]
 

@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.errors import RunDirError, SlurmError
+from hpc_ddp.layout import RunPaths
 from hpc_ddp.local.process import live_controller, live_ranks, was_cancelled
 from hpc_ddp.manifest import Manifest, read_manifest
-from hpc_ddp.rundir import RunPaths
-from hpc_ddp.runtime.attempt import Attempt, EndCause
-from hpc_ddp.runtime.ledger import read_ledger
+from hpc_ddp.runtime.ledger import Attempt, EndCause, read_ledger
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.jobstate import JobState
 from hpc_ddp.slurm.postmortem import failed_rank, has_logs, startup_failure

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from hpc_ddp.runtime.attempt import Attempt, EndCause
+from hpc_ddp.runtime.ledger import Attempt, EndCause
 from hpc_ddp.slurm.jobstate import AccountingRecord, JobInfo, JobState
 
 

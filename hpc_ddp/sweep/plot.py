@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.errors import ConfigError
-from hpc_ddp.sweep.results import ResultRow, TaskState
+from hpc_ddp.state.task import TaskState
+from hpc_ddp.sweep.results import ResultRow
 
 INSTALL_HINT = "HINT: pip install 'hpc-ddp[plot]' (or pip install matplotlib)"
 

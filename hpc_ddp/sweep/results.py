@@ -19,54 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.rundir import RunPaths
+from hpc_ddp.layout import RunPaths
 from hpc_ddp.runtime.ledger import read_ledger
 from hpc_ddp.runtime.metrics import NOT_METRICS
 from hpc_ddp.slurm.jobstate import JobInfo
 from hpc_ddp.state.task import RESUBMITTABLE, TaskState, task_state
 from hpc_ddp.sweep.records import (
-    ARRAYS_RECORD,
-    SWEEP_RECORD,
-    ArrayRecord,
-    SweepPointRecord,
     SweepRecord,
     current_refs,
-    format_index_ranges,
     live_task,
-    parse_index_ranges,
     read_arrays,
     read_sweep_record,
 )
-
-# Re-exported: these lived here before the records and the task state were split out, and
-# callers (submit, plot, the CLI, tests) import them from here.
-__all__ = [
-    "ARRAYS_RECORD",
-    "RESUBMITTABLE",
-    "SWEEP_RECORD",
-    "ArrayRecord",
-    "ResultRow",
-    "SweepPointRecord",
-    "SweepRecord",
-    "TaskState",
-    "current_refs",
-    "failed_points",
-    "format_index_ranges",
-    "gather_results",
-    "live_task",
-    "logged_metrics",
-    "loss_curve",
-    "metric_summary",
-    "parse_index_ranges",
-    "read_arrays",
-    "read_metrics",
-    "read_sweep_record",
-    "row_dict",
-    "sort_rows",
-    "sweep_status",
-    "sweep_summary",
-    "task_state",
-]
 
 log = logging.getLogger(__name__)
 

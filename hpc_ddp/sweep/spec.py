@@ -28,7 +28,7 @@ A sweep has at most :data:`MAX_SWEEP_POINTS` points, counted before any is made 
 size is the product of its axes' lengths), so a typo such as ``samples: 100000000`` fails at
 once instead of filling the login node's memory.
 
-The file's shape is :mod:`hpc_ddp.sweep.model`, converted by the same schema as job files;
+The file's shape is :mod:`hpc_ddp.config.sweepfile`, converted by the same schema as job files;
 this module checks the swept keys against the job schema and makes the points.
 
 Pure apart from reading the sweep file and its base; login-node side (stdlib and PyYAML only).
@@ -48,13 +48,11 @@ from hpc_ddp.config.load import (
     job_config_from_dict,
     job_configs_from_dicts,
     load_job_data,
-    read_yaml,
     split_key,
     with_value,
 )
 from hpc_ddp.config.model import JobConfig
-from hpc_ddp.errors import ConfigError
-from hpc_ddp.sweep.model import (
+from hpc_ddp.config.sweepfile import (
     MAX_SWEEP_POINTS,
     SWEEP_SCHEMA,
     Assignment,
@@ -64,6 +62,8 @@ from hpc_ddp.sweep.model import (
     SweepSection,
     show,
 )
+from hpc_ddp.config.yaml_dialect import read_yaml
+from hpc_ddp.errors import ConfigError
 
 __all__ = ["MAX_SWEEP_POINTS", "SweepPoint", "SweepSpec", "chunk_array", "load_sweep"]
 

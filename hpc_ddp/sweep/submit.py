@@ -1,6 +1,6 @@
 """Submitting a sweep: one sweep directory, one job array (or as few as Slurm allows).
 
-Like :mod:`hpc_ddp.slurm.submission`: planning and rendering are pure
+Like :mod:`hpc_ddp.launch.submission`: planning and rendering are pure
 (:mod:`hpc_ddp.sweep.arrays`: the dry run shows them), :mod:`hpc_ddp.sweep.sweepdir` writes the
 task directories, and :func:`schedule_arrays` is the one place that calls ``sbatch``.
 
@@ -22,28 +22,17 @@ from pathlib import Path
 from hpc_ddp.config.load import load_resolved_config
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import SlurmError, SubmissionError
+from hpc_ddp.launch.submission import create_run_dir, stamp_of
+from hpc_ddp.layout import MANIFEST_FILE, RunPaths
 from hpc_ddp.manifest import Manifest, read_manifest, write_manifest
-from hpc_ddp.rundir import MANIFEST_FILE, RunPaths
-from hpc_ddp.runsdir import create_run_dir, stamp_of
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.sweep.arrays import (
-    SLURM_DEFAULT_MAX_ARRAY_SIZE,
-    ArrayPlan,
     PreparedArray,
-    plan_arrays,
     prepare_arrays,
-    script_groups,
-    script_name,
     sweep_name,
 )
-from hpc_ddp.sweep.configtext import ConfigTexts, config_texts
-from hpc_ddp.sweep.results import (
-    ArrayRecord,
-    failed_points,
-    format_index_ranges,
-    read_arrays,
-    read_sweep_record,
-)
+from hpc_ddp.sweep.records import ArrayRecord, format_index_ranges, read_arrays, read_sweep_record
+from hpc_ddp.sweep.results import failed_points
 from hpc_ddp.sweep.spec import SweepSpec
 from hpc_ddp.sweep.sweepdir import (
     link_offset_tasks,
@@ -51,29 +40,6 @@ from hpc_ddp.sweep.sweepdir import (
     write_arrays,
     write_sweep_dir,
 )
-
-__all__ = [
-    "SLURM_DEFAULT_MAX_ARRAY_SIZE",
-    "ArrayPlan",
-    "ConfigTexts",
-    "PreparedArray",
-    "Resubmission",
-    "SweepSubmission",
-    "config_texts",
-    "link_offset_tasks",
-    "plan_arrays",
-    "prepare_arrays",
-    "prepare_sweep",
-    "resubmit_failed",
-    "schedule_arrays",
-    "script_groups",
-    "script_name",
-    "submit_sweep",
-    "sweep_name",
-    "sweep_record_text",
-    "write_arrays",
-    "write_sweep_dir",
-]
 
 
 def schedule_arrays(

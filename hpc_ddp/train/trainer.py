@@ -36,8 +36,9 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from hpc_ddp.config.model import JobConfig, TrainConfig
 from hpc_ddp.errors import ConfigError, HpcDdpError
 from hpc_ddp.runtime.checkpoint import weights_digest
+from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.sampler import mix_seed
-from hpc_ddp.runtime.session import Session, unwrap
+from hpc_ddp.runtime.session import Session
 from hpc_ddp.train.data import build_dataset
 from hpc_ddp.train.loop import Precision, ProgressReport, StepRunner
 from hpc_ddp.train.models import build_model

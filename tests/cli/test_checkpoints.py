@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.cli.main import main
-from hpc_ddp.runtime.checkpoint import LATEST, CheckpointState, checkpoint_name
+from hpc_ddp.layout import LATEST_CHECKPOINT, checkpoint_name
+from hpc_ddp.runtime.checkpoint import CheckpointState
 from tests.helpers.launch import base_env
 from tests.runtime.test_checkpoint import BAD_FILES, flip_tensor_bytes, save
 
@@ -134,8 +135,8 @@ def test_dangling_latest_pointer_lists_fine(
 ) -> None:
     ckpts = tmp_path / "checkpoints"
     save(ckpts, 10)
-    (ckpts / LATEST).unlink()
-    (ckpts / LATEST).symlink_to(ckpts / "step-00000099.pt")
+    (ckpts / LATEST_CHECKPOINT).unlink()
+    (ckpts / LATEST_CHECKPOINT).symlink_to(ckpts / "step-00000099.pt")
     code, out, err = run_cli(capsys, str(tmp_path), "--json", "--verify")
     assert (code, err) == (0, "")
     assert [(r["step"], r["state"]) for r in json.loads(out)] == [(10, "ok")]

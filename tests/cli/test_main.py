@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp.cli.cmd_submit import choose_backend
 from hpc_ddp.cli.main import main
+from hpc_ddp.launch.submission import choose_backend
 
 REPO = Path(__file__).parents[2]
 

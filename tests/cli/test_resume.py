@@ -1,4 +1,4 @@
-"""``hpc-ddp resume RUN_DIR`` (and ``submit --resume``): a stopped run goes on from its newest
+"""``hpc-ddp resume RUN_DIR``: a stopped run goes on from its newest
 good checkpoint in the same run directory; a live one is never submitted twice.
 
 The decision table is pure (:mod:`hpc_ddp.state.resumable`); the rest runs for real: a local
@@ -83,9 +83,9 @@ def test_resume_needs_a_run_directory(tmp_path: Path) -> None:
     done = hpc("resume", str(tmp_path))
     assert done.returncode == 2
     assert "no manifest.json" in done.stderr
-    both = hpc("submit", "jobs/quickstart.yaml", "--resume", str(tmp_path))
-    assert both.returncode == 2
-    assert "not both" in both.stderr
+    gone = hpc("submit", "jobs/quickstart.yaml", "--resume", str(tmp_path))
+    assert gone.returncode == 2  # one verb resumes: `submit --resume` is no more
+    assert "unrecognized arguments: --resume" in gone.stderr
 
 
 def test_a_sweep_is_pointed_at_resubmit_failed(tmp_path: Path) -> None:
@@ -165,7 +165,7 @@ def test_a_cancelled_slurm_run_resumes_to_the_uninterrupted_weights(
     assert "two jobs must never write one run directory" in refused.stderr
     e2e.hpc(slurm_cluster, "cancel", str(job.run_dir))
     assert e2e.wait_done(slurm_cluster, job.job_id)["JobState"] == "CANCELLED"
-    dry = e2e.hpc(slurm_cluster, "submit", "--resume", str(job.run_dir), "--dry-run")
+    dry = e2e.hpc(slurm_cluster, "resume", str(job.run_dir), "--dry-run")
     assert "#SBATCH" in dry.stdout
     assert read_manifest(job.run_dir).job_id == job.job_id  # a dry run submits nothing
     again = _resume(slurm_cluster, job.run_dir)
@@ -254,17 +254,17 @@ def _ended_local_run(runs: Path) -> Path:
     import zipfile
 
     from hpc_ddp.config.load import load_job_config
+    from hpc_ddp.launch.submission import materialize, prepare, record
     from hpc_ddp.slurm.fake import FakeSlurm
-    from hpc_ddp.slurm.submission import materialize, prepare, record
 
     config = REPO / "jobs" / "quickstart.yaml"
     cfg = load_job_config(config, [], site_profile=None)
     client = FakeSlurm().client()
     prepared = materialize(
-        prepare(cfg, config_path=config, runs_dir=runs, python=sys.executable,
-                invocation=["hpc-ddp", "submit"], client=client)
+        prepare(cfg, backend="local", config_path=config, runs_dir=runs,
+                python=sys.executable, invocation=["hpc-ddp", "submit"], client=client)
     )  # fmt: skip
-    record(prepared, backend="local", job_id="4194304", command=["submitit-local", "4194304"])
+    record(prepared, job_id="4194304", command=["submitit-local", "4194304"])
     prepared.paths.checkpoints.mkdir(exist_ok=True)
     with zipfile.ZipFile(prepared.paths.checkpoints / "step-00000032.pt", "w") as z:
         z.writestr("archive/data.pkl", b"not really weights")
@@ -295,16 +295,17 @@ def test_a_local_resume_dry_run_shows_the_local_backend_and_claims_no_verified_s
 def _slurm_run(runs: Path, job_id: str) -> Path:
     """A run submitted to (fake) Slurm as job ``job_id``."""
     from hpc_ddp.config.load import load_job_config
+    from hpc_ddp.launch.submission import materialize, prepare, record
     from hpc_ddp.slurm.fake import FakeSlurm
-    from hpc_ddp.slurm.submission import materialize, prepare, record
 
     config = REPO / "jobs" / "quickstart.yaml"
     cfg = load_job_config(config, [], site_profile=None)
     prepared = materialize(
-        prepare(cfg, config_path=config, runs_dir=runs, python=sys.executable,
-                invocation=["hpc-ddp", "submit"], client=FakeSlurm().client())
+        prepare(cfg, backend="slurm", config_path=config, runs_dir=runs,
+                python=sys.executable, invocation=["hpc-ddp", "submit"],
+                client=FakeSlurm().client())
     )  # fmt: skip
-    record(prepared, backend="slurm", job_id=job_id, command=["sbatch", "--parsable"])
+    record(prepared, job_id=job_id, command=["sbatch", "--parsable"])
     return prepared.paths.root
 
 

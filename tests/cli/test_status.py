@@ -19,21 +19,23 @@ from typing import Any
 import pytest
 
 import hpc_ddp.cli.main as cli_main
-from hpc_ddp.cli import waiting
 from hpc_ddp.cli.main import main
 from hpc_ddp.cli.runs import resolve_targets
-from hpc_ddp.cli.waiting import wait_for_jobs
 from hpc_ddp.errors import RunDirError
+from hpc_ddp.launch import wait
+from hpc_ddp.launch.wait import wait_for_jobs
+from hpc_ddp.layout import RunPaths
 from hpc_ddp.local.process import identify, write_identity
 from hpc_ddp.manifest import Manifest, write_manifest
-from hpc_ddp.rundir import RunPaths
-from hpc_ddp.runtime.ledger import Attempt, EndCause, record_end, record_start
-from hpc_ddp.slurm.client import CompletedCommand, JobState, SlurmClient, parse_job_state
+from hpc_ddp.runtime.ledger import Attempt, EndCause
+from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.fake import FakeSlurm
+from hpc_ddp.slurm.jobstate import CompletedCommand, JobState, parse_job_state
 from hpc_ddp.slurm.postmortem import has_logs, startup_failure
 from hpc_ddp.state.verdict import Source, judge
 from tests import e2e_util as e2e
 from tests.conftest import Cluster
+from tests.ledgers import record_end, record_start
 
 T0 = 1_767_268_800.0
 
@@ -548,7 +550,7 @@ def test_wait_backs_off_and_asks_for_its_job_only(capsys: pytest.CaptureFixture[
     code = wait_for_jobs(SlurmClient(polls), ["5"], sleep=polls.sleeps.append)
     assert code == 0
     assert polls.sleeps[:4] == [0.5, 0.75, 1.125, 1.6875]
-    assert polls.sleeps[-1] == waiting.MAX_POLL_S
+    assert polls.sleeps[-1] == wait.MAX_POLL_S
     assert all(b >= a for a, b in itertools.pairwise(polls.sleeps))
     assert len(polls.sleeps) == 12
     assert {a[:6] for a in polls.argvs} == {("squeue", "-h", "-t", "all", "-j", "5")}
@@ -586,13 +588,14 @@ def command_job(tmp_path: Path, name: str, code: str) -> Path:
 ASKED_FOR_REQUEUE = """\
 import os
 from pathlib import Path
-from hpc_ddp.runtime.ledger import EndCause, record_end, record_start
+from hpc_ddp.durable import append_line
+from hpc_ddp.runtime.ledger import EndCause, end_event, start_event
 ledger = Path(os.environ["HPC_DDP_RUN_DIR"]) / "ledger.jsonl"
 job = os.environ["SLURM_JOB_ID"]
-record_start(ledger, attempt=0, job_id=job, job_ref=job, nodelist=os.environ["SLURM_NODELIST"],
-             world_size=1, resumed_from_step=None, checkpoint=None)
-record_end(ledger, attempt=0, cause=EndCause.TIME_LIMIT, steps_done=7, checkpoint=None,
-           requeue_requested=True, message="time-limit warning signal")
+append_line(ledger, start_event(attempt=0, job_id=job, job_ref=job, world_size=1,
+            nodelist=os.environ["SLURM_NODELIST"], resumed_from_step=None, checkpoint=None))
+append_line(ledger, end_event(attempt=0, cause=EndCause.TIME_LIMIT, steps_done=7, checkpoint=None,
+            requeue_requested=True, message="time-limit warning signal"))
 """
 
 

@@ -18,9 +18,10 @@ import pytest
 import hpc_ddp.cli.main as cli_main
 from hpc_ddp.cli.main import main
 from hpc_ddp.errors import SlurmUnavailableError
-from hpc_ddp.runtime.ledger import EndCause, record_end, record_start
+from hpc_ddp.runtime.ledger import EndCause
 from hpc_ddp.slurm.fake import FakeSlurm
-from hpc_ddp.sweep.results import read_arrays
+from hpc_ddp.sweep.records import read_arrays
+from tests.ledgers import record_end, record_start
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from hpc_ddp.cli.main import main
+from hpc_ddp.launch.submission import make_run_dir
+from hpc_ddp.layout import RunPaths
 from hpc_ddp.manifest import Manifest, write_manifest
-from hpc_ddp.rundir import RunPaths
-from hpc_ddp.runsdir import make_run_dir
 from hpc_ddp.slurm.fake import FakeJob, FakeSlurm
 from hpc_ddp.slurm.jobstate import JobState
 

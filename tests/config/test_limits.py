@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from hpc_ddp.cli.main import main
-from hpc_ddp.config.fields import MAX_NAME_CHARS
 from hpc_ddp.config.load import job_config_from_dict, load_job_config
 from hpc_ddp.config.schema import MAX_CONFIG_CHARS
+from hpc_ddp.config.sweepfile import MAX_SWEEP_POINTS
+from hpc_ddp.config.values import MAX_NAME_CHARS
 from hpc_ddp.config.yaml_dialect import (
     MAX_DEPTH,
     MAX_EXPANDED_VALUES,
@@ -25,7 +26,7 @@ from hpc_ddp.config.yaml_dialect import (
     parse_yaml,
 )
 from hpc_ddp.errors import ConfigError, OverrideError
-from hpc_ddp.sweep.spec import MAX_SWEEP_POINTS, load_sweep
+from hpc_ddp.sweep.spec import load_sweep
 
 FAST_S = 5.0
 pytestmark = pytest.mark.timeout(60)  # a regression must fail, not hang the suite

@@ -19,9 +19,9 @@ from hpc_ddp.config.load import (
     job_config_to_dict,
     load_job_config,
     load_resolved_config,
-    parse_yaml,
 )
 from hpc_ddp.config.model import ContainerConfig, JobConfig, SlurmConfig
+from hpc_ddp.config.yaml_dialect import parse_yaml
 from hpc_ddp.errors import ConfigError, OverrideError, RunDirError
 
 DATA = Path(__file__).parents[1] / "data" / "config"

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.config import model
+from hpc_ddp.config import sweepfile as sweep_model
 from hpc_ddp.config.reference import config_reference, field_docs, undocumented_keys
 from hpc_ddp.config.schema import JOB_SCHEMA
-from hpc_ddp.sweep import model as sweep_model
-from hpc_ddp.sweep.model import SWEEP_SCHEMA
+from hpc_ddp.config.sweepfile import SWEEP_SCHEMA
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "config-reference.md"
 REGENERATE = ".venv/bin/python -m hpc_ddp.config.reference > docs/config-reference.md"

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp.cli.launching import check_local_size
 from hpc_ddp.cli.main import main
 from hpc_ddp.errors import ConfigError, RunDirError, TargetError
+from hpc_ddp.launch.submission import check_local_size
+from hpc_ddp.layout import RunPaths
 from hpc_ddp.local.backend import LocalResult, TaskOutcome, first_failure, task_outcomes
 from hpc_ddp.local.process import (
     cancel_local,
@@ -43,7 +44,6 @@ from hpc_ddp.local.process import (
     write_rank_identity,
 )
 from hpc_ddp.manifest import Manifest, write_manifest
-from hpc_ddp.rundir import RunPaths
 from tests.conftest import REPO
 
 

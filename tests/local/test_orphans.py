@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc_ddp.layout import NO_PDEATHSIG_ENV
 from hpc_ddp.local.process import (
     cancel_local,
     identify,
@@ -30,7 +31,6 @@ from hpc_ddp.local.process import (
     signal_if_same,
 )
 from hpc_ddp.manifest import read_manifest
-from hpc_ddp.rundir import NO_PDEATHSIG_ENV
 from hpc_ddp.runtime.ledger import EndCause
 from tests import e2e_util as e2e
 from tests.conftest import REPO

@@ -10,13 +10,12 @@ import logging
 import os
 import pickle
 import random
-import signal
 import struct
 import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,25 +25,24 @@ from torch import nn
 
 from hpc_ddp.config.model import JobConfig, TrainConfig
 from hpc_ddp.errors import CheckpointError
+from hpc_ddp.layout import LATEST_CHECKPOINT, checkpoint_name, parse_checkpoint_name
 from hpc_ddp.runtime.checkpoint import (
-    LATEST,
     CheckpointState,
     CheckpointWriter,
-    Progress,
     build_payload,
     capture_rng_state,
-    checkpoint_name,
     find_latest,
     list_checkpoints,
     load_checkpoint,
-    parse_checkpoint_name,
     prune_plan,
     restore_rng_state,
     snapshot,
     weights_digest,
     write_checkpoint,
 )
-from hpc_ddp.runtime.session import Session, unwrap
+from hpc_ddp.runtime.procgroup import unwrap
+from hpc_ddp.runtime.progress import Progress
+from hpc_ddp.runtime.session import Session
 from tests.helpers.launch import HELPERS, base_env
 
 pytestmark = pytest.mark.torch
@@ -72,14 +70,6 @@ def save(directory: Path, step: int, model: nn.Module | None = None, keep_last: 
     return write_checkpoint(directory, payload, keep_last)
 
 
-@pytest.mark.parametrize(
-    ("name", "step"),
-    [("step-00000120.pt", 120), ("step-0.pt", 0), ("step-00000120.pt.tmp", None), (LATEST, None)],
-)
-def test_parse_checkpoint_name(name: str, step: int | None) -> None:
-    assert parse_checkpoint_name(name) == step
-
-
 def test_checkpoint_name_sorts_like_steps() -> None:
     names = [checkpoint_name(s) for s in (9, 10, 100, 12345678)]
     assert names == sorted(names)
@@ -97,7 +87,7 @@ def test_save_load_roundtrip_is_weights_only(tmp_path: Path) -> None:
     model = small_model()
     path = save(tmp_path, 7, model)
     assert path.name == "step-00000007.pt"
-    assert (tmp_path / LATEST).read_text().strip() == path.name
+    assert (tmp_path / LATEST_CHECKPOINT).read_text().strip() == path.name
     raw = torch.load(path, map_location="cpu", weights_only=True)  # must not need pickle code
     assert raw["progress"] == {"step": 7, "epoch": 0, "batch_in_epoch": 7}
     assert raw["extra"] == {"k": 1}
@@ -129,8 +119,8 @@ def test_a_save_that_fails_midway_leaves_the_old_state_and_no_temp_file(
         m.setattr(os, "replace", refuse)
         with pytest.raises(OSError, match="Input/output"):
             save(tmp_path, 30)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [LATEST, old.name]
-    assert (tmp_path / LATEST).read_text().strip() == old.name
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LATEST_CHECKPOINT, old.name]
+    assert (tmp_path / LATEST_CHECKPOINT).read_text().strip() == old.name
     assert find_latest(tmp_path) is not None
 
 
@@ -161,7 +151,7 @@ def test_keep_last_prunes_only_after_new_one_is_durable(tmp_path: Path) -> None:
         "step-00000030.pt",
         "step-00000040.pt",
     ]
-    assert (tmp_path / LATEST).read_text().strip() == "step-00000040.pt"
+    assert (tmp_path / LATEST_CHECKPOINT).read_text().strip() == "step-00000040.pt"
 
 
 def test_corrupt_newest_falls_back_to_previous(
@@ -489,15 +479,15 @@ def test_flipped_weights_rejected_on_load_and_resume_takes_previous(
 
 def test_dangling_latest_pointer_is_harmless_and_replaced(tmp_path: Path) -> None:
     save(tmp_path, 10)
-    (tmp_path / LATEST).unlink()
-    (tmp_path / LATEST).symlink_to(tmp_path / "step-00000099.pt")
+    (tmp_path / LATEST_CHECKPOINT).unlink()
+    (tmp_path / LATEST_CHECKPOINT).symlink_to(tmp_path / "step-00000099.pt")
     assert [(i.step, i.state) for i in list_checkpoints(tmp_path, verify=True)] == [(10, OK)]
     found = find_latest(tmp_path)
     assert found is not None
     assert found[0].name == "step-00000010.pt"
     save(tmp_path, 20)
-    assert not (tmp_path / LATEST).is_symlink()
-    assert (tmp_path / LATEST).read_text().strip() == "step-00000020.pt"
+    assert not (tmp_path / LATEST_CHECKPOINT).is_symlink()
+    assert (tmp_path / LATEST_CHECKPOINT).read_text().strip() == "step-00000020.pt"
 
 
 def test_symlinked_checkpoint_that_resolves_is_good(tmp_path: Path) -> None:
@@ -531,18 +521,6 @@ def test_half_written_files_are_never_taken_for_checkpoints(tmp_path: Path, name
         assert not complete.exists()
 
 
-@pytest.fixture
-def clean_process() -> Iterator[None]:
-    """Put back os.environ (the env:// init writes RANK, MASTER_PORT ...) and signal handlers."""
-    saved_env = dict(os.environ)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
-    yield
-    os.environ.clear()
-    os.environ.update(saved_env)
-    for s, h in handlers.items():
-        signal.signal(s, h)
-
-
 def train_in_session(run_dir: Path, total: int) -> tuple[int, str]:
     """A single-process session run to ``total`` steps, checkpointing every step; the step it
     resumed from and the digest of the weights it resumed with."""
@@ -560,7 +538,7 @@ def train_in_session(run_dir: Path, total: int) -> tuple[int, str]:
     return resumed
 
 
-@pytest.mark.usefixtures("clean_process")
+@pytest.mark.usefixtures("own_process")
 def test_session_restore_skips_flipped_weights_and_retrains_exactly(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -9,15 +9,9 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.errors import RunDirError
-from hpc_ddp.runtime.ledger import (
-    Attempt,
-    EndCause,
-    RequeueDecision,
-    decide_requeue,
-    read_ledger,
-    record_end,
-    record_start,
-)
+from hpc_ddp.runtime.ledger import Attempt, EndCause, read_ledger
+from hpc_ddp.runtime.requeue import RequeueDecision, decide_requeue
+from tests.ledgers import record_end, record_start
 
 
 def start(path: Path, attempt: int, now: float, **kw: object) -> None:

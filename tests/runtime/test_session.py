@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,11 +20,12 @@ from torch.utils.data import TensorDataset
 from hpc_ddp.config.load import dump_job_config, load_job_config
 from hpc_ddp.config.model import JobConfig, RequeueConfig, TrainConfig
 from hpc_ddp.errors import CheckpointError, HpcDdpError
-from hpc_ddp.rundir import RUN_DIR_ENV
+from hpc_ddp.layout import RUN_DIR_ENV
 from hpc_ddp.runtime.checkpoint import list_checkpoints, weights_digest
 from hpc_ddp.runtime.ledger import EndCause, read_ledger
+from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.requeue import REQUEUE_FAILED_EXIT_CODE
-from hpc_ddp.runtime.session import DEFAULT_RUN_DIR, Phase, RequeueExit, Session, unwrap
+from hpc_ddp.runtime.session import DEFAULT_RUN_DIR, Phase, RequeueExit, Session
 from hpc_ddp.slurm.fake import FakeSlurm
 from hpc_ddp.slurm.jobstate import JobState
 from tests.helpers.launch import REPO, base_env, free_port
@@ -97,18 +97,6 @@ def test_params_reach_the_script_read_only_from_the_run_dir(tmp_path: Path) -> N
         params["lr"] = 1.0  # type: ignore[index]
 
 
-@pytest.fixture
-def clean_process() -> Iterator[None]:
-    """Put back os.environ (the env:// init writes RANK, MASTER_PORT ...) and signal handlers."""
-    saved_env = dict(os.environ)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
-    yield
-    os.environ.clear()
-    os.environ.update(saved_env)
-    for s, h in handlers.items():
-        signal.signal(s, h)
-
-
 DATA = TensorDataset(torch.randn(96, 4, generator=torch.Generator().manual_seed(0)),
                      torch.arange(96) % 3)  # fmt: skip
 
@@ -142,7 +130,7 @@ def byo_loop(
         return weights_digest(unwrap(model).state_dict())
 
 
-@pytest.mark.usefixtures("clean_process")
+@pytest.mark.usefixtures("own_process")
 @pytest.mark.parametrize("stop_at", [7, 10, 12])  # mid-epoch, on a checkpoint, epoch end
 def test_single_process_stop_and_resume_is_exact(tmp_path: Path, stop_at: int) -> None:
     full = byo_loop(tmp_path / "full", 30, env={})
@@ -155,7 +143,7 @@ def test_single_process_stop_and_resume_is_exact(tmp_path: Path, stop_at: int) -
     assert [json.loads(r)["step"] for r in rows] == list(range(1, 31))  # none twice, none lost
 
 
-@pytest.mark.usefixtures("clean_process")
+@pytest.mark.usefixtures("own_process")
 def test_checkpoint_needs_restore_first_and_corrupt_only_is_an_error(tmp_path: Path) -> None:
     with Session(tmp_path, JobConfig(name="t"), env={}) as s:
         with pytest.raises(HpcDdpError, match=r"HINT: call session\.restore"):
@@ -173,7 +161,7 @@ CANCELLING = "JobId=78 JobState=COMPLETING Reason=None Restarts=0 PreemptTime=No
 COMMAND_CHILD = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "SLURM_JOB_ID": "90"}
 
 
-@pytest.mark.usefixtures("clean_process")
+@pytest.mark.usefixtures("own_process")
 @pytest.mark.parametrize(
     ("env", "signum", "job", "call"),
     [
@@ -211,7 +199,7 @@ def test_requeue_under_slurm(
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-@pytest.mark.usefixtures("clean_process")
+@pytest.mark.usefixtures("own_process")
 def test_a_failed_requeue_leaves_non_zero_and_says_so(tmp_path: Path) -> None:
     """An ``scontrol`` that cannot reach Slurm (munged's socket missing, as in a container):
     the session leaves with REQUEUE_FAILED_EXIT_CODE on every path out, and the ledger says
@@ -240,7 +228,7 @@ def test_a_failed_requeue_leaves_non_zero_and_says_so(tmp_path: Path) -> None:
     assert "HINT:" in attempt.message
 
 
-def test_custom_requeue_signal_is_caught(tmp_path: Path, clean_process: None) -> None:
+def test_custom_requeue_signal_is_caught(tmp_path: Path, own_process: None) -> None:
     cfg = JobConfig(name="t", requeue=RequeueConfig(signal="USR1"))
     with Session(tmp_path, cfg, env={}) as s:
         os.kill(os.getpid(), signal.SIGUSR1)
@@ -301,7 +289,7 @@ def test_byo_under_torchrun_two_ranks_stop_and_resume(tmp_path: Path) -> None:
     assert _metric_steps(tmp_path) == list(range(10, 801, 10))
 
 
-@pytest.mark.usefixtures("clean_process")
+@pytest.mark.usefixtures("own_process")
 @pytest.mark.parametrize("on_crash", [True, False])
 def test_a_crash_in_the_loop_reaches_the_coordinator(tmp_path: Path, on_crash: bool) -> None:
     """An exception escaping the training loop ends the attempt as a crash; with

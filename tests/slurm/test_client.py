@@ -21,22 +21,22 @@ from hpc_ddp.errors import (
     SubmissionError,
     TargetError,
 )
-from hpc_ddp.slurm.client import (
+from hpc_ddp.slurm.client import SlurmClient, subprocess_runner
+from hpc_ddp.slurm.fake import FakeSlurm
+from hpc_ddp.slurm.jobstate import (
+    JOB_REF,
     SQUEUE_FIELDS,
     SQUEUE_FORMAT,
     CompletedCommand,
     JobState,
-    SlurmClient,
+    is_job_ref,
     parse_job_state,
     parse_max_array_size,
     parse_sacct,
     parse_sbatch_parsable,
     parse_scontrol_oneliner,
     parse_squeue,
-    subprocess_runner,
 )
-from hpc_ddp.slurm.fake import FakeSlurm
-from hpc_ddp.slurm.jobstate import JOB_REF, is_job_ref
 
 SCRIPT = Path("/runs/demo/job.sbatch")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -69,7 +68,7 @@ def test_parse_nodelist_rejects(text: str, fragment: str) -> None:
     assert "HINT:" in message
 
 
-@pytest.mark.skipif(shutil.which("scontrol") is None, reason="Slurm's scontrol is not installed")
+@pytest.mark.usefixtures("slurm_commands")
 def test_parse_nodelist_agrees_with_scontrol(tmp_path: Path) -> None:
     """Slurm's own parser (no controller needed for show hostnames) gives the same names."""
     conf = tmp_path / "slurm.conf"

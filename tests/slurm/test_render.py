@@ -163,6 +163,7 @@ def test_golden_runs_srun_with_the_intended_argv(case: str, tmp_path: Path) -> N
         assert env["HPC_DDP_RUN_DIR"] == ctx.run_dir
 
 
+@pytest.mark.usefixtures("slurm_commands")
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_golden_sbatch_reads_exactly_our_flags(case: str, tmp_path: Path) -> None:
     cfg, ctx = CASES[case]
@@ -368,6 +369,7 @@ def test_srun_args_that_are_not_options_are_refused_when_rendering() -> None:
         render_sbatch(cfg, CTX)
 
 
+@pytest.mark.usefixtures("slurm_commands")
 def test_mem_zero_renders_all_of_the_nodes_memory(tmp_path: Path) -> None:
     from hpc_ddp.config.load import job_config_from_dict
 
@@ -496,6 +498,7 @@ def hostile_values(sentinels: Path) -> list[str]:
     ]
 
 
+@pytest.mark.usefixtures("slurm_commands")
 def test_hostile_values_reach_their_commands_verbatim_and_run_nothing(tmp_path: Path) -> None:
     sentinels = tmp_path / "sentinels"
     sentinels.mkdir()
@@ -675,8 +678,7 @@ _FOUND = re.compile(r'^sbatch: debug2: Found in script, argument "(.*)"$', re.MU
 def sbatch_parse(script: str, tmp_path: Path) -> list[str]:
     """The arguments real sbatch finds in ``script``'s #SBATCH lines; submits nothing."""
     sbatch = shutil.which("sbatch")
-    if sbatch is None:
-        pytest.skip("sbatch is not installed")
+    assert sbatch is not None, "the slurm_commands fixture installs it"
     conf, path = tmp_path / "parse-only.conf", tmp_path / "parse.sbatch"
     conf.write_text(_SBATCH_CONF)
     path.write_text(script, encoding="utf-8")

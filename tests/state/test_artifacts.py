@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.errors import RunDirError
-from hpc_ddp.rundir import RunPaths
+from hpc_ddp.layout import RunPaths
 from hpc_ddp.state.artifacts import damaged_checkpoint, last_metric
 
 STAMP = "20260101-120000"

@@ -16,15 +16,16 @@ from typing import Any
 import pytest
 
 from hpc_ddp.cli.main import main
+from hpc_ddp.layout import RunPaths
 from hpc_ddp.local.process import identify_started, mark_cancelled, write_rank_identity
 from hpc_ddp.manifest import Manifest, write_manifest
-from hpc_ddp.rundir import RunPaths
-from hpc_ddp.runtime.ledger import Attempt, EndCause, record_end, record_start
+from hpc_ddp.runtime.ledger import Attempt, EndCause
 from hpc_ddp.slurm.fake import FakeSlurm
 from hpc_ddp.slurm.jobstate import JobState
 from hpc_ddp.state.report import reason_lines, run_status
 from hpc_ddp.state.resumable import check_resumable
 from hpc_ddp.state.verdict import SlurmView, Source, describe_attempt, judge
+from tests.ledgers import record_end, record_start
 
 T0 = 1_767_268_800.0  # 2026-01-01T12:00:00Z, the manifests' submit time
 DEAD_PID = "4194304"  # the largest pid Linux hands out: never this test's neighbour

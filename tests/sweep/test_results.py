@@ -12,28 +12,30 @@ from typing import Any
 import pytest
 
 from hpc_ddp.errors import RunDirError, TargetError
-from hpc_ddp.runtime.ledger import Attempt, EndCause, record_end, record_start
-from hpc_ddp.slurm.client import JobInfo, JobState
-from hpc_ddp.sweep.results import (
+from hpc_ddp.runtime.ledger import Attempt, EndCause
+from hpc_ddp.slurm.jobstate import JobInfo, JobState
+from hpc_ddp.state.task import TaskState, task_state
+from hpc_ddp.sweep.records import (
     ArrayRecord,
-    ResultRow,
-    TaskState,
     current_refs,
     format_index_ranges,
-    gather_results,
     live_task,
+    parse_index_ranges,
+    read_arrays,
+    read_sweep_record,
+)
+from hpc_ddp.sweep.results import (
+    ResultRow,
+    gather_results,
     logged_metrics,
     loss_curve,
     metric_summary,
-    parse_index_ranges,
-    read_arrays,
     read_metrics,
-    read_sweep_record,
     sort_rows,
     sweep_status,
     sweep_summary,
-    task_state,
 )
+from tests.ledgers import record_end, record_start
 
 # --- index ranges -------------------------------------------------------------------------------
 

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from hpc_ddp.config.load import load_job_config
-from hpc_ddp.errors import ConfigError, OverrideError
-from hpc_ddp.sweep.model import (
+from hpc_ddp.config.sweepfile import (
+    MAX_SWEEP_POINTS,
     SWEEP_SCHEMA,
     Distribution,
     MetricSpec,
@@ -20,7 +20,8 @@ from hpc_ddp.sweep.model import (
     SweepFile,
     SweepSection,
 )
-from hpc_ddp.sweep.spec import MAX_SWEEP_POINTS, SweepSpec, chunk_array, load_sweep
+from hpc_ddp.errors import ConfigError, OverrideError
+from hpc_ddp.sweep.spec import SweepSpec, chunk_array, load_sweep
 
 DATA = Path(__file__).parents[1] / "data" / "config"
 

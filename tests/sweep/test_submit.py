@@ -24,22 +24,18 @@ import yaml
 from hpc_ddp.config.load import dump_job_config, load_resolved_config
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import SubmissionError
+from hpc_ddp.job.task import task_run_dir
+from hpc_ddp.layout import RunPaths
 from hpc_ddp.manifest import read_manifest
-from hpc_ddp.rundir import RunPaths
-from hpc_ddp.runtime.entry import task_run_dir
-from hpc_ddp.runtime.ledger import EndCause, record_end, record_start
+from hpc_ddp.runtime.ledger import EndCause
 from hpc_ddp.slurm.fake import FakeSlurm
 from hpc_ddp.slurm.jobstate import JobState
-from hpc_ddp.sweep.results import read_arrays, read_sweep_record
+from hpc_ddp.sweep.arrays import ArrayPlan, plan_arrays, script_groups
+from hpc_ddp.sweep.configtext import ConfigTexts
+from hpc_ddp.sweep.records import read_arrays, read_sweep_record
 from hpc_ddp.sweep.spec import chunk_array, load_sweep
-from hpc_ddp.sweep.submit import (
-    ArrayPlan,
-    ConfigTexts,
-    plan_arrays,
-    resubmit_failed,
-    script_groups,
-    submit_sweep,
-)
+from hpc_ddp.sweep.submit import resubmit_failed, submit_sweep
+from tests.ledgers import record_end, record_start
 
 DATA = Path(__file__).parents[1] / "data" / "config"
 

@@ -11,7 +11,7 @@ from torch.utils.data import TensorDataset
 
 from hpc_ddp.config.model import TrainConfig
 from hpc_ddp.errors import ConfigError
-from hpc_ddp.runtime.checkpoint import Progress
+from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.sampler import ResumableLoader, ResumableSampler, mix_seed
 from hpc_ddp.train.data import SyntheticImages, build_dataset
 

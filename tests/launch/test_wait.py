@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.cli.main import main
-from hpc_ddp.cli.waiting import wait_for_jobs
+from hpc_ddp.launch.wait import wait_for_jobs
+from hpc_ddp.layout import RunPaths
 from hpc_ddp.manifest import Manifest, write_manifest
-from hpc_ddp.rundir import RunPaths
-from hpc_ddp.runtime.ledger import EndCause, record_end, record_start
+from hpc_ddp.runtime.ledger import EndCause
 from hpc_ddp.slurm.fake import FakeSlurm
 from hpc_ddp.slurm.jobstate import JobState
 from tests import e2e_util as e2e
 from tests.conftest import Cluster
+from tests.ledgers import record_end, record_start
 
 CRASH = "rank 1 on n2: RuntimeError: injected crash at step 8"
 BATCH_LOG = (

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.params import PYTHON_NAMES, resolve_command
 from hpc_ddp.errors import ConfigError, RunDirError
+from hpc_ddp.layout import RUN_DIR_ENV, RUN_ID_ENV, RunPaths
 from hpc_ddp.run_id import read_run_id
-from hpc_ddp.rundir import RUN_DIR_ENV, RUN_ID_ENV, RunPaths
 
 if TYPE_CHECKING:
     from hpc_ddp.runtime.requeue import Coordinator
@@ -134,7 +134,7 @@ def run_command(
     that asks for the requeue (None: the real one).
     """
     from hpc_ddp.runtime.distenv import derive_dist_env
-    from hpc_ddp.runtime.ports import resolve_master_port
+    from hpc_ddp.runtime.procgroup import resolve_master_port
     from hpc_ddp.runtime.requeue import Coordinator  # now: a crash is handled without delay
 
     dist = derive_dist_env(env, port=cfg.dist.port)
@@ -181,8 +181,8 @@ def record_child_crash(coordinator: Coordinator, failure: str, began: float) -> 
     the attempt. ``began``: when this task started its child (outside Slurm, where there is
     no job id and nothing to claim, an entry of this attempt is one that started since).
     """
-    from hpc_ddp.runtime.crash_claim import claim_crash_requeue
-    from hpc_ddp.runtime.ledger import read_ledger, record_start
+    from hpc_ddp.runtime.ledger import read_ledger
+    from hpc_ddp.runtime.requeue import claim_crash_requeue
 
     dist = coordinator.dist
     # Outside Slurm nothing is requeued, and a claim named "local" would outlive the run.
@@ -200,16 +200,7 @@ def record_child_crash(coordinator: Coordinator, failure: str, began: float) -> 
         log.error("%s; the attempt's end is recorded already", failure)
         return
     if not mine:
-        record_start(
-            coordinator.ledger,
-            attempt=coordinator.attempt,
-            job_id=dist.job_id,
-            job_ref=dist.job_ref,
-            nodelist=",".join(dist.nodelist),
-            world_size=dist.world_size,
-            resumed_from_step=None,
-            checkpoint=None,
-        )
+        coordinator.write_start(resumed_from_step=None, checkpoint=None)
     coordinator.crash(step=None, checkpoint=None, error=failure, claimed=True)
 
 

@@ -1,18 +1,18 @@
-"""The run directory: where the login-node side and the on-node runtime meet.
+"""The layout of a run directory: where the login-node side and the on-node runtime meet.
 
 This module is the contract between the two sides, and nothing more: the names of the files
-and of every ``HPC_DDP_*`` environment variable, and :class:`RunPaths`. It is pure (no file
-I/O, no environment reads), so that pure modules may import it. Creating run directories is
-:mod:`hpc_ddp.runsdir`; each file has the module that reads and writes it (:mod:`hpc_ddp.manifest`,
-:mod:`hpc_ddp.run_id`, :mod:`hpc_ddp.runtime.ledger`, ...), all writes go through
-:mod:`hpc_ddp.durable`.
+(checkpoint files included) and of every ``HPC_DDP_*`` environment variable, and
+:class:`RunPaths`. It is pure (no file I/O, no environment reads), so that pure modules may
+import it. Creating run directories is :mod:`hpc_ddp.launch.submission`; each file has the
+module that reads and writes it (:mod:`hpc_ddp.manifest`, :mod:`hpc_ddp.run_id`,
+:mod:`hpc_ddp.runtime.ledger`, ...), all writes go through :mod:`hpc_ddp.durable`.
 
 Everything a later command needs (``status``, ``logs``, ``cancel``, a requeued attempt, a
 ``results`` table days later) is in here as plain text: YAML, JSON and JSON lines, no pickles.
 
     RUN_DIR/
       config.yaml        the resolved job config the runtime reads
-      job.sbatch         the rendered script, exactly as submitted
+      job.sbatch         the rendered script, exactly as submitted (Slurm runs only)
       manifest.json      job id, backend, submit time and command (written after submission)
       ledger.jsonl       one line per attempt event (start, end, cause)
       metrics.jsonl      rank-0 metrics
@@ -32,6 +32,7 @@ A sweep directory holds ``sweep.yaml``, ``arrays.json``, ``manifest.json`` and
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +61,23 @@ RUN_ID_ENV = "HPC_DDP_RUN_ID"
 """Node side: the run's stable id (``RUN_DIR/run_id``), the same in every attempt."""
 NO_PDEATHSIG_ENV = "HPC_DDP_TEST_NO_PDEATHSIG"
 """Tests only: ``1`` keeps local ranks alive when their controller dies (to test orphans)."""
+
+LATEST_CHECKPOINT = "latest"
+"""``checkpoints/latest``: names the newest checkpoint file, a hint for people and tools."""
+CHECKPOINT_TMP_PREFIX = ".tmp-"
+"""Temp files of a checkpoint writer start with this, so that they never match ``step-*.pt``."""
+_CHECKPOINT_RE = re.compile(r"^step-(\d+)\.pt$")
+
+
+def checkpoint_name(step: int) -> str:
+    """``step-00000120.pt``: zero-padded so names sort like steps."""
+    return f"step-{step:08d}.pt"
+
+
+def parse_checkpoint_name(name: str) -> int | None:
+    """The step in a checkpoint file name, or None for any other file."""
+    m = _CHECKPOINT_RE.match(name)
+    return int(m.group(1)) if m else None
 
 
 @dataclass(frozen=True)
@@ -132,7 +150,9 @@ def run_dir_name(name: str, stamp: str, n: int = 1) -> str:
 
 __all__ = [
     "ARRAY_OFFSET_ENV",
+    "CHECKPOINT_TMP_PREFIX",
     "DEV_CLUSTER_DIR_ENV",
+    "LATEST_CHECKPOINT",
     "MANIFEST_FILE",
     "NO_PDEATHSIG_ENV",
     "PER_RANK_LOGS_ENV",
@@ -143,5 +163,7 @@ __all__ = [
     "SITE_ENV",
     "STAMP_FORMAT",
     "RunPaths",
+    "checkpoint_name",
+    "parse_checkpoint_name",
     "run_dir_name",
 ]

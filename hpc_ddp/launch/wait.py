@@ -1,7 +1,9 @@
-"""Waiting for Slurm jobs to end (``submit --wait``), politely.
+"""Waiting for launched runs to end (``--wait``): Slurm jobs politely, local runs by their
+processes.
 
-Polls start fast (short jobs end in about a second) and back off, asking squeue only for the
-jobs waited on, so a long wait costs slurmctld one small query every 15 s.
+Polls of Slurm start fast (short jobs end in about a second) and back off, asking squeue only
+for the jobs waited on, so a long wait costs slurmctld one small query every 15 s. A local run
+is followed through rank 0's log, its progress printed as it comes.
 """
 
 from __future__ import annotations
@@ -10,11 +12,16 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpc_ddp.errors import SlurmError
-from hpc_ddp.slurm.client import JobInfo, JobState, SlurmClient
+from hpc_ddp.slurm.client import SlurmClient
+from hpc_ddp.slurm.jobstate import JobInfo, JobState
 from hpc_ddp.state.report import reason_lines, run_status
 from hpc_ddp.state.verdict import SlurmView
+
+if TYPE_CHECKING:
+    from hpc_ddp.launch.submission import Launched
 
 FIRST_POLL_S = 0.5
 MAX_POLL_S = 15.0
@@ -78,3 +85,22 @@ def wait_for_jobs(
     for line in reasons:
         print(line, file=sys.stderr)
     return 0 if all(s == "COMPLETED" for s in states) else 1
+
+
+def wait_for(launched: Launched, client: SlurmClient) -> int:
+    """Wait until the launched run has ended; 0 when it completed, else 1 (with the reason
+    lines ``status`` prints)."""
+    if launched.local is None:
+        return wait_for_jobs(client, [launched.job_id], run_dirs=[launched.paths.root])
+    from hpc_ddp.local.backend import wait_local
+    from hpc_ddp.local.process import was_cancelled
+
+    paths = launched.paths
+    result = wait_local(
+        launched.local, follow=paths.rank_log(0, "err"), follow_from=launched.follow_from
+    )
+    cancelled = was_cancelled(paths.root)
+    print(result.describe(cancelled), file=sys.stderr)
+    if result.state(cancelled) == "FAILED":
+        print(f"  logs: {paths.logs}/rank-N.err (tracebacks)", file=sys.stderr)
+    return 0 if result.state(cancelled) == "COMPLETED" else 1

@@ -1,8 +1,10 @@
-"""Building a submission: the loader, a site profile, overrides and the template together."""
+"""Launching a run: claiming its directory (threads and processes racing on the same second),
+building it from the loader, a site profile, overrides and the template, and starting it."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import sys
 import threading
@@ -10,14 +12,24 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from hpc_ddp.cli.main import main
 from hpc_ddp.config.load import load_job_config, load_resolved_config
 from hpc_ddp.errors import RunsDirError
-from hpc_ddp.slurm.client import CompletedCommand, SlurmClient
-from hpc_ddp.slurm.submission import materialize, prepare, record, schedule_slurm
+from hpc_ddp.launch.submission import (
+    check_runs_dir,
+    create_run_dir,
+    launch,
+    materialize,
+    new_run_dir,
+    prepare,
+    record,
+)
+from hpc_ddp.slurm.client import SlurmClient
+from hpc_ddp.slurm.jobstate import CompletedCommand
 from hpc_ddp.sweep.spec import load_sweep
 from hpc_ddp.sweep.submit import submit_sweep
 from tests import e2e_util as e2e
@@ -55,6 +67,7 @@ def _prepared(runs: Path, client: SlurmClient):  # type: ignore[no-untyped-def]
     )
     return prepare(
         cfg,
+        backend="slurm",
         config_path=Path("jobs/quickstart.yaml"),
         runs_dir=runs,
         python="/opt/venv/bin/python",
@@ -78,16 +91,16 @@ def test_site_profile_plus_overrides_golden(tmp_path: Path) -> None:
     assert prepared.cfg.train.momentum == 0.8
 
 
-def test_schedule_writes_the_run_dir_and_manifest(tmp_path: Path) -> None:
+def test_launch_writes_the_run_dir_and_manifest(tmp_path: Path) -> None:
     runner = FakeRunner()
     prepared = _prepared(tmp_path, SlurmClient(runner))
-    manifest = schedule_slurm(prepared, SlurmClient(runner))
+    manifest = launch(prepared, SlurmClient(runner)).manifest
     assert manifest.job_id == "4242"
     assert runner.calls == [("sbatch", "--parsable", str(prepared.paths.script))]
     assert prepared.paths.script.read_text() == prepared.script
     assert load_resolved_config(prepared.paths.config) == prepared.cfg
     assert prepared.paths.logs.is_dir()
-    again = record(prepared, backend="slurm", job_id="4242", command=prepared.sbatch_argv)
+    again = record(prepared, job_id="4242", command=prepared.sbatch_argv)
     assert again.run_dir == str(prepared.paths.root)
 
 
@@ -121,6 +134,8 @@ def test_prepared_twice_then_materialized_moves_the_second_and_renders_it_again(
     )
     assert b.created
     assert b.sbatch_argv == ("sbatch", "--parsable", str(b.paths.script))
+    assert a.script is not None
+    assert b.script is not None
     assert str(a.paths.root) not in b.script.replace(str(b.paths.root), "")
     assert f"--output={b.paths.root}/logs/batch-%j.out" in b.script
     assert b.paths.script.read_text() == b.script
@@ -139,7 +154,7 @@ def test_many_concurrent_submits_in_one_second_each_get_their_own_run(tmp_path: 
 
     def submit(i: int) -> tuple[Path, str]:
         prepared = _prepared(tmp_path, client)
-        manifest = schedule_slurm(prepared, client)
+        manifest = launch(prepared, client).manifest
         return Path(manifest.run_dir), prepared.script
 
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -155,11 +170,11 @@ def test_many_concurrent_submits_in_one_second_each_get_their_own_run(tmp_path: 
         assert json.loads((d / "manifest.json").read_text())["run_dir"] == str(d)
 
 
-def test_schedule_slurm_materializes_once(tmp_path: Path) -> None:
+def test_launch_materializes_once(tmp_path: Path) -> None:
     runner = FakeRunner()
     client = SlurmClient(runner)
     prepared = materialize(_prepared(tmp_path, client))
-    manifest = schedule_slurm(prepared, client)
+    manifest = launch(prepared, client).manifest
     assert manifest.run_dir == str(prepared.paths.root)
     assert [p.name for p in tmp_path.iterdir()] == [prepared.paths.root.name]
 
@@ -250,6 +265,7 @@ def test_two_real_jobs_submitted_in_the_same_second_each_train_in_their_own_dir(
         cfg = load_job_config(Path("jobs/quickstart.yaml"), overrides)
         return prepare(
             cfg,
+            backend="slurm",
             config_path=Path("jobs/quickstart.yaml"),
             runs_dir=runs,
             python=sys.executable,
@@ -260,7 +276,7 @@ def test_two_real_jobs_submitted_in_the_same_second_each_train_in_their_own_dir(
 
     first, second = prepared(1), prepared(2)
     assert first.paths.root == second.paths.root  # the same forecast: the same second
-    manifests = [schedule_slurm(first, client), schedule_slurm(second, client)]
+    manifests = [launch(first, client).manifest, launch(second, client).manifest]
     dirs = [Path(m.run_dir) for m in manifests]
     assert [d.name for d in dirs] == ["quickstart-20260101-120000", "quickstart-20260101-120000-2"]
     for manifest, run_dir, seed in zip(manifests, dirs, (1, 2), strict=True):
@@ -272,3 +288,114 @@ def test_two_real_jobs_submitted_in_the_same_second_each_train_in_their_own_dir(
     digests = [e2e.final_digest(slurm_cluster, d) for d in dirs]
     assert [step for step, _ in digests] == [6, 6]
     assert digests[0][1] != digests[1][1]  # two seeds, two trainings, two sets of weights
+
+
+STAMP = "20260101-120000"
+
+
+# --- claiming a run directory -------------------------------------------------------------------
+
+
+def test_create_run_dir_takes_the_next_suffix(tmp_path: Path) -> None:
+    assert new_run_dir(tmp_path, "job", STAMP) == tmp_path / f"job-{STAMP}"
+    first = create_run_dir(tmp_path, "job", STAMP)
+    second = create_run_dir(tmp_path, "job", STAMP)
+    assert (first.name, second.name) == (f"job-{STAMP}", f"job-{STAMP}-2")
+    assert new_run_dir(tmp_path, "job", STAMP) == tmp_path / f"job-{STAMP}-3"
+    assert first.is_dir()
+    assert second.is_dir()
+
+
+def test_create_run_dir_makes_the_runs_dir(tmp_path: Path) -> None:
+    base = tmp_path / "a" / "b"
+    assert create_run_dir(base, "job", STAMP).parent == base
+
+
+def test_create_run_dir_never_reuses_a_dangling_symlink(tmp_path: Path) -> None:
+    (tmp_path / f"job-{STAMP}").symlink_to(tmp_path / "nowhere")
+    assert new_run_dir(tmp_path, "job", STAMP).name == f"job-{STAMP}-2"
+    assert create_run_dir(tmp_path, "job", STAMP).name == f"job-{STAMP}-2"
+
+
+def _claim_and_write(base: str, marker: str) -> str:
+    """One submit: claim a directory, then write what only this submit would write there."""
+    run_dir = create_run_dir(Path(base), "job", STAMP)
+    (run_dir / "config.yaml").write_text(marker)
+    return str(run_dir)
+
+
+def test_threads_racing_on_the_same_second_each_get_their_own_dir(tmp_path: Path) -> None:
+    markers = [f"submit {i}" for i in range(64)]
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        dirs = list(pool.map(lambda m: _claim_and_write(str(tmp_path), m), markers))
+    assert len(set(dirs)) == len(markers)
+    for run_dir, marker in zip(dirs, markers, strict=True):
+        assert Path(run_dir, "config.yaml").read_text() == marker  # nothing overwritten
+
+
+def test_processes_racing_on_the_same_second_each_get_their_own_dir(tmp_path: Path) -> None:
+    markers = [f"submit {i}" for i in range(24)]
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(8) as pool:
+        dirs = pool.starmap(_claim_and_write, [(str(tmp_path), m) for m in markers])
+    assert len(set(dirs)) == len(markers)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(Path(d).name for d in dirs)
+    for run_dir, marker in zip(dirs, markers, strict=True):
+        assert Path(run_dir, "config.yaml").read_text() == marker
+
+
+# --- a runs directory that cannot hold runs -------------------------------------------------------
+
+
+def test_runs_dir_that_is_a_file_is_an_exit_2_error(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    runs.write_text("not a directory")
+    for call in (
+        lambda: check_runs_dir(runs, write=False),
+        lambda: new_run_dir(runs, "job", STAMP),
+        lambda: create_run_dir(runs, "job", STAMP),
+    ):
+        with pytest.raises(RunsDirError, match="is a file, not a directory") as info:
+            call()
+        assert str(runs) in str(info.value)
+        assert "HINT: pass an existing, writable directory with --runs-dir" in str(info.value)
+        assert info.value.exit_code == 2
+    assert runs.read_text() == "not a directory"
+
+
+def test_runs_dir_under_a_file_is_an_exit_2_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RunsDirError, match=r"cannot create --runs-dir .*HINT:") as info:
+        create_run_dir(tmp_path / "file" / "runs", "job", STAMP)
+    assert info.value.exit_code == 2
+
+
+def test_unwritable_runs_dir_is_an_exit_2_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Root ignores permission bits, so ask the question the code asks and answer it "no".
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(
+        os, "access", lambda p, mode: False if Path(p) == runs else real_access(p, mode)
+    )
+    with pytest.raises(RunsDirError, match="is not writable by this user") as info:
+        create_run_dir(runs, "job", STAMP)
+    assert info.value.exit_code == 2
+    with pytest.raises(RunsDirError, match="is not readable by this user"):
+        check_runs_dir(runs, write=False)
+    assert list(runs.iterdir()) == []
+
+
+def test_mkdir_refused_is_an_exit_2_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: Path, *args: Any, **kwargs: Any) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    with pytest.raises(RunsDirError, match=r"cannot create .*Permission denied.*HINT:"):
+        create_run_dir(tmp_path, "job", STAMP)
+
+
+def test_missing_runs_dir_is_fine_to_read(tmp_path: Path) -> None:
+    check_runs_dir(tmp_path / "none", write=False)  # nothing submitted yet: no error

@@ -15,7 +15,7 @@ import pytest
 from hpc_ddp.config.load import dump_job_config, job_config_from_dict
 from hpc_ddp.config.model import ContainerConfig, EnvConfig, JobConfig, RequeueConfig, TrainConfig
 from hpc_ddp.errors import ConfigError, RunDirError
-from hpc_ddp.runtime.entry import (
+from hpc_ddp.job.task import (
     child_failure,
     command_argv,
     exit_status,
@@ -24,23 +24,14 @@ from hpc_ddp.runtime.entry import (
     task_interpreter,
     task_run_dir,
 )
-from hpc_ddp.runtime.ledger import EndCause, read_ledger, record_end, record_start
+from hpc_ddp.runtime.ledger import EndCause, read_ledger
 from hpc_ddp.slurm.fake import FakeSlurm
 from hpc_ddp.slurm.jobstate import JobState
 from tests.conftest import REPO
+from tests.ledgers import record_end, record_start
 from tests.runtime.array_task import REF, TASK
 
-
-@pytest.fixture(autouse=True)
-def _own_environ() -> Iterator[None]:
-    """run_job writes RANK, MASTER_PORT, OMP_NUM_THREADS, ... into os.environ, as on a node;
-    here they must not leak into later tests (an srun they start would inherit RANK=0)."""
-    saved = dict(os.environ)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+pytestmark = pytest.mark.usefixtures("own_process")
 
 
 def _run_dir(root: Path, cfg: JobConfig) -> Path:

@@ -1,5 +1,4 @@
-"""Resuming a run: its job submitted again in the same run directory (``hpc-ddp resume``,
-``hpc-ddp submit --resume``).
+"""Resuming a run: its job submitted again in the same run directory (``hpc-ddp resume``).
 
 Nothing about the checkpoint is decided here: the runtime always starts from the newest good
 checkpoint in ``RUN_DIR/checkpoints`` (verified, with fallback to older ones), exactly as after
@@ -15,82 +14,98 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.cli.launching import check_local_job, describe_local_plan, report, submit_local
 from hpc_ddp.config.load import (
     apply_overrides,
-    dump_job_config,
     job_config_from_dict,
     job_config_to_dict,
     load_resolved_config,
 )
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.preflight import preflight_job
-from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import ConfigError, TargetError
-from hpc_ddp.manifest import Manifest, read_manifest, write_manifest
-from hpc_ddp.rundir import MANIFEST_FILE, RunPaths
+from hpc_ddp.launch.submission import (
+    Launched,
+    Prepared,
+    check_local_job,
+    launch,
+    prepare,
+    relocate,
+    write_run_files,
+)
+from hpc_ddp.layout import MANIFEST_FILE, RunPaths
+from hpc_ddp.manifest import Manifest, read_manifest
 from hpc_ddp.slurm.client import SlurmClient
-from hpc_ddp.slurm.submission import Prepared, prepare, relocate
 from hpc_ddp.state.report import ask_slurm, run_status
 from hpc_ddp.state.resumable import check_resumable
 from hpc_ddp.state.verdict import SlurmView
 
 
 @dataclasses.dataclass(frozen=True)
-class ResumeRequest:
-    """What the user asked: the run, overrides and how to go about it."""
+class ResumePlan:
+    """A checked resume, ready to launch: nothing has been written or submitted yet."""
 
     run_dir: Path
-    overrides: Sequence[str] = ()
-    force: bool = False
-    dry_run: bool = False
-    wait: bool = False
-    as_json: bool = False
+    manifest: Manifest
+    state: str
+    """What ``status`` shows for the run now (``CANCELLED``, ``FAILED``, ...)."""
+    attempts: int
+    checkpoint_step: int | None
+    """The newest checkpoint on disk that looks whole (verified by the job when it starts)."""
+    old: JobConfig
+    prepared: Prepared
+    """The run's job with the overrides applied, prepared in its own run directory."""
+    changes: tuple[str, ...]
+    """``key: old -> new`` for every key the overrides changed."""
+
+    @property
+    def previous_jobs(self) -> list[str]:
+        """The run's job ids so far, oldest first: the new manifest keeps them."""
+        m = self.manifest
+        return [*m.previous_jobs, *([m.job_id] if m.job_id else [])]
 
 
-def resume_run(request: ResumeRequest, client: SlurmClient) -> int:
-    """Check, prepare and submit the run's job again; returns the exit code."""
-    run_dir = request.run_dir.resolve()
+def plan_resume(
+    run_dir: Path,
+    overrides: Sequence[str],
+    client: SlurmClient,
+    *,
+    force: bool = False,
+    invocation: Sequence[str] = (),
+) -> ResumePlan:
+    """Check that ``run_dir`` may be resumed now and prepare its job again, in place.
+
+    A run still queued or running is refused (two jobs must never share a run directory); a
+    finished one, or one whose state Slurm could not confirm, needs ``force``. Overrides apply
+    over the run's resolved config; the name cannot change. Raises :class:`TargetError` or
+    :class:`ConfigError` with a hint; writes nothing.
+    """
+    shown = run_dir
+    run_dir = run_dir.resolve()
     manifest = _manifest_of(run_dir)
     row = run_status(run_dir, _view(client, manifest))
-    check = check_resumable(
-        row["state"], str(request.run_dir), manifest.job_id, force=request.force
-    )
+    check = check_resumable(row["state"], str(shown), manifest.job_id, force=force)
     if check.refusal is not None:
         raise TargetError(check.refusal)
     paths = RunPaths(run_dir)
     old = load_resolved_config(paths.config)
-    cfg = _with_overrides(old, request.overrides, paths.config)
+    cfg = _with_overrides(old, overrides, paths.config)
     preflight_job(cfg, str(paths.config))
-    invocation = ["hpc-ddp", "resume", str(request.run_dir), *request.overrides]
-    local = manifest.backend == "local"
-    if local:
-        check_local_job(cfg)  # an override may ask for more processes than this machine has
+    invocation = invocation or ["hpc-ddp", "resume", str(shown), *overrides]
     prepared = _prepare_in_place(cfg, manifest, run_dir, invocation, client)
-    say = sys.stderr if request.as_json else sys.stdout
-    print(f"resuming {run_dir} ({row['state']}, {row['attempts']} attempt(s)) "
-          f"{start_words(row['ckpt step'])}", file=say)  # fmt: skip
-    for line in _changes(old, cfg):
-        print(f"  changed: {line}", file=say)
-    if request.dry_run:
-        if local:
-            print(describe_local_plan(cfg, run_dir))
-        else:
-            print(prepared.script, end="")
-            print(f"# backend: {manifest.backend}; would run: {' '.join(prepared.sbatch_argv)}")
-        return 0
-    write_text_atomic(paths.config, dump_job_config(cfg))
-    write_text_atomic(paths.script, prepared.script)
-    earlier = [*manifest.previous_jobs, *([manifest.job_id] if manifest.job_id else [])]
-    if manifest.backend == "local":
-        return submit_local(
-            prepared, wait=request.wait, as_json=request.as_json, previous_jobs=earlier
-        )
-    return _resubmit_slurm(prepared, manifest, earlier, request, client)
+    return ResumePlan(
+        run_dir, manifest, row["state"], int(row["attempts"]), row["ckpt step"], old, prepared,
+        tuple(_changes(old, cfg)),
+    )  # fmt: skip
+
+
+def resume(plan: ResumePlan, client: SlurmClient) -> Launched:
+    """Write the run's new config (and script) and launch its job again in its run directory;
+    the manifest keeps the earlier job ids."""
+    write_run_files(plan.prepared)
+    return launch(plan.prepared, client, previous_jobs=plan.previous_jobs)
 
 
 def start_words(step: int | None) -> str:
@@ -147,10 +162,17 @@ def _with_overrides(cfg: JobConfig, overrides: Sequence[str], source: Path) -> J
 
 
 def _prepare_in_place(
-    cfg: JobConfig, manifest: Manifest, run_dir: Path, invocation: list[str], client: SlurmClient
+    cfg: JobConfig,
+    manifest: Manifest,
+    run_dir: Path,
+    invocation: Sequence[str],
+    client: SlurmClient,
 ) -> Prepared:
+    if manifest.backend == "local":
+        check_local_job(cfg)  # an override may ask for more processes than this machine has
     prepared = prepare(
         cfg,
+        backend="local" if manifest.backend == "local" else "slurm",
         config_path=Path(manifest.config_source),
         runs_dir=run_dir.parent,
         python=sys.executable,
@@ -158,30 +180,6 @@ def _prepare_in_place(
         client=client,
     )
     return dataclasses.replace(relocate(prepared, run_dir), created=True)
-
-
-def _resubmit_slurm(
-    prepared: Prepared,
-    manifest: Manifest,
-    earlier: list[str],
-    request: ResumeRequest,
-    client: SlurmClient,
-) -> int:
-    result = client.submit(prepared.paths.script)
-    new = dataclasses.replace(
-        manifest,
-        job_id=result.job_id,
-        submitted_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        command=list(prepared.sbatch_argv),
-        previous_jobs=earlier,
-    )
-    write_manifest(prepared.paths, new)
-    report(prepared, "slurm", result.job_id, request.as_json)
-    if not request.wait:
-        return 0
-    from hpc_ddp.cli.waiting import wait_for_jobs
-
-    return wait_for_jobs(client, [result.job_id or ""], run_dirs=[prepared.paths.root])
 
 
 def _changes(old: JobConfig, new: JobConfig) -> list[str]:

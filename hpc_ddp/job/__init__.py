@@ -1,0 +1,1 @@
+"""What runs inside the job: each task's main (``hpc-ddp run RUN_DIR``), over the runtime."""

@@ -1,0 +1,394 @@
+"""Launching a run: claim its directory, prepare it, start it on a backend, record it.
+
+Like torchx: :func:`prepare` builds everything that will be written and run, so ``--dry-run``
+can show it without touching Slurm or the disk; :func:`launch` writes the run directory
+(:func:`materialize`), starts it on its backend (``sbatch --parsable`` through the injected
+Slurm client, or the local backend's processes) and records the job in ``manifest.json``
+(:func:`record`). A local run has no script: nothing renders or writes a ``job.sbatch`` it
+would never use.
+
+Run directories live under the runs directory (``--runs-dir``, ``$HPC_DDP_RUNS_DIR``, default
+``./runs``), one per submission, ``<name>-<stamp>[-N]``; what goes inside is declared by
+:mod:`hpc_ddp.layout`. A prepared run's path is only a forecast until :func:`materialize`
+claims it with :func:`create_run_dir`: another submit of the same job in the same second may
+take the name first, and the run then moves to the next free suffix (``-2``, ``-3`` ...), its
+script rendered again for the path it really got.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from hpc_ddp.config.load import dump_job_config
+from hpc_ddp.config.model import JobConfig
+from hpc_ddp.durable import write_text_atomic
+from hpc_ddp.errors import ConfigError, RunsDirError
+from hpc_ddp.layout import RUNS_DIR_ENV, STAMP_FORMAT, RunPaths, run_dir_name
+from hpc_ddp.manifest import Manifest, write_manifest
+from hpc_ddp.run_id import ensure_run_id
+from hpc_ddp.slurm.client import SlurmClient
+from hpc_ddp.slurm.render import RenderContext, load_template, render_sbatch
+from hpc_ddp.version import __version__
+
+
+def runs_dir_from(arg: str | None, env: Mapping[str, str]) -> Path:
+    """``--runs-dir``, else ``$HPC_DDP_RUNS_DIR``, else ``./runs``."""
+    return Path(arg or env.get(RUNS_DIR_ENV) or "runs")
+
+
+def stamp_of(now: datetime) -> str:
+    """The stamp of a run directory submitted at ``now`` (UTC)."""
+    return now.strftime(STAMP_FORMAT)
+
+
+def check_runs_dir(base: Path, *, write: bool) -> None:
+    """Refuse a runs directory that is a file, or unreadable (``write``: unwritable).
+
+    A missing one is fine (nothing to read; created on the first submit). Raises
+    :class:`RunsDirError` (exit 2), naming the path and what to pass instead.
+    """
+    hint = "HINT: pass an existing, writable directory with --runs-dir (or $HPC_DDP_RUNS_DIR)"
+    if not base.exists():
+        if base.is_symlink():
+            raise RunsDirError(f"--runs-dir {str(base)!r} is a dangling symlink. {hint}.")
+        return
+    if not base.is_dir():
+        raise RunsDirError(f"--runs-dir {str(base)!r} is a file, not a directory. {hint}.")
+    mode = os.R_OK | os.X_OK | (os.W_OK if write else 0)
+    if not os.access(base, mode):
+        what = "writable" if write else "readable"
+        raise RunsDirError(f"--runs-dir {str(base)!r} is not {what} by this user. {hint}.")
+
+
+def new_run_dir(base: Path, name: str, stamp: str) -> Path:
+    """The path :func:`create_run_dir` would take now (for a dry run; creates nothing).
+
+    A ``base`` that could not hold it (a file, unwritable) is a :class:`RunsDirError` already.
+    """
+    check_runs_dir(base, write=True)
+    candidate = base / run_dir_name(name, stamp)
+    n = 1
+    while candidate.exists() or candidate.is_symlink():
+        n += 1
+        candidate = base / run_dir_name(name, stamp, n)
+    return candidate
+
+
+def create_run_dir(base: Path, name: str, stamp: str) -> Path:
+    """Create and return a fresh run directory ``base/<name>-<stamp>[-N]``.
+
+    ``mkdir`` without ``exist_ok`` is the claim: of several submits in the same second (threads,
+    processes, or login nodes sharing the file system) exactly one creates each name, and the
+    others go on to the next suffix, so no two runs ever share a directory. ``base`` is created
+    if missing; a file or an unwritable directory there is a :class:`RunsDirError`.
+    """
+    check_runs_dir(base, write=True)
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunsDirError(
+            f"cannot create --runs-dir {str(base)!r}: {exc.strerror or exc}. HINT: pass a "
+            "directory you can write to with --runs-dir (or $HPC_DDP_RUNS_DIR)."
+        ) from None
+    n = 1
+    while True:
+        candidate = base / run_dir_name(name, stamp, n)
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            n += 1
+            continue
+        except OSError as exc:
+            raise RunsDirError(
+                f"cannot create run directory {str(candidate)!r}: {exc.strerror or exc}. HINT: "
+                "pass a directory you can write to with --runs-dir (or $HPC_DDP_RUNS_DIR)."
+            ) from None
+        return candidate
+
+
+def make_run_dir(paths: RunPaths) -> None:
+    """Create the directory, its sub-directories (logs must exist before sbatch) and the run
+    id (kept if there is one: a resubmitted run keeps its id)."""
+    for d in (paths.root, paths.logs, paths.checkpoints, paths.rendezvous):
+        d.mkdir(parents=True, exist_ok=True)
+    ensure_run_id(paths.root)
+
+
+Backend = Literal["slurm", "local"]
+BACKENDS = ("slurm", "local")
+
+
+def choose_backend(requested: str, sbatch_path: str | None) -> Backend:
+    """``auto`` means Slurm when ``sbatch`` is on PATH (``sbatch_path``), else local."""
+    if requested == "auto":
+        return "slurm" if sbatch_path else "local"
+    if requested not in BACKENDS:
+        raise ConfigError(
+            f"backend {requested!r} is not one of auto, {', '.join(BACKENDS)}. HINT: use auto."
+        )
+    return "slurm" if requested == "slurm" else "local"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A run ready to be written and started; nothing has touched the disk or Slurm yet.
+
+    ``paths`` is where the run would go now; :func:`materialize` returns the copy that names
+    the directory it created (``created``), which is the one to start and report. A local run
+    has no ``script``, ``sbatch_argv``, ``context`` or ``template``.
+    """
+
+    cfg: JobConfig
+    backend: Backend
+    paths: RunPaths
+    script: str | None
+    sbatch_argv: tuple[str, ...]
+    invocation: str
+    config_source: str
+    context: RenderContext | None
+    template: str | None
+    runs_dir: Path
+    stamp: str
+    created: bool = False
+
+
+def prepare(
+    cfg: JobConfig,
+    *,
+    backend: Backend,
+    config_path: Path,
+    runs_dir: Path,
+    python: str,
+    invocation: Sequence[str],
+    client: SlurmClient,
+    now: datetime | None = None,
+) -> Prepared:
+    """Everything a run of ``cfg`` on ``backend`` will write and run, for a new run directory
+    path: on Slurm the script and the sbatch command; locally, only the checks that the
+    machine can run it (:func:`check_local_job`)."""
+    now = now or datetime.now(timezone.utc)
+    base = runs_dir.resolve()
+    stamp = stamp_of(now)
+    paths = RunPaths(new_run_dir(base, cfg.name, stamp))
+    invocation_text = shlex.join(invocation)
+    if backend == "local":
+        check_local_job(cfg)  # a dry run says so too, rather than show a job that cannot start
+        return Prepared(
+            cfg, backend, paths, None, (), invocation_text, str(config_path), None, None, base,
+            stamp,
+        )  # fmt: skip
+    argv = tuple(client.submit_command(paths.script))
+    ctx = RenderContext(
+        run_dir=str(paths.root),
+        python=python,
+        config_source=str(config_path),
+        submit_command=f"{invocation_text}  ->  {shlex.join(argv)}",
+        generated_at=now.isoformat(timespec="seconds"),
+        version=__version__,
+    )
+    template = load_template(cfg, config_path.parent)
+    script = render_sbatch(cfg, ctx, template_text=template)
+    return Prepared(
+        cfg, backend, paths, script, argv, invocation_text, str(config_path), ctx, template,
+        base, stamp,
+    )  # fmt: skip
+
+
+def relocate(prepared: Prepared, run_dir: Path) -> Prepared:
+    """``prepared`` for another run directory: the paths, the sbatch argv and the script."""
+    paths = RunPaths(run_dir)
+    if prepared.context is None or prepared.template is None:  # local: nothing was rendered
+        return dataclasses.replace(prepared, paths=paths)
+    old_script = str(prepared.paths.script)
+    argv = tuple(str(paths.script) if a == old_script else a for a in prepared.sbatch_argv)
+    ctx = dataclasses.replace(
+        prepared.context,
+        run_dir=str(run_dir),
+        submit_command=f"{prepared.invocation}  ->  {shlex.join(argv)}",
+    )
+    script = render_sbatch(prepared.cfg, ctx, template_text=prepared.template)
+    return dataclasses.replace(prepared, paths=paths, script=script, sbatch_argv=argv, context=ctx)
+
+
+def materialize(prepared: Prepared) -> Prepared:
+    """Create the run directory (atomically, never one another submit holds) and write the
+    resolved config, the script (Slurm) and the log directories; returns the run as created.
+    """
+    if prepared.created:
+        raise ValueError(f"{prepared.paths.root} was already materialized")
+    root = create_run_dir(prepared.runs_dir, prepared.cfg.name, prepared.stamp)
+    if root != prepared.paths.root:
+        prepared = relocate(prepared, root)
+    prepared = dataclasses.replace(prepared, created=True)
+    write_run_files(prepared)
+    return prepared
+
+
+def write_run_files(prepared: Prepared) -> None:
+    """Write the run directory's sub-directories, its resolved config and (Slurm) its script
+    into ``prepared.paths``, which exists: a fresh claim, or a run going on in place."""
+    make_run_dir(prepared.paths)
+    write_text_atomic(prepared.paths.config, dump_job_config(prepared.cfg))
+    if prepared.script is not None:
+        write_text_atomic(prepared.paths.script, prepared.script)
+
+
+def record(
+    prepared: Prepared,
+    *,
+    job_id: str | None,
+    command: Sequence[str],
+    previous_jobs: Sequence[str] = (),
+) -> Manifest:
+    """Write and return the manifest of a started run (``previous_jobs``: a resumed run's
+    earlier job ids, oldest first)."""
+    manifest = Manifest(
+        name=prepared.cfg.name,
+        backend=prepared.backend,
+        job_id=job_id,
+        submitted_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        command=list(command),
+        config_source=prepared.config_source,
+        run_dir=str(prepared.paths.root),
+        previous_jobs=list(previous_jobs),
+    )
+    write_manifest(prepared.paths, manifest)
+    return manifest
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A run that was started: where it went, its job id and its manifest."""
+
+    prepared: Prepared
+    job_id: str
+    manifest: Manifest
+    local: Any = None
+    """The local backend's job handle (:class:`hpc_ddp.local.backend.LocalJob`); None on
+    Slurm."""
+    follow_from: int = 0
+    """Local: where rank 0's log ended before the start (``--wait`` follows it from there)."""
+
+    @property
+    def paths(self) -> RunPaths:
+        """The run directory the run really went to."""
+        return self.prepared.paths
+
+
+def launch(
+    prepared: Prepared, client: SlurmClient, *, previous_jobs: Sequence[str] = ()
+) -> Launched:
+    """Write the run directory (unless it was already) and start the run on its backend:
+    ``sbatch --parsable`` through ``client``, or the local backend's processes. The manifest
+    records the job id; ``previous_jobs`` are the run's earlier job ids (a resumed run)."""
+    if not prepared.created:
+        prepared = materialize(prepared)
+    if prepared.backend == "local":
+        return _launch_local(prepared, previous_jobs)
+    result = client.submit(prepared.paths.script)
+    job_id = result.job_id or ""
+    manifest = record(
+        prepared, job_id=job_id, command=prepared.sbatch_argv, previous_jobs=previous_jobs
+    )
+    return Launched(prepared, job_id, manifest)
+
+
+def _launch_local(prepared: Prepared, previous_jobs: Sequence[str]) -> Launched:
+    from hpc_ddp.local.backend import submit_local
+    from hpc_ddp.local.process import unmark_cancelled
+
+    check_local_job(prepared.cfg)
+    unmark_cancelled(prepared.paths.root)  # a resumed run's earlier cancel is not this one's
+    log = prepared.paths.rank_log(0, "err")
+    # Rank 0's progress goes to its stderr (logging), as on Slurm; a resumed run appends to it.
+    follow_from = log.stat().st_size if log.exists() else 0
+    job = submit_local(prepared.cfg, prepared.paths)
+    manifest = record(
+        prepared,
+        job_id=job.job_id,
+        command=["submitit-local", job.job_id],
+        previous_jobs=previous_jobs,
+    )
+    return Launched(prepared, job.job_id, manifest, local=job, follow_from=follow_from)
+
+
+def test_only(prepared: Prepared, client: SlurmClient) -> str:
+    """``sbatch --test-only``: Slurm's word on whether and when the job would start. The run
+    directory is made for it (sbatch reads the script there) and removed again."""
+    import shutil
+
+    prepared = materialize(prepared)
+    try:
+        return client.submit(prepared.paths.script, test_only=True).message
+    finally:
+        shutil.rmtree(prepared.paths.root, ignore_errors=True)
+
+
+LOCAL_CPU_FACTOR = 4
+"""A local job may start this many processes per CPU this process may run on, at most ..."""
+LOCAL_MAX_PROCESSES = 256
+"""... and never more than this: each is a whole Python process with torch loaded."""
+
+
+def check_local_size(ntasks: int, cpus: int) -> None:
+    """Refuse a local job with more processes than this machine can sensibly run (``cpus``:
+    the CPUs this process may run on)."""
+    limit = min(LOCAL_MAX_PROCESSES, max(1, cpus) * LOCAL_CPU_FACTOR)
+    if ntasks <= limit:
+        return
+    why = (
+        f"the hard cap of {LOCAL_MAX_PROCESSES}"
+        if limit == LOCAL_MAX_PROCESSES
+        else f"{LOCAL_CPU_FACTOR} per CPU this process may use: {cpus} CPUs"
+    )
+    raise ConfigError(
+        f"slurm.nodes x slurm.tasks_per_node = {ntasks} local processes, more than {limit} "
+        f"({why}); nothing was created. HINT: lower slurm.nodes or slurm.tasks_per_node "
+        "(e.g. slurm.nodes=1 slurm.tasks_per_node=2), or submit it to Slurm (--backend slurm)."
+    )
+
+
+def check_local_job(cfg: JobConfig) -> None:
+    """:func:`check_local_size` for ``cfg`` on this machine (its CPU affinity, which a
+    container or ``taskset`` may keep below the machine's count)."""
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux; a dry run may be elsewhere
+    cpus = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+    check_local_size(cfg.slurm.ntasks, cpus)
+
+
+def describe_local_plan(cfg: JobConfig, run_dir: Path) -> str:
+    """What a local submit would do, for ``--dry-run`` (no sbatch runs, so none is shown)."""
+    n = cfg.slurm.ntasks
+    minutes = max(1, cfg.slurm.time_s // 60)
+    return (
+        f"# backend: local; would start {n} process(es) on this machine (ranks 0-{n - 1}, "
+        f"MASTER_ADDR=127.0.0.1) with submitit's local executor in {run_dir}/submitit, each "
+        f"running the job as `hpc-ddp run {run_dir}` does on a Slurm task; time limit "
+        f"{minutes} min, USR2 {cfg.requeue.lead_time} s before it"
+    )
+
+
+def report(launched: Launched, as_json: bool) -> None:
+    """Print the job id, the run directory and where its logs go (or one JSON object)."""
+    paths, backend = launched.paths, launched.prepared.backend
+    if as_json:
+        shown = {
+            "backend": backend,
+            "job_id": launched.job_id,
+            "run_dir": str(paths.root),
+            "logs": str(paths.logs),
+        }
+        print(json.dumps(shown))
+        return
+    print(f"submitted {launched.prepared.cfg.name} as {backend} job {launched.job_id}")
+    print(f"  run dir: {paths.root}")
+    print(f"  logs:    {paths.logs}/ (rank-N.out, rank-N.err)")
+    print(f"  watch:   hpc-ddp status {paths.root}")
