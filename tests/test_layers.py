@@ -334,3 +334,13 @@ def test_the_version_agrees_with_pyproject() -> None:
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     assert hpc_ddp.__version__ == __version__ == project["version"]
+
+
+def test_every_package_ships_in_the_wheel() -> None:
+    """A package missing from ``[tool.setuptools] packages`` works in a checkout and is absent
+    from every installed hpc-ddp."""
+    tomllib = pytest.importorskip("tomllib")
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    assert {p for p in PACKAGES if (ROOT / p.replace(".", "/") / "__init__.py").is_file()} <= listed
