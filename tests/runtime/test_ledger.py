@@ -26,7 +26,7 @@ def start(path: Path, attempt: int, now: float, **kw: object) -> None:
         now=now,
     )
     args.update(kw)
-    record_start(path, **args)  # type: ignore[arg-type]
+    record_start(path, **args)
 
 
 def test_a_requeued_run_folds_into_attempts(tmp_path: Path) -> None:
