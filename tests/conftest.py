@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +90,37 @@ def slurm_commands() -> None:
         _unavailable(str(exc))
 
 
+@pytest.fixture(scope="session")
+def accounting_cluster() -> Iterator[Cluster]:
+    """A second dev cluster beside the default one, for accounting and node-loss tests: its
+    own state dir (the default one's name + ``-acct``), ports, job ids and daemons. Three
+    nodes (n1..n3), MariaDB and slurmdbd (``sacct`` works), and a 5 s ``SlurmdTimeout``: a node
+    that stops answering is DOWN in about 10 s (Slurm's default is 300 s). Up once per
+    session; taken down at the end unless it already ran.
+
+    Its :attr:`Cluster.env` points ``SLURM_CONF`` at it; ``os.environ`` keeps the default one.
+    """
+    if os.geteuid() != 0:
+        _unavailable("the dev cluster needs root")
+    default_dir = devcluster.state_dir_from(os.environ)
+    state_dir = default_dir.with_name(default_dir.name + "-acct")
+    spec = devcluster.resolve_spec(state_dir, nodes=3, accounting=True, slurmd_timeout_s=5)
+    was_running = devcluster.pid_alive(devcluster.layout_for(state_dir, spec).ctld_pid) is not None
+    hosts_before = devcluster.HOSTS_FILE.read_text()
+    try:
+        result = devcluster.up(state_dir, os.environ, spec)
+    except HpcDdpError as exc:
+        _unavailable(str(exc))
+    env = {
+        **os.environ,
+        "SLURM_CONF": str(result.conf),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+    }
+    yield Cluster(state_dir, result.conf, env, hosts_before)
+    if not was_running:
+        devcluster.down(state_dir)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Slurm tests get the cluster fixture without naming it."""
     del config
@@ -106,7 +137,8 @@ def pytest_runtest_makereport(
     collection time, a missing command) fails it instead."""
     report: pytest.TestReport = yield
     needs_slurm = item.get_closest_marker("slurm") is not None or any(
-        name in getattr(item, "fixturenames", ()) for name in ("slurm_cluster", "slurm_commands")
+        name in getattr(item, "fixturenames", ())
+        for name in ("slurm_cluster", "slurm_commands", "accounting_cluster")
     )
     if IN_CI and needs_slurm and report.skipped and call.when in ("setup", "call"):
         report.outcome = "failed"
@@ -123,6 +155,26 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     if proc.poll() is None:
         proc.kill()
     proc.wait()
+
+
+@pytest.fixture
+def run_sleeper() -> Iterator[Callable[[Path], subprocess.Popen[bytes]]]:
+    """Start real processes that stand in for a local run's controller or rank: like theirs,
+    their command line names ``RUN_DIR/submitit`` (the argument of a 120 s Python sleep), so
+    they are provably that run directory's; killed at the end if still there."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(run_dir: Path) -> subprocess.Popen[bytes]:
+        code = "import time; time.sleep(120)"
+        folder = str(run_dir.resolve() / "submitit")
+        started.append(subprocess.Popen([sys.executable, "-c", code, folder]))
+        return started[-1]
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
 
 
 @pytest.fixture

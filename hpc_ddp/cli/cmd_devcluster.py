@@ -1,4 +1,4 @@
-"""``hpc-ddp dev-cluster up | down | status``: a real two-node Slurm on this machine."""
+"""``hpc-ddp dev-cluster up | down | status``: a real multi-node Slurm on this machine."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import os
 
 from hpc_ddp.devcluster import cluster as devcluster
+from hpc_ddp.devcluster.conf import MAX_NODES, SLOTS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -14,18 +15,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--state-dir",
         help=f"where the cluster's files live (default ${devcluster.STATE_DIR_ENV} "
-        f"or {devcluster.DEFAULT_STATE_DIR})",
+        f"or {devcluster.DEFAULT_STATE_DIR}); each state dir is its own cluster",
     )
     parser.add_argument("--purge", action="store_true", help="with down: delete the state dir")
+    shape = parser.add_argument_group(
+        "with up: the cluster's shape (default: what it had last time, else the values shown)"
+    )
+    shape.add_argument(
+        "--nodes", type=int, metavar="N", help=f"nodes n1..nN, 1 to {MAX_NODES} (default 2)"
+    )
+    shape.add_argument(
+        "--gpus-per-node",
+        type=int,
+        metavar="G",
+        help="fake GPUs per node (GRES gpu, backed by dummy devices; default 2)",
+    )
+    shape.add_argument(
+        "--accounting",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run MariaDB and slurmdbd too, so sacct works (default off)",
+    )
+    shape.add_argument(
+        "--slurmd-timeout",
+        type=int,
+        metavar="S",
+        help="seconds before a silent node is marked DOWN (default 300, Slurm's)",
+    )
+    shape.add_argument(
+        "--slot",
+        type=int,
+        help=f"0 to {SLOTS - 1}: picks the cluster's ports and job ids (default: 0 for the "
+        "default state dir, else derived from the state dir)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Bring the cluster up or down, or show it."""
     state_dir = devcluster.state_dir_from(os.environ, args.state_dir)
     if args.action == "up":
-        result = devcluster.up(state_dir, os.environ)
+        spec = devcluster.resolve_spec(
+            state_dir,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            accounting=args.accounting,
+            slurmd_timeout_s=args.slurmd_timeout,
+            slot=args.slot,
+        )
+        result = devcluster.up(state_dir, os.environ, spec)
         started = ", ".join(result.started) or "nothing (already running)"
-        print(f"dev cluster up in {result.seconds:.1f} s; started: {started}")
+        installed = f"; installed: {', '.join(result.installed)}" if result.installed else ""
+        print(f"dev cluster up in {result.seconds:.1f} s; started: {started}{installed}")
         print(f"export SLURM_CONF={result.conf}")
     elif args.action == "down":
         stopped = devcluster.down(state_dir, purge=args.purge)

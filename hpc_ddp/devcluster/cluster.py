@@ -1,32 +1,47 @@
-"""A real two-node Slurm cluster on this machine, for trying hpc-ddp and for its tests.
+"""A real Slurm cluster on this machine, for trying hpc-ddp and for its tests.
 
-``up`` installs Debian's Slurm and munge when they are missing, writes every file into one state
-directory it owns, starts munged, slurmctld and one slurmd per node (``n1``, ``n2``, both on
-loopback), and waits until both nodes are idle. ``down`` stops only the daemons whose pid files
-it wrote and removes the line it added to ``/etc/hosts``. Both are idempotent.
+``up`` installs Debian's Slurm and munge (and, with accounting, MariaDB and slurmdbd) when they are
+missing, writes every file into one state directory it owns, starts munged, the accounting
+daemons, slurmctld and one slurmd per node (``n1`` .. ``nN``, all on loopback), and waits until
+every node is idle. ``down`` stops only the daemons whose pid files it wrote and takes its names
+out of the ``/etc/hosts`` line. Both are idempotent.
+
+Several clusters can run at once, each in its own state directory: its slot (saved with the rest
+of its :class:`~hpc_ddp.devcluster.conf.ClusterSpec` in ``cluster.json``) gives it its own ports
+and job ids. :func:`kill_node` and :func:`revive_node` take one node away and bring it back, as a
+node failure would.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpc_ddp.devcluster import packages
 from hpc_ddp.devcluster.conf import (
-    NODE_NAMES,
+    GPU_DEVICE_MAJOR,
+    LEGACY_OWNER,
     ClusterLayout,
-    add_hosts_entry,
+    ClusterSpec,
+    hosts_owners,
     parse_sinfo_states,
-    remove_hosts_entry,
+    render_gres_conf,
+    render_hosts,
     render_slurm_conf,
+    render_slurmdbd_conf,
+    slot_for,
 )
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import DevClusterError
@@ -36,18 +51,18 @@ log = logging.getLogger(__name__)
 
 DEFAULT_STATE_DIR = Path("/var/lib/hpc-ddp/dev-cluster")
 STATE_DIR_ENV = DEV_CLUSTER_DIR_ENV
-PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
-REQUIRED_COMMANDS = ("slurmctld", "slurmd", "sbatch", "munged")
 HOSTS_FILE = Path("/etc/hosts")
+_DB_DAEMONS = ("mariadbd", "slurmdbd")
 
 
 @dataclass(frozen=True)
 class UpResult:
-    """What ``up`` did: where the config is, whether it started anything, how long it took."""
+    """What ``up`` did: where the config is, what it started or installed, how long it took."""
 
     conf: Path
     started: tuple[str, ...]
     seconds: float
+    installed: tuple[str, ...] = ()
 
 
 def state_dir_from(env: Mapping[str, str], explicit: str | None = None) -> Path:
@@ -55,10 +70,47 @@ def state_dir_from(env: Mapping[str, str], explicit: str | None = None) -> Path:
     return Path(explicit or env.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
 
 
-def layout_for(state_dir: Path) -> ClusterLayout:
-    """The layout of the dev cluster in ``state_dir`` on this host."""
+def _hostname() -> str:
     # slurmctld insists that SlurmctldHost is the short hostname of the machine it runs on.
-    return ClusterLayout(state_dir=state_dir, hostname=socket.gethostname().split(".")[0])
+    return socket.gethostname().split(".")[0]
+
+
+def saved_spec(state_dir: Path) -> ClusterSpec | None:
+    """The spec the cluster in ``state_dir`` was last brought up with, if any."""
+    path = ClusterLayout(state_dir=state_dir, hostname="").spec_file
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    return ClusterSpec.from_json(text, str(path))
+
+
+def resolve_spec(
+    state_dir: Path,
+    *,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    accounting: bool | None = None,
+    slurmd_timeout_s: int | None = None,
+    slot: int | None = None,
+) -> ClusterSpec:
+    """The spec ``up`` uses: the saved one (else the defaults, with the slot of ``state_dir``),
+    with every argument that is not None instead of what it had."""
+    base = saved_spec(state_dir) or ClusterSpec(slot=slot_for(state_dir, DEFAULT_STATE_DIR))
+    return ClusterSpec(
+        nodes=base.nodes if nodes is None else nodes,
+        gpus_per_node=base.gpus_per_node if gpus_per_node is None else gpus_per_node,
+        accounting=base.accounting if accounting is None else accounting,
+        slurmd_timeout_s=base.slurmd_timeout_s if slurmd_timeout_s is None else slurmd_timeout_s,
+        slot=base.slot if slot is None else slot,
+    )
+
+
+def layout_for(state_dir: Path, spec: ClusterSpec | None = None) -> ClusterLayout:
+    """The layout of the dev cluster in ``state_dir`` on this host (its saved spec by default)."""
+    return ClusterLayout(
+        state_dir=state_dir, hostname=_hostname(), spec=spec or resolve_spec(state_dir)
+    )
 
 
 def slurm_env(layout: ClusterLayout) -> dict[str, str]:
@@ -70,60 +122,56 @@ def pid_alive(pid_file: Path) -> int | None:
     """The pid in ``pid_file`` if that process runs (and is not a zombie), else None."""
     try:
         pid = int(pid_file.read_text().split()[0])
-        stat = Path(f"/proc/{pid}/stat").read_text()
     except (OSError, ValueError, IndexError):
         return None
-    # The state is the field after the parenthesised command name; Z is a zombie.
-    state = stat.rsplit(")", 1)[-1].split()[0]
-    return None if state in ("Z", "X") else pid
+    return pid if _running(pid) else None
 
 
-def ensure_installed(env: Mapping[str, str]) -> bool:
-    """Install Slurm and munge with apt-get when a command is missing; True if it installed."""
-    if all(shutil.which(cmd, path=env.get("PATH")) for cmd in REQUIRED_COMMANDS):
+def _running(pid: int) -> bool:
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    if os.geteuid() != 0:
-        raise DevClusterError(
-            "Slurm is not installed and installing it needs root. "
-            f"HINT: run `sudo apt-get install {' '.join(PACKAGES)}`, then `hpc-ddp dev-cluster up`."
-        )
-    if not shutil.which("apt-get"):
-        raise DevClusterError(
-            "Slurm is not installed and there is no apt-get. "
-            "HINT: the dev cluster supports Debian and Ubuntu; elsewhere install Slurm yourself."
-        )
-    apt_env = {**env, "DEBIAN_FRONTEND": "noninteractive"}
-    # Only the package lists are refreshed; the machine's policy-rc.d (if any) is left as it is,
-    # so the packages' own services are not started: we start our own daemons below.
-    for argv in (
-        ["apt-get", "update", "-q"],
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES],
-    ):
-        done = subprocess.run(argv, env=apt_env, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise DevClusterError(
-                f"`{' '.join(argv)}` failed ({done.returncode}):\n{done.stderr.strip()}\n"
-                "HINT: check the package mirror and retry."
-            )
-    return True
+    # The state is the field after the parenthesised command name; Z is a zombie.
+    return stat_line.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
 
-def _write_if_changed(path: Path, text: str) -> bool:
+def _needs(spec: ClusterSpec) -> list[packages.Need]:
+    return [packages.SLURM, *([packages.ACCOUNTING] if spec.accounting else [])]
+
+
+def ensure_installed(env: Mapping[str, str], spec: ClusterSpec | None = None) -> bool:
+    """Install Slurm and munge (and the accounting packages, for a spec with accounting) with
+    apt-get when a command is missing; True if it installed anything."""
+    return bool(packages.ensure(_needs(spec or ClusterSpec()), env))
+
+
+def _write_if_changed(path: Path, text: str, mode: int = 0o644) -> bool:
     if path.exists() and path.read_text() == text:
         return False
     write_text_atomic(path, text)
+    path.chmod(mode)
     return True
 
 
-def _edit_hosts(edit: str) -> None:
-    text = HOSTS_FILE.read_text()
-    new = add_hosts_entry(text) if edit == "add" else remove_hosts_entry(text)
-    if new != text:
-        # /etc/hosts is often a bind mount: rewrite it in place, never rename over it.
-        with HOSTS_FILE.open("r+") as f:
-            f.seek(0)
-            f.write(new)
-            f.truncate()
+def _write_configs(layout: ClusterLayout) -> bool:
+    """Write every config file of the cluster; True if a daemon's config changed."""
+    changed = _write_if_changed(layout.conf, render_slurm_conf(layout))
+    changed |= _write_if_changed(layout.gres_conf, render_gres_conf(layout))
+    if layout.spec.accounting:
+        # slurmdbd refuses a slurmdbd.conf that others may read (it may hold a password).
+        changed |= _write_if_changed(layout.dbd_conf, render_slurmdbd_conf(layout), 0o600)
+    _write_if_changed(layout.spec_file, layout.spec.to_json())
+    return changed
+
+
+def _ensure_char_device(path: Path, minor: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        st = path.lstat()
+        if stat.S_ISCHR(st.st_mode) and os.minor(st.st_rdev) == minor:
+            return
+        path.unlink()
+    os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(GPU_DEVICE_MAJOR, minor))
 
 
 def _prepare_dirs(layout: ClusterLayout) -> None:
@@ -133,44 +181,159 @@ def _prepare_dirs(layout: ClusterLayout) -> None:
     layout.munge_dir.mkdir(exist_ok=True)
     layout.munge_dir.chmod(0o755)
     (layout.ctld_dir / "state").mkdir(parents=True, exist_ok=True)
-    for node in NODE_NAMES:
+    for node in layout.node_names:
         (layout.node_dir(node) / "spool").mkdir(parents=True, exist_ok=True)
+        devices = layout.gpu_devices(node)
+        if devices:
+            devices[0].parent.mkdir(exist_ok=True)
+        for minor, device in enumerate(devices):
+            # slurmd checks that a GPU's file is a character device; a plain file is refused.
+            _ensure_char_device(device, minor)
+    if layout.spec.accounting:
+        layout.db_dir.mkdir(exist_ok=True)
     if not layout.munge_key.exists():
         layout.munge_key.write_bytes(secrets.token_bytes(1024))
     layout.munge_key.chmod(0o400)
 
 
-def _start(name: str, argv: list[str], pid_file: Path, env: Mapping[str, str]) -> None:
+def _init_db(layout: ClusterLayout, env: Mapping[str, str]) -> None:
+    """Create MariaDB's system tables in the cluster's own data directory, once."""
+    if (layout.db_data / "mysql").is_dir():
+        return
+    if layout.db_data.exists():
+        shutil.rmtree(layout.db_data)  # a half-made data dir from an interrupted first start
+    _run_checked(
+        [
+            "mariadb-install-db",
+            "--no-defaults",
+            f"--datadir={layout.db_data}",
+            "--user=root",
+            "--auth-root-authentication-method=normal",
+            "--skip-test-db",
+        ],
+        env,
+        f"see {layout.db_dir}",
+    )
+
+
+def _run_checked(argv: list[str], env: Mapping[str, str], hint: str) -> None:
     done = subprocess.run(
         argv, env=dict(env), stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False
     )
-    deadline = time.monotonic() + 10
-    while pid_alive(pid_file) is None:
-        if done.returncode != 0 or time.monotonic() > deadline:
+    if done.returncode != 0:
+        raise DevClusterError(
+            f"`{' '.join(argv)}` exited {done.returncode}:\n{done.stderr.strip()}\nHINT: {hint}."
+        )
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@dataclass(frozen=True)
+class _Daemon:
+    """How to start one daemon and how to know it is ready."""
+
+    argv: list[str]
+    pid_file: Path
+    detach: bool = False
+    """True for a daemon that stays in the foreground: started in a new session, its output
+    going to ``log``, so that it outlives the command that started it."""
+    log: Path | None = None
+    port: int | None = None
+    """A port the daemon must accept connections on before it counts as started."""
+    timeout_s: float = 10.0
+
+
+def _daemons(layout: ClusterLayout) -> dict[str, _Daemon]:
+    m = layout.munge_dir
+    found = {
+        "munged": _Daemon(
+            [
+                "munged",
+                "--force",
+                f"--key-file={layout.munge_key}",
+                f"--socket={layout.munge_socket}",
+                f"--pid-file={layout.munge_pid}",
+                f"--log-file={m / 'munged.log'}",
+                f"--seed-file={m / 'munged.seed'}",
+            ],
+            layout.munge_pid,
+        )
+    }
+    if layout.spec.accounting:
+        found["mariadbd"] = _Daemon(
+            [
+                "mariadbd",
+                "--no-defaults",
+                f"--datadir={layout.db_data}",
+                "--user=root",
+                "--bind-address=127.0.0.1",
+                f"--port={layout.db_port}",
+                f"--socket={layout.db_socket}",
+                f"--pid-file={layout.db_pid}",
+                "--innodb-buffer-pool-size=128M",
+            ],
+            layout.db_pid,
+            detach=True,
+            log=layout.db_dir / "mariadbd.log",
+            port=layout.db_port,
+            timeout_s=60.0,
+        )
+        # slurmdbd creates its tables on its first start before it listens.
+        found["slurmdbd"] = _Daemon(
+            ["slurmdbd"], layout.dbd_pid, port=layout.dbd_port, timeout_s=60.0
+        )
+    found["slurmctld"] = _Daemon(["slurmctld", "-f", str(layout.conf)], layout.ctld_pid)
+    for node in layout.node_names:
+        found[f"slurmd-{node}"] = _Daemon(
+            ["slurmd", "-f", str(layout.conf), "-N", node], layout.node_pid(node)
+        )
+    return found
+
+
+def _start(name: str, daemon: _Daemon, env: Mapping[str, str]) -> None:
+    if daemon.detach:
+        assert daemon.log is not None
+        with daemon.log.open("ab") as out:
+            # setsid -f forks: the daemon is not our child and outlives this process.
+            returncode = subprocess.run(
+                ["setsid", "-f", *daemon.argv],
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                check=False,
+            ).returncode
+        error = ""
+    else:
+        done = subprocess.run(
+            daemon.argv,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        returncode, error = done.returncode, done.stderr.strip()
+    deadline = time.monotonic() + daemon.timeout_s
+    while not _ready(daemon):
+        if returncode != 0 or time.monotonic() > deadline:
+            where = daemon.log or daemon.pid_file.parent
             raise DevClusterError(
-                f"{name} did not start (`{' '.join(argv)}` exited {done.returncode}):\n"
-                f"{done.stderr.strip()}\nHINT: see the logs under {pid_file.parent}."
+                f"{name} did not start (`{' '.join(daemon.argv)}` exited {returncode}):\n"
+                f"{error}\nHINT: see the logs under {where}; another dev cluster may use its "
+                "ports: bring this one up with another --slot."
             )
         time.sleep(0.05)
 
 
-def _daemon_argv(layout: ClusterLayout) -> dict[str, list[str]]:
-    m = layout.munge_dir
-    argvs = {
-        "munged": [
-            "munged",
-            "--force",
-            f"--key-file={layout.munge_key}",
-            f"--socket={layout.munge_socket}",
-            f"--pid-file={layout.munge_pid}",
-            f"--log-file={m / 'munged.log'}",
-            f"--seed-file={m / 'munged.seed'}",
-        ],
-        "slurmctld": ["slurmctld", "-f", str(layout.conf)],
-    }
-    for node in NODE_NAMES:
-        argvs[f"slurmd-{node}"] = ["slurmd", "-f", str(layout.conf), "-N", node]
-    return argvs
+def _ready(daemon: _Daemon) -> bool:
+    if pid_alive(daemon.pid_file) is None:
+        return False
+    return daemon.port is None or _port_open(daemon.port)
 
 
 def wait_idle(layout: ClusterLayout, timeout_s: float = 60.0) -> None:
@@ -187,7 +350,8 @@ def wait_idle(layout: ClusterLayout, timeout_s: float = 60.0) -> None:
             check=False,
         )
         states = parse_sinfo_states(done.stdout)
-        if all(states.get(n, "").rstrip("*~#") in ("idle", "mix", "alloc") for n in NODE_NAMES):
+        up_states = ("idle", "mix", "alloc")
+        if all(states.get(n, "").rstrip("*~#") in up_states for n in layout.node_names):
             return
         time.sleep(0.2)
     raise DevClusterError(
@@ -197,42 +361,67 @@ def wait_idle(layout: ClusterLayout, timeout_s: float = 60.0) -> None:
     )
 
 
-def up(state_dir: Path, env: Mapping[str, str]) -> UpResult:
-    """Bring the dev cluster up (idempotent) and return where its ``slurm.conf`` is."""
+def up(state_dir: Path, env: Mapping[str, str], spec: ClusterSpec | None = None) -> UpResult:
+    """Bring the dev cluster in ``state_dir`` up (idempotent) and return where its
+    ``slurm.conf`` is. ``spec`` defaults to the one it was last brought up with, else to
+    :class:`ClusterSpec` with the slot of ``state_dir``."""
     t0 = time.monotonic()
-    ensure_installed(env)
-    layout = layout_for(state_dir)
+    spec = spec or resolve_spec(state_dir)
+    installed = packages.ensure(_needs(spec), env)
+    layout = layout_for(state_dir, spec)
+    previous = saved_spec(state_dir)
+    if previous is not None and previous != spec:
+        # Stop what the old shape started (a node it had, slurmdbd it ran) but munged.
+        old = layout_for(state_dir, previous).pid_files()
+        _stop_daemons({k: v for k, v in old.items() if k != "munged"})
     _prepare_dirs(layout)
-    conf_changed = _write_if_changed(layout.conf, render_slurm_conf(layout))
-    _edit_hosts("add")
+    daemon_env = {**env, "SLURM_CONF": str(layout.conf)}
     pid_files = layout.pid_files()
-    if conf_changed:
-        # A daemon running with an old config would disagree with its peers: restart them all.
-        _stop_daemons(layout, names=[n for n in pid_files if n != "munged"])
+    if _write_configs(layout):
+        # A daemon running with an old config would disagree with its peers: restart them all
+        # (the database keeps running: it has no config of ours).
+        _stop_daemons({k: v for k, v in pid_files.items() if k not in ("munged", "mariadbd")})
     started = []
-    for name, argv in _daemon_argv(layout).items():
-        if pid_alive(pid_files[name]) is None:
-            _start(name, argv, pid_files[name], env)
-            started.append(name)
-    wait_idle(layout)
-    return UpResult(conf=layout.conf, started=tuple(started), seconds=time.monotonic() - t0)
-
-
-def _stop_daemons(layout: ClusterLayout, names: list[str], timeout_s: float = 15.0) -> list[str]:
-    stopped = []
-    pid_files = layout.pid_files()
-    for name in names:
-        pid = pid_alive(pid_files[name])
-        if pid is None:
+    for name, daemon in _daemons(layout).items():
+        if pid_alive(daemon.pid_file) is not None:
             continue
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while pid_alive(pid_files[name]) == pid and time.monotonic() < deadline:
+        if name == "mariadbd":
+            _init_db(layout, daemon_env)
+        _start(name, daemon, daemon_env)
+        started.append(name)
+    _update_hosts(layout, present=True)
+    wait_idle(layout)
+    return UpResult(
+        conf=layout.conf,
+        started=tuple(started),
+        seconds=time.monotonic() - t0,
+        installed=tuple(installed),
+    )
+
+
+def _stop_pid(pid_file: Path, sig: signal.Signals, timeout_s: float) -> bool:
+    """Signal the process in ``pid_file`` and wait until it is gone (SIGKILL after timeout)."""
+    pid = pid_alive(pid_file)
+    if pid is None:
+        return False
+    os.kill(pid, sig)
+    deadline = time.monotonic() + timeout_s
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _running(pid):
+        os.kill(pid, signal.SIGKILL)
+        while _running(pid):
             time.sleep(0.05)
-        if pid_alive(pid_files[name]) == pid:
-            os.kill(pid, signal.SIGKILL)
-        stopped.append(name)
-    return stopped
+    return True
+
+
+def _stop_daemons(pid_files: Mapping[str, Path], timeout_s: float = 30.0) -> list[str]:
+    """Stop the given daemons, last started first; return the names of those that ran."""
+    return [
+        name
+        for name, pid_file in reversed(list(pid_files.items()))
+        if _stop_pid(pid_file, signal.SIGTERM, timeout_s)
+    ]
 
 
 def _cancel_all_jobs(layout: ClusterLayout) -> None:
@@ -259,7 +448,7 @@ def _cancel_all_jobs(layout: ClusterLayout) -> None:
 
 
 def down(state_dir: Path, *, purge: bool = False) -> list[str]:
-    """Stop the daemons this cluster started and undo its ``/etc/hosts`` line.
+    """Stop the daemons this cluster started and take its names out of ``/etc/hosts``.
 
     Running jobs are cancelled first so no ``slurmstepd`` outlives its daemons. With ``purge``
     the state directory is removed too. Returns the names of the daemons it stopped.
@@ -267,10 +456,9 @@ def down(state_dir: Path, *, purge: bool = False) -> list[str]:
     layout = layout_for(state_dir)
     if pid_alive(layout.ctld_pid) is not None:
         _cancel_all_jobs(layout)
-    order = [f"slurmd-{n}" for n in NODE_NAMES] + ["slurmctld", "munged"]
-    stopped = _stop_daemons(layout, order)
+    stopped = _stop_daemons(layout.pid_files())
     if HOSTS_FILE.exists():
-        _edit_hosts("remove")
+        _update_hosts(layout, present=False)
     if purge and layout.state_dir.exists():
         shutil.rmtree(layout.state_dir)
     return stopped
@@ -286,3 +474,128 @@ def status(state_dir: Path) -> tuple[dict[str, int | None], str]:
         ["sinfo"], env=slurm_env(layout), capture_output=True, text=True, check=False
     )
     return pids, (done.stdout or done.stderr).rstrip()
+
+
+@contextlib.contextmanager
+def _locked_hosts() -> Iterator[tuple[str, Callable[[str], None]]]:
+    """``/etc/hosts``'s text and a function that rewrites it, under an exclusive lock so that
+    two clusters coming up at once do not lose each other's names."""
+    with HOSTS_FILE.open("r+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+
+        def rewrite(new: str) -> None:
+            # /etc/hosts is often a bind mount: rewrite it in place, never rename over it.
+            f.seek(0)
+            f.write(new)
+            f.truncate()
+            f.flush()
+
+        yield f.read(), rewrite
+
+
+def _update_hosts(layout: ClusterLayout, *, present: bool) -> None:
+    """Add (or take out) this cluster's node names in the marked ``/etc/hosts`` line, keeping
+    the names of every other dev cluster that still runs."""
+    me = str(layout.state_dir)
+    with _locked_hosts() as (text, rewrite):
+        owners = hosts_owners(text)
+        legacy = owners.pop(LEGACY_OWNER, None)
+        if legacy:
+            # Written by a version that did not name its cluster: the default one, as a rule.
+            owners.setdefault(str(DEFAULT_STATE_DIR), legacy)
+        owners = {
+            d: names
+            for d, names in owners.items()
+            if d != me and pid_alive(ClusterLayout(Path(d), "").ctld_pid) is not None
+        }
+        if present:
+            owners[me] = layout.node_names
+        new = render_hosts(text, owners)
+        if new != text:
+            rewrite(new)
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """Every process on this host: ``{pid: (ppid, command name)}``."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat_line = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name = stat_line[stat_line.index("(") + 1 : stat_line.rindex(")")]
+        found[int(entry.name)] = (int(stat_line.rsplit(")", 1)[-1].split()[1]), name)
+    return found
+
+
+def node_step_pids(layout: ClusterLayout, node: str) -> list[int]:
+    """The pids of the ``slurmstepd`` processes of ``node`` and everything they started.
+
+    A slurmstepd works in its node's directory (``SlurmdSpoolDir`` is under it), which tells the
+    nodes apart although they share one host, and one dev cluster's apart from another's.
+    """
+    procs = _processes()
+    node_dir = str(layout.node_dir(node))
+    roots = set()
+    for pid, (_, name) in procs.items():
+        with contextlib.suppress(OSError):
+            if name.startswith("slurmstepd") and os.readlink(f"/proc/{pid}/cwd") == node_dir:
+                roots.add(pid)
+    found = set(roots)
+    grew = True
+    while grew:
+        children = {pid for pid, (ppid, _) in procs.items() if ppid in found} - found
+        found |= children
+        grew = bool(children)
+    return sorted(found)
+
+
+def kill_node(state_dir: Path, node: str) -> list[int]:
+    """Take ``node`` away as a crash would: SIGKILL its slurmd, then its slurmstepds and their
+    tasks. The controller notices nothing until its next ping fails and marks the node DOWN
+    ``SlurmdTimeout`` after the node's last answer. Returns the pids it killed."""
+    layout = layout_for(state_dir)
+    if node not in layout.node_names:
+        raise DevClusterError(
+            f"no node {node!r} in the dev cluster in {state_dir}. "
+            f"HINT: its nodes are {', '.join(layout.node_names)}."
+        )
+    killed = []
+    pid = pid_alive(layout.node_pid(node))
+    if pid is not None:
+        _stop_pid(layout.node_pid(node), signal.SIGKILL, timeout_s=5)
+        killed.append(pid)
+    # SIGSTOP first so that no task starts a new process between the listing and the kill.
+    victims = node_step_pids(layout, node)
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for victim in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, sig)
+    return killed + victims
+
+
+def revive_node(state_dir: Path, node: str, env: Mapping[str, str], timeout_s: float = 60) -> None:
+    """Start ``node``'s slurmd again and wait until the controller has it back (idle)."""
+    layout = layout_for(state_dir)
+    daemon = _daemons(layout)[f"slurmd-{node}"]
+    if pid_alive(daemon.pid_file) is None:
+        _start(f"slurmd-{node}", daemon, {**env, "SLURM_CONF": str(layout.conf)})
+    wait_idle(layout, timeout_s)
+
+
+def node_state(layout: ClusterLayout, node: str) -> str:
+    """The controller's full state of ``node`` (``scontrol show node``), e.g. ``IDLE`` or
+    ``DOWN+NOT_RESPONDING``; empty when the controller does not answer."""
+    done = subprocess.run(
+        ["scontrol", "show", "node", "-o", node],
+        env=slurm_env(layout),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    for field in done.stdout.split():
+        if field.startswith("State="):
+            return field.removeprefix("State=")
+    return ""
