@@ -18,6 +18,7 @@ from hpc_ddp.errors import (
     DistEnvError,
     HpcDdpError,
     OverrideError,
+    PeerError,
     RenderError,
     RunDirError,
     RunsDirError,
@@ -33,7 +34,7 @@ _LAZY = {
     "session": "hpc_ddp.runtime.session",
     "Session": "hpc_ddp.runtime.session",
     "RequeueExit": "hpc_ddp.runtime.session",
-    "REQUEUE_EXIT_CODE": "hpc_ddp.runtime.session",
+    "REQUEUE_EXIT_CODE": "hpc_ddp.exitcodes",
     "unwrap": "hpc_ddp.runtime.session",
     "Progress": "hpc_ddp.runtime.progress",
     "CheckpointInfo": "hpc_ddp.runtime.checkpoint",
@@ -56,6 +57,7 @@ __all__ = [
     "HpcDdpError",
     "JobConfig",
     "OverrideError",
+    "PeerError",
     "Progress",
     "RenderError",
     "RequeueExit",
@@ -83,7 +85,8 @@ if TYPE_CHECKING:
     from hpc_ddp.runtime.procgroup import unwrap
     from hpc_ddp.runtime.progress import Progress
     from hpc_ddp.runtime.sampler import ResumableLoader, ResumableSampler
-    from hpc_ddp.runtime.session import REQUEUE_EXIT_CODE, RequeueExit, Session, session
+    from hpc_ddp.exitcodes import REQUEUE_EXIT_CODE
+    from hpc_ddp.runtime.session import RequeueExit, Session, session
     from hpc_ddp.train.trainer import TrainResult, run_training
 
 

@@ -13,6 +13,7 @@ how to fix it.
     │   ├── SubmissionError         sbatch refused or printed something unparsable
     │   └── SlurmUnavailableError   no Slurm command on PATH / controller unreachable
     ├── DistEnvError                the task's environment is inconsistent (exit 1)
+    ├── PeerError                   another rank failed where this one waited for it (exit 1)
     ├── CheckpointError             no loadable checkpoint where one was required
     ├── RunDirError                 a run directory is missing or damaged
     │   ├── RunsDirError            --runs-dir is not a usable directory (exit 2)
@@ -59,6 +60,11 @@ class SlurmUnavailableError(SlurmError):
 
 class DistEnvError(HpcDdpError):
     """The distributed environment of a task is missing values or contradicts itself."""
+
+
+class PeerError(HpcDdpError):
+    """Another rank failed (or vanished) while this one waited for it outside a collective:
+    the message names that rank and its error."""
 
 
 class CheckpointError(HpcDdpError):

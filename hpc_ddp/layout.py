@@ -14,6 +14,7 @@ Everything a later command needs (``status``, ``logs``, ``cancel``, a requeued a
       config.yaml        the resolved job config the runtime reads
       job.sbatch         the rendered script, exactly as submitted (Slurm runs only)
       manifest.json      job id, backend, submit time and command (written after submission)
+      submit.lock        held while a job is chosen, submitted and recorded (one job per run)
       ledger.jsonl       one line per attempt event (start, end, cause)
       metrics.jsonl      rank-0 metrics
       run_id             ``<name>-<8 hex>``: one id for every attempt, for W&B and the like
@@ -21,12 +22,14 @@ Everything a later command needs (``status``, ``logs``, ``cancel``, a requeued a
       checkpoints/       step-XXXXXXXX.pt and a ``latest`` pointer
       logs/              batch-<job>.out/.err and rank-<N>.out/.err
       rendezvous/        file:// stores and the published master port
+      launches/          <job>.<restart>.<launch>/: each rank's heartbeat, the fault record;
+                         bad_nodes.json: nodes the supervisor will not use again (``fault:``)
       local.json         local backend: the controller's identity (pid, start time, boot id)
       local-ranks/       local backend: rank-<N>.json, each rank process's identity
       local-cancelled    local backend: written by ``cancel`` before it signals
       submitit/          local backend: submitit's folder (each rank's result)
 
-A sweep directory holds ``sweep.yaml``, ``arrays.json``, ``manifest.json`` and
+A sweep directory holds ``sweep.yaml``, ``arrays.json``, ``manifest.json``, ``submit.lock`` and
 ``tasks/<index>/`` run directories with the layout above.
 """
 
@@ -40,6 +43,10 @@ MANIFEST_FILE = "manifest.json"
 """What was submitted, where and when: see :mod:`hpc_ddp.manifest`."""
 RUN_ID_FILE = "run_id"
 """The run's stable id: see :mod:`hpc_ddp.run_id`."""
+SUBMIT_LOCK_FILE = "submit.lock"
+"""Locked (``flock``) while a job is chosen, submitted and recorded in a run or sweep directory,
+and briefly by each task that checks it is the recorded job: see
+:func:`hpc_ddp.manifest.record_lock`."""
 STAMP_FORMAT = "%Y%m%d-%H%M%S"
 """The UTC submit time in a run directory's name, ``<name>-<stamp>[-N]``."""
 
@@ -59,8 +66,29 @@ DEV_CLUSTER_DIR_ENV = "HPC_DDP_DEV_CLUSTER_DIR"
 """Contributors: the dev cluster's state directory."""
 RUN_ID_ENV = "HPC_DDP_RUN_ID"
 """Node side: the run's stable id (``RUN_DIR/run_id``), the same in every attempt."""
+LOCAL_GPUS_ENV = "HPC_DDP_LOCAL_GPUS"
+"""Local backend, on each rank: how many GPUs it gave this rank (``0``: none), as Slurm's
+``SLURM_GPUS_ON_NODE`` says it on a Slurm task."""
+LOCAL_GPUS_PER_TASK_ENV = "HPC_DDP_LOCAL_GPUS_PER_TASK"
+"""Local backend, with ``slurm.gpus_per_task``: the GPUs each rank has to itself (as Slurm's
+``SLURM_GPUS_PER_TASK``); unset when the ranks share them (``slurm.gpus_per_node``)."""
 NO_PDEATHSIG_ENV = "HPC_DDP_TEST_NO_PDEATHSIG"
 """Tests only: ``1`` keeps local ranks alive when their controller dies (to test orphans)."""
+LAUNCH_ENV = "HPC_DDP_LAUNCH"
+"""Node side: which launch of this job attempt the task belongs to (0, 1, ...), set by the
+supervisor for each srun step (or local process set) it starts; unset means 0."""
+SUPERVISED_ENV = "HPC_DDP_SUPERVISED"
+"""Node side: ``1`` when a supervisor owns this launch: it decides what follows a fault, so a
+rank never requeues a crash itself and never waits on a collective on its way out."""
+LAUNCH_DIR_ENV = "HPC_DDP_LAUNCH_DIR"
+"""Node side: this launch's directory (``RUN_DIR/launches/<key>``), made by the supervisor
+with every rank's beat file in it before the ranks start."""
+LOCAL_JOB_ENV = "HPC_DDP_LOCAL_JOB"
+"""Local backend, on each rank: the run's job id (its controller's pid), as the manifest
+records it; a Slurm task has ``SLURM_JOB_ID`` instead."""
+WATCHDOG_OWNER_ENV = "HPC_DDP_WATCHDOG_OWNER"
+"""Set by a ``command:`` task's ``hpc-ddp run`` parent for its child: the parent beats for the
+rank, so a session in the child starts no watchdog of its own."""
 
 LATEST_CHECKPOINT = "latest"
 """``checkpoints/latest``: names the newest checkpoint file, a hint for people and tools."""
@@ -100,6 +128,11 @@ class RunPaths:
         return self.root / MANIFEST_FILE
 
     @property
+    def submit_lock(self) -> Path:
+        """Held across "is the run live? submit, record" (:func:`hpc_ddp.manifest.record_lock`)."""
+        return self.root / SUBMIT_LOCK_FILE
+
+    @property
     def ledger(self) -> Path:
         return self.root / "ledger.jsonl"
 
@@ -130,6 +163,11 @@ class RunPaths:
         return self.root / "rendezvous"
 
     @property
+    def doctor(self) -> Path:
+        """``hpc-ddp doctor``'s per-rank reports (``rank-N.json``) and the login side's token."""
+        return self.root / "doctor"
+
+    @property
     def tasks(self) -> Path:
         """Per-task run directories of a sweep."""
         return self.root / "tasks"
@@ -142,6 +180,52 @@ class RunPaths:
         """Where srun writes rank ``rank``'s stdout (``out``) or stderr (``err``)."""
         return self.logs / f"rank-{rank}.{stream}"
 
+    @property
+    def launches(self) -> Path:
+        """One directory per launch (``<key>/``, see :func:`launch_key`) and ``bad_nodes.json``."""
+        return self.root / "launches"
+
+    def launch(self, key: str) -> LaunchPaths:
+        """The files of the launch ``key``."""
+        return LaunchPaths(self.launches / key)
+
+    @property
+    def bad_nodes(self) -> Path:
+        """The nodes the supervisor found bad in the run's current job (JSON), kept so a
+        requeued attempt and the next launch avoid them."""
+        return self.launches / "bad_nodes.json"
+
+
+@dataclass(frozen=True)
+class LaunchPaths:
+    """The files of one launch: every rank's heartbeat, the supervisor's, the fault claim.
+
+    The supervisor makes the directory and every beat file before it starts the ranks, so
+    that every later read is of a file that exists (no negative lookup cached on NFS).
+    """
+
+    root: Path
+
+    def beat(self, rank: int) -> Path:
+        """Rank ``rank``'s heartbeat: one fixed-size record rewritten in place."""
+        return self.root / f"rank-{rank}.beat"
+
+    @property
+    def supervisor(self) -> Path:
+        """The supervisor's heartbeat: holds the fault it declared (a dead task, a lost node)."""
+        return self.root / "supervisor.beat"
+
+    @property
+    def fault(self) -> Path:
+        """The launch's fault record, claimed by exclusive create: the first to declare wins."""
+        return self.root / "fault.json"
+
+
+def launch_key(job: str | None, restart: int, launch: int) -> str:
+    """``4242.0.1``: job (``ARRAYJOB_TASK`` for an array task, the local controller's pid, or
+    ``local``), Slurm's restart count, and the launch within that attempt."""
+    return f"{job or 'local'}.{restart}.{launch}"
+
 
 def run_dir_name(name: str, stamp: str, n: int = 1) -> str:
     """``<name>-<stamp>``, or ``<name>-<stamp>-<n>`` for the n-th run of that name and second."""
@@ -153,6 +237,9 @@ __all__ = [
     "CHECKPOINT_TMP_PREFIX",
     "DEV_CLUSTER_DIR_ENV",
     "LATEST_CHECKPOINT",
+    "LAUNCH_DIR_ENV",
+    "LAUNCH_ENV",
+    "LOCAL_JOB_ENV",
     "MANIFEST_FILE",
     "NO_PDEATHSIG_ENV",
     "PER_RANK_LOGS_ENV",
@@ -162,8 +249,13 @@ __all__ = [
     "RUN_ID_FILE",
     "SITE_ENV",
     "STAMP_FORMAT",
+    "SUBMIT_LOCK_FILE",
+    "SUPERVISED_ENV",
+    "WATCHDOG_OWNER_ENV",
+    "LaunchPaths",
     "RunPaths",
     "checkpoint_name",
+    "launch_key",
     "parse_checkpoint_name",
     "run_dir_name",
 ]

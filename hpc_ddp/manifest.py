@@ -4,19 +4,41 @@ Written once per submission (and again by ``hpc-ddp resume``, which adds the ear
 read by every later command (``status``, ``cancel``, ``logs``, ``resume``, a sweep's
 ``results``) to find the run's job. Plain JSON, standard library only: a login node reads it.
 :mod:`hpc_ddp.layout` declares where it lives (:attr:`~hpc_ddp.layout.RunPaths.manifest`).
+
+One job per run directory: the record is guarded by :func:`record_lock`. Every submission into
+a run (or sweep) directory holds it exclusively across its decision and its record (is the run
+live? submit, write the job id), so of two racing ``resume`` the second sees the first one's job
+and submits nothing; every task holds it shared for a moment when it starts, so a job that
+starts before its submitter has recorded it waits for the record instead of reading the old one.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
-from dataclasses import asdict, dataclass, field, fields
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import RunDirError
-from hpc_ddp.layout import MANIFEST_FILE, RunPaths
+from hpc_ddp.layout import MANIFEST_FILE, SUBMIT_LOCK_FILE, RunPaths
 
-__all__ = ["MANIFEST_VERSION", "Manifest", "read_manifest", "write_manifest"]
+__all__ = [
+    "BACKENDS",
+    "MANIFEST_VERSION",
+    "RECORD_LOCK_TIMEOUT_S",
+    "Manifest",
+    "read_manifest",
+    "record_lock",
+    "write_manifest",
+]
 
 MANIFEST_VERSION = 1
 
@@ -81,15 +103,115 @@ def read_manifest(run_dir: Path) -> Manifest:
             raise _damaged(path, f"{key} is {value!r:.80}, expected {wanted}")
         if isinstance(value, list) and not all(isinstance(v, str) for v in value):
             raise _damaged(path, f"{key} is {value!r:.80}, expected a list of strings")
+    missing = [f.name for f in fields(Manifest) if _required(f) and f.name not in data]
+    if missing:
+        raise _damaged(path, f"no {', '.join(map(repr, missing))} key", _hint_for(missing[0]))
+    if data["backend"] not in BACKENDS:
+        raise _damaged(
+            path, f"backend is {data['backend']!r:.80}, not one of {BACKENDS}", _hint_for("backend")
+        )
     known = {f.name for f in fields(Manifest)}
-    try:  # keys a newer hpc-ddp added are left out, not fatal
-        return Manifest(**{k: v for k, v in data.items() if k in known})
-    except TypeError as exc:  # a required key is missing
-        raise _damaged(path, str(exc)) from None
+    # keys a newer hpc-ddp added are left out, not fatal
+    return Manifest(**{k: v for k, v in data.items() if k in known})
 
 
-def _damaged(path: Path, why: str) -> RunDirError:
+BACKENDS = ("slurm", "local")
+"""The backends a run can have been submitted to (``backend``)."""
+
+
+def _required(f: Field[Any]) -> bool:
+    return f.default is MISSING and f.default_factory is MISSING
+
+
+def _hint_for(key: str) -> str | None:
+    if key == "backend":
+        return (
+            'set "backend" to "slurm" or "local", whichever ran the run (a Slurm run has '
+            "logs/batch-<job>.out, a local one local.json)"
+        )
+    return None
+
+
+def _damaged(path: Path, why: str, hint: str | None = None) -> RunDirError:
     return RunDirError(
-        f"{path}: damaged manifest ({why[:300]}). HINT: the run's job id is also in its logs "
-        "(logs/batch-<job>.out); restore manifest.json from a backup or move the run aside."
+        f"{path}: damaged manifest ({why[:300]}). HINT: "
+        + (hint or "the run's job id is also in its logs (logs/batch-<job>.out)")
+        + "; restore manifest.json from a backup or move the run aside."
+    )
+
+
+# --- one writer at a time -------------------------------------------------------------------
+
+RECORD_LOCK_TIMEOUT_S = 300.0
+"""How long a submission, or a starting task, waits for another one's record before it gives
+up. A holder keeps the lock for one squeue, one sbatch and a file write: seconds, not minutes."""
+_POLL_S = (0.02, 0.5)
+"""First and longest pause between tries (doubling): ``flock`` with a deadline, no signals."""
+
+
+@contextmanager
+def record_lock(
+    directory: Path, *, shared: bool = False, timeout_s: float = RECORD_LOCK_TIMEOUT_S
+) -> Iterator[bool]:
+    """Hold ``DIRECTORY/submit.lock`` (``flock``) for the ``with`` block.
+
+    Exclusive (the default) for a submission: it decides, submits and records while no other
+    submission and no starting task reads or writes the record; the lock file is created if
+    missing and names its holder (pid, host, time) for the message of a waiter that gives up.
+    ``shared`` for a task that is starting: it only waits while a submission holds the lock,
+    and many tasks hold it at once. ``flock`` is released when its holder dies, however it
+    dies, and works across the NFS clients of a cluster on Linux.
+
+    Yields True once held; False (shared only) when there is no lock file to wait for (a run
+    directory made by hand or by an older hpc-ddp). Waits at most ``timeout_s``, then raises
+    :class:`RunDirError` naming the holder.
+    """
+    path = directory / SUBMIT_LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY if shared else os.O_RDWR | os.O_CREAT, 0o644)
+    except FileNotFoundError:
+        if shared:
+            yield False
+            return
+        raise RunDirError(
+            f"{directory}: no such run directory, so no {SUBMIT_LOCK_FILE} to take. HINT: pass "
+            "a run directory printed by `hpc-ddp submit`."
+        ) from None
+    try:
+        _acquire(fd, path, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, timeout_s)
+        if not shared:
+            stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            os.ftruncate(fd, 0)
+            holder = f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n"
+            os.pwrite(fd, holder.encode(), 0)
+        yield True
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _acquire(fd: int, path: Path, mode: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    pause = _POLL_S[0]
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        if time.monotonic() >= deadline:
+            raise _lock_timeout(path, timeout_s)
+        time.sleep(pause)
+        pause = min(pause * 2, _POLL_S[1])
+
+
+def _lock_timeout(path: Path, timeout_s: float) -> RunDirError:
+    try:
+        holder = path.read_text(encoding="utf-8", errors="replace").strip()[:200]
+    except OSError:
+        holder = ""
+    return RunDirError(
+        f"{path}: another hpc-ddp ({holder or 'holder unknown'}) has held the run's submit lock "
+        f"for more than {timeout_s:.0f} s, so its job record cannot be read or written now. "
+        "HINT: that process submits or records a job in this directory: let it finish; if it "
+        "hangs (its sbatch or squeue does not answer), stop it, then try again."
     )

@@ -85,15 +85,25 @@ def test_one_node_two_tasks_and_two_jobs_share_a_node(
     assert ports[0] != ports[1]
 
 
+@pytest.mark.parametrize("workers", ["auto", "2"])
 def test_interrupted_run_resumes_bit_identical(
-    slurm_cluster: Cluster, tmp_path: Path, reference: tuple[int, str]
+    slurm_cluster: Cluster, tmp_path: Path, reference: tuple[int, str], workers: str
 ) -> None:
-    job = e2e.submit(slurm_cluster, tmp_path, "jobs/quickstart.yaml", *QUICK)
+    """Stopped mid-run by the lead-time signal and requeued: the same weights as the
+    uninterrupted reference (which loads in the training process: ``auto`` on CPUs), also with
+    two data-loader workers per rank prefetching ahead of the stop."""
+    job = e2e.submit(
+        slurm_cluster, tmp_path, "jobs/quickstart.yaml", *QUICK, f"train.num_workers={workers}"
+    )
     run_dir = job.run_dir
     e2e.wait_step(run_dir, 10)
     slurm_cluster.run("scancel", "--signal=USR2", job.job_id)
     assert wait_done(slurm_cluster, job.job_id) == "COMPLETED"
     assert e2e.final_digest(slurm_cluster, run_dir) == reference
+    count = "0" if workers == "auto" else workers
+    rank0 = (run_dir / "logs" / "rank-0.err").read_text()
+    assert f"data loader: {count} worker process(es) per rank" in rank0
+    assert "exactness: a resume of this run is bit-identical to an uninterrupted run" in rank0
     [row] = json.loads(e2e.hpc(slurm_cluster, "status", str(run_dir), "--json").stdout)
     assert row["causes"] == "time_limit,finished"
     first, second = row["attempt_list"]

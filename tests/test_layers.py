@@ -11,8 +11,8 @@ modules in it that are *pure*. The README's architecture section describes the s
   node. Checked two ways: the source of each pure module (``subprocess``, ``os.environ`` and
   friends however ``os`` is imported, and every call that writes, renames or removes a file), and
   what importing it loads (only pure modules of hpc_ddp, and neither torch nor ``subprocess``).
-* ``config/preflight`` (with ``loginnode`` and ``programs``) inspects the login node (PATH,
-  files, the environment) but still runs nothing and imports no torch.
+* ``config/preflight`` (with ``loginnode``, ``programs`` and ``images``) inspects the login
+  node (PATH, files, the environment) but still runs nothing and imports no torch.
 * ``import hpc_ddp`` exposes the exception tree and ``JobConfig`` without importing torch.
 * The package's version agrees with ``pyproject.toml``.
 """
@@ -49,13 +49,22 @@ class Layer:
 
 
 LAYERS: tuple[Layer, ...] = (
-    Layer(("errors", "version"), pure=("errors", "version")),
+    Layer(("errors", "version", "exitcodes"), pure=("errors", "version", "exitcodes")),
     Layer(("durable", "layout"), pure=("layout",)),
     Layer(("manifest", "run_id")),
-    Layer(("config",), pure=("config.*",), impure=("preflight", "loginnode", "programs")),
+    Layer(("config",), pure=("config.*",), impure=("preflight", "loginnode", "programs", "images")),
     Layer(("devcluster",), pure=("devcluster.conf",)),
     Layer(("slurm",), pure=("slurm.render", "slurm.nodelist", "slurm.jobstate")),
-    Layer(("runtime",), pure=("runtime.distenv", "runtime.ledger", "runtime.progress")),
+    Layer(
+        ("runtime",),
+        pure=(
+            "runtime.distenv",
+            "runtime.ledger",
+            "runtime.progress",
+            "runtime.health",
+            "runtime.mainfirst",
+        ),
+    ),
     Layer(("train",)),
     Layer(("job",)),
     Layer(("local",)),
@@ -68,7 +77,12 @@ LAYERS: tuple[Layer, ...] = (
 """hpc-ddp from the bottom up: the run directory's contract, config, Slurm, the on-task runtime
 and what runs on the tasks, then the login side that launches runs and reads them back."""
 
-PREFLIGHT = ("hpc_ddp.config.preflight", "hpc_ddp.config.loginnode", "hpc_ddp.config.programs")
+PREFLIGHT = (
+    "hpc_ddp.config.preflight",
+    "hpc_ddp.config.loginnode",
+    "hpc_ddp.config.programs",
+    "hpc_ddp.config.images",
+)
 """The submit-time checks: they look at this machine (PATH, files, the environment)."""
 HEAVY = ("torch", "subprocess")
 

@@ -38,7 +38,7 @@ def test_manifest_round_trip_and_unknown_keys_from_a_newer_version(tmp_path: Pat
         (b"\xff\xfe\x00garbage", "UnicodeDecodeError"),
         (b"[1, 2]", "a JSON list, not an object"),
         (b'"text"', "a JSON str, not an object"),
-        (b'{"name": "job"}', "missing"),
+        (b'{"name": "job"}', "no 'backend', 'job_id', 'submitted_at', 'command', "),
         (
             b'{"name": "j", "backend": "slurm", "job_id": 42, "submitted_at": "", "command": [],'
             b' "config_source": "", "run_dir": ""}',
@@ -62,6 +62,36 @@ def test_damaged_manifest_is_a_run_dir_error_naming_why(
     assert "damaged manifest" in message
     assert reason in message
     assert "HINT:" in message
+
+
+WHOLE = {"name": "j", "backend": "slurm", "job_id": "1", "submitted_at": "", "command": [],
+         "config_source": "", "run_dir": ""}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [({"backend": None}, "no 'backend' key"),
+     ({"backend": "pbs"}, "backend is 'pbs', not one of ('slurm', 'local')"),
+     ({"backend": ""}, "backend is '', not one of"),
+     ({"submitted_at": None}, "no 'submitted_at' key")],
+)  # fmt: skip
+def test_a_missing_key_or_unknown_backend_is_named_with_a_hint(
+    tmp_path: Path, change: dict[str, object], says: str
+) -> None:
+    """It leaked ``Manifest.__init__() missing 1 required positional argument``, and
+    ``backend: pbs`` was accepted (then read as Slurm by every verb)."""
+    data = {k: v for k, v in {**WHOLE, **change}.items() if v is not None}
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(RunDirError) as info:
+        read_manifest(tmp_path)
+    message = str(info.value)
+    assert says in message
+    assert "__init__" not in message
+    assert "positional argument" not in message
+    if "backend" in change:
+        assert 'HINT: set "backend" to "slurm" or "local", whichever ran the run' in message
+    else:
+        assert "HINT:" in message
 
 
 def test_manifest_that_is_a_directory_is_damaged(tmp_path: Path) -> None:

@@ -6,8 +6,20 @@ A sweep directory cancels every job array of the sweep; ``SWEEP_DIR/tasks/N`` (o
 target is resolved, and every job id checked, before anything is cancelled: a damaged manifest
 (``"job_id": "--me"`` would be ``scancel --me``, every job of the user) cancels nothing.
 
+A job id read from a run directory is only a claim: ``cp -r runs/a runs/b`` gives ``b`` the
+manifest of ``a``'s live job, and a hand-edited manifest may name anyone's. So before anything
+is signalled, squeue says which script each job runs: it must be a script of this run (or
+sweep) directory, else nothing of that target is cancelled (``not_this_run``). A job that has
+already ended, or that Slurm does not know, is not cancelled either, and is said to be so
+(``already_finished`` with its state, ``unknown``): ``scancel`` would return 0 for both.
+
 A local run's job id is a pid, and pids are reused: it is signalled only while
-:mod:`hpc_ddp.local.process` proves the process under it is still that run's own.
+:mod:`hpc_ddp.local.process` proves the process under it is still that run's own, and that its
+command line names this run directory.
+
+Exit codes: 0 when every target was cancelled, had already ended or is unknown to Slurm; 2 when
+a target's job is not that run's (nothing of it was cancelled) or a target is wrong; 1 when
+Slurm failed.
 """
 
 from __future__ import annotations
@@ -15,8 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from hpc_ddp.cli.runs import (
     find_array_task,
@@ -30,8 +45,9 @@ from hpc_ddp.launch.submission import runs_dir_from
 from hpc_ddp.layout import MANIFEST_FILE, RUNS_DIR_ENV
 from hpc_ddp.local.process import cancel_local
 from hpc_ddp.manifest import read_manifest
+from hpc_ddp.slurm.arrayjobs import live_task
 from hpc_ddp.slurm.client import SlurmClient
-from hpc_ddp.slurm.jobstate import is_job_ref
+from hpc_ddp.slurm.jobstate import AccountingRecord, JobInfo, is_job_ref
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--runs-dir", help=f"where to look for job ids (default ${RUNS_DIR_ENV})")
     parser.add_argument(
-        "--json", action="store_true", help="print one JSON object per line, one per target"
+        "--json",
+        action="store_true",
+        help="print one JSON object per line, one per target, with its outcome (cancelled, "
+        "already_finished, unknown or not_this_run)",
     )
 
 
@@ -73,31 +92,54 @@ class Cancel:
     local: bool = False
     """A local run: ``jobs`` is its controller's pid, checked by :func:`cancel_local`."""
 
+    @property
+    def home(self) -> Path:
+        """The directory whose script the jobs must run: the run's, or the sweep's (which
+        holds the record, ``arrays.json`` or ``manifest.json``)."""
+        return self.source.parent
+
+
+Outcome = Literal["cancelled", "already_finished", "unknown", "not_this_run"]
+"""What cancelling one target came to (``cancel --json``'s ``outcome``)."""
+
+
+@dataclass(frozen=True)
+class Result:
+    """What was done for one target, and a line saying it."""
+
+    outcome: Outcome
+    message: str
+
 
 def run(args: argparse.Namespace) -> int:
     """Cancel every target; a cancelled job is never requeued by hpc-ddp.
 
-    Exit 0 when every target was cancelled or had already ended.
+    Exit 0 when every target was cancelled, had already ended or is unknown to Slurm; 2 when
+    a target's job is not that run's (nothing of that target was signalled).
     """
     check_targets(args.targets)
     runs_dir = runs_dir_from(args.runs_dir, os.environ)
     plans = [plan for t in args.targets for plan in plan_cancel(t, runs_dir)]
+    refused = False
     for plan in plans:
         if plan.local:
-            message = cancel_local(plan.where, plan.jobs[0])
+            done = cancel_local(plan.where, plan.jobs[0])
+            result = Result(done.outcome, done.message)
         else:
-            message = cancel_slurm(args.slurm, plan)
+            result = cancel_slurm(args.slurm, plan)
+        refused |= result.outcome == "not_this_run"
         if args.json:
             shown = {
                 "run_dir": str(plan.where),
                 "backend": "local" if plan.local else "slurm",
                 "jobs": list(plan.jobs),
-                "message": message,
+                "outcome": result.outcome,
+                "message": result.message,
             }
             print(json.dumps(shown))
         else:
-            print(message)
-    return 0
+            print(result.message, file=sys.stderr if result.outcome == "not_this_run" else None)
+    return 2 if refused else 0
 
 
 def plan_cancel(target: str, runs_dir: Path) -> list[Cancel]:
@@ -126,16 +168,118 @@ def plan_cancel(target: str, runs_dir: Path) -> list[Cancel]:
     return plans
 
 
-def cancel_slurm(client: SlurmClient, plan: Cancel) -> str:
-    """``scancel`` each job of ``plan`` (every array of a sweep, even when one of them cannot
-    be cancelled); a line saying what was done."""
+def cancel_slurm(client: SlurmClient, plan: Cancel) -> Result:
+    """``scancel`` each live job of ``plan`` (every array of a sweep, even when one of them
+    cannot be cancelled) once squeue shows that every job of it runs a script of this run.
+
+    A job squeue holds as finished is ``already_finished``; one squeue no longer holds is
+    looked up in sacct (where there is accounting), else ``unknown``. Nothing is signalled for
+    a plan with a job that is not this run's.
+    """
+    rows = client.job_states([_array_of(job) for job in plan.jobs])
+    seen = {job: _rows_of(rows, job) for job in plan.jobs}
+    for job, found in seen.items():
+        foreign = next((r for r in found if not _runs_here(r.command, plan.home)), None)
+        if foreign is not None:
+            return _not_this_run(plan, job, foreign.command)
+    live = [job for job, found in seen.items() if any(not r.state.finished for r in found)]
     failed: list[SlurmError] = []
-    for job in plan.jobs:
+    for job in live:
         try:
             client.cancel(job, source=str(plan.source))
         except SlurmError as exc:
             failed.append(exc)
     if failed:
         raise failed[0]
-    plural = "s" * (len(plan.jobs) > 1)
-    return f"cancelled slurm {plan.what}{plural} {', '.join(plan.jobs)} ({plan.where})"
+    ended = {job: _state(found) for job, found in seen.items() if found and job not in live}
+    gone = [job for job, found in seen.items() if not found]
+    accounting, lacking = _accounting(client, gone)
+    ended |= {j: s for j in gone if (s := _accounted(accounting, j)) is not None}
+    return _said(plan, live, ended, [j for j in gone if j not in ended], lacking)
+
+
+def _array_of(job: str) -> str:
+    """What to ask squeue for: an array task's whole array (a pending task is only listed as
+    part of its array's pending range)."""
+    return job.partition("_")[0]
+
+
+def _rows_of(rows: Mapping[str, JobInfo], job: str) -> list[JobInfo]:
+    """squeue's rows of one job: a plain job, every task of an array, or one array task."""
+    array, _, task = job.partition("_")
+    if task:
+        info = live_task(rows, array, int(task))
+        return [] if info is None else [info]
+    return [r for r in rows.values() if array in (r.job_id, r.array_job_id)]
+
+
+def _runs_here(command: str, home: Path) -> bool:
+    """True when a job's batch script (squeue's ``Command``) is a script hpc-ddp wrote into
+    ``home`` (``job.sbatch``, a sweep's ``job-N.sbatch``); compared as files, so a symlinked
+    runs directory is the same place and a copy of the run directory is not."""
+    script = Path(command)
+    if not command or not script.is_absolute() or not script.name.startswith("job"):
+        return False
+    try:
+        return script.suffix == ".sbatch" and os.path.samefile(script.parent, home)
+    except OSError:
+        return False
+
+
+def _state(found: list[JobInfo]) -> str:
+    return ", ".join(dict.fromkeys(r.state.value for r in found))
+
+
+def _accounting(client: SlurmClient, gone: list[str]) -> tuple[Mapping[str, AccountingRecord], str]:
+    """sacct's records of the jobs squeue no longer holds, and why one may have none."""
+    if not gone:
+        return {}, ""
+    try:
+        records = client.sacct_states(gone)
+    except SlurmError as exc:
+        return {}, f"sacct could not be asked: {str(exc).splitlines()[0].rstrip('.')}"
+    if records is None:
+        return {}, "no accounting to ask"
+    return records, "sacct has no record of it"
+
+
+def _accounted(accounting: Mapping[str, AccountingRecord], job: str) -> str | None:
+    """sacct's final state of a job squeue no longer holds (an array: of its tasks), or None."""
+    mine = [r for key, r in accounting.items() if key == job or _task_of(key, job)]
+    states = [r.state.value for r in mine]
+    return ", ".join(dict.fromkeys(states)) or None
+
+
+def _task_of(key: str, array: str) -> bool:
+    """True for sacct's record of a task of ``array`` (``123_4``, not a step ``123_4.batch``)."""
+    return key.startswith(f"{array}_") and "." not in key
+
+
+def _not_this_run(plan: Cancel, job: str, command: str) -> Result:
+    runs = f"runs {command}" if command else "does not say which script it runs"
+    return Result(
+        "not_this_run",
+        f"{plan.where}: slurm {plan.what} {job} is not this run's: it {runs}, not a script of "
+        f"{plan.home.resolve()}; nothing was cancelled. HINT: a copied run directory (cp -r) "
+        f"keeps the original's {plan.source.name}, and a hand-edited one may name any job; "
+        "cancel the original run by its own directory (`hpc-ddp status` lists the runs), or "
+        f"`scancel {job}` if you are sure that job is the one to stop.",
+    )
+
+
+def _said(
+    plan: Cancel, live: list[str], ended: dict[str, str], unknown: list[str], lacking: str
+) -> Result:
+    """The line for a plan whose live jobs were cancelled, and what the others were
+    (``lacking``: why the unknown ones have no accounting record)."""
+    words = []
+    for job, state in ended.items():
+        words.append(f"slurm {plan.what} {job} already finished ({state})")
+    for job in unknown:
+        words.append(f"slurm {plan.what} {job} is unknown to Slurm (not in its queue; {lacking})")
+    if live:
+        plural = "s" * (len(live) > 1)
+        head = f"cancelled slurm {plan.what}{plural} {', '.join(live)} ({plan.where})"
+        return Result("cancelled", "; ".join([head, *words]))
+    outcome: Outcome = "already_finished" if ended else "unknown"
+    return Result(outcome, f"{'; '.join(words)}: nothing was cancelled ({plan.where})")

@@ -1,5 +1,6 @@
 """``hpc-ddp checkpoints RUN_DIR [--json] [--verify]``: step, epoch, time, size, weights digest,
-and the state of every ``step-*.pt`` file (ok, damaged or foreign, with the reason)."""
+and the state of every ``step-*.pt`` file (ok, damaged or foreign, with the reason; what a
+format-1 file restores unverified)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,25 @@ import argparse
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
 from hpc_ddp.cli.runs import require_dir
 
+if TYPE_CHECKING:
+    from hpc_ddp.runtime.checkpoint import CheckpointInfo
+
 EPILOG = """\
 A file resume cannot use is listed, never fatal: "damaged" (empty, torn, unreadable, a dangling
-symlink, malformed, or with --verify weights that no longer match their digest) or "foreign"
-(a tensor, another program's file, another format version). Resume skips both and takes the
-newest older checkpoint that passes every check, the digest included.
+symlink, malformed, or with --verify any part that no longer matches its digest: the weights,
+optimizer, scheduler, scaler, RNG states, progress, extra values, config) or "foreign" (a tensor,
+another program's file, another format version). Resume skips both and takes the newest older
+checkpoint that passes every check, every digest included.
+
+A checkpoint of format 1 (written by hpc-ddp before every part had a digest) still loads, but
+only its weights can be verified: it is listed as "ok (format 1: ... unverified)", and --verify
+says so on stderr when resume would use it.
 
 Exit status, the same with and without --json: 0 when the listing succeeds, whatever the files
 hold; with --verify, 1 when the newest file is not ok (resume would fall back to an older one,
@@ -34,8 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--verify",
         action="store_true",
-        help="also recompute each weights digest from the tensors, as resume does "
-        "(reads every byte; without it the tensors are not checked)",
+        help="also recompute every digest from the content, as resume does (reads every "
+        "byte; without it the content is not checked)",
     )
 
 
@@ -56,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
                 "weights_digest": i.weights_digest,
                 "state": i.state.value,
                 "error": i.error,
+                "version": i.version,
+                "unverified": list(i.unverified),
             }
             for i in infos
         ]
@@ -69,15 +81,22 @@ def run(args: argparse.Namespace) -> int:
                 time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.time)) if i.time else "-",
                 f"{i.size / 1e6:.1f} MB",
                 (i.weights_digest or "-")[:16],
-                i.state.value if i.error is None else f"{i.state.value}: {i.error}",
+                _state(i),
             ]
             for i in infos
         ]
         headers = ["file", "step", "epoch", "saved", "size", "digest", "state"]
         print(tabulate(table, headers=headers))
     newest = infos[-1] if infos else None
+    good = [i for i in infos if i.state is CheckpointState.OK]
+    if args.verify and good and good[-1].unverified:
+        print(
+            f"hpc-ddp checkpoints: resume would use {good[-1].path.name}, a format-"
+            f"{good[-1].version} checkpoint: only its weights were verified; its "
+            f"{', '.join(good[-1].unverified)} have no digest",
+            file=sys.stderr,
+        )
     if args.verify and newest is not None and newest.state is not CheckpointState.OK:
-        good = [i for i in infos if i.state is CheckpointState.OK]
         fallback = good[-1].path.name if good else "none (no good checkpoint)"
         print(
             f"hpc-ddp checkpoints: newest checkpoint {newest.path.name} is {newest.state.value}: "
@@ -86,3 +105,12 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _state(info: CheckpointInfo) -> str:
+    if info.error is not None:
+        return f"{info.state.value}: {info.error}"
+    if info.unverified:
+        unverified = ", ".join(info.unverified)
+        return f"{info.state.value} (format {info.version}: {unverified} unverified)"
+    return info.state.value

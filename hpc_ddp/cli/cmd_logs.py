@@ -9,7 +9,8 @@ each chunk under a ``==> name <==`` header when the stream changes, as ``tail -f
 The files are copied as bytes when stdout is a pipe or a file; on a terminal, control
 characters other than newline, tab and carriage return are shown as ``cat -v`` shows them
 (``^[``), so a rank's output cannot drive the terminal. ``--follow`` on a run whose log does not
-exist yet waits for it while the job is queued or running (asking Slurm every few seconds).
+exist yet waits for it while the job is queued or running (asking Slurm every few seconds),
+and stops following once the job has ended (what it wrote last is printed first).
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from hpc_ddp.errors import RunDirError, SlurmError, TargetError
 from hpc_ddp.layout import RunPaths
 from hpc_ddp.local.process import local_alive
 from hpc_ddp.manifest import read_manifest
+from hpc_ddp.slurm.arrayjobs import format_index_ranges, live_task
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.jobstate import check_job_ref
-from hpc_ddp.sweep.records import format_index_ranges, live_task
 
 EPILOG = """\
 streams:
@@ -41,7 +42,8 @@ streams:
   --both       both files; each chunk is headed by its file name when the stream changes
 sweeps:
   hpc-ddp logs SWEEP_DIR --task 3 -f   follows task 3 (its run dir is SWEEP_DIR/tasks/3)
---follow on a queued job waits for its log to appear (and gives up once the job has ended).
+--follow on a queued job waits for its log to appear (and gives up once the job has ended);
+it stops once the job has ended, after printing what the job wrote last.
 """
 
 ASK_EVERY_S = 5.0
@@ -125,6 +127,25 @@ def run_paths(target: Path, task: int | None) -> RunPaths:
     return paths.task(task)
 
 
+def check_rank(paths: RunPaths, rank: int) -> None:
+    """A :class:`TargetError` (exit 2) for a rank the run does not have: its resolved config
+    says how many it has (``nodes x tasks_per_node``); a run without a readable config is not
+    checked (its logs say what there is)."""
+    from hpc_ddp.config.load import load_resolved_config
+    from hpc_ddp.errors import HpcDdpError
+
+    try:
+        ranks = load_resolved_config(paths.config).slurm.ntasks
+    except (HpcDdpError, OSError):
+        return
+    if rank >= ranks:
+        have = "0" if ranks == 1 else f"0-{ranks - 1}"
+        raise TargetError(
+            f"--rank {rank}: no such rank (the run has {ranks} rank{'s' if ranks > 1 else ''}: "
+            f"{have}). HINT: pass --rank {have if ranks == 1 else f'0 to {ranks - 1}'}."
+        )
+
+
 def _ranges(indices: list[int]) -> str:
     """``0-3, 7`` for [0, 1, 2, 3, 7]."""
     return format_index_ranges(indices).replace(",", ", ")
@@ -195,9 +216,12 @@ def copy_logs(
     poll_s: float,
     deadline: float | None,
     escape: bool = False,
+    ended: Callable[[], bool] | None = None,
 ) -> None:
     """Copy the files to ``out``, then (``follow``) what is appended to them until
-    ``deadline`` (``time.monotonic()``); ``escape``: through :func:`visible` (a terminal)."""
+    ``deadline`` (``time.monotonic()``), or until ``ended()`` (asked at once, then every
+    :data:`ASK_EVERY_S`) says the job writing them is over: what it wrote last is copied,
+    and following stops. ``escape``: through :func:`visible` (a terminal)."""
     files: list[BinaryIO] = []
     try:
         for p in paths:
@@ -207,24 +231,45 @@ def copy_logs(
                 raise RunDirError(
                     f"{p}: cannot read it ({exc.strerror or exc}). HINT: check its permissions."
                 ) from None
-        decoders = [codecs.getincrementaldecoder("utf-8")("replace") for _ in files]
-        shown: Path | None = None
+        copier = _Copier(paths, files, out, escape)
+        asked: float | None = None
+        over = False
         while True:
-            for path, f, decoder in zip(paths, files, decoders, strict=True):
-                chunk = f.read()
-                if not chunk:
-                    continue
-                if len(paths) > 1 and shown != path:
-                    out.write(f"{'' if shown is None else chr(10)}==> {path.name} <==\n".encode())
-                    shown = path
-                out.write(visible(decoder.decode(chunk)).encode() if escape else chunk)
-                out.flush()
-            if not follow or (deadline is not None and time.monotonic() > deadline):
+            copier.copy_new()
+            now = time.monotonic()
+            if not follow or over or (deadline is not None and now > deadline):
                 return
+            if ended is not None and (asked is None or now - asked >= ASK_EVERY_S):
+                asked = now
+                over = ended()  # then one more round: what was written before the end
+                if over:
+                    continue
             time.sleep(poll_s)
     finally:
         for f in files:
             f.close()
+
+
+class _Copier:
+    """Copies what was appended to each open log since the last call, each chunk under a
+    ``==> name <==`` header when the stream changes (several files)."""
+
+    def __init__(self, paths: list[Path], files: list[BinaryIO], out: BinaryIO, escape: bool):
+        self.paths, self.files, self.out, self.escape = paths, files, out, escape
+        self.decoders = [codecs.getincrementaldecoder("utf-8")("replace") for _ in files]
+        self.shown: Path | None = None
+
+    def copy_new(self) -> None:
+        for path, f, decoder in zip(self.paths, self.files, self.decoders, strict=True):
+            chunk = f.read()
+            if not chunk:
+                continue
+            if len(self.paths) > 1 and self.shown != path:
+                lead = "" if self.shown is None else "\n"
+                self.out.write(f"{lead}==> {path.name} <==\n".encode())
+                self.shown = path
+            self.out.write(visible(decoder.decode(chunk)).encode() if self.escape else chunk)
+            self.out.flush()
 
 
 def wait_for_logs(
@@ -252,6 +297,17 @@ def wait_for_logs(
 def job_waiting(client: SlurmClient, target: Path, task: int | None, paths: RunPaths) -> str | None:
     """``job 12 is PENDING`` while the job that writes ``paths``' logs is queued or running;
     None once it has ended, or when that cannot be told (no job id, Slurm not answering)."""
+    live, said = job_liveness(client, target, task, paths)
+    return said if live else None
+
+
+def job_liveness(
+    client: SlurmClient, target: Path, task: int | None, paths: RunPaths
+) -> tuple[bool | None, str]:
+    """Whether the job that writes ``paths``' logs is queued or running: (True, ``job 12 is
+    PENDING``), (False, "") once it has ended (squeue no longer holds it, or holds it in a
+    finished state; a local run's processes are gone), (None, "") when that cannot be told
+    (no job id, Slurm not answering)."""
     sweep = (target, task) if task is not None else sweep_task_of(target)
     try:
         if sweep is not None:
@@ -262,17 +318,21 @@ def job_waiting(client: SlurmClient, target: Path, task: int | None, paths: RunP
             manifest = read_manifest(paths.root)
             if manifest.backend == "local":
                 alive = local_alive(paths.root, manifest.job_id)
-                return f"local job {manifest.job_id} is running" if alive else None
+                return alive, f"local job {manifest.job_id} is running" if alive else ""
             ref = check_job_ref(manifest.job_id, str(paths.manifest))
             info = client.job_states([ref]).get(ref)
     except (RunDirError, SlurmError):
-        return None
-    return None if info is None or info.state.finished else f"job {ref} is {info.state.value}"
+        return None, ""
+    if info is None or info.state.finished:
+        return False, ""
+    return True, f"job {ref} is {info.state.value}"
 
 
 def run(args: argparse.Namespace) -> int:
     """Print the log(s), then follow them if asked."""
     paths = run_paths(Path(args.run_dir), args.task)
+    if not args.batch:
+        check_rank(paths, args.rank)
     deadline = None if args.follow_for is None else time.monotonic() + args.follow_for
 
     def find() -> list[Path]:
@@ -291,6 +351,11 @@ def run(args: argparse.Namespace) -> int:
     if not found:
         raise missing_logs(paths, rank=args.rank, stream=args.stream, batch=args.batch)
     sys.stdout.flush()
+
+    def ended() -> bool:
+        # Only a job known to have ended stops the following: not one Slurm cannot speak for.
+        return job_liveness(args.slurm, Path(args.run_dir), args.task, paths)[0] is False
+
     copy_logs(
         found,
         sys.stdout.buffer,
@@ -298,5 +363,6 @@ def run(args: argparse.Namespace) -> int:
         poll_s=args.poll,
         deadline=deadline,
         escape=sys.stdout.isatty(),
+        ended=ended,
     )
     return 0

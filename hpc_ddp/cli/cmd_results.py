@@ -22,9 +22,10 @@ from tabulate import tabulate
 
 from hpc_ddp.cli.runs import require_dir
 from hpc_ddp.errors import ConfigError, SlurmError
+from hpc_ddp.slurm.arrayjobs import read_arrays
 from hpc_ddp.slurm.client import SlurmClient
-from hpc_ddp.slurm.jobstate import JobInfo
-from hpc_ddp.sweep.records import SweepRecord, read_arrays, read_sweep_record
+from hpc_ddp.slurm.jobstate import AccountingRecord, JobInfo
+from hpc_ddp.sweep.records import SweepRecord, read_sweep_record
 from hpc_ddp.sweep.results import (
     ResultRow,
     gather_results,
@@ -34,6 +35,7 @@ from hpc_ddp.sweep.results import (
     row_dict,
     sort_rows,
     sweep_summary,
+    unheld_arrays,
 )
 
 FORMATS = ("table", "csv", "json", "markdown")
@@ -84,8 +86,9 @@ def run(args: argparse.Namespace) -> int:
 
         plot_out = plot_target(args.plot)  # before anything is computed
     live = None if args.no_slurm else _live(sweep_dir, args.slurm)
+    accounting = None if live is None else _accounting(sweep_dir, live, args.slurm)
     sort_key, metric, mode = choose_sort(record, args.sort, args.mode)
-    rows = sort_rows(gather_results(sweep_dir, live, metric), sort_key, mode)
+    rows = sort_rows(gather_results(sweep_dir, live, metric, accounting), sort_key, mode)
     if metric != record.metric and all(r.best is None for r in rows):
         raise unlogged_metric(record, metric, logged_metrics(rows))
     shown = rows[: args.top] if args.top is not None else rows
@@ -130,6 +133,17 @@ def _live(sweep_dir: Path, client: SlurmClient) -> dict[str, JobInfo] | None:
     job_ids = list(dict.fromkeys(a.job_id for a in read_arrays(sweep_dir)))
     try:
         return client.job_states(job_ids) if job_ids else {}
+    except SlurmError:
+        return None
+
+
+def _accounting(
+    sweep_dir: Path, live: dict[str, JobInfo], client: SlurmClient
+) -> dict[str, AccountingRecord] | None:
+    """sacct's records of the tasks squeue no longer holds; None without accounting."""
+    unheld = unheld_arrays(sweep_dir, live)
+    try:
+        return client.sacct_states(unheld) if unheld else None
     except SlurmError:
         return None
 

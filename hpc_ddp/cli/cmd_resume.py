@@ -7,8 +7,13 @@ directory); a finished one, or one whose state Slurm could not confirm, needs ``
 Overrides apply over the run's resolved config, e.g. ``requeue.max_requeues=10`` or, with
 ``--force`` on a finished run, ``train.epochs=20`` to train further.
 
-Exit codes: 0 resubmitted (or dry run shown), 2 refused or bad input, 1 failed submission
-(with ``--wait``: the run did not finish).
+Of several ``resume`` of one run at once, exactly one submits: the decision and the record
+are taken under the run directory's record lock, and every other one then finds that job and
+submits nothing.
+
+Exit codes: 0 resubmitted (or dry run shown), 2 refused or bad input (also when another
+submission got there first: the message names its job), 1 failed submission (with ``--wait``:
+the run did not finish).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     say = sys.stderr if args.json else sys.stdout
     print(
         f"resuming {plan.run_dir} ({plan.state}, {plan.attempts} attempt(s)) "
-        f"{start_words(plan.checkpoint_step)}",
+        f"{start_words(plan.checkpoint_step, plan)}",
         file=say,
     )
     for line in plan.changes:

@@ -19,12 +19,19 @@ from typing import Any
 
 from tabulate import tabulate
 
-from hpc_ddp.cli.runs import manifest_jobs, resolve_targets
+from hpc_ddp.cli.runs import manifest_jobs, resolve_targets, sweep_task_of
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.launch.submission import runs_dir_from
-from hpc_ddp.layout import RUNS_DIR_ENV
+from hpc_ddp.layout import MANIFEST_FILE, RUNS_DIR_ENV
 from hpc_ddp.manifest import Manifest, read_manifest
-from hpc_ddp.state.report import DAMAGED, ask_slurm, damaged_row, reason_lines, run_status
+from hpc_ddp.state.report import (
+    DAMAGED,
+    ask_slurm,
+    damaged_row,
+    reason_lines,
+    run_status,
+    with_accounting,
+)
 from hpc_ddp.state.verdict import SlurmView
 
 COLUMNS = ["run", "job", "state", "nodes", "elapsed", "attempts", "causes", "ckpt step", "loss"]
@@ -43,15 +50,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _sweep_entry(sweep_dir: Path, view: SlurmView) -> dict[str, Any]:
     from hpc_ddp.sweep.results import gather_results, row_dict, sweep_summary
 
-    rows = gather_results(sweep_dir, view.live)  # live None: states from the ledgers alone
+    # live None: states from the ledgers alone; sacct for the tasks squeue no longer holds.
+    rows = gather_results(sweep_dir, view.live, accounting=view.accounting)
     tasks = [row_dict(r) for r in rows]
     return {"sweep": str(sweep_dir), "summary": sweep_summary(rows), "tasks": tasks}
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the status table (or JSON): plain runs first, then one line per sweep."""
+    """Print the status table (or JSON): plain runs first, then one line per sweep, then one
+    row per sweep task asked for by its directory (``SWEEP_DIR/tasks/N``)."""
     runs_dir = runs_dir_from(args.runs_dir, os.environ)
-    dirs = resolve_targets(args.targets, runs_dir)
+    tasks = {t: found for t in args.targets if (found := _sweep_task(t)) is not None}
+    others = [t for t in args.targets if t not in tasks]
+    dirs = resolve_targets(others, runs_dir) if others or not tasks else []
     manifests = _read_manifests(dirs)
     good = {d: m for d, m in manifests.items() if isinstance(m, Manifest)}
     sweeps = [d for d in good if (d / "tasks").is_dir()]
@@ -59,8 +70,11 @@ def run(args: argparse.Namespace) -> int:
         m.job_id for d, m in good.items() if d not in sweeps and m.backend != "local" and m.job_id
     ]
     arrays = [j for d in sweeps for j in good[d].array_jobs]
+    arrays += [j for sweep, _ in tasks.values() for j in read_manifest(sweep).array_jobs]
     view = ask_slurm(args.slurm, list(dict.fromkeys([*plain, *arrays])), plain)
+    view = with_accounting(args.slurm, view, _unheld(sweeps, tasks, view))
     rows, entries = _collect(dirs, manifests, sweeps, view)
+    entries += [_task_entry(sweep, index, view) for sweep, index in tasks.values()]
     # A damaged run is shown beside the others but the exit status says something is wrong.
     code = 1 if any(r["state"] == DAMAGED for r in rows) else 0
     if args.json:
@@ -72,6 +86,36 @@ def run(args: argparse.Namespace) -> int:
     _print_runs(rows, attempts=args.attempts)
     _print_sweeps(entries, attempts=args.attempts)
     return code
+
+
+def _unheld(sweeps: list[Path], tasks: dict[str, tuple[Path, int]], view: SlurmView) -> list[str]:
+    """The array jobs of the sweeps shown whose tasks squeue no longer holds (all of them may
+    have ended long ago): sacct is asked about those."""
+    if view.live is None:
+        return []
+    from hpc_ddp.sweep.results import unheld_arrays
+
+    dirs = dict.fromkeys([*sweeps, *(sweep for sweep, _ in tasks.values())])
+    return list(dict.fromkeys(j for d in dirs for j in unheld_arrays(d, view.live)))
+
+
+def _sweep_task(target: str) -> tuple[Path, int] | None:
+    """(sweep dir, point) for a target that is a sweep task's directory (it has no manifest
+    of its own: the sweep's records say which array task runs it)."""
+    path = Path(target)
+    if not path.is_dir() or (path / MANIFEST_FILE).exists():
+        return None
+    return sweep_task_of(path)
+
+
+def _task_entry(sweep_dir: Path, index: int, view: SlurmView) -> dict[str, Any]:
+    """One sweep task, as the sweep's own entry shows it, alone."""
+    entry = _sweep_entry(sweep_dir, view)
+    entry["tasks"] = [t for t in entry["tasks"] if t["index"] == index]
+    entry["summary"] = {state: sum(t["state"] == state for t in entry["tasks"])
+                        for state in entry["summary"]}  # fmt: skip
+    entry["task"] = index
+    return entry
 
 
 def _read_manifests(dirs: list[Path]) -> dict[Path, Manifest | RunDirError]:
@@ -129,6 +173,11 @@ def _print_runs(rows: list[dict[str, Any]], *, attempts: bool) -> None:
 
 def _print_sweeps(entries: list[dict[str, Any]], *, attempts: bool) -> None:
     for entry in entries:
+        if "task" in entry:  # one task asked for by its directory: its row
+            [task] = entry["tasks"] or [{"index": entry["task"], "state": "unknown"}]
+            print(f"{entry['sweep']}: task {task['index']}: {task['state']}")
+            print(tabulate(entry["tasks"], headers="keys"))
+            continue
         counts = ", ".join(f"{n} {state}" for state, n in entry["summary"].items() if n)
         print(f"{entry['sweep']}: {len(entry['tasks'])} tasks: {counts}")
         if attempts:

@@ -1,7 +1,10 @@
 """``hpc-ddp sweep SWEEP_FILE [KEY=VALUE ...]``: expand, validate, write one sweep directory,
 submit one job array. ``hpc-ddp sweep --resubmit-failed SWEEP_DIR``: submit the failed tasks again.
 
-Exit codes: 0 submitted (or shown), 2 usage or config error, 1 failed submission.
+Exit codes: 0 submitted (or shown), 2 usage or config error, 1 failed submission. With
+``--resubmit-failed``: 0 also when nothing is left to resubmit; 2 when nothing was resubmitted
+because tasks of the sweep are still queued or running (e.g. another ``--resubmit-failed``
+just submitted them: the message names its array).
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from tabulate import tabulate
 
 from hpc_ddp.config.load import find_site_profile
 from hpc_ddp.config.preflight import preflight_points
-from hpc_ddp.errors import ConfigError, RunDirError, RunsDirError, SlurmError
+from hpc_ddp.errors import ConfigError, RunDirError, RunsDirError, SlurmError, TargetError
 from hpc_ddp.launch.submission import new_run_dir, runs_dir_from, stamp_of
 from hpc_ddp.layout import RUNS_DIR_ENV
+from hpc_ddp.slurm.arrayjobs import format_index_ranges
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.sweep.arrays import SLURM_DEFAULT_MAX_ARRAY_SIZE, PreparedArray, sweep_name
 from hpc_ddp.sweep.spec import SweepSpec, load_sweep
@@ -260,6 +264,8 @@ def _resubmit(
         invocation=invocation or ["hpc-ddp", "sweep", "--resubmit-failed", str(sweep_dir)],
         dry_run=args.dry_run,
     )
+    if not result.points and result.live and not args.dry_run:
+        raise _still_live(sweep_dir, result.live)
     if args.json:
         print(
             json.dumps(
@@ -285,3 +291,17 @@ def _resubmit(
     print(f"  watch:   hpc-ddp status {sweep_dir}")
     print(f"  results: hpc-ddp results {sweep_dir}")
     return 0
+
+
+def _still_live(sweep_dir: Path, live: dict[int, str]) -> TargetError:
+    """Nothing to resubmit while tasks run: the refusal naming their arrays (exit 2)."""
+    arrays = ", ".join(dict.fromkeys(ref.split("_", 1)[0] for ref in live.values()))
+    shown = ", ".join(list(dict.fromkeys(live.values()))[:8])
+    more = " ..." if len(set(live.values())) > 8 else ""
+    return TargetError(
+        f"nothing resubmitted: {len(live)} task(s) of {sweep_dir} (points "
+        f"{format_index_ranges(live)}) are still queued or running in array job(s) {arrays} "
+        f"({shown}{more}), and no task has failed; two jobs must never write one task "
+        f"directory. HINT: `hpc-ddp status {sweep_dir}` follows them; resubmit once they have "
+        f"ended, or `hpc-ddp cancel {sweep_dir}` first."
+    )

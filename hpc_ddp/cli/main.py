@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -29,8 +30,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "checkpoints": ("cmd_checkpoints", "list a run's checkpoints"),
     "sweep": ("cmd_sweep", "expand a sweep file into one Slurm job array and submit it"),
     "results": ("cmd_results", "gather every sweep task's metrics into one table"),
+    "doctor": (
+        "cmd_doctor",
+        "check an allocation's nodes: software, GPUs, port, clock, disk, bandwidth",
+    ),
     "run": ("cmd_run", "on a Slurm task (or local process): run the job in RUN_DIR"),
-    "dev-cluster": ("cmd_devcluster", "a real two-node Slurm on this machine (root, Debian)"),
+    "supervise": (
+        "cmd_supervise",
+        "in a job's batch script: run its launches, restart them after a fault",
+    ),
+    "dev-cluster": (
+        "cmd_devcluster",
+        "a real Slurm on this machine (root, Debian): N nodes, fake GPUs, accounting if asked",
+    ),
 }
 
 Handler = Callable[[argparse.Namespace], int]
@@ -92,12 +104,35 @@ def main(argv: list[str] | None = None, *, slurm: SlurmClient | None = None) -> 
     args.slurm = slurm if slurm is not None else _real_slurm()
     try:
         handler: Handler = _load(args._module).run
-        return handler(args)
+        code = handler(args)
+        sys.stdout.flush()  # a reader that has gone shows here, not at the interpreter's exit
+        return code
     except HpcDdpError as exc:
         print(f"hpc-ddp {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+PIPE_CLOSED_EXIT_CODE = 141
+"""Exit status when the reader of stdout went away (``status | head -1``): 128 + SIGPIPE, what
+a shell reports for ``cat``, ``grep`` or any tool that dies of the SIGPIPE Python ignores. So
+``set -o pipefail`` treats hpc-ddp like them, and the code stays apart from 1 (a failure, a
+damaged run) and 2 (a usage error): the output was cut short, nothing failed."""
+
+
+def _reader_gone() -> int:
+    """Python's recipe for a closed stdout (the ``signal`` module's notes on SIGPIPE): point
+    fd 1 at /dev/null, so that flushing at exit finds no closed pipe and prints no traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # a stdout with no file descriptor (captured by a test)
+        pass
+    return PIPE_CLOSED_EXIT_CODE
 
 
 def _real_slurm() -> SlurmClient:

@@ -174,8 +174,11 @@ _SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "ALRM")
 def _signal(value: Any, key: str) -> str:
     """Signals Slurm may send ahead of the time limit.
 
-    USR2 is the default because NCCL's watchdog, and some launchers, install a USR1 handler of
-    their own, so a USR1 meant for hpc-ddp can be swallowed.
+    USR2 is the default, as submitit's, because other tools claim USR1: PyTorch Lightning's
+    SLURM support handles it, and NCCL installs a USR1 handler when ``NCCL_PROXY_DUMP_SIGNAL=10``
+    is set. NCCL 2.12 installed one unconditionally (NVIDIA/nccl#704), which swallowed Slurm's
+    USR1 and is why submitit moved to USR2; later NCCL releases, the one torch 2.14 bundles
+    included, install none unless asked.
     """
     out = as_str(value, key)
     if out in _SIGNALS:
@@ -183,6 +186,23 @@ def _signal(value: Any, key: str) -> str:
     bare = out.upper().removeprefix("SIG")
     hint = f"write '{bare}'" if bare in _SIGNALS else f"use one of: {', '.join(_SIGNALS)}"
     raise Invalid(key, f"{short_repr(out)} is not a signal hpc-ddp handles. HINT: {hint}")
+
+
+_WORKER_COUNT = bounded(as_int, 0, hint="0 loads in the training process; auto picks per device")
+
+
+def _num_workers(value: Any, key: str) -> int | str:
+    """A count of data-loader workers (0 and up), or ``auto``."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, str):
+        raise Invalid(
+            key,
+            f"{short_repr(value)} is neither a number nor auto. HINT: write auto (workers on "
+            "GPUs, none on CPUs) or a count such as 4",
+        )
+    count: int = _WORKER_COUNT(value, key)
+    return count
 
 
 _GPUS_HINT = "leave it out (null) for no GPUs"
@@ -222,11 +242,21 @@ FIELD_CONVERTERS: dict[str, Converter] = {
     "train.keep_last": bounded(as_int, 1, hint="keep at least the newest checkpoint"),
     "train.eval_every": bounded(as_int, 0, hint="0 never evaluates during training"),
     "train.log_every": bounded(as_int, 1),
-    "train.num_workers": bounded(as_int, 0),
+    "train.num_workers": _num_workers,
     "requeue.signal": _signal,
     # sbatch --signal=SIG@TIME takes 0..65535 seconds.
     "requeue.lead_time": bounded(as_int, 1, 65535),
     "requeue.max_requeues": bounded(as_int, 0),
+    "slurm.spare_nodes": bounded(as_int, 0, hint="0 runs without spare nodes"),
+    "fault.beat_s": bounded(as_float, 0.1, 60, "beat every 0.1 to 60 s (1 is the default)"),
+    "fault.stale_s": bounded(as_float, 0.3),
+    "fault.startup_timeout_s": bounded(as_int, 1),
+    "fault.step_timeout_s": bounded(as_int, 1),
+    "fault.step_timeout_factor": bounded(as_float, 1, hint="use 1 or more (10 is the default)"),
+    "fault.warmup_steps": bounded(as_int, 0),
+    "fault.checkpoint_timeout_s": bounded(as_int, 1),
+    "fault.max_restarts": bounded(as_int, 0, hint="0 never restarts in the job"),
+    "fault.no_progress_limit": bounded(as_int, 0, hint="0 never stops for a crash loop"),
     "params": as_params,
 }
 """Converters for keys whose rules go beyond their type hint, by dotted key."""

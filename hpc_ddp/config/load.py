@@ -136,6 +136,14 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
                 f"{source}: expected KEY=VALUE. HINT: e.g. train.lr=0.05 or slurm.nodes=2"
             )
         path = split_key(key, source, OverrideError)
+        if any(c in raw for c in "\n\r\0"):
+            # YAML would fold the line break into a space (a changed value, unseen) and the
+            # command line that carries it would reach the script's header comment.
+            raise OverrideError(
+                f"{source}: {key}: the value {short_repr(raw)} contains a line break or NUL. "
+                "HINT: an override is one line; write a list or mapping in flow style "
+                "(key='[a, b]'), or put the value in the job file."
+            )
         try:
             value = load_yaml_value(raw)
         except YamlLimitError as exc:

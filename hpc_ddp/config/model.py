@@ -10,15 +10,19 @@ YAML layout (every key optional except where noted)::
     entrypoint: "pkg.mod:fn"    # bring-your-own Python entry point
     slurm:   {nodes, tasks_per_node, cpus_per_task, gpus_per_task, gpus_per_node, mem, time,
               partition, account, qos, constraint, exclusive, template, extra: {flag: value},
-              srun_args: [..]}
+              srun_args: [..], spare_nodes}
     env:     {modules: [..], setup: [..], vars: {K: V},
-              container: {runtime: apptainer|pyxis, image, binds: [..], options: [..], python}}
+              container: {runtime: apptainer|pyxis|charliecloud, image, binds: [..],
+                          options: [..], python}}
     dist:    {backend: auto|gloo|nccl, init_method: env|tcp|file, port, timeout_s}
     train:   {model, dataset, data_root, num_classes, image_size, synthetic_samples,
               max_steps, epochs, batch_size, grad_accum, optimizer, lr, momentum,
               weight_decay, lr_schedule, warmup_steps, amp, seed, checkpoint_every, keep_last,
-              eval_every, log_every, num_workers}
+              eval_every, log_every, num_workers, deterministic}
     requeue: {signal, lead_time, max_requeues, on_crash}
+    fault:   {enabled, beat_s, stale_s, startup_timeout_s, step_timeout_s, step_timeout_factor,
+              warmup_steps, checkpoint_timeout_s, max_restarts, no_progress_limit,
+              exclude_bad_nodes}
     params:  {name: value, ...}   # free-form: your script's own values (see config.params)
 """
 
@@ -31,7 +35,7 @@ from typing import Literal
 from hpc_ddp.config.params import Params
 from hpc_ddp.config.units import parse_slurm_time
 
-ContainerRuntime = Literal["apptainer", "pyxis"]
+ContainerRuntime = Literal["apptainer", "pyxis", "charliecloud"]
 Backend = Literal["auto", "gloo", "nccl"]
 InitMethod = Literal["env", "tcp", "file"]
 Optimizer = Literal["sgd", "adamw"]
@@ -75,6 +79,10 @@ class SlurmConfig:
     srun_args: tuple[str, ...] = ()
     """Extra options appended to the job step's ``srun`` line (each starts with ``-``), e.g.
     ``--mpi=none`` or ``--network=...``; each is one shell-quoted argument."""
+    spare_nodes: int = 0
+    """Extra nodes allocated beside ``nodes`` (needs ``fault.enabled``): training runs on
+    ``nodes`` of them, and after a fault the restart runs on healthy ones at the same world
+    size, skipping a node whose rank died or hung. Spares cost node-hours while idle."""
 
     @property
     def ntasks(self) -> int:
@@ -92,18 +100,36 @@ class ContainerConfig:
     """Optional container wrapper around every task."""
 
     runtime: ContainerRuntime
-    """``apptainer`` (``apptainer exec`` around each task) or ``pyxis`` (srun
-    ``--container-image``)."""
+    """``apptainer`` (``apptainer exec`` around each task), ``pyxis`` (srun
+    ``--container-image``) or ``charliecloud`` (``ch-run IMAGE --`` around each task)."""
     image: str
-    """The image: a ``.sif`` file or URI for apptainer, an image name or squashfs for pyxis."""
+    """The image: a ``.sif`` file or URI for apptainer, an image name or squashfs for pyxis,
+    a directory image (or SquashFS file) for charliecloud."""
     binds: tuple[str, ...] = ()
-    """Host paths to mount in the container (``SRC[:DST[:OPTS]]``); the run directory
-    must be reachable at the same path."""
+    """Host paths to mount in the container (``SRC[:DST[:OPTS]]``; charliecloud: ``SRC[:DST]``,
+    and ``DST`` must exist in the image); the run directory must be reachable at the same
+    path."""
     options: tuple[str, ...] = ()
-    """Extra options for ``apptainer exec`` or srun's pyxis flags, each one argument."""
+    """Extra options for ``apptainer exec``, srun's pyxis flags or ``ch-run``, each one
+    argument."""
     python: str = "python3"
     """The interpreter inside the image that runs ``-m hpc_ddp run`` (a name on the image's
     PATH or an absolute path): the login node's ``sys.executable`` does not exist in the image."""
+
+    def ch_run_shows(self, path: str) -> bool | None:
+        """Whether ch-run (charliecloud) shows the host's absolute ``path`` inside at the same
+        path: it binds the host's ``/tmp`` (unless ``--private-tmp``) and ``binds``, nothing
+        else of the host's files. None when ``options`` bind more (``-b``, ``--home``): ch-run
+        alone can tell then."""
+        if any(o.startswith(("-b", "--bind", "--home")) for o in self.options):
+            return None
+        shown = [] if any(o in ("-t", "--private-tmp") for o in self.options) else ["/tmp"]
+        for bind in self.binds:
+            src, _, dst = bind.partition(":")
+            if not dst or dst.rstrip("/") == src.rstrip("/"):
+                shown.append(src)
+        inside = path.rstrip("/") + "/"
+        return any(inside.startswith(s.rstrip("/") + "/") for s in shown)
 
 
 @dataclass(frozen=True)
@@ -178,8 +204,8 @@ class TrainConfig:
     warmup_steps: int = 0
     """Optimizer steps of linear warm-up up to ``lr``; 0: none."""
     amp: bool = False
-    """Mixed precision on GPUs (bfloat16 where supported, else float16 with a grad scaler);
-    ignored on CPU, with a warning."""
+    """Mixed precision on GPUs (bfloat16 on GPUs that compute in it natively, Ampere and newer;
+    float16 with a grad scaler on older ones); ignored on CPU, with a warning."""
     seed: int = 0
     """Seed of weights, data order and augmentation: the same seed gives the same run."""
     checkpoint_every: int = 100
@@ -193,8 +219,19 @@ class TrainConfig:
     tensorboard: bool = False
     """Also write the metrics records to ``RUN_DIR/tensorboard/`` as TensorBoard scalars
     (rank 0; needs ``pip install 'hpc-ddp[tensorboard]'``)."""
-    num_workers: int = 0
-    """DataLoader worker processes per rank; 0 loads in the training process."""
+    num_workers: int | Literal["auto"] = "auto"
+    """DataLoader worker processes per rank; 0 loads in the training process. ``auto``: 0 on
+    CPUs (workers would take the cores the model computes on); on a GPU one fewer than the
+    task's CPUs (``slurm.cpus_per_task``, else its share of the CPUs it may use), 1 to 8, so
+    that decoding overlaps the GPU's work. Resume stays exact with workers: the data order is
+    fixed by the sampler, not by them."""
+    deterministic: bool = False
+    """Deterministic GPU kernels (cuDNN deterministic, no cuDNN benchmark,
+    ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, ``torch.use_deterministic_algorithms`` with an op
+    that has no deterministic version named in the log, not raised). With it, a resume on GPUs
+    is bit-identical when the nodes, GPU topology and software are unchanged; without it, GPU
+    runs are step- and sample-exact only (docs/concepts.md). Costs speed; nothing changes on
+    CPU, which is always bit-identical."""
 
 
 @dataclass(frozen=True)
@@ -202,13 +239,52 @@ class RequeueConfig:
     """What happens when Slurm warns of a time limit or preempts the job."""
 
     signal: str = "USR2"
-    """Signal Slurm sends ahead of the time limit (USR2 by default: NCCL may catch USR1)."""
+    """Signal Slurm sends ahead of the time limit. USR2 by default, as submitit's: USR1 is
+    claimed by other tools (PyTorch Lightning handles it; NCCL takes it when
+    ``NCCL_PROXY_DUMP_SIGNAL=10`` is set, and NCCL 2.12 always did)."""
     lead_time: int = 120
     """Seconds before the time limit at which the signal is sent."""
     max_requeues: int = 5
     """Requeues allowed before the job stops unfinished (exit 3); 0 never requeues."""
     on_crash: bool = False
     """Requeue after a crash too (off: a crash is not a preemption and fails fast)."""
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    """Hung and dead ranks, lost nodes and crash loops: found in seconds, restarted in the job."""
+
+    enabled: bool = True
+    """Every rank beats and watches its peers, and a supervisor restarts a launch that failed,
+    inside the allocation. ``false``: one srun step, no watchdog, no in-job restart."""
+    beat_s: float = 1.0
+    """Seconds between a rank's heartbeats (a small file rewritten in place in the run
+    directory)."""
+    stale_s: float = 10.0
+    """A peer whose heartbeat has not changed for this long is frozen, killed or cut off: the
+    step ends and the peer is named. At least 3 beats."""
+    startup_timeout_s: int = 900
+    """Longest start-up: launch to the first steps (imports, rendezvous, restoring the
+    checkpoint). More than ``dist.timeout_s``."""
+    step_timeout_s: int = 60
+    """The step timeout's floor: a step is hung after max(this, ``step_timeout_factor`` x the
+    99th percentile of the recent step times)."""
+    step_timeout_factor: float = 10.0
+    """How many times the 99th percentile of the last 200 step times a step may take."""
+    warmup_steps: int = 5
+    """The first steps of each launch run under ``startup_timeout_s`` (compilation,
+    autotuning, allocator warm-up), not the step timeout."""
+    checkpoint_timeout_s: int = 900
+    """Longest blocking part of a checkpoint save or restore, and of an evaluation."""
+    max_restarts: int = 3
+    """In-job restarts per submission after a crash, hang or lost rank: each one a new srun step
+    from the newest checkpoint, no requeue. Then ``requeue.on_crash`` decides."""
+    no_progress_limit: int = 2
+    """Launches in a row that end in a fault without a newer checkpoint before the run stops
+    with ``no_progress`` (a crash loop); 0 never stops for that."""
+    exclude_bad_nodes: bool = True
+    """Leave out of the next launch (and ask a requeue to avoid) a node that was lost, that
+    failed twice in a row, or whose rank failed while a spare node was free."""
 
 
 @dataclass(frozen=True)
@@ -228,6 +304,8 @@ class JobConfig:
     and ``seed`` (the default seed of ``session().loader``)."""
     requeue: RequeueConfig = field(default_factory=RequeueConfig)
     """Requeue on time limits and preemption."""
+    fault: FaultConfig = field(default_factory=FaultConfig)
+    """Hang detection, blame, in-job restart, bad nodes and crash loops."""
     command: tuple[str, ...] | None = None
     """Run your own program on every task instead of the built-in trainer: an argv list,
     run without a shell; ``{params.NAME}`` in an item is replaced by that param's value

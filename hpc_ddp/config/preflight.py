@@ -13,6 +13,9 @@
   (:func:`expand_path`); only a warning when missing, since the data may be staged on a file
   system only the compute nodes mount.
 
+- a Charliecloud image seen from here holds ``env.container.python`` and a directory for each
+  bind (:mod:`hpc_ddp.config.images`); an image not found here is only a warning.
+
 A job whose environment differs from this shell's (a container, ``env.modules`` or
 ``env.setup`` lines) may find on the nodes what is missing here: a missing module or program
 is then a warning, not an error. Names and ``data_root`` do not depend on the environment.
@@ -32,6 +35,8 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from hpc_ddp.config.exactness import asks_for_gpus
+from hpc_ddp.config.images import check_charliecloud_image
 from hpc_ddp.config.loginnode import LoginNode, expand_path, this_machine, unset_vars
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.params import resolve_command
@@ -98,7 +103,17 @@ def check_job(cfg: JobConfig, node: LoginNode) -> Findings:
             (key, f"{text}; it may exist only in the job's environment ({indirect}). HINT: {fix}")
         )
 
+    if cfg.dist.backend == "nccl" and not asks_for_gpus(cfg.slurm):
+        warnings.append(
+            (
+                "dist.backend",
+                "is nccl, but the job asks for no GPUs: its tasks see none unless this site "
+                "hands out GPU nodes without Slurm's GRES. HINT: ask for them (slurm.gpus_per_node "
+                "or slurm.gpus_per_task), or use dist.backend: auto",
+            )
+        )
     try:
+        _check_container(cfg, node, warnings)
         if cfg.command is None and cfg.entrypoint is None:  # the built-in trainer runs
             _check_dataset(cfg, node, missing)
             _check_data_root(cfg, node, warnings)
@@ -151,7 +166,22 @@ def _relevant(cfg: JobConfig) -> tuple[object, ...]:
     train = cfg.train
     command = None if cfg.command is None else resolve_command(cfg.command, cfg.params)
     return (command, cfg.entrypoint, train.model, train.dataset, train.data_root,
-            _indirection(cfg), cfg.env.vars)  # fmt: skip
+            _indirection(cfg), cfg.env.vars, cfg.dist.backend,
+            asks_for_gpus(cfg.slurm), cfg.env.container)  # fmt: skip
+
+
+def _check_container(cfg: JobConfig, node: LoginNode, warnings: list[tuple[str, str]]) -> None:
+    """What this machine can see of the job's container image (a Charliecloud one only)."""
+    container = cfg.env.container
+    if container is None or container.runtime != "charliecloud":
+        return
+    path_may_change = bool(cfg.env.modules or cfg.env.setup)
+    chdir = dict(cfg.slurm.extra).get("chdir")
+    workdir = node.cwd / expand_path(chdir, node.environ) if chdir else node.cwd
+    for found in check_charliecloud_image(container, node, workdir, path_may_change):
+        if found.error:
+            raise _Found(found.key, found.text)
+        warnings.append((found.key, found.text))
 
 
 def _indirection(cfg: JobConfig) -> str | None:

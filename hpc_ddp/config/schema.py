@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from hpc_ddp.config.fields import FIELD_CONVERTERS
-from hpc_ddp.config.model import JobConfig
+from hpc_ddp.config.model import JobConfig, SlurmConfig
 from hpc_ddp.config.pairs import PAIR_KEYS
 from hpc_ddp.config.params import TREE_KEYS, Params, resolve_command
 from hpc_ddp.config.values import (
@@ -181,7 +181,7 @@ JOB_SCHEMA = build_schema(
     {**dict.fromkeys(TREE_KEYS, "tree"), **dict.fromkeys(PAIR_KEYS, "mapping")},
     {
         "name": "start the file with 'name: my-job'",
-        "env.container.runtime": "set env.container.runtime: apptainer or pyxis",
+        "env.container.runtime": "set env.container.runtime: apptainer, pyxis or charliecloud",
         "env.container.image": "set env.container.image to the image file or name",
     },
     _JOB_SHAPE,
@@ -264,6 +264,8 @@ def _check_combinations(cfg: JobConfig, placeholders: bool) -> None:
             f"({slurm.gpus_per_node}): each rank needs a GPU of its own. HINT: set "
             "slurm.tasks_per_node to the GPUs per node (one task per GPU)",
         )
+    if cfg.command is None and cfg.entrypoint is None:
+        _check_trainer_gpus(slurm)
     limit = slurm.time_s
     if cfg.requeue.lead_time >= limit:
         raise Invalid(
@@ -284,6 +286,7 @@ def _check_combinations(cfg: JobConfig, placeholders: bool) -> None:
         )
     if placeholders and cfg.command is not None:
         resolve_command(cfg.command, cfg.params)  # a placeholder naming no param fails here
+    _check_fault(cfg)
     flags = dict(slurm.extra)
     for flag in ("mem-per-cpu", "mem-per-gpu"):
         if flag in flags and slurm.mem is not None:
@@ -291,6 +294,61 @@ def _check_combinations(cfg: JobConfig, placeholders: bool) -> None:
                 f"slurm.extra.{flag}",
                 "is set together with slurm.mem; sbatch refuses both. HINT: keep one",
             )
+
+
+def _check_fault(cfg: JobConfig) -> None:
+    """The fault section's timings must fit each other and ``dist.timeout_s``."""
+    fault = cfg.fault
+    if cfg.slurm.spare_nodes and not fault.enabled:
+        raise Invalid(
+            "slurm.spare_nodes",
+            f"is {cfg.slurm.spare_nodes} with fault.enabled false: nothing would ever use the "
+            "spare nodes. HINT: set fault.enabled: true, or slurm.spare_nodes: 0",
+        )
+    if not fault.enabled:
+        return
+    if fault.stale_s < 3 * fault.beat_s:
+        raise Invalid(
+            "fault.stale_s",
+            f"{fault.stale_s:g} s is under 3 heartbeats (fault.beat_s={fault.beat_s:g}): one late "
+            f"beat would end the step. HINT: set fault.stale_s to {3 * fault.beat_s:g} or more",
+        )
+    if fault.step_timeout_s < fault.stale_s:
+        raise Invalid(
+            "fault.step_timeout_s",
+            f"{fault.step_timeout_s} s is shorter than fault.stale_s ({fault.stale_s:g} s). "
+            f"HINT: set fault.step_timeout_s to at least {fault.stale_s:g}",
+        )
+    if fault.startup_timeout_s <= cfg.dist.timeout_s:
+        raise Invalid(
+            "fault.startup_timeout_s",
+            f"{fault.startup_timeout_s} s is not longer than dist.timeout_s "
+            f"({cfg.dist.timeout_s} s): the rendezvous alone may take dist.timeout_s. HINT: set "
+            f"fault.startup_timeout_s above {cfg.dist.timeout_s}, or lower dist.timeout_s",
+        )
+
+
+def _check_trainer_gpus(slurm: SlurmConfig) -> None:
+    """The built-in trainer computes on one GPU per rank: more per rank would stay idle.
+
+    (A ``command`` or ``entrypoint`` may use several per rank, model parallelism inside it.)
+    """
+    per_task, per_node, tasks = slurm.gpus_per_task, slurm.gpus_per_node, slurm.tasks_per_node
+    if per_task is not None and per_task > 1:
+        raise Invalid(
+            "slurm.gpus_per_task",
+            f"is {per_task}, but the built-in trainer computes on one GPU per rank: each "
+            f"rank's other {per_task - 1} would stay idle. HINT: gpus_per_task: 1 with "
+            "slurm.tasks_per_node set to the GPUs per node",
+        )
+    if per_node is not None and per_node > tasks:
+        raise Invalid(
+            "slurm.gpus_per_node",
+            f"is {per_node} for {tasks} task(s) per node (slurm.tasks_per_node), but the "
+            f"built-in trainer computes on one GPU per rank: {per_node - tasks} would stay "
+            f"idle. HINT: set slurm.tasks_per_node to {per_node} (one rank per GPU), or ask for "
+            f"{tasks} GPU(s) per node",
+        )
 
 
 MAX_CONFIG_CHARS = 64 * 1024

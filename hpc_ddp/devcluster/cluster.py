@@ -9,7 +9,7 @@ out of the ``/etc/hosts`` line. Both are idempotent.
 Several clusters can run at once, each in its own state directory: its slot (saved with the rest
 of its :class:`~hpc_ddp.devcluster.conf.ClusterSpec` in ``cluster.json``) gives it its own ports
 and job ids. :func:`kill_node` and :func:`revive_node` take one node away and bring it back, as a
-node failure would.
+node failure would; :func:`forget_jobs` restarts the controller without its state.
 """
 
 from __future__ import annotations
@@ -93,6 +93,7 @@ def resolve_spec(
     accounting: bool | None = None,
     slurmd_timeout_s: int | None = None,
     slot: int | None = None,
+    cred_expire_s: int | None = None,
 ) -> ClusterSpec:
     """The spec ``up`` uses: the saved one (else the defaults, with the slot of ``state_dir``),
     with every argument that is not None instead of what it had."""
@@ -103,6 +104,7 @@ def resolve_spec(
         accounting=base.accounting if accounting is None else accounting,
         slurmd_timeout_s=base.slurmd_timeout_s if slurmd_timeout_s is None else slurmd_timeout_s,
         slot=base.slot if slot is None else slot,
+        cred_expire_s=base.cred_expire_s if cred_expire_s is None else cred_expire_s,
     )
 
 
@@ -340,16 +342,8 @@ def wait_idle(layout: ClusterLayout, timeout_s: float = 60.0) -> None:
     """Wait until every node reports idle (or mixed/allocated: it runs jobs, so it is up)."""
     deadline = time.monotonic() + timeout_s
     states: dict[str, str] = {}
-    env = slurm_env(layout)
     while time.monotonic() < deadline:
-        done = subprocess.run(
-            ["sinfo", "-h", "-N", "-o", "%N %t"],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        states = parse_sinfo_states(done.stdout)
+        states = node_states(layout)
         up_states = ("idle", "mix", "alloc")
         if all(states.get(n, "").rstrip("*~#") in up_states for n in layout.node_names):
             return
@@ -359,6 +353,19 @@ def wait_idle(layout: ClusterLayout, timeout_s: float = 60.0) -> None:
         f"HINT: see {layout.ctld_dir / 'slurmctld.log'} and "
         f"{layout.state_dir / 'nodes'}/*/slurmd.log."
     )
+
+
+def node_states(layout: ClusterLayout) -> dict[str, str]:
+    """Each node's state as ``sinfo`` abbreviates it (``idle``, ``alloc``, ``down*``); empty
+    when the controller does not answer."""
+    done = subprocess.run(
+        ["sinfo", "-h", "-N", "-o", "%N %t"],
+        env=slurm_env(layout),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return parse_sinfo_states(done.stdout)
 
 
 def up(state_dir: Path, env: Mapping[str, str], spec: ClusterSpec | None = None) -> UpResult:
@@ -583,6 +590,34 @@ def revive_node(state_dir: Path, node: str, env: Mapping[str, str], timeout_s: f
     if pid_alive(daemon.pid_file) is None:
         _start(f"slurmd-{node}", daemon, {**env, "SLURM_CONF": str(layout.conf)})
     wait_idle(layout, timeout_s)
+
+
+def forget_jobs(state_dir: Path, env: Mapping[str, str]) -> None:
+    """Restart the controller without its saved jobs, as after the loss of its job state: it
+    forgets every job and numbers new jobs from ``FirstJobId`` again, so a job id can name a
+    second job. The nodes, munge and the accounting daemons go on: only ``sacct`` still knows
+    the old jobs.
+
+    Jobs still queued or running are cancelled first: a step the controller no longer knows
+    outlives it on its node and keeps a new job of the same id from starting there (22.05:
+    "Job N already running, do not launch second copy", the new job requeued and held)."""
+    layout = layout_for(state_dir)
+    _cancel_all_jobs(layout)
+    _stop_pid(layout.ctld_pid, signal.SIGTERM, timeout_s=30)
+    # The jobs' state files, the last job id with them (`slurmctld -c` would keep that id, and
+    # lose the nodes' state too: they are not idle again for 5 s).
+    saved = layout.ctld_dir / "state"
+    for path in saved.glob("job_state*"):
+        path.unlink()
+    for path in saved.glob("hash.*"):
+        shutil.rmtree(path)
+    daemon_env = {**env, "SLURM_CONF": str(layout.conf)}
+    _start("slurmctld", _daemons(layout)["slurmctld"], daemon_env)
+    # The nodes register again at once when asked (else at the controller's next ping, ~5 s).
+    subprocess.run(
+        ["scontrol", "reconfigure"], env=daemon_env, capture_output=True, check=False, timeout=30
+    )
+    wait_idle(layout)
 
 
 def node_state(layout: ClusterLayout, node: str) -> str:

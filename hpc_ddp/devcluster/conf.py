@@ -48,7 +48,9 @@ class ClusterSpec:
 
     ``slot`` picks its ports and job ids (see :func:`slot_for`); ``slurmd_timeout_s`` is how long
     the controller waits for a silent node before marking it DOWN (Slurm's default is 300 s;
-    node-loss tests want a few seconds).
+    node-loss tests want a few seconds); ``cred_expire_s`` is munge's credential lifetime, and
+    a requeued job is held ``cred_expire_s + 1`` s (10 keeps the tests quick; Slurm's default,
+    120, is what a real cluster's requeue costs: the fault benchmark measures against it).
     """
 
     nodes: int = 2
@@ -56,6 +58,7 @@ class ClusterSpec:
     accounting: bool = False
     slurmd_timeout_s: int = 300
     slot: int = 0
+    cred_expire_s: int = 10
 
     def __post_init__(self) -> None:
         checks = [
@@ -63,6 +66,7 @@ class ClusterSpec:
             ("gpus_per_node", self.gpus_per_node, 0, 16),
             ("slurmd_timeout_s", self.slurmd_timeout_s, 2, 65533),
             ("slot", self.slot, 0, SLOTS - 1),
+            ("cred_expire_s", self.cred_expire_s, 1, 86400),
         ]
         for name, value, low, high in checks:
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -114,7 +118,11 @@ class ClusterLayout:
     spec: ClusterSpec = field(default_factory=ClusterSpec)
     cpus_per_node: int = 4
     mem_per_node_mb: int = 4000
-    cred_expire_s: int = 10
+
+    @property
+    def cred_expire_s(self) -> int:
+        """munge's credential lifetime (:attr:`ClusterSpec.cred_expire_s`)."""
+        return self.spec.cred_expire_s
 
     @property
     def node_names(self) -> tuple[str, ...]:

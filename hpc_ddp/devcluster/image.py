@@ -159,39 +159,6 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-def ch_run_prefix(image: Path, binds: Sequence[str] = ()) -> list[str]:
-    """``ch-run`` with its options, the image and ``--``: what goes before the command a task
-    runs in ``image``. See :func:`ch_run_argv` for why each option is there."""
-    argv = ["ch-run"]
-    for bind in binds:
-        argv += ["-b", bind]
-    for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):
-        argv.append(f"--unset-env={name}")
-    return [*argv, str(image), "--"]
-
-
-def ch_run_argv(image: Path, run_dir: Path, binds: Sequence[str] = ()) -> list[str]:
-    """The command line that runs one hpc-ddp task of ``run_dir`` in ``image`` (what ``srun``
-    starts once per task).
-
-    * ``-b SRC[:DST]`` for each bind, ``DST`` the same path as ``SRC`` (ch-run's default), so
-      the run dir, its checkpoints and every path in the config mean the same in and out.
-      The destination must exist in the image (0.31 creates it only with ``-w``): bind a top
-      directory the image has (``/work``, ``/scratch``, see :class:`ImageSpec`). ``/tmp`` is
-      bound by ch-run itself (unless ``-t``), ``/dev`` (``/dev/shm``), ``/proc``, ``/sys`` too.
-    * ``--unset-env``: the host environment passes through (Slurm's variables and
-      ``CUDA_VISIBLE_DEVICES`` must), but a host ``PYTHONPATH``/``PYTHONHOME``/``VIRTUAL_ENV``
-      would point the image's interpreter at the host's packages.
-    * no ``-w``: every task of every node shares the image read-only; no ``--join``: gloo and
-      NCCL talk over sockets and ``/dev/shm``, which ch-run shares with the host; no
-      ``--home``: nothing is read from ``$HOME``.
-    * the image's own interpreter, by absolute path: ``PATH`` is still the host's.
-
-    ch-run refuses to start without ``$USER`` (a batch job started from cron may lack it).
-    """
-    return [*ch_run_prefix(image, binds), IMAGE_PYTHON, "-m", "hpc_ddp", "run", str(run_dir)]
-
-
 def build(state_dir: Path, env: Mapping[str, str], spec: ImageSpec | None = None) -> Image:
     """Build (or find in the cache) the image for this checkout; return its directory.
 

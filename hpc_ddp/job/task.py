@@ -5,7 +5,17 @@ resolved config, and hands over to the job: the built-in trainer, a Python entry
 user command. All three go through the same session for signals, checkpoints and requeue; for a
 command, this process stays its parent: it forwards stop signals, and a child that crashes
 (killed by a signal, or a non-zero exit that is not one of hpc-ddp's own) takes the session's
-crash path from here, ``requeue.on_crash`` included.
+crash path from here, ``requeue.on_crash`` included. A command that opened no session is judged
+by its exit status, which this process records in the ledger for it.
+
+With ``fault.enabled`` the rank's watchdog (:mod:`hpc_ddp.runtime.watchdog`) starts here,
+before torch is imported, so that a rank stuck in its imports or its rendezvous is seen too;
+its last beat says how the task left. For a ``command:`` this process beats for its child.
+
+Before any of that, every task of every attempt checks that its job is the run's current job,
+the one ``manifest.json`` (a sweep task: the sweep's ``arrays.json``) records
+(:func:`not_current_refusal`). A second job in one run directory, whoever submitted it, starts
+nothing and writes nothing: it exits :data:`NOT_CURRENT_EXIT_CODE`, its reason in each rank's log.
 """
 
 from __future__ import annotations
@@ -22,14 +32,27 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpc_ddp.config.exactness import DETERMINISTIC_ENV
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.params import PYTHON_NAMES, resolve_command
 from hpc_ddp.errors import ConfigError, RunDirError
-from hpc_ddp.layout import RUN_DIR_ENV, RUN_ID_ENV, RunPaths
+from hpc_ddp.exitcodes import BUDGET_EXIT_CODE, NOT_CURRENT_EXIT_CODE, REQUEUE_FAILED_EXIT_CODE
+from hpc_ddp.layout import (
+    LOCAL_JOB_ENV,
+    MANIFEST_FILE,
+    RUN_DIR_ENV,
+    RUN_ID_ENV,
+    WATCHDOG_OWNER_ENV,
+    RunPaths,
+)
+from hpc_ddp.manifest import read_manifest, record_lock
 from hpc_ddp.run_id import read_run_id
+from hpc_ddp.slurm.arrayjobs import ARRAYS_RECORD, current_refs, read_arrays
 
 if TYPE_CHECKING:
+    from hpc_ddp.runtime.ledger import Attempt
     from hpc_ddp.runtime.requeue import Coordinator
+    from hpc_ddp.runtime.watchdog import Watchdog
     from hpc_ddp.slurm.client import SlurmClient
 
 log = logging.getLogger(__name__)
@@ -92,24 +115,23 @@ def task_interpreter(cfg: JobConfig) -> str:
     return sys.executable or (container.python if container is not None else "")
 
 
-def child_failure(code: int, program: str) -> str | None:
+def child_failure(code: int, program: str, *, session: bool = True) -> str | None:
     """What a ``command`` child's exit status says went wrong; None for no crash.
 
     Killed by a signal (``Popen``'s negative code: a segfault, the OOM killer, an abort) or a
-    non-zero exit is a crash, except hpc-ddp's own outcomes: 0 (finished, or stopped and
-    requeued), :data:`~hpc_ddp.runtime.requeue.BUDGET_EXIT_CODE` and
-    :data:`~hpc_ddp.runtime.requeue.REQUEUE_FAILED_EXIT_CODE`, which the child's session has
-    already recorded.
+    non-zero exit is a crash. A child that opened a session (``session``) may also exit with
+    hpc-ddp's own outcomes, which its session has already recorded: 0 (finished, or stopped
+    and requeued), :data:`~hpc_ddp.exitcodes.BUDGET_EXIT_CODE` and
+    :data:`~hpc_ddp.exitcodes.REQUEUE_FAILED_EXIT_CODE`; for a program without one, 3
+    and 4 are its own failures like any other.
     """
-    from hpc_ddp.runtime.requeue import BUDGET_EXIT_CODE, REQUEUE_FAILED_EXIT_CODE
-
     if code < 0:
         try:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
         return f"command `{program}` was killed by {name}"
-    if code in (0, BUDGET_EXIT_CODE, REQUEUE_FAILED_EXIT_CODE):
+    if code == 0 or (session and code in (BUDGET_EXIT_CODE, REQUEUE_FAILED_EXIT_CODE)):
         return None
     return f"command `{program}` exited with status {code}"
 
@@ -128,14 +150,16 @@ def run_command(
     HPC_DDP_RUN_DIR and HPC_DDP_RUN_ID; stop signals are forwarded to it, and it may use
     ``hpc_ddp.session()`` for checkpoints and requeue. ``{params.NAME}`` placeholders are
     substituted from this task's own config (a sweep point's values), each within its argv
-    item: there is no shell to split or interpret them. A child that crashes (see
-    :func:`child_failure`) when no stop signal came is recorded here, and with
-    ``requeue.on_crash`` the job is requeued: :func:`record_child_crash`. ``slurm``: the client
-    that asks for the requeue (None: the real one).
+    item: there is no shell to split or interpret them. When no stop signal came, how the child
+    ended is recorded here (:func:`record_child_end`): a crash (see :func:`child_failure`),
+    with ``requeue.on_crash`` requeued (:func:`record_child_crash`), and for a program without
+    a session its exit 0 as well. ``slurm``: the client that asks for the requeue (None: the
+    real one).
     """
     from hpc_ddp.runtime.distenv import derive_dist_env
     from hpc_ddp.runtime.procgroup import resolve_master_port
     from hpc_ddp.runtime.requeue import Coordinator  # now: a crash is handled without delay
+    from hpc_ddp.runtime.watchdog import current
 
     dist = derive_dist_env(env, port=cfg.dist.port)
     port = resolve_master_port(dist, paths.rendezvous, timeout_s=cfg.dist.timeout_s)
@@ -146,10 +170,24 @@ def run_command(
         RUN_DIR_ENV: str(paths.root),
         RUN_ID_ENV: read_run_id(paths),
     }
+    watchdog = current()
+    if watchdog is not None:
+        child_env[WATCHDOG_OWNER_ENV] = "1"  # this process beats for the child
     # With MASTER_PORT set, the child's session takes the port as given (launcher-set).
     argv = command_argv(cfg, task_interpreter(cfg))
+    # An ignored SIGINT stays ignored, in the child too (it inherits that): whoever started
+    # this task handles Ctrl-C itself (the local backend's `submit --wait`, nohup).
+    forwarded = {signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2}
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        forwarded.add(signal.SIGINT)
     began = time.time()
     proc = subprocess.Popen(argv, env=child_env)
+    if watchdog is not None:
+        # No deadline of its own (its steps are not seen from here): it is watched for being
+        # stopped, and ended with this process when the launch ends for a fault.
+        watchdog.enter("command")
+        watchdog.child = proc.pid
+        watchdog.before_exit.append(proc.kill)
     stops: list[int] = []
 
     def forward(signum: int, frame: object) -> None:
@@ -157,15 +195,49 @@ def run_command(
         stops.append(signum)
         proc.send_signal(signum)
 
-    for sig in {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2}:
+    for sig in forwarded:
         signal.signal(sig, forward)
     code = proc.wait()
-    failure = child_failure(code, shlex.join(argv[:2]))
     # A child that dies after a stop signal (cancel, time limit, preemption, srun ending the
     # step after another rank failed) was stopped, not crashed: Slurm decides what comes next.
-    if failure is not None and not stops:
-        record_child_crash(Coordinator(dist, paths.ledger, cfg.requeue, slurm), failure, began)
+    if not stops:
+        coordinator = Coordinator(dist, paths.ledger, cfg.requeue, slurm, since=began)
+        record_child_end(coordinator, code, shlex.join(argv[:2]), began)
     return exit_status(code)
+
+
+def record_child_end(coordinator: Coordinator, code: int, program: str, began: float) -> None:
+    """A ``command`` child ended with exit status ``code``, no stop signal given: the ledger
+    must say how, whether or not the child opened a session.
+
+    A child with a session recorded its attempt itself: only a death its session could not see
+    (a signal, a non-zero exit that is not one of hpc-ddp's own) is added, as a crash. A
+    program without one recorded nothing, and its exit status is its verdict, written here
+    with the attempt's start: on rank 0, ``finished`` for exit 0; on any rank, a crash for
+    anything else (``requeue.on_crash`` included). So ``status``, ``--wait``, ``results``
+    and ``--resubmit-failed`` judge a plain command as they judge a training run.
+    """
+    session = bool(_attempt_entries(coordinator, began))
+    failure = child_failure(code, program, session=session)
+    if failure is not None:
+        record_child_crash(coordinator, failure, began)
+    elif not session and coordinator.dist.is_main:
+        coordinator.write_start(resumed_from_step=None, checkpoint=None, now=began)
+        coordinator.finish(step=None, checkpoint=None, message=f"command `{program}` exited 0")
+
+
+def _attempt_entries(coordinator: Coordinator, began: float) -> list[Attempt]:
+    """This attempt's ledger entries: its job's at its restart count (outside Slurm, where there
+    is no job id, those that started since the task started its child at ``began``)."""
+    from hpc_ddp.runtime.ledger import read_ledger
+
+    dist = coordinator.dist
+    return [
+        a
+        for a in read_ledger(coordinator.ledger)
+        if (a.restart, a.job_id) == (coordinator.restart, dist.job_id)
+        and (dist.job_id is not None or a.started >= began)
+    ]
 
 
 def record_child_crash(coordinator: Coordinator, failure: str, began: float) -> None:
@@ -181,21 +253,15 @@ def record_child_crash(coordinator: Coordinator, failure: str, began: float) -> 
     the attempt. ``began``: when this task started its child (outside Slurm, where there is
     no job id and nothing to claim, an entry of this attempt is one that started since).
     """
-    from hpc_ddp.runtime.ledger import read_ledger
     from hpc_ddp.runtime.requeue import claim_crash_requeue
 
     dist = coordinator.dist
     # Outside Slurm nothing is requeued, and a claim named "local" would outlive the run.
     claims = coordinator.ledger.parent / "rendezvous"
-    if dist.job_id is not None and not claim_crash_requeue(claims, dist.job_id, dist.restart_count):
+    if dist.job_id is not None and not claim_crash_requeue(claims, dist.job_id, dist.attempt_key):
         log.error("%s; another rank's crash is being handled already", failure)
         return
-    mine = [
-        a
-        for a in read_ledger(coordinator.ledger)
-        if (a.attempt, a.job_id) == (coordinator.attempt, dist.job_id)
-        and (dist.job_id is not None or a.started >= began)
-    ]
+    mine = _attempt_entries(coordinator, began)
     if mine and not mine[-1].is_open:
         log.error("%s; the attempt's end is recorded already", failure)
         return
@@ -204,18 +270,135 @@ def record_child_crash(coordinator: Coordinator, failure: str, began: float) -> 
     coordinator.crash(step=None, checkpoint=None, error=failure, claimed=True)
 
 
-def run_job(run_dir: Path, env: Mapping[str, str], *, slurm: SlurmClient | None = None) -> int:
+def this_job(env: Mapping[str, str], job_id: str | None = None) -> str | None:
+    """This task's job as a run's record names it; None outside any job (by hand, torchrun).
+
+    ``job_id`` when given (the local backend: its controller's pid). On Slurm ``ARRAYJOB_TASK``
+    for an array task, never its bare ``SLURM_JOB_ID``: the last task's equals the array's own
+    id, which a run's manifest may name. Else ``SLURM_JOB_ID``, the same in every requeue.
+    """
+    if job_id:
+        return job_id
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return env.get("SLURM_JOB_ID") or None
+
+
+def recorded_job(
+    run_dir: Path, task_dir: Path, env: Mapping[str, str]
+) -> tuple[str, str | None] | None:
+    """(where the record is, the job it names as the current one of this task's run).
+
+    A sweep task's is the latest array that runs its point (``ARRAYJOB_TASK``), from the sweep's
+    ``arrays.json`` (None: the point is in no array); a run's is ``manifest.json``'s job id.
+    None when there is no record at all: a run directory made by hand or by an older hpc-ddp.
+    A damaged record is a :class:`RunDirError`.
+    """
+    if task_dir != run_dir:
+        from hpc_ddp.runtime.distenv import array_task_index
+
+        source = run_dir / ARRAYS_RECORD
+        point = array_task_index(env)
+        if point is None or not source.exists():
+            return None
+        ref = current_refs(read_arrays(run_dir)).get(point)
+        return f"{source} (point {point})", None if ref is None else f"{ref[0]}_{ref[1]}"
+    source = run_dir / MANIFEST_FILE
+    if not source.exists():
+        return None
+    job = read_manifest(run_dir).job_id
+    return None if job is None else (str(source), job)
+
+
+def not_current_refusal(
+    run_dir: Path, task_dir: Path, env: Mapping[str, str], job_id: str | None = None
+) -> str | None:
+    """Why this task must not run (its job is not the run's current job), or None.
+
+    The record is read under the run (or sweep) directory's shared record lock: a job that
+    starts before its submitter has recorded it waits for that record (a bounded wait) rather
+    than read the one before and be refused. A requeued job keeps its id, a resumed run's
+    manifest and a resubmitted sweep's ``arrays.json`` name their new job before it starts.
+    """
+    mine = this_job(env, job_id)
+    if mine is None:
+        return None
+    try:
+        with record_lock(run_dir, shared=True):
+            record = recorded_job(run_dir, task_dir, env)
+    except RunDirError as exc:
+        return f"job {mine} cannot confirm that it is the current job of {task_dir}: {exc}"
+    if record is None or record[1] == mine:
+        return None
+    source, recorded = record
+    names = f"names job {recorded}" if recorded is not None else "names no job for it"
+    return (
+        f"job {mine} is not the current job of {task_dir}: {source} {names}. Two jobs must "
+        f"never write one run directory, so this task starts nothing, writes nothing and exits "
+        f"{NOT_CURRENT_EXIT_CODE}. HINT: submit a run again with `hpc-ddp resume RUN_DIR` (a "
+        "sweep: `hpc-ddp sweep --resubmit-failed SWEEP_DIR`), never by running its script "
+        f"with sbatch; `hpc-ddp status {run_dir}` shows the current job."
+    )
+
+
+def run_job(
+    run_dir: Path,
+    env: Mapping[str, str],
+    *,
+    slurm: SlurmClient | None = None,
+    job_id: str | None = None,
+) -> int:
     """Run the job in ``run_dir`` on this task; returns the process exit code.
 
     ``slurm``: the client a ``command`` job's crash requeue goes through (None: the real one).
+    ``job_id``: this task's job where no ``SLURM_*`` variable says it (the local backend's
+    controller pid). A job that is not the run's current job exits at once with
+    :data:`NOT_CURRENT_EXIT_CODE` (:func:`not_current_refusal`).
     """
     from hpc_ddp.config.load import load_resolved_config
 
-    paths = RunPaths(task_run_dir(run_dir, env))
+    task_dir = task_run_dir(run_dir, env)
+    job_id = job_id or env.get(LOCAL_JOB_ENV) or None
+    refusal = not_current_refusal(run_dir, task_dir, env, job_id)
+    if refusal is not None:
+        print(f"hpc-ddp run: refused: {refusal}", file=sys.stderr, flush=True)
+        return NOT_CURRENT_EXIT_CODE
+    paths = RunPaths(task_dir)
     cfg = load_resolved_config(paths.config)
+    watchdog = _start_watchdog(cfg, paths, env)
+    try:
+        code = _run(cfg, paths, env, slurm)
+    except BaseException as exc:
+        if watchdog is not None:
+            if isinstance(exc, SystemExit):
+                watchdog.exiting(exc.code if isinstance(exc.code, int) else 1)
+            else:
+                watchdog.exiting(1, f"{type(exc).__name__}: {exc}")
+        raise
+    if watchdog is not None:
+        watchdog.exiting(code)
+    return code
+
+
+def _start_watchdog(cfg: JobConfig, paths: RunPaths, env: Mapping[str, str]) -> Watchdog | None:
+    """The rank's watchdog, started before anything slow (see the module docstring)."""
+    from hpc_ddp.runtime.distenv import derive_dist_env
+    from hpc_ddp.runtime.watchdog import start_watchdog
+
+    dist = derive_dist_env(env, port=cfg.dist.port)
+    watchdog, _ = start_watchdog(cfg.fault, paths.root, env, dist)
+    return watchdog
+
+
+def _run(cfg: JobConfig, paths: RunPaths, env: Mapping[str, str], slurm: SlurmClient | None) -> int:
+    """The job itself: a command, an entry point or the built-in trainer."""
     # Before torch is imported: one intra-op thread per CPU Slurm gave this task, not one per
     # core of the node (which oversubscribes a shared node and slows every rank).
     os.environ.setdefault("OMP_NUM_THREADS", env.get("SLURM_CPUS_PER_TASK", "1"))
+    if cfg.train.deterministic:  # cuBLAS reads its workspace setting once, at its first call
+        for name, value in DETERMINISTIC_ENV:
+            os.environ.setdefault(name, value)
     if cfg.command:
         return run_command(cfg, paths, env, slurm=slurm)
     from hpc_ddp.runtime.session import RequeueExit

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.config.exactness import resume_clause
 from hpc_ddp.config.load import (
     apply_overrides,
     job_config_from_dict,
@@ -30,13 +31,14 @@ from hpc_ddp.launch.submission import (
     Launched,
     Prepared,
     check_local_job,
-    launch,
     prepare,
     relocate,
+    start,
     write_run_files,
 )
 from hpc_ddp.layout import MANIFEST_FILE, RunPaths
-from hpc_ddp.manifest import Manifest, read_manifest
+from hpc_ddp.manifest import Manifest, read_manifest, record_lock
+from hpc_ddp.runtime.ledger import Attempt, read_ledger
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.state.report import ask_slurm, run_status
 from hpc_ddp.state.resumable import check_resumable
@@ -59,12 +61,8 @@ class ResumePlan:
     """The run's job with the overrides applied, prepared in its own run directory."""
     changes: tuple[str, ...]
     """``key: old -> new`` for every key the overrides changed."""
-
-    @property
-    def previous_jobs(self) -> list[str]:
-        """The run's job ids so far, oldest first: the new manifest keeps them."""
-        m = self.manifest
-        return [*m.previous_jobs, *([m.job_id] if m.job_id else [])]
+    force: bool = False
+    """``--force``: a finished run, or one whose state Slurm could not confirm, goes on too."""
 
 
 def plan_resume(
@@ -91,35 +89,69 @@ def plan_resume(
         raise TargetError(check.refusal)
     paths = RunPaths(run_dir)
     old = load_resolved_config(paths.config)
-    cfg = _with_overrides(old, overrides, paths.config)
+    cfg = _with_overrides(old, overrides, paths.config, manifest)
     preflight_job(cfg, str(paths.config))
     invocation = invocation or ["hpc-ddp", "resume", str(shown), *overrides]
     prepared = _prepare_in_place(cfg, manifest, run_dir, invocation, client)
+    _check_world_size(cfg, old, read_ledger(paths.ledger), row["ckpt step"], shown)
     return ResumePlan(
         run_dir, manifest, row["state"], int(row["attempts"]), row["ckpt step"], old, prepared,
-        tuple(_changes(old, cfg)),
+        tuple(_changes(old, cfg)), force,
     )  # fmt: skip
 
 
 def resume(plan: ResumePlan, client: SlurmClient) -> Launched:
     """Write the run's new config (and script) and launch its job again in its run directory;
-    the manifest keeps the earlier job ids."""
-    write_run_files(plan.prepared)
-    return launch(plan.prepared, client, previous_jobs=plan.previous_jobs)
+    the manifest keeps the earlier job ids.
+
+    The decision is taken again under the run directory's record lock, and the lock is held
+    until the new job is recorded: of several ``resume`` racing for one run, the first submits
+    and every later one finds its job and submits nothing (:class:`TargetError`, exit 2,
+    naming that job), whatever the timing.
+    """
+    with record_lock(plan.run_dir):
+        manifest = _recheck(plan, client)
+        write_run_files(plan.prepared)
+        return start(plan.prepared, client, previous_jobs=_job_ids(manifest))
 
 
-def start_words(step: int | None) -> str:
-    """Where the new job starts, as far as the login side can tell.
+def _recheck(plan: ResumePlan, client: SlurmClient) -> Manifest:
+    """The run's manifest now, once it is certain (under the lock) that it may be resumed."""
+    manifest = _manifest_of(plan.run_dir)
+    row = run_status(plan.run_dir, _view(client, manifest))
+    if manifest.job_id != plan.manifest.job_id:
+        raise TargetError(
+            f"{plan.run_dir}: job {manifest.job_id} ({row['state']}) was submitted into this run "
+            "directory while this resume waited for it; nothing was submitted (two jobs must "
+            f"never write one run directory). HINT: `hpc-ddp status {plan.run_dir}` follows "
+            f"that job; to go on with this resume instead, `hpc-ddp cancel {plan.run_dir}` "
+            "first and resume again."
+        )
+    check = check_resumable(row["state"], str(plan.run_dir), manifest.job_id, force=plan.force)
+    if check.refusal is not None:
+        raise TargetError(check.refusal)
+    return manifest
+
+
+def _job_ids(manifest: Manifest) -> list[str]:
+    """The run's job ids so far, oldest first: the new manifest keeps them."""
+    return [*manifest.previous_jobs, *([manifest.job_id] if manifest.job_id else [])]
+
+
+def start_words(step: int | None, plan: ResumePlan | None = None) -> str:
+    """Where the new job starts, as far as the login side can tell, and how exact the resume
+    is (:func:`~hpc_ddp.config.exactness.resume_clause`, given the ``plan``).
 
     Only the zip structure of a checkpoint is checked here (reading its tensors needs torch,
-    which the login side never imports); the runtime verifies the weights digest and falls
-    back to an older checkpoint when it does not match, so the step is a claim, not a promise.
+    which the login side never imports); the runtime verifies every part's digest and falls
+    back to an older checkpoint when one does not match, so the step is a claim, not a promise.
     """
     if step is None:
         return "from step 0 (no checkpoint)"
+    exact = "" if plan is None else f"; {resume_clause(plan.old, plan.prepared.cfg)}"
     return (
-        f"from checkpoint step {step} (the newest on disk; the job verifies its weights when it "
-        "starts and falls back to an older checkpoint if they are damaged)"
+        f"from checkpoint step {step} (the newest on disk; the job verifies its digests when it "
+        f"starts and falls back to an older checkpoint if any part is damaged){exact}"
     )
 
 
@@ -148,17 +180,56 @@ def _view(client: SlurmClient, manifest: Manifest) -> SlurmView:
     return ask_slurm(client, [manifest.job_id], [manifest.job_id])
 
 
-def _with_overrides(cfg: JobConfig, overrides: Sequence[str], source: Path) -> JobConfig:
-    if not overrides:
-        return cfg
-    data = apply_overrides(job_config_to_dict(cfg), overrides)
-    new = job_config_from_dict(data, f"{source} (with overrides)")
-    if new.name != cfg.name:
+def _with_overrides(
+    cfg: JobConfig, overrides: Sequence[str], source: Path, manifest: Manifest
+) -> JobConfig:
+    """The run's config with ``overrides``; its name must stay the one it was submitted with
+    (the manifest's), whether an override or a hand edit of ``config.yaml`` changed it."""
+    new = cfg
+    if overrides:
+        data = apply_overrides(job_config_to_dict(cfg), overrides)
+        new = job_config_from_dict(data, f"{source} (with overrides)")
+    if new.name != manifest.name:
+        how = "by an override" if new.name != cfg.name else f"in {source}"
         raise ConfigError(
-            f"name cannot change on resume ({cfg.name!r} -> {new.name!r}). HINT: a new name is "
-            "a new run: `hpc-ddp submit` it."
+            f"name cannot change on resume: the run was submitted as {manifest.name!r}, and "
+            f"{new.name!r} was set {how}. HINT: a new name is a new run: `hpc-ddp submit` it"
+            f"{'' if new.name != cfg.name else f'; or put name: {manifest.name} back in {source}'}."
         )
     return new
+
+
+def _check_world_size(
+    cfg: JobConfig, old: JobConfig, attempts: Sequence[Attempt], step: int | None, shown: Path
+) -> None:
+    """Refuse to go on from a checkpoint at another world size (``nodes x tasks_per_node``).
+
+    The global batch is the per-rank batch times the world size, and each rank's data and RNG
+    come from the checkpoint by rank: another size silently changes the batch (2 nodes -> 1
+    halves it) and the run is no longer the one an uninterrupted run would have been. The size
+    the checkpoints were written at is the one the ledger's last attempt ran with (a hand edit
+    of ``config.yaml`` does not change that), else the run's config. Without a checkpoint the
+    run starts from step 0 and any size is as good as the first.
+    """
+    if step is None:
+        return
+    sizes = [a.world_size for a in attempts if a.world_size is not None]
+    before = sizes[-1] if sizes else old.slurm.ntasks
+    now = cfg.slurm.ntasks
+    if now == before:
+        return
+    s = old.slurm
+    same = f": `hpc-ddp resume {shown} slurm.nodes={s.nodes} slurm.tasks_per_node="
+    same = same + f"{s.tasks_per_node}`" if s.ntasks == before else ""
+    raise ConfigError(
+        f"slurm.nodes x slurm.tasks_per_node = {cfg.slurm.nodes} x {cfg.slurm.tasks_per_node} "
+        f"= {now} ranks, but the run trained with {before} (its checkpoint at step {step} "
+        f"too): going on at another world size changes the global batch ({before} -> {now} "
+        "times the per-rank batch) and the run would no longer match an uninterrupted one. "
+        f"HINT: resume with the same nodes and tasks_per_node ({before} ranks in all{same}); "
+        "to train at another size, submit a new run (an elastic resume that rescales the "
+        "batch does not exist yet)."
+    )
 
 
 def _prepare_in_place(

@@ -4,8 +4,10 @@ Like torchx: :func:`prepare` builds everything that will be written and run, so 
 can show it without touching Slurm or the disk; :func:`launch` writes the run directory
 (:func:`materialize`), starts it on its backend (``sbatch --parsable`` through the injected
 Slurm client, or the local backend's processes) and records the job in ``manifest.json``
-(:func:`record`). A local run has no script: nothing renders or writes a ``job.sbatch`` it
-would never use.
+(:func:`record`), holding the run directory's record lock (:func:`~hpc_ddp.manifest.record_lock`)
+from the submission to the record, so that the job's tasks read the record that names their
+job (:mod:`hpc_ddp.job.task`). A local run has no script: nothing renders or writes a
+``job.sbatch`` it would never use.
 
 Run directories live under the runs directory (``--runs-dir``, ``$HPC_DDP_RUNS_DIR``, default
 ``./runs``), one per submission, ``<name>-<stamp>[-N]``; what goes inside is declared by
@@ -32,7 +34,7 @@ from hpc_ddp.config.model import JobConfig
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import ConfigError, RunsDirError
 from hpc_ddp.layout import RUNS_DIR_ENV, STAMP_FORMAT, RunPaths, run_dir_name
-from hpc_ddp.manifest import Manifest, write_manifest
+from hpc_ddp.manifest import Manifest, record_lock, write_manifest
 from hpc_ddp.run_id import ensure_run_id
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.render import RenderContext, load_template, render_sbatch
@@ -283,14 +285,30 @@ class Launched:
         return self.prepared.paths
 
 
-def launch(
-    prepared: Prepared, client: SlurmClient, *, previous_jobs: Sequence[str] = ()
-) -> Launched:
+def launch(prepared: Prepared, client: SlurmClient) -> Launched:
     """Write the run directory (unless it was already) and start the run on its backend:
     ``sbatch --parsable`` through ``client``, or the local backend's processes. The manifest
-    records the job id; ``previous_jobs`` are the run's earlier job ids (a resumed run)."""
+    records the job id.
+
+    The run directory's record lock (:func:`~hpc_ddp.manifest.record_lock`) is held from the
+    submission to the record, so that the job's tasks, should they start at once, wait for the
+    record that names their job before they check it.
+    """
     if not prepared.created:
         prepared = materialize(prepared)
+    with record_lock(prepared.paths.root):
+        return start(prepared, client)
+
+
+def start(
+    prepared: Prepared, client: SlurmClient, *, previous_jobs: Sequence[str] = ()
+) -> Launched:
+    """Start a written run on its backend and record its job in ``manifest.json``;
+    ``previous_jobs`` are the run's earlier job ids (a resumed run).
+
+    The caller holds the run directory's :func:`~hpc_ddp.manifest.record_lock` and has
+    decided, under it, that no other job of the run is live: one job per run directory.
+    """
     if prepared.backend == "local":
         return _launch_local(prepared, previous_jobs)
     result = client.submit(prepared.paths.script)
@@ -362,6 +380,13 @@ def check_local_job(cfg: JobConfig) -> None:
     affinity = getattr(os, "sched_getaffinity", None)  # Linux; a dry run may be elsewhere
     cpus = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
     check_local_size(cfg.slurm.ntasks, cpus)
+    _local_gpus(cfg)  # the GPUs asked for are listed here, before anything is written
+
+
+def _local_gpus(cfg: JobConfig) -> list[str]:
+    from hpc_ddp.local.backend import local_gpu_plan
+
+    return local_gpu_plan(cfg.slurm, os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 def describe_local_plan(cfg: JobConfig, run_dir: Path) -> str:
@@ -373,7 +398,13 @@ def describe_local_plan(cfg: JobConfig, run_dir: Path) -> str:
         f"MASTER_ADDR=127.0.0.1) with submitit's local executor in {run_dir}/submitit, each "
         f"running the job as `hpc-ddp run {run_dir}` does on a Slurm task; time limit "
         f"{minutes} min, USR2 {cfg.requeue.lead_time} s before it"
-    )
+    ) + _gpu_words(_local_gpus(cfg))
+
+
+def _gpu_words(gpus: list[str]) -> str:
+    if not any(gpus):
+        return ""
+    return "; CUDA_VISIBLE_DEVICES by rank: " + " | ".join(gpus)
 
 
 def report(launched: Launched, as_json: bool) -> None:

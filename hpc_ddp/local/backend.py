@@ -15,29 +15,48 @@ Imports submitit (and, in the task, torch) only when used: never on the dry-run 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import json
 import logging
 import os
 import pickle
 import signal
 import socket
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from hpc_ddp.config.model import JobConfig
-from hpc_ddp.layout import NO_PDEATHSIG_ENV, PER_RANK_LOGS_ENV, RunPaths
+from hpc_ddp.config.model import JobConfig, SlurmConfig
+from hpc_ddp.durable import append_line
+from hpc_ddp.errors import ConfigError, RunDirError
+from hpc_ddp.layout import (
+    LOCAL_GPUS_ENV,
+    LOCAL_GPUS_PER_TASK_ENV,
+    NO_PDEATHSIG_ENV,
+    PER_RANK_LOGS_ENV,
+    RunPaths,
+    checkpoint_name,
+    parse_checkpoint_name,
+)
 from hpc_ddp.local.process import (
     RANKS_DIR,
     clear_rank_identities,
     identify,
     identify_started,
+    live_controller,
+    live_ranks,
+    signal_if_same,
     write_identity,
     write_rank_identity,
 )
+from hpc_ddp.runtime.ledger import EndCause, attempt_number, end_event, read_ledger
+from hpc_ddp.runtime.metrics import drop_replayed
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +72,16 @@ class LocalJob:
     ntasks: int
     folder: Path
     """submitit's folder (``RUN_DIR/submitit``): the tasks' result pickles."""
+    started: float = 0.0
+    """When it was started (``time.time()``): its ranks' ledger entries start later."""
+    supervised: bool = False
+    """Its one controller task is the supervisor (``fault.enabled``), which starts the ranks."""
+
+    def ended(self) -> bool:
+        """True once the controller and every rank process have exited. Ranks outlive a
+        controller killed outright for a moment (its death stops them at an agreed step), or
+        for good when that signal is off: the run has ended only when they are gone too."""
+        return bool(self.handle.done()) and not live_ranks(self.folder.parent)
 
 
 def free_port() -> int:
@@ -71,7 +100,7 @@ def _stop_early(signum: int, frame: FrameType | None) -> None:
     raise _StoppedEarly(signum)
 
 
-def _die_with_controller(controller: int) -> None:
+def die_with_controller(controller: int) -> None:
     """Ask the kernel to SIGTERM this task when its controller dies (``PR_SET_PDEATHSIG``).
 
     A controller killed outright (SIGKILL, the OOM killer) forwards nothing: without this its
@@ -87,19 +116,68 @@ def _die_with_controller(controller: int) -> None:
         raise _StoppedEarly(signal.SIGTERM)
 
 
-def run_task(run_dir: str, master_port: int) -> int:
-    """Body of one local task: set the dist variables from submitit's, then run the job."""
+def local_gpu_plan(slurm: SlurmConfig, parent_visible: str | None) -> list[str]:
+    """Each local rank's ``CUDA_VISIBLE_DEVICES``, as Slurm would give it (pure).
+
+    ``gpus_per_task: g``: rank r sees its own g GPUs, items ``r*g`` to ``r*g+g-1`` of this
+    machine's (as srun binds them; each rank computes on ``cuda:0``). ``gpus_per_node: g``:
+    every rank sees the same ``g x nodes`` (each computes on its share). No GPUs asked: ``""``,
+    none. ``parent_visible`` is this process's ``CUDA_VISIBLE_DEVICES``: its items (indices,
+    UUIDs or MIG ids) are handed on verbatim; unset means the machine's GPUs 0, 1, ... (a rank
+    then given one the machine lacks says so when it starts).
+    """
+    ntasks, per_task = slurm.ntasks, slurm.gpus_per_task
+    needed = per_task * ntasks if per_task else (slurm.gpus_per_node or 0) * slurm.nodes
+    if not needed:
+        return [""] * ntasks
+    if parent_visible is None:
+        pool = [str(i) for i in range(needed)]
+    else:
+        pool = [item.strip() for item in parent_visible.split(",") if item.strip()]
+    if len(pool) < needed:
+        key = "slurm.gpus_per_task" if per_task else "slurm.gpus_per_node"
+        raise ConfigError(
+            f"{key} asks for {needed} GPU(s) in all for {ntasks} local rank(s), but "
+            f"CUDA_VISIBLE_DEVICES={parent_visible!r} lists {len(pool)}. HINT: list more GPUs "
+            "in CUDA_VISIBLE_DEVICES, or ask for fewer (--backend local runs every rank on this "
+            "machine)."
+        )
+    if per_task:
+        return [",".join(pool[r * per_task : (r + 1) * per_task]) for r in range(ntasks)]
+    return [",".join(pool[:needed])] * ntasks
+
+
+def _give_gpus(gpus: list[str], rank: int, per_task: int | None) -> None:
+    # submitit gives every task the same CUDA_VISIBLE_DEVICES ("" unless told its own numbers,
+    # and never a UUID): replaced here, before anything in this process can start CUDA.
+    mine = gpus[rank]
+    os.environ["CUDA_VISIBLE_DEVICES"] = mine
+    os.environ[LOCAL_GPUS_ENV] = str(len([d for d in mine.split(",") if d]))
+    if per_task:
+        os.environ[LOCAL_GPUS_PER_TASK_ENV] = str(per_task)
+
+
+def run_task(
+    run_dir: str, master_port: int, gpus: list[str] | None = None, per_task: int | None = None
+) -> int:
+    """Body of one local task: set the dist variables from submitit's, then run the job.
+
+    ``gpus``: each rank's ``CUDA_VISIBLE_DEVICES`` (:func:`local_gpu_plan`), ``per_task`` the
+    job's ``slurm.gpus_per_task``; None leaves the environment's as it is.
+    """
     import submitit
 
     from hpc_ddp.job.task import run_job
 
     env = submitit.JobEnvironment()
+    if gpus is not None:
+        _give_gpus(gpus, env.global_rank, per_task)
     # Until the session catches stop signals, a SIGTERM (a cancel, the controller's death)
     # ends the task at once: submitit's own handler would only log it and train on.
     signal.signal(signal.SIGTERM, _stop_early)
     try:
         if os.environ.get(NO_PDEATHSIG_ENV) != "1":
-            _die_with_controller(int(env.job_id) if env.job_id.isdigit() else os.getppid())
+            die_with_controller(int(env.job_id) if env.job_id.isdigit() else os.getppid())
         me = identify(os.getpid())
         if me is not None:
             write_rank_identity(Path(run_dir), env.global_rank, me)
@@ -107,7 +185,8 @@ def run_task(run_dir: str, master_port: int) -> int:
         from hpc_ddp.job.task import redirect_to_rank_logs, task_run_dir
 
         redirect_to_rank_logs(RunPaths(task_run_dir(Path(run_dir), os.environ)), env.global_rank)
-        return run_job(Path(run_dir), os.environ)
+        # The controller's pid is the job id the run's manifest records.
+        return run_job(Path(run_dir), os.environ, job_id=env.job_id)
     except _StoppedEarly as stop:
         name = signal.Signals(stop.args[0]).name
         raise RuntimeError(
@@ -149,18 +228,148 @@ def submit_local(cfg: JobConfig, paths: RunPaths) -> LocalJob:
 
     clear_rank_identities(paths.root)  # a resumed run's earlier ranks are not this job's
     executor = submitit.LocalExecutor(folder=str(paths.root / "submitit"))
+    supervised = cfg.fault.enabled
     executor.update_parameters(
-        tasks_per_node=cfg.slurm.ntasks,
+        # Supervised: the controller's one task is the supervisor, which starts the ranks.
+        tasks_per_node=1 if supervised else cfg.slurm.ntasks,
         nodes=1,
         timeout_min=max(1, cfg.slurm.time_s // 60),
         # Mirror the rendered --signal: submitit sends USR2 this long before the timeout.
         signal_delay_s=cfg.requeue.lead_time,
     )
-    job = executor.submit(run_task, str(paths.root), free_port())
+    gpus = local_gpu_plan(cfg.slurm, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    started = time.time()
+    with _sigint_ignored():
+        if supervised:
+            from hpc_ddp.local.launcher import run_supervisor
+
+            job = executor.submit(run_supervisor, str(paths.root), gpus, cfg.slurm.gpus_per_task)
+        else:
+            job = executor.submit(
+                run_task, str(paths.root), free_port(), gpus, cfg.slurm.gpus_per_task
+            )
     ident = identify_started(int(job.job_id))
     if ident is not None:
         write_identity(paths.root, ident)
-    return LocalJob(str(job.job_id), job, cfg.slurm.ntasks, paths.root / "submitit")
+    ntasks = 1 if supervised else cfg.slurm.ntasks
+    folder = paths.root / "submitit"
+    return LocalJob(str(job.job_id), job, ntasks, folder, started, supervised)
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored while the controller starts, so that it and its ranks inherit that (exec
+    keeps an ignored signal ignored, and Python and the session leave it so).
+
+    A Ctrl-C at the terminal goes to the whole foreground process group. submitit's controller
+    would die of it and, cleaning up, SIGINT its ranks a second time while they save (a second
+    SIGINT is a KeyboardInterrupt: a crash, no checkpoint) and print a traceback. Instead only
+    ``submit --wait`` answers it, with the cancel an agreed stop and a checkpoint give
+    (:mod:`hpc_ddp.launch.wait`); without ``--wait`` nothing at the terminal stops the run.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers; a thread's caller answers Ctrl-C
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+
+
+# --- a forced stop -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ForcedStop:
+    """What a forced stop killed, and what it lost."""
+
+    ranks: list[int]
+    """The rank processes killed (those still running)."""
+    reached: int | None
+    """The last step training logged (``metrics.jsonl``); None when it logged none."""
+    checkpoint: int | None
+    """The newest checkpoint's step on disk: the run goes on from there."""
+
+    def lost(self) -> str:
+        """What was lost, in words: the steps since the newest checkpoint."""
+        if self.reached is None:
+            return "no step was logged, so none is known lost"
+        if self.checkpoint is None:
+            return f"no checkpoint was saved: the {self.reached} step(s) trained are lost"
+        lost = max(0, self.reached - self.checkpoint)
+        return (
+            f"training had logged step {self.reached}; the {lost} step(s) after checkpoint "
+            f"{checkpoint_name(self.checkpoint)} are lost"
+        )
+
+
+def force_stop(run_dir: Path, job_id: str | None, since: float) -> ForcedStop:
+    """Stop a local run at once (a second Ctrl-C): SIGKILL its ranks, then its controller,
+    each only while it provably is this run's, and record the attempt's end.
+
+    A killed rank writes nothing, so the attempt's end is written here, as the ``hpc_ddp run``
+    parent writes a killed child's: ``cancelled`` (a person stopped it), with what was lost.
+    ``since``: when this job was started (its attempt is the one that started since).
+    """
+    ranks = [r for r, ident in live_ranks(run_dir).items() if signal_if_same(ident, signal.SIGKILL)]
+    controller = live_controller(run_dir, job_id)
+    if controller is not None:
+        signal_if_same(controller, signal.SIGKILL)
+    paths = RunPaths(run_dir)
+    steps = [s for p in _listing(paths.checkpoints) if (s := parse_checkpoint_name(p.name))]
+    logged = [r["step"] for r in _metric_rows(paths.metrics) if isinstance(r.get("step"), int)]
+    forced = ForcedStop(ranks, max(logged) if logged else None, max(steps) if steps else None)
+    _record_forced_end(paths, since, forced)
+    return forced
+
+
+def _listing(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except OSError:
+        return []
+
+
+def _metric_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of ``metrics.jsonl`` that count (:func:`drop_replayed`); [] if unreadable."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return drop_replayed(rows)
+
+
+def _record_forced_end(paths: RunPaths, since: float, forced: ForcedStop) -> None:
+    """The attempt's end, unless it has one (rank 0 may have written it just before) or none
+    started (killed before the session wrote a start: there is no attempt to end)."""
+    try:
+        attempts = read_ledger(paths.ledger)
+    except RunDirError as exc:
+        log.warning("%s", exc)
+        return
+    number = attempt_number(attempts, job_id=None, restart=0, since=since)
+    if number >= len(attempts) or not attempts[number].is_open:
+        return
+    checkpoint = None if forced.checkpoint is None else checkpoint_name(forced.checkpoint)
+    line = end_event(
+        attempt=number,
+        restart=0,
+        cause=EndCause.CANCELLED,
+        steps_done=forced.reached,
+        checkpoint=checkpoint,
+        requeue_requested=False,
+        message=f"forced by a second Ctrl-C: the ranks were killed; {forced.lost()}",
+    )
+    append_line(paths.ledger, line)
 
 
 # --- how the tasks ended -------------------------------------------------------------------
@@ -242,6 +451,8 @@ def local_failure(run_dir: Path, job_id: str) -> str | None:
     """``rank 1 failed: ValueError: ...`` for an ended local job, from its tasks' result files
     (for ``status``); None when no task is known to have failed."""
     folder = run_dir / "submitit"
+    if (run_dir / "launches").is_dir():
+        return None  # supervised: its one task is the supervisor; the ledger names the rank
     ranks = len(list((run_dir / RANKS_DIR).glob("rank-*.json")))
     ranks = max(ranks, len(list(folder.glob(f"{job_id}_*_result.pkl"))))
     if not ranks and not any(folder.glob(f"{job_id}_*_log.*")):
@@ -258,33 +469,32 @@ class LocalResult:
     controller: str
     """submitit's view of the controller process: FINISHED, or INTERRUPTED (killed)."""
     outcomes: list[TaskOutcome]
+    supervised: bool = False
+    """The one task was the supervisor: the ledger names the rank to blame, not its result."""
 
-    def state(self, cancelled: bool) -> str:
-        """A Slurm-like state: COMPLETED, CANCELLED or FAILED."""
-        if cancelled:
-            return "CANCELLED"
-        ok = self.controller == "FINISHED" and all(o.ok for o in self.outcomes)
-        return "COMPLETED" if ok else "FAILED"
-
-    def describe(self, cancelled: bool = False) -> str:
-        """One line for the user: the state and, for a failure, the rank to blame."""
-        state = self.state(cancelled)
+    def describe(self, state: str) -> str:
+        """One line for the user: the run's ``state`` (the verdict ``status`` gives it) and,
+        for a failure, the rank to blame."""
         line = f"local job {self.job_id}: {state}"
-        culprit = first_failure(self.outcomes)
+        culprit = None if self.supervised else first_failure(self.outcomes)
         if state == "FAILED" and culprit is not None:
             others = [str(o.rank) for o in self.outcomes if not o.ok and o.rank != culprit.rank]
             also = f" (then rank {', '.join(others)})" if others else ""
             line += f": rank {culprit.rank} failed{also}: {culprit.detail}"
-        elif state == "FAILED":
-            line += f": the controller ended {self.controller}"
         return line
 
 
 def wait_local(
-    job: LocalJob, follow: Path | None = None, poll_s: float = 0.5, follow_from: int = 0
+    job: LocalJob,
+    follow: Path | None = None,
+    poll_s: float = 0.5,
+    follow_from: int = 0,
+    on_poll: Callable[[], None] | None = None,
 ) -> LocalResult:
-    """Wait until a local job ends, copying ``follow`` (a log file) to stderr meanwhile, from
-    byte ``follow_from`` on (a resumed run appends to its earlier attempts' logs)."""
+    """Wait until a local job has ended (:meth:`LocalJob.ended`), copying ``follow`` (a log
+    file) to stderr meanwhile, from byte ``follow_from`` on (a resumed run appends to its
+    earlier attempts' logs). ``on_poll`` is called between polls (``submit --wait`` acts on a
+    Ctrl-C there, not in the handler)."""
     offset = follow_from
 
     def copy_new() -> None:
@@ -298,10 +508,12 @@ def wait_local(
         sys.stderr.write(chunk.decode(errors="replace"))
         sys.stderr.flush()
 
-    while not job.handle.done():
+    while not job.ended():
         copy_new()
+        if on_poll is not None:
+            on_poll()
         time.sleep(poll_s)
     copy_new()
     controller = str(job.handle.state)
     outcomes = task_outcomes(job.folder, job.job_id, job.ntasks)
-    return LocalResult(job.job_id, controller, outcomes)
+    return LocalResult(job.job_id, controller, outcomes, job.supervised)

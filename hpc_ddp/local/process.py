@@ -6,9 +6,11 @@ controller's identity goes to ``RUN_DIR/local.json``, and each rank records its 
 ``RUN_DIR/local-ranks/rank-N.json`` when it starts: pid, start time (field 22 of
 ``/proc/PID/stat``, in clock ticks since boot, which no later process with that pid can share
 until a reboot), boot id, process group, session and command line. A run is live while its
-controller or any of its ranks still matches its record; ``cancel`` signals a process only
-while it matches, through a pidfd opened before the check, so the pid cannot change hands
-between the check and the signal. (Ranks also ask to be SIGTERMed when the controller dies,
+controller or any of its ranks still matches its record and its command line names this run
+directory (``RUN_DIR/submitit``: a copied run directory keeps the original's records, and the
+original's processes are not the copy's); ``cancel`` signals a process only while both hold,
+through a pidfd opened before the check, so the pid cannot change hands between the check and
+the signal. (Ranks also ask to be SIGTERMed when the controller dies,
 :func:`hpc_ddp.local.backend.run_task`; their records still find them if that failed.)
 
 Linux only (``/proc``), as the local backend's controller is.
@@ -16,6 +18,7 @@ Linux only (``/proc``), as the local backend's controller is.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -24,7 +27,7 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from hpc_ddp.errors import RunDirError, TargetError
 
@@ -190,28 +193,64 @@ def read_rank_identities(run_dir: Path) -> dict[int, ProcIdentity]:
     return found
 
 
+def names_run_dir(cmdline: tuple[str, ...], run_dir: Path) -> bool:
+    """True when a command line names this run directory's ``submitit`` folder, as both of a
+    local run's kinds of process do: the controller (``python -m submitit.local._local
+    RUN_DIR/submitit``) and each rank (``python -u -m submitit.core._submit RUN_DIR/submitit``);
+    or, under a supervisor (``fault.enabled``), a rank it started (``python -m hpc_ddp run
+    RUN_DIR``). Paths are compared as files (a symlinked runs directory names the same one)."""
+    if _runs_hpc_ddp(cmdline, run_dir):
+        return True
+    folder = run_dir.resolve() / "submitit"
+    for arg in cmdline:
+        if arg == str(folder):
+            return True
+        if arg.startswith("/") and Path(arg).name == "submitit":
+            try:
+                if os.path.samefile(arg, folder):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def _runs_hpc_ddp(cmdline: tuple[str, ...], run_dir: Path) -> bool:
+    """``... -m hpc_ddp run RUN_DIR``: a supervised local rank of this run directory."""
+    for i in range(len(cmdline) - 3):
+        if cmdline[i : i + 3] == ("-m", "hpc_ddp", "run"):
+            with contextlib.suppress(OSError):
+                return os.path.samefile(cmdline[i + 3], run_dir)
+    return False
+
+
+def _runs_as_recorded(ident: ProcIdentity, proc: Path) -> bool:
+    return identify(ident.pid, proc) == ident
+
+
 def live_ranks(run_dir: Path, proc: Path = PROC) -> dict[int, ProcIdentity]:
     """The recorded rank processes that still run (a zombie, or a stranger that got the pid,
-    does not match its record: its command line or start time differ)."""
+    does not match its record: its command line or start time differ) and are this run
+    directory's (:func:`names_run_dir`)."""
     return {
         rank: ident
         for rank, ident in read_rank_identities(run_dir).items()
-        if identify(ident.pid, proc) == ident
+        if _runs_as_recorded(ident, proc) and names_run_dir(ident.cmdline, run_dir)
     }
 
 
 def controller_cmdline_matches(cmdline: tuple[str, ...], run_dir: Path) -> bool:
     """True for submitit's local controller of this run (for runs with no ``local.json``)."""
-    return "submitit.local._local" in cmdline and str(run_dir / "submitit") in cmdline
+    return "submitit.local._local" in cmdline and names_run_dir(cmdline, run_dir)
 
 
 def live_controller(run_dir: Path, job_id: str | None, proc: Path = PROC) -> ProcIdentity | None:
-    """The run's controller while it runs: the process recorded in ``local.json`` (or, for
-    older runs, the pid if it runs this run's submitit controller). A bare pid check would
-    call any later process that got the same pid this run."""
+    """The run's controller while it runs: the process recorded in ``local.json`` if it runs
+    this run directory's controller (or, for older runs, the pid if it does). A bare pid check
+    would call any later process that got the same pid this run."""
     expected = read_identity(run_dir)
     if expected is not None:
-        return expected if identify(expected.pid, proc) == expected else None
+        mine = _runs_as_recorded(expected, proc) and names_run_dir(expected.cmdline, run_dir)
+        return expected if mine else None
     if not job_id or not _PID_RE.fullmatch(job_id) or not 1 < int(job_id) <= PID_MAX_LIMIT:
         return None
     now = identify(int(job_id), proc)
@@ -250,10 +289,26 @@ def signal_if_same(expected: ProcIdentity, signum: int, proc: Path = PROC) -> bo
         os.close(fd)
 
 
-def cancel_local(run_dir: Path, job_id: str | None) -> str:
+LocalOutcome = Literal["cancelled", "already_finished", "not_this_run"]
+"""What :func:`cancel_local` did: signalled the run, found it ended, or found its records
+naming processes of another run directory (and signalled nothing)."""
+
+
+@dataclass(frozen=True)
+class LocalCancel:
+    """The outcome of :func:`cancel_local` and a line saying it."""
+
+    outcome: LocalOutcome
+    message: str
+
+
+def cancel_local(run_dir: Path, job_id: str | None) -> LocalCancel:
     """SIGTERM a local run: its controller if it still is that (it forwards the signal to the
-    ranks, which agree on a step, save and stop), else any rank that outlived it; a line
-    saying what was done."""
+    ranks, which agree on a step, save and stop), else any rank that outlived it.
+
+    Only processes proven to be this run directory's are signalled; records that name live
+    processes of another run directory (a copied ``local.json``) signal nothing and say so.
+    """
     pid = parse_pid(job_id or "", str(run_dir))
     expected = read_identity(run_dir)
     if expected is not None and expected.pid != pid:
@@ -264,21 +319,43 @@ def cancel_local(run_dir: Path, job_id: str | None) -> str:
         )
     controller = live_controller(run_dir, job_id)
     ranks = live_ranks(run_dir)
-    ended = f"{run_dir}: local job {pid} already ended; nothing was signalled"
+    ended = LocalCancel(
+        "already_finished", f"{run_dir}: local job {pid} already ended; nothing was signalled"
+    )
     if controller is None and not ranks:
-        return ended
+        return _foreign(run_dir, pid) or ended
     # Noted before the signal: `submit --wait` may see the end at once.
     marked = mark_cancelled(run_dir)
     if controller is not None and signal_if_same(controller, signal.SIGTERM):
-        return f"cancelled local job {pid} ({run_dir})"
+        return LocalCancel("cancelled", f"cancelled local job {pid} ({run_dir})")
     stopped = [rank for rank, ident in ranks.items() if signal_if_same(ident, signal.SIGTERM)]
     if not stopped:
         if marked:
             unmark_cancelled(run_dir)
         return ended
-    return (
+    return LocalCancel(
+        "cancelled",
         f"cancelled local job {pid} ({run_dir}): its controller had exited; signalled the "
-        f"rank process(es) still running: rank {', '.join(map(str, stopped))}"
+        f"rank process(es) still running: rank {', '.join(map(str, stopped))}",
+    )
+
+
+def _foreign(run_dir: Path, pid: int, proc: Path = PROC) -> LocalCancel | None:
+    """The refusal for records that name live processes of another run directory, or None."""
+    recorded = [read_identity(run_dir), *read_rank_identities(run_dir).values()]
+    others = [i for i in recorded if i is not None and _runs_as_recorded(i, proc)]
+    if not others:
+        return None
+    other = others[0]
+    elsewhere = next((a for a in other.cmdline if Path(a).name == "submitit"), None)
+    runs = f"runs {Path(elsewhere).parent}" if elsewhere else "names no run directory"
+    return LocalCancel(
+        "not_this_run",
+        f"{run_dir}: local job {pid} is not this run's: its process {other.pid} "
+        f"(`{' '.join(other.cmdline)[:160]}`) {runs}, not {run_dir.resolve()}; nothing was "
+        "signalled. HINT: a copied run directory keeps the original's local.json and "
+        "manifest.json; cancel the original run by its own directory (`hpc-ddp status` lists "
+        "the runs).",
     )
 
 

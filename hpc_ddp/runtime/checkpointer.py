@@ -1,9 +1,17 @@
-"""The session's checkpoints: restore the newest good one, save the tracked objects (collective).
+"""The session's checkpoints: restore the newest good one, save the tracked objects.
 
 Every rank calls :meth:`Checkpointer.restore` and :meth:`Checkpointer.save` at the same point:
 rank 0 picks, reads and writes the files (the writing on a background thread), the others get
-its choice and its errors by broadcast, so every rank resumes from the same step or fails with
-the same error. The file format, the writer and the search for the newest good file live in
+its choice and its errors, so every rank resumes from the same step or fails with the same
+error. While rank 0 does file I/O the others wait on the rendezvous store
+(:class:`~hpc_ddp.runtime.handoff.Handoff`, bounded by ``fault.checkpoint_timeout_s``), never in
+a collective: a collective's timeout (``dist.timeout_s``, and under NCCL the watchdog) would
+otherwise end them while a large checkpoint is read or written on a slow file system.
+
+Every rank loads the checkpoint to the CPU and lets ``load_state_dict`` place it: the model's
+weights are copied into its parameters wherever they live, the optimizer moves its state to
+each parameter's device and keeps its ``step`` counters on the CPU, as a fresh run does. The
+file format, the writer and the search for the newest good file live in
 :mod:`hpc_ddp.runtime.checkpoint`.
 """
 
@@ -24,13 +32,15 @@ from hpc_ddp.errors import CheckpointError
 from hpc_ddp.layout import checkpoint_name
 from hpc_ddp.runtime.checkpoint import (
     CheckpointWriter,
+    SnapshotBuffers,
     build_payload,
     capture_rng_state,
     find_latest,
     load_checkpoint,
     restore_rng_state,
-    snapshot,
+    unverified_sections,
 )
+from hpc_ddp.runtime.handoff import Handoff
 from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.progress import Progress
 
@@ -61,14 +71,6 @@ class Tracked:
     scaler: Any = None
 
 
-@dataclass(frozen=True)
-class _Choice:
-    """What rank 0 found to resume from, as broadcast to every rank."""
-
-    name: str | None
-    error: str | None = None
-
-
 def broadcast_object(obj: Any) -> Any:
     """Rank 0's ``obj`` on every rank (a small picklable value; collective)."""
     box = [obj]
@@ -77,7 +79,11 @@ def broadcast_object(obj: Any) -> Any:
 
 
 class Checkpointer:
-    """One process's side of the run's checkpoints (see the module docstring)."""
+    """One process's side of the run's checkpoints (see the module docstring).
+
+    ``handoff``: how rank 0's results reach the others; by default over the default process
+    group's store (made on first use, so the group must exist by then).
+    """
 
     def __init__(
         self,
@@ -87,44 +93,77 @@ class Checkpointer:
         rank: int,
         world_size: int,
         device: torch.device,
+        handoff: Handoff | None = None,
     ) -> None:
         self.directory = directory
         self.config = config
         self.rank = rank
         self.world_size = world_size
         self.device = device
+        """This rank's device: only its CUDA RNG state is restored there (loads go to the CPU)."""
         self.is_main = rank == 0
         self.tracked: Tracked | None = None
         self.last: CheckpointRecord | None = None
         """The checkpoint resumed from or last saved (None: none yet in this attempt)."""
         self._writer = CheckpointWriter(directory, config.train.keep_last)
+        self._buffers = SnapshotBuffers()
+        self._config = job_config_to_dict(config)  # the same in every checkpoint of an attempt
+        self._handoff = handoff
+
+    @property
+    def writer(self) -> CheckpointWriter:
+        """Rank 0's background writer (its :attr:`~CheckpointWriter.durable_at` times saves)."""
+        return self._writer
+
+    @property
+    def handoff(self) -> Handoff:
+        """How rank 0's word reaches the others, bounded by ``fault.checkpoint_timeout_s``."""
+        if self._handoff is None:
+            timeout = self.config.fault.checkpoint_timeout_s
+            if self.world_size == 1:
+                self._handoff = Handoff(None, rank=0, world_size=1, timeout_s=timeout)
+            else:
+                self._handoff = Handoff.of_default_group(timeout_s=timeout)
+        return self._handoff
 
     def restore(self, tracked: Tracked, progress: Progress) -> CheckpointRecord | None:
         """Track ``tracked`` and load the newest good checkpoint into it and ``progress``.
 
-        Returns the checkpoint loaded, None when there is none (collective).
+        Returns the checkpoint loaded, None when there is none. Every rank calls it: rank 0
+        finds and verifies the file, then every other rank reads and verifies that same file,
+        and nothing is applied until all of them hold it (a rank that cannot read it fails
+        every rank, with its error).
         """
         self.tracked = tracked
-        choice = _Choice(None)
+        name: str | None = None
+        error: str | None = None
         payload: dict[str, Any] | None = None
         if self.is_main:
             try:
-                found = find_latest(self.directory, self.device)
+                found = find_latest(self.directory)
             except CheckpointError as exc:
-                choice = _Choice(None, str(exc))
+                error = str(exc)
             else:
                 if found is not None:
-                    choice, payload = _Choice(found[0].name), found[1]
-        choice = broadcast_object(choice)
-        if choice.error is not None:
-            raise CheckpointError(choice.error)
-        if choice.name is None:
+                    name, payload = found[0].name, found[1]
+        name, error = self.handoff.share("rank 0's choice of checkpoint", [name, error])
+        if error is not None:
+            raise CheckpointError(error)
+        if name is None:
             return None
         if payload is None:
-            payload = load_checkpoint(self.directory / choice.name, self.device)
-        self._apply(payload, choice.name, progress)
+            try:
+                payload = load_checkpoint(self.directory / name)
+            except CheckpointError as exc:
+                error = str(exc)
+        # Nobody applies anything until every rank holds a verified copy of the same file.
+        error = self.handoff.meet(f"every rank's read of {name}", error)
+        if error is not None:
+            raise CheckpointError(error)
+        assert payload is not None
+        self._apply(payload, name, progress)
         self.last = CheckpointRecord.at(progress.step)
-        return CheckpointRecord(progress.step, choice.name)
+        return CheckpointRecord(progress.step, name)
 
     def _apply(self, payload: dict[str, Any], name: str, progress: Progress) -> None:
         assert self.tracked is not None
@@ -149,6 +188,15 @@ class Checkpointer:
                 self.world_size,
             )
         progress.update_from(payload["progress"], payload.get("extra") or {})
+        unverified = unverified_sections(payload)
+        if unverified:
+            log.warning(
+                "%s is a format-%d checkpoint: only its weights have a digest; its %s were "
+                "restored unverified",
+                name,
+                payload["version"],
+                ", ".join(unverified),
+            )
         log.info(
             "resumed from %s: step %d, epoch %d, batch %d of the epoch",
             name,
@@ -158,7 +206,7 @@ class Checkpointer:
         )
 
     def save(self, progress: Progress, *, wait: bool = False) -> Path | None:
-        """Save the tracked objects at ``progress.step`` (collective; rank 0 writes).
+        """Save the tracked objects at ``progress.step`` (every rank calls it; rank 0 writes).
 
         A second call at the same step saves nothing. ``wait=True`` returns once the file is
         durable. Returns the path on rank 0.
@@ -168,9 +216,12 @@ class Checkpointer:
         record = CheckpointRecord.at(progress.step)
         if self.last is None or self.last.step != record.step:
             rng = capture_rng_state(self.device)
-            gathered: list[Any] | None = [None] * self.world_size if self.is_main else None
-            dist.gather_object(rng, gathered, dst=0)
-            self.sync_errors()  # the previous background write, before starting the next
+            gathered: list[Any] | None = [rng] if self.world_size == 1 else None
+            if self.world_size > 1:
+                gathered = [None] * self.world_size if self.is_main else None
+                dist.gather_object(rng, gathered, dst=0)
+            # The previous background write, before its snapshot buffers are reused.
+            self.sync_errors()
             if self.is_main:
                 assert gathered is not None
                 self._writer.submit(self._payload(t, gathered, progress))
@@ -180,32 +231,41 @@ class Checkpointer:
         return self.directory / record.name if self.is_main else None
 
     def _payload(self, t: Tracked, rng: list[Any], progress: Progress) -> dict[str, Any]:
-        def state(obj: Any) -> Any:
-            return None if obj is None else snapshot(obj.state_dict())
-
+        state = {
+            "model": unwrap(t.model).state_dict(),
+            "optimizer": None if t.optimizer is None else t.optimizer.state_dict(),
+            "scheduler": None if t.scheduler is None else t.scheduler.state_dict(),
+            "scaler": None if t.scaler is None else t.scaler.state_dict(),
+        }
+        copy = self._buffers.snapshot(state)
         return build_payload(
-            model=snapshot(unwrap(t.model).state_dict()),
-            optimizer=state(t.optimizer),
-            scheduler=state(t.scheduler),
-            scaler=state(t.scaler),
+            model=copy["model"],
+            optimizer=copy["optimizer"],
+            scheduler=copy["scheduler"],
+            scaler=copy["scaler"],
             progress=progress,
             rng=rng,
-            config=job_config_to_dict(self.config),
+            config=self._config,
         )
 
     def sync_errors(self) -> None:
-        """Rank 0 waits for its writer; a failure becomes the same error on every rank."""
+        """Rank 0 waits for its writer; a failure becomes the same error on every rank (the
+        others wait for rank 0's word on the store, not in a collective)."""
         error = None
         if self.is_main:
             try:
                 self._writer.wait()
             except CheckpointError as exc:
                 error = str(exc)
-        error = broadcast_object(error)
+        error = self.handoff.share("rank 0's checkpoint write", error)
         if error is not None:
             raise CheckpointError(error)
 
-    def wait(self) -> None:
-        """Rank 0: wait for the write in flight (at close)."""
-        if self.is_main:
+    def wait(self, *, together: bool = False) -> None:
+        """Wait for the write in flight (at close). ``together``: every rank calls this now and
+        gets rank 0's write error, if any, as from :meth:`sync_errors`; otherwise (after an
+        error, when a peer may be gone) only rank 0 waits, for its own writer."""
+        if together:
+            self.sync_errors()
+        elif self.is_main:
             self._writer.wait()

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hpc_ddp.errors import DistEnvError
-from hpc_ddp.layout import ARRAY_OFFSET_ENV
+from hpc_ddp.layout import ARRAY_OFFSET_ENV, LAUNCH_ENV, SUPERVISED_ENV
 from hpc_ddp.slurm.nodelist import parse_nodelist, parse_tasks_per_node
 
 Launcher = Literal["slurm", "torchrun", "single"]
@@ -75,6 +75,19 @@ class DistEnv:
     launcher: Launcher
     port_source: PortSource = "derived"
     """Where ``master_port`` came from; only a ``derived`` port may be moved to dodge a clash."""
+    launch: int = 0
+    """Which launch of this attempt (``HPC_DDP_LAUNCH``): the supervisor's in-job restarts
+    start launch 1, 2, ... inside the same Slurm attempt."""
+    supervised: bool = False
+    """``HPC_DDP_SUPERVISED=1``: a supervisor decides what follows a fault (never this rank)."""
+
+    @property
+    def attempt_key(self) -> str:
+        """What names this launch's rendezvous files (port, file store, crash claim): the
+        restart count, and ``restart.launch`` for an in-job restart, so that no launch reads
+        a file an earlier launch of the same attempt left."""
+        restart = self.restart_count
+        return str(restart) if self.launch == 0 else f"{restart}.{self.launch}"
 
     @property
     def is_main(self) -> bool:
@@ -105,7 +118,9 @@ class DistEnv:
         }
 
 
-def derive_master_port(job_id: str | None, restart_count: int, *, candidate: int = 0) -> int:
+def derive_master_port(
+    job_id: str | None, restart_count: int, *, candidate: int = 0, launch: int = 0
+) -> int:
     """A deterministic port for one attempt of one job, the same on every rank.
 
     ``job_id`` is the task's own ``SLURM_JOB_ID``; array tasks each have their own, so array
@@ -113,9 +128,13 @@ def derive_master_port(job_id: str | None, restart_count: int, *, candidate: int
     the slots (``(id + attempt * step) * spread mod slots``): consecutive ids never collide, and
     attempts of nearby jobs stay apart (see ``_RESTART_STEP``). Non-numeric ids (``None`` for a
     run outside Slurm) are hashed. ``candidate`` > 0 gives the fallbacks probed when the first
-    port is taken: hashed, so they do not walk into the next job's port.
+    port is taken: hashed, so they do not walk into the next job's port. An in-job restart
+    (``launch`` > 0) hashes all its candidates with the launch: a port the previous launch's
+    ranks still hold (a zombie, a socket in TIME_WAIT) is never its first try.
     """
     key = job_id if job_id is not None else "local"
+    if launch > 0:
+        return PORT_BASE + _hash(f"{key}:{restart_count}.{launch}:{candidate}") % PORT_SLOTS
     if candidate > 0:
         return PORT_BASE + _hash(f"{key}:{restart_count}:{candidate}") % PORT_SLOTS
     base = int(key) if key.isascii() and key.isdigit() else _hash(key)
@@ -169,6 +188,7 @@ def _make(
     """Add what every launcher shares: job ids, attempt, node name and the port."""
     job_id = env.get("SLURM_JOB_ID") or None
     restart = env_int(env, "SLURM_RESTART_COUNT", default=0)
+    launch = env_int(env, LAUNCH_ENV, default=0)
     array_task_index(env)  # a task id that is not a number fails here, naming it
     source: PortSource
     if launcher_port is not None:
@@ -176,7 +196,7 @@ def _make(
     elif port is not None:
         master_port, source = port, "config"
     else:
-        master_port, source = derive_master_port(job_id, restart), "derived"
+        master_port, source = derive_master_port(job_id, restart, launch=launch), "derived"
     return DistEnv(
         rank=where.rank,
         local_rank=where.local_rank,
@@ -193,6 +213,8 @@ def _make(
         nodelist=where.nodes,
         launcher=launcher,
         port_source=source,
+        launch=launch,
+        supervised=env.get(SUPERVISED_ENV) == "1",
     )
 
 

@@ -3,12 +3,40 @@
 Every attempt of a run (the first start and each requeue) appends an ``attempt_start`` line
 when it begins and an ``attempt_end`` line when it stops on purpose::
 
-    {"event": "attempt_start", "attempt": 0, "time": 1718000000.0, "job_id": "4242",
-     "job_ref": "4242", "nodelist": "n[1-2]", "world_size": 4, "resumed_from_step": null,
-     "checkpoint": null}
-    {"event": "attempt_end", "attempt": 0, "time": 1718003600.0, "cause": "time_limit",
-     "steps_done": 1200, "checkpoint": "checkpoints/step-00001200.pt",
-     "requeue_requested": true, "message": "time-limit warning signal"}
+    {"event": "attempt_start", "attempt": 0, "restart": 0, "time": 1718000000.0,
+     "job_id": "4242", "job_ref": "4242", "nodelist": "n[1-2]", "world_size": 4,
+     "resumed_from_step": null, "checkpoint": null}
+    {"event": "attempt_end", "attempt": 0, "restart": 0, "job_id": "4242",
+     "job_ref": "4242", "time": 1718003600.0, "cause": "time_limit", "steps_done": 1200,
+     "checkpoint": "checkpoints/step-00001200.pt", "requeue_requested": true,
+     "message": "time-limit warning signal"}
+
+``attempt`` numbers the run's attempts from 0 across all its jobs (Slurm's requeues and
+``hpc-ddp resume`` alike); ``restart`` is the attempt's ``SLURM_RESTART_COUNT`` within its job,
+which the requeue budget counts. Ledgers written before ``restart`` existed numbered each job's
+attempts from 0 again: :func:`read_ledger` numbers every attempt by its place in the run, so
+old and new ledgers read the same, and an old event's ``attempt`` is read as its ``restart``.
+
+Under ``fault:`` a supervisor runs each attempt as one or more *launches* (srun steps, or
+local process sets): the ranks' events then carry ``launch``, and the supervisor adds its own,
+keyed by (job, restart, launch) rather than by number::
+
+    {"event": "launch", "job_id": "4242", "job_ref": "4242", "restart": 0, "launch": 1,
+     "time": ..., "nodes": "n[1,3]", "alloc_nodes": 3, "excluded": ["n2"], "world_size": 2,
+     "from_step": 140}
+    {"event": "launch_end", "job_id": "4242", "job_ref": "4242", "restart": 0, "launch": 0,
+     "attempt": 0, "time": ..., "launched_at": ..., "cause": "hang", "ranks": [1],
+     "nodes": ["n2"], "evidence": "heartbeat stopped ...", "node_level": false,
+     "detected": ..., "last_progress": ..., "checkpoint_step": 140, "next": "restart",
+     "message": "hang: rank 1 on n2 ...; restart 1 of 3 (fault.max_restarts)"}
+    {"event": "node_fail", ..., "launch": 0, "time": ..., "node": "n2", "evidence": "..."}
+    {"event": "checkpoint", ..., "launch": 1, "time": ..., "step": 160, "stall_s": 0.012}
+
+A ``launch_end`` closes its launch's attempt when no rank could (a rank killed, frozen, or
+lost with its node), and its fault verdict replaces a rank's own ``crash`` (a survivor's
+"connection reset" names the wrong rank); a launch whose ranks wrote nothing becomes an attempt
+of its own. ``node_fail`` (srun's late word on a lost node) upgrades the cause; ``checkpoint``
+is rank 0's record of each save and how long it held training up (for the goodput account).
 
 ``requeue_requested`` is true only when hpc-ddp asked ``scontrol requeue`` and Slurm accepted;
 a request that failed is recorded as the cause ``requeue_failed`` with ``requeue_requested``
@@ -63,6 +91,47 @@ class EndCause(str, Enum):
     REQUEUE_FAILED = "requeue_failed"
     CANCELLED = "cancelled"
     UNKNOWN = "unknown"
+    HANG = "hang"
+    """A rank stopped beating or overran its phase's deadline; the step was ended."""
+    NODE_FAIL = "node_fail"
+    """A node of the step was lost (srun's ``Node failure``, the node down in Slurm)."""
+    NO_PROGRESS = "no_progress"
+    """A crash loop: launches kept ending in a fault without a newer checkpoint; stopped."""
+
+
+FAULT_CAUSES = frozenset({EndCause.CRASH, EndCause.HANG, EndCause.NODE_FAIL})
+"""The causes a supervisor answers with an in-job restart (within ``fault.max_restarts``)."""
+
+
+@dataclass(frozen=True)
+class Blame:
+    """Whom a fault points to, and on what evidence (the supervisor's or a watchdog's word)."""
+
+    ranks: tuple[int, ...]
+    nodes: tuple[str, ...]
+    evidence: str
+    node_level: bool = False
+    """The evidence speaks against the node itself (it was lost, or a hardware error)."""
+    detected_at: float | None = None
+    """When the fault was seen (a watchdog's declaration, srun's first word of it)."""
+    last_progress_at: float | None = None
+    """The last time the blamed ranks were seen making progress (a step, a phase change)."""
+
+    def describe(self) -> str:
+        """``rank 1 on n2: heartbeat stopped 10.1 s ago``."""
+        who = ", ".join(f"rank {r}" for r in self.ranks) or "no rank"
+        where = f" on {','.join(self.nodes)}" if self.nodes else ""
+        return f"{who}{where}: {self.evidence}"
+
+
+@dataclass(frozen=True)
+class Save:
+    """One checkpoint saved by rank 0 (a ``checkpoint`` event)."""
+
+    time: float
+    step: int
+    stall_s: float
+    """How long training waited for it (snapshot, gather, the previous write)."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +139,8 @@ class Attempt:
     """One attempt folded from its ledger events."""
 
     attempt: int
-    """``SLURM_RESTART_COUNT`` of the attempt (0 for the first)."""
+    """The attempt's number in the run, from 0: its place among all the run's attempts (every
+    job's, requeues and resumes alike), as :func:`read_ledger` found them."""
     started: float
     ended: float | None
     """``None``: still running, or died without writing its end (killed, node lost)."""
@@ -88,6 +158,30 @@ class Attempt:
     """The checkpoint this attempt started from."""
     requeue_requested: bool | None = None
     message: str | None = None
+    restart: int | None = None
+    """``SLURM_RESTART_COUNT`` of the attempt within its job (what the requeue budget counts);
+    in a ledger from before run-wide numbering, the number the event was written with."""
+    launch: int = 0
+    """Which launch of its Slurm attempt (in-job restarts count 1, 2, ...)."""
+    launched_at: float | None = None
+    """When the supervisor started its launch (start-up runs from here to ``started``)."""
+    alloc_nodes: int | None = None
+    """Nodes the allocation held while it ran (spares included), for node-seconds."""
+    from_step: int | None = None
+    """The newest checkpoint's step on disk when its launch started (None: none)."""
+    checkpoint_step: int | None = None
+    """The newest checkpoint's step on disk when its launch ended."""
+    blame: Blame | None = None
+    """Whom the fault that ended it points to (the supervisor's word), if one did."""
+    next: str | None = None
+    """What the supervisor did next: ``restart``, ``requeue`` or ``stop``."""
+    saves: tuple[Save, ...] = ()
+    """The checkpoints rank 0 saved in it."""
+
+    @property
+    def stall_s(self) -> float:
+        """Seconds training waited for its checkpoints."""
+        return sum(s.stall_s for s in self.saves)
 
     @property
     def is_open(self) -> bool:
@@ -103,6 +197,8 @@ class Attempt:
 def start_event(
     *,
     attempt: int,
+    restart: int | None = None,
+    launch: int = 0,
     job_id: str | None,
     job_ref: str | None,
     nodelist: str,
@@ -111,11 +207,14 @@ def start_event(
     checkpoint: str | None,
     now: float | None = None,
 ) -> str:
-    """The ``attempt_start`` line of an attempt (rank 0 appends it)."""
+    """The ``attempt_start`` line of an attempt (rank 0 appends it): ``attempt`` its number in
+    the run (:func:`attempt_number`), ``restart`` its ``SLURM_RESTART_COUNT``."""
     return _line(
         {
             "event": "attempt_start",
             "attempt": attempt,
+            "restart": attempt if restart is None else restart,
+            **({"launch": launch} if launch else {}),
             "time": time.time() if now is None else now,
             "job_id": job_id,
             "job_ref": job_ref,
@@ -130,6 +229,10 @@ def start_event(
 def end_event(
     *,
     attempt: int,
+    restart: int | None = None,
+    launch: int = 0,
+    job_id: str | None = None,
+    job_ref: str | None = None,
     cause: EndCause,
     steps_done: int | None,
     checkpoint: str | None,
@@ -137,11 +240,16 @@ def end_event(
     message: str = "",
     now: float | None = None,
 ) -> str:
-    """The ``attempt_end`` line of an attempt."""
+    """The ``attempt_end`` line of an attempt. ``job_id``, ``job_ref`` and ``restart`` say whose
+    end it is when no start was written (a rank that failed before rank 0 wrote it)."""
     return _line(
         {
             "event": "attempt_end",
             "attempt": attempt,
+            "restart": attempt if restart is None else restart,
+            **({"launch": launch} if launch else {}),
+            "job_id": job_id,
+            "job_ref": job_ref,
             "time": time.time() if now is None else now,
             "cause": EndCause(cause).value,
             "steps_done": steps_done,
@@ -171,8 +279,10 @@ def read_ledger(path: Path, *, since: float | None = None) -> list[Attempt]:
     checkpoint): it becomes an attempt of its own, started when it ended, unless the attempt
     has ended already (every rank of a crashed attempt writes its end; the first written wins).
     ``since``: when the run's current job was submitted (its manifest's ``submitted_at``), to
-    tell the ends of a resumed run's new job, whose attempts count from 0 again, from old ones;
-    only for runs whose old processes had all ended by then (the local backend's).
+    tell the ends of a resumed run's new job from old ones in a ledger written before attempts
+    were numbered across the run (each job's counted from 0 again); only for runs whose old
+    processes had all ended by then (the local backend's). Each attempt returned has its
+    number in the run: its place in the list.
     """
     try:
         text = path.read_text(errors="replace")
@@ -185,19 +295,191 @@ def read_ledger(path: Path, *, since: float | None = None) -> list[Attempt]:
             "(the next attempt starts a new ledger)."
         ) from None
     attempts: list[Attempt] = []
+    launched: _Launched = {}
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             event = json.loads(line)
-            _fold(attempts, event, since)
+            _fold(attempts, event, since, launched)
         except (ValueError, TypeError, KeyError, OverflowError) as exc:
             log.warning("%s:%d: skipping an unreadable ledger line (%s)", path, number, exc)
-    return attempts
+    attempts = [_with_launch(a, launched) for a in attempts]
+    # Events pair up by the number they were written with; the run numbers them by place.
+    return [replace(a, attempt=index) for index, a in enumerate(attempts)]
 
 
-def _fold(attempts: list[Attempt], event: Any, since: float | None) -> None:
+def attempt_number(
+    attempts: list[Attempt],
+    *,
+    job_id: str | None,
+    restart: int,
+    since: float | None = None,
+    launch: int = 0,
+) -> int:
+    """The number a process of job ``job_id`` at ``restart`` (and ``launch``) writes its
+    attempt's end with: that of the newest entry of the same job, restart and launch (one
+    started since ``since``, for a run with no job ids: the local backend's), else the next
+    number (a new attempt's start, or the end of one whose start was never written).
+    ``attempts`` as :func:`read_ledger` returns them; pure.
+    """
+    for a in reversed(attempts):
+        if (a.job_id, a.restart, a.launch) != (job_id, restart, launch):
+            continue
+        if job_id is None and since is not None and a.started < since:
+            break  # an earlier local job's: this job's attempt has no entry yet
+        return a.attempt
+    return len(attempts)
+
+
+_Key = tuple[str | None, int | None, int]
+_Launched = dict[_Key, list[Any]]
+"""``launch`` events by their key, in the order written."""
+_SKEW_S = 5.0
+"""Slack between the clocks of the batch host and rank 0's node when a launch's events are
+matched to a run's attempts by time (only runs without a job id need it: the local backend's,
+on one machine)."""
+
+
+def launch_event(
+    *,
+    job_id: str | None,
+    job_ref: str | None,
+    restart: int,
+    launch: int,
+    nodes: str,
+    alloc_nodes: int | None,
+    excluded: list[str],
+    world_size: int,
+    from_step: int | None,
+    now: float | None = None,
+) -> str:
+    """The supervisor's ``launch`` line: a launch (srun step, local process set) starts."""
+    return _line(
+        {
+            "event": "launch",
+            "job_id": job_id,
+            "job_ref": job_ref,
+            "restart": restart,
+            "launch": launch,
+            "time": time.time() if now is None else now,
+            "nodes": nodes,
+            "alloc_nodes": alloc_nodes,
+            "excluded": excluded,
+            "world_size": world_size,
+            "from_step": from_step,
+        }
+    )
+
+
+def launch_end_event(
+    *,
+    attempt: int,
+    job_id: str | None,
+    job_ref: str | None,
+    restart: int,
+    launch: int,
+    launched_at: float,
+    cause: EndCause,
+    blame: Blame | None,
+    steps_reached: int | None,
+    checkpoint_step: int | None,
+    next_step: str,
+    requeue_requested: bool = False,
+    message: str = "",
+    now: float | None = None,
+) -> str:
+    """The supervisor's ``launch_end`` line: how a launch ended, whom a fault points to, and
+    what follows (``next_step``: ``restart``, ``requeue`` or ``stop``)."""
+    event: dict[str, Any] = {
+        "event": "launch_end",
+        "attempt": attempt,
+        "job_id": job_id,
+        "job_ref": job_ref,
+        "restart": restart,
+        "launch": launch,
+        "time": time.time() if now is None else now,
+        "launched_at": launched_at,
+        "cause": EndCause(cause).value,
+        "steps_reached": steps_reached,
+        "checkpoint_step": checkpoint_step,
+        "checkpoint": None if checkpoint_step is None else checkpoint_file(checkpoint_step),
+        "next": next_step,
+        "requeue_requested": requeue_requested,
+        "message": message,
+    }
+    if blame is not None:
+        event.update(
+            ranks=list(blame.ranks),
+            nodes=list(blame.nodes),
+            evidence=blame.evidence,
+            node_level=blame.node_level,
+            detected=blame.detected_at,
+            last_progress=blame.last_progress_at,
+        )
+    return _line(event)
+
+
+def node_fail_event(
+    *,
+    job_id: str | None,
+    job_ref: str | None,
+    restart: int,
+    launch: int,
+    node: str,
+    evidence: str,
+    now: float | None = None,
+) -> str:
+    """The supervisor's ``node_fail`` line: srun (or Slurm) said late that a node was lost."""
+    return _line(
+        {
+            "event": "node_fail",
+            "job_id": job_id,
+            "job_ref": job_ref,
+            "restart": restart,
+            "launch": launch,
+            "time": time.time() if now is None else now,
+            "node": node,
+            "evidence": evidence,
+        }
+    )
+
+
+def checkpoint_event(
+    *,
+    job_id: str | None,
+    job_ref: str | None,
+    restart: int,
+    launch: int,
+    step: int,
+    stall_s: float,
+    now: float | None = None,
+) -> str:
+    """Rank 0's ``checkpoint`` line: a save at ``step`` held training up ``stall_s``."""
+    return _line(
+        {
+            "event": "checkpoint",
+            "job_id": job_id,
+            "job_ref": job_ref,
+            "restart": restart,
+            "launch": launch,
+            "time": time.time() if now is None else now,
+            "step": step,
+            "stall_s": round(stall_s, 6),
+        }
+    )
+
+
+def checkpoint_file(step: int) -> str:
+    """``step-00000120.pt`` (as :func:`hpc_ddp.layout.checkpoint_name` names it)."""
+    return f"step-{step:08d}.pt"
+
+
+def _fold(attempts: list[Attempt], event: Any, since: float | None, launched: _Launched) -> None:
     kind = event["event"]
+    if kind in _SUPERVISED:
+        _SUPERVISED[kind](attempts, event, launched)
+        return
     if kind == "attempt_start":
         checkpoint = _opt_str(event.get("checkpoint"))
         attempts.append(
@@ -214,12 +496,206 @@ def _fold(attempts: list[Attempt], event: Any, since: float | None) -> None:
                 job_id=_opt_str(event.get("job_id")),
                 world_size=_opt_count(event.get("world_size"), "world_size", low=1),
                 resumed_from=checkpoint,
+                restart=_restart(event),
+                launch=_launch(event),
             )
         )
     elif kind == "attempt_end":
         _fold_end(attempts, event, since)
+    # Events of a later hpc-ddp are skipped without a word: they add, never change, attempts.
+
+
+def _launch(event: Any) -> int:
+    return _opt_count(event.get("launch"), "launch") or 0
+
+
+def _event_key(event: Any) -> _Key:
+    job = _opt_str(event.get("job_ref")) or _opt_str(event.get("job_id"))
+    return job, _opt_count(event.get("restart"), "restart"), _launch(event)
+
+
+def _entry_key(a: Attempt) -> _Key:
+    return a.job_ref or a.job_id, a.restart, a.launch
+
+
+def _find(attempts: list[Attempt], key: _Key, launched_at: float | None) -> int | None:
+    """The newest attempt of launch ``key``; without a job id to tell jobs apart (the local
+    backend's), only one that started after ``launched_at``."""
+    for index in range(len(attempts) - 1, -1, -1):
+        a = attempts[index]
+        if _entry_key(a) != key:
+            continue
+        if key[0] is None and launched_at is not None and a.started < launched_at - _SKEW_S:
+            return None
+        return index
+    return None
+
+
+def _fold_launch(attempts: list[Attempt], event: Any, launched: _Launched) -> None:
+    _time(event["time"])
+    launched.setdefault(_event_key(event), []).append(event)
+
+
+def _launch_of(launched: _Launched, key: _Key, started: float) -> Any:
+    """The ``launch`` event of the launch an attempt of ``key`` that started at ``started``
+    belongs to: the newest one written before it started (clock skew allowed)."""
+    found = None
+    for event in launched.get(key, []):
+        if _time(event["time"]) <= started + _SKEW_S:
+            found = event
+    return found
+
+
+def _with_launch(a: Attempt, launched: _Launched) -> Attempt:
+    """``a`` with what its ``launch`` event says (when the supervisor wrote one)."""
+    event = _launch_of(launched, _entry_key(a), a.started)
+    if event is None:
+        return a
+    launched_at = _time(event["time"])
+    return replace(
+        a,
+        launched_at=a.launched_at if a.launched_at is not None else launched_at,
+        alloc_nodes=_opt_count(event.get("alloc_nodes"), "alloc_nodes", low=1),
+        from_step=_opt_count(event.get("from_step"), "from_step"),
+        nodelist=a.nodelist or str(event.get("nodes") or ""),
+        world_size=a.world_size or _opt_count(event.get("world_size"), "world_size", low=1),
+    )
+
+
+def _blame(event: Any) -> Blame | None:
+    evidence = event.get("evidence")
+    if evidence is None:
+        return None
+    return Blame(
+        ranks=tuple(_count(r, "rank") for r in event.get("ranks") or ()),
+        nodes=tuple(str(n) for n in event.get("nodes") or ()),
+        evidence=str(evidence),
+        node_level=bool(event.get("node_level")),
+        detected_at=_opt_time(event.get("detected")),
+        last_progress_at=_opt_time(event.get("last_progress")),
+    )
+
+
+def _opt_time(value: Any) -> float | None:
+    return None if value is None else _time(value)
+
+
+_OVERRIDDEN = frozenset({*FAULT_CAUSES, EndCause.UNKNOWN})
+"""A rank's own word on its end that the supervisor's fault verdict replaces: its exception
+may be only a peer's lost connection, and a watchdog's ``hang`` may be refined."""
+
+
+def _fold_launch_end(attempts: list[Attempt], event: Any, launched: _Launched) -> None:
+    """Close (or refine) the launch's attempt with the supervisor's word; a launch that left
+    no attempt (its ranks died before rank 0 wrote a start) becomes one."""
+    key = _event_key(event)
+    ended = _time(event["time"])
+    launched_at = _opt_time(event.get("launched_at"))
+    cause = _cause(event.get("cause"))
+    fault = cause in FAULT_CAUSES or cause is EndCause.NO_PROGRESS
+    said: dict[str, Any] = {
+        "blame": _blame(event),
+        "next": _opt_str(event.get("next")),
+        "checkpoint_step": _opt_count(event.get("checkpoint_step"), "checkpoint_step"),
+        "launched_at": launched_at,
+    }
+    requested = bool(event.get("requeue_requested"))
+    message = _opt_str(event.get("message"))
+    index = _find(attempts, key, launched_at)
+    if index is None:
+        attempts.append(
+            Attempt(
+                attempt=_number_or(event.get("attempt"), len(attempts)),
+                started=launched_at if launched_at is not None else ended,
+                ended=ended,
+                cause=cause,
+                steps_done=_opt_count(event.get("steps_reached"), "steps_reached"),
+                checkpoint=_opt_str(event.get("checkpoint")),
+                nodelist="",
+                job_ref=_opt_str(event.get("job_ref")),
+                resumed_from_step=None,
+                job_id=_opt_str(event.get("job_id")),
+                requeue_requested=requested,
+                message=message,
+                restart=key[1],
+                launch=key[2],
+                **said,
+            )
+        )
+        return
+    entry = attempts[index]
+    if entry.is_open:
+        steps = entry.steps_done
+        if steps is None:
+            steps = _opt_count(event.get("steps_reached"), "steps_reached")
+        attempts[index] = replace(
+            entry,
+            ended=ended,
+            cause=cause,
+            steps_done=steps,
+            checkpoint=_opt_str(event.get("checkpoint")) or entry.checkpoint,
+            requeue_requested=requested,
+            message=message,
+            **said,
+        )
+    elif fault and entry.cause in _OVERRIDDEN:
+        attempts[index] = replace(
+            entry,
+            cause=cause,
+            requeue_requested=requested or bool(entry.requeue_requested),
+            message=message,
+            **said,
+        )
     else:
-        raise ValueError(f"unknown event {kind!r}")
+        attempts[index] = replace(entry, **said)
+
+
+def _number_or(value: Any, default: int) -> int:
+    number = _opt_count(value, "attempt")
+    return default if number is None else number
+
+
+def _fold_node_fail(attempts: list[Attempt], event: Any, launched: _Launched) -> None:
+    """srun's late word that a node was lost: the launch's fault was the node's."""
+    index = _find(attempts, _event_key(event), None)
+    if index is None:
+        return
+    entry = attempts[index]
+    if entry.cause not in _OVERRIDDEN:
+        return
+    node = str(event["node"])
+    old = entry.blame
+    blame = Blame(
+        ranks=old.ranks if old else (),
+        nodes=tuple(dict.fromkeys([*(old.nodes if old else ()), node])),
+        evidence=str(event.get("evidence") or f"node {node} failed"),
+        node_level=True,
+        detected_at=old.detected_at if old else _time(event["time"]),
+        last_progress_at=old.last_progress_at if old else None,
+    )
+    attempts[index] = replace(entry, cause=EndCause.NODE_FAIL, blame=blame)
+
+
+def _fold_checkpoint(attempts: list[Attempt], event: Any, launched: _Launched) -> None:
+    index = _find(attempts, _event_key(event), None)
+    if index is None:
+        return
+    save = Save(
+        _time(event["time"]),
+        _count(event["step"], "step"),
+        max(0.0, float(event.get("stall_s") or 0.0)),
+    )
+    entry = attempts[index]
+    attempts[index] = replace(entry, saves=(*entry.saves, save))
+
+
+_SUPERVISED = {
+    "launch": _fold_launch,
+    "launch_end": _fold_launch_end,
+    "node_fail": _fold_node_fail,
+    "checkpoint": _fold_checkpoint,
+}
+"""The events of launches (the supervisor's, and rank 0's checkpoints), folded by their key."""
 
 
 def _fold_end(attempts: list[Attempt], event: Any, since: float | None) -> None:
@@ -254,12 +730,22 @@ def _fold_end(attempts: list[Attempt], event: Any, since: float | None) -> None:
             steps_done=steps,
             checkpoint=checkpoint,
             nodelist="",
-            job_ref=None,
+            job_ref=_opt_str(event.get("job_ref")),
             resumed_from_step=None,
+            job_id=_opt_str(event.get("job_id")),
             requeue_requested=requested,
             message=message,
+            restart=_restart(event),
+            launch=_launch(event),
         )
     )
+
+
+def _restart(event: Any) -> int | None:
+    """An event's ``restart``; an event from before it existed has its ``attempt`` there."""
+    if event.get("restart") is None:
+        return _count(event["attempt"], "attempt")
+    return _opt_count(event.get("restart"), "restart")
 
 
 def _starts_an_attempt(
@@ -269,9 +755,10 @@ def _starts_an_attempt(
     start was written), not a repeat of an end already recorded for the attempt.
 
     Every rank of a crashed attempt writes its end, so an end after an ended entry of the same
-    number is normally such a repeat. Attempt numbers start again at 0 in a resumed run's new
-    job, though: with ``since`` (when the run's current job was submitted), an end from that
-    job after an entry that ended before it is the new job's own.
+    number is normally such a repeat. In ledgers from before run-wide numbering, attempt
+    numbers start again at 0 in a resumed run's new job, though: with ``since`` (when the
+    run's current job was submitted), an end from that job after an entry that ended before
+    it is the new job's own.
     """
     earlier = [a for a in attempts if a.attempt == number]
     if not earlier:

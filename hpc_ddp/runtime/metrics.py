@@ -9,6 +9,13 @@ With a ``tensorboard_dir`` the writer also sends every row's numbers to TensorBo
 attempt opens a new event file in the same directory and, through :meth:`MetricsWriter.resume_at`,
 tells TensorBoard to drop what the previous attempt logged after the checkpoint it resumes
 from: those steps are trained and logged again, and would otherwise show twice.
+
+``metrics.jsonl`` is only ever appended to, so it drops them the way TensorBoard's event files
+do, with a marker: a resumed attempt whose predecessor logged steps after N (the checkpoint it
+goes on from) writes ``{"event": "resume", "step": N, "time": ...}`` before its first row, and
+every row above it that logged a step after N is replaced by what follows.
+:func:`drop_replayed` is that rule; ``status`` and ``results`` read the file through it, so
+each step counts once, from the attempt that counts.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
@@ -24,6 +32,56 @@ from hpc_ddp.errors import ConfigError
 
 TENSORBOARD_HINT = "pip install 'hpc-ddp[tensorboard]'"
 NOT_METRICS = frozenset({"step", "time"})  # the x axis and the wall time, not curves
+RESUME_EVENT = "resume"
+"""``event`` of the marker a resumed attempt writes before its first row (see the module)."""
+
+
+def resume_marker(step: int, now: float) -> dict[str, Any]:
+    """The marker row: the attempt goes on after ``step``; rows logged before it at later
+    steps are about to be logged again."""
+    return {"event": RESUME_EVENT, "step": step, "time": now}
+
+
+TAIL_BYTES = 1 << 16
+"""How much of the end of ``metrics.jsonl`` :func:`last_logged_step` reads."""
+
+
+def last_logged_step(path: Path) -> int | None:
+    """The step of the last row in ``path`` that has one (0: no file, or no row); None when
+    the file's last :data:`TAIL_BYTES` hold no row with a step (rows without one only)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - TAIL_BYTES))
+            tail = f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return 0
+    if not tail.strip():
+        return 0
+    for line in reversed(tail.splitlines()):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a torn line, or the first one, cut by the seek
+        step = row.get("step") if isinstance(row, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool):
+            return step
+    return None
+
+
+def drop_replayed(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl`` that count, in order, markers left out: each resume
+    marker drops the rows before it whose ``step`` is after the marker's (an attempt that
+    crashed after its last checkpoint logged them, and the next one logs them again)."""
+    kept: list[dict[str, Any]] = []
+    for row in rows:
+        step = row.get("step")
+        if row.get("event") == RESUME_EVENT and isinstance(step, int):
+            kept = [r for r in kept if not (isinstance(r.get("step"), int) and r["step"] > step)]
+            continue
+        kept.append(row)
+    return kept
 
 
 def _plain(value: Any) -> Any:
@@ -140,6 +198,7 @@ class MetricsWriter:
         self._writer_class: Any = None if tensorboard_dir is None else summary_writer_class()
         self._tb: Any = None
         self._purge_step: int | None = None
+        self._resumed_at: int | None = None
 
     def resume_at(self, step: int) -> None:
         """This attempt goes on after ``step`` (the restored checkpoint's; 0: from scratch).
@@ -147,8 +206,11 @@ class MetricsWriter:
         TensorBoard events that earlier attempts logged at later steps are dropped (``purge_step``):
         they are about to be logged again. Step ``step`` itself was logged before its
         checkpoint was saved, so it stays, except on a start from scratch, where all goes.
+        ``metrics.jsonl`` gets a resume marker before this attempt's first row when earlier
+        attempts logged steps after ``step`` (:func:`drop_replayed`).
         """
         self._purge_step = step + 1 if step > 0 else 0
+        self._resumed_at = step
         if self._tb is not None:  # opened already: reopen so the purge marker is written
             self._tb.close()
             self._tb = None
@@ -158,6 +220,13 @@ class MetricsWriter:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("a", buffering=1)
+        if self._resumed_at is not None:
+            # Only when an earlier attempt logged a later step than this one goes on after (a
+            # crash after the last checkpoint): after a clean stop there is nothing to drop.
+            last = last_logged_step(self.path) if self._file.tell() > 0 else 0
+            if last is None or last > self._resumed_at:
+                self._file.write(metrics_line(resume_marker(self._resumed_at, time.time())))
+            self._resumed_at = None
         self._file.write(metrics_line(row))
         self._file.flush()
         if self._writer_class is not None:

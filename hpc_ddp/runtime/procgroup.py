@@ -9,9 +9,9 @@ The master port. :func:`~hpc_ddp.runtime.distenv.derive_master_port` already kee
 nearby ids apart, but two unrelated jobs on one node can still derive the same port, and
 something else may already listen there. So rank 0, which runs on the master node, probes the
 derived port and, if it is taken, the job's deterministic fallbacks; it publishes the port it
-chose in ``RUN_DIR/rendezvous/master_port.<job_ref>.<attempt>`` (the key names the attempt, so
-a file left by an earlier attempt is never read), and the other ranks read it from there. A
-port fixed by ``dist.port`` or by torchrun is used as given.
+chose in ``RUN_DIR/rendezvous/master_port.<job_ref>.<attempt>`` (the key names the attempt and
+the launch within it, so a file left by an earlier attempt or launch is never read), and the
+other ranks read it from there. A port fixed by ``dist.port`` or by torchrun is used as given.
 
 Rendezvous, by ``dist.init_method``:
 
@@ -28,6 +28,11 @@ retried only after a backoff of 0.3-1 s: every other restart was that much slowe
 by a launcher (torchrun's) is left to torch: its agent may serve a store there. A one-rank
 group needs no rendezvous at all: it is formed on an in-memory store, so no port or file can
 clash with a neighbour's, and user code can still call collectives.
+
+The backend and device follow the GPUs the job was given (:func:`gpu_grant`, read from Slurm's
+variables or the local backend's), never merely the GPUs a task can see: a job that asked for
+none trains on gloo and the CPU even where CUDA is visible. Each rank computes on its own GPU
+(:func:`choose_device`); ranks that would share one are refused before NCCL is started.
 
 DDP wrapping (:func:`wrap_model`) fixes the gradient-bucket layout that exact resume needs
 (:func:`fix_bucket_layout`), and :func:`unwrap` finds the plain module inside the wrappers.
@@ -51,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 from hpc_ddp.config.model import DistConfig
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import DistEnvError
+from hpc_ddp.layout import LOCAL_GPUS_ENV, LOCAL_GPUS_PER_TASK_ENV
 from hpc_ddp.runtime.distenv import DistEnv, derive_master_port
 
 if TYPE_CHECKING:
@@ -78,15 +84,22 @@ class ProcessGroupInfo:
     """The agreed port for ``env``/``tcp`` (after collision checks), else None."""
 
 
-def choose_backend(requested: str, cuda_available: bool) -> str:
-    """``auto`` -> nccl with CUDA, gloo without; ``nccl`` without CUDA is an error."""
+def choose_backend(requested: str, cuda_available: bool, gpus_asked: bool | None = None) -> str:
+    """``auto`` -> nccl when this task has CUDA and the job asked for GPUs, else gloo; an
+    explicit ``nccl`` without CUDA is an error.
+
+    ``gpus_asked`` is what the launcher says (:attr:`GpuGrant.asked`): None when it cannot tell
+    (torchrun, a plain process), and then visible CUDA decides. A job that asked for no GPUs
+    never forms NCCL on GPUs it can merely see: on a node without device cgroups they are
+    another job's.
+    """
     if requested not in BACKENDS:
         raise DistEnvError(
             f"dist.backend={requested!r} is not one of {', '.join(BACKENDS)}. "
             "HINT: use auto (nccl on GPUs, gloo on CPUs)."
         )
     if requested == "auto":
-        return "nccl" if cuda_available else "gloo"
+        return "nccl" if cuda_available and gpus_asked is not False else "gloo"
     if requested == "nccl" and not cuda_available:
         raise DistEnvError(
             "dist.backend='nccl' but this task sees no CUDA device. HINT: request GPUs "
@@ -96,28 +109,141 @@ def choose_backend(requested: str, cuda_available: bool) -> str:
     return requested
 
 
-def choose_device(
-    dist: DistEnv, env: Mapping[str, str], cuda_available: bool, device_count: int
-) -> str:
-    """The device this rank computes on.
+SLURM_GPU_VARS = (
+    "SLURM_STEP_GPUS",
+    "SLURM_GPUS_ON_NODE",
+    "SLURM_GPUS_PER_TASK",
+    "SLURM_GPUS_PER_NODE",
+    "SLURM_GPUS",
+)
+"""What Slurm sets in a task whose job asked for GPUs (by ``--gpus*`` or ``--gres=gpu``).
 
-    With ``--gpus-per-task`` Slurm gives each task its own single GPU in
-    ``CUDA_VISIBLE_DEVICES``, which the task sees as ``cuda:0``. With ``--gpus-per-node`` every
-    task on a node sees all of them, and rank ``local_rank`` takes ``cuda:<local_rank>``.
+Not ``SLURM_JOB_GPUS``: an ``--exclusive`` job on a GPU node gets every GPU of the node without
+asking, and its batch shell's ``SLURM_JOB_GPUS=0,1`` is inherited by the tasks of a step that
+was given none (seen on Slurm 22.05: no ``CUDA_VISIBLE_DEVICES``, no ``SLURM_STEP_GPUS``)."""
+
+
+@dataclass(frozen=True)
+class GpuGrant:
+    """The GPUs this task was given, as far as its environment tells (:func:`gpu_grant`)."""
+
+    asked: bool | None
+    """True: the job asked for GPUs; False: it asked for none (a Slurm job, or a local run,
+    without GPUs); None: no launcher says (torchrun, a plain process): visible CUDA decides."""
+    per_task: int | None
+    """GPUs each rank has to itself (``--gpus-per-task``: seen from ``cuda:0``); None when the
+    ranks of a node share them, or nobody says."""
+    given: int | None
+    """How many GPUs the launcher gave this rank, where it says (the local backend)."""
+    source: str
+    """What says so, for messages (``SLURM_GPUS_ON_NODE=2``)."""
+
+
+def gpu_grant(dist: DistEnv, env: Mapping[str, str]) -> GpuGrant:
+    """What GPUs this task was given, from its environment (pure).
+
+    The local backend says it in :data:`~hpc_ddp.layout.LOCAL_GPUS_ENV`; a Slurm task has
+    :data:`SLURM_GPU_VARS` exactly when its job was allocated GPUs. A Slurm task has GPUs of its
+    own when ``SLURM_GPUS_PER_TASK`` says so (set in a batch job's steps), or when it sees
+    fewer than ``SLURM_GPUS_ON_NODE`` (a bare ``srun --gpus-per-task`` binds each task to its
+    own without setting the variable); only when the ranks are Slurm's tasks, though: under
+    torchrun inside a task, its processes share the task's GPUs.
     """
-    if not cuda_available or device_count < 1:
-        return "cpu"
-    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    if len(visible) == 1:
-        return "cuda:0"
-    if dist.local_rank >= device_count:
+    if LOCAL_GPUS_ENV in env:
+        given = _gpu_count(env[LOCAL_GPUS_ENV]) or 0
+        per_task = _gpu_count(env.get(LOCAL_GPUS_PER_TASK_ENV, ""))
+        return GpuGrant(given > 0, per_task, given, f"{LOCAL_GPUS_ENV}={env[LOCAL_GPUS_ENV]}")
+    if "SLURM_JOB_ID" not in env:
+        return GpuGrant(None, None, None, "no launcher says")
+    found = [f"{name}={env[name]}" for name in SLURM_GPU_VARS if env.get(name)]
+    if not found:
+        return GpuGrant(False, None, None, f"Slurm job {env['SLURM_JOB_ID']} has no GPUs")
+    slurm_rank = (env.get("SLURM_PROCID"), env.get("SLURM_NTASKS"))
+    ranks_are_tasks = slurm_rank == (str(dist.rank), str(dist.world_size))
+    per_task = None
+    if ranks_are_tasks:
+        per_task = _gpu_count(env.get("SLURM_GPUS_PER_TASK", "")) or _bound_to_task(env)
+    return GpuGrant(True, per_task, None, found[0])
+
+
+def _bound_to_task(env: Mapping[str, str]) -> int | None:
+    """How many GPUs Slurm bound this task to, when it sees fewer than the step has on its
+    node (the others are its neighbours'); None when it sees them all."""
+    seen = len([d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()])
+    on_node = _gpu_count(env.get("SLURM_GPUS_ON_NODE", ""))
+    return seen if seen > 0 and on_node is not None and seen < on_node else None
+
+
+def _gpu_count(text: str) -> int | None:
+    """``2`` or ``a100:2`` (Slurm's ``[type:]count``) -> 2; anything else -> None."""
+    count = text.strip().rpartition(":")[2]
+    return int(count) if count.isdigit() else None
+
+
+def check_grant(grant: GpuGrant, count: int, visible: str | None, cuda_build: str | None) -> None:
+    """A :class:`DistEnvError` when this task sees fewer GPUs than it was given (pure).
+
+    ``count``: the CUDA devices torch sees; ``visible``: ``CUDA_VISIBLE_DEVICES``;
+    ``cuda_build``: ``torch.version.cuda`` (None: a CPU-only build of torch). A job that asked
+    for GPUs and would train on the CPU instead wastes its allocation: it stops here.
+    """
+    shown = "unset" if visible is None else repr(visible)
+    if grant.given is not None and count < grant.given and cuda_build is not None:
+        why = "this machine has no usable GPU" if count == 0 else "it lists GPUs this machine lacks"
         raise DistEnvError(
-            f"local rank {dist.local_rank} (of {dist.local_world_size} tasks on this node) has no "
-            f"GPU of its own: {device_count} visible (CUDA_VISIBLE_DEVICES="
-            f"{env.get('CUDA_VISIBLE_DEVICES')!r}). HINT: run at most one task per GPU: set "
-            "slurm.tasks_per_node to the GPUs per node, or use slurm.gpus_per_task=1."
+            f"the local backend gave this rank {grant.given} GPU(s) (CUDA_VISIBLE_DEVICES "
+            f"{shown}) but torch sees {count}: {why}. HINT: set CUDA_VISIBLE_DEVICES to GPUs that "
+            "exist (nvidia-smi -L) before submitting, or leave out slurm.gpus_per_task and "
+            "slurm.gpus_per_node to train on CPUs."
         )
-    return f"cuda:{dist.local_rank}"
+    if grant.asked and count == 0:
+        why = (
+            "this torch is a CPU-only build. HINT: install a CUDA build of torch in the job's "
+            "environment"
+            if cuda_build is None
+            else f"torch (CUDA {cuda_build}) finds no usable device. HINT: check the node's "
+            "driver (nvidia-smi) and that the job's environment matches it"
+        )
+        raise DistEnvError(
+            f"the job gave this task GPUs ({grant.source}; CUDA_VISIBLE_DEVICES {shown}) but "
+            f"{why}, or leave out slurm.gpus_per_task and slurm.gpus_per_node to train on CPUs."
+        )
+
+
+def choose_device(dist: DistEnv, count: int, per_task: int | None, visible: str | None) -> str:
+    """The device this rank computes on, from what this task sees (pure).
+
+    ``count``: the GPUs torch sees and this rank may use (0: none, or none the job asked for);
+    ``per_task``: :attr:`GpuGrant.per_task`. A rank alone on its node, or with GPUs of its own
+    (``--gpus-per-task``: each task sees only its own), computes on ``cuda:0``. Ranks that
+    share the node's GPUs (``--gpus-per-node``, torchrun) split them evenly and compute on the
+    first of their share: ``cuda:LOCAL_RANK`` with one GPU per rank. Fewer GPUs than the ranks
+    sharing them is refused here, before NCCL fails with "Duplicate GPU detected".
+    """
+    if count < 1:
+        return "cpu"
+    local_world = dist.local_world_size
+    if local_world == 1 or (per_task is not None and count == per_task):
+        return "cuda:0"
+    if count >= local_world:
+        return f"cuda:{dist.local_rank * (count // local_world)}"
+    shown = "unset" if visible is None else repr(visible)
+    raise DistEnvError(
+        f"{local_world} ranks on this node share {count} visible GPU(s) (CUDA_VISIBLE_DEVICES "
+        f"{shown}): local rank {dist.local_rank} has no GPU of its own, and NCCL refuses two "
+        "ranks on one GPU. HINT: one rank per GPU: set slurm.tasks_per_node to the GPUs per "
+        "node, or use slurm.gpus_per_task: 1."
+    )
+
+
+def collective_device(backend: str) -> torch.device:
+    """Where a tensor for a collective of a ``backend`` group must live: this process's current
+    GPU under NCCL (which has no CPU path), the CPU otherwise."""
+    import torch
+
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def init_process_group(
@@ -142,9 +268,13 @@ def init_process_group(
             "the default process group is already initialised. HINT: call "
             "hpc_ddp.runtime.procgroup.destroy_process_group() before joining again."
         )
-    cuda = torch.cuda.is_available()
-    backend = choose_backend(cfg.backend, cuda)
-    device = choose_device(dist, env, cuda, torch.cuda.device_count() if cuda else 0)
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    grant = gpu_grant(dist, env)
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    check_grant(grant, count, visible, torch.version.cuda)
+    backend = choose_backend(cfg.backend, count > 0, grant.asked)
+    count = _usable_gpus(count, grant, backend)
+    device = choose_device(dist, count, grant.per_task, visible)
     if device != "cpu":
         # Before the group exists: NCCL ties its communicator to the current device.
         torch.cuda.set_device(device)
@@ -187,6 +317,29 @@ def init_process_group(
     return ProcessGroupInfo(backend=backend, device=device, init_method=url, master_port=port)
 
 
+def _usable_gpus(count: int, grant: GpuGrant, backend: str) -> int:
+    """The visible GPUs this rank may use: none when the job asked for none (they are not its
+    own), unless ``dist.backend: nccl`` says to use them anyway (a site that hands out GPU
+    nodes without Slurm's GRES)."""
+    if not count or grant.asked is not False:
+        return count
+    if backend == "nccl":
+        log.warning(
+            "dist.backend is nccl though the job asked for no GPUs (%s): using the %d visible",
+            grant.source,
+            count,
+        )
+        return count
+    log.warning(
+        "%d CUDA device(s) visible, but the job asked for none (%s): %s on the CPU. HINT: ask "
+        "for GPUs with slurm.gpus_per_node or slurm.gpus_per_task",
+        count,
+        grant.source,
+        backend,
+    )
+    return 0
+
+
 def _init_url(
     dist: DistEnv, method: str, rendezvous: Path, env: Mapping[str, str], port: int | None
 ) -> str:
@@ -196,14 +349,15 @@ def _init_url(
         host = f"[{dist.master_addr}]" if ":" in dist.master_addr else dist.master_addr
         return f"tcp://{host}:{port}"
     # torch's FileStore must never be reused: ranks joining a file left by an earlier group see
-    # its stale counters and fail or hang. The name is unique per attempt (a requeue gets a new
-    # restart count; a crashed attempt's file is simply never opened again). Removing a stale
+    # its stale counters and fail or hang. The name is unique per attempt and launch (a requeue
+    # gets a new restart count, an in-job restart a new launch; a crashed attempt's file is
+    # simply never opened again). Removing a stale
     # file first is not safe: rank 0 cannot know whether a peer has already joined it. Outside
     # Slurm, torchrun's run id keys it; a plain rerun under the same key must clear
     # RUN_DIR/rendezvous first.
     key = dist.job_ref or env.get("TORCHELASTIC_RUN_ID") or "local"
     rendezvous.mkdir(parents=True, exist_ok=True)
-    return f"file://{rendezvous / f'pg.{key}.{dist.restart_count}'}"
+    return f"file://{rendezvous / f'pg.{key}.{dist.attempt_key}'}"
 
 
 def _owns_store(dist: DistEnv, cfg: DistConfig) -> bool:
@@ -268,6 +422,10 @@ def destroy_process_group(*, together: bool = False) -> None:
     its peer was still finishing (rank 0 writes the last checkpoint and the ledger) was once
     seen to abort at exit ("terminate called without an active exception"), failing a run that
     had finished. A barrier that fails (a peer already gone) is logged, never raised.
+
+    Not ``together`` (an error path, a peer may be gone), an NCCL group is left as it is: its
+    teardown can wait for collectives in flight that never finish (pytorch #141510), and the
+    process is about to exit, which frees it anyway.
     """
     tdist = sys.modules.get("torch.distributed")
     if tdist is None:
@@ -278,6 +436,9 @@ def destroy_process_group(*, together: bool = False) -> None:
                 tdist.barrier()
             except Exception as exc:  # leaving anyway: say why, do not fail
                 log.warning("leaving the process group without the others: %s", exc)
+        if not together and tdist.get_backend() == "nccl":
+            log.info("leaving the NCCL group without a teardown (the process is ending)")
+            return
         tdist.destroy_process_group()
 
 
@@ -287,7 +448,7 @@ MAX_CANDIDATES = 16
 
 def port_file(dist: DistEnv, rendezvous_dir: Path) -> Path:
     """Where rank 0 publishes the port of this attempt."""
-    return rendezvous_dir / f"master_port.{dist.job_ref or 'local'}.{dist.restart_count}"
+    return rendezvous_dir / f"master_port.{dist.job_ref or 'local'}.{dist.attempt_key}"
 
 
 def resolve_master_port(
@@ -320,7 +481,9 @@ def _first_free_port(dist: DistEnv) -> int:
     # not hand them out to other processes' outgoing connections or bind(port=0) calls.
     tried: list[int] = []
     for candidate in range(MAX_CANDIDATES):
-        port = derive_master_port(dist.job_id, dist.restart_count, candidate=candidate)
+        port = derive_master_port(
+            dist.job_id, dist.restart_count, candidate=candidate, launch=dist.launch
+        )
         if port in tried:
             continue
         tried.append(port)

@@ -63,25 +63,30 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_ddp.config.model import RequeueConfig
 from hpc_ddp.durable import append_line
-from hpc_ddp.errors import SlurmError
+from hpc_ddp.errors import DistEnvError, RunDirError, SlurmError
+from hpc_ddp.exitcodes import BUDGET_EXIT_CODE, REQUEUE_FAILED_EXIT_CODE
 from hpc_ddp.runtime.distenv import DistEnv
-from hpc_ddp.runtime.ledger import EndCause, end_event, start_event
+from hpc_ddp.runtime.ledger import (
+    Attempt,
+    EndCause,
+    attempt_number,
+    checkpoint_event,
+    end_event,
+    read_ledger,
+    start_event,
+)
 from hpc_ddp.slurm.client import SlurmClient
+from hpc_ddp.slurm.jobstate import DOWN_STATES
+from hpc_ddp.slurm.nodelist import parse_nodelist
 
 log = logging.getLogger(__name__)
-
-BUDGET_EXIT_CODE = 3
-"""Exit status of a run whose requeue budget ran out: Slurm records the job as FAILED."""
-REQUEUE_FAILED_EXIT_CODE = 4
-"""Exit status of an attempt that needed a requeue and did not get one: ``scontrol requeue``
-failed, or (after a SIGTERM) Slurm could not be asked whether it is requeueing the job. Slurm
-records the job FAILED, unless it requeues or cancels the job itself."""
 
 _RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "SUSPENDED"})
 
@@ -111,12 +116,15 @@ def classify_stop(
     requeue_signum: int,
     restart_count: int,
     job: Mapping[str, str] | None,
+    lost_nodes: Sequence[str] = (),
 ) -> StopVerdict:
     """Classify a stop from the agreed signal and Slurm's view of the job.
 
     ``job`` is ``scontrol show job -o`` parsed into fields, None outside Slurm (inside a Slurm
     job whose state could not be read, use :func:`classify_unanswered_stop`);
-    ``restart_count`` is this attempt's ``SLURM_RESTART_COUNT``.
+    ``restart_count`` is this attempt's ``SLURM_RESTART_COUNT``; ``lost_nodes`` are the job's
+    nodes Slurm holds down or not responding: a requeue Slurm started by itself then is its
+    answer to a node failure (``scontrol show job`` keeps no reason for it), not a person's.
     """
     if job is None:
         # No Slurm job: a local run or plain torchrun. The requeue signal still means "save
@@ -132,6 +140,13 @@ def classify_stop(
     preempting = job.get("PreemptTime", "None") not in ("None", "", "Unknown")
     restarts = _restarts(job)
     if restarts is not None and restarts > restart_count:
+        if not preempting and lost_nodes:
+            lost = ",".join(lost_nodes)
+            return StopVerdict(
+                EndCause.NODE_FAIL,
+                False,
+                f"Slurm is requeueing the job after node {lost} failed ({state})",
+            )
         cause = EndCause.PREEMPTED if preempting else EndCause.MANUAL_REQUEUE
         return StopVerdict(cause, False, f"Slurm is already requeueing the job ({state})")
     if state in _RUNNING_STATES:
@@ -213,7 +228,9 @@ def decide_requeue(
         return RequeueDecision(False, "the requeue request failed: nothing brings the job back")
     if cause is EndCause.UNKNOWN:
         return RequeueDecision(False, "stopped for an unknown reason: not requeued")
-    if cause is EndCause.CRASH and not on_crash:
+    if cause is EndCause.NO_PROGRESS:
+        return RequeueDecision(False, "no progress: a crash loop is not requeued")
+    if cause in (EndCause.CRASH, EndCause.HANG) and not on_crash:
         return RequeueDecision(
             False,
             "crashed: not requeued (a crash is not a preemption). HINT: fix the error in the "
@@ -300,12 +317,14 @@ def _kept(step: int, checkpoint: str | None) -> str:
     return f"The checkpoint at step {step} ({checkpoint}) is kept."
 
 
-def claim_crash_requeue(rendezvous: Path, job_id: str | None, attempt: int) -> bool:
+def claim_crash_requeue(rendezvous: Path, job_id: str | None, attempt: str) -> bool:
     """True for the one process that creates this attempt's crash claim first.
 
-    The claim is ``rendezvous/crash-requeue-<job id>-<attempt>``. ``O_CREAT | O_EXCL`` is
-    atomic on a local filesystem and on NFSv3+, which run directories live on; the name holds
-    the job id and attempt, so a requeued attempt (or a resumed run, a new job) can claim again.
+    The claim is ``rendezvous/crash-requeue-<job id>-<attempt>``, ``attempt`` the launch's
+    :attr:`~hpc_ddp.runtime.distenv.DistEnv.attempt_key`. ``O_CREAT | O_EXCL`` is atomic on a
+    local filesystem and on NFSv3+, which run directories live on; the name holds the job id
+    and attempt, so a requeued attempt, an in-job restart (or a resumed run, a new job) can
+    claim again.
     """
     name = f"crash-requeue-{job_id or 'local'}-{attempt}"
     try:
@@ -338,6 +357,8 @@ class Coordinator:
         ledger: Path,
         cfg: RequeueConfig,
         slurm: SlurmClient | None = None,
+        *,
+        since: float | None = None,
     ) -> None:
         self.dist = dist
         self.ledger = ledger
@@ -347,24 +368,49 @@ class Coordinator:
         # Inside a Slurm job, also for a `command:` child that got torchrun-style variables.
         self.under_slurm = dist.job_ref is not None
         self._ended = False
+        self.since = time.time() if since is None else since
+        """When this process's attempt began at the latest: entries of a run without job ids
+        (local) that started earlier are an earlier job's."""
+        self._number: int | None = None
 
     @property
-    def attempt(self) -> int:
-        """This attempt's number: Slurm's restart count (0 for the first run)."""
+    def restart(self) -> int:
+        """Slurm's restart count of this job (0 for its first run): the requeue budget's count."""
         return self.dist.restart_count
+
+    def _attempts(self) -> list[Attempt]:
+        try:
+            return read_ledger(self.ledger)
+        except RunDirError as exc:  # never hide the event being written: number it alone
+            log.warning("%s", exc)
+            return []
+
+    def number(self) -> int:
+        """This attempt's number in the run (the ledger's ``attempt``): the one its start took
+        when this process wrote it, else the one its job, restart and launch have in the
+        ledger."""
+        if self._number is None:
+            self._number = attempt_number(
+                self._attempts(),
+                job_id=self.dist.job_id,
+                restart=self.restart,
+                since=self.since,
+                launch=self.dist.launch,
+            )
+        return self._number
 
     def begin(self, *, resumed_from_step: int | None, checkpoint: str | None) -> StopOutcome | None:
         """Record the start; returns an outcome (end now) when the budget is already spent."""
         if not self.dist.is_main:
             return None
         self.write_start(resumed_from_step=resumed_from_step, checkpoint=checkpoint)
-        if self.attempt > self.cfg.max_requeues:
+        if self.restart > self.cfg.max_requeues:
             message = (
-                f"attempt {self.attempt} is beyond the requeue budget "
+                f"restart {self.restart} of job {self.dist.job_ref} is beyond the requeue budget "
                 f"(requeue.max_requeues={self.cfg.max_requeues}); not training. "
                 "HINT: go on from the newest checkpoint with a larger budget: "
                 f"`hpc-ddp resume {self.run_dir} "
-                f"requeue.max_requeues={max(2 * self.cfg.max_requeues, self.attempt + 1)}`."
+                f"requeue.max_requeues={max(2 * self.cfg.max_requeues, self.restart + 1)}`."
             )
             log.error(message)
             self._end(EndCause.BUDGET_EXHAUSTED, resumed_from_step, checkpoint, False, message)
@@ -391,19 +437,39 @@ class Coordinator:
             verdict = classify_unanswered_stop(signum, requeue_signum=requeue_signum, error=error)
         else:
             verdict = classify_stop(
-                signum, requeue_signum=requeue_signum, restart_count=self.attempt, job=fields
+                signum,
+                requeue_signum=requeue_signum,
+                restart_count=self.restart,
+                job=fields,
+                lost_nodes=self._lost_nodes(fields),
             )
         return self._act(verdict, step=step, checkpoint=checkpoint)
 
+    def _lost_nodes(self, fields: Mapping[str, str] | None) -> list[str]:
+        """The job's nodes Slurm holds down, asked only when Slurm requeued the job by itself
+        (without a preemption): a node failure's requeue looks like a person's otherwise."""
+        if fields is None or (_restarts(fields) or 0) <= self.restart:
+            return []
+        if fields.get("PreemptTime", "None") not in ("None", "", "Unknown"):
+            return []
+        listed = fields.get("NodeList") or ""
+        nodes = parse_nodelist(listed) if listed.strip() else list(self.dist.nodelist)
+        try:
+            states = self.client.node_states(nodes) if nodes else {}
+        except (SlurmError, DistEnvError) as exc:
+            log.warning("could not ask Slurm about the job's nodes: %s", exc)
+            return []
+        return [n for n, state in states.items() if state in DOWN_STATES]
+
     def _decide(self, cause: EndCause) -> RequeueDecision:
         return decide_requeue(
-            cause, self.attempt, self.cfg.max_requeues, self.cfg.on_crash, self.run_dir
+            cause, self.restart, self.cfg.max_requeues, self.cfg.on_crash, self.run_dir
         )
 
     def _act(self, verdict: StopVerdict, *, step: int, checkpoint: str | None) -> StopOutcome:
         decision = self._decide(verdict.cause)
         if verdict.request_requeue and not decision.requeue:
-            message = f"requeue budget exhausted: {decision.reason}"
+            message = f"{verdict.cause.value}: {decision.reason}"  # the reason names the budget
             log.error("%s", message)
             self._end(EndCause.BUDGET_EXHAUSTED, step, checkpoint, False, message)
             return StopOutcome(EndCause.BUDGET_EXHAUSTED, False, BUDGET_EXIT_CODE, message)
@@ -452,7 +518,7 @@ class Coordinator:
         verdict = classify_stop(
             int(signal.SIGTERM),
             requeue_signum=signal_number(self.cfg.signal),
-            restart_count=self.attempt,
+            restart_count=self.restart,
             job=fields,
         )
         if verdict.request_requeue:  # still running and not being requeued: it just failed
@@ -484,10 +550,12 @@ class Coordinator:
         self._end(verdict.cause, step, checkpoint, False, message)
         return StopOutcome(verdict.cause, False, REQUEUE_FAILED_EXIT_CODE, message)
 
-    def finish(self, *, step: int, checkpoint: str | None) -> None:
+    def finish(
+        self, *, step: int | None, checkpoint: str | None, message: str = "training finished"
+    ) -> None:
         """Record a normal end of training (rank 0)."""
         if self.dist.is_main:
-            self._end(EndCause.FINISHED, step, checkpoint, False, "training finished")
+            self._end(EndCause.FINISHED, step, checkpoint, False, message)
 
     def crash(
         self,
@@ -513,13 +581,17 @@ class Coordinator:
         what = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         message = f"rank {self.dist.rank} on {where}: {what}"
         log.error("crash: %s", message)
+        if self.dist.supervised:
+            # The supervisor weighs every rank's word and decides (restart, requeue, stop).
+            self._end(EndCause.CRASH, step, checkpoint, False, message)
+            return
         decision = self._decide(EndCause.CRASH)
         if not (decision.requeue and self.under_slurm):
             why = outside_slurm_message(self.run_dir) if decision.requeue else decision.reason
             self._end(EndCause.CRASH, step, checkpoint, False, f"{message}; {why}")
             return
         claims = self.ledger.parent / "rendezvous"
-        if not claimed and not claim_crash_requeue(claims, self.dist.job_id, self.attempt):
+        if not claimed and not claim_crash_requeue(claims, self.dist.job_id, self.dist.attempt_key):
             log.info("another rank crashed first and requests the requeue")
             self._ended = True
             return
@@ -535,6 +607,27 @@ class Coordinator:
         log.error("%s", message)
         self._end(EndCause.CRASH, step, checkpoint, False, message)
 
+    def fault(
+        self, *, cause: EndCause, step: int | None, checkpoint: str | None, message: str
+    ) -> None:
+        """Record a fault this rank's watchdog declared (the first end of an attempt wins)."""
+        self._end(cause, step, checkpoint, False, message)
+
+    def record_checkpoint(self, step: int, stall_s: float) -> None:
+        """Rank 0 notes a save and how long training waited for it (for the goodput account)."""
+        if not self.dist.is_main:
+            return
+        self._append(
+            checkpoint_event(
+                job_id=self.dist.job_id,
+                job_ref=self.dist.job_ref,
+                restart=self.restart,
+                launch=self.dist.launch,
+                step=step,
+                stall_s=stall_s,
+            )
+        )
+
     def _end(
         self, cause: EndCause, step: int | None, checkpoint: str | None, requested: bool, msg: str
     ) -> None:
@@ -543,7 +636,11 @@ class Coordinator:
         self._ended = True
         self._append(
             end_event(
-                attempt=self.attempt,
+                attempt=self.number(),
+                restart=self.restart,
+                launch=self.dist.launch,
+                job_id=self.dist.job_id,
+                job_ref=self.dist.job_ref,
                 cause=cause,
                 steps_done=step,
                 checkpoint=checkpoint,
@@ -552,11 +649,18 @@ class Coordinator:
             )
         )
 
-    def write_start(self, *, resumed_from_step: int | None, checkpoint: str | None) -> None:
-        """Append this attempt's ``attempt_start`` to the ledger (no budget check)."""
+    def write_start(
+        self, *, resumed_from_step: int | None, checkpoint: str | None, now: float | None = None
+    ) -> None:
+        """Append this attempt's ``attempt_start`` to the ledger (no budget check), with the
+        run's next attempt number. ``now``: when the attempt started (default: now)."""
+        self._number = len(self._attempts())
         self._append(
             start_event(
-                attempt=self.attempt,
+                attempt=self._number,
+                restart=self.restart,
+                launch=self.dist.launch,
+                now=now,
                 job_id=self.dist.job_id,
                 job_ref=self.dist.job_ref,
                 nodelist=",".join(self.dist.nodelist),

@@ -16,25 +16,34 @@
         s.checkpoint(wait=True)
 
 Works under the Slurm runtime, under ``torchrun``, and as one plain process. Every method that
-talks to the other ranks (``restore``, ``checkpoint``, ``should_stop``, ``steps``, ``requeue``)
-must be called by every rank at the same point. A stop ends with :class:`RequeueExit`: exit
-status 0, the state safely on disk, and the job requeued (or Slurm requeueing it); a stop that
-needed a requeue and could not get one exits non-zero, so Slurm records the job FAILED.
+talks to the other ranks (``restore``, ``checkpoint``, ``should_stop``, ``steps``, ``requeue``,
+``main_first``) must be called by every rank at the same point. A stop ends with
+:class:`RequeueExit`: exit status 0, the state safely on disk, and the job requeued (or Slurm
+requeueing it); a stop that needed a requeue and could not get one exits non-zero, so Slurm
+records the job FAILED.
 
-While a session is open, the requeue signal, SIGTERM (and SIGINT outside Slurm) are only
-recorded; they take effect where the loop asks (:meth:`Session.steps`, or
-:meth:`Session.should_stop` in a loop of your own). A loop that never asks is not stopped by
-them, and Slurm kills it after ``KillWait``.
+While a session is open, the requeue signal, SIGTERM (and SIGINT outside Slurm, unless the
+process was started with it ignored) are only recorded; they take effect where the loop asks
+(:meth:`Session.steps`, or :meth:`Session.should_stop` in a loop of your own). A loop that
+never asks is not stopped by them, and Slurm kills it after ``KillWait``.
+
+With ``fault.enabled`` the rank's watchdog (:mod:`hpc_ddp.runtime.watchdog`) is told where the
+session is: start-up, each step boundary, checkpoints, and any long work wrapped in
+:meth:`Session.section` (an evaluation), each against its own deadline. A step that runs past
+its deadline, or a peer that stops beating, ends the launch; under a supervisor a new launch
+resumes from the newest checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import os
 import signal
 import time
 from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -46,23 +55,25 @@ from hpc_ddp.config.load import load_resolved_config
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.params import Params
 from hpc_ddp.errors import HpcDdpError
+from hpc_ddp.exitcodes import REQUEUE_EXIT_CODE
 from hpc_ddp.layout import PER_RANK_LOGS_ENV, RUN_DIR_ENV, RunPaths
 from hpc_ddp.run_id import read_run_id
 from hpc_ddp.runtime.checkpointer import Checkpointer, Tracked, broadcast_object
 from hpc_ddp.runtime.distenv import DistEnv, derive_dist_env
+from hpc_ddp.runtime.ledger import EndCause
+from hpc_ddp.runtime.mainfirst import KEY_PREFIX, MAIN_FIRST_TIMEOUT_S, Turn, leader_first
 from hpc_ddp.runtime.metrics import MetricsWriter, setup_rank_logging
 from hpc_ddp.runtime.procgroup import destroy_process_group, init_process_group, wrap_model
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.requeue import Coordinator, signal_number
 from hpc_ddp.runtime.sampler import ResumableLoader
 from hpc_ddp.runtime.stopflag import AgreementCadence, StopFlag
+from hpc_ddp.runtime.watchdog import Watchdog, start_watchdog
 from hpc_ddp.slurm.client import SlurmClient
 
 log = logging.getLogger("hpc_ddp")
 
 DEFAULT_RUN_DIR = "hpc-ddp-run"
-
-REQUEUE_EXIT_CODE = 0
 
 
 class RequeueExit(SystemExit):
@@ -70,9 +81,9 @@ class RequeueExit(SystemExit):
 
     Exit status 0 (:data:`REQUEUE_EXIT_CODE`): the process ended on purpose and nothing was
     lost. A run that will not come back exits non-zero, so Slurm records it FAILED, never
-    COMPLETED with training unfinished: :data:`hpc_ddp.runtime.requeue.BUDGET_EXIT_CODE` when its
+    COMPLETED with training unfinished: :data:`hpc_ddp.exitcodes.BUDGET_EXIT_CODE` when its
     requeue budget ran out,
-    :data:`hpc_ddp.runtime.requeue.REQUEUE_FAILED_EXIT_CODE` when the requeue
+    :data:`hpc_ddp.exitcodes.REQUEUE_FAILED_EXIT_CODE` when the requeue
     request failed (or Slurm could not be asked whether it is requeueing the job).
     ``signal`` is the agreed stop signal (None for a requeue asked for from code) and
     ``requeued`` whether this process asked Slurm to requeue the job.
@@ -156,6 +167,11 @@ class Session:
         self._log_handler: logging.Handler | None = None
         self._checkpointer: Checkpointer | None = None
         self._coordinator: Coordinator | None = None
+        self._began = time.time()  # before any peer of this attempt can write its start
+        self._turns: dict[str, int] = {}  # main_first calls so far, per group: the store keys
+        self._watchdog: Watchdog | None = None
+        self._own_watchdog = False  # started here (not by `hpc-ddp run`): stopped at close
+        self._recorded: int | None = None  # the step of the last save recorded in the ledger
 
     def _load_config(self) -> JobConfig:
         if self.paths.config.is_file():
@@ -167,10 +183,18 @@ class Session:
     def start(self) -> Session:
         """Catch stop signals, join the process group, pick the device."""
         self.dist = derive_dist_env(self.env, port=self.config.dist.port)
+        self._watchdog, self._own_watchdog = start_watchdog(
+            self.config.fault, self.run_dir, self.env, self.dist
+        )
+        if self._watchdog is not None:
+            self._watchdog.on_declared = self._record_fault
         self.requeue_signal = signal_number(self._signal_name)
         signals = [self.requeue_signal, signal.SIGTERM]
-        if self.dist.launcher != "slurm":
-            signals.append(signal.SIGINT)  # a person at a terminal; srun handles ^C itself
+        # A person at a terminal (srun handles ^C itself). A SIGINT this process was started
+        # with ignored stays ignored, as Python leaves it: whoever started it answers Ctrl-C
+        # (the local backend's `submit --wait` turns it into a cancel), or nobody should (nohup).
+        if self.dist.launcher != "slurm" and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            signals.append(signal.SIGINT)
         self.stop_flag = StopFlag(signals).install()  # before anything slow: no window unguarded
         self._log_handler = setup_rank_logging(
             log, self.dist.rank, every_rank=self.env.get(PER_RANK_LOGS_ENV) == "1"
@@ -191,7 +215,7 @@ class Session:
             device=self.device,
         )
         self._coordinator = Coordinator(
-            self.dist, self.paths.ledger, self.config.requeue, self._slurm
+            self.dist, self.paths.ledger, self.config.requeue, self._slurm, since=self._began
         )
         if self.is_main:
             self.paths.checkpoints.mkdir(parents=True, exist_ok=True)
@@ -218,9 +242,12 @@ class Session:
             return
         started = self.phase is not Phase.NEW
         self.phase = Phase.CLOSED
+        self._enter("closing")
         try:
             if self._checkpointer is not None:
-                self._checkpointer.wait()
+                # Together: the others wait for rank 0's write on the store, not in the
+                # leaving barrier (a collective, which dist.timeout_s would cut short).
+                self._checkpointer.wait(together=together)
         finally:
             self._metrics.close()
             if started:
@@ -229,6 +256,8 @@ class Session:
                 self.stop_flag.close()
             if self._log_handler is not None:
                 log.removeHandler(self._log_handler)
+            if self._own_watchdog and self._watchdog is not None:
+                self._watchdog.stop()
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is None or isinstance(exc, SystemExit):
@@ -241,10 +270,46 @@ class Session:
             self._coordinator.crash(
                 step=self.progress.step, checkpoint=self._last_name(), error=exc
             )
+        if self._watchdog is not None and isinstance(exc, BaseException):
+            # Claims the launch's fault (unless this rank only lost a peer) before the slow
+            # part: the others learn of it from the beats, not from a collective.
+            self._watchdog.crashed(f"{type(exc).__name__}: {exc}")
         try:
             self.close(together=False)
         except Exception:  # do not hide the error that is already on its way out
             log.exception("while closing the session after an error")
+
+    def _record_fault(self, record: Any) -> None:
+        """The watchdog declared a fault (on its thread): the attempt ends with it."""
+        if self._coordinator is None:
+            return
+        cause = EndCause.HANG if record.kind in ("hang", "startup") else EndCause.CRASH
+        where = ", ".join(f"rank {r}" for r in record.ranks) or "no rank"
+        nodes = f" on {','.join(record.nodes)}" if record.nodes else ""
+        self._coordinator.fault(
+            cause=cause,
+            step=self.progress.step,
+            checkpoint=self._last_name(),
+            message=f"{cause.value}: {where}{nodes}: {record.why} (declared by {record.by})",
+        )
+
+    def _enter(self, phase: str, limit: float | None = None) -> None:
+        if self._watchdog is not None:
+            self._watchdog.enter(phase, limit)
+
+    @contextlib.contextmanager
+    def section(self, name: str, *, timeout_s: float | None = None) -> Iterator[None]:
+        """``with s.section("eval"):`` long work outside a training step, timed against its own
+        deadline (``timeout_s``, default ``fault.checkpoint_timeout_s``) instead of the step
+        timeout, which follows the observed step times and would call it a hang."""
+        watchdog = self._watchdog
+        before = None if watchdog is None else watchdog.phase
+        self._enter(name, timeout_s)
+        try:
+            yield
+        finally:
+            if before is not None:
+                self._enter(before)
 
     # --- who and where --------------------------------------------------------------------
 
@@ -281,6 +346,54 @@ class Session:
 
     def barrier(self) -> None:
         dist.barrier()
+
+    def main_first(
+        self, *, timeout_s: float = MAIN_FIRST_TIMEOUT_S
+    ) -> AbstractContextManager[None]:
+        """``with s.main_first():`` rank 0 runs the block first, every other rank after it.
+
+        For work one rank must do before the others read its result (unpack a dataset, build
+        a cache)::
+
+            with s.main_first():
+                dataset = build_or_load_cache(path)   # rank 0 builds it, the others load it
+
+        The others wait outside any collective (on the process group's store), so rank 0 may
+        take longer than ``dist.timeout_s``; they wait at most ``timeout_s``. If rank 0 fails
+        in the block, they raise :class:`~hpc_ddp.errors.PeerError` naming its error instead
+        of running it; if rank 0 dies, they raise it at once. A stop signal meanwhile is only
+        recorded, and every rank stops at the next agreement point after the block
+        (:meth:`steps`, :meth:`should_stop`). Every rank must enter the same ``main_first``
+        blocks in the same order, and a block must not call collectives (the others are not
+        there yet): no ``barrier``, ``checkpoint`` or ``should_stop`` inside.
+        """
+        return self._first_turn("all", self.is_main, "rank 0", timeout_s)
+
+    def local_main_first(
+        self, *, timeout_s: float = MAIN_FIRST_TIMEOUT_S
+    ) -> AbstractContextManager[None]:
+        """:meth:`main_first` per node: each node's local rank 0 runs the block first, the
+        node's other ranks after it (a cache on node-local disk such as ``/tmp``)."""
+        node = self.dist.node_name or str(self.dist.node_rank)
+        leader = f"local rank 0 of node {node}"
+        return self._first_turn(
+            f"node{self.dist.node_rank}", self.local_rank == 0, leader, timeout_s
+        )
+
+    def _first_turn(
+        self, group: str, is_leader: bool, leader: str, timeout_s: float
+    ) -> AbstractContextManager[None]:
+        if self.phase not in (Phase.STARTED, Phase.TRAINING, Phase.STOPPING):
+            raise HpcDdpError(
+                f"main_first needs a started session (this one is {self.phase.value}). HINT: "
+                "use it inside `with hpc_ddp.session() as s:`."
+            )
+        n = self._turns[group] = self._turns.get(group, 0) + 1
+        turn = Turn(f"{KEY_PREFIX}/{group}/{n}", is_leader, leader, self.rank, timeout_s)
+        alone = self.world_size == 1 or (group != "all" and self.dist.local_world_size == 1)
+        # Private but stable since torch 1.8: the store the default process group was formed on.
+        store = None if alone else dist.distributed_c10d._get_default_store()
+        return leader_first(store, turn)
 
     def broadcast_object(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank (a small picklable value)."""
@@ -334,7 +447,9 @@ class Session:
         Returns the restored :attr:`progress`, or None on a first run (nothing loaded). Restores
         model, optimizer, scheduler, scaler and this rank's RNG states.
         """
-        loaded = self._ckpt().restore(Tracked(model, optimizer, scheduler, scaler), self.progress)
+        with self.section("checkpoint"):
+            tracked = Tracked(model, optimizer, scheduler, scaler)
+            loaded = self._ckpt().restore(tracked, self.progress)
         self._begin_attempt(None if loaded is None else loaded.name)
         return None if loaded is None else self.progress
 
@@ -366,7 +481,18 @@ class Session:
                 "nothing to checkpoint. HINT: call session.restore(model=..., optimizer=...) "
                 "first: it names the objects a checkpoint saves."
             )
-        return self._checkpointer.save(self.progress, wait=wait)
+        return self._save(wait=wait)
+
+    def _save(self, *, wait: bool) -> Path | None:
+        """Save (checkpoint phase); rank 0 records how long training waited for it."""
+        began = time.monotonic()
+        step = self.progress.step
+        with self.section("checkpoint"):
+            path = self._ckpt().save(self.progress, wait=wait)
+        if path is not None and self._coordinator is not None and step != self._recorded:
+            self._recorded = step  # a second save of a step writes nothing
+            self._coordinator.record_checkpoint(step, time.monotonic() - began)
+        return path
 
     # --- stopping -----------------------------------------------------------------------
 
@@ -397,9 +523,12 @@ class Session:
         signals; on a stop, :meth:`requeue` saves a checkpoint and ends the attempt.
         """
         self._begin_attempt(None)
+        self._enter("step")
         while self.progress.step < total:
             self.progress.step += 1
             yield self.progress.step
+            if self._watchdog is not None:
+                self._watchdog.step_done(self.progress.step)
             if checkpoint_every > 0 and self.progress.step % checkpoint_every == 0:
                 self.checkpoint()
             # At the last step a stop changes nothing: the run ends and saves anyway.
@@ -426,7 +555,7 @@ class Session:
         self.phase = Phase.STOPPING
         ckpt = self._ckpt()
         if ckpt.tracked is not None:
-            ckpt.save(self.progress, wait=True)  # saves nothing new when this step is saved
+            self._save(wait=True)  # saves nothing new when this step is saved
         else:
             ckpt.sync_errors()  # every rank got here, nothing is being written
         if not begun:

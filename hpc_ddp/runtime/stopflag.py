@@ -31,6 +31,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hpc_ddp.runtime.procgroup import collective_device
+
 log = logging.getLogger(__name__)
 
 _PRIORITY = {signal.SIGTERM: 3, signal.SIGINT: 2}
@@ -159,9 +161,12 @@ class StopFlag:
         self._code = max(self._code, encode(signum))
 
     def agree(
-        self, device: torch.device | str = "cpu", group: Any = None, *, every: int = 1
+        self, device: torch.device | str | None = None, group: Any = None, *, every: int = 1
     ) -> int | None:
         """Collective, at a step boundary on every rank: the signal any rank saw, or None.
+
+        ``device``: where the all-reduce's tensor lives; None: where the group's backend wants
+        it (this rank's GPU under NCCL, which takes no CPU tensor; the CPU under gloo).
 
         ``every`` is this rank's proposed interval to the next agreement; afterwards
         :attr:`every` holds the smallest proposal of all ranks. Once a stop is agreed the
@@ -171,6 +176,8 @@ class StopFlag:
             return self._agreed
         code = self._code
         if dist.is_available() and dist.is_initialized():
+            if device is None:
+                device = collective_device(dist.get_backend(group))
             # One MAX all-reduce carries both answers: the codes, and the negated proposals
             # (the MAX of -k is minus the smallest k).
             t = torch.tensor([code, -every], dtype=torch.int64, device=device)

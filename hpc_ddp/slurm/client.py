@@ -27,17 +27,21 @@ from typing import Protocol
 
 from hpc_ddp.errors import SlurmError, SlurmUnavailableError, SubmissionError
 from hpc_ddp.slurm.jobstate import (
+    SACCT_FIELDS,
     SQUEUE_FORMAT,
     AccountingRecord,
     CompletedCommand,
     JobInfo,
     check_job_ref,
     is_job_ref,
+    is_node_name,
     parse_max_array_size,
+    parse_node_states,
     parse_sacct,
     parse_sbatch_parsable,
     parse_scontrol_oneliner,
     parse_squeue,
+    parse_step_ids,
 )
 
 logger = logging.getLogger(__name__)
@@ -170,6 +174,33 @@ class SlurmClient:
         argv = ["scontrol", "requeue", check_job_ref(job_ref, source)]
         self._check(self._run(argv), "scontrol requeue failed")
 
+    def exclude_nodes(self, job_ref: str, nodes: Sequence[str]) -> None:
+        """``scontrol update JobId=J ExcNodeList=a,b``: a requeued job avoids these nodes.
+
+        Slurm accepts it only while the job is not running (right after ``scontrol requeue``,
+        while it completes, or pending); the list stays with the job for later requeues.
+        """
+        names = _node_names(nodes)
+        argv = ["scontrol", "update", f"JobId={check_job_ref(job_ref)}", f"ExcNodeList={names}"]
+        self._check(self._run(argv), "scontrol update ExcNodeList failed")
+
+    def signal_step(self, job_id: str, step: int, signal: str) -> None:
+        """``scancel --signal=SIGNAL JOB.STEP``: every task of one job step (on every node)."""
+        argv = ["scancel", f"--signal={signal}", f"{check_job_ref(job_id)}.{int(step)}"]
+        self._check(self._run(argv), "scancel of a job step failed")
+
+    def job_steps(self, job_id: str) -> list[int]:
+        """The job's running numbered steps (``squeue -s``), oldest first."""
+        result = self._run(["squeue", "-h", "-s", "-j", check_job_ref(job_id), "-o", "%i"])
+        return parse_step_ids(self._check(result, "squeue -s failed").stdout, job_id)
+
+    def node_states(self, nodes: Sequence[str]) -> dict[str, str]:
+        """Each node's state as ``sinfo -N`` says it (``idle``, ``alloc``, ``mixed``, ``down``,
+        ``not_responding``...); a node sinfo does not list is left out."""
+        names = _node_names(nodes)
+        result = self._run(["sinfo", "-h", "-N", "-n", names, "-o", "%N|%T"])
+        return parse_node_states(self._check(result, "sinfo failed").stdout)
+
     def job_states(self, job_ids: Sequence[str]) -> dict[str, JobInfo]:
         """The jobs among ``job_ids`` that the controller still holds, keyed by :attr:`JobInfo.ref`.
 
@@ -218,14 +249,19 @@ class SlurmClient:
         return parse_max_array_size(result.stdout)
 
     def sacct_states(self, job_ids: Iterable[str]) -> dict[str, AccountingRecord] | None:
-        """Accounting records of finished jobs and their steps; ``None`` without slurmdbd.
+        """Accounting records of jobs (an array job id: of each of its tasks), without their
+        steps; ``None`` without slurmdbd.
 
-        Ids that are not job ids are left out, as in :meth:`job_states`.
+        Every line of each id (``-D``): without it sacct shows only the newest job of an id,
+        which after the cluster's ids started again is another job; each record's
+        :meth:`~hpc_ddp.slurm.jobstate.AccountingRecord.submitted_with` finds a run's own. Ids
+        that are not job ids are left out, as in :meth:`job_states`.
         """
         job_ids = list(dict.fromkeys(j for j in job_ids if is_job_ref(j)))
         if not job_ids:
             return {}
-        argv = ["sacct", "-n", "-P", "-o", "JobID,State,ExitCode,Elapsed", "-j", ",".join(job_ids)]
+        fields = ",".join(SACCT_FIELDS)
+        argv = ["sacct", "-n", "-P", "-X", "-D", "-o", fields, "-j", ",".join(job_ids)]
         result = self._run(argv)
         if result.returncode != 0 and "accounting storage is disabled" in result.stderr:
             return None
@@ -245,6 +281,18 @@ class SlurmClient:
             _failure(what, result, hint or "HINT: see Slurm's message above; `sinfo` and "
                      "`scontrol ping` show whether the cluster is healthy")
         )  # fmt: skip
+
+
+def _node_names(nodes: Sequence[str]) -> str:
+    """``a,b`` for Slurm, every name checked (:data:`~hpc_ddp.slurm.jobstate.NODE_NAME`)."""
+    bad = [n for n in nodes if not is_node_name(n)]
+    if bad or not nodes:
+        raise SlurmError(
+            f"node name {bad[0] if bad else ''!r} is not a plain node name; nothing was sent to "
+            "Slurm. HINT: node names come from Slurm itself (SLURMD_NODENAME); check the run's "
+            "launches/bad_nodes.json"
+        )
+    return ",".join(nodes)
 
 
 def _unreachable(result: CompletedCommand) -> bool:

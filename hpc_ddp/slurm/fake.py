@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpc_ddp.slurm.arrayjobs import parse_index_ranges
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.jobstate import CompletedCommand, JobState
 
@@ -71,8 +72,18 @@ class FakeJob:
         return self.job_id
 
     def matches(self, ref: str) -> bool:
-        """Slurm's reading of a job id: the job, one array task, or every task of an array."""
-        return ref in (self.job_id, self.ref, self.array_job_id)
+        """Slurm's reading of a job id: the job, one array task (also one still in the pending
+        range: ``scancel 120_5`` reaches it), or every task of an array."""
+        if ref in (self.job_id, self.ref, self.array_job_id):
+            return True
+        array, _, task = ref.partition("_")
+        pending = self.array_task_id or ""
+        if array != self.array_job_id or not task.isdigit() or pending.isdigit():
+            return False
+        try:
+            return int(task) in parse_index_ranges(pending)
+        except ValueError:
+            return False
 
 
 class FakeSlurm:
@@ -87,6 +98,9 @@ class FakeSlurm:
         """The script paths sbatch was given, in order."""
         self.max_array_size = max_array_size
         self.accounting = accounting
+        self.node_states: dict[str, str] = {}
+        """``sinfo``'s state of each node (``down*``, ``idle``...); a node not named here is
+        ``allocated``."""
         self._next_id = first_job_id
         self._scripted: list[tuple[tuple[str, ...], Answer]] = []
 
@@ -138,6 +152,7 @@ class FakeSlurm:
             "sacct": self._sacct,
             "scancel": self._scancel,
             "scontrol": self._scontrol,
+            "sinfo": self._sinfo,
         }.get(args[0])
         if handler is None:
             raise NotImplementedError(f"FakeSlurm does not answer {' '.join(args)!r}")
@@ -195,8 +210,10 @@ class FakeSlurm:
         if not self.accounting:
             said = "sacct: error: Slurm accounting storage is disabled\n"
             return CompletedCommand(args, 1, "", said)
+        # sacct -X -D -o JobID,State,ExitCode,Elapsed,Submit,SubmitLine (no submit times kept)
         lines = [
-            f"{j.ref}|{j.state.value}|{j.exit_code}|{j.elapsed}"
+            f"{j.ref}|{j.state.value}|{j.exit_code}|{j.elapsed}|Unknown|"
+            + (f"sbatch --parsable {j.command}" if j.command else "")
             for j in self._find(_option(args, "-j"), purged=True)
         ]
         return CompletedCommand(args, 0, "".join(f"{line}\n" for line in lines), "")
@@ -226,6 +243,10 @@ class FakeSlurm:
             return CompletedCommand(args, 1, "", f"{args[1]}: error: {INVALID_JOB}\n")
         if args[1:3] == ("show", "job"):
             return CompletedCommand(args, 0, _show(found[0]) + "\n", "")
+        if args[1] == "update":
+            for job in found:  # ExcNodeList=... and the like: kept as the job's fields
+                job.fields.update(dict(a.split("=", 1) for a in args[2:] if "=" in a))
+            return CompletedCommand(args, 0, "", "")
         if args[1] == "requeue":
             for job in found:
                 # Slurm stops the job and queues it again under the same id, one restart more.
@@ -234,6 +255,13 @@ class FakeSlurm:
                 job.reason = "BeginTime"
             return CompletedCommand(args, 0, "", "")
         raise NotImplementedError(f"FakeSlurm does not answer {' '.join(args)!r}")
+
+
+    def _sinfo(self, args: tuple[str, ...]) -> CompletedCommand:
+        # sinfo -h -N -n NODES -o '%N|%T'
+        nodes = _option(args, "-n").split(",")
+        lines = [f"{n}|{self.node_states.get(n, 'allocated')}\n" for n in nodes if n]
+        return CompletedCommand(args, 0, "".join(lines), "")
 
 
 def _reply(

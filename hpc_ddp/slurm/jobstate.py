@@ -7,6 +7,7 @@ runs Slurm's commands and hands their output to these parsers, and the state log
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Sequence
@@ -159,7 +160,12 @@ class JobInfo:
 
 @dataclass(frozen=True)
 class AccountingRecord:
-    """One line of sacct: a job, an array task or a step (``123.batch``, ``123.0``)."""
+    """One line of sacct: a job, an array task or a step (``123.batch``, ``123.0``).
+
+    One job id may have several lines (``sacct -D``): one per run of a requeued job (the earlier
+    ones ``REQUEUED``, ``PREEMPTED`` or ``NODE_FAIL``), and one per job where the cluster's ids
+    started again (a controller that lost its state). The record :func:`parse_sacct` keys by the
+    id is the newest; :attr:`earlier` holds the others."""
 
     job_id: str
     state: JobState
@@ -167,6 +173,24 @@ class AccountingRecord:
     """sacct's text, e.g. ``CANCELLED by 1000``."""
     exit_code: str
     elapsed_s: int | None
+    submitted: str = ""
+    """sacct's ``Submit`` (``2026-11-24T06:04:02``, the cluster's local time); a requeued
+    run's is when it was queued again."""
+    submit_line: str = ""
+    """sacct's ``SubmitLine``: the ``sbatch`` command line, the script's path last."""
+    earlier: tuple[AccountingRecord, ...] = ()
+    """The other lines of this job id, newest first."""
+
+    def submitted_with(self, scripts: Sequence[str]) -> AccountingRecord | None:
+        """The newest line of this job id (this one or an earlier one) whose ``sbatch`` ran one
+        of ``scripts`` (absolute paths), or None: a job id the cluster gave again names another
+        job, and sacct's newest line for it may be that job's. A line without a command line
+        (an older Slurm's) may be anyone's and counts as a match."""
+        for record in (self, *self.earlier):
+            line = record.submit_line
+            if not line or any(line == s or line.endswith(f" {s}") for s in scripts):
+                return record
+        return None
 
 
 def parse_sbatch_parsable(stdout: str) -> tuple[str, str | None]:
@@ -253,6 +277,49 @@ def parse_scontrol_oneliner(text: str) -> dict[str, str]:
     return pairs
 
 
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+"""A node name as hpc-ddp passes it to Slurm (``--exclude``, ``ExcNodeList``, ``sinfo -n``): no
+commas, brackets or spaces, so one name never widens into a list."""
+
+
+def is_node_name(text: object) -> bool:
+    """True for a string in :data:`NODE_NAME`'s form."""
+    return isinstance(text, str) and NODE_NAME.fullmatch(text) is not None
+
+
+DOWN_STATES = frozenset({"down", "drained", "draining", "fail", "failing", "not_responding"})
+"""Node states (``sinfo %T``, lower case, flags split off) in which a node runs no job step."""
+
+
+def parse_node_states(text: str) -> dict[str, str]:
+    """``sinfo -h -N -o '%N|%T'`` as ``{node: state}`` (``down*``'s ``*``, "not responding", is
+    kept as ``not_responding``; ``drained+...`` flags split: the first state word counts).
+
+    A node listed in several partitions appears once per partition; the states agree.
+    """
+    states: dict[str, str] = {}
+    for line in text.splitlines():
+        node, sep, state = line.strip().partition("|")
+        if not sep or not node:
+            continue
+        word = state.strip().lower()
+        if word.endswith("*"):
+            word = "not_responding"
+        states[node] = word.split("+")[0]
+    return states
+
+
+def parse_step_ids(text: str, job_id: str) -> list[int]:
+    """The numbered steps of ``job_id`` in ``squeue -h -s -j JOB -o %i`` output (``J.3``; the
+    batch and extern steps are left out), in ascending order."""
+    steps = []
+    for line in text.split():
+        job, _, step = line.strip().partition(".")
+        if job == job_id and step.isdigit():
+            steps.append(int(step))
+    return sorted(steps)
+
+
 def parse_max_array_size(text: str) -> int:
     """Read ``MaxArraySize`` from ``scontrol show config`` (the largest index is one less)."""
     match = re.search(r"^MaxArraySize\s*=\s*([0-9]+)\s*$", text, re.MULTILINE)
@@ -264,17 +331,31 @@ def parse_max_array_size(text: str) -> int:
     return int(match.group(1))
 
 
+SACCT_FIELDS = ("JobID", "State", "ExitCode", "Elapsed", "Submit", "SubmitLine")
+"""What :meth:`SlurmClient.sacct_states` asks ``sacct -o`` for; ``SubmitLine`` (a command
+line that may hold anything) comes last, so splitting at the first five ``|`` keeps it whole."""
+
+
 def parse_sacct(text: str) -> dict[str, AccountingRecord]:
-    """Parse ``sacct -n -P -o JobID,State,ExitCode,Elapsed`` lines, keyed by JobID."""
-    records: dict[str, AccountingRecord] = {}
-    for line in text.splitlines():
-        fields = line.strip().split("|")
+    """Parse ``sacct -n -P -o`` lines of :data:`SACCT_FIELDS` (or of their first four), keyed by
+    JobID: the newest line of each id (by ``Submit``, then by place), the others in its
+    :attr:`~AccountingRecord.earlier`."""
+    found: dict[str, list[tuple[str, int, AccountingRecord]]] = {}
+    for place, line in enumerate(text.splitlines()):
+        fields = line.split("|", len(SACCT_FIELDS) - 1)
         if len(fields) < 4:
             continue
-        job_id, raw_state, exit_code, elapsed = fields[:4]
-        records[job_id] = AccountingRecord(
-            job_id, parse_job_state(raw_state), raw_state, exit_code, _parse_elapsed(elapsed)
-        )
+        job_id, raw_state, exit_code, elapsed, *rest = (f.strip() for f in fields)
+        submitted, submit_line = (*rest, "", "")[:2]
+        record = AccountingRecord(
+            job_id, parse_job_state(raw_state), raw_state, exit_code, _parse_elapsed(elapsed),
+            submitted if submitted[:1].isdigit() else "", submit_line,
+        )  # fmt: skip
+        found.setdefault(job_id, []).append((record.submitted, place, record))
+    records = {}
+    for job_id, lines in found.items():
+        newest, *others = [record for *_, record in sorted(lines, reverse=True)]
+        records[job_id] = dataclasses.replace(newest, earlier=tuple(others))
     return records
 
 

@@ -18,6 +18,12 @@ burst (an attempt's start, a warning, anything else) ends it.
 A job that dies before its first attempt starts (all checkpoints damaged, a bad import, a
 missing interpreter) leaves no ledger entry at all; :func:`startup_failure` finds its error
 in the rank logs (``hpc-ddp run: error: ...``, a traceback's last line) or the batch log.
+
+The supervisor (``fault:``) reads srun's lines as they come (:func:`parse_srun_line`): a task
+that ended, a node that failed (``srun: error: Node failure on n2``, SlurmdTimeout after the
+node went silent; ``Task launch for StepId=... failed on node n2: ...``), and a step Slurm
+would not create (``Unable to create step for job 42: Requested node configuration is not
+available``: too few usable nodes left).
 """
 
 from __future__ import annotations
@@ -47,6 +53,57 @@ class TaskFailure:
     def describe(self) -> str:
         """``rank 1 on n2: Killed``."""
         return f"rank {self.rank} on {self.node}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class NodeFailure:
+    """A node srun says failed under the step."""
+
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class StepRefused:
+    """srun could not create the step at all (no task ran)."""
+
+    reason: str
+
+    @property
+    def too_few_nodes(self) -> bool:
+        """The allocation no longer has the nodes the step needs (some were lost)."""
+        return "node configuration is not available" in self.reason
+
+
+_NODE_FAILURE = re.compile(r"^srun: error: Node failure on (?P<node>\S+)$")
+_LAUNCH_FAILED = re.compile(
+    r"^srun: error: Task launch for StepId=\S+ failed on node (?P<node>[^:\s]+): (?P<reason>.+)$"
+)
+_STEP_REFUSED = re.compile(r"^srun: error: Unable to create step for job \S+: (?P<reason>.+)$")
+
+SrunEvent = list[TaskFailure] | NodeFailure | StepRefused
+
+
+def parse_srun_line(raw: str) -> SrunEvent | None:
+    """What one line of srun's stderr says about its step, or None for anything else."""
+    line = raw.strip()
+    if match := _FAILURE.match(line):
+        reason = match["reason"].strip()
+        return [TaskFailure(r, match["node"], reason) for r in _ranks(match["tasks"])]
+    if match := _NODE_FAILURE.match(line):
+        return NodeFailure(match["node"], "srun: Node failure")
+    if match := _LAUNCH_FAILED.match(line):
+        return NodeFailure(match["node"], f"srun: task launch failed: {match['reason'].strip()}")
+    if match := _STEP_REFUSED.match(line):
+        return StepRefused(match["reason"].strip())
+    return None
+
+
+def exit_code_of(reason: str) -> int | None:
+    """``Exited with exit code 7`` -> 7; None for a death by signal (``Killed``...)."""
+    prefix = "Exited with exit code "
+    tail = reason.removeprefix(prefix)
+    return int(tail) if reason.startswith(prefix) and tail.isdigit() else None
 
 
 def _ranks(spec: str) -> list[int]:

@@ -69,6 +69,8 @@ _OWN_FLAGS = {
     "error": "logs always go to RUN_DIR/logs",
     "array": "sweeps set the array",
     "wrap": "hpc-ddp submits a script, not --wrap",
+    "no-kill": "set fault.enabled: with it hpc-ddp asks for --no-kill (its supervisor handles "
+    "a lost node)",
 }
 
 
@@ -133,7 +135,8 @@ def sbatch_flags(cfg: JobConfig, ctx: RenderContext) -> list[Flag]:
     logs, stem = _batch_log_pattern(ctx)
     flags: dict[str, str | None] = {
         "job-name": cfg.name,
-        "nodes": str(s.nodes),
+        # The spares too: the supervisor's steps use `nodes` of them (see the template).
+        "nodes": str(s.nodes + s.spare_nodes),
         "ntasks-per-node": str(s.tasks_per_node),
         "time": format_slurm_time(s.time_s),
         "signal": f"{_signal_name(cfg.requeue.signal)}@{cfg.requeue.lead_time}",
@@ -157,6 +160,8 @@ def sbatch_flags(cfg: JobConfig, ctx: RenderContext) -> list[Flag]:
     flags.update({name: str(value) for name, value in optional.items() if value is not None})
     if s.exclusive:
         flags["exclusive"] = None
+    if cfg.fault.enabled:
+        flags["no-kill"] = None  # a lost node ends its step, not the job (see the template)
     for name, value in s.extra:
         if not _FLAG_NAME.fullmatch(name):
             raise RenderError(
@@ -192,6 +197,14 @@ def render_sbatch(cfg: JobConfig, ctx: RenderContext, template_text: str | None 
         _refuse_line_breaks(where, value)
     variables = template_variables(cfg, ctx)
     text = default_template_text() if template_text is None else template_text
+    if variables["ch_run"] and "ch_run" not in text:
+        # `launcher` is empty then: a template that predates charliecloud would run the tasks
+        # outside the container without a word.
+        raise RenderError(
+            "env.container.runtime is charliecloud, but the sbatch template (slurm.template) "
+            "never uses `ch_run`. HINT: copy the two `ch_run` blocks of the default template "
+            "(slurm_templates/default.sbatch.j2) into yours"
+        )
     env = jinja2.Environment(
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
@@ -225,6 +238,9 @@ def template_variables(cfg: JobConfig, ctx: RenderContext) -> dict[str, Any]:
             )
     run_dir = shlex.quote(ctx.run_dir)
     flags = sbatch_flags(cfg, ctx)
+    ch_run = _ch_run_words(cfg)
+    if ch_run:
+        _check_visible_to_ch_run(cfg, ctx)
     return {
         "cfg": cfg,
         "ctx": ctx,
@@ -240,9 +256,21 @@ def template_variables(cfg: JobConfig, ctx: RenderContext) -> dict[str, Any]:
         "run_dir_expr": _run_dir_expr(ctx, run_dir),
         "array_offset": ctx.array_offset if ctx.array else 0,
         "srun_args": srun_args(cfg, ctx),
-        "launcher": launcher_argv(cfg),
+        # charliecloud: `ch-run --cd="$PWD" CH_RUN -- PYTHON ...`, the one expansion it needs.
+        "launcher": [] if ch_run else launcher_argv(cfg),
+        "ch_run": ch_run,
         "task_argv": [task_python(cfg, ctx), "-m", "hpc_ddp", "run", ctx.run_dir],
+        "supervisor_argv": supervisor_argv(cfg, ctx),
     }
+
+
+def supervisor_argv(cfg: JobConfig, ctx: RenderContext) -> list[str]:
+    """``PYTHON -m hpc_ddp supervise RUN_DIR`` (the batch script execs it, srun's argv after
+    ``--``); empty without ``fault.enabled``. ``PYTHON`` is the interpreter that submitted, on
+    the batch host even with a container: the supervisor imports no torch and runs no task."""
+    if not cfg.fault.enabled:
+        return []
+    return [ctx.python, "-m", "hpc_ddp", "supervise", ctx.run_dir]
 
 
 def task_python(cfg: JobConfig, ctx: RenderContext) -> str:
@@ -260,8 +288,10 @@ def srun_args(cfg: JobConfig, ctx: RenderContext) -> list[str]:
     another binding sets ``--cpu-bind=...`` in ``slurm.srun_args``.
     """
     logs = _log_dir_pattern(ctx)
-    args = [
-        "--kill-on-bad-exit=1",
+    # Without a supervisor srun ends the step when a task fails; with one the supervisor does,
+    # after the frozen ranks were woken and every rank had a moment to write its stacks.
+    args = [] if cfg.fault.enabled else ["--kill-on-bad-exit=1"]
+    args += [
         f"--output={logs}/rank-%t.out",
         f"--error={logs}/rank-%t.err",
         "--open-mode=append",
@@ -291,17 +321,64 @@ def srun_args(cfg: JobConfig, ctx: RenderContext) -> list[str]:
     return args
 
 
-def launcher_argv(cfg: JobConfig) -> list[str]:
-    """The container wrapper before the python command (empty without apptainer)."""
+def launcher_argv(cfg: JobConfig, workdir: str = "$PWD") -> list[str]:
+    """The container wrapper before the python command (empty without apptainer or
+    charliecloud: pyxis is srun's own options).
+
+    ``workdir`` is where ch-run starts the task: the script passes the job's working directory
+    (``"$PWD"``, expanded by the batch shell), as the tasks of a job without a container start
+    there (apptainer does the same by itself)."""
     container = cfg.env.container
-    if container is None or container.runtime != "apptainer":
+    if container is None or container.runtime == "pyxis":
         return []
+    if container.runtime == "charliecloud":
+        return ["ch-run", f"--cd={workdir}", *_ch_run_words(cfg), "--"]
     argv = ["apptainer", "exec"]
     if cfg.slurm.gpus_per_task or cfg.slurm.gpus_per_node:
         argv.append("--nv")
     for bind in container.binds:
         argv += ["--bind", bind]
     return [*argv, *container.options, container.image]
+
+
+_CH_RUN_UNSET = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
+"""ch-run passes the host's environment through (Slurm's variables and ``CUDA_VISIBLE_DEVICES``
+must reach the task), but these would point the image's interpreter at the host's packages."""
+
+
+def _ch_run_words(cfg: JobConfig) -> list[str]:
+    """ch-run's arguments between ``--cd`` and ``--``: ``[-b SRC[:DST]]... --unset-env=...
+    [OPTIONS] IMAGE`` (empty without charliecloud). No ``-w``: every task of every node shares
+    the image read-only. The script writes ``ch-run --cd="$PWD" WORDS -- PYTHON ...``."""
+    container = cfg.env.container
+    if container is None or container.runtime != "charliecloud":
+        return []
+    argv = []
+    for bind in container.binds:
+        if bind.count(":") > 1:
+            raise RenderError(
+                f"env.container.binds entry {bind!r} has options (SRC:DST:OPTS), which ch-run "
+                "does not take. HINT: write SRC or SRC:DST (ch-run binds read-write)"
+            )
+        argv += ["-b", bind]
+    argv += [f"--unset-env={name}" for name in _CH_RUN_UNSET]
+    return [*argv, *container.options, container.image]
+
+
+def _check_visible_to_ch_run(cfg: JobConfig, ctx: RenderContext) -> None:
+    """The tasks of a charliecloud job must see the run directory at its own path: every task
+    would fail after the queue wait otherwise."""
+    container = cfg.env.container
+    assert container is not None
+    if container.ch_run_shows(ctx.run_dir) is False:
+        raise RenderError(
+            f"the run directory {ctx.run_dir!r} is not visible inside the charliecloud "
+            "container at that path: of the host's files ch-run shows only /tmp (unless "
+            "--private-tmp) and env.container.binds that keep their path (here: "
+            f"{', '.join(container.binds) or 'none'}). HINT: add the top directory that holds "
+            "it to env.container.binds (e.g. /scratch; the image must have that directory), "
+            "or pick another --runs-dir"
+        )
 
 
 def _run_dir_expr(ctx: RenderContext, run_dir: str) -> str:

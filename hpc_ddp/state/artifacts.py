@@ -1,41 +1,46 @@
 """A run's files as ``status`` judges them without torch: checkpoint files, the last metric.
 
-Two small reads tell a torn or empty checkpoint from a whole one; the weights digest needs
-torch (``hpc-ddp checkpoints --verify``, and the runtime on every resume).
+A checkpoint's first bytes and its zip directory (a few kilobytes) tell a torn, empty or
+overwritten file from a whole one; its content (every part has a digest: weights, optimizer,
+RNG states, progress, ...) needs torch to check (``hpc-ddp checkpoints --verify``, and the
+runtime on every resume).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import zipfile
 from pathlib import Path
 from typing import Any
 
 from hpc_ddp.errors import RunDirError
-from hpc_ddp.layout import RunPaths
+from hpc_ddp.layout import RunPaths, parse_checkpoint_name
+from hpc_ddp.runtime.metrics import drop_replayed
 
 __all__ = ["checkpoint_steps", "damaged_checkpoint", "last_metric"]
 
-_CKPT_RE = re.compile(r"^step-(\d+)\.pt$")
 _ZIP_MAGIC = b"PK\x03\x04"
+_PICKLE = "/data.pkl"
+"""The record every ``torch.save`` archive holds: the pickle (``<archive>/data.pkl``)."""
 
 
 def checkpoint_steps(paths: RunPaths) -> list[int]:
     """Steps of the checkpoints in a run, ascending, by file name alone (no torch import)."""
     if not paths.checkpoints.is_dir():
         return []
-    steps = [int(m.group(1)) for p in paths.checkpoints.iterdir() if (m := _CKPT_RE.match(p.name))]
-    return sorted(steps)
+    names = (parse_checkpoint_name(p.name) for p in paths.checkpoints.iterdir())
+    return sorted(step for step in names if step is not None)
 
 
 def damaged_checkpoint(path: Path) -> str | None:
     """Why ``path`` cannot be a whole checkpoint, judged without torch; None if it looks whole.
 
     ``torch.save`` writes a zip archive: it starts with ``PK\\x03\\x04`` and ends with the
-    archive's central directory, so an empty, torn (cut short) or overwritten file shows here
-    at the cost of two small reads. A file that passes may still fail to load (``hpc-ddp
-    checkpoints --verify`` loads each one).
+    archive's central directory, which lists the pickle (``data.pkl``) and one record per
+    tensor. So an empty, torn (cut short), overwritten or spliced file shows here at the cost of
+    reading the first bytes and the directory. A file that passes may still fail to load, or
+    hold content that changed on disk (``hpc-ddp checkpoints --verify`` loads each one and
+    checks every digest).
     """
     try:
         with path.open("rb") as f:
@@ -46,19 +51,42 @@ def damaged_checkpoint(path: Path) -> str | None:
             return "not a torch zip archive"
         if not zipfile.is_zipfile(path):
             return "truncated: the zip archive has no end"
+        return _damaged_directory(path)
     except OSError as exc:
         return f"unreadable: {exc.strerror or exc}"
+
+
+def _damaged_directory(path: Path) -> str | None:
+    """What is wrong with the archive's directory: unreadable, no pickle, or records that are
+    not where it says (bytes cut out of the file or added to it before the directory)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            records = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, EOFError) as exc:
+        return f"damaged zip directory ({exc})"
+    if not any(r.filename.endswith(_PICKLE) for r in records):
+        return "not a torch archive: no data.pkl record"
+    # zipfile shifts every offset by the difference between where the directory is and where
+    # it says it is (to read self-extracting archives), so bytes cut out before the directory
+    # move the records' offsets: the first and the last record's header no longer start there.
+    with path.open("rb") as f:
+        for record in {id(r): r for r in (records[0], records[-1])}.values():
+            f.seek(max(record.header_offset, 0))
+            if record.header_offset < 0 or f.read(4) != _ZIP_MAGIC:
+                return f"spliced or torn: record {record.filename} is not where the directory says"
     return None
 
 
 def last_metric(paths: RunPaths, key: str) -> Any:
-    """The last value logged for ``key`` in ``metrics.jsonl`` (None if never logged).
+    """The last value logged for ``key`` in ``metrics.jsonl`` (None if never logged), among
+    the rows that count: a row a later attempt logged again is not the last word
+    (:func:`~hpc_ddp.runtime.metrics.drop_replayed`, as ``results`` reads them).
 
     Lines that are not JSON objects (a torn last line from a killed writer, binary garbage, a
     bare number or list) are skipped. A metrics file that cannot be read at all is a
     :class:`RunDirError`.
     """
-    value = None
+    rows = []
     try:
         with paths.metrics.open(encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -66,8 +94,8 @@ def last_metric(paths: RunPaths, key: str) -> Any:
                     row = json.loads(line)
                 except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
                     continue
-                if isinstance(row, dict) and key in row:
-                    value = row[key]
+                if isinstance(row, dict):
+                    rows.append(row)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -75,4 +103,5 @@ def last_metric(paths: RunPaths, key: str) -> Any:
             f"{paths.metrics}: unreadable metrics ({exc.strerror or exc}). HINT: check the "
             "file's permissions, or move it aside (training appends a new one)."
         ) from None
-    return value
+    values = [row[key] for row in drop_replayed(rows) if key in row]
+    return values[-1] if values else None

@@ -7,6 +7,7 @@ never hides the others. Never imports torch: checkpoints are judged by their zip
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
@@ -22,9 +23,18 @@ from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.jobstate import JobState
 from hpc_ddp.slurm.postmortem import failed_rank, has_logs, startup_failure
 from hpc_ddp.state.artifacts import checkpoint_steps, damaged_checkpoint, last_metric
-from hpc_ddp.state.verdict import SlurmView, Source, Verdict, describe_attempt, judge
+from hpc_ddp.state.verdict import (
+    FAILURES,
+    SlurmView,
+    Source,
+    Verdict,
+    current_attempts,
+    describe_attempt,
+    judge,
+)
 
 DAMAGED = "DAMAGED"
+_CAUSE_WORDS = frozenset(c.value for c in FAILURES)
 
 
 def ask_slurm(client: SlurmClient, job_ids: Sequence[str], plain: Sequence[str]) -> SlurmView:
@@ -41,6 +51,21 @@ def ask_slurm(client: SlurmClient, job_ids: Sequence[str], plain: Sequence[str])
     except SlurmError as exc:
         return SlurmView(live, _said(exc), None)
     return SlurmView(live, accounting=accounting)
+
+
+def with_accounting(client: SlurmClient, view: SlurmView, job_ids: Sequence[str]) -> SlurmView:
+    """``view`` with sacct's records of ``job_ids`` too (the array jobs of sweep tasks squeue no
+    longer holds), in one more sacct call; unchanged when there is nothing to ask, or no
+    accounting to ask (``view.accounting`` None: sacct said so, or failed)."""
+    if not job_ids or view.live is None or view.accounting is None:
+        return view
+    try:
+        more = client.sacct_states(job_ids)
+    except SlurmError as exc:
+        return SlurmView(view.live, view.error or _said(exc), view.accounting)
+    if more is None:
+        return SlurmView(view.live, view.error, None)
+    return SlurmView(view.live, view.error, {**view.accounting, **more})
 
 
 def _said(exc: SlurmError) -> str:
@@ -66,12 +91,17 @@ _MAY_RUN = frozenset({Source.UNREACHABLE, Source.LOCAL_RUNNING})
 
 
 def _failed_rank(paths: RunPaths, state: str, attempts: list[Attempt]) -> str | None:
-    """srun's account of the rank that failed first, for a run whose last attempt crashed.
+    """The rank (and node) to blame for a run whose last attempt failed: the supervisor's word
+    in the ledger (``fault:``), else srun's account of the rank that failed first.
 
     A rank killed outright leaves no word of its own; the ledger then holds a peer's
-    "connection reset", which names the wrong rank. srun's log names the right one.
+    "connection reset", which names the wrong rank. The supervisor (beats, srun's lines, the
+    nodes' state) and srun's log name the right one.
     """
-    crashed = bool(attempts) and attempts[-1].cause in (None, EndCause.CRASH)
+    last = attempts[-1] if attempts else None
+    if last is not None and last.blame is not None and last.cause in FAILURES:
+        return f"{last.cause.value}: {last.blame.describe()}"
+    crashed = last is not None and last.cause in (None, EndCause.CRASH)
     if state not in _FAILED_STATES or not crashed:
         return None
     failure = failed_rank(paths.logs)
@@ -146,8 +176,21 @@ def _slurm_word(
     job = manifest.job_id or ""
     if manifest.backend == "local":
         return _local_word(run_dir, job)
-    scripts = [str(Path(manifest.run_dir) / "job.sbatch"), str(paths.script.resolve())]
-    return view.of(job, scripts)
+    return view.of(job, _scripts(run_dir, manifest, paths))
+
+
+def _scripts(run_dir: Path, manifest: Manifest, paths: RunPaths) -> list[str]:
+    """The paths the run's batch script may be known to Slurm by: its own, and the one in the
+    directory the manifest was written for if that is this one or gone (the run was moved).
+    A copy (``cp -r``) of a run whose original still stands is not the original's job."""
+    scripts = [str(paths.script.resolve())]
+    recorded = Path(manifest.run_dir)
+    try:
+        if not recorded.exists() or os.path.samefile(recorded, run_dir):
+            scripts.append(str(recorded / "job.sbatch"))
+    except OSError:
+        pass
+    return scripts
 
 
 def _notes(
@@ -156,12 +199,7 @@ def _notes(
     """What the row's note says beside the verdict's own word."""
     notes = [verdict.note] if verdict.note else []
     last = attempts[-1] if attempts else None
-    if (
-        not notes
-        and verdict.state == "FAILED"
-        and last is not None
-        and last.cause is EndCause.CRASH
-    ):
+    if not notes and verdict.state == "FAILED" and last is not None and last.cause in FAILURES:
         notes.append(describe_attempt(last))  # Slurm's FAILED stands; the ledger says why
     if source is Source.GONE_NO_ACCOUNTING and view.error:
         notes.append(view.error)
@@ -220,14 +258,21 @@ def _row(run_dir: Path, manifest: Manifest, view: SlurmView) -> dict[str, Any]:
     # A resumed local job's early crash is told from the old job's ends by its submit time: its
     # old ranks were provably gone before the resume. Not so on Slurm: a rank may still write
     # its end a moment after Slurm has called the job FAILED (seen on 22.05).
-    since = _submitted(manifest) if manifest.backend == "local" else None
+    submitted = _submitted(manifest)
+    since = submitted if manifest.backend == "local" else None
     attempts = read_ledger(paths.ledger, since=since)
+    # The verdict is the current job's: an earlier job's crash never speaks for a later one.
+    local = manifest.backend == "local"
+    job = None if local else manifest.job_id
+    current = current_attempts(attempts, job_id=job, job_ref=job, since=submitted)
     slurm_state, source, record = _slurm_word(run_dir, manifest, paths, view)
     detail = view.error if source is Source.UNREACHABLE else ""
     if source is Source.REUSED:
         detail = f"script {record.command}"
-    verdict = judge(slurm_state, source, attempts, _startup(run_dir, manifest, paths), detail)
-    notes = _notes(verdict, source, view, attempts, paths)
+    elif source is Source.LOST:
+        detail = record.raw_state
+    verdict = judge(slurm_state, source, current, _startup(run_dir, manifest, paths), detail)
+    notes = _notes(verdict, source, view, current, paths)
     if manifest.backend == "local" and record:
         notes.append(record)
     nodes, elapsed = _nodes_and_elapsed(source, record, attempts)
@@ -245,15 +290,20 @@ def _row(run_dir: Path, manifest: Manifest, view: SlurmView) -> dict[str, Any]:
         "causes": ",".join(a.cause.value if a.cause else "running" for a in attempts) or "-",
         "ckpt step": step,
         "loss": last_metric(paths, "loss"),
-        "failed_rank": _failed_rank(paths, verdict.state, attempts),
+        "failed_rank": _failed_rank(paths, verdict.state, current),
         "note": "; ".join(notes) or None,
         "attempt_list": [
             {
-                "attempt": a.attempt,
+                "attempt": a.attempt,  # numbered across the run's jobs
+                "job": a.job_ref,
+                "restart": a.restart,  # within its job: what the requeue budget counts
                 "cause": a.cause.value if a.cause else None,
                 "steps_done": a.steps_done,
                 "checkpoint": a.checkpoint,
                 "nodelist": a.nodelist,
+                "launch": a.launch,  # within its Slurm attempt: in-job restarts count up
+                "blame": None if a.blame is None else a.blame.describe(),
+                "next": a.next,
             }
             for a in attempts
         ],
@@ -265,9 +315,12 @@ def reason_lines(row: dict[str, Any]) -> list[str]:
     first, and the note (why the run stands where it does). ``submit --wait`` prints them too."""
     lines = []
     if row["failed_rank"]:
-        lines.append(
-            f"{row['run']}: failed first: {row['failed_rank']} (srun, in logs/batch-*.err)"
+        where = (
+            "ledger.jsonl"
+            if row["failed_rank"].split(":")[0] in _CAUSE_WORDS
+            else ("srun, in logs/batch-*.err")
         )
+        lines.append(f"{row['run']}: failed first: {row['failed_rank']} ({where})")
     if row["note"]:
         lines.append(f"{row['run']}: {row['note']}")
     return lines

@@ -74,19 +74,28 @@ def task_source(live: JobInfo | None, answered: bool) -> Source:
     return Source.GONE_NO_ACCOUNTING if answered else Source.UNREACHABLE
 
 
-def task_state(attempts: Sequence[Attempt], live: JobInfo | None, live_known: bool) -> TaskState:
+def task_state(
+    attempts: Sequence[Attempt],
+    live: JobInfo | None,
+    live_known: bool,
+    accounted: JobState | None = None,
+) -> TaskState:
     """Where a task stands, from its ledger and squeue's row (``live_known``: squeue answered).
 
-    A finished ledger wins over anything Slurm says. Otherwise a live row decides; a task that
-    has left the queue without finishing failed (or was cancelled). Without squeue's answer
-    the ledger's best guess is given, and ``unknown`` where it has none.
+    A finished ledger wins over anything Slurm says. Otherwise a live row decides, else
+    ``accounted``, sacct's final state of a task squeue no longer holds; a task that has left
+    the queue without finishing and without either failed (or was cancelled). Without squeue's
+    answer the ledger's best guess is given, and ``unknown`` where it has none.
     """
     last = attempts[-1] if attempts else None
     if last is not None and last.cause is EndCause.FINISHED:
         return TaskState.FINISHED
     source = task_source(live, live_known)
+    slurm = None if live is None else live.state
+    if source is Source.GONE_NO_ACCOUNTING and accounted is not None and accounted.finished:
+        source, slurm = Source.SACCT, accounted
     # The logs only ever change the verdict's note, never a task state: not worth reading.
-    word = judge(None if live is None else live.state, source, attempts, _no_logs).state
+    word = judge(slurm, source, attempts, _no_logs).state
     if source is Source.UNREACHABLE:
         return _from_guess(word, last)
     state = _WORDS.get(word, TaskState.FAILED)

@@ -26,6 +26,9 @@ from typing import Any
 from hpc_ddp.runtime.ledger import Attempt, EndCause
 from hpc_ddp.slurm.jobstate import AccountingRecord, JobInfo, JobState
 
+FAILURES = frozenset({EndCause.CRASH, EndCause.HANG, EndCause.NODE_FAIL, EndCause.NO_PROGRESS})
+"""Causes that end a run in failure by themselves: the ledger says why, as a crash does."""
+
 
 class Source(str, Enum):
     """Where a run's Slurm state came from, or why there is none."""
@@ -37,6 +40,9 @@ class Source(str, Enum):
     GONE_UNACCOUNTED = "gone, not in sacct"
     REUSED = "job id reused"
     """The controller's job of that id runs another script (the cluster's ids restarted)."""
+    LOST = "lost by the controller"
+    """Not held by the controller, yet sacct's last record of it never ended (``RUNNING``,
+    ``REQUEUED``, ``PENDING``): the controller lost the job (its state was wiped)."""
     UNREACHABLE = "Slurm did not answer"
     LOCAL_RUNNING = "local, running"
     LOCAL_ENDED = "local, ended"
@@ -65,8 +71,11 @@ class SlurmView:
         if self.accounting is None:
             return None, Source.GONE_NO_ACCOUNTING, None
         record = self.accounting.get(job_id)
+        record = None if record is None else record.submitted_with(script)  # not a reused id's
         if record is None:
             return None, Source.GONE_UNACCOUNTED, None
+        if not record.state.finished:
+            return None, Source.LOST, record
         return record.state, Source.SACCT, record
 
 
@@ -87,6 +96,32 @@ def _when(t: float) -> str:
         return "?"
 
 
+def current_attempts(
+    attempts: Sequence[Attempt],
+    *,
+    job_id: str | None = None,
+    job_ref: str | None = None,
+    since: float | None = None,
+) -> list[Attempt]:
+    """The attempts of the run's current job, the only ones its verdict may rest on: an earlier
+    job's crash says nothing about a later job of the same run (``hpc-ddp resume``).
+
+    An entry names its job by ``job_ref`` (``ARRAYJOB_TASK`` for a sweep task) or ``job_id``;
+    one that names none (a local run's, or a very early end written by an older hpc-ddp) is
+    the current job's when it started at ``since`` (the job's submit time) or later. With
+    nothing to tell them by, every attempt is kept.
+    """
+
+    def ours(a: Attempt) -> bool:
+        if job_ref is not None and a.job_ref is not None:
+            return a.job_ref == job_ref
+        if job_id is not None and a.job_id is not None:
+            return a.job_id == job_id
+        return since is None or a.started >= since
+
+    return [a for a in attempts if ours(a)]
+
+
 def describe_attempt(a: Attempt) -> str:
     """One ledger entry in words, for a note."""
     where = f" on {a.nodelist}" if a.nodelist else ""
@@ -95,6 +130,12 @@ def describe_attempt(a: Attempt) -> str:
     text = f"attempt {a.attempt} ended {a.cause.value!r}"
     if a.steps_done is not None:
         text += f" at step {a.steps_done}"
+    if (
+        a.blame is not None
+        and a.cause in FAILURES
+        and not (a.message or "").startswith(a.cause.value)
+    ):
+        text += f": {a.blame.describe()}"
     if a.requeue_requested:
         text += " and asked for a requeue that never ran"
     return text + (f" ({a.message})" if a.message else "")
@@ -138,7 +179,7 @@ def _with_slurm(
     if slurm is JobState.COMPLETED:
         return _not_finished("Slurm says COMPLETED, but", last, startup, "INCOMPLETE")
     # FAILED, CANCELLED, TIMEOUT, NODE_FAIL, ...
-    if cause in (EndCause.CRASH, EndCause.CANCELLED) or slurm is JobState.CANCELLED:
+    if cause in FAILURES or cause is EndCause.CANCELLED or slurm is JobState.CANCELLED:
         return Verdict(slurm.value)  # the ledger or the cancel itself says why
     why = startup()
     if last is None:
@@ -160,10 +201,19 @@ def _gone(
     """A job Slurm no longer speaks for (``source`` says why): the ledger settles what it can."""
     gone = _GONE.get(source, source.value)
     if source is Source.REUSED:
-        gone = f"the job id now names another job ({detail}); the cluster's job ids restarted"
+        gone = (
+            f"the job id now names another job ({detail}): this run directory is a copy of "
+            "that job's, or the cluster's job ids restarted"
+        )
+    elif source is Source.LOST:
+        gone = (
+            f"Slurm no longer holds the job, yet sacct's last record of it says {detail} and "
+            "never ended: the controller lost it (its state was wiped), and it will not run again"
+        )
     cause = last.cause if last is not None else None
-    if cause is EndCause.CRASH:
-        return Verdict("FAILED", f"{gone}; {describe_attempt(last)}" if last else gone)
+    if cause in FAILURES:
+        state = "NODE_FAIL" if cause is EndCause.NODE_FAIL else "FAILED"
+        return Verdict(state, f"{gone}; {describe_attempt(last)}" if last else gone)
     if cause is EndCause.CANCELLED:
         return Verdict("CANCELLED")
     return _not_finished(f"{gone}; last ledger entry:", last, startup, "GONE?")
@@ -173,8 +223,9 @@ def _not_finished(
     lead: str, last: Attempt | None, startup: Callable[[], str | None], state: str
 ) -> Verdict:
     """A job that ended while its ledger does not say finished: why, as far as anyone knows."""
-    if last is not None and last.cause is EndCause.CRASH:
-        return Verdict("FAILED", f"{lead} {describe_attempt(last)}")
+    if last is not None and last.cause in FAILURES:
+        state = "NODE_FAIL" if last.cause is EndCause.NODE_FAIL else "FAILED"
+        return Verdict(state, f"{lead} {describe_attempt(last)}")
     if last is not None and last.cause is EndCause.CANCELLED:
         return Verdict("CANCELLED", f"{lead} {describe_attempt(last)}")
     why = startup()
@@ -194,4 +245,5 @@ def ledger_word(cause: EndCause | None) -> str:
     end ``cause`` in Slurm's words (``UNKNOWN`` without one)."""
     if cause is None:
         return "UNKNOWN"
-    return {"crash": "FAILED", "cancelled": "CANCELLED"}.get(cause.value, cause.value.upper())
+    words = {"crash": "FAILED", "hang": "FAILED", "no_progress": "FAILED", "cancelled": "CANCELLED"}
+    return words.get(cause.value, cause.value.upper())

@@ -15,9 +15,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from hpc_ddp.config.model import JobConfig
+from hpc_ddp.slurm.arrayjobs import format_index_ranges
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.render import RenderContext, load_template, render_sbatch
-from hpc_ddp.sweep.records import format_index_ranges
 from hpc_ddp.sweep.spec import SweepSpec
 from hpc_ddp.version import __version__
 

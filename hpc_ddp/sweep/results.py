@@ -19,18 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.errors import RunDirError
 from hpc_ddp.layout import RunPaths
-from hpc_ddp.runtime.ledger import read_ledger
-from hpc_ddp.runtime.metrics import NOT_METRICS
-from hpc_ddp.slurm.jobstate import JobInfo
+from hpc_ddp.runtime.ledger import Attempt, read_ledger
+from hpc_ddp.runtime.metrics import NOT_METRICS, drop_replayed
+from hpc_ddp.slurm.arrayjobs import current_refs, live_task, read_arrays
+from hpc_ddp.slurm.jobstate import AccountingRecord, JobInfo, JobState
 from hpc_ddp.state.task import RESUBMITTABLE, TaskState, task_state
-from hpc_ddp.sweep.records import (
-    SweepRecord,
-    current_refs,
-    live_task,
-    read_arrays,
-    read_sweep_record,
-)
+from hpc_ddp.state.verdict import current_attempts
+from hpc_ddp.sweep.records import SweepRecord, read_sweep_record
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +47,30 @@ def failed_points(
     for point in record.points:
         ref = refs.get(point.index)
         info = None if ref is None else live_task(live, *ref)
-        if task_state(read_ledger(paths.task(point.index).ledger), info, True) in RESUBMITTABLE:
+        attempts = current_task_attempts(read_ledger(paths.task(point.index).ledger), ref)
+        if task_state(attempts, info, True) in RESUBMITTABLE:
             out.append(point.index)
     return out
+
+
+def current_task_attempts(
+    attempts: Sequence[Attempt], ref: tuple[str, int] | None
+) -> list[Attempt]:
+    """A task's attempts in the array task that runs it now (``ref``: array job, task id), the
+    only ones its state may rest on: an earlier array's crash says nothing about the task a
+    ``--resubmit-failed`` array runs now."""
+    if ref is None:
+        return list(attempts)
+    return current_attempts(attempts, job_ref=f"{ref[0]}_{ref[1]}")
 
 
 # --- metrics ------------------------------------------------------------------------------------
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Every whole row of a ``metrics.jsonl``; never fails.
+    """Every whole row of a ``metrics.jsonl`` that counts (rows a later attempt logged again
+    are left out, and the resume markers: :func:`~hpc_ddp.runtime.metrics.drop_replayed`);
+    never fails.
 
     A torn last line (the task is writing it) is skipped silently. Other lines that are not
     JSON objects (binary junk, a list, a number) are skipped with one warning per file, and so
@@ -95,7 +106,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
             len(bad),
             bad[0],
         )
-    return rows
+    return drop_replayed(rows)
 
 
 def _number(value: Any) -> float | None:
@@ -168,19 +179,38 @@ class ResultRow:
     run_dir: Path
 
 
+def unheld_arrays(sweep_dir: Path, live: Mapping[str, JobInfo]) -> list[str]:
+    """The sweep's array job ids with a current task that squeue (``live``) no longer holds:
+    only sacct can say how those tasks ended. None for a sweep whose records are damaged
+    (its status says so)."""
+    try:
+        refs = current_refs(read_arrays(sweep_dir))
+    except RunDirError:
+        return []
+    gone = (job for job, task in refs.values() if live_task(live, job, task) is None)
+    return list(dict.fromkeys(gone))
+
+
 def gather_results(
-    sweep_dir: Path, live: Mapping[str, JobInfo] | None = None, metric: str | None = None
+    sweep_dir: Path,
+    live: Mapping[str, JobInfo] | None = None,
+    metric: str | None = None,
+    accounting: Mapping[str, AccountingRecord] | None = None,
 ) -> list[ResultRow]:
     """One row per point of the sweep, in index order; none is ever left out.
 
     ``live`` is squeue's view (``SlurmClient.job_states`` of the sweep's array jobs); ``None``
-    when Slurm could not be asked, and states then come from the ledgers alone. ``metric``
-    defaults to the sweep's. Works while the sweep runs: partial files are read as they are.
+    when Slurm could not be asked, and states then come from the ledgers alone. ``accounting``
+    is sacct's records of the tasks squeue no longer holds (of :func:`unheld_arrays`), where
+    there is accounting. ``metric`` defaults to the sweep's. Works while the sweep runs:
+    partial files are read as they are.
     """
     record = read_sweep_record(sweep_dir)
     key = metric or record.metric
     mode = record.mode if key == record.metric else "min"
-    refs = current_refs(read_arrays(sweep_dir))
+    arrays = read_arrays(sweep_dir)
+    refs = current_refs(arrays)
+    scripts = {a.job_id: str((sweep_dir / a.script).resolve()) for a in arrays}
     paths = RunPaths(sweep_dir)
     out = []
     for point in record.points:
@@ -193,12 +223,16 @@ def gather_results(
         steps = [s for r in rows if isinstance(s := r.get("step"), int)]
         steps += [a.steps_done for a in attempts if a.steps_done is not None]
         last = attempts[-1] if attempts else None
+        accounted = None
+        if info is None and ref is not None and accounting:
+            accounted = _accounted(accounting.get(f"{ref[0]}_{ref[1]}"), scripts[ref[0]])
+        state = task_state(current_task_attempts(attempts, ref), info, live is not None, accounted)
         out.append(
             ResultRow(
                 index=point.index,
                 name=point.name,
                 values=point.overrides,
-                state=task_state(attempts, info, live is not None),
+                state=state,
                 final=final,
                 best=best,
                 best_step=best_step,
@@ -211,6 +245,13 @@ def gather_results(
             )
         )
     return out
+
+
+def _accounted(record: AccountingRecord | None, script: str) -> JobState | None:
+    """sacct's state of an array task, if the line is this sweep's (a job id the cluster gave
+    again names another job) and the task ended."""
+    mine = None if record is None else record.submitted_with([script])
+    return mine.state if mine is not None and mine.state.finished else None
 
 
 def sort_rows(rows: Sequence[ResultRow], key: str, mode: str) -> list[ResultRow]:

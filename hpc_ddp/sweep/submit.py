@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -24,14 +24,22 @@ from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import SlurmError, SubmissionError
 from hpc_ddp.launch.submission import create_run_dir, stamp_of
 from hpc_ddp.layout import MANIFEST_FILE, RunPaths
-from hpc_ddp.manifest import Manifest, read_manifest, write_manifest
+from hpc_ddp.manifest import Manifest, read_manifest, record_lock, write_manifest
+from hpc_ddp.slurm.arrayjobs import (
+    ArrayRecord,
+    current_refs,
+    format_index_ranges,
+    live_task,
+    read_arrays,
+)
 from hpc_ddp.slurm.client import SlurmClient
+from hpc_ddp.slurm.jobstate import JobInfo
 from hpc_ddp.sweep.arrays import (
     PreparedArray,
     prepare_arrays,
     sweep_name,
 )
-from hpc_ddp.sweep.records import ArrayRecord, format_index_ranges, read_arrays, read_sweep_record
+from hpc_ddp.sweep.records import read_sweep_record
 from hpc_ddp.sweep.results import failed_points
 from hpc_ddp.sweep.spec import SweepSpec
 from hpc_ddp.sweep.sweepdir import (
@@ -152,7 +160,9 @@ def submit_sweep(
             config_source=str(sweep_file),
             run_dir=str(sweep_dir),
         )
-        records = schedule_arrays(sweep_dir, arrays, client, manifest=manifest)
+        # Held until arrays.json names the arrays: a task that starts at once waits for it.
+        with record_lock(sweep_dir):
+            records = schedule_arrays(sweep_dir, arrays, client, manifest=manifest)
     except BaseException:
         if not (sweep_dir / MANIFEST_FILE).exists():
             shutil.rmtree(sweep_dir, ignore_errors=True)  # nothing submitted: leave no trace
@@ -196,6 +206,9 @@ class Resubmission:
     points: list[int]
     arrays: list[PreparedArray]
     records: list[ArrayRecord]
+    live: dict[int, str] = field(default_factory=dict)
+    """Points whose array task is queued or running now, and that task (``ARRAYJOB_TASK``, or
+    the pending range holding it): never submitted again while it is."""
 
 
 def resubmit_failed(
@@ -211,16 +224,33 @@ def resubmit_failed(
     ``MaxArraySize`` allows) over exactly those points.
 
     Their directories are reused as they are: the runtime resumes each from its last
-    checkpoint and appends to its ledger, metrics and logs.
+    checkpoint and appends to its ledger, metrics and logs. The sweep directory's record lock
+    is held from the choice of the points to the record of the new array: a second
+    ``--resubmit-failed`` waits, then finds those tasks live and submits nothing.
     """
+    if dry_run:
+        return _resubmit_locked(sweep_dir, client, python, invocation, dry_run, now)
+    with record_lock(sweep_dir):
+        return _resubmit_locked(sweep_dir, client, python, invocation, dry_run, now)
+
+
+def _resubmit_locked(
+    sweep_dir: Path,
+    client: SlurmClient,
+    python: str,
+    invocation: Sequence[str],
+    dry_run: bool,
+    now: datetime | None,
+) -> Resubmission:
     record = read_sweep_record(sweep_dir)
     manifest = read_manifest(sweep_dir)
     previous = read_arrays(sweep_dir)
     job_ids = list(dict.fromkeys(a.job_id for a in previous))
     live = client.job_states(job_ids) if job_ids else {}
     points = failed_points(sweep_dir, live, record)
+    running = live_points(previous, live)
     if not points:
-        return Resubmission([], [], [])
+        return Resubmission([], [], [], running)
     paths = RunPaths(sweep_dir)
     configs = {i: load_resolved_config(paths.task(i).config) for i in points}
     base = Path(record.base)
@@ -239,8 +269,19 @@ def resubmit_failed(
         now=now,
     )
     if dry_run:
-        return Resubmission(points, arrays, [])
+        return Resubmission(points, arrays, [], running)
     records = schedule_arrays(
         sweep_dir, arrays, client, manifest=manifest, previous=previous, reason="resubmit-failed"
     )
-    return Resubmission(points, arrays, records)
+    return Resubmission(points, arrays, records, running)
+
+
+def live_points(arrays: Sequence[ArrayRecord], live: Mapping[str, JobInfo]) -> dict[int, str]:
+    """Point -> its array task's ref, for every point whose current task squeue shows queued or
+    running (``live``: squeue's rows of the sweep's arrays)."""
+    out: dict[int, str] = {}
+    for point, (job_id, task_id) in current_refs(arrays).items():
+        info = live_task(live, job_id, task_id)
+        if info is not None and not info.state.finished:
+            out[point] = info.ref
+    return out

@@ -1,4 +1,5 @@
-"""The built-in trainer's step: micro-batches, mixed precision, optimizer; and its progress log.
+"""The built-in trainer's step: micro-batches, mixed precision, deterministic kernels, optimizer;
+and its progress log.
 
 Split from :mod:`hpc_ddp.train.trainer` so that what runs every step is small and visible: one
 forward/backward per micro-batch, one optimizer and LR-schedule step, and one in-place add for
@@ -10,14 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import re
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from hpc_ddp.config.exactness import DETERMINISTIC_ENV
 from hpc_ddp.config.model import TrainConfig
 from hpc_ddp.runtime.metrics import Throughput, format_progress
 from hpc_ddp.runtime.session import Session
@@ -35,19 +40,101 @@ class Precision:
 
     @classmethod
     def choose(cls, amp: bool, device: torch.device) -> Precision:
-        """bf16 where the GPU supports it, else fp16 with a GradScaler; float32 on CPU."""
+        """bf16 where the GPU computes in it natively, else fp16 with a GradScaler; float32 on
+        CPU.
+
+        ``is_bf16_supported()`` alone also says yes for GPUs that only emulate bf16 (a T4 or
+        V100 creates bf16 tensors but has no bf16 tensor cores): those get fp16 instead.
+        """
         enabled = amp and device.type == "cuda"
         if amp and not enabled:
             log.warning("train.amp needs a GPU; training in float32 on %s", device)
-        dtype = torch.bfloat16 if enabled and torch.cuda.is_bf16_supported() else torch.float16
-        scaler = torch.amp.GradScaler("cuda") if enabled and dtype == torch.float16 else None
-        return cls(enabled, dtype, scaler)
+        if not enabled:
+            return cls(False, torch.float16, None)
+        if torch.cuda.is_bf16_supported(including_emulation=False):
+            log.info("train.amp: bfloat16 autocast on %s", device)
+            return cls(True, torch.bfloat16, None)
+        major, minor = torch.cuda.get_device_capability(device)
+        log.info(
+            "train.amp: float16 autocast with a GradScaler on %s (sm_%d%d has no native bfloat16)",
+            device,
+            major,
+            minor,
+        )
+        return cls(True, torch.float16, torch.amp.GradScaler("cuda"))
 
     def autocast(self, device: torch.device) -> contextlib.AbstractContextManager[Any]:
         """The forward pass's context; a plain null context in float32 (nothing to switch)."""
         if not self.enabled:
             return contextlib.nullcontext()
         return torch.autocast(device.type, dtype=self.dtype)
+
+
+_NO_DETERMINISTIC = re.compile(r"^(?P<op>\S+) does not have a deterministic implementation")
+"""torch's warning when ``use_deterministic_algorithms(True, warn_only=True)`` meets an op
+that has no deterministic version (it names the op first)."""
+
+
+class DeterministicKernels:
+    """``train.deterministic`` for the ``with`` block: the same kernels, and so the same bits,
+    every run.
+
+    cuDNN picks deterministic algorithms and never autotunes; ``CUBLAS_WORKSPACE_CONFIG`` (which
+    ``hpc-ddp run`` has already set before CUDA started) makes cuBLAS deterministic; every other
+    op with a deterministic version uses it. An op without one is not refused: it runs, torch
+    warns, and the log names it once (:attr:`fallbacks`): that run is then step-exact only.
+    The previous settings come back on exit.
+    """
+
+    def __init__(self) -> None:
+        self.fallbacks: list[str] = []
+        """The ops that ran without a deterministic version, in the order first seen."""
+        self._saved: tuple[Any, ...] = ()
+
+    def __enter__(self) -> DeterministicKernels:
+        for name, value in DETERMINISTIC_ENV:
+            os.environ.setdefault(name, value)  # not run by `hpc-ddp run`: still before cuBLAS
+        self._saved = (
+            torch.backends.cudnn.benchmark,
+            torch.backends.cudnn.deterministic,
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+            warnings.showwarning,
+        )
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+        # Imports torch._inductor.config, about 1.5 s: one more reason it is not the default.
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        warnings.showwarning = self._show
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        benchmark, cudnn_deterministic, algorithms, warn_only, show = self._saved
+        torch.backends.cudnn.benchmark = benchmark
+        torch.backends.cudnn.deterministic = cudnn_deterministic
+        torch.use_deterministic_algorithms(algorithms, warn_only=warn_only)
+        warnings.showwarning = show
+
+    def _show(
+        self,
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        found = _NO_DETERMINISTIC.match(str(message))
+        if found is None:
+            self._saved[-1](message, category, filename, lineno, file, line)
+            return
+        if found["op"] not in self.fallbacks:
+            self.fallbacks.append(found["op"])
+            log.warning(
+                "train.deterministic: %s has no deterministic implementation, so this run is "
+                "step- and sample-exact, not bitwise",
+                found["op"],
+            )
 
 
 class StepRunner:

@@ -8,18 +8,23 @@ all-reduced once), optional autocast on GPU (bf16 where supported, else fp16 wit
 an optimizer step and an LR-schedule step. The global batch is ``batch_size x world_size x
 grad_accum`` samples.
 
-Resume is bit-identical on CPU (gloo) for any number of ranks. On GPUs it also needs
-deterministic kernels (``torch.use_deterministic_algorithms(True)``, cuDNN benchmark off) and
-``Session.wrap(exact=True)``; none of them is the default there, as each costs speed.
+Resume is bit-identical on CPU (gloo) for any number of ranks. On GPUs it is step- and
+sample-exact, and bit-identical only with ``train.deterministic`` (deterministic kernels, and
+DDP's fixed bucket layout with 3+ ranks) on the same nodes and GPU topology; neither is the
+default there, as each costs speed (:mod:`hpc_ddp.config.exactness`).
+
+Data-loader workers: ``train.num_workers: auto`` gives a GPU rank workers (decoding overlaps
+the GPU's work) and a CPU rank none (they would take the cores the model computes on).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,14 +38,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from hpc_ddp.config.exactness import Exactness, exactness
 from hpc_ddp.config.model import JobConfig, TrainConfig
-from hpc_ddp.errors import ConfigError, HpcDdpError
+from hpc_ddp.errors import ConfigError
 from hpc_ddp.runtime.checkpoint import weights_digest
 from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.sampler import mix_seed
 from hpc_ddp.runtime.session import Session
 from hpc_ddp.train.data import build_dataset
-from hpc_ddp.train.loop import Precision, ProgressReport, StepRunner
+from hpc_ddp.train.loop import DeterministicKernels, Precision, ProgressReport, StepRunner
 from hpc_ddp.train.models import build_model
 
 log = logging.getLogger(__name__)
@@ -109,31 +115,54 @@ def seed_everything(seed: int) -> None:
 
 
 def _datasets(cfg: TrainConfig, s: Session) -> tuple[Dataset[Any], Dataset[Any] | None]:
-    """Rank 0 builds (and checks) the datasets first, the others after it succeeded."""
-    error: str | None = None
-    built: tuple[Any, Any] | None = None
-    if s.is_main:
-        try:
-            built = build_dataset(cfg, train=True), build_dataset(cfg, train=False)
-        except HpcDdpError as exc:
-            error = str(exc)
-            if s.world_size == 1:
-                raise
-    error = s.broadcast_object(error)
-    if error is not None:
-        raise ConfigError(error)
-    if built is None:
-        built = build_dataset(cfg, train=True), build_dataset(cfg, train=False)
-    assert built[0] is not None
-    return built[0], built[1]
+    """Rank 0 builds (and checks) the datasets first, the others after it succeeded (a
+    user's dataset function may cache on first use); rank 0's error stops them all."""
+    with s.main_first():
+        train, val = build_dataset(cfg, train=True), build_dataset(cfg, train=False)
+    assert train is not None
+    return train, val
 
 
-def _val_loader(ds: Dataset[Any], cfg: TrainConfig, s: Session) -> DataLoader[Any]:
+def fixed_buckets(world_size: int, kept: Exactness) -> bool:
+    """Whether DDP's bucket layout is fixed up front (``Session.wrap(exact=...)``), which costs
+    the overlap of all-reduce with backward: only where it buys bit-identical resume, with
+    3+ ranks on CPUs or deterministic GPU kernels."""
+    return world_size > 2 and kept is not Exactness.STEP_EXACT
+
+
+MAX_AUTO_WORKERS = 8
+"""``num_workers: auto`` never starts more workers per rank than this."""
+
+
+def resolve_num_workers(setting: int | str, device_type: str, cpus: int) -> int:
+    """The data-loader workers per rank for ``train.num_workers`` (pure).
+
+    A number is used as given. ``auto``: none on the CPU, where the model computes on every
+    core the rank has; on a GPU one fewer than the rank's ``cpus`` (the last one runs the
+    training loop), at least 1 and at most :data:`MAX_AUTO_WORKERS`.
+    """
+    if isinstance(setting, int):
+        return setting
+    if device_type != "cuda":
+        return 0
+    return max(1, min(MAX_AUTO_WORKERS, cpus - 1))
+
+
+def task_cpus(env: Mapping[str, str], local_world_size: int) -> int:
+    """The CPUs this rank may use: Slurm's ``cpus_per_task``, else its share of the CPUs this
+    process may run on (its affinity, shared with the other ranks of the node)."""
+    slurm = env.get("SLURM_CPUS_PER_TASK", "")
+    if slurm.isdigit() and int(slurm) > 0:
+        return int(slurm)
+    return max(1, len(os.sched_getaffinity(0)) // max(1, local_world_size))
+
+
+def _val_loader(ds: Dataset[Any], cfg: TrainConfig, s: Session, workers: int) -> DataLoader[Any]:
     shard = Subset(ds, range(s.rank, len(ds), s.world_size))  # type: ignore[arg-type]
     return DataLoader(
         shard,
         batch_size=cfg.batch_size,
-        num_workers=cfg.num_workers,
+        num_workers=workers,
         # Its own generator: a DataLoader without one draws from the global RNG.
         generator=torch.Generator().manual_seed(mix_seed(cfg.seed, s.rank, 2)),
     )
@@ -171,7 +200,10 @@ class _Validation:
     def run(self, s: Session, model: nn.Module, step: int, precision: Precision) -> None:
         """Evaluate now (collective), log the result as a metrics row and a line."""
         assert self.loader is not None
-        val = evaluate(unwrap(model), self.loader, s.device, lambda: precision.autocast(s.device))
+        with s.section("eval"):  # its own deadline: an evaluation is no hung step
+            val = evaluate(
+                unwrap(model), self.loader, s.device, lambda: precision.autocast(s.device)
+            )
         self.result, self.step = val, step
         s.log(step=step, epoch=s.progress.epoch, val_loss=val[0], val_acc=val[1])
         log.info("step %d/%d | val_loss %.4f | val_acc %.4f", step, self.total, *val)
@@ -208,17 +240,30 @@ def run_training(cfg: JobConfig, session: Session) -> TrainResult:
     On an agreed stop signal the session saves, requeues and raises
     :class:`~hpc_ddp.runtime.session.RequeueExit`; this function then never returns.
     """
+    if not cfg.train.deterministic:
+        return _run_training(cfg, session)
+    with DeterministicKernels():
+        return _run_training(cfg, session)
+
+
+def _run_training(cfg: JobConfig, session: Session) -> TrainResult:
     t, s = cfg.train, session
+    kept = exactness(on_gpu=s.device.type == "cuda", deterministic=t.deterministic)
+    log.info("exactness: a resume of this run is %s", kept.value)
     seed_everything(t.seed)  # identical initial weights on every rank
     train_ds, val_ds = _datasets(t, s)
-    # A fixed bucket layout (exact=True, the CPU default) is what bit-identical resume needs
-    # with 3+ ranks; with 1 or 2 every gradient element is a sum of at most two terms, the same
-    # in any layout, so DDP may keep its own order, which overlaps all-reduce with backward.
-    model = s.wrap(build_model(t), exact=None if s.world_size > 2 else False)
+    # With 1 or 2 ranks every gradient element is a sum of at most two terms, the same in any
+    # bucket layout, so DDP may keep its own order, which overlaps all-reduce with backward.
+    model = s.wrap(build_model(t), exact=fixed_buckets(s.world_size, kept))
+    workers = resolve_num_workers(
+        t.num_workers, s.device.type, task_cpus(s.env, s.dist.local_world_size)
+    )
+    log.info("data loader: %d worker process(es) per rank (train.num_workers: %s)", workers,
+             t.num_workers)  # fmt: skip
     loader = s.loader(
         train_ds,
         batch_size=t.batch_size,
-        num_workers=t.num_workers,
+        num_workers=workers,
         multiple_of=t.grad_accum,
         pin_memory=s.device.type == "cuda",
     )
@@ -236,7 +281,7 @@ def run_training(cfg: JobConfig, session: Session) -> TrainResult:
         s.progress.step + 1,
         total,
     )
-    val = _Validation(_val_loader(val_ds, t, s) if val_ds is not None else None, total)
+    val = _Validation(_val_loader(val_ds, t, s, workers) if val_ds is not None else None, total)
     report = ProgressReport(t, s, total, global_batch)
     _train_loop(t, s, total, loader.forever(), runner, report, val)
     if val.loader is not None and val.step != s.progress.step:

@@ -15,9 +15,11 @@ import io
 import json
 import os
 import pty
+import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -149,19 +151,53 @@ def test_a_target_that_is_neither_a_dir_nor_a_job_id_is_a_usage_error(
 
 
 def test_the_guard_sees_a_real_cancels_signal(
-    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+    tmp_path: Path, run_sleeper: Callable[[Path], subprocess.Popen[bytes]]
 ) -> None:
     """Positive control: with the right identity recorded, the guard records the SIGTERM."""
+    run_dir = local_run(tmp_path / "run", "2")
+    sleeper = run_sleeper(run_dir)  # its command line names run/submitit, as a controller's
     ident = identify_started(sleeper.pid)
     assert ident is not None
-    run_dir = local_run(tmp_path / "run", str(sleeper.pid))
+    local_run(run_dir, str(sleeper.pid))
     write_identity(run_dir, ident)
-    done, calls = guarded(tmp_path, "cancel", str(run_dir))
+    done, calls = guarded(tmp_path, "cancel", str(run_dir), "--json")
     assert done.returncode == 0, done.stderr
     assert len(calls) == 1
     assert calls[0][0] == "pidfd_send_signal"
     assert calls[0][2] == "15"
-    assert f"cancelled local job {sleeper.pid}" in done.stdout
+    shown = json.loads(done.stdout)
+    assert shown["outcome"] == "cancelled"
+    assert f"cancelled local job {sleeper.pid}" in shown["message"]
+
+
+def test_a_copied_local_json_signals_nothing_of_the_original_run(
+    tmp_path: Path, run_sleeper: Callable[[Path], subprocess.Popen[bytes]]
+) -> None:
+    """``cp -r runs/a runs/b``: b's local.json names a's live controller, which runs exactly
+    as recorded; its command line names a, so cancelling b signals nothing and says why."""
+    original = local_run(tmp_path / "a", "2")
+    controller = run_sleeper(original)
+    ident = identify_started(controller.pid)
+    assert ident is not None
+    local_run(original, str(controller.pid))
+    write_identity(original, ident)
+    copy = tmp_path / "b"
+    shutil.copytree(original, copy)
+    done, calls = guarded(tmp_path, "cancel", str(copy), "--json")
+    assert calls == []
+    assert done.returncode == 2, done.stderr
+    shown = json.loads(done.stdout)
+    assert shown["outcome"] == "not_this_run"
+    assert f"its process {controller.pid}" in shown["message"]
+    assert f"runs {original.resolve()}, not {copy.resolve()}" in shown["message"]
+    assert "nothing was signalled. HINT:" in shown["message"]
+    assert not (copy / "local-cancelled").exists()
+    assert controller.poll() is None
+    # Status agrees: the copy runs nothing, the original runs.
+    states = {Path(r["run"]).name: r["state"] for r in
+              json.loads(hpc("status", str(copy), str(original), "--json").stdout)}  # fmt: skip
+    assert states["a"] == "RUNNING"
+    assert states["b"] != "RUNNING"
 
 
 def _children(pid: int) -> list[int]:
@@ -191,6 +227,13 @@ def test_cancel_stops_a_running_local_job_and_wait_reports_it(tmp_path: Path) ->
         pid = int(json.loads((run_dir / "manifest.json").read_text())["job_id"])
         tasks = _children(pid)
         assert len(tasks) == 2  # the two ranks
+        # A copy of the live run dir (`cp -r`) names these processes too: it signals nothing.
+        copy = shutil.copytree(run_dir, tmp_path / "copy")
+        refused = hpc("cancel", str(copy))
+        assert refused.returncode == 2, refused.stdout
+        assert f"{copy}: local job {pid} is not this run's: its process " in refused.stderr
+        assert f"runs {run_dir}, not {copy}; nothing was signalled" in refused.stderr
+        assert all(identify_started(t, timeout_s=0) is not None for t in [pid, *tasks])
         done = hpc("cancel", str(run_dir))
         assert done.returncode == 0, done.stderr
         assert f"cancelled local job {pid}" in done.stdout
@@ -357,6 +400,25 @@ def test_logs_follow_prints_what_is_appended(tmp_path: Path) -> None:
     finally:
         follower.kill()
         follower.communicate()  # reaps it and closes the pipe
+
+
+@pytest.mark.parametrize(("nodes", "tasks", "has"), [(2, 1, "2 ranks: 0-1"), (1, 1, "1 rank: 0")])
+def test_logs_of_a_rank_the_run_does_not_have_is_a_usage_error(
+    tmp_path: Path, nodes: int, tasks: int, has: str
+) -> None:
+    """It used to say "no log yet" (exit 1), as if the rank might still write one."""
+    from hpc_ddp.config.load import dump_job_config
+    from hpc_ddp.config.model import JobConfig, SlurmConfig
+
+    run_dir = _logs_run(tmp_path / "run", "", "step 1/9\n")
+    cfg = JobConfig("x", slurm=SlurmConfig(nodes=nodes, tasks_per_node=tasks))
+    (run_dir / "config.yaml").write_text(dump_job_config(cfg))
+    done = hpc("logs", str(run_dir), "--rank", str(nodes * tasks))
+    assert done.returncode == 2, done.stderr
+    assert f"--rank {nodes * tasks}: no such rank (the run has {has})" in done.stderr
+    assert "HINT:" in done.stderr
+    assert "no log yet" not in done.stderr
+    assert hpc("logs", str(run_dir), "--rank", "0").stdout == "step 1/9\n"
 
 
 def test_logs_of_a_sweep_task(tmp_path: Path) -> None:
@@ -548,6 +610,49 @@ def test_logs_follow_stops_waiting_when_the_job_ends_without_a_log(
     assert f"{sweep / 'tasks' / '1' / 'logs'}: no rank-0.err log yet" in captured.err
     assert len(sleeps.calls) == 1
     assert slurm.commands("squeue -h -t all -j 1003 ")  # asked by the array job id
+
+
+@pytest.mark.parametrize("state", [JobState.COMPLETED, JobState.FAILED, None])
+def test_logs_follow_of_a_finished_job_prints_the_log_and_stops(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    state: JobState | None,
+) -> None:
+    """It used to follow forever: nothing would ever be appended again."""
+    run_dir = write_run(tmp_path / "runs", "done", job_id="79")
+    (run_dir / "logs" / "rank-0.err").write_text("step 9/9\n")
+    slurm = FakeSlurm()
+    if state is not None:  # None: slurmctld has forgotten the job
+        slurm.add_job("79", state=state)
+    sleeps = Sleeps(None)
+    monkeypatch.setattr(time, "sleep", sleeps)
+    assert main(["logs", str(run_dir), "-f", "--follow-for", "600"], slurm=slurm.client()) == 0
+    assert capsys.readouterr().out == "step 9/9\n"
+    assert sleeps.calls == []
+
+
+def test_logs_follow_stops_once_the_job_ends_with_what_it_wrote_last(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = write_run(tmp_path / "runs", "running", job_id="80")
+    log = run_dir / "logs" / "rank-0.err"
+    log.write_text("step 1/2\n")
+    slurm = FakeSlurm()
+    job = slurm.add_job("80", state=JobState.RUNNING)
+
+    def last_words_then_end() -> None:
+        with log.open("a") as f:
+            f.write("step 2/2\n")
+        job.state = JobState.COMPLETED
+
+    sleeps = Sleeps(last_words_then_end)
+    monkeypatch.setattr(time, "sleep", sleeps)
+    monkeypatch.setattr(cmd_logs, "ASK_EVERY_S", 0.0)
+    argv = ["logs", str(run_dir), "-f", "--poll", "0.25", "--follow-for", "600"]
+    assert main(argv, slurm=slurm.client()) == 0
+    assert capsys.readouterr().out == "step 1/2\nstep 2/2\n"
+    assert sleeps.calls == [0.25]  # one wait while it ran; none once it had ended
 
 
 def test_copy_logs_writes_bytes_with_headers_for_two_streams(tmp_path: Path) -> None:

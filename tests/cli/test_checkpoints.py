@@ -1,10 +1,13 @@
 """``hpc-ddp checkpoints``: every damaged or foreign file is listed with its reason, never a
 traceback; the table and ``--json`` agree on the exit status (0 when the listing succeeds;
-with ``--verify``, 1 when the newest file is not ok)."""
+with ``--verify``, 1 when the newest file is not ok); ``--verify`` checks every part's digest
+and names the part that changed; a format-1 file is shown with what it restores unverified."""
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -15,8 +18,9 @@ import pytest
 from hpc_ddp.cli.main import main
 from hpc_ddp.layout import LATEST_CHECKPOINT, checkpoint_name
 from hpc_ddp.runtime.checkpoint import CheckpointState
-from tests.helpers.launch import base_env
-from tests.runtime.test_checkpoint import BAD_FILES, flip_tensor_bytes, save
+from tests import e2e_util as e2e
+from tests.helpers.launch import REPO, base_env
+from tests.runtime.test_checkpoint import BAD_FILES, DAMAGE, flip_tensor_bytes, save, save_v1
 
 pytestmark = pytest.mark.torch
 
@@ -30,11 +34,24 @@ def flipped_weights(path: Path) -> None:
 CASES: dict[str, tuple[Callable[[Path], object], CheckpointState, str, bool]] = {
     name: (make, state, reason, True) for name, (make, state, reason) in BAD_FILES.items()
 }
-# Found only by --verify: the file loads, its weights changed after it was written.
+# Found only by --verify: the file loads, its content changed after it was written.
 CASES["flipped-weights"] = (
     flipped_weights,
     CheckpointState.DAMAGED,
-    "weights do not match their recorded digest",
+    "weights (model) does not match its recorded digest",
+    False,
+)
+
+
+def flipped_optimizer(path: Path) -> None:
+    save(path.parent, 30)
+    DAMAGE["optimizer-bytes"][0](path)
+
+
+CASES["flipped-optimizer-state"] = (
+    flipped_optimizer,
+    CheckpointState.DAMAGED,
+    "optimizer state does not match its recorded digest",
     False,
 )
 
@@ -151,6 +168,25 @@ def test_help_documents_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
     assert "RUN_DIR missing or not a directory: 2 (a usage error)" in text
 
 
+def test_a_format_1_checkpoint_says_what_it_restores_unverified(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    unverified = ["optimizer", "scheduler", "scaler", "progress", "extra", "rng", "config"]
+    ckpts = tmp_path / "checkpoints"
+    save_v1(ckpts, 10)
+    code, out, err = run_cli(capsys, str(tmp_path), "--json", "--verify")
+    assert code == 0  # resume can use it
+    [row] = json.loads(out)
+    assert (row["state"], row["version"], row["unverified"]) == ("ok", 1, unverified)
+    assert "resume would use step-00000010.pt, a format-1 checkpoint: only its weights" in err
+    code, table, err = run_cli(capsys, str(tmp_path), "--verify")
+    assert f"ok (format 1: {', '.join(unverified)} unverified)" in table
+    save(ckpts, 20)  # resume now uses a file with every part digested: nothing to say
+    code, out, err = run_cli(capsys, str(tmp_path), "--json", "--verify")
+    assert (code, err) == (0, "")
+    assert [(r["version"], r["unverified"]) for r in json.loads(out)] == [(1, unverified), (2, [])]
+
+
 def test_real_command_on_every_bad_kind_at_once(tmp_path: Path) -> None:
     """The installed entry point, in its own process: no traceback and no warning from torch
     (a raw pickle makes torch.load warn about its protocol) reach the terminal."""
@@ -172,3 +208,75 @@ def test_real_command_on_every_bad_kind_at_once(tmp_path: Path) -> None:
     expected = ["ok", *(state.value for _, state, _ in BAD_FILES.values()), "ok"]
     assert [r["state"] for r in rows] == expected
     assert len(table.stdout.splitlines()) == len(rows) + 2
+
+
+# --- a real run: damaged optimizer state in the newest checkpoint ----------------------------
+
+
+def _local(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    return subprocess.run(
+        [sys.executable, "-m", "hpc_ddp", *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s, check=False,
+    )  # fmt: skip
+
+
+def _submit_waiting(runs: Path, *overrides: str) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "hpc_ddp", "submit", "jobs/quickstart.yaml", "--backend", "local",
+         "--wait", "--runs-dir", str(runs), *overrides],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def test_damaged_optimizer_state_is_caught_and_the_run_resumes_exactly_from_the_file_before(
+    tmp_path: Path,
+) -> None:
+    """Issue 20: a byte changed in the optimizer state of the newest checkpoint was loaded as
+    if whole (the loss went nan, the run ended COMPLETED). Now `checkpoints --verify` names it,
+    and the resumed job skips it, goes on from the checkpoint before, and ends with the very
+    weights of an uninterrupted twin. Two real local runs, two ranks each, paced steps."""
+    paced = ["train.epochs=2", "train.log_every=1", "train.checkpoint_every=5",
+             "train.dataset=tests.e2e_util:io_bound_synthetic"]  # fmt: skip
+    twin = _submit_waiting(tmp_path / "twin", *paced)
+    waiter = _submit_waiting(tmp_path / "runs", *paced)
+    try:
+        manifest = e2e.wait_for(
+            "run dir", lambda: next((tmp_path / "runs").glob("*/manifest.json"), None)
+        )
+        run_dir = manifest.parent
+        e2e.wait_checkpoint(run_dir, 10, timeout_s=180)
+        assert _local("cancel", str(run_dir)).returncode == 0
+        assert waiter.wait(timeout=120) == 1
+        assert twin.wait(timeout=240) == 0
+    finally:
+        for proc in (waiter, twin):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    *_, before, newest = sorted((run_dir / "checkpoints").glob("step-*.pt"))
+    DAMAGE["optimizer-bytes"][0](newest)
+
+    listed = _local("checkpoints", str(run_dir), "--verify", "--json")
+    assert listed.returncode == 1
+    rows = {Path(r["path"]).name: r for r in json.loads(listed.stdout)}
+    assert rows[newest.name]["state"] == "damaged"
+    assert "optimizer state does not match its recorded digest" in rows[newest.name]["error"]
+    assert f"resume would use {before.name}" in listed.stderr
+
+    resumed = _local("resume", str(run_dir), "--wait")
+    assert resumed.returncode == 0, resumed.stderr
+    _, second = e2e.ledger(run_dir)
+    assert second.resumed_from == before.name
+    assert second.steps_done == 64
+    log = (run_dir / "logs" / "rank-0.err").read_text()
+    assert f"skipping checkpoint {newest}" in log
+    assert "optimizer state does not match its recorded digest" in log
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r["loss"]) for r in metrics if "loss" in r)  # no nan, as before
+    final = json.loads(_local("checkpoints", str(run_dir), "--json").stdout)[-1]
+    [twin_dir] = (tmp_path / "twin").iterdir()
+    reference = json.loads(_local("checkpoints", str(twin_dir), "--json").stdout)[-1]
+    assert (final["step"], final["weights_digest"]) == (64, reference["weights_digest"])
+    assert reference["step"] == 64

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -82,6 +83,23 @@ def test_config_mistakes_exit_2_with_a_message(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("backend", ["slurm", "local"])
+@pytest.mark.parametrize("value", ["x\ny", "x\r", "a\n- b"])
+def test_a_line_break_in_an_override_names_the_key(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, backend: str, value: str
+) -> None:
+    """It was reported as ``context.submit_command`` (the script's header comment) on Slurm,
+    and locally YAML silently folded it into a space: ``params.a`` became ``'x y'``."""
+    argv = ["submit", "jobs/quickstart.yaml", f"params.a={value}", "--dry-run", "--backend",
+            backend, "--runs-dir", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"override {f'params.a={value}'!r}: params.a: the value {value!r} contains a line" in err
+    assert "HINT: an override is one line" in err
+    assert "context.submit_command" not in err
+    assert not any(tmp_path.iterdir())
+
+
 def test_missing_config_file_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["submit", "jobs/nope.yaml", "--dry-run"]) == 2
     assert "jobs/nope.yaml" in capsys.readouterr().err
@@ -120,3 +138,38 @@ def test_login_node_commands_import_no_torch_or_submitit(tmp_path: Path) -> None
         check=True,
     ).stdout
     assert out.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["status", "{run}", "--attempts"], ["status", "--runs-dir", "{runs}", "--json"],
+     ["logs", "{run}"], ["checkpoints", "{run}"],
+     ["submit", "jobs/quickstart.yaml", "--dry-run", "--backend", "slurm"]],
+)  # fmt: skip
+def test_a_reader_that_went_away_ends_every_verb_with_141_and_no_traceback(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    """``hpc-ddp status --attempts | head -1``: the reader closes the pipe. Here it is closed
+    before hpc-ddp writes at all, so the very first write finds it gone, every time."""
+    from hpc_ddp.layout import RunPaths
+    from hpc_ddp.manifest import Manifest, write_manifest
+
+    run = tmp_path / "runs" / "a"
+    paths = RunPaths(run)
+    paths.logs.mkdir(parents=True)
+    paths.checkpoints.mkdir()
+    paths.rank_log(0, "err").write_text("step 1\n" * 100)
+    write_manifest(paths, Manifest("a", "local", "4194304", "2026-01-01T00:00:00+00:00",
+                                   ["x"], "job.yaml", str(run)))  # fmt: skip
+    args = [a.format(run=run, runs=run.parent) for a in argv]
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run([sys.executable, "-m", "hpc_ddp", *args], cwd=REPO,
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120,
+                              check=False)  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "BrokenPipeError" not in done.stderr, done.stderr
+    assert done.returncode == 141, done.stderr

@@ -279,8 +279,9 @@ def test_a_local_resume_dry_run_shows_the_local_backend_and_claims_no_verified_s
     run_dir = _ended_local_run(tmp_path)
     assert main(["resume", str(run_dir), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "from checkpoint step 32 (the newest on disk; the job verifies its weights" in out
-    assert "falls back to an older checkpoint if they are damaged" in out
+    assert "from checkpoint step 32 (the newest on disk; the job verifies its digests" in out
+    assert "falls back to an older checkpoint if any part is damaged" in out
+    assert "damaged); bit-identical to an uninterrupted run (CPU)\n" in out  # how exact
     assert "# backend: local; would start 2 process(es) on this machine" in out
     assert "sbatch" not in out
     assert "#SBATCH" not in out
@@ -341,3 +342,104 @@ def test_a_slurm_run_slurm_forgot_is_resubmitted_and_keeps_its_history(
     assert manifest.job_id not in (None, "77")
     assert "77" in manifest.previous_jobs
     assert manifest.job_id in capsys.readouterr().out
+
+
+# --- what a resume may not change -------------------------------------------------------------
+
+
+def _trained_slurm_run(runs: Path, *, checkpoint: bool = True) -> Path:
+    """A 2-node run (job 77, forgotten by Slurm) whose ledger says it trained with 2 ranks,
+    with a checkpoint at step 32 that looks whole to the login side."""
+    import zipfile
+
+    from tests.ledgers import record_end, record_start
+
+    run_dir = _slurm_run(runs, "77")
+    ledger = run_dir / "ledger.jsonl"
+    record_start(ledger, attempt=0, job_id="77", job_ref="77", nodelist="n[1-2]", world_size=2,
+                 resumed_from_step=None, checkpoint=None)  # fmt: skip
+    name = "step-00000032.pt" if checkpoint else None
+    record_end(ledger, attempt=0, cause=EndCause.CANCELLED, steps_done=32, checkpoint=name,
+               requeue_requested=False)  # fmt: skip
+    if checkpoint:
+        (run_dir / "checkpoints").mkdir(exist_ok=True)
+        with zipfile.ZipFile(run_dir / "checkpoints" / "step-00000032.pt", "w") as z:
+            z.writestr("archive/data.pkl", b"not really weights")
+    return run_dir
+
+
+def _resume_here(run_dir: Path, *args: str) -> tuple[int, str, list[str]]:
+    """``hpc-ddp resume RUN_DIR ARGS`` over a FakeSlurm: (exit code, stderr, sbatch calls)."""
+    import contextlib
+    import io
+
+    from hpc_ddp.cli.main import main
+    from hpc_ddp.slurm.fake import FakeSlurm
+
+    slurm = FakeSlurm()
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        code = main(["resume", str(run_dir), *args], slurm=slurm.client())
+    return code, err.getvalue(), slurm.commands("sbatch")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["slurm.nodes=1"], ["slurm.tasks_per_node=2"], ["slurm.nodes=1", "slurm.tasks_per_node=4"]],
+)
+def test_a_resume_at_another_world_size_is_refused(tmp_path: Path, overrides: list[str]) -> None:
+    """2 nodes x 1 task trained to step 32: going on with 1 (or 4) ranks would change the global
+    batch and the run's exactness. Refused, nothing written or submitted, and the hint says how."""
+    run_dir = _trained_slurm_run(tmp_path)
+    config_before = (run_dir / "config.yaml").read_text()
+    code, err, sbatch = _resume_here(run_dir, *overrides)
+    assert (code, sbatch) == (2, [])
+    assert "but the run trained with 2 (its checkpoint at step 32 too)" in err
+    assert "changes the global batch (2 -> " in err
+    assert (
+        "HINT: resume with the same nodes and tasks_per_node (2 ranks in all: `hpc-ddp resume "
+        f"{run_dir} slurm.nodes=2 slurm.tasks_per_node=1`)"
+    ) in err
+    assert "an elastic resume that rescales the batch does not exist yet" in err
+    assert (run_dir / "config.yaml").read_text() == config_before
+    assert read_manifest(run_dir).job_id == "77"
+
+
+def test_the_same_world_size_in_another_shape_and_a_run_without_checkpoint_go_on(
+    tmp_path: Path,
+) -> None:
+    same = _trained_slurm_run(tmp_path / "same")
+    code, err, _ = _resume_here(same, "slurm.nodes=1", "slurm.tasks_per_node=2", "--dry-run")
+    assert code == 0, err
+    fresh = _trained_slurm_run(tmp_path / "fresh", checkpoint=False)  # it starts from step 0
+    code, err, _ = _resume_here(fresh, "slurm.nodes=1", "--dry-run")
+    assert code == 0, err
+
+
+def test_a_world_size_edited_into_config_yaml_is_refused_too(tmp_path: Path) -> None:
+    """The size the checkpoints were written at is the ledger's, whatever config.yaml says."""
+    run_dir = _trained_slurm_run(tmp_path)
+    config = run_dir / "config.yaml"
+    config.write_text(config.read_text().replace("  nodes: 2\n", "  nodes: 1\n"))
+    code, err, sbatch = _resume_here(run_dir)
+    assert (code, sbatch) == (2, [])
+    assert "= 1 ranks, but the run trained with 2" in err
+    assert "HINT: resume with the same nodes and tasks_per_node (2 ranks in all);" in err
+
+
+@pytest.mark.parametrize("how", ["override", "edit"])
+def test_the_name_cannot_change_by_override_or_by_hand(tmp_path: Path, how: str) -> None:
+    """Both ways used to differ: the override was refused, the hand edit accepted."""
+    run_dir = _trained_slurm_run(tmp_path)
+    config = run_dir / "config.yaml"
+    args: list[str] = ["name=other"]
+    if how == "edit":
+        config.write_text(config.read_text().replace("name: quickstart\n", "name: other\n"))
+        args = []
+    code, err, sbatch = _resume_here(run_dir, *args)
+    assert (code, sbatch) == (2, [])
+    assert "name cannot change on resume: the run was submitted as 'quickstart'" in err
+    assert "HINT: a new name is a new run" in err
+    if how == "edit":
+        assert f"'other' was set in {config}" in err
+        assert f"put name: quickstart back in {config}" in err

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,7 +26,7 @@ from hpc_ddp.errors import RunDirError
 from hpc_ddp.launch import wait
 from hpc_ddp.launch.wait import wait_for_jobs
 from hpc_ddp.layout import RunPaths
-from hpc_ddp.local.process import identify, write_identity
+from hpc_ddp.local.process import identify, identify_started, write_identity
 from hpc_ddp.manifest import Manifest, write_manifest
 from hpc_ddp.runtime.ledger import Attempt, EndCause
 from hpc_ddp.slurm.client import SlurmClient
@@ -113,6 +114,10 @@ VERDICTS = [
     (None, Source.GONE_NO_ACCOUNTING, [], no_logs, "GONE?", "no attempt is recorded"),
     (None, Source.GONE_UNACCOUNTED, [OPEN], no_logs, "GONE?", "neither in squeue nor in sacct"),
     (None, Source.REUSED, [OPEN], no_logs, "GONE?", "now names another job"),
+    # Lost by the controller: sacct's last word never ended; the ledger settles what it can.
+    (None, Source.LOST, [OPEN], no_logs, "GONE?", "never ended: the controller lost it"),
+    (None, Source.LOST, [FINISHED], never, "COMPLETED", ""),
+    (None, Source.LOST, [CRASHED], never, "FAILED", "the controller lost it"),
     # Slurm did not answer: the ledger's guess, marked as a guess.
     (None, Source.UNREACHABLE, [OPEN], never, "RUNNING?", "shown from the ledger"),
     (None, Source.UNREACHABLE, [REQUEUE_ASKED], never, "TIME_LIMIT?", "Slurm did not answer"),
@@ -429,6 +434,31 @@ def test_slurm_forgot_the_job_sacct_decides_or_status_says_it_cannot(
     del done, unfinished, open_run
 
 
+@pytest.mark.parametrize(
+    ("slurm_says", "shown"), [("COMPLETED", "INCOMPLETE"), ("FAILED", "FAILED")]
+)
+def test_an_earlier_jobs_crash_never_speaks_for_the_current_job(
+    tmp_path: Path,
+    fake: StatusSlurm,
+    capsys: pytest.CaptureFixture[str],
+    slurm_says: str,
+    shown: str,
+) -> None:
+    """Job 90 crashed; the run was resumed as job 91, which left no ledger entry. Its verdict
+    rests on its own attempts (none), never on job 90's crash."""
+    run_dir = make_run(tmp_path, "a", "90", [EndCause.CRASH])
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    (run_dir / "manifest.json").write_text(
+        json.dumps({**manifest, "job_id": "91", "previous_jobs": ["90"]})
+    )
+    fake.rows = {"91": (slurm_says, script(run_dir))}
+    [row] = status_json(capsys, "--runs-dir", str(tmp_path))
+    assert row["state"] == shown
+    assert "ended 'crash'" not in (row["note"] or "")
+    assert "no attempt" in row["note"]
+    assert (row["attempts"], row["causes"]) == (1, "crash")  # the run's history is all shown
+
+
 def test_a_job_id_that_now_names_another_script_is_not_this_run(
     tmp_path: Path, fake: StatusSlurm, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -488,10 +518,14 @@ def test_a_job_that_never_wrote_a_log(
 
 
 def test_local_run_is_running_only_while_its_own_controller_is(
-    tmp_path: Path, fake: StatusSlurm, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    fake: StatusSlurm,
+    capsys: pytest.CaptureFixture[str],
+    run_sleeper: Callable[[Path], subprocess.Popen[bytes]],
 ) -> None:
     """The pid in a local manifest may belong to any later process: this test's own pid
-    stands in for such a stranger, then (recorded in local.json) for the run's controller."""
+    stands in for such a stranger, even once recorded in local.json (its command line names
+    no run directory); then a process whose command line names the run's does, recorded."""
     run_dir = make_run(tmp_path, "a", str(os.getpid()), [None], backend="local")
     [row] = status_json(capsys, "--runs-dir", str(tmp_path))
     assert row["state"] == "GONE?"
@@ -499,6 +533,11 @@ def test_local_run_is_running_only_while_its_own_controller_is(
     me = identify(os.getpid())
     assert me is not None
     write_identity(run_dir, me)
+    [row] = status_json(capsys, "--runs-dir", str(tmp_path))
+    assert row["state"] == "GONE?"
+    controller = identify_started(run_sleeper(run_dir).pid)
+    assert controller is not None
+    write_identity(run_dir, controller)
     [row] = status_json(capsys, "--runs-dir", str(tmp_path))
     assert (row["state"], row["note"]) == ("RUNNING", None)
     assert fake.argvs == []  # a local run's pid is never sent to squeue
@@ -616,12 +655,69 @@ def test_real_completed_job_whose_ledger_did_not_finish_is_incomplete(
     assert row["state"] == "INCOMPLETE"
     assert "Slurm says COMPLETED, but attempt 0 ended 'time_limit' at step 7" in row["note"]
     assert "asked for a requeue that never ran" in row["note"]
-    # A job that kept no ledger at all is not called COMPLETED either.
-    silent = e2e.submit(slurm_cluster, runs, str(command_job(tmp_path, "silent", "pass\n")))
-    assert e2e.wait_done(slurm_cluster, silent.job_id)["JobState"] == "COMPLETED"
-    row = e2e.status(slurm_cluster, silent.run_dir)
-    assert row["state"] == "INCOMPLETE"
-    assert "no attempt is recorded in ledger.jsonl" in row["note"]
+
+
+PLAIN = "import sys\nprint('point', sys.argv[1])\nraise SystemExit(int(sys.argv[2]))\n"
+"""A plain `command:` program (no session): prints its point, exits with its second argument."""
+
+
+def plain_job(tmp_path: Path) -> Path:
+    script_path = tmp_path / "plain.py"
+    script_path.write_text(PLAIN)
+    job = tmp_path / "plain.yaml"
+    job.write_text(
+        f"name: plain\ncommand: [{PYTHON}, {script_path}, '{{params.x}}', '{{params.code}}']\n"
+        "params: {x: 0, code: 0}\n"
+        "slurm: {nodes: 1, tasks_per_node: 1, cpus_per_task: 1, time: '5'}\n"
+    )
+    return job
+
+
+@pytest.mark.slurm
+def test_real_plain_command_jobs_get_their_verdict_from_their_exit_status(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """A command without a session that exits 0 was INCOMPLETE (`--wait` rc 1), a sweep of
+    three "3 failed" with all three resubmitted; after a resume with a fixed command `status`
+    said FAILED, quoting the earlier job's crash. Now its exit status is its verdict, and only
+    the current job's attempts count."""
+    runs = tmp_path / "runs"
+    job = plain_job(tmp_path)
+    # Exits 0: COMPLETED everywhere.
+    waited = e2e.hpc(slurm_cluster, "submit", str(job), "--runs-dir", str(runs), "--wait")
+    assert "finished: " in waited.stderr
+    assert " COMPLETED" in waited.stderr.splitlines()[-1], waited.stderr
+    [ok_dir] = runs.iterdir()
+    row = e2e.status(slurm_cluster, ok_dir)
+    assert (row["state"], row["causes"], row["note"]) == ("COMPLETED", "finished", None)
+    # Fails (exit 1), then resumed with the fix: COMPLETED, the old crash quoted nowhere.
+    failing = e2e.submit(slurm_cluster, tmp_path / "failing", str(job), "params.code=1")
+    assert e2e.wait_done(slurm_cluster, failing.job_id)["JobState"] == "FAILED"
+    assert e2e.status(slurm_cluster, failing.run_dir)["state"] == "FAILED"
+    resumed = e2e.hpc(slurm_cluster, "resume", str(failing.run_dir), "params.code=0", "--wait")
+    assert " COMPLETED" in resumed.stderr.splitlines()[-1], resumed.stderr
+    row = e2e.status(slurm_cluster, failing.run_dir)
+    # The failing job was restarted once in its allocation (fault.max_restarts), then stopped
+    # as a crash loop (no checkpoint between the two), and resumed: three attempts in all.
+    assert (row["state"], row["causes"], row["note"]) == (
+        "COMPLETED",
+        "crash,no_progress,finished",
+        None,
+    )
+    assert [a["attempt"] for a in row["attempt_list"]] == [0, 1, 2]  # across the run's jobs
+    # A sweep of three: three finished, none to resubmit, the same in results and status.
+    sweep_file = tmp_path / "sweep.yaml"
+    sweep_file.write_text(f"base: {job}\nsweep:\n  grid:\n    params.x: [1, 2, 3]\n")
+    swept = e2e.sweep(slurm_cluster, tmp_path / "sweeps", sweep_file)
+    sweep_dir = Path(swept["sweep_dir"])
+    [array] = swept["array_jobs"]
+    e2e.wait_all_done(slurm_cluster, [f"{array}_{i}" for i in range(3)])
+    results = json.loads(e2e.hpc(slurm_cluster, "results", str(sweep_dir), "--json").stdout)
+    assert [r["state"] for r in results] == ["finished"] * 3
+    [entry] = json.loads(e2e.hpc(slurm_cluster, "status", str(sweep_dir), "--json").stdout)
+    assert entry["summary"]["finished"] == 3
+    again = e2e.hpc(slurm_cluster, "sweep", "--resubmit-failed", str(sweep_dir), "--dry-run")
+    assert "nothing to resubmit" in again.stdout
 
 
 @pytest.mark.slurm
@@ -650,6 +746,28 @@ def test_real_job_dying_before_its_first_attempt_is_failed_with_why(
     assert "none of 2 checkpoints loads" in row["note"]
     assert "all 2 checkpoint(s) damaged (newest step 8: truncated" in row["note"]
     assert row["ckpt step"] is None
+
+
+def test_sacct_speaks_only_for_the_runs_own_job_and_never_for_a_lost_one(
+    tmp_path: Path, fake: StatusSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """sacct's newest line of an id may be another job's (the cluster's ids started again), and
+    a line that never ended belongs to a job the controller lost: neither is the run's state."""
+    make_run(tmp_path, "a-reused", "61", [EndCause.FINISHED])
+    lost = make_run(tmp_path, "b-lost", "62", [None])
+    mine = make_run(tmp_path, "c-mine", "63", [None])
+    fake.slurm.accounting = True
+    other = str(tmp_path / "elsewhere" / "job.sbatch")
+    fake.slurm.add_job("61", state=JobState.FAILED, in_queue=False, command=other)
+    fake.slurm.add_job("62", state=JobState.RUNNING, in_queue=False,
+                       command=str(lost / "job.sbatch"))  # fmt: skip
+    fake.slurm.add_job("63", state=JobState.TIMEOUT, in_queue=False,
+                       command=str(mine / "job.sbatch"))  # fmt: skip
+    rows = {Path(r["run"]).name: r for r in status_json(capsys, "--runs-dir", str(tmp_path))}
+    assert rows["a-reused"]["state"] == "COMPLETED"  # not job 61's FAILED: the ledger's word
+    assert rows["b-lost"]["state"] == "GONE?"
+    assert "sacct's last record of it says RUNNING and never ended" in rows["b-lost"]["note"]
+    assert rows["c-mine"]["state"] == "TIMEOUT"
 
 
 @pytest.mark.slurm

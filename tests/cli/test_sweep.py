@@ -19,8 +19,9 @@ import hpc_ddp.cli.main as cli_main
 from hpc_ddp.cli.main import main
 from hpc_ddp.errors import SlurmUnavailableError
 from hpc_ddp.runtime.ledger import EndCause
+from hpc_ddp.slurm.arrayjobs import read_arrays
 from hpc_ddp.slurm.fake import FakeSlurm
-from hpc_ddp.sweep.records import read_arrays
+from hpc_ddp.slurm.jobstate import JobState
 from tests.ledgers import record_end, record_start
 
 REPO = Path(__file__).resolve().parents[2]
@@ -184,6 +185,30 @@ def test_resubmit_failed_from_the_command_line(
     # The new array is now what squeue would be asked about; it is gone (empty queue), so the
     # same tasks are failed again and would be resubmitted again.
     assert json.loads(capsys.readouterr().out)["points"] == [3, 4, 5]
+
+
+def test_status_and_results_ask_sacct_how_tasks_the_queue_forgot_ended(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Tasks 4 and 5 left no ledger, and squeue forgot them: sacct says task 4 was cancelled;
+    its line for task 5 is another sweep's (the cluster's job ids started again)."""
+    sweep_dir = submit(tmp_path, capsys)
+    _fill(sweep_dir, slurm)
+    script = str(sweep_dir / "job.sbatch")
+    for task, state, ran in ((4, JobState.CANCELLED, script), (5, JobState.TIMEOUT, "/x.sbatch")):
+        slurm.add_job(f"60{task}", array_job_id="501", array_task_id=str(task), state=state,
+                      in_queue=False, command=ran)  # fmt: skip
+    expected = ["finished"] * 3 + ["failed", "cancelled", "failed"]
+    assert main(["status", str(sweep_dir), "--json"]) == 0
+    [entry] = json.loads(capsys.readouterr().out)
+    assert [task["state"] for task in entry["tasks"]] == expected
+    assert main(["results", str(sweep_dir), "--json", "--sort", "index"]) == 0
+    assert [row["state"] for row in json.loads(capsys.readouterr().out)] == expected
+    assert [c.split()[:2] for c in slurm.commands()].count(["sacct", "-n"]) == 2
+    slurm.accounting = False  # no slurmdbd: the queue's silence and the ledgers are all there is
+    assert main(["status", str(sweep_dir), "--json"]) == 0
+    [entry] = json.loads(capsys.readouterr().out)
+    assert [task["state"] for task in entry["tasks"]][4] == "failed"
 
 
 def test_results_formats_sorting_and_top(

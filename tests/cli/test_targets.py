@@ -21,6 +21,7 @@ from hpc_ddp.cli.main import main
 from hpc_ddp.launch.submission import make_run_dir
 from hpc_ddp.layout import RunPaths
 from hpc_ddp.manifest import Manifest, write_manifest
+from hpc_ddp.runtime.ledger import EndCause
 from hpc_ddp.slurm.fake import FakeJob, FakeSlurm
 from hpc_ddp.slurm.jobstate import JobState
 
@@ -37,16 +38,18 @@ def write_run(runs: Path, name: str, **fields: Any) -> Path:
     return run_dir
 
 
-def running(slurm: FakeSlurm, *refs: str) -> list[FakeJob]:
-    """Running jobs (``12``) or array tasks (``12_3``) in the fake's table."""
+def running(slurm: FakeSlurm, *refs: str, home: Path | None = None) -> list[FakeJob]:
+    """Running jobs (``12``) or array tasks (``12_3``) in the fake's table; ``home``: the run
+    or sweep directory whose ``job.sbatch`` they run (squeue's ``Command``)."""
+    command = str(home / "job.sbatch") if home is not None else ""
     jobs = []
     for number, ref in enumerate(refs):
         array, _, task = ref.partition("_")
         if task:
-            jobs.append(slurm.add_job(str(5000 + number), state=JobState.RUNNING,
+            jobs.append(slurm.add_job(str(5000 + number), state=JobState.RUNNING, command=command,
                                       array_job_id=array, array_task_id=task))  # fmt: skip
         else:
-            jobs.append(slurm.add_job(ref, state=JobState.RUNNING))
+            jobs.append(slurm.add_job(ref, state=JobState.RUNNING, command=command))
     return jobs
 
 
@@ -155,7 +158,7 @@ def test_cancel_one_sweep_task_by_path_or_array_task_id(
     sweep = write_sweep(runs)
     slurm = FakeSlurm()
     refs = ["1001_0", "1001_1", "1001_2", "1002_0", "1002_1", "1003_1"]
-    jobs = dict(zip(refs, running(slurm, *refs), strict=True))
+    jobs = dict(zip(refs, running(slurm, *refs, home=sweep), strict=True))
     arg = str(sweep / target) if target.startswith("tasks/") else target
     assert cli(slurm, "cancel", arg, "--runs-dir", str(runs)) == 0
     point = {"1002_1": 4, "1001_0": 0, "1003_1": 1, "1001_2": 2}[ref]
@@ -196,16 +199,44 @@ def test_cancel_of_a_sweep_dir_cancels_every_array_even_past_a_failed_one(
 ) -> None:
     sweep = write_sweep(tmp_path / "runs")
     slurm = FakeSlurm()
-    jobs = running(slurm, "1001", "1002", "1003")
+    jobs = running(slurm, "1001", "1002", "1003", home=sweep)
     assert cli(slurm, "cancel", str(sweep)) == 0
     assert slurm.commands("scancel") == ["scancel 1001", "scancel 1002", "scancel 1003"]
     assert "cancelled slurm job arrays 1001, 1002, 1003" in capsys.readouterr().out
     assert all(j.state is JobState.CANCELLED for j in jobs)
 
     slurm = FakeSlurm()
-    jobs = running(slurm, "1001", "1002", "1003")
+    jobs = running(slurm, "1001", "1002", "1003", home=sweep)
     slurm.fail("scancel 1001")  # the controller drops one request: the others still go out
     assert cli(slurm, "cancel", str(sweep)) == 1
     assert slurm.commands("scancel") == ["scancel 1001", "scancel 1002", "scancel 1003"]
     assert "Unable to contact slurm controller" in capsys.readouterr().err
     assert [j.state for j in jobs] == [JobState.RUNNING, JobState.CANCELLED, JobState.CANCELLED]
+
+
+def test_status_of_one_sweep_task_by_its_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`cancel` took a task's directory; `status` said "no manifest.json". Now it shows that
+    task's one row, as the sweep's own table has it, from the array task that runs it now."""
+    from tests.ledgers import record_end, record_start
+
+    runs = tmp_path / "runs"
+    sweep = write_sweep(runs)
+    slurm = FakeSlurm()
+    running(slurm, "1003_1", "1001_2", home=sweep)
+    task2 = sweep / "tasks" / "2" / "ledger.jsonl"
+    record_start(task2, attempt=0, job_id="5001", job_ref="1001_2", nodelist="n1",
+                 world_size=1, resumed_from_step=None, checkpoint=None)  # fmt: skip
+    record_end(task2, attempt=0, cause=EndCause.FINISHED, steps_done=9, checkpoint=None,
+               requeue_requested=False)  # fmt: skip
+    assert cli(slurm, "status", str(sweep / "tasks" / "1"), "--json") == 0
+    [entry] = json.loads(capsys.readouterr().out)
+    assert (entry["sweep"], entry["task"]) == (str(sweep), 1)
+    assert [(t["index"], t["state"], t["job"]) for t in entry["tasks"]] == [
+        (1, "running", "1003_1")
+    ]
+    assert cli(slurm, "status", str(sweep / "tasks" / "2")) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{sweep}: task 2: finished\n")
+    assert len([line for line in out.splitlines() if line.split()[:1] == ["2"]]) == 1

@@ -163,8 +163,15 @@ ERRORS: list[tuple[str, Any, str, str]] = [
     ("env.vars", {"A": None}, "env.vars.A", "quote it"),
     ("env.vars", {"A": 1.5}, "env.vars.A", "quote it"),
     ("env.vars", {"A": "x\x00y"}, "env.vars.A", "NUL"),
-    ("env.container", {"image": "x"}, "env.container.runtime", "apptainer or pyxis"),
+    ("env.container", {"image": "x"}, "env.container.runtime", "apptainer, pyxis or charlie"),
     ("env.container", {"runtime": "docker", "image": "x"}, "env.container.runtime", "pyxis"),
+    ("env.container", {"runtime": "charliecloud"}, "env.container.image", "image file or name"),
+    (
+        "env.container",
+        {"runtime": "charlicloud", "image": "x"},
+        "env.container.runtime",
+        "did you mean 'charliecloud'?",
+    ),
     ("env.container", "x.sif", "env.container", "expected a mapping"),
     *(
         (
@@ -255,7 +262,32 @@ COMBINATIONS: list[tuple[dict[str, Any], str, str]] = [
     ({"train": {"max_steps": None, "epochs": None}}, "train.max_steps", "set one of them"),
     ({"command": ["python", "t.py"], "entrypoint": "a.b:c"}, "command", "keep one"),
     ({"slurm": {"mem": "4G", "extra": {"mem-per-cpu": "1G"}}}, "slurm.extra.mem-per-cpu", "both"),
+    # The built-in trainer computes on one GPU per rank: more would stay idle.
+    ({"slurm": {"gpus_per_task": 2}}, "slurm.gpus_per_task", "each rank's other 1 would stay"),
+    (
+        {"slurm": {"gpus_per_node": 8, "tasks_per_node": 4}},
+        "slurm.gpus_per_node",
+        "is 8 for 4 task(s) per node (slurm.tasks_per_node), but the built-in trainer",
+    ),
 ]
+
+
+@pytest.mark.parametrize("own", [{"command": ["python", "t.py"]}, {"entrypoint": "a.b:c"}])
+def test_a_program_of_its_own_may_use_several_gpus_per_rank(own: dict[str, Any]) -> None:
+    """Model parallelism inside a rank is the program's business, not the trainer's."""
+    for slurm in ({"gpus_per_task": 2}, {"gpus_per_node": 8, "tasks_per_node": 4}):
+        cfg = job_config_from_dict({"name": "j", "slurm": slurm, **own}, "x")
+        assert cfg.slurm.gpus_per_task in (2, None)
+
+
+def test_data_loader_workers_default_to_auto_and_take_a_count() -> None:
+    assert job_config_from_dict({"name": "j"}, "x").train.num_workers == "auto"
+    for value in (0, 6, "auto"):
+        cfg = job_config_from_dict({"name": "j", "train": {"num_workers": value}}, "x")
+        assert cfg.train.num_workers == value
+    message = _error({"name": "j", "train": {"num_workers": "many"}})
+    assert "train.num_workers: 'many' is neither a number nor auto. HINT: write auto" in message
+    assert "must be at least 0" in _error({"name": "j", "train": {"num_workers": -1}})
 
 
 @pytest.mark.parametrize(("extra", "key", "fragment"), COMBINATIONS)

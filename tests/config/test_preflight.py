@@ -54,9 +54,16 @@ def node(tmp_path: Path) -> LoginNode:
     (work / "libs" / "extra" / "tool.py").write_text("")
     (site / "installed" / "__init__.py").write_text("")
     (site / "installed" / "sub" / "__init__.py").write_text("")
-    for name in ("python", "torchrun"):
+    for name in ("python", "torchrun", "ch-run"):
         (bin_dir / name).write_text("#!/bin/sh\n")
         (bin_dir / name).chmod(0o755)
+    # A Charliecloud directory image: its interpreters and the directories binds may land on.
+    image = tmp_path / "img"
+    for inside in ("opt/venv/bin", "usr/bin", "scratch", "tmp"):
+        (image / inside).mkdir(parents=True)
+    (image / "usr" / "bin" / "python3").symlink_to("python3.11")  # dangling here: as in images
+    (image / "opt" / "venv" / "bin" / "python").write_text("")
+    (tmp_path / "img.sqfs").write_text("hsqs")
     return LoginNode(
         cwd=work,
         path=str(bin_dir),
@@ -72,6 +79,13 @@ def job(**sections: Any) -> JobConfig:
 
 
 CONTAINER = {"container": {"runtime": "apptainer", "image": "/images/t.sif"}}
+
+
+def ch(**container: Any) -> dict[str, Any]:
+    """An ``env`` section with a Charliecloud container on the node fixture's image."""
+    return {"container": {"runtime": "charliecloud", "image": "../img", **container}}
+
+
 OK, ERROR, WARN = "ok", "error", "warn"
 
 CASES: list[tuple[str, dict[str, Any], str, str]] = [
@@ -154,6 +168,33 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
      "command: python script 'libs' is a directory without a __main__.py"),
     ("python-by-path", {"command": ["../bin/python", "missing.py"]}, ERROR,
      "python script 'missing.py'"),
+    # NCCL without GPUs asked: the tasks see none unless the site hands them out anyway.
+    ("nccl-without-gpus", {"dist": {"backend": "nccl"}}, WARN,
+     "dist.backend: is nccl, but the job asks for no GPUs"),
+    ("nccl-with-gpus", {"dist": {"backend": "nccl"}, "slurm": {"gpus_per_task": 1}}, OK, ""),
+    ("nccl-with-gres", {"dist": {"backend": "nccl"}, "slurm": {"extra": {"gres": "gpu:2"}},
+                        "command": ["python", "train.py"]}, OK, ""),
+    # A Charliecloud directory image is looked into: its python, the directories binds land on.
+    ("ch-image", {"env": ch(python="/opt/venv/bin/python", binds=["/scratch"])}, OK, ""),
+    ("ch-python-by-name", {"env": ch(python="python3")}, OK, ""),  # /usr/bin: PATH's fallback
+    ("ch-python-not-in-image", {"env": ch(python="/opt/conda/bin/python")}, ERROR,
+     "env.container.python: '/opt/conda/bin/python' is not in the image"),
+    ("ch-python-name-not-in-image", {"env": ch(python="python3.12")}, ERROR,
+     "env.container.python: 'python3.12' is not found in the image"),
+    ("ch-python-name-setup-may-add-it", {"env": {**ch(python="python3.12"), "setup": ["x"]}},
+     WARN, "'python3.12' is not found in the image"),
+    ("ch-bind-target-missing", {"env": ch(binds=["/scratch", "/work"])}, ERROR,
+     "env.container.binds: '/work': the image"),
+    ("ch-bind-target-elsewhere", {"env": ch(binds=["/data/x:/scratch"])}, OK, ""),
+    ("ch-bind-target-missing-dst", {"env": ch(binds=["/scratch:/data"])}, ERROR,
+     "has no directory /data"),
+    ("ch-bind-writable-image", {"env": ch(binds=["/work"], options=["-w"])}, OK, ""),
+    ("ch-image-missing", {"env": ch(image="/no/such/image")}, WARN,
+     "env.container.image: '/no/such/image' does not exist on this machine"),
+    ("ch-image-name-in-storage", {"env": ch(image="pytorch", python="/x")}, OK, ""),
+    ("ch-image-squashfs", {"env": ch(image="../img.sqfs", python="/x")}, OK, ""),
+    ("apptainer-image-not-looked-into", {"env": {"container": {
+        "runtime": "apptainer", "image": "../img", "python": "/x", "binds": ["/work"]}}}, OK, ""),
 ]  # fmt: skip
 
 
@@ -175,6 +216,40 @@ def test_check_job(node: LoginNode, sections: dict[str, Any], outcome: str, frag
         assert len(messages) == 1
     assert fragment in messages[0]
     assert "HINT:" in messages[0]
+
+
+@pytest.mark.parametrize(
+    ("cwd", "sections", "error"),
+    [
+        ("/srv/project", {}, "env.container.binds: the job's working directory '/srv/project'"),
+        ("/scratch/alice/project", {}, None),  # under a bind that keeps its path
+        ("/srv/project", {"slurm": {"extra": {"chdir": "/scratch/alice"}}}, None),
+        ("/srv/project", {"slurm": {"extra": {"chdir": "/srv/x"}}}, "directory '/srv/x'"),
+        ("/srv/project", {"env": {"container": {"options": ["--home"]}}}, None),  # ch-run tells
+    ],
+)
+def test_charliecloud_tasks_must_see_the_working_directory(
+    node: LoginNode, tmp_path: Path, cwd: str, sections: dict[str, Any], error: str | None
+) -> None:
+    """ch-run starts each task where the job was submitted from (``--cd``)."""
+    env = ch(image=str(tmp_path / "img"), binds=["/scratch"])
+    env["container"].update(sections.pop("env", {}).get("container", {}))
+    found = check_job(job(env=env, **sections), dataclasses.replace(node, cwd=Path(cwd)))
+    if error is None:
+        assert found.error is None, found.error
+    else:
+        assert found.error is not None
+        assert error in f"{found.error[0]}: {found.error[1]}"
+        assert "HINT: add a directory that holds it to env.container.binds" in found.error[1]
+
+
+def test_ch_run_missing_here_is_a_warning(node: LoginNode) -> None:
+    found = check_job(job(env=ch()), dataclasses.replace(node, path="/nonexistent"))
+    assert found.error is None
+    [(key, text)] = found.warnings
+    assert key == "env.container.runtime"
+    assert "ch-run is not on PATH on this machine" in text
+    assert "HINT: load what provides it" in text
 
 
 def test_python_and_python3_need_no_python_on_path(node: LoginNode, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc_ddp.cli.main import main
 from hpc_ddp.devcluster import cluster as devcluster
 from hpc_ddp.devcluster.conf import hosts_owners
 from tests.conftest import Cluster
@@ -82,6 +83,30 @@ def test_gloo_all_reduce_across_both_nodes(slurm_cluster: Cluster, tmp_path: Pat
     assert [r["node"] for r in results] == ["n1", "n2"]
     assert all(r["master"] == "n1" for r in results)
     assert [r["sum"] for r in results] == [3.0, 3.0]  # 1 + 2 from ranks 0 and 1
+
+
+@pytest.mark.slurm
+def test_status_json_names_each_daemon_and_node(
+    slurm_cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    where = ["--state-dir", str(slurm_cluster.state_dir)]
+    assert main(["dev-cluster", "status", *where, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    layout = devcluster.layout_for(slurm_cluster.state_dir)
+    assert shown["running"] is True
+    assert shown["conf"] == str(slurm_cluster.conf)
+    assert shown["daemons"] == {n: devcluster.pid_alive(p) for n, p in layout.pid_files().items()}
+    assert sorted(shown["nodes"]) == list(layout.node_names)
+    assert shown["spec"]["nodes"] == len(layout.node_names)
+
+
+def test_status_json_of_a_cluster_that_is_not_up(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["dev-cluster", "status", "--state-dir", str(tmp_path), "--json"]) == 3
+    shown = json.loads(capsys.readouterr().out)  # 3 as without --json: not everything runs
+    assert (shown["running"], shown["nodes"]) == (False, {})
+    assert set(shown["daemons"].values()) == {None}
 
 
 @pytest.mark.slurm

@@ -1,18 +1,15 @@
 """The Charliecloud image's pure parts: what names a cached layer, which files it holds, and the
-command line a task runs it with. Building it for real: tests/slurm/test_container_charliecloud.py.
+command line a task runs it with is hpc-ddp's own (``env.container.runtime: charliecloud``,
+tests/slurm/test_render.py). Building it for real: tests/slurm/test_container_charliecloud.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 from hpc_ddp.devcluster.image import (
-    IMAGE_PYTHON,
     ImageSpec,
     base_key,
-    ch_run_argv,
-    ch_run_prefix,
     dependencies,
     deps_key,
     image_key,
@@ -86,14 +83,3 @@ def test_the_sources_are_the_distribution_without_caches() -> None:
     assert not [f for f in files if "__pycache__" in f or f.endswith(".pyc")]
     assert not [f for f in files if f.startswith(("tests/", "benchmarks/", ".venv/"))]
     assert files == sorted(files)
-
-
-def test_a_task_runs_the_images_python_on_the_run_dir() -> None:
-    argv = ch_run_argv(Path("/img"), Path("/work/runs/r1"), binds=["/work", "/scratch:/scratch"])
-    assert argv[:5] == ["ch-run", "-b", "/work", "-b", "/scratch:/scratch"]
-    assert "--unset-env=PYTHONPATH" in argv
-    assert "-w" not in argv  # shared read-only by every task
-    cut = argv.index("--")
-    assert argv[cut - 1] == "/img"
-    assert argv[cut + 1 :] == [IMAGE_PYTHON, "-m", "hpc_ddp", "run", "/work/runs/r1"]
-    assert ch_run_prefix(Path("/img"), ["/work", "/scratch:/scratch"]) == argv[: cut + 1]

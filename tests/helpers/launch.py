@@ -77,19 +77,27 @@ def _read(f: IO[bytes]) -> str:
     return text
 
 
-def start_ranks(argv: Sequence[str], world: int, env: Mapping[str, str] | None = None) -> Ranks:
-    """Start ``python argv...`` once per rank, torchrun-style, on one free port."""
+def start_ranks(
+    argv: Sequence[str],
+    world: int,
+    env: Mapping[str, str] | None = None,
+    *,
+    per_node: int | None = None,
+) -> Ranks:
+    """Start ``python argv...`` once per rank, torchrun-style, on one free port; ``per_node``
+    ranks to a (pretended) node, all of them on one by default."""
     port = free_port()
     procs = []
     outputs = []
+    per_node = per_node or world
     for rank in range(world):
         rank_env = base_env(env)
         rank_env.update(
             RANK=str(rank),
-            LOCAL_RANK=str(rank),
+            LOCAL_RANK=str(rank % per_node),
             WORLD_SIZE=str(world),
-            LOCAL_WORLD_SIZE=str(world),
-            GROUP_RANK="0",
+            LOCAL_WORLD_SIZE=str(per_node),
+            GROUP_RANK=str(rank // per_node),
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
         )
@@ -104,7 +112,12 @@ def start_ranks(argv: Sequence[str], world: int, env: Mapping[str, str] | None =
 
 
 def run_ranks(
-    argv: Sequence[str], world: int, env: Mapping[str, str] | None = None, timeout: float = 60
+    argv: Sequence[str],
+    world: int,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60,
+    *,
+    per_node: int | None = None,
 ) -> list[tuple[int, str, str]]:
     """Start the ranks and wait for all of them."""
-    return start_ranks(argv, world, env).wait(timeout)
+    return start_ranks(argv, world, env, per_node=per_node).wait(timeout)

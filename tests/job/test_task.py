@@ -19,12 +19,15 @@ from hpc_ddp.job.task import (
     child_failure,
     command_argv,
     exit_status,
+    record_child_end,
     resolve_entrypoint,
     run_job,
     task_interpreter,
     task_run_dir,
 )
+from hpc_ddp.runtime.distenv import derive_dist_env
 from hpc_ddp.runtime.ledger import EndCause, read_ledger
+from hpc_ddp.runtime.requeue import Coordinator
 from hpc_ddp.slurm.fake import FakeSlurm
 from hpc_ddp.slurm.jobstate import JobState
 from tests.conftest import REPO
@@ -149,6 +152,13 @@ def test_which_child_exits_are_crashes(code: int, expected: str | None, status: 
     assert exit_status(code) == status
 
 
+@pytest.mark.parametrize("code", [3, 4])
+def test_hpc_ddps_own_codes_are_a_plain_programs_failures(code: int) -> None:
+    """Without a session nothing of hpc-ddp's ran in the child: 3 and 4 are its own errors."""
+    assert child_failure(code, "p x", session=False) == f"command `p x` exited with status {code}"
+    assert child_failure(0, "p x", session=False) is None
+
+
 KILL_SELF = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
 
 
@@ -219,7 +229,7 @@ def test_a_command_crash_past_the_budget_is_not_requeued(tmp_path: Path) -> None
     assert run_job(run, env, slurm=slurm.client()) == 128 + signal.SIGKILL
     assert slurm.commands("scontrol") == []
     [attempt] = read_ledger(run / "ledger.jsonl")
-    assert (attempt.attempt, attempt.cause, attempt.requeue_requested) == (1, EndCause.CRASH, False)
+    assert (attempt.restart, attempt.cause, attempt.requeue_requested) == (1, EndCause.CRASH, False)
     assert "requeue budget exhausted: 1 of requeue.max_requeues=1" in (attempt.message or "")
 
 
@@ -247,13 +257,56 @@ def test_a_crash_the_childs_session_handled_is_not_handled_twice(tmp_path: Path)
     assert ledger.read_text() == before
 
 
+SESSION_START = (
+    "import os, pathlib; from hpc_ddp.durable import append_line; "
+    "from hpc_ddp.runtime.ledger import start_event; "
+    "append_line(pathlib.Path(os.environ['HPC_DDP_RUN_DIR']) / 'ledger.jsonl', start_event("
+    "attempt=0, restart=0, job_id='78', job_ref='77_3', nodelist='n1', world_size=1, "
+    "resumed_from_step=None, checkpoint=None)); "
+)
+"""What a child's session writes first (rank 0): the attempt's start, for job 78, restart 0."""
+
+
 @pytest.mark.usefixtures("_own_signal_handlers")
 @pytest.mark.parametrize("code", [0, 3, 4])
 def test_hpc_ddps_own_exit_codes_are_not_crashes(tmp_path: Path, code: int) -> None:
-    run, env, slurm = _command_run(tmp_path, f"raise SystemExit({code})", on_crash=True)
+    """A child whose session recorded its attempt exits 0, 3 or 4 by hpc-ddp's own rules: the
+    session said why in the ledger, the parent adds nothing."""
+    run, env, slurm = _command_run(
+        tmp_path, SESSION_START + f"raise SystemExit({code})", on_crash=True
+    )
     assert run_job(run, env, slurm=slurm.client()) == code
     assert slurm.calls == []
-    assert not (run / "ledger.jsonl").exists()
+    [attempt] = read_ledger(run / "ledger.jsonl")
+    assert attempt.is_open  # only the session's own start: nothing added here
+
+
+@pytest.mark.usefixtures("_own_signal_handlers")
+def test_a_plain_command_that_exits_0_finished(tmp_path: Path) -> None:
+    """No session in the child: its exit status is the verdict, recorded by the parent with
+    the attempt's start, so `status` says COMPLETED rather than INCOMPLETE."""
+    run, env, slurm = _command_run(tmp_path, "print('done')", on_crash=True)
+    assert run_job(run, env, slurm=slurm.client()) == 0
+    assert slurm.calls == []
+    [attempt] = read_ledger(run / "ledger.jsonl")
+    assert (attempt.attempt, attempt.job_id, attempt.job_ref) == (0, "78", REF)
+    assert (attempt.cause, attempt.steps_done) == (EndCause.FINISHED, None)
+    assert attempt.message == f"command `{sys.executable} -c` exited 0"
+    # Another rank's parent: its child's exit 0 adds nothing (rank 0 speaks for the attempt).
+    other = derive_dist_env({**env, "SLURM_PROCID": "1", "SLURM_NTASKS": "2"})
+    fresh = tmp_path / "fresh" / "ledger.jsonl"
+    record_child_end(Coordinator(other, fresh, RequeueConfig(), slurm.client()), 0, "p x", 0.0)
+    assert not fresh.exists()
+
+
+@pytest.mark.usefixtures("_own_signal_handlers")
+@pytest.mark.parametrize("code", [3, 4])
+def test_a_plain_command_exiting_3_or_4_crashed(tmp_path: Path, code: int) -> None:
+    run, env, slurm = _command_run(tmp_path, f"raise SystemExit({code})", on_crash=False)
+    assert run_job(run, env, slurm=slurm.client()) == code
+    [attempt] = read_ledger(run / "ledger.jsonl")
+    assert attempt.cause is EndCause.CRASH
+    assert f"exited with status {code}; crashed: not requeued" in (attempt.message or "")
 
 
 @pytest.mark.usefixtures("_own_signal_handlers")
@@ -318,3 +371,35 @@ def test_a_command_job_gets_the_run_id(tmp_path: Path) -> None:
     printed = _printed(run_dir)
     assert printed == [(run_dir / "run_id").read_text().strip()]
     assert printed[0].startswith("cmd-")
+
+
+@pytest.mark.parametrize(("code", "state", "rc"), [(0, "COMPLETED", 0), (3, "FAILED", 1)])
+def test_a_local_plain_command_gets_one_verdict_from_its_exit_status(
+    tmp_path: Path, code: int, state: str, rc: int
+) -> None:
+    """A command without a session: `--wait` said COMPLETED while `status` said GONE? (no
+    ledger entry). Its exit status is now its verdict, in both; 3 is the program's own error,
+    not hpc-ddp's "budget spent" (no session ran in it)."""
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"name: cmd\ncommand: [python, -c, 'raise SystemExit({code})']\n"
+        "slurm: {nodes: 1, tasks_per_node: 1}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    done = subprocess.run(
+        [sys.executable, "-m", "hpc_ddp", "submit", str(job), "--backend", "local", "--wait",
+         "--runs-dir", str(tmp_path / "runs")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == rc, done.stderr[-3000:]
+    [run_dir] = (tmp_path / "runs").iterdir()
+    [said] = [line for line in done.stderr.splitlines() if line.startswith("local job ")]
+    assert said.split(": ")[1] == state
+    shown = subprocess.run(
+        [sys.executable, "-m", "hpc_ddp", "status", str(run_dir), "--json"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    [row] = json.loads(shown.stdout)
+    assert row["state"] == state, row
+    [attempt] = read_ledger(run_dir / "ledger.jsonl")
+    assert attempt.cause is (EndCause.FINISHED if code == 0 else EndCause.CRASH)

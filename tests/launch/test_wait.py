@@ -97,3 +97,26 @@ def test_submit_wait_names_the_rank_that_crashed(slurm_cluster: Cluster, tmp_pat
     reasons = [line for line in err if line.startswith(json.loads(done.stdout)["run_dir"])]
     assert any(": failed first: rank 1 on " in line for line in reasons), done.stderr
     assert any("(rank 1 on " in line and "injected crash at step 8" in line for line in reasons)
+
+
+def test_ctrl_c_while_waiting_on_slurm_stops_the_wait_not_the_job(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C on `submit --wait` of a Slurm job: exit 130 and a line that says the job goes on
+    and how to stop it, no traceback (the job is Slurm's; `hpc-ddp cancel` stops it)."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from hpc_ddp.launch import wait
+
+    def interrupted(*args: object, **kwargs: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(wait, "wait_for_jobs", interrupted)
+    launched = SimpleNamespace(local=None, job_id="5", paths=RunPaths(tmp_path))
+    assert wait.wait_for(cast("Any", launched), FakeSlurm().client()) == 130
+    said = capsys.readouterr().err.strip()
+    assert said == (
+        f"stopped waiting; job 5 goes on (`hpc-ddp status {tmp_path}`; "
+        f"`hpc-ddp cancel {tmp_path}` stops it)"
+    )

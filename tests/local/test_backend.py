@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -168,17 +169,18 @@ def test_the_rank_killed_outright_is_blamed_before_its_complaining_peers() -> No
     assert first_failure([TaskOutcome(0, True, "exit code 0", 1.0)]) is None
 
 
-def test_local_result_reads_like_slurms_verdict() -> None:
+def test_local_result_says_the_verdict_status_gives_and_whom_to_blame() -> None:
+    """The state is status's verdict (one verdict: never "the controller ended INTERRUPTED"
+    beside a status that says CANCELLED); the result files only name the rank to blame."""
     ok = [TaskOutcome(0, True, "exit code 0", 1.0), TaskOutcome(1, True, "exit code 0", 1.0)]
-    assert LocalResult("9", "FINISHED", ok).describe() == "local job 9: COMPLETED"
-    assert LocalResult("9", "FINISHED", ok).describe(cancelled=True) == "local job 9: CANCELLED"
+    assert LocalResult("9", "FINISHED", ok).describe("COMPLETED") == "local job 9: COMPLETED"
+    assert LocalResult("9", "INTERRUPTED", ok).describe("CANCELLED") == "local job 9: CANCELLED"
     bad = [TaskOutcome(0, False, "ConfigError: x", 2.0), TaskOutcome(1, False, "E: y", 3.0)]
     result = LocalResult("9", "FINISHED", bad)
-    assert result.state(False) == "FAILED"
-    assert result.describe() == "local job 9: FAILED: rank 0 failed (then rank 1): ConfigError: x"
-    assert LocalResult("9", "INTERRUPTED", []).describe() == (
-        "local job 9: FAILED: the controller ended INTERRUPTED"
+    assert result.describe("FAILED") == (
+        "local job 9: FAILED: rank 0 failed (then rank 1): ConfigError: x"
     )
+    assert LocalResult("9", "INTERRUPTED", []).describe("FAILED") == "local job 9: FAILED"
 
 
 def model_broken_on_rank_1(cfg: object) -> object:
@@ -279,20 +281,26 @@ def test_cancel_of_a_run_with_a_huge_pid_is_an_error_not_a_traceback(
 
 
 def test_rank_records_find_the_ranks_that_still_run(
-    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+    tmp_path: Path,
+    sleeper: subprocess.Popen[bytes],
+    run_sleeper: Callable[[Path], subprocess.Popen[bytes]],
 ) -> None:
-    ident = identify_started(sleeper.pid)
+    rank = run_sleeper(tmp_path)
+    ident = identify_started(rank.pid)
     me = identify(os.getpid())
+    other = identify_started(sleeper.pid)  # runs as recorded, but not this run dir's
     assert ident is not None
     assert me is not None
+    assert other is not None
     write_rank_identity(tmp_path, 0, replace(me, start_ticks=me.start_ticks + 1))  # a stranger
     write_rank_identity(tmp_path, 1, ident)
+    write_rank_identity(tmp_path, 2, other)
     assert read_rank_identities(tmp_path) == {0: replace(me, start_ticks=me.start_ticks + 1),
-                                              1: ident}  # fmt: skip
+                                              1: ident, 2: other}  # fmt: skip
     assert live_ranks(tmp_path) == {1: ident}
     assert local_alive(tmp_path, None)
-    sleeper.kill()
-    sleeper.wait()
+    rank.kill()
+    rank.wait()
     assert live_ranks(tmp_path) == {}
     assert not local_alive(tmp_path, None)
     clear_rank_identities(tmp_path)
@@ -300,17 +308,21 @@ def test_rank_records_find_the_ranks_that_still_run(
 
 
 def test_cancel_signals_the_ranks_once_the_controller_is_gone(
-    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+    tmp_path: Path, run_sleeper: Callable[[Path], subprocess.Popen[bytes]]
 ) -> None:
     run_dir = _local_run(tmp_path, str(2**22), 2**22)  # a controller that cannot exist
-    ident = identify_started(sleeper.pid)
+    rank = run_sleeper(run_dir)
+    ident = identify_started(rank.pid)
     assert ident is not None
     write_rank_identity(run_dir, 3, ident)
     said = cancel_local(run_dir, str(2**22))
-    assert said.endswith("signalled the rank process(es) still running: rank 3")
-    assert sleeper.wait(timeout=10) == -15
+    assert said.outcome == "cancelled"
+    assert said.message.endswith("signalled the rank process(es) still running: rank 3")
+    assert rank.wait(timeout=10) == -15
     assert was_cancelled(run_dir)
-    assert cancel_local(run_dir, str(2**22)).endswith("already ended; nothing was signalled")
+    assert cancel_local(run_dir, str(2**22)).message.endswith(
+        "already ended; nothing was signalled"
+    )
 
 
 def test_a_result_file_is_read_as_plain_values_only(tmp_path: Path) -> None:

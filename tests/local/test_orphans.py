@@ -139,5 +139,5 @@ def test_ranks_that_outlive_their_controller_are_live_until_cancel_stops_them(
     e2e.wait_for("the ranks stopped", lambda: not live_ranks(run_dir), timeout_s=60)
     assert_stopped_with_a_checkpoint(run_dir)
     assert status_row(run_dir)["state"] == "CANCELLED"
-    assert cancel_local(run_dir, job_id).endswith("already ended; nothing was signalled")
+    assert cancel_local(run_dir, job_id).message.endswith("already ended; nothing was signalled")
     assert hpc("resume", str(run_dir), "--dry-run").returncode == 0

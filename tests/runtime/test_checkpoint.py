@@ -1,10 +1,12 @@
 """Checkpoint format and atomic I/O: kills mid-write, corrupt files, pruning, digests, RNG;
-damaged and foreign files listed with a reason and skipped on resume, the weights digest
-checked on every load."""
+damaged and foreign files listed with a reason and skipped on resume, the digest of every
+section (weights, optimizer, scheduler, scaler, RNG, progress, extra values, config, meta)
+checked on every load; format-1 files load with only their weights verified, and say so."""
 
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import logging
 import os
@@ -27,8 +29,11 @@ from hpc_ddp.config.model import JobConfig, TrainConfig
 from hpc_ddp.errors import CheckpointError
 from hpc_ddp.layout import LATEST_CHECKPOINT, checkpoint_name, parse_checkpoint_name
 from hpc_ddp.runtime.checkpoint import (
+    SECTIONS,
+    V1_UNVERIFIED,
     CheckpointState,
     CheckpointWriter,
+    SnapshotBuffers,
     build_payload,
     capture_rng_state,
     find_latest,
@@ -37,6 +42,7 @@ from hpc_ddp.runtime.checkpoint import (
     prune_plan,
     restore_rng_state,
     snapshot,
+    state_digests,
     weights_digest,
     write_checkpoint,
 )
@@ -60,11 +66,13 @@ def save(directory: Path, step: int, model: nn.Module | None = None, keep_last: 
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.randn(2, 8)).sum().backward()
     opt.step()  # momentum buffers: optimizer state with tensors
+    first = capture_rng_state(CPU)
+    torch.rand(1)  # the other rank's stream is somewhere else
     payload = build_payload(
         model=snapshot(model.state_dict()),
         optimizer=snapshot(opt.state_dict()),
         progress=Progress(step=step, epoch=step // 10, batch_in_epoch=step % 10, extra={"k": 1}),
-        rng=[capture_rng_state(CPU), capture_rng_state(CPU)],
+        rng=[first, capture_rng_state(CPU)],
         config={"name": "t", "train": {"lr": 0.1, "extra": [1, 2]}},
     )
     return write_checkpoint(directory, payload, keep_last)
@@ -92,7 +100,10 @@ def test_save_load_roundtrip_is_weights_only(tmp_path: Path) -> None:
     assert raw["progress"] == {"step": 7, "epoch": 0, "batch_in_epoch": 7}
     assert raw["extra"] == {"k": 1}
     assert raw["meta"]["world_size"] == 2
-    assert raw["meta"]["weights_digest"] == weights_digest(model.state_dict())
+    assert raw["version"] == 2
+    assert set(raw["meta"]["digests"]) == {*SECTIONS, "meta"}
+    assert raw["meta"]["digests"] == state_digests(raw)
+    assert raw["meta"]["digests"]["model"] == weights_digest(model.state_dict())
     assert raw["optimizer"]["state"][0]["momentum_buffer"].shape == (16, 8)
     assert list(tmp_path.glob(".tmp-*")) == []
 
@@ -129,7 +140,7 @@ def test_digest_stable_across_save_load_and_layout(tmp_path: Path) -> None:
     loaded = load_checkpoint(save(tmp_path, 1, model))  # save() trains one step first
     digest = weights_digest(model.state_dict())
     assert weights_digest(loaded["model"]) == digest
-    assert loaded["meta"]["weights_digest"] == digest
+    assert loaded["meta"]["digests"]["model"] == digest
     # same values in a non-contiguous tensor: same digest
     sd = {k: v.clone() for k, v in model.state_dict().items()}
     sd["0.weight"] = sd["0.weight"].t().contiguous().t()
@@ -246,6 +257,71 @@ def test_snapshot_makes_values_weights_only_loadable(tmp_path: Path) -> None:
         build_payload(model={}, progress=Progress(extra={"bad": object()}), rng=[])
 
 
+def test_snapshot_buffers_are_kept_and_overwritten_by_the_next_snapshot() -> None:
+    """The training thread copies into memory it already has: the same buffers each time
+    (no fresh pages to fault in), new ones only for tensors that changed shape or dtype."""
+    state: dict[str, Any] = {"w": torch.zeros(4, 3), "opt": {"m": [torch.ones(5)]}, "n": 3}
+    buffers = SnapshotBuffers()
+    first = buffers.snapshot(state)
+    assert first["n"] == 3
+    assert first["w"].data_ptr() != state["w"].data_ptr()
+    state["w"].add_(2)
+    second = buffers.snapshot(state)
+    assert second["w"].data_ptr() == first["w"].data_ptr()  # the same buffer, refilled
+    assert second["opt"]["m"][0].data_ptr() == first["opt"]["m"][0].data_ptr()
+    assert bool((second["w"] == 2).all())
+    state["w"] = torch.zeros(2, 2, dtype=torch.float64)
+    third = buffers.snapshot(state)
+    assert third["w"].dtype == torch.float64
+    assert third["w"].data_ptr() != first["w"].data_ptr()
+    one_off = snapshot(state)  # the function: fresh memory, kept by no one
+    assert one_off["w"].data_ptr() != third["w"].data_ptr()
+    with pytest.raises(CheckpointError, match=r"checkpoint\['bad'\] holds a builtins.object"):
+        buffers.snapshot({"bad": object()})
+
+
+def test_a_write_goes_out_in_few_large_writes_and_leaves_torchs_options_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tensor storages go to os.write as they are; torch's many small zip records are
+    gathered. The zip CRC switch is torch's global one: it is back as it was afterwards."""
+    payload = build_payload(
+        model={f"w{i}": torch.randn(256, 256) for i in range(8)}  # 8 x 256 KiB
+        | {f"b{i}": torch.randn(3) for i in range(200)},  # 200 tiny records
+        progress=Progress(step=1),
+        rng=[capture_rng_state(CPU)],
+    )
+    writes: list[int] = []
+    real_write = os.write
+
+    def counting_write(fd: int, data: Any) -> int:
+        writes.append(len(data))
+        return real_write(fd, data)
+
+    before = torch.serialization.get_crc32_options()
+    with monkeypatch.context() as m:
+        m.setattr(os, "write", counting_write)
+        path = write_checkpoint(tmp_path, payload, keep_last=0)
+    assert torch.serialization.get_crc32_options() == before
+    size = path.stat().st_size
+    assert sum(writes) >= size  # the latest pointer is written too
+    assert len(writes) < 8 + 20, writes  # not one write per record
+    assert load_checkpoint(path)["model"]["w3"].shape == (256, 256)
+
+
+def test_the_file_is_durable_before_the_pointer_moves_and_old_files_go(tmp_path: Path) -> None:
+    save(tmp_path, 10, keep_last=1)
+    seen: list[tuple[list[str], str]] = []
+
+    def on_durable() -> None:
+        names = sorted(p.name for p in tmp_path.glob("step-*.pt"))
+        seen.append((names, (tmp_path / LATEST_CHECKPOINT).read_text().strip()))
+
+    write_checkpoint(tmp_path, real_payload(20), keep_last=1, on_durable=on_durable)
+    assert seen == [(["step-00000010.pt", "step-00000020.pt"], "step-00000010.pt")]
+    assert sorted(p.name for p in tmp_path.glob("step-*.pt")) == ["step-00000020.pt"]
+
+
 def test_writer_background_and_error(tmp_path: Path) -> None:
     writer = CheckpointWriter(tmp_path / "ckpt", keep_last=2)
     model = small_model()
@@ -271,6 +347,30 @@ def test_writer_background_and_error(tmp_path: Path) -> None:
     bad.wait()  # the error is reported once
 
 
+def test_a_write_in_flight_is_finished_when_the_process_exits(tmp_path: Path) -> None:
+    """The writer thread is a daemon (a writer nobody closes never keeps a process alive), yet
+    a script that returns while its last checkpoint is being written still gets the file."""
+    script = f"""
+import time, torch
+import hpc_ddp.runtime.checkpoint as c
+write = c.write_checkpoint
+def slow(*args, **kwargs):
+    time.sleep(1.0)
+    return write(*args, **kwargs)
+c.write_checkpoint = slow
+writer = c.CheckpointWriter(c.Path({str(tmp_path)!r}), keep_last=2)
+writer.submit(c.build_payload(model={{"w": torch.ones(3)}}, progress=c.Progress(step=5),
+                              rng=[c.capture_rng_state(torch.device("cpu"))]))
+print("returning", flush=True)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=base_env(), capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (0, "returning\n"), done.stderr
+    assert load_checkpoint(tmp_path / checkpoint_name(5))["model"]["w"].sum() == 3
+
+
 def test_sigkill_during_saves_always_leaves_a_loadable_checkpoint(tmp_path: Path) -> None:
     """30 SIGKILLs at random moments of a save loop: the newest complete file always loads."""
     kills = 30
@@ -292,7 +392,7 @@ def test_sigkill_during_saves_always_leaves_a_loadable_checkpoint(tmp_path: Path
     found = find_latest(tmp_path)
     assert found is not None
     assert found[1]["progress"]["step"] == steps[-1]
-    assert torch.load(found[0], weights_only=True)["meta"]["weights_digest"]
+    assert torch.load(found[0], weights_only=True)["meta"]["digests"]["model"]
 
 
 # --- damaged and foreign files: listed with a reason, skipped on resume ---------------------
@@ -319,14 +419,14 @@ def flip_tensor_bytes(path: Path) -> None:
 
 
 def real_payload(step: int) -> dict[str, Any]:
-    """A complete payload as the writer stores it (digest filled in)."""
+    """A complete payload as the writer stores it (digests filled in)."""
     model = small_model(step)
     payload = build_payload(
         model=snapshot(model.state_dict()),
         progress=Progress(step=step, epoch=1),
         rng=[capture_rng_state(CPU)],
     )
-    payload["meta"]["weights_digest"] = weights_digest(payload["model"])
+    payload["meta"]["digests"] = state_digests(payload)
     return payload
 
 
@@ -351,9 +451,9 @@ class Opaque:
     """Someone else's class: a weights-only load refuses to import it."""
 
 
-def _set(keys: tuple[str, ...], value: Any) -> Callable[[dict[str, Any]], None]:
+def _set(keys: tuple[str | int, ...], value: Any) -> Callable[[dict[str, Any]], None]:
     def edit(payload: dict[str, Any]) -> None:
-        target = payload
+        target: Any = payload
         for k in keys[:-1]:
             target = target[k]
         target[keys[-1]] = value
@@ -390,7 +490,7 @@ BAD_FILES: dict[str, tuple[Callable[[Path], object], CheckpointState, str]] = {
         FOREIGN,
         "not a torch zip file",
     ),
-    "newer-format-version": (edited(_set(("version",), 2)), FOREIGN, "format version 2"),
+    "newer-format-version": (edited(_set(("version",), 3)), FOREIGN, "format version 3"),
     "zero-bytes": (lambda p: p.write_bytes(b""), DAMAGED, "empty file (0 bytes)"),
     "zero-filled": (lambda p: p.write_bytes(b"\0" * 4096), DAMAGED, "zero bytes"),
     "torn": (torn, DAMAGED, "torn: the zip archive has no end"),
@@ -403,10 +503,16 @@ BAD_FILES: dict[str, tuple[Callable[[Path], object], CheckpointState, str]] = {
     "lacks-rng": (edited(lambda d: d.pop("rng")), DAMAGED, "checkpoint lacks rng"),
     "step-not-int": (edited(_set(("progress", "step"), "30")), DAMAGED, "progress.step is '30'"),
     "model-not-dict": (edited(_set(("model",), torch.zeros(2))), DAMAGED, "model is a Tensor"),
-    "no-digest": (
-        edited(_set(("meta", "weights_digest"), None)),
+    "no-digest": (edited(_set(("meta", "digests"), None)), DAMAGED, "meta.digests is None"),
+    "a-digest-missing": (
+        edited(lambda d: d["meta"]["digests"].pop("optimizer")),
         DAMAGED,
-        "meta.weights_digest is None",
+        "meta.digests is a dict of 8, expected a hex digest for every section and meta",
+    ),
+    "other-digest-algorithm": (
+        edited(_set(("meta", "digest"), "sha1")),
+        DAMAGED,
+        "meta.digest is 'sha1', expected 'xxh3-128'",
     ),
     "rng-entry-wrong": (edited(_set(("rng",), [{}])), DAMAGED, "rng is a list of 1, expected"),
 }
@@ -449,17 +555,88 @@ def test_only_bad_files_is_an_error_naming_the_newest(tmp_path: Path) -> None:
     assert [i.state for i in list_checkpoints(tmp_path)] == [DAMAGED, FOREIGN]
 
 
-def test_flipped_weights_rejected_on_load_and_resume_takes_previous(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+def damage_tensor(*keys: str | int) -> Callable[[Path], None]:
+    """A maker of damage: flip the low bit of 4 bytes in the middle of the stored data of the
+    tensor at ``keys`` (found in the file by its bytes), as bit rot or a bad copy would. The zip
+    and the pickle stay intact, so ``torch.load`` still succeeds."""
+
+    def damage(path: Path) -> None:
+        tensor: Any = torch.load(path, weights_only=True)
+        for key in keys:
+            tensor = tensor[key]
+        data = tensor.contiguous().view(torch.uint8).flatten().numpy().tobytes()
+        raw = bytearray(path.read_bytes())
+        at = raw.find(data)
+        assert at >= 0, "the tensor's bytes are not in the file"
+        assert raw.find(data, at + 1) < 0, "the tensor's bytes are in the file twice"
+        middle = at + len(data) // 2
+        for i in range(middle, middle + 4):
+            raw[i] ^= 0x01
+        path.write_bytes(bytes(raw))
+
+    return damage
+
+
+def stale(edit: Callable[[dict[str, Any]], object]) -> Callable[[Path], None]:
+    """A maker of damage: the file's payload changed by ``edit`` and saved again with the
+    digests it recorded before (what a changed byte in its pickle would amount to)."""
+
+    def damage(path: Path) -> None:
+        data = torch.load(path, weights_only=True)
+        edit(data)
+        torch.save(data, path)
+
+    return damage
+
+
+def all_of(*damages: Callable[[Path], None]) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        for one in damages:
+            one(path)
+
+    return damage
+
+
+def optimizer_bytes(param: int) -> Callable[[Path], None]:
+    return damage_tensor("optimizer", "state", param, "momentum_buffer")
+
+
+# name -> (damage to a good checkpoint, how the reason names what changed)
+DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
+    "weights-bytes": (damage_tensor("model", "0.weight"), "weights (model) does not match its"),
+    "optimizer-bytes": (optimizer_bytes(0), "optimizer state does not match its"),
+    "rng-bytes": (damage_tensor("rng", 1, "torch"), "RNG states does not match its"),
+    "optimizer-lr": (
+        stale(_set(("optimizer", "param_groups", 0, "lr"), 0.2)),
+        "optimizer state does not match its",
+    ),
+    "scheduler": (stale(_set(("scheduler",), {"last_epoch": 3})), "scheduler state does not"),
+    "scaler": (stale(_set(("scaler",), {"scale": 2.0})), "grad scaler state does not match"),
+    "progress": (
+        stale(_set(("progress", "batch_in_epoch"), 9)),
+        "progress (step, epoch, batch) does not match its",
+    ),
+    "extra": (stale(_set(("extra", "k"), 2)), "extra values does not match its"),
+    "config": (stale(_set(("config", "train", "lr"), 0.2)), "config does not match its"),
+    "meta": (stale(_set(("meta", "time"), 0.0)), "meta (world size, time, versions) does not"),
+    "two-sections": (
+        all_of(optimizer_bytes(1), damage_tensor("rng", 0, "torch")),
+        "optimizer state, RNG states do not match their recorded digest",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGE))
+def test_a_change_in_any_section_is_named_and_resume_takes_the_previous_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, case: str
 ) -> None:
-    """Bit flips in tensor data: torch.load still succeeds; only the digest catches them."""
+    """Issue 20: flipped bytes in the optimizer state loaded as if whole, and the run went on
+    with nan. Every section a resume restores now has its digest, checked on every load."""
+    damage, words = DAMAGE[case]
     paths = [save(tmp_path, step) for step in (10, 20, 30)]
     newest = paths[-1]
-    recorded = torch.load(newest, weights_only=True)["meta"]["weights_digest"]
-    flip_tensor_bytes(newest)
-    raw = load_checkpoint(newest, verify=False)  # the damage is invisible to torch.load
-    assert raw["meta"]["weights_digest"] == recorded
-    assert weights_digest(raw["model"]) != recorded
+    damage(newest)
+    load_checkpoint(newest, verify=False)  # the damage is invisible to torch.load
     with caplog.at_level(logging.WARNING, logger="hpc_ddp.runtime.checkpoint"):
         found = find_latest(tmp_path)
     assert found is not None
@@ -467,14 +644,97 @@ def test_flipped_weights_rejected_on_load_and_resume_takes_previous(
     assert found[1]["progress"]["step"] == 20
     [warning] = [r.getMessage() for r in caplog.records]
     assert str(newest) in warning
-    assert "do not match their recorded digest" in warning
-    with pytest.raises(CheckpointError, match=r"damaged checkpoint: weights do not match.*HINT"):
+    assert words in warning
+    assert "recorded digest" in warning
+    with pytest.raises(CheckpointError, match=r"damaged checkpoint: .*recorded digest.*HINT"):
         load_checkpoint(newest)
-    # listing without --verify does not read the tensors; with it, the same check as resume
+    # listing without --verify does not hash the content; with it, the same check as resume
     assert [i.state for i in list_checkpoints(tmp_path)] == [OK, OK, OK]
     verified = list_checkpoints(tmp_path, verify=True)
     assert [i.state for i in verified] == [OK, OK, DAMAGED]
-    assert "recorded digest" in (verified[-1].error or "")
+    assert words in (verified[-1].error or "")
+
+
+def test_flipped_weights_found_by_their_digest(tmp_path: Path) -> None:
+    """The weights' own digest is what ``hpc-ddp checkpoints`` shows for the file."""
+    newest = save(tmp_path, 30)
+    recorded = torch.load(newest, weights_only=True)["meta"]["digests"]["model"]
+    flip_tensor_bytes(newest)
+    raw = load_checkpoint(newest, verify=False)
+    assert raw["meta"]["digests"]["model"] == recorded
+    assert weights_digest(raw["model"]) != recorded
+    [info] = list_checkpoints(tmp_path)
+    assert info.weights_digest == recorded
+
+
+# --- format 1: loads, with only its weights verified ------------------------------------------
+
+
+def _v1_weights_digest(state_dict: dict[str, torch.Tensor]) -> str:
+    """Format 1's digest, written out here as hpc-ddp 0.1 computed it."""
+    h = hashlib.sha256()
+    for key in sorted(state_dict):
+        t = state_dict[key].detach().contiguous()
+        h.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+def save_v1(directory: Path, step: int) -> Path:
+    """A checkpoint as hpc-ddp wrote it before format 2: only the weights digested."""
+    path = save(directory, step)
+    data = torch.load(path, weights_only=True)
+    data["version"] = 1
+    del data["meta"]["digest"], data["meta"]["digests"]
+    data["meta"]["weights_digest"] = _v1_weights_digest(data["model"])
+    torch.save(data, path)
+    return path
+
+
+def test_a_format_1_file_loads_with_only_its_weights_verified(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The decision for old files: a run survives an upgrade of hpc-ddp between attempts, and
+    nobody is told that unverified state was verified."""
+    old = save_v1(tmp_path, 10)
+    found = find_latest(tmp_path)
+    assert found is not None
+    assert found[0] == old
+    [info] = list_checkpoints(tmp_path, verify=True)
+    assert (info.state, info.version, info.unverified) == (OK, 1, V1_UNVERIFIED)
+    assert info.weights_digest == torch.load(old, weights_only=True)["meta"]["weights_digest"]
+    damage_tensor("optimizer", "state", 0, "momentum_buffer")(old)
+    [info] = list_checkpoints(tmp_path, verify=True)
+    assert info.state is OK  # what format 1 cannot see; it says so instead
+    assert "optimizer" in info.unverified
+    damage_tensor("model", "0.weight")(old)
+    [info] = list_checkpoints(tmp_path, verify=True)
+    assert info.state is DAMAGED
+    assert "weights (model) does not match its recorded digest" in (info.error or "")
+    save(tmp_path, 20)  # a format-2 file written by this version
+    assert [(i.version, i.unverified) for i in list_checkpoints(tmp_path, verify=True)] == [
+        (None, ()),
+        (2, ()),
+    ]
+
+
+@pytest.mark.usefixtures("own_process")
+def test_resuming_from_a_format_1_file_warns_what_is_unverified(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    old = save_v1(tmp_path / "checkpoints", 10)
+    config = JobConfig(name="t")
+    with caplog.at_level(logging.WARNING, logger="hpc_ddp"), Session(tmp_path, config, env={}) as s:
+        model = s.wrap(small_model(0))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        s.restore(model=model, optimizer=opt)
+        assert s.progress.step == 10
+    warned = [r.getMessage() for r in caplog.records if old.name in r.getMessage()]
+    assert any(
+        "format-1 checkpoint: only its weights have a digest; its optimizer, scheduler, "
+        "scaler, progress, extra, rng, config were restored unverified" in w
+        for w in warned
+    ), warned
 
 
 def test_dangling_latest_pointer_is_harmless_and_replaced(tmp_path: Path) -> None:
@@ -539,18 +799,20 @@ def train_in_session(run_dir: Path, total: int) -> tuple[int, str]:
 
 
 @pytest.mark.usefixtures("own_process")
-def test_session_restore_skips_flipped_weights_and_retrains_exactly(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("case", ["weights-bytes", "optimizer-bytes"])
+def test_session_restore_skips_a_damaged_file_and_retrains_exactly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, case: str
 ) -> None:
     assert train_in_session(tmp_path, 3)[0] == 0
     before = {i.step: i.weights_digest for i in list_checkpoints(tmp_path, verify=True)}
     assert sorted(before) == [1, 2, 3]
     newest = tmp_path / "checkpoints" / checkpoint_name(3)
-    flip_tensor_bytes(newest)
+    damage, words = DAMAGE[case]
+    damage(newest)
     with caplog.at_level(logging.WARNING, logger="hpc_ddp.runtime.checkpoint"):
         resumed_step, resumed_digest = train_in_session(tmp_path, 4)
     assert (resumed_step, resumed_digest) == (2, before[2])
-    assert any(str(newest) in r.getMessage() and "digest" in r.getMessage() for r in caplog.records)
+    assert any(str(newest) in r.getMessage() and words in r.getMessage() for r in caplog.records)
     after = list_checkpoints(tmp_path, verify=True)
     assert [(i.step, i.state) for i in after] == [(1, OK), (2, OK), (3, OK), (4, OK)]
     assert after[2].weights_digest == before[3]  # step 3 trained again, bit for bit

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.errors import RunDirError
-from hpc_ddp.runtime.ledger import Attempt, EndCause, read_ledger
+from hpc_ddp.runtime.ledger import Attempt, EndCause, attempt_number, read_ledger
 from hpc_ddp.runtime.requeue import RequeueDecision, decide_requeue
 from tests.ledgers import record_end, record_start
 
@@ -68,6 +68,7 @@ def test_a_requeued_run_folds_into_attempts(tmp_path: Path) -> None:
         resumed_from=None,
         requeue_requested=True,
         message="time-limit warning signal",
+        restart=0,
     )
     assert first.duration_s == 60.0
     assert (second.attempt, second.resumed_from_step, second.resumed_from) == (
@@ -161,8 +162,10 @@ def test_garbage_and_unknown_lines_are_skipped(tmp_path: Path) -> None:
         f.write('{"event": "attempt_end", "attempt": 0, "time": 4.0, "cause": "from_the_future"}\n')
     only, no_start = read_ledger(path)
     assert (only.attempt, only.ended, only.cause) == (0, 4.0, EndCause.UNKNOWN)
-    # An end without its start is an attempt that failed before rank 0 recorded the start.
-    assert (no_start.attempt, no_start.started, no_start.cause) == (7, 3.0, EndCause.FINISHED)
+    # An end without its start is an attempt that failed before rank 0 recorded the start; it
+    # is numbered by its place in the run, and the number it was written with is its restart.
+    assert (no_start.attempt, no_start.started, no_start.cause) == (1, 3.0, EndCause.FINISHED)
+    assert no_start.restart == 7
 
 
 def test_a_relaunched_attempt_gets_its_own_entry(tmp_path: Path) -> None:
@@ -374,3 +377,44 @@ def test_huge_but_whole_numbers_are_kept(tmp_path: Path) -> None:
                requeue_requested=False, now=4102444800.0)  # 2100-01-01  # fmt: skip
     (attempt,) = read_ledger(path)
     assert (attempt.steps_done, attempt.ended) == (2**40, 4102444800.0)
+
+
+# --- attempts numbered across the run ------------------------------------------------------
+
+
+def test_a_ledger_from_before_run_wide_numbers_reads_numbered_across_the_run(
+    tmp_path: Path,
+) -> None:
+    """Old ledgers numbered each job's attempts from 0 (the SLURM_RESTART_COUNT): read back,
+    every attempt has its place in the run, and the old number is its restart."""
+    path = tmp_path / "ledger.jsonl"
+    for job, restart, t in (("41", 0, 1.0), ("41", 1, 3.0), ("42", 0, 10.0)):
+        with path.open("a") as f:  # exactly what the old writer wrote: no "restart" field
+            f.write(json.dumps({"event": "attempt_start", "attempt": restart, "time": t,
+                                "job_id": job, "job_ref": job, "nodelist": "n1",
+                                "world_size": 2, "resumed_from_step": None,
+                                "checkpoint": None}) + "\n")  # fmt: skip
+            f.write(json.dumps({"event": "attempt_end", "attempt": restart, "time": t + 1,
+                                "cause": "time_limit", "steps_done": 5, "checkpoint": None,
+                                "requeue_requested": True, "message": ""}) + "\n")  # fmt: skip
+    attempts = read_ledger(path)
+    assert [(a.attempt, a.restart, a.job_id) for a in attempts] == [
+        (0, 0, "41"), (1, 1, "41"), (2, 0, "42"),
+    ]  # fmt: skip
+    assert all(not a.is_open for a in attempts)
+
+
+def test_attempt_number_finds_the_entry_of_its_job_and_restart(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    start(path, 0, 1.0, restart=0, job_id="41")
+    start(path, 1, 5.0, restart=1, job_id="41")
+    start(path, 2, 50.0, restart=0, job_id="42")
+    attempts = read_ledger(path)
+    assert attempt_number(attempts, job_id="41", restart=1) == 1
+    assert attempt_number(attempts, job_id="42", restart=0) == 2
+    assert attempt_number(attempts, job_id="42", restart=1) == 3  # not written yet: the next
+    # A run without job ids (local): only an entry started since this process began is its.
+    local = tmp_path / "local.jsonl"
+    start(local, 0, 1.0, job_id=None, restart=0)
+    assert attempt_number(read_ledger(local), job_id=None, restart=0, since=0.5) == 0
+    assert attempt_number(read_ledger(local), job_id=None, restart=0, since=40.0) == 1

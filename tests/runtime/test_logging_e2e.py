@@ -21,6 +21,7 @@ from tensorboard.backend.event_processing.event_accumulator import (  # type: ig
 
 from hpc_ddp.layout import RunPaths
 from hpc_ddp.run_id import read_run_id
+from hpc_ddp.sweep.results import read_metrics
 from tests import e2e_util as e2e
 from tests.conftest import Cluster
 
@@ -61,7 +62,12 @@ def test_tensorboard_shows_each_step_once_from_the_attempt_that_counts(
     rows = e2e.metric_rows(crashed_run.run_dir)  # the raw record: every attempt's rows
     replayed = [r["step"] for r in rows if CKPT_EVERY < r["step"] <= CRASH_AT]
     assert sorted(replayed) == [6, 6, 7, 7, 8, 8]  # the crash made the job log these twice
-    counts = {r["step"]: r for r in rows}  # a step's last row is the one that counts
+    [marker] = [r for r in rows if r.get("event") == "resume"]  # ... and marked the resume
+    assert marker["step"] == CKPT_EVERY
+    # `results` and `status` read the file as TensorBoard does: each step once, the last row.
+    counted = read_metrics(crashed_run.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in counted] == list(range(1, STEPS + 1))
+    counts = {r["step"]: r for r in counted}
     tb_dir = crashed_run.run_dir / "tensorboard"
     assert len(list(tb_dir.glob("events.out.tfevents.*"))) >= 2  # one per attempt (rank 0)
     acc = EventAccumulator(str(tb_dir))

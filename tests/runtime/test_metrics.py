@@ -20,12 +20,16 @@ from tensorboard.backend.event_processing.event_accumulator import (  # type: ig
     EventAccumulator,
 )
 
+from hpc_ddp.layout import RunPaths
 from hpc_ddp.runtime.metrics import (
     TENSORBOARD_HINT,
     MetricsWriter,
+    drop_replayed,
     metrics_line,
     tensorboard_scalars,
 )
+from hpc_ddp.state.artifacts import last_metric
+from hpc_ddp.sweep.results import read_metrics
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.torch
@@ -76,6 +80,38 @@ def test_a_requeue_continues_the_run_and_drops_replayed_steps(tmp_path: Path) ->
     got = scalars(tmp_path / "tensorboard")["loss"]
     assert [s for s, _ in got] == list(range(1, 11))  # 6 and 7 once each, not twice
     assert got[4:] == [(5, 105.0), (6, 6.0), (7, 7.0), (8, 8.0), (9, 9.0), (10, 10.0)]
+
+
+@pytest.mark.parametrize(("resume", "second"), [(5, range(6, 11)), (0, range(1, 4))])
+def test_metrics_jsonl_drops_the_replayed_steps_as_tensorboard_does(
+    tmp_path: Path, resume: int, second: range
+) -> None:
+    """The file keeps every line (it is only appended to) plus a resume marker; `results`
+    and `status` read it through the marker, and see exactly what TensorBoard shows."""
+    attempt(tmp_path, 0, range(1, 8), loss0=100.0)  # steps 1-7; the checkpoint was at 5 (or none)
+    attempt(tmp_path, resume, second)
+    raw = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert raw[7] == {"event": "resume", "step": resume, "time": raw[7]["time"]}
+    assert len(raw) == 7 + 1 + len(second)  # nothing was rewritten: only appended
+    shown = scalars(tmp_path / "tensorboard")["loss"]
+    counted = read_metrics(tmp_path / "metrics.jsonl")  # what `results` reads
+    assert [(r["step"], r["loss"]) for r in counted] == [(s, float(v)) for s, v in shown]
+    assert last_metric(RunPaths(tmp_path), "loss") == shown[-1][1]  # what `status` shows
+    steps = [r["step"] for r in counted]
+    assert len(steps) == len(set(steps))
+
+
+def test_no_resume_marker_where_nothing_is_replayed(tmp_path: Path) -> None:
+    """The first attempt, and one that goes on from the very step its predecessor stopped at
+    (a clean stop: the checkpoint at the stop step), leave the file as plain rows."""
+    attempt(tmp_path, 0, range(1, 3))
+    attempt(tmp_path, 2, range(3, 5))
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4]
+    assert all("event" not in json.loads(line) for line in lines)
+    assert drop_replayed([{"step": 3}, {"event": "resume", "step": 2}, {"step": 3}]) == [
+        {"step": 3}
+    ]
 
 
 def test_without_the_purge_the_replayed_steps_would_show_twice(tmp_path: Path) -> None:

@@ -17,13 +17,19 @@ from typing import Any
 
 import pytest
 
+from hpc_ddp.config.model import DistConfig
 from hpc_ddp.errors import DistEnvError
+from hpc_ddp.layout import LOCAL_GPUS_ENV, LOCAL_GPUS_PER_TASK_ENV
 from hpc_ddp.runtime.distenv import DistEnv, derive_dist_env, derive_master_port
 from hpc_ddp.runtime.procgroup import (
+    ProcessGroupInfo,
     _listen,
+    check_grant,
     choose_backend,
     choose_device,
     destroy_process_group,
+    gpu_grant,
+    init_process_group,
     is_port_free,
     port_file,
     resolve_master_port,
@@ -74,17 +80,20 @@ def single() -> DistEnv:
 
 
 @pytest.mark.parametrize(
-    ("requested", "cuda", "expected"),
+    ("requested", "cuda", "asked", "expected"),
     [
-        ("auto", True, "nccl"),
-        ("auto", False, "gloo"),
-        ("gloo", True, "gloo"),
-        ("gloo", False, "gloo"),
-        ("nccl", True, "nccl"),
+        ("auto", True, None, "nccl"),  # torchrun on a workstation: visible CUDA decides
+        ("auto", True, True, "nccl"),
+        ("auto", True, False, "gloo"),  # the job asked for no GPUs: visible ones are not its own
+        ("auto", False, None, "gloo"),
+        ("gloo", True, True, "gloo"),
+        ("gloo", False, None, "gloo"),
+        ("nccl", True, None, "nccl"),
+        ("nccl", True, False, "nccl"),  # explicit: a site that gives GPUs without GRES
     ],
 )
-def test_choose_backend(requested: str, cuda: bool, expected: str) -> None:
-    assert choose_backend(requested, cuda) == expected
+def test_choose_backend(requested: str, cuda: bool, asked: bool | None, expected: str) -> None:
+    assert choose_backend(requested, cuda, asked) == expected
 
 
 def test_nccl_without_cuda_is_an_error() -> None:
@@ -94,7 +103,7 @@ def test_nccl_without_cuda_is_an_error() -> None:
         choose_backend("mpi", True)
 
 
-def ranked(local_rank: int, local_world: int) -> DistEnv:
+def ranked(local_rank: int, local_world: int, **extra: str) -> DistEnv:
     return derive_dist_env(
         {
             "RANK": str(local_rank),
@@ -102,37 +111,153 @@ def ranked(local_rank: int, local_world: int) -> DistEnv:
             "LOCAL_RANK": str(local_rank),
             "LOCAL_WORLD_SIZE": str(local_world),
             "MASTER_ADDR": "n1",
+            **extra,
         }
     )
 
 
 @pytest.mark.parametrize(
-    ("local_rank", "visible", "cuda", "count", "expected"),
+    ("local_rank", "local_world", "visible", "count", "per_task", "expected"),
     [
-        (1, None, False, 0, "cpu"),
-        (1, "0,1", False, 0, "cpu"),  # torch sees no usable CUDA
-        (0, "", True, 0, "cpu"),
-        (1, "1", True, 1, "cuda:0"),  # --gpus-per-task=1: each task its own, seen as cuda:0
-        (3, "5", True, 1, "cuda:0"),
-        (1, "0,1", True, 2, "cuda:1"),  # --gpus-per-node=2: every task sees both
-        (0, "0,1,2,3", True, 4, "cuda:0"),
-        (2, None, True, 4, "cuda:2"),  # no CUDA_VISIBLE_DEVICES: all of the node's GPUs
+        (1, 4, "0,1", 0, None, "cpu"),  # torch sees no usable CUDA, or none the job asked for
+        (1, 4, "1", 1, 1, "cuda:0"),  # --gpus-per-task=1: each task its own, seen as cuda:0
+        (3, 4, "5", 1, 1, "cuda:0"),
+        (3, 4, "2,3", 2, 2, "cuda:0"),  # --gpus-per-task=2: local rank 3 has its own pair
+        (1, 2, "0,1", 2, None, "cuda:1"),  # --gpus-per-node=2: every task sees both
+        (0, 4, "0,1,2,3", 4, None, "cuda:0"),
+        (2, 4, None, 4, None, "cuda:2"),  # no CUDA_VISIBLE_DEVICES: all of the node's GPUs
+        (3, 4, None, 8, None, "cuda:6"),  # 8 shared by 4 ranks: two each, on the first
+        (2, 4, "0,1,2,3,4,5,6,7", 8, 2, "cuda:4"),  # 2 per task, but nothing bound them
+        (0, 1, "0,1", 2, None, "cuda:0"),  # alone on its node
+        (0, 1, "3", 1, None, "cuda:0"),
     ],
 )
-def test_choose_device(
-    local_rank: int, visible: str | None, cuda: bool, count: int, expected: str
+def test_choose_device_from_what_the_task_sees(
+    local_rank: int,
+    local_world: int,
+    visible: str | None,
+    count: int,
+    per_task: int | None,
+    expected: str,
 ) -> None:
-    env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
-    assert choose_device(ranked(local_rank, 4), env, cuda, count) == expected
+    assert choose_device(ranked(local_rank, local_world), count, per_task, visible) == expected
 
 
-def test_more_tasks_than_gpus_is_an_error() -> None:
+@pytest.mark.parametrize(
+    ("visible", "count", "per_task"),
+    [
+        ("0", 1, None),  # one GPU, 4 ranks, nothing binds them apart: "Duplicate GPU detected"
+        ("0,1", 2, None),  # torchrun --nproc-per-node 4 on a 2-GPU machine
+        ("0", 1, 2),  # 2 per task asked, 1 seen: not a set of its own either
+    ],
+)
+def test_ranks_that_would_share_a_gpu_are_refused_before_nccl(
+    visible: str, count: int, per_task: int | None
+) -> None:
     with pytest.raises(DistEnvError) as info:
-        choose_device(ranked(2, 4), {"CUDA_VISIBLE_DEVICES": "0,1"}, True, 2)
+        choose_device(ranked(1, 4), count, per_task, visible)
     message = str(info.value)
-    assert "local rank 2 (of 4 tasks on this node)" in message
-    assert "CUDA_VISIBLE_DEVICES='0,1'" in message
-    assert "HINT: run at most one task per GPU" in message
+    assert f"4 ranks on this node share {count} visible GPU(s)" in message
+    assert f"CUDA_VISIBLE_DEVICES {visible!r}" in message
+    assert "local rank 1 has no GPU of its own" in message
+    assert message.endswith("or use slurm.gpus_per_task: 1.")
+    assert "HINT: one rank per GPU" in message
+
+
+SLURM_TASK = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "1", "SLURM_NTASKS": "4"}
+
+
+def seen_by_task(visible: str, on_node: str, **more: str) -> dict[str, str]:
+    """A Slurm task's GPU variables: its CUDA_VISIBLE_DEVICES and the step's GPUs on its node."""
+    return {**SLURM_TASK, "CUDA_VISIBLE_DEVICES": visible, "SLURM_GPUS_ON_NODE": on_node, **more}
+
+
+@pytest.mark.parametrize(
+    ("env", "asked", "per_task", "given"),
+    [
+        ({}, None, None, None),  # torchrun or a plain process: nobody says
+        (SLURM_TASK, False, None, None),  # a Slurm job without GPUs
+        ({**SLURM_TASK, "SLURM_GPUS_ON_NODE": "2"}, True, None, None),  # e.g. --gres=gpu:2
+        # --exclusive on a GPU node, no GPUs asked: the step's tasks inherit the batch shell's
+        # SLURM_JOB_GPUS and nothing else (Slurm 22.05): they were given no GPU
+        ({**SLURM_TASK, "SLURM_JOB_GPUS": "0,1"}, False, None, None),
+        ({**SLURM_TASK, "SLURM_GPUS_PER_TASK": "2", "SLURM_STEP_GPUS": "2,3"}, True, 2, None),
+        ({**SLURM_TASK, "SLURM_GPUS_PER_TASK": "a100:1"}, True, 1, None),
+        # What Slurm 22.05 set on the dev cluster's fake GPUs (2 per node, 2 tasks on a node):
+        # a bare `srun --gpus-per-task=1` sets no SLURM_GPUS_PER_TASK, but binds each task
+        (seen_by_task("1", on_node="2", SLURM_STEP_GPUS="1"), True, 1, None),
+        # --gres=gpu:1: both tasks see the node's one GPU (refused by choose_device)
+        (seen_by_task("0", on_node="1", SLURM_STEP_GPUS="0"), True, None, None),
+        # --gpus-per-node=2: both see both
+        (seen_by_task("0,1", on_node="2", SLURM_GPUS_PER_NODE="2"), True, None, None),
+        # torchrun inside one Slurm task: its 4 processes share the task's GPUs
+        ({**SLURM_TASK, "SLURM_NTASKS": "1", "SLURM_GPUS_PER_TASK": "4"}, True, None, None),
+        ({LOCAL_GPUS_ENV: "0"}, False, None, 0),  # the local backend gave this rank none
+        ({LOCAL_GPUS_ENV: "2"}, True, None, 2),  # ... a share of gpus_per_node
+        ({LOCAL_GPUS_ENV: "1", LOCAL_GPUS_PER_TASK_ENV: "1"}, True, 1, 1),  # its own one
+    ],
+)
+def test_the_gpus_a_task_was_given_come_from_its_launcher(
+    env: dict[str, str], asked: bool | None, per_task: int | None, given: int | None
+) -> None:
+    grant = gpu_grant(ranked(1, 4), env)
+    assert (grant.asked, grant.per_task, grant.given) == (asked, per_task, given)
+
+
+def test_a_task_given_gpus_that_torch_cannot_see_is_refused() -> None:
+    slurm = gpu_grant(ranked(1, 4), {**SLURM_TASK, "SLURM_GPUS_ON_NODE": "1"})
+    with pytest.raises(DistEnvError) as info:
+        check_grant(slurm, 0, "0", None)
+    message = str(info.value)
+    assert "the job gave this task GPUs (SLURM_GPUS_ON_NODE=1; CUDA_VISIBLE_DEVICES '0')" in message
+    assert "HINT: install a CUDA build of torch" in message
+    with pytest.raises(DistEnvError, match=r"torch \(CUDA 12.8\) finds no usable device. HINT"):
+        check_grant(slurm, 0, "0", "12.8")
+    local = gpu_grant(ranked(1, 4), {LOCAL_GPUS_ENV: "2"})
+    with pytest.raises(DistEnvError) as info:
+        check_grant(local, 1, "6,7", "12.8")  # CUDA dropped a GPU this machine lacks
+    assert "the local backend gave this rank 2 GPU(s) (CUDA_VISIBLE_DEVICES '6,7')" in str(
+        info.value
+    )
+    assert "but torch sees 1: it lists GPUs this machine lacks. HINT" in str(info.value)
+    check_grant(local, 2, "6,7", "12.8")  # as given
+    check_grant(gpu_grant(ranked(1, 4), SLURM_TASK), 0, None, None)  # none asked, none seen
+    check_grant(gpu_grant(ranked(1, 4), {}), 0, None, None)  # nobody says: CPU is fine
+
+
+def _join_alone(tmp_path: Path, env: dict[str, str]) -> ProcessGroupInfo:
+    """One rank joins a one-rank group in this process (and leaves it again)."""
+    try:
+        return init_process_group(single(), DistConfig(), tmp_path, env)
+    finally:
+        destroy_process_group()
+
+
+@pytest.mark.torch
+def test_visible_gpus_the_job_did_not_ask_for_are_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Slurm job without GPUs on a node whose GPUs it can see (no device cgroups): gloo on
+    the CPU, never NCCL on another job's GPUs. torch is told it sees 2 GPUs."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: pytest.fail("touched a GPU"))
+    monkeypatch.setenv("MASTER_PORT", "1")  # not read for one rank; keeps os.environ sane
+    info = _join_alone(tmp_path, {"SLURM_JOB_ID": "7"})
+    assert (info.backend, info.device) == ("gloo", "cpu")
+
+
+@pytest.mark.torch
+def test_a_local_rank_given_a_gpu_it_cannot_see_stops_before_training(tmp_path: Path) -> None:
+    """The local backend gave this rank a GPU; this machine's torch sees none: an error, not
+    a silent CPU run of a GPU job."""
+    # Which message depends on this torch's build (CPU-only, or CUDA without a device).
+    given = r"gave this rank 1 GPU\(s\) \(CUDA_VISIBLE_DEVICES '0'\) but torch sees 0"
+    asked = r"gave this task GPUs \(HPC_DDP_LOCAL_GPUS=1; CUDA_VISIBLE_DEVICES '0'\)"
+    with pytest.raises(DistEnvError, match=f"{given}|{asked}"):
+        _join_alone(tmp_path, {LOCAL_GPUS_ENV: "1", "CUDA_VISIBLE_DEVICES": "0"})
 
 
 def test_importing_the_module_does_not_import_torch() -> None:

@@ -11,6 +11,7 @@ on Slurm 22.05).
 
 from __future__ import annotations
 
+import json
 import signal
 from collections.abc import Sequence
 from pathlib import Path
@@ -213,7 +214,20 @@ def test_sigterm_slurm_explains_asks_for_nothing_and_exits_zero(
 ) -> None:
     runner = fake(show=[job])
     assert stop(coordinator(tmp_path, runner), TERM)[:3] == (cause, False, 0)
-    assert runner.commands() == [f"scontrol show job -o {REF}"]
+    assert runner.commands("scontrol") == [f"scontrol show job -o {REF}"]
+
+
+def test_a_requeue_slurm_started_for_a_lost_node_is_a_node_failure(tmp_path: Path) -> None:
+    """Slurm requeues a job whose node failed (and keeps no reason for it in the job): the
+    rank that handles the SIGTERM finds the job's node down, and says node_fail, not a
+    person's manual requeue."""
+    runner = fake(show=[f"{REQUEUEING} NodeList=n[1-2]"])
+    runner.node_states = {"n1": "allocated", "n2": "down*"}
+    cause, requested, code, message = stop(coordinator(tmp_path, runner), TERM)
+    assert (cause, requested, code) == (EndCause.NODE_FAIL, False, 0)
+    assert "node n2 failed" in message
+    assert runner.commands("sinfo") == ["sinfo -h -N -n n1,n2 -o %N|%T"]
+    assert ended(tmp_path).cause is EndCause.NODE_FAIL
 
 
 @pytest.mark.parametrize("show", [RUNNING.replace("Restarts=0", "Restarts=2"), (1, UNREACHABLE)])
@@ -227,8 +241,12 @@ def test_budget_exhausted_at_a_stop_fails_without_a_request(tmp_path: Path, show
     assert runner.commands() == [f"scontrol show job -o {REF}"]  # never `scontrol requeue`
     assert "2 of requeue.max_requeues=2" in message
     assert f"HINT: go on with a larger budget: `hpc-ddp resume {tmp_path} " in message
+    assert message.count("requeue budget exhausted") == 1, message  # said once, not twice
+    assert message.startswith("time_limit: requeue budget exhausted: 2 of")
     attempt = ended(tmp_path)
-    assert (attempt.attempt, attempt.cause, attempt.requeue_requested) == (
+    # The first attempt this run's ledger holds, restart 2 of its job (the budget's count).
+    assert (attempt.attempt, attempt.restart, attempt.cause, attempt.requeue_requested) == (
+        0,
         2,
         EndCause.BUDGET_EXHAUSTED,
         False,
@@ -251,7 +269,7 @@ def test_an_attempt_beyond_the_budget_ends_at_its_start(tmp_path: Path) -> None:
     assert "HINT" in outcome.message
     assert runner.commands() == []
     attempt = ended(tmp_path)
-    assert (attempt.attempt, attempt.cause, attempt.steps_done) == (
+    assert (attempt.restart, attempt.cause, attempt.steps_done) == (
         3,
         EndCause.BUDGET_EXHAUSTED,
         40,
@@ -275,6 +293,36 @@ def test_outside_slurm_nothing_is_asked_and_the_run_stops_cleanly(tmp_path: Path
     assert "requeue 1 of" not in message  # no requeue is counted that nothing will make
     assert f"HINT: `hpc-ddp resume {tmp_path}`" in message
     assert runner.commands() == []
+
+
+def test_attempts_are_numbered_across_the_runs_jobs_and_the_budget_per_job(
+    tmp_path: Path,
+) -> None:
+    """Job 78 runs twice (a requeue: restart 1), then `hpc-ddp resume` submits job 90: its
+    first attempt is the run's third (2), its requeue budget starts afresh (restart 0), and a
+    peer's crash end with no start of its own joins the attempt its job and restart have."""
+    runner = fake(show=[RUNNING, RUNNING.replace("Restarts=0", "Restarts=1")], requeue=["", ""])
+    expected = [
+        (EndCause.TIME_LIMIT, True, 0),
+        (EndCause.BUDGET_EXHAUSTED, False, BUDGET_EXIT_CODE),
+    ]
+    for restart in (0, 1):
+        c = coordinator(tmp_path, runner, restart_count=restart, max_requeues=1)
+        assert stop(c, USR2)[:3] == expected[restart]
+    plain = {**{k: v for k, v in TASK.items() if "ARRAY" not in k}, "SLURM_JOB_ID": "90",
+             "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "n[1-2]"}  # fmt: skip
+    new = coordinator(tmp_path, fake(), env=plain, max_requeues=1)
+    assert new.begin(resumed_from_step=12, checkpoint=CKPT) is None  # within its own budget
+    peer = coordinator(tmp_path, fake(), env={**plain, "SLURM_PROCID": "1"})
+    peer.crash(step=None, checkpoint=None, error="ValueError: boom")
+    attempts = read_ledger(tmp_path / "ledger.jsonl")
+    assert [(a.attempt, a.restart, a.job_id, a.cause) for a in attempts] == [
+        (0, 0, "78", EndCause.TIME_LIMIT),
+        (1, 1, "78", EndCause.BUDGET_EXHAUSTED),
+        (2, 0, "90", EndCause.CRASH),
+    ]
+    raw = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
+    assert [e["attempt"] for e in raw] == [0, 0, 1, 1, 2, 2]  # the file says so too
 
 
 # --- crashes ------------------------------------------------------------------------------------
@@ -361,7 +409,7 @@ def test_a_crash_past_the_budget_is_not_requeued(tmp_path: Path) -> None:
     crash(coordinator(tmp_path, slurm, restart_count=1, max_requeues=1, on_crash=True))
     assert slurm.calls == []
     attempt = ended(tmp_path)
-    assert (attempt.attempt, attempt.cause, attempt.requeue_requested) == (
+    assert (attempt.restart, attempt.cause, attempt.requeue_requested) == (
         1,
         EndCause.CRASH,
         False,

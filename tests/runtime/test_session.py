@@ -24,7 +24,7 @@ from hpc_ddp.layout import RUN_DIR_ENV
 from hpc_ddp.runtime.checkpoint import list_checkpoints, weights_digest
 from hpc_ddp.runtime.ledger import EndCause, read_ledger
 from hpc_ddp.runtime.procgroup import unwrap
-from hpc_ddp.runtime.requeue import REQUEUE_FAILED_EXIT_CODE
+from hpc_ddp.exitcodes import REQUEUE_FAILED_EXIT_CODE
 from hpc_ddp.runtime.session import DEFAULT_RUN_DIR, Phase, RequeueExit, Session
 from hpc_ddp.slurm.fake import FakeSlurm
 from hpc_ddp.slurm.jobstate import JobState

@@ -178,3 +178,51 @@ def test_one_process_agrees_on_its_own_proposal() -> None:
     flag = StopFlag([])
     assert flag.agree(every=40) is None
     assert flag.every == 40
+
+
+def test_collective_device_follows_the_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from hpc_ddp.runtime.procgroup import collective_device
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert collective_device("nccl") == torch.device("cuda", 3)
+    assert collective_device("gloo") == torch.device("cpu")
+
+
+def test_agree_without_a_device_puts_its_tensor_where_the_backend_wants_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under NCCL a CPU tensor fails ("No backend type associated with device type cpu"), so
+    ``agree()`` with no device asks the group's backend. A one-rank gloo group stands in for
+    NCCL (``get_backend`` says nccl) and 'meta' for the rank's GPU."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as tdist
+
+    from hpc_ddp.runtime import stopflag
+
+    store = tdist.HashStore()  # type: ignore[attr-defined]  # public; stubs omit it
+    tdist.init_process_group(
+        "gloo", store=store, rank=0, world_size=1, timeout=timedelta(seconds=5)
+    )
+    asked: list[str] = []
+    placed: list[torch.device] = []
+
+    def device_for(backend: str) -> torch.device:
+        asked.append(backend)
+        return torch.device("meta")
+
+    monkeypatch.setattr(tdist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(stopflag, "collective_device", device_for)
+    monkeypatch.setattr(tdist, "all_reduce", lambda t, **kw: placed.append(t.device))
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: [0, -1])
+    try:
+        assert StopFlag([]).agree() is None
+        StopFlag([]).agree("cpu")  # an explicit device is used as given
+    finally:
+        monkeypatch.undo()
+        tdist.destroy_process_group()
+    assert asked == ["nccl"]
+    assert placed == [torch.device("meta"), torch.device("cpu")]

@@ -25,6 +25,7 @@ from hpc_ddp.slurm.client import SlurmClient, subprocess_runner
 from hpc_ddp.slurm.fake import FakeSlurm
 from hpc_ddp.slurm.jobstate import (
     JOB_REF,
+    SACCT_FIELDS,
     SQUEUE_FIELDS,
     SQUEUE_FORMAT,
     CompletedCommand,
@@ -453,7 +454,7 @@ def test_queries_leave_bad_ids_out_and_send_the_good_ones() -> None:
     assert list(records) == ["13"]
     assert slurm.commands() == [
         f"squeue -h -t all -j 12 -O {SQUEUE_FORMAT}",
-        "sacct -n -P -o JobID,State,ExitCode,Elapsed -j 13",
+        "sacct -n -P -X -D -o JobID,State,ExitCode,Elapsed,Submit,SubmitLine -j 13",
     ]
     assert client.sacct_states(NOT_JOB_IDS) == {}  # nothing left to ask about
     assert len(slurm.calls) == 2
@@ -482,7 +483,7 @@ def test_sacct_disabled_returns_none() -> None:
     slurm, runner = client((1, "", "sacct: error: Slurm accounting storage is disabled\n"))
     assert slurm.sacct_states(["1", "2"]) is None
     assert runner.argvs == [
-        ("sacct", "-n", "-P", "-o", "JobID,State,ExitCode,Elapsed", "-j", "1,2")
+        ("sacct", "-n", "-P", "-X", "-D", "-o", ",".join(SACCT_FIELDS), "-j", "1,2")
     ]
 
 
@@ -504,6 +505,44 @@ def test_sacct_records() -> None:
     assert records["12_1"].elapsed_s == ((24 + 2) * 60 + 3) * 60 + 4
     assert (records["9.0"].state, records["9.0"].exit_code) == (JobState.FAILED, "127:0")
     assert parse_sacct("1|RUNNING|0:0|INVALID\n")["1"].elapsed_s is None
+
+
+# sacct -X -D of Slurm 22.05 (dev cluster): job 7 requeued once, then completed; job 9 run twice
+# under the same id, the controller's state wiped between them; an array's tasks.
+_SACCT_D = """\
+7|REQUEUED|0:0|00:00:03|2026-11-24T06:02:49|sbatch --parsable /runs/a/job.sbatch
+9|COMPLETED|0:0|00:01:00|2026-11-24T06:04:02|sbatch --parsable /runs/x|y/job.sbatch
+7|COMPLETED|0:0|00:00:00|2026-11-24T06:02:50|sbatch --parsable /runs/a/job.sbatch
+9|FAILED|1:0|00:00:01|2026-11-24T07:10:00|sbatch --parsable /runs/second/job.sbatch
+12_0|COMPLETED|0:0|00:00:09|2026-11-24T06:05:00|sbatch --parsable /sweeps/s/array-0.sbatch
+12_2|CANCELLED by 0|0:0|00:00:00|2026-11-24T06:05:00|sbatch --parsable /sweeps/s/array-0.sbatch
+"""
+
+
+def test_sacct_keeps_every_run_of_an_id_the_newest_first() -> None:
+    records = parse_sacct(_SACCT_D)
+    assert sorted(records) == ["12_0", "12_2", "7", "9"]
+    requeued = records["7"]
+    assert (requeued.state, requeued.submitted) == (JobState.COMPLETED, "2026-11-24T06:02:50")
+    assert [r.state for r in requeued.earlier] == [JobState.REQUEUED]
+    assert requeued.submitted_with(["/runs/a/job.sbatch"]) is requeued
+    # The newest job 9 is another run's: each run finds its own by the script sbatch ran.
+    reused = records["9"]
+    assert reused.state is JobState.FAILED
+    mine = reused.submitted_with(["/runs/x|y/job.sbatch"])  # `|` in a path stays in its field
+    assert mine is not None
+    assert (mine.state, mine.elapsed_s) == (JobState.COMPLETED, 60)
+    assert reused.submitted_with(["/runs/second/job.sbatch"]) is reused
+    assert reused.submitted_with(["/runs/other/job.sbatch"]) is None
+    assert reused.submitted_with(["second/job.sbatch"]) is None  # whole paths only
+    assert records["12_2"].state is JobState.CANCELLED
+
+
+def test_sacct_lines_without_a_submit_line_match_any_script() -> None:
+    """An older sacct's four fields: no command line to tell jobs apart, so the newest line."""
+    records = parse_sacct("5|FAILED|1:0|00:00:02\n5|COMPLETED|0:0|00:00:03\n")
+    assert records["5"].state is JobState.COMPLETED  # the same Submit (none): the later line
+    assert records["5"].submitted_with(["/runs/a/job.sbatch"]) is records["5"]
 
 
 def test_sacct_other_failure_raises() -> None:

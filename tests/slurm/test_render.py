@@ -95,6 +95,20 @@ CASES: dict[str, tuple[JobConfig, RenderContext]] = {
         ),
         CTX,
     ),
+    "charliecloud": (
+        JobConfig(
+            name="ch-run",
+            slurm=SlurmConfig(nodes=2, tasks_per_node=2, gpus_per_node=2, time="08:00:00"),
+            env=EnvConfig(
+                container=ContainerConfig(
+                    runtime="charliecloud", image="/scratch/alice/images/pytorch-24.01",
+                    binds=("/scratch", "/data/imagenet:/data"),
+                    options=("--set-env=NCCL_DEBUG=WARN",), python="/opt/venv/bin/python",
+                ),
+            ),
+        ),
+        CTX,  # the run dir is under /scratch, bound at the same path
+    ),
     "array": (
         JobConfig(name="lr-sweep", slurm=SlurmConfig(nodes=2, cpus_per_task=2, time="90")),
         dataclasses.replace(
@@ -145,7 +159,8 @@ def test_golden_runs_srun_with_the_intended_argv(case: str, tmp_path: Path) -> N
     cfg, ctx = CASES[case]
     calls = run_with_stubs(render_sbatch(cfg, ctx), tmp_path, {"SLURM_ARRAY_TASK_ID": "4"})
     python = task_python(cfg, ctx)
-    expected = [*srun_args(cfg, ctx), *launcher_argv(cfg), python, "-m", "hpc_ddp", "run"]
+    launcher = launcher_argv(cfg, workdir=str(tmp_path))  # the job's working directory
+    expected = [*srun_args(cfg, ctx), *launcher, python, "-m", "hpc_ddp", "run"]
     assert calls.argv("srun") == [*expected, ctx.run_dir]
     assert calls.returncode == 0
     if cfg.env.modules:
@@ -156,6 +171,10 @@ def test_golden_runs_srun_with_the_intended_argv(case: str, tmp_path: Path) -> N
     env = calls.env("srun")
     assert env["PYTHONUNBUFFERED"] == "1"
     assert all(env[k] == v for k, v in cfg.env.vars)
+    if cfg.env.container and cfg.env.container.runtime == "charliecloud":
+        assert env["USER"]  # ch-run will not start without it; the stubs' environment has none
+    else:
+        assert "USER" not in env
     if ctx.array:
         assert env["HPC_DDP_RUN_DIR"] == f"{ctx.run_dir}/tasks/4"
         assert "HPC_DDP_SWEEP_DIR" not in env  # written once, never read: dropped
@@ -307,6 +326,71 @@ def test_line_breaks_and_nul_are_refused_everywhere(field: str, breaker: str) ->
 def test_env_var_names_must_be_shell_names(name: str) -> None:
     with pytest.raises(RenderError, match=r"env\.vars name"):
         render_sbatch(JobConfig("t", env=EnvConfig(vars=((name, "v"),))), CTX)
+
+
+def test_charliecloud_bind_with_options_is_refused() -> None:
+    container = ContainerConfig(runtime="charliecloud", image="/img", binds=("/data:/data:ro",))
+    with pytest.raises(RenderError, match=r"'/data:/data:ro' has options.*HINT: write SRC or"):
+        render_sbatch(JobConfig("t", env=EnvConfig(container=container)), CTX)
+
+
+@pytest.mark.parametrize(
+    ("run_dir", "binds", "options", "visible"),
+    [
+        ("/scratch/alice/runs/x", ("/scratch",), (), True),
+        ("/scratch/alice/runs/x", ("/scratch/",), (), True),
+        ("/scratch/alice/runs/x", ("/scratch/alice/runs/x",), (), True),
+        ("/scratch/alice/runs/x", ("/scratch:/scratch",), (), True),
+        ("/tmp/runs/x", (), (), True),  # ch-run binds the host's /tmp itself
+        ("/scratch/alice/runs/x", (), (), False),
+        ("/scratch/alice/runs/x", ("/scratch:/mnt",), (), False),  # elsewhere inside
+        ("/scratch/alice/runs/x", ("/scratch/alice/runs/x2",), (), False),
+        ("/scratchpad/runs/x", ("/scratch",), (), False),
+        ("/tmp/runs/x", (), ("--private-tmp",), False),
+        ("/tmp/runs/x", (), ("-t",), False),
+        ("/home/alice/runs/x", (), ("--home",), True),  # the options bind: ch-run will tell
+        ("/home/alice/runs/x", (), ("-b", "/home"), True),
+    ],
+)  # fmt: skip
+def test_charliecloud_run_dir_must_be_visible_at_its_path(
+    run_dir: str, binds: tuple[str, ...], options: tuple[str, ...], visible: bool
+) -> None:
+    container = ContainerConfig(runtime="charliecloud", image="/i", binds=binds, options=options)
+    cfg = JobConfig("t", env=EnvConfig(container=container))
+    ctx = dataclasses.replace(CTX, run_dir=run_dir)
+    if visible:
+        assert f" /i -- \\\n  python3 -m hpc_ddp run {run_dir}\n" in render_sbatch(cfg, ctx)
+    else:
+        with pytest.raises(RenderError, match=r"not visible inside the charliecloud.*HINT: add"):
+            render_sbatch(cfg, ctx)
+
+
+def test_charliecloud_runs_each_task_under_ch_run_with_user_set() -> None:
+    cfg, ctx = CASES["charliecloud"]
+    assert launcher_argv(cfg) == [
+        "ch-run", "--cd=$PWD", "-b", "/scratch", "-b", "/data/imagenet:/data",
+        "--unset-env=PYTHONPATH", "--unset-env=PYTHONHOME", "--unset-env=VIRTUAL_ENV",
+        "--set-env=NCCL_DEBUG=WARN", "/scratch/alice/images/pytorch-24.01", "--",
+    ]  # fmt: skip
+    assert [a for a in srun_args(cfg, ctx) if "container" in a] == []  # no pyxis flags
+    script = render_sbatch(cfg, ctx)
+    # Each task starts where a job without a container would: the job's working directory.
+    assert '\n  ch-run --cd="$PWD" -b /scratch -b /data/imagenet:/data --unset-env' in script
+    user = 'export USER="${USER:-$(id -un)}"\n'
+    assert user in script
+    assert user not in render_sbatch(*CASES["apptainer"])
+
+
+def test_a_user_template_without_ch_run_is_refused_for_charliecloud() -> None:
+    """Its tasks would run outside the container: ``launcher`` is empty for ch-run."""
+    cfg, ctx = CASES["charliecloud"]
+    old = "#!/bin/bash\n{{ sbatch_lines | join('\\n') }}\nsrun {{ launcher | join(' ') }} x\n"
+    with pytest.raises(RenderError, match=r"never uses `ch_run`.*HINT: copy"):
+        render_sbatch(cfg, ctx, old)
+    assert render_sbatch(CASES["apptainer"][0], ctx, old).endswith(
+        "srun apptainer exec --nv "
+        "--bind /data:/data:ro --bind /scratch --cleanenv /images/pytorch-24.01.sif x\n"
+    )
 
 
 def test_pyxis_bind_with_comma_is_refused() -> None:
@@ -580,6 +664,29 @@ def test_hostile_pyxis_values(tmp_path: Path) -> None:
         *values[3:],
         "python3", "-m", "hpc_ddp", "run", CTX.run_dir,  # the container's default python
     ]  # fmt: skip
+
+
+def test_hostile_charliecloud_values(tmp_path: Path) -> None:
+    sentinels = tmp_path / "sentinels"
+    sentinels.mkdir()
+    values = [v for v in hostile_values(sentinels) if v.count(":") < 2]
+    run_dir = f"/tmp/run'dir $(touch {sentinels}/rundir) `x` ☃"
+    container = ContainerConfig(
+        runtime="charliecloud", image=values[0], binds=tuple(values[1:4]),
+        options=tuple(values[4:]), python=f"py thon'$(touch {sentinels}/python)`x`",
+    )  # fmt: skip
+    cfg = JobConfig("t", env=EnvConfig(container=container))
+    ctx = dataclasses.replace(CTX, run_dir=run_dir)
+    calls = run_with_stubs(render_sbatch(cfg, ctx), tmp_path, {"USER": "a'b $(touch x)"})
+    assert calls.returncode == 0, calls.stderr
+    assert sorted(os.listdir(sentinels)) == []
+    assert calls.argv("srun")[4:] == [
+        "ch-run", f"--cd={tmp_path}", "-b", values[1], "-b", values[2], "-b", values[3],
+        "--unset-env=PYTHONPATH", "--unset-env=PYTHONHOME", "--unset-env=VIRTUAL_ENV",
+        *values[4:], values[0], "--",
+        f"py thon'$(touch {sentinels}/python)`x`", "-m", "hpc_ddp", "run", run_dir,
+    ]  # fmt: skip
+    assert calls.env("srun")["USER"] == "a'b $(touch x)"  # a user's own $USER is kept as is
 
 
 def test_job_exit_status_is_srun_status(tmp_path: Path) -> None:

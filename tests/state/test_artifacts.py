@@ -64,6 +64,12 @@ def _zip(path: Path) -> bytes:
     return path.read_bytes()
 
 
+def _other_zip(path: Path) -> bytes:
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("notes.txt", b"a zip, but not one torch wrote")
+    return path.read_bytes()
+
+
 def test_damaged_checkpoint_table(tmp_path: Path) -> None:
     whole = _zip(tmp_path / "whole.pt")
     cases = {
@@ -72,6 +78,8 @@ def test_damaged_checkpoint_table(tmp_path: Path) -> None:
         "text.pt": (b"not a checkpoint at all", "not a torch zip archive"),
         "torn.pt": (whole[: len(whole) // 2], "truncated"),
         "old-pickle.pt": (b"\x80\x02}q\x00.", "not a torch zip archive"),
+        "spliced.pt": (whole[:10] + whole[60:], "spliced or torn"),
+        "other-zip.pt": (_other_zip(tmp_path / "o.zip"), "not a torch archive: no data.pkl"),
     }
     for name, (content, reason) in cases.items():
         path = tmp_path / name
@@ -97,3 +105,19 @@ def test_a_real_torch_checkpoint_looks_whole_and_a_cut_one_does_not(tmp_path: Pa
     data = path.read_bytes()
     path.write_bytes(data[:-30])
     assert damaged_checkpoint(path) == "truncated: the zip archive has no end"
+
+
+@pytest.mark.torch
+def test_a_checkpoint_hpc_ddp_writes_looks_whole_without_torch(tmp_path: Path) -> None:
+    """The writer's own archive (format 2, written through its file sink) passes the login
+    side's checks, and a record cut off at the end of the file does not."""
+    from tests.runtime.test_checkpoint import save
+
+    path = save(tmp_path, 7)
+    assert damaged_checkpoint(path) is None
+    data = path.read_bytes()
+    directory = data.rfind(b"PK\x01\x02")  # the first central directory entry is before it
+    start = data.find(b"PK\x01\x02")
+    assert 0 < start < directory
+    path.write_bytes(data[: start - 64] + data[start:])  # 64 bytes of the last record gone
+    assert "spliced or torn: record" in (damaged_checkpoint(path) or "")

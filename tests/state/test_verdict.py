@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from hpc_ddp.slurm.fake import FakeSlurm
 from hpc_ddp.slurm.jobstate import JobState
 from hpc_ddp.state.report import reason_lines, run_status
 from hpc_ddp.state.resumable import check_resumable
-from hpc_ddp.state.verdict import SlurmView, Source, describe_attempt, judge
+from hpc_ddp.state.verdict import SlurmView, Source, current_attempts, describe_attempt, judge
 from tests.ledgers import record_end, record_start
 
 T0 = 1_767_268_800.0  # 2026-01-01T12:00:00Z, the manifests' submit time
@@ -149,9 +150,10 @@ def test_a_local_run_cancelled_before_any_attempt_is_cancelled(tmp_path: Path) -
 
 
 def test_a_local_run_is_live_while_any_recorded_rank_runs(
-    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+    tmp_path: Path, run_sleeper: Callable[[Path], subprocess.Popen[bytes]]
 ) -> None:
     run_dir = make_run(tmp_path, "a")
+    sleeper = run_sleeper(run_dir)  # its command line names a/submitit, as a rank's does
     ident = identify_started(sleeper.pid)
     assert ident is not None
     write_rank_identity(run_dir, 1, ident)
@@ -221,3 +223,18 @@ def test_a_resumed_local_run_that_crashes_before_its_start_is_failed_not_cancell
     row = run_status(run_dir, LOCAL)
     assert (row["state"], row["causes"]) == ("FAILED", "cancelled,crash")
     assert "rank 1 on n2: AttributeError" in row["note"]
+
+
+def test_current_attempts_are_the_current_jobs_by_ref_id_or_time() -> None:
+    def entry(started: float, job_id: str | None, job_ref: str | None) -> Attempt:
+        return Attempt(0, started, started + 1, EndCause.CRASH, None, None, "", job_ref, None,
+                       job_id=job_id)  # fmt: skip
+
+    old, new = entry(1.0, "90", "90"), entry(50.0, "91", "91")
+    no_ids_early, no_ids_late = entry(2.0, None, None), entry(60.0, None, None)
+    history = [old, no_ids_early, new, no_ids_late]
+    assert current_attempts(history, job_id="91", job_ref="91", since=40.0) == [new, no_ids_late]
+    assert current_attempts(history, since=40.0) == [new, no_ids_late]  # local: by time alone
+    assert current_attempts(history) == history  # nothing to tell them by: all of them
+    task_old, task_new = entry(1.0, "5001", "77_3"), entry(9.0, "5002", "80_3")
+    assert current_attempts([task_old, task_new], job_ref="80_3") == [task_new]

@@ -13,17 +13,17 @@ import pytest
 
 from hpc_ddp.errors import RunDirError, TargetError
 from hpc_ddp.runtime.ledger import Attempt, EndCause
-from hpc_ddp.slurm.jobstate import JobInfo, JobState
-from hpc_ddp.state.task import TaskState, task_state
-from hpc_ddp.sweep.records import (
+from hpc_ddp.slurm.arrayjobs import (
     ArrayRecord,
     current_refs,
     format_index_ranges,
     live_task,
     parse_index_ranges,
     read_arrays,
-    read_sweep_record,
 )
+from hpc_ddp.slurm.jobstate import JobInfo, JobState
+from hpc_ddp.state.task import TaskState, task_state
+from hpc_ddp.sweep.records import read_sweep_record
 from hpc_ddp.sweep.results import (
     ResultRow,
     gather_results,

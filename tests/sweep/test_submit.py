@@ -28,11 +28,12 @@ from hpc_ddp.job.task import task_run_dir
 from hpc_ddp.layout import RunPaths
 from hpc_ddp.manifest import read_manifest
 from hpc_ddp.runtime.ledger import EndCause
+from hpc_ddp.slurm.arrayjobs import read_arrays
 from hpc_ddp.slurm.fake import FakeSlurm
 from hpc_ddp.slurm.jobstate import JobState
 from hpc_ddp.sweep.arrays import ArrayPlan, plan_arrays, script_groups
 from hpc_ddp.sweep.configtext import ConfigTexts
-from hpc_ddp.sweep.records import read_arrays, read_sweep_record
+from hpc_ddp.sweep.records import read_sweep_record
 from hpc_ddp.sweep.spec import chunk_array, load_sweep
 from hpc_ddp.sweep.submit import resubmit_failed, submit_sweep
 from tests.ledgers import record_end, record_start
@@ -238,7 +239,7 @@ def test_submit_writes_one_sweep_dir_and_calls_sbatch_once(tmp_path: Path) -> No
     assert sweep_dir.parent == (tmp_path / "runs").resolve()
     assert sweep_dir.name.startswith("demo-")
     assert sorted(p.name for p in sweep_dir.iterdir()) == [
-        "arrays.json", "job.sbatch", "manifest.json", "sweep.yaml", "tasks"
+        "arrays.json", "job.sbatch", "manifest.json", "submit.lock", "sweep.yaml", "tasks"
     ]  # fmt: skip
     spec = load_sweep(tmp_path / "sweep.yaml")
     for point in spec.points:

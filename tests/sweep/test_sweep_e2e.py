@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from hpc_ddp.sweep.records import parse_index_ranges
+from hpc_ddp.slurm.arrayjobs import parse_index_ranges
 from tests.conftest import Cluster
 from tests.e2e_util import hpc
 

@@ -14,9 +14,16 @@ from typing import Any
 
 import pytest
 
+from hpc_ddp.config.exactness import Exactness
 from hpc_ddp.config.model import TrainConfig
 from hpc_ddp.errors import ConfigError
-from hpc_ddp.train.trainer import lr_factor, plan_total_steps
+from hpc_ddp.train.trainer import (
+    fixed_buckets,
+    lr_factor,
+    plan_total_steps,
+    resolve_num_workers,
+    task_cpus,
+)
 from tests.helpers.launch import HELPERS, run_ranks
 
 pytestmark = pytest.mark.torch
@@ -64,18 +71,27 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[
 @pytest.mark.parametrize(
     "stop",
     [
-        pytest.param((5, 1, "SIGUSR2", 0), id="mid-epoch"),
-        pytest.param((12, 1, "SIGUSR2", 0), id="right-after-a-checkpoint"),
-        pytest.param((STEPS_PER_EPOCH, 0, "SIGTERM", 2), id="epoch-boundary-term-workers"),
+        pytest.param((5, 1, "SIGUSR2", {}), id="mid-epoch"),
+        pytest.param((12, 1, "SIGUSR2", {}), id="right-after-a-checkpoint"),
+        pytest.param(
+            (STEPS_PER_EPOCH, 0, "SIGTERM", {"num_workers": 2}), id="epoch-boundary-term-workers"
+        ),
+        # Workers prefetch ahead of the loop: a stop mid-epoch must not lose or repeat a batch.
+        pytest.param((5, 0, "SIGUSR2", {"num_workers": 2}), id="mid-epoch-workers"),
+        # Deterministic kernels change nothing on CPU, which is bit-identical without them.
+        pytest.param((5, 1, "SIGUSR2", {"deterministic": True}), id="mid-epoch-deterministic"),
     ],
-)
+)  # fmt: skip
 def test_stop_and_resume_is_bit_identical(
-    tmp_path: Path, uninterrupted: tuple[Path, dict[str, Any]], stop: tuple[int, int, str, int]
+    tmp_path: Path,
+    uninterrupted: tuple[Path, dict[str, Any]],
+    stop: tuple[int, int, str, dict[str, Any]],
 ) -> None:
-    """Stop after step ``stop_at`` (signal ``sig`` to ``rank``), resume, compare weights."""
-    stop_at, rank, sig, workers = stop
+    """Stop after step ``stop_at`` (signal ``sig`` to ``rank``), resume, compare weights with
+    the uninterrupted run (no workers, default kernels)."""
+    stop_at, rank, sig, changes = stop
     full_dir, full = uninterrupted
-    cfg = {**TRAIN, "num_workers": workers}  # workers change nothing in the data order
+    cfg = {**TRAIN, **changes}  # workers change nothing in the data order
     stopped = train(tmp_path, cfg, str(stop_at), str(rank), sig)
     # Only one rank was signalled; both stopped after the same step, cleanly.
     expected_stop = {"stopped": stop_at, "signal": int(signal.Signals[sig]), "code": 0}
@@ -138,6 +154,48 @@ def test_loss_decreases_on_synthetic_data(uninterrupted: tuple[Path, dict[str, A
 def test_lr_factor(step: int, schedule: str, warmup: int, expected: float) -> None:
     got = lr_factor(step, total=100, schedule=schedule, warmup=warmup)
     assert got == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("setting", "device", "cpus", "workers"),
+    [
+        ("auto", "cpu", 8, 0),  # the model computes on every core the rank has
+        ("auto", "cuda", 8, 7),  # one core runs the loop, the rest decode
+        ("auto", "cuda", 1, 1),  # still overlap the GPU's work
+        ("auto", "cuda", 2, 1),
+        ("auto", "cuda", 64, 8),
+        (0, "cuda", 8, 0),  # a number is used as given
+        (3, "cpu", 8, 3),
+    ],
+)
+def test_auto_data_loader_workers_per_device(
+    setting: int | str, device: str, cpus: int, workers: int
+) -> None:
+    assert resolve_num_workers(setting, device, cpus) == workers
+
+
+def test_a_rank_counts_slurms_cpus_else_its_share_of_its_affinity() -> None:
+    import os
+
+    assert task_cpus({"SLURM_CPUS_PER_TASK": "6"}, 4) == 6
+    mine = len(os.sched_getaffinity(0))
+    assert task_cpus({}, 1) == mine
+    assert task_cpus({"SLURM_CPUS_PER_TASK": ""}, 1_000_000) == 1
+
+
+@pytest.mark.parametrize(
+    ("world", "kept", "fixed"),
+    [
+        (3, Exactness.BITWISE, True),  # CPU: bit-identical with 3+ ranks needs it
+        (3, Exactness.BITWISE_SAME_NODES, True),  # deterministic GPU kernels: so does it
+        (3, Exactness.STEP_EXACT, False),  # default GPU: it would buy nothing, cost overlap
+        (2, Exactness.BITWISE, False),  # a + b == b + a in any layout
+    ],
+)
+def test_the_bucket_layout_is_fixed_only_where_it_buys_bitwise_resume(
+    world: int, kept: Exactness, fixed: bool
+) -> None:
+    assert fixed_buckets(world, kept) is fixed
 
 
 def test_lr_factor_unknown_schedule() -> None:

@@ -1,0 +1,62 @@
+"""``hpc-ddp supervise RUN_DIR -- srun ...``: the batch script's supervisor (``fault:``).
+
+The rendered ``job.sbatch`` ``exec``s it with the step's srun command after ``--``; it runs that
+command as one launch after another (:class:`~hpc_ddp.job.supervisor.Supervisor`), each an srun
+step of this allocation (:class:`~hpc_ddp.slurm.step.SrunLauncher`). Not for people to type.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from hpc_ddp.exitcodes import NOT_CURRENT_EXIT_CODE
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add this sub-command's arguments."""
+    parser.add_argument("run_dir", help="the run (or sweep) directory written by submit")
+    parser.add_argument(
+        "srun_argv", nargs=argparse.REMAINDER, help="-- srun [OPTIONS] PYTHON -m hpc_ddp run ..."
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Supervise this attempt of the job; its exit status is the job's."""
+    from hpc_ddp.config.load import load_resolved_config
+    from hpc_ddp.job.supervisor import Identity, Supervisor
+    from hpc_ddp.job.task import not_current_refusal, task_run_dir, this_job
+    from hpc_ddp.layout import RunPaths
+    from hpc_ddp.runtime.distenv import env_int
+    from hpc_ddp.slurm.nodelist import parse_nodelist
+    from hpc_ddp.slurm.step import SrunLauncher
+
+    env = os.environ
+    argv = list(args.srun_argv)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    run_dir = Path(args.run_dir)
+    task_dir = task_run_dir(run_dir, env)
+    refusal = not_current_refusal(run_dir, task_dir, env)
+    if refusal is not None:
+        print(f"hpc-ddp supervise: refused: {refusal}", file=sys.stderr, flush=True)
+        return NOT_CURRENT_EXIT_CODE
+    logging.getLogger("hpc_ddp").setLevel(logging.INFO)
+    cfg = load_resolved_config(RunPaths(task_dir).config)
+    job_id = env.get("SLURM_JOB_ID") or ""
+    job_ref = this_job(env) or job_id
+    nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+    launcher = SrunLauncher(
+        argv,
+        args.slurm,
+        job_id=job_id,
+        job_ref=job_ref,
+        nodes=parse_nodelist(nodes) if nodes else (),
+    )
+    me = Identity(job_id or None, job_ref or None, env_int(env, "SLURM_RESTART_COUNT", default=0))
+    supervisor = Supervisor(RunPaths(task_dir), cfg, launcher, me, env=env)
+    supervisor.install_signals()
+    return supervisor.run()

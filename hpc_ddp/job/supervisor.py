@@ -1,0 +1,1036 @@
+"""The supervisor: runs each attempt as launches, ends a failed one, and decides what follows.
+
+Under ``fault.enabled`` the batch script ``exec``s ``hpc-ddp supervise`` (the local backend
+runs it as its controller's one task). It runs the job's ranks as a *launch* (an srun step of
+the allocation it already holds, or a set of local processes), watches it, and when a launch
+fails (a rank crashed, hung or died, a node was lost) it
+
+1. makes every rank leave: it declares the fault in its own beat (every rank's watchdog reads
+   it within one beat and exits, NCCL or not), wakes frozen ranks and asks each for its stacks
+   (SIGCONT, then :data:`~hpc_ddp.runtime.watchdog.DUMP_SIGNAL`), then ends the step;
+2. names the rank(s) and node(s) to blame from every beat, the fault record, srun's (or
+   ``waitpid``'s) account of each task and the nodes' state
+   (:func:`~hpc_ddp.runtime.blame.assign_blame`) and records it in the ledger (``launch_end``);
+3. decides (:func:`decide_next`): restart in the same allocation from the newest checkpoint,
+   on healthy nodes (``slurm.spare_nodes``), within ``fault.max_restarts``; requeue through
+   Slurm, asking it to avoid the bad nodes, when too few healthy nodes are left (or, past the
+   restart budget, with ``requeue.on_crash``); or stop: ``no_progress`` after
+   ``fault.no_progress_limit`` launches in a row that died without a newer checkpoint.
+
+A launch that ends on purpose (finished, or a stop the ranks agreed on and requeued) ends the
+supervisor with the ranks' own exit status: preemption, time limits and cancels stay the
+ranks' and Slurm's business, as without a supervisor.
+
+The policy (:func:`decide_next`, :func:`no_progress_streak`, :func:`exclusion`) is pure; the
+launches themselves come from a :class:`Launcher` (srun steps: :mod:`hpc_ddp.slurm.step`;
+local processes: :mod:`hpc_ddp.local.launcher`), chosen by the caller. Never imports torch:
+with a container, the supervisor runs on the batch host with the interpreter that submitted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import FrameType
+from typing import Protocol
+
+from hpc_ddp.config.model import FaultConfig, JobConfig, RequeueConfig
+from hpc_ddp.durable import append_line, write_text_atomic
+from hpc_ddp.errors import RunDirError, SlurmError
+from hpc_ddp.exitcodes import (
+    NO_PROGRESS_EXIT_CODE,
+    NOT_CURRENT_EXIT_CODE,
+    OWN_OUTCOMES,
+)
+from hpc_ddp.layout import (
+    LAUNCH_DIR_ENV,
+    LAUNCH_ENV,
+    SUPERVISED_ENV,
+    LaunchPaths,
+    RunPaths,
+    launch_key,
+    parse_checkpoint_name,
+)
+from hpc_ddp.runtime.blame import (
+    BEAT_BYTES,
+    Beat,
+    FaultRecord,
+    Finding,
+    StaleWatch,
+    TaskEnd,
+    assign_blame,
+)
+from hpc_ddp.runtime.ledger import (
+    FAULT_CAUSES,
+    Attempt,
+    Blame,
+    EndCause,
+    attempt_number,
+    launch_end_event,
+    launch_event,
+    node_fail_event,
+    read_ledger,
+)
+from hpc_ddp.runtime.watchdog import claim_fault, read_beats, read_fault, write_beat
+
+log = logging.getLogger("hpc_ddp.supervisor")
+
+POLL_S = 0.25
+"""How often the supervisor looks at srun's words, the fault record and the step."""
+DUMP_GRACE_S = 2.0
+"""After a fault: how long the ranks have to write their stacks and leave by themselves."""
+STEP_GRACE_S = 10.0
+"""Then: how long srun may take to end the step once told to, before the supervisor stops
+waiting for it (a lost node's tasks are never reported; Slurm settles them later)."""
+SILENT_GRACE_BEATS = 3
+"""A rank that has not beaten for this many beats once its peers are gone is silent."""
+
+
+# --- what a launch runs on -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One launch: where it runs."""
+
+    launch: int
+    nodes: int
+    """Nodes the step uses (``slurm.nodes``)."""
+    tasks_per_node: int
+    exclude: tuple[str, ...] = ()
+    """Nodes of the allocation it must not use (found bad)."""
+    overlap: bool = False
+    """Share resources with a step that has not ended yet (its lost node still holds them)."""
+
+
+class Ended(Protocol):
+    """A task that ended badly, as a launcher saw it (srun's line, ``waitpid``)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def node(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def exit_code(self) -> int | None: ...
+
+
+class Step(Protocol):
+    """The processes of one running launch (an srun step, or local rank processes)."""
+
+    def poll(self) -> int | None:
+        """The launch's exit status once every process is gone (srun's), else None."""
+        ...
+
+    def task_ends(self) -> Sequence[Ended]:
+        """Tasks that ended badly so far, in the order they were seen."""
+        ...
+
+    def node_failures(self) -> list[tuple[str, str]]:
+        """(node, evidence) of nodes lost under the step, so far."""
+        ...
+
+    def refused(self) -> str | None:
+        """Why the step could not start at all (no task ran), if so."""
+        ...
+
+    def signal(self, name: str, beats: Mapping[int, Beat | None]) -> None:
+        """Send signal ``name`` (``CONT``, ``URG``) to every task; never blocks for long."""
+        ...
+
+    def kill(self, beats: Mapping[int, Beat | None]) -> None:
+        """End every task now (in the background: a lost node may keep Slurm busy)."""
+        ...
+
+    def forward(self, signum: int) -> None:
+        """Pass a stop signal the supervisor got on to the ranks (local), or not (Slurm
+        signals its steps itself)."""
+        ...
+
+    def abandon(self) -> None:
+        """Stop waiting for a step that cannot end (a lost node); reaped at exit."""
+        ...
+
+
+class Launcher(Protocol):
+    """Starts launches and knows the allocation they run in."""
+
+    def start(self, plan: Plan, env: Mapping[str, str]) -> Step:
+        """Start ``plan`` with ``env`` added to each task's environment."""
+        ...
+
+    def nodes(self) -> tuple[str, ...]:
+        """The allocation's nodes now (a node Slurm removed after a failure is gone)."""
+        ...
+
+    def down(self, nodes: Sequence[str]) -> dict[str, str]:
+        """Of ``nodes``, those Slurm holds down or not responding, with their state."""
+        ...
+
+    def requeue(self, exclude: Sequence[str]) -> str | None:
+        """Ask Slurm to requeue the job, avoiding ``exclude``; None, or why it failed."""
+        ...
+
+
+# --- the policy (pure) ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Launch again in this allocation, leaving out ``exclude``."""
+
+    exclude: tuple[str, ...]
+    message: str
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """Give the allocation back: Slurm queues the job again, avoiding ``exclude``."""
+
+    cause: EndCause
+    exclude: tuple[str, ...]
+    message: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    """End the job with ``exit_code``."""
+
+    cause: EndCause
+    exit_code: int
+    message: str
+
+
+Next = Restart | Requeue | Stop
+
+
+def no_progress_streak(history: Sequence[Attempt]) -> list[Attempt]:
+    """The launches at the end of ``history`` that, one after another, ended in a fault
+    (crash, hang, lost node) with no checkpoint newer than the one they started from."""
+    streak: list[Attempt] = []
+    for a in reversed(history):
+        if a.cause not in FAULT_CAUSES:
+            break
+        start = a.from_step if a.from_step is not None else -1
+        end = a.checkpoint_step if a.checkpoint_step is not None else -1
+        if end > start:
+            break
+        streak.append(a)
+    return list(reversed(streak))
+
+
+def restarts_used(history: Sequence[Attempt]) -> int:
+    """In-job restarts the submission has had (``launch_end`` said ``restart``)."""
+    return sum(1 for a in history if a.next == "restart")
+
+
+def exclusion(
+    finding: Finding,
+    *,
+    own_error: bool,
+    spare: bool,
+    previous: Blame | None,
+    enabled: bool,
+) -> tuple[str, ...]:
+    """The nodes a fault makes bad for the rest of the submission.
+
+    A lost node, a hardware error, or a node blamed in the previous launch too: always (with
+    ``fault.exclude_bad_nodes``). A rank that hung or died on a node while a spare node is
+    free (``spare``): that node, since leaving it out costs nothing. A Python exception
+    (``own_error``: the program's own fault) never. Otherwise the launch is retried in place:
+    without spares, leaving a node out would mean giving the whole allocation back.
+    """
+    blame = finding.blame
+    if not enabled or not blame.nodes:
+        return ()
+    if blame.node_level or finding.cause is EndCause.NODE_FAIL:
+        return blame.nodes
+    if own_error and finding.cause is EndCause.CRASH:
+        return ()
+    again = tuple(n for n in blame.nodes if previous is not None and n in previous.nodes)
+    if again:
+        return again
+    return blame.nodes if spare else ()
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What the submission may still spend."""
+
+    fault: FaultConfig
+    requeue: RequeueConfig
+    restart_count: int
+    """Slurm's restart count of this attempt (what ``requeue.max_requeues`` counts)."""
+    under_slurm: bool
+
+
+def no_progress_message(streak: Sequence[Attempt], limit: int, run_dir: str) -> str:
+    """The ``no_progress`` verdict: the error, the step it dies at, what to do."""
+    last = streak[-1]
+    steps = sorted({a.steps_done for a in streak if a.steps_done is not None})
+    at = f"at step {steps[-1]}" if len(steps) == 1 else f"at steps {', '.join(map(str, steps))}"
+    ckpt = last.from_step
+    since = f"a checkpoint newer than step {ckpt}" if ckpt is not None else "any checkpoint"
+    who = last.blame.describe() if last.blame is not None else (last.message or "no word")
+    log_hint = (
+        f"logs/rank-{last.blame.ranks[0]}.err" if last.blame and last.blame.ranks else "logs/"
+    )
+    resume_from = f"from step {ckpt}" if ckpt is not None else "from the start"
+    return (
+        f"no_progress: {len(streak)} launches in a row died {at} without {since} "
+        f"(fault.no_progress_limit={limit}); last error: {who}. HINT: fix the error "
+        f"({log_hint}), then `hpc-ddp resume {run_dir}` goes on {resume_from}."
+    )
+
+
+def decide_next(
+    finding: Finding,
+    history: Sequence[Attempt],
+    *,
+    healthy: int,
+    needed: int,
+    bad: Sequence[str],
+    budget: Budget,
+    run_dir: str,
+) -> Next:
+    """What follows a launch that ended in ``finding`` (pure). ``history``: the submission's
+    launches, this one last (with its ``from_step``/``checkpoint_step``); ``healthy``: usable
+    nodes of the allocation once ``bad`` are left out; ``needed``: nodes a launch uses."""
+    f, rq = budget.fault, budget.requeue
+    what = f"{finding.cause.value}: {finding.blame.describe()}"
+    streak = no_progress_streak(history)
+    if f.no_progress_limit and len(streak) >= f.no_progress_limit:
+        message = no_progress_message(streak, f.no_progress_limit, run_dir)
+        return Stop(EndCause.NO_PROGRESS, NO_PROGRESS_EXIT_CODE, message)
+    requeues_left = budget.under_slurm and budget.restart_count < rq.max_requeues
+    if healthy < needed:
+        why = (
+            f"{what}; {healthy} healthy node(s) left of the {needed} a launch needs "
+            f"(bad: {', '.join(bad) or 'none'})"
+        )
+        if requeues_left:
+            return Requeue(
+                EndCause.NODE_FAIL,
+                tuple(bad),
+                f"{why}; requeued, asking Slurm to avoid {', '.join(bad) or 'no node'} "
+                f"(requeue {budget.restart_count + 1} of {rq.max_requeues})",
+            )
+        return Stop(finding.cause, 1, f"{why}; no requeue left. HINT: `hpc-ddp resume {run_dir}`")
+    used = restarts_used(history[:-1])
+    if used < f.max_restarts:
+        where = f" without {', '.join(bad)}" if bad else ""
+        return Restart(
+            tuple(bad),
+            f"{what}; restart {used + 1} of {f.max_restarts} (fault.max_restarts) in this "
+            f"allocation{where}, from the newest checkpoint",
+        )
+    spent = f"{what}; fault.max_restarts={f.max_restarts} in-job restarts spent"
+    if rq.on_crash and requeues_left:
+        return Requeue(
+            finding.cause,
+            tuple(bad),
+            f"{spent}; requeue.on_crash: requeue {budget.restart_count + 1} of {rq.max_requeues}",
+        )
+    return Stop(
+        finding.cause,
+        1,
+        f"{spent}. HINT: fix the error in the rank logs, then `hpc-ddp resume {run_dir}` goes "
+        "on from the newest checkpoint; or raise fault.max_restarts, or set "
+        "requeue.on_crash=true to requeue after the in-job restarts.",
+    )
+
+
+# --- files -----------------------------------------------------------------------------------
+
+
+def newest_checkpoint_step(checkpoints: Path) -> int | None:
+    """The step of the newest ``step-*.pt`` (renamed in only once whole), without torch."""
+    try:
+        names = os.listdir(checkpoints)
+    except OSError:
+        return None
+    steps = [s for n in names if (s := parse_checkpoint_name(n)) is not None]
+    return max(steps) if steps else None
+
+
+def read_bad_nodes(paths: RunPaths, job: str | None) -> dict[str, str]:
+    """The nodes found bad in this job so far (node -> evidence); {} for another job's file."""
+    try:
+        data = json.loads(paths.bad_nodes.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("job") != job:
+        return {}
+    nodes = data.get("nodes")
+    return {str(k): str(v) for k, v in nodes.items()} if isinstance(nodes, dict) else {}
+
+
+def write_bad_nodes(paths: RunPaths, job: str | None, nodes: Mapping[str, str]) -> None:
+    """Remember the bad nodes of this job (a requeued attempt avoids them too)."""
+    paths.launches.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(paths.bad_nodes, json.dumps({"job": job, "nodes": dict(nodes)}) + "\n")
+
+
+def prepare_launch(launch: LaunchPaths, world: int) -> None:
+    """Make the launch directory and every beat file before any rank starts: every later
+    read is of a file that exists (an NFS client caches "no such file" for a while)."""
+    launch.root.mkdir(parents=True, exist_ok=True)
+    launch.fault.unlink(missing_ok=True)  # a key reused (a run directory copied back): no claim
+    blank = b" " * (BEAT_BYTES - 1) + b"\n"
+    for path in [launch.supervisor, *(launch.beat(r) for r in range(world))]:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, blank)
+        finally:
+            os.close(fd)
+
+
+def _task_ends(step: Step) -> list[TaskEnd]:
+    return [TaskEnd(e.rank, e.node, e.reason, e.exit_code) for e in step.task_ends()]
+
+
+# --- the supervisor --------------------------------------------------------------------------
+
+
+@dataclass
+class _Watch:
+    """What the supervisor saw of one launch."""
+
+    fault: FaultRecord | None = None
+    fault_at: float | None = None
+    signalled: bool = False
+    killed: bool = False
+    abandoned: bool = False
+    silent: list[int] = field(default_factory=list)
+    code: int | None = None
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The job the supervisor runs."""
+
+    job_id: str | None
+    job_ref: str | None
+    restart: int
+    tag: str | None = None
+    """What names the launch directories when the job has no Slurm id (the local backend's
+    ``local-<controller pid>``), so that a resumed run never meets an earlier job's files."""
+
+
+class Supervisor:
+    """Runs one job attempt as launches (see the module docstring)."""
+
+    def __init__(
+        self,
+        paths: RunPaths,
+        cfg: JobConfig,
+        launcher: Launcher,
+        me: Identity,
+        *,
+        env: Mapping[str, str],
+        cancelled: Callable[[], bool] = lambda: False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.paths = paths
+        self.cfg = cfg
+        self.launcher = launcher
+        self.me = me
+        self.env = dict(env)
+        self.cancelled = cancelled
+        """True once a person cancelled the run (the local backend's note): start nothing."""
+        self._clock = clock
+        self.began = clock()
+        self._from_steps: dict[int, int | None] = {}
+        self._abandoned: list[tuple[int, Step, set[str]]] = []
+        """Steps left running (a lost node): srun may still say late which node failed."""
+        self.world = cfg.slurm.ntasks
+        self.stopping = False
+        self._requeueing = False
+        self._step: Step | None = None
+        self._lock = threading.Lock()
+
+    # --- signals ---------------------------------------------------------------------------
+
+    def install_signals(self) -> None:
+        """TERM and INT: stop launching (passed on to local ranks); USR1/USR2: passed on to
+        local ranks, ignored on Slurm (Slurm signals the step itself). Caught, not ignored, so
+        srun and the ranks start with Slurm's defaults."""
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
+            if signal.getsignal(sig) is signal.SIG_IGN and sig is signal.SIGINT:
+                continue  # started with Ctrl-C ignored: whoever started it answers it
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        del frame
+        if self._requeueing:
+            return  # our own requeue's SIGTERM
+        if signum in (signal.SIGTERM, signal.SIGINT):
+            self.stopping = True
+        step = self._step
+        if step is not None:
+            step.forward(signum)
+
+    # --- the loop --------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Launch until the job ends; the job's exit status."""
+        bad = read_bad_nodes(self.paths, self.me.job_ref)
+        launch = 0
+        overlap = False
+        while True:
+            if self.stopping or self.cancelled():
+                log.info("supervisor: stopping; no new launch")
+                return 0
+            plan = Plan(
+                launch,
+                self.cfg.slurm.nodes,
+                self.cfg.slurm.tasks_per_node,
+                tuple(n for n in bad if n in self.launcher.nodes()),
+                overlap,
+            )
+            watch, launched_at, lpaths = self._run_launch(plan)
+            nxt = self._conclude(plan, watch, launched_at, lpaths, bad)
+            if nxt is None:
+                self._late_words()
+                return watch.code if watch.code is not None else 0
+            if isinstance(nxt, Restart):
+                launch += 1
+                # Slurm keeps a failed step's record (and its hold on the CPUs) until the lost
+                # node is declared down, though its tasks are gone: the next step shares them.
+                overlap = True
+                continue
+            if isinstance(nxt, Requeue):
+                return self._requeue(nxt)
+            return nxt.exit_code
+
+    def _run_launch(self, plan: Plan) -> tuple[_Watch, float, LaunchPaths]:
+        key = launch_key(self.me.tag or self.me.job_ref, self.me.restart, plan.launch)
+        lpaths = self.paths.launch(key)
+        prepare_launch(lpaths, self.world)
+        from_step = newest_checkpoint_step(self.paths.checkpoints)
+        self._from_steps[plan.launch] = from_step
+        launched_at = self._clock()
+        alloc = self.launcher.nodes()
+        self._append(
+            launch_event(
+                job_id=self.me.job_id,
+                job_ref=self.me.job_ref,
+                restart=self.me.restart,
+                launch=plan.launch,
+                nodes=",".join(n for n in alloc if n not in plan.exclude),
+                alloc_nodes=len(alloc) or None,
+                excluded=list(plan.exclude),
+                world_size=self.world,
+                from_step=from_step,
+                now=launched_at,
+            )
+        )
+        env = {
+            **self.env,
+            LAUNCH_ENV: str(plan.launch),
+            SUPERVISED_ENV: "1",
+            LAUNCH_DIR_ENV: str(lpaths.root),
+        }
+        log.info(
+            "supervisor: launch %d (%d node(s)%s) from %s",
+            plan.launch,
+            plan.nodes,
+            f", without {','.join(plan.exclude)}" if plan.exclude else "",
+            f"step {from_step}" if from_step is not None else "the start",
+        )
+        with self._lock:
+            self._step = self.launcher.start(plan, env)
+        watch = self._watch(self._step, lpaths)
+        return watch, launched_at, lpaths
+
+    def _watch(self, step: Step, lpaths: LaunchPaths) -> _Watch:
+        """Follow the launch until it is over; end it once a fault is known."""
+        watch = _Watch()
+        seen_ends = 0
+        quiet = StaleWatch()
+        beats: dict[int, Beat | None] = {}
+        next_read = 0.0
+        while True:
+            code = step.poll()
+            if code is not None:
+                watch.code = code
+                return watch
+            if step.refused() is not None:
+                time.sleep(POLL_S)
+                continue
+            now, mono = self._clock(), time.monotonic()
+            if mono >= next_read:  # every rank's beat, once a beat
+                beats = read_beats(lpaths, self.world)
+                for rank, beat in beats.items():
+                    quiet.observe(rank, beat, mono)
+                next_read = mono + self.cfg.fault.beat_s
+            ends = _task_ends(step)
+            if watch.fault is None and not self.stopping:
+                watch.fault = self._fault_from(step, ends[seen_ends:], lpaths) or self._silence(
+                    beats, quiet, mono, ends, lpaths
+                )
+                seen_ends = len(ends)
+                if watch.fault is not None:
+                    watch.fault_at = now
+                    self._declare(lpaths, watch.fault)
+            if watch.fault is None:
+                self._late_words()
+                time.sleep(POLL_S)
+                continue
+            if self._ended_step(step, watch, beats, ends, now, lpaths):
+                return watch
+            time.sleep(POLL_S)
+
+    def _ended_step(
+        self,
+        step: Step,
+        watch: _Watch,
+        beats: Mapping[int, Beat | None],
+        ends: Sequence[TaskEnd],
+        now: float,
+        lpaths: LaunchPaths,
+    ) -> bool:
+        """After a fault: wake and dump, end the step, and say when to stop waiting for it."""
+        if not watch.signalled:
+            # A frozen rank must be woken to act on anything, its stack dump included.
+            step.signal("CONT", beats)
+            step.signal("URG", beats)
+            watch.signalled = True
+        assert watch.fault_at is not None
+        waited = now - watch.fault_at
+        left = self._unaccounted(beats, ends)
+        if (waited >= DUMP_GRACE_S or not left) and not watch.killed:
+            step.kill(beats)  # every rank that could write its stacks has
+            watch.killed = True
+        beat_s = self.cfg.fault.beat_s
+        if waited < DUMP_GRACE_S + STEP_GRACE_S and not (
+            watch.killed and self._only_silent_left(left, waited, beat_s)
+        ):
+            return False
+        watch.silent = left
+        step.abandon()
+        watch.abandoned = True
+        reported = {n for n, _ in step.node_failures()}
+        self._abandoned.append((self._launch_of(lpaths), step, reported))
+        return True
+
+    def _unaccounted(self, beats: Mapping[int, Beat | None], ends: Sequence[TaskEnd]) -> list[int]:
+        """Ranks neither known gone (their last beat, srun's word of a death by signal) nor
+        accounted for: still running, frozen, or silent with a lost node."""
+        dead = {e.rank for e in ends if e.exit_code is None}
+        return [
+            r
+            for r in range(self.world)
+            if r not in dead and not ((b := beats.get(r)) is not None and b.exited)
+        ]
+
+    def _only_silent_left(self, left: Sequence[int], waited: float, beat_s: float) -> bool:
+        """Every rank has left but some that went silent (gone with a lost node): srun may wait
+        for Slurm to notice the node (SlurmdTimeout); the supervisor need not."""
+        gone = len(left) < self.world
+        return gone and bool(left) and waited >= DUMP_GRACE_S + SILENT_GRACE_BEATS * beat_s
+
+    def _silence(
+        self,
+        beats: Mapping[int, Beat | None],
+        quiet: StaleWatch,
+        mono: float,
+        ends: Sequence[TaskEnd],
+        lpaths: LaunchPaths,
+    ) -> FaultRecord | None:
+        """Ranks that stopped beating with nobody left to see it: silent while their peers
+        lost the connection to them (and no word of their end came from their node: gone with
+        it), or quiet for ``fault.stale_s`` (a backstop for the ranks' own watchdogs)."""
+        fault = self.cfg.fault
+        reported = {e.rank for e in ends}
+        exited = {r for r, b in beats.items() if b is not None and b.exited}
+        candidates = [r for r in range(self.world) if r not in exited | reported]
+        now = self._clock()
+        peers_lost = any(b is not None and b.exited and b.lost_a_peer for b in beats.values())
+        gone = quiet.stale(candidates, mono, SILENT_GRACE_BEATS * fault.beat_s)
+        if peers_lost and gone:
+            nodes = tuple(dict.fromkeys(b.node for r in gone if (b := beats.get(r)) is not None))
+            why = (
+                "went silent while its peers lost their connection to it, and its node never "
+                "reported its end: gone with its node"
+            )
+            last = max((b.since for r in gone if (b := beats.get(r)) is not None), default=None)
+            record = FaultRecord(
+                "node_fail", "supervisor", now, tuple(gone), nodes, why, True, last
+            )
+            return record if claim_fault(lpaths.fault, record) else read_fault(lpaths.fault)
+        stale = quiet.stale(candidates, mono, fault.stale_s)
+        if not stale:
+            return None
+        nodes = tuple(dict.fromkeys(b.node for r in stale if (b := beats.get(r)) is not None))
+        age = max(quiet.quiet_for(r, mono) or 0.0 for r in stale)
+        last = max((b.since for r in stale if (b := beats.get(r)) is not None), default=None)
+        why = f"heartbeat stopped {age:.1f} s ago (seen by the supervisor)"
+        record = FaultRecord("hang", "supervisor", now, tuple(stale), nodes, why, False, last)
+        return record if claim_fault(lpaths.fault, record) else read_fault(lpaths.fault)
+
+    def _fault_from(
+        self, step: Step, new_ends: Sequence[TaskEnd], lpaths: LaunchPaths
+    ) -> FaultRecord | None:
+        """A fault this launch now has: a rank's claim, a node srun lost, a task that ended
+        badly on its own account (not a survivor's lost connection, not a declared fault)."""
+        claimed = read_fault(lpaths.fault)
+        if claimed is not None:
+            return claimed
+        now = self._clock()
+        lost = step.node_failures()
+        if lost:
+            node, why = lost[0]
+            record = FaultRecord("node_fail", "supervisor", now, (), (node,), why, True)
+            return record if claim_fault(lpaths.fault, record) else read_fault(lpaths.fault)
+        if not new_ends:
+            return None
+        beats = read_beats(lpaths, self.world)
+        for end in new_ends:
+            if end.exit_code in OWN_OUTCOMES:
+                continue
+            beat = beats.get(end.rank)
+            if beat is not None and beat.exited and beat.lost_a_peer:
+                continue
+            why = end.reason if beat is None or not beat.error else f"{beat.error} ({end.reason})"
+            record = FaultRecord(
+                "task_failed", "supervisor", now, (end.rank,), (end.node,), why, False,
+                beat.since if beat is not None else None,
+            )  # fmt: skip
+            return record if claim_fault(lpaths.fault, record) else read_fault(lpaths.fault)
+        return None
+
+    def _declare(self, lpaths: LaunchPaths, record: FaultRecord) -> None:
+        """Put the fault in the supervisor's beat: every rank adopts it at its next beat."""
+        log.error(
+            "supervisor: %s in launch %s: %s (%s)",
+            record.kind,
+            lpaths.root.name,
+            ", ".join(f"rank {r}" for r in record.ranks) or ",".join(record.nodes),
+            record.why,
+        )
+        beat = Beat(rank=-1, node="supervisor", pid=os.getpid(), seq=1, time=self._clock())
+        with contextlib.suppress(OSError):
+            write_beat(lpaths.supervisor, replace(beat, fault=record))
+
+    # --- after the launch --------------------------------------------------------------------
+
+    def _conclude(
+        self,
+        plan: Plan,
+        watch: _Watch,
+        launched_at: float,
+        lpaths: LaunchPaths,
+        bad: dict[str, str],
+    ) -> Next | None:
+        """Record how the launch ended; what follows (None: the job ends with its code)."""
+        attempts = self._attempts()
+        mine = [a for a in attempts if self._is_mine(a, plan.launch, launched_at)]
+        entry = mine[-1] if mine else None
+        code = watch.code
+        refused = self._step.refused() if self._step is not None else None
+        beats = read_beats(lpaths, self.world)
+        steps = [b.step for b in beats.values() if b is not None]
+        reached = max(steps) if steps else None
+        ckpt_step = newest_checkpoint_step(self.paths.checkpoints)
+        clean = watch.fault is None and (
+            code in OWN_OUTCOMES
+            or code == NOT_CURRENT_EXIT_CODE
+            or (entry is not None and entry.cause is not None and entry.cause not in FAULT_CAUSES)
+        )
+        if clean or (self.stopping and watch.fault is None):
+            cause = entry.cause if entry is not None and entry.cause is not None else None
+            said = entry.message if entry is not None else None
+            message = said or f"the launch ended with exit status {code}"
+            self._end(
+                plan, launched_at, cause or EndCause.UNKNOWN, None, reached, ckpt_step, "stop",
+                message,
+            )  # fmt: skip
+            return None
+        if refused is not None:
+            return self._refused(plan, launched_at, refused, reached, ckpt_step, bad)
+        finding = self._blame(watch, beats, lpaths)
+        own_error = watch.fault is not None and watch.fault.kind == "crash"
+        previous = self._previous_blame(attempts, plan.launch)
+        alloc = self.launcher.nodes()
+        spare = len([n for n in alloc if n not in bad]) - len(finding.blame.nodes) >= plan.nodes
+        newly = exclusion(
+            finding,
+            own_error=own_error,
+            spare=spare,
+            previous=previous,
+            enabled=self.cfg.fault.exclude_bad_nodes,
+        )
+        for node in newly:
+            bad.setdefault(node, finding.blame.evidence)
+        if newly:
+            write_bad_nodes(self.paths, self.me.job_ref, bad)
+        history = self._history(attempts, entry, plan, launched_at, finding, reached, ckpt_step)
+        healthy = len([n for n in alloc if n not in bad]) if alloc else plan.nodes
+        budget = Budget(
+            self.cfg.fault, self.cfg.requeue, self.me.restart, self.me.job_id is not None
+        )
+        nxt = decide_next(
+            finding,
+            history,
+            healthy=healthy,
+            needed=plan.nodes,
+            bad=[n for n in bad if not alloc or n in alloc],
+            budget=budget,
+            run_dir=str(self.paths.root),
+        )
+        word = (
+            "restart"
+            if isinstance(nxt, Restart)
+            else "requeue"
+            if isinstance(nxt, Requeue)
+            else "stop"
+        )
+        cause = (
+            nxt.cause
+            if isinstance(nxt, Stop) and nxt.cause is EndCause.NO_PROGRESS
+            else finding.cause
+        )
+        self._end(plan, launched_at, cause, finding.blame, reached, ckpt_step, word, nxt.message)
+        log.error("supervisor: %s", nxt.message)
+        return nxt
+
+    def _blame(
+        self, watch: _Watch, beats: Mapping[int, Beat | None], lpaths: LaunchPaths
+    ) -> Finding:
+        step = self._step
+        ends = _task_ends(step) if step is not None else []
+        lost = list(step.node_failures()) if step is not None else []
+        fault = watch.fault or read_fault(lpaths.fault)
+        silent = [r for r in watch.silent if (b := beats.get(r)) is None or not b.exited]
+        finding = assign_blame(
+            self.world,
+            beats,
+            silent=silent,
+            task_ends=ends,
+            node_failures=lost,
+            fault=fault,
+            settled=True,
+            now=self._clock(),
+        )
+        if finding.cause is not EndCause.NODE_FAIL and finding.blame.nodes:
+            try:
+                down = self.launcher.down(finding.blame.nodes)
+            except SlurmError as exc:
+                log.warning("supervisor: could not ask Slurm about the nodes: %s", exc)
+                down = {}
+            if down:
+                said = ", ".join(f"{n} is {s}" for n, s in down.items())
+                blame = finding.blame
+                finding = Finding(
+                    EndCause.NODE_FAIL,
+                    Blame(
+                        blame.ranks,
+                        blame.nodes,
+                        f"{blame.evidence}; Slurm: {said}",
+                        True,
+                        blame.detected_at,
+                        blame.last_progress_at,
+                    ),
+                )
+        if finding.blame.detected_at is None or watch.fault_at is not None:
+            blame = finding.blame
+            detected = watch.fault.time if watch.fault is not None else watch.fault_at
+            finding = Finding(
+                finding.cause,
+                Blame(
+                    blame.ranks,
+                    blame.nodes,
+                    blame.evidence,
+                    blame.node_level,
+                    detected,
+                    blame.last_progress_at,
+                ),
+            )
+        return finding
+
+    def _refused(
+        self,
+        plan: Plan,
+        launched_at: float,
+        why: str,
+        reached: int | None,
+        ckpt_step: int | None,
+        bad: Mapping[str, str],
+    ) -> Next:
+        """srun could not create the step: too few usable nodes left means a requeue."""
+        blame = Blame((), tuple(bad), f"srun could not start the step: {why}", True, self._clock())
+        too_few = "node configuration is not available" in why
+        under_slurm = self.me.job_id is not None
+        left = self.me.restart < self.cfg.requeue.max_requeues
+        nxt: Next
+        if too_few and under_slurm and left:
+            nxt = Requeue(EndCause.NODE_FAIL, tuple(bad), f"node_fail: {blame.evidence}; requeued")
+        else:
+            nxt = Stop(EndCause.CRASH, 1, f"crash: {blame.evidence}")
+        word = "requeue" if isinstance(nxt, Requeue) else "stop"
+        self._end(plan, launched_at, nxt.cause, blame, reached, ckpt_step, word, nxt.message)
+        return nxt
+
+    def _requeue(self, nxt: Requeue) -> int:
+        """Requeue the job (its own SIGTERM ignored) and ask Slurm to avoid the bad nodes."""
+        self._requeueing = True
+        error = self.launcher.requeue(nxt.exclude)
+        if error is not None:
+            log.error("supervisor: could not requeue: %s", error)
+            return 1
+        log.info(
+            "supervisor: requeued%s", f", avoiding {','.join(nxt.exclude)}" if nxt.exclude else ""
+        )
+        # Slurm ends this batch script now (SIGTERM ignored, then SIGKILL after KillWait).
+        return 0
+
+    # --- ledger ----------------------------------------------------------------------------
+
+    def _attempts(self) -> list[Attempt]:
+        try:
+            return read_ledger(self.paths.ledger)
+        except RunDirError as exc:
+            log.warning("%s", exc)
+            return []
+
+    def _is_mine(self, a: Attempt, launch: int, launched_at: float) -> bool:
+        job = a.job_ref or a.job_id
+        if (job, a.restart, a.launch) != (self.me.job_ref, self.me.restart, launch):
+            return False
+        return self.me.job_ref is not None or a.started >= launched_at - 5.0
+
+    def _previous_blame(self, attempts: Sequence[Attempt], launch: int) -> Blame | None:
+        if launch == 0:
+            return None
+        before = [a for a in attempts if self._is_mine(a, launch - 1, 0.0)]
+        return before[-1].blame if before else None
+
+    def _history(
+        self,
+        attempts: Sequence[Attempt],
+        entry: Attempt | None,
+        plan: Plan,
+        launched_at: float,
+        finding: Finding,
+        reached: int | None,
+        ckpt_step: int | None,
+    ) -> list[Attempt]:
+        """The submission's launches, this one (as it ends now) last."""
+        job = self.me.job_ref
+        earlier = [
+            a
+            for a in attempts
+            if (a.job_ref or a.job_id) == job
+            and (job is not None or a.started >= self.began - 5.0)
+            and not self._is_mine(a, plan.launch, launched_at)
+        ]
+        base = entry or Attempt(
+            attempt=len(attempts), started=launched_at, ended=None, cause=None, steps_done=None,
+            checkpoint=None, nodelist="", job_ref=job, resumed_from_step=None,
+            job_id=self.me.job_id, restart=self.me.restart, launch=plan.launch,
+        )  # fmt: skip
+        from_step = self._from_steps.get(plan.launch)
+        now = replace(
+            base,
+            cause=finding.cause,
+            blame=finding.blame,
+            steps_done=base.steps_done if base.steps_done is not None else reached,
+            from_step=from_step,
+            checkpoint_step=ckpt_step,
+        )
+        return [*earlier, now]
+
+    def _end(
+        self,
+        plan: Plan,
+        launched_at: float,
+        cause: EndCause,
+        blame: Blame | None,
+        reached: int | None,
+        ckpt_step: int | None,
+        next_step: str,
+        message: str | None,
+    ) -> None:
+        attempts = self._attempts()
+        number = attempt_number(
+            attempts, job_id=self.me.job_id, restart=self.me.restart, launch=plan.launch,
+            since=launched_at - 5.0,
+        )  # fmt: skip
+        self._append(
+            launch_end_event(
+                attempt=number,
+                job_id=self.me.job_id,
+                job_ref=self.me.job_ref,
+                restart=self.me.restart,
+                launch=plan.launch,
+                launched_at=launched_at,
+                cause=cause,
+                blame=blame,
+                steps_reached=reached,
+                checkpoint_step=ckpt_step,
+                next_step=next_step,
+                requeue_requested=next_step == "requeue",
+                message=message or "",
+            )
+        )
+
+    @staticmethod
+    def _launch_of(lpaths: LaunchPaths) -> int:
+        return int(lpaths.root.name.rsplit(".", 1)[-1])
+
+    def _late_words(self) -> None:
+        """srun's late word on the nodes lost under abandoned steps (SlurmdTimeout after the
+        node went silent): each becomes a ``node_fail`` event on its launch."""
+        for launch, step, reported in self._abandoned:
+            for node, why in step.node_failures():
+                if node not in reported:
+                    reported.add(node)
+                    self.note_node_failure(launch, node, why)
+
+    def note_node_failure(self, launch: int, node: str, evidence: str) -> None:
+        """srun's late word on a node lost under an earlier launch: the cause becomes it."""
+        self._append(
+            node_fail_event(
+                job_id=self.me.job_id,
+                job_ref=self.me.job_ref,
+                restart=self.me.restart,
+                launch=launch,
+                node=node,
+                evidence=evidence,
+            )
+        )
+
+    def _append(self, line: str) -> None:
+        self.paths.ledger.parent.mkdir(parents=True, exist_ok=True)
+        append_line(self.paths.ledger, line)
+
+
+__all__ = [
+    "Budget",
+    "Identity",
+    "Launcher",
+    "Next",
+    "Plan",
+    "Requeue",
+    "Restart",
+    "Step",
+    "Stop",
+    "Supervisor",
+    "decide_next",
+    "exclusion",
+    "newest_checkpoint_step",
+    "no_progress_streak",
+    "prepare_launch",
+    "read_bad_nodes",
+    "restarts_used",
+]
