@@ -29,6 +29,7 @@ BENCHMARKS = {
     "bench_trainer": False,
     "bench_sweep": True,
     "bench_requeue": True,
+    "bench_faults": True,  # on a dev cluster of its own (3 nodes, Slurm's default cred_expire)
 }
 
 

@@ -1,9 +1,13 @@
 """hpc-ddp: PyTorch DDP on Slurm that survives preemption, time limits and requeues.
 
-The training API (``hpc_ddp.session()`` and friends) and :class:`JobConfig` are loaded on
-first use, so that ``import hpc_ddp`` on a login node does not pay for importing torch (or the
-config layer). The exception tree of :mod:`hpc_ddp.errors` is imported directly: it is one
-small standard-library-only module, and ``except hpc_ddp.HpcDdpError`` should just work.
+Two public APIs, both loaded on first use: the training API on the tasks
+(``hpc_ddp.session()`` and friends), and the login side's (``hpc_ddp.submit()``,
+``resume()``, ``submit_sweep()``, ``runs()``, :class:`Job`, :class:`Sweep`: what the
+``hpc-ddp`` verbs do, from a script or a notebook; :mod:`hpc_ddp.api`). So ``import hpc_ddp``
+on a login node pays for neither torch nor the config layer, and the login side's API never
+imports torch, torchvision or submitit. The exception tree of :mod:`hpc_ddp.errors` is imported
+directly: it is one small standard-library-only module, and ``except hpc_ddp.HpcDdpError``
+should just work.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ from hpc_ddp.errors import (
     PeerError,
     RenderError,
     RunDirError,
+    RunFailedError,
     RunsDirError,
     SlurmError,
     SlurmUnavailableError,
     SubmissionError,
     TargetError,
+    WaitTimeoutError,
 )
 from hpc_ddp.version import __version__
 
@@ -45,16 +51,28 @@ _LAZY = {
     "run_training": "hpc_ddp.train.trainer",
     "TrainResult": "hpc_ddp.train.trainer",
     "JobConfig": "hpc_ddp.config.model",
+    # The login side's API (hpc_ddp/api): no torch, torchvision or submitit.
+    "submit": "hpc_ddp.api.job",
+    "resume": "hpc_ddp.api.job",
+    "Job": "hpc_ddp.api.job",
+    "submit_sweep": "hpc_ddp.api.sweep",
+    "Sweep": "hpc_ddp.api.sweep",
+    "runs": "hpc_ddp.api.status",
+    "RunStatus": "hpc_ddp.api.status",
+    "SweepStatus": "hpc_ddp.api.status",
+    "CancelResult": "hpc_ddp.api.cancel",
 }
 
 __all__ = [
     "REQUEUE_EXIT_CODE",
+    "CancelResult",
     "CheckpointError",
     "CheckpointInfo",
     "ConfigError",
     "DevClusterError",
     "DistEnvError",
     "HpcDdpError",
+    "Job",
     "JobConfig",
     "OverrideError",
     "PeerError",
@@ -64,28 +82,41 @@ __all__ = [
     "ResumableLoader",
     "ResumableSampler",
     "RunDirError",
+    "RunFailedError",
+    "RunStatus",
     "RunsDirError",
     "Session",
     "SlurmError",
     "SlurmUnavailableError",
     "SubmissionError",
+    "Sweep",
+    "SweepStatus",
     "TargetError",
     "TrainResult",
+    "WaitTimeoutError",
     "__version__",
     "list_checkpoints",
+    "resume",
     "run_training",
+    "runs",
     "session",
+    "submit",
+    "submit_sweep",
     "unwrap",
     "weights_digest",
 ]
 
 if TYPE_CHECKING:
+    from hpc_ddp.api.cancel import CancelResult
+    from hpc_ddp.api.job import Job, resume, submit
+    from hpc_ddp.api.status import RunStatus, SweepStatus, runs
+    from hpc_ddp.api.sweep import Sweep, submit_sweep
     from hpc_ddp.config.model import JobConfig
+    from hpc_ddp.exitcodes import REQUEUE_EXIT_CODE
     from hpc_ddp.runtime.checkpoint import CheckpointInfo, list_checkpoints, weights_digest
     from hpc_ddp.runtime.procgroup import unwrap
     from hpc_ddp.runtime.progress import Progress
     from hpc_ddp.runtime.sampler import ResumableLoader, ResumableSampler
-    from hpc_ddp.exitcodes import REQUEUE_EXIT_CODE
     from hpc_ddp.runtime.session import RequeueExit, Session, session
     from hpc_ddp.train.trainer import TrainResult, run_training
 

@@ -18,6 +18,8 @@ how to fix it.
     ├── RunDirError                 a run directory is missing or damaged
     │   ├── RunsDirError            --runs-dir is not a usable directory (exit 2)
     │   └── TargetError             a target is no run dir, sweep task or job id (exit 2)
+    ├── RunFailedError              a run (or sweep) waited on ended without completing
+    ├── WaitTimeoutError            a wait ran out of time while the run went on
     └── DevClusterError             the local dev cluster could not be set up
 """
 
@@ -79,6 +81,34 @@ class RunsDirError(RunDirError):
     """The directory that holds the runs (``--runs-dir``) is a file, unreadable or unwritable."""
 
     exit_code = 2
+
+
+class RunFailedError(HpcDdpError):
+    """A run (or a sweep) that was waited on ended without completing: FAILED, CANCELLED,
+    TIMEOUT, INCOMPLETE, ... (``hpc_ddp.Job.wait``, ``hpc_ddp.Sweep.wait``).
+
+    ``status`` is the run's :class:`~hpc_ddp.api.status.RunStatus` (a sweep's
+    :class:`~hpc_ddp.api.status.SweepStatus`) as it ended, and ``reasons`` the lines
+    ``hpc-ddp status`` prints under its table for it: the rank that failed first, and why.
+    """
+
+    def __init__(
+        self, message: str, *, status: object = None, reasons: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reasons = reasons
+
+
+class WaitTimeoutError(HpcDdpError):
+    """A wait for a run (or a sweep) ran out of time; the run itself goes on.
+
+    ``status`` is where it stood at the last look.
+    """
+
+    def __init__(self, message: str, *, status: object = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class DevClusterError(HpcDdpError):

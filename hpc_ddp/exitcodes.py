@@ -9,7 +9,8 @@ crash (1) has its own number, and the supervisor tells a task's own outcome from
 from __future__ import annotations
 
 REQUEUE_EXIT_CODE = 0
-"""A stop handled on purpose: the state safely on disk, the job requeued (or Slurm requeueing it)."""
+"""A stop handled on purpose: the state safely on disk, the job requeued (or Slurm requeueing
+it)."""
 BUDGET_EXIT_CODE = 3
 """The run's requeue budget ran out: Slurm records the job as FAILED."""
 REQUEUE_FAILED_EXIT_CODE = 4

@@ -323,12 +323,17 @@ def batch_log(run_dir: Path, job_id: str, stream: str = "err") -> str:
 # --- processes on the fake nodes -------------------------------------------------------------
 
 
-def rank_pids(job_id: str, rank: int, marker: str = "hpc_ddp") -> list[int]:
+def rank_pids(
+    job_id: str, rank: int, marker: str = "hpc_ddp", *, launch: int | None = None
+) -> list[int]:
     """Pids of the processes of ``job_id`` running global rank ``rank`` whose command line
-    holds ``marker`` (the python task, not srun's step daemons). Both fake nodes are this
-    machine, so /proc shows every task; processes that vanish meanwhile are skipped.
+    holds ``marker`` (the python task, not srun's step daemons), of the supervisor's
+    ``launch`` when given. Both fake nodes are this machine, so /proc shows every task;
+    processes that vanish meanwhile are skipped.
     """
     want = {f"SLURM_JOB_ID={job_id}".encode(), f"SLURM_PROCID={rank}".encode()}
+    if launch is not None:
+        want.add(f"HPC_DDP_LAUNCH={launch}".encode())
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -420,10 +425,13 @@ def crashy_job(
     on_crash: bool,
     how: str = "raise",
     extra: str = "",
+    fault: str = "{enabled: false}",
 ) -> Path:
     """A 2-node job file running ``[python, tests/helpers/crashy.py, ...]`` (rank 1 fails once
     at ``crash_at``, by ``how``: ``raise`` or ``sigkill``), with at most one requeue;
-    ``crash_at`` may be a ``{params.X}`` placeholder; ``extra``: more YAML lines."""
+    ``crash_at`` may be a ``{params.X}`` placeholder; ``extra``: more YAML lines. ``fault``:
+    the fault section, by default off: "once" is the first Slurm attempt (restart count 0), so
+    these jobs pin the requeue path, which an in-job restart would stand in front of."""
     script = Path(__file__).resolve().parent / "helpers" / "crashy.py"
     config = directory / "crashy.yaml"
     config.write_text(
@@ -431,6 +439,7 @@ def crashy_job(
         f"command: [python, {script}, '{steps}', '{every}', '{crash_at}', {how}]\n"
         "slurm: {nodes: 2, tasks_per_node: 1, cpus_per_task: 1, time: '00:05:00'}\n"
         f"requeue: {{max_requeues: 1, on_crash: {str(on_crash).lower()}}}\n"
-        'env: {vars: {OMP_NUM_THREADS: "1"}}\n' + extra
+        'env: {vars: {OMP_NUM_THREADS: "1"}}\n'
+        f"fault: {fault}\n" + extra
     )
     return config

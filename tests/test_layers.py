@@ -63,19 +63,22 @@ LAYERS: tuple[Layer, ...] = (
             "runtime.progress",
             "runtime.health",
             "runtime.mainfirst",
+            "runtime.blame",
         ),
     ),
     Layer(("train",)),
     Layer(("job",)),
     Layer(("local",)),
-    Layer(("state",), pure=("state.verdict", "state.task", "state.resumable")),
+    Layer(("state",), pure=("state.verdict", "state.task", "state.resumable", "state.goodput")),
     Layer(("launch",)),
     Layer(("sweep",), pure=("sweep.spec",)),
+    Layer(("api",)),
     Layer(("cli",)),
     Layer(("__init__", "__main__")),
 )
 """hpc-ddp from the bottom up: the run directory's contract, config, Slurm, the on-task runtime
-and what runs on the tasks, then the login side that launches runs and reads them back."""
+and what runs on the tasks, then the login side that launches runs and reads them back, the Python
+API over it, and the CLI over that."""
 
 PREFLIGHT = (
     "hpc_ddp.config.preflight",

@@ -12,11 +12,16 @@ DDP, resumes from the newest good checkpoint (weights, optimizer, RNG, and the e
 in the data), and when Slurm warns of the time limit (or preempts the job) it saves, requeues
 and exits cleanly, so the next attempt continues at the next step as if nothing had happened.
 The run directory is ``$HPC_DDP_RUN_DIR`` (set by hpc-ddp on Slurm), else ``./hpc-ddp-run``.
+
+The loop runs ``s.grad_accum`` micro-batches per optimizer step (``train.grad_accum``; more on
+fewer ranks) and says so to ``s.restore``, so the run may also go on at another world size
+with the same global batch (``hpc-ddp resume RUN slurm.nodes=1 --elastic``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 
 import torch
@@ -49,15 +54,20 @@ def main() -> None:
         torch.manual_seed(0)  # the same initial weights on every rank
         model = s.wrap(nn.Sequential(nn.Linear(2, 64), nn.ReLU(), nn.Linear(64, 4)))
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-        if s.restore(model=model, optimizer=optimizer) is None:
+        # elastic: this loop runs s.grad_accum micro-batches per step, from s.loader's batches.
+        if s.restore(model=model, optimizer=optimizer, elastic=True) is None:
             log.info("fresh start")
         batches = s.loader(make_dataset(4096, seed=1), batch_size=args.batch_size).forever()
 
+        no_sync = getattr(model, "no_sync", contextlib.nullcontext)  # DDP's
         for step in s.steps(total=args.steps, checkpoint_every=args.checkpoint_every):
-            x, y = (t.to(s.device) for t in next(batches))
-            loss = nn.functional.cross_entropy(model(x), y)
             optimizer.zero_grad()
-            loss.backward()
+            for micro in range(s.grad_accum):  # gradients all-reduced once, on the last
+                last = micro == s.grad_accum - 1
+                with contextlib.nullcontext() if last else no_sync():
+                    x, y = (t.to(s.device) for t in next(batches))
+                    loss = nn.functional.cross_entropy(model(x), y)
+                    (loss / s.grad_accum).backward()
             optimizer.step()
             if step % 10 == 0:
                 s.log(step=step, epoch=s.progress.epoch, loss=loss.item())

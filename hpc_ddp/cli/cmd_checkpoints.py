@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
-from hpc_ddp.cli.runs import require_dir
+from hpc_ddp.api.targets import require_dir
 
 if TYPE_CHECKING:
     from hpc_ddp.runtime.checkpoint import CheckpointInfo

@@ -1,5 +1,7 @@
 """``hpc-ddp results SWEEP_DIR``: every task of a sweep in one sorted table (or CSV, JSON,
 Markdown), and optionally a plot. Works while the sweep runs; unfinished tasks are shown as such.
+The rows are :func:`hpc_ddp.api.sweep.gather`'s (the Python API's ``Sweep.results()``); this
+verb formats them.
 
 Exit codes: 0 shown; 2 usage error (no such sweep directory, ``--sort`` naming no metric that
 was logged, a ``--plot`` file matplotlib cannot write there, or no matplotlib); 1 unreadable
@@ -10,36 +12,25 @@ from __future__ import annotations
 
 import argparse
 import csv
-import difflib
 import io
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate
 
-from hpc_ddp.cli.runs import require_dir
-from hpc_ddp.errors import ConfigError, SlurmError
-from hpc_ddp.slurm.arrayjobs import read_arrays
-from hpc_ddp.slurm.client import SlurmClient
-from hpc_ddp.slurm.jobstate import AccountingRecord, JobInfo
-from hpc_ddp.sweep.records import SweepRecord, read_sweep_record
+from hpc_ddp.api.sweep import RESULT_COLUMNS, Sweep, gather
+from hpc_ddp.errors import ConfigError
 from hpc_ddp.sweep.results import (
     ResultRow,
-    gather_results,
-    logged_metrics,
     loss_curve,
     read_metrics,
     row_dict,
-    sort_rows,
     sweep_summary,
-    unheld_arrays,
 )
 
 FORMATS = ("table", "csv", "json", "markdown")
-_COLUMNS = ("best", "final", "loss", "steps", "attempts", "index")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sort",
         metavar="KEY",
         help="a metric in metrics.jsonl (ranked by its best value), a swept key, or one of "
-        f"{', '.join(_COLUMNS)} (default: the sweep's metric)",
+        f"{', '.join(RESULT_COLUMNS)} (default: the sweep's metric)",
     )
     parser.add_argument(
         "--mode", choices=["min", "max"], help="min: lower is better (default: the sweep's)"
@@ -78,19 +69,17 @@ def run(args: argparse.Namespace) -> int:
             f"--top {args.top}: must be at least 1 (the number of rows to show). HINT: leave "
             "--top out to show every task"
         )
-    sweep_dir = require_dir(args.sweep_dir, "sweep directory")
-    record = read_sweep_record(sweep_dir)
+    sweep = Sweep.from_dir(args.sweep_dir, slurm=args.slurm)
     plot_out = None
     if args.plot:
         from hpc_ddp.sweep.plot import plot_target
 
         plot_out = plot_target(args.plot)  # before anything is computed
-    live = None if args.no_slurm else _live(sweep_dir, args.slurm)
-    accounting = None if live is None else _accounting(sweep_dir, live, args.slurm)
-    sort_key, metric, mode = choose_sort(record, args.sort, args.mode)
-    rows = sort_rows(gather_results(sweep_dir, live, metric, accounting), sort_key, mode)
-    if metric != record.metric and all(r.best is None for r in rows):
-        raise unlogged_metric(record, metric, logged_metrics(rows))
+    found = gather(sweep.sweep_dir, args.slurm, sort=args.sort, mode=args.mode,
+                   ask_slurm=not args.no_slurm)  # fmt: skip
+    record, rows, sort_key, metric, mode = (
+        found.record, found.rows, found.sort_key, found.metric, found.mode
+    )  # fmt: skip
     shown = rows[: args.top] if args.top is not None else rows
     print(format_rows(shown, record.keys, metric, args.format), end="")
     if args.format == "table":
@@ -98,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"\n{len(rows)} tasks: {counts}; ranked by {sort_key} ({mode})")
     if len(shown) < len(rows):
         print(f"showing {len(shown)} of {len(rows)} tasks (--top {args.top})", file=sys.stderr)
-    if live is None and not args.no_slurm:
+    if not found.slurm_answered and not args.no_slurm:
         print("Slurm not reachable: states come from the task ledgers only", file=sys.stderr)
     if plot_out is not None:
         from hpc_ddp.sweep.plot import plot_results
@@ -115,47 +104,6 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"plot written to {out}", file=sys.stderr)
     return 0
-
-
-def unlogged_metric(record: SweepRecord, metric: str, logged: list[str]) -> ConfigError:
-    """``--sort METRIC`` where no task logged METRIC: name what was logged, and the nearest."""
-    close = difflib.get_close_matches(metric, [*logged, *record.keys, *_COLUMNS], n=1)
-    maybe = f"did you mean {close[0]!r}? " if close else ""
-    keys = ", ".join([*record.keys, *_COLUMNS])
-    return ConfigError(
-        f"--sort {metric}: no task logged a metric {metric!r} (metrics logged: "
-        f"{', '.join(logged) or 'none yet'}), and it is no swept key or column. HINT: {maybe}"
-        f"sort by a logged metric or one of: {keys}"
-    )
-
-
-def _live(sweep_dir: Path, client: SlurmClient) -> dict[str, JobInfo] | None:
-    job_ids = list(dict.fromkeys(a.job_id for a in read_arrays(sweep_dir)))
-    try:
-        return client.job_states(job_ids) if job_ids else {}
-    except SlurmError:
-        return None
-
-
-def _accounting(
-    sweep_dir: Path, live: dict[str, JobInfo], client: SlurmClient
-) -> dict[str, AccountingRecord] | None:
-    """sacct's records of the tasks squeue no longer holds; None without accounting."""
-    unheld = unheld_arrays(sweep_dir, live)
-    try:
-        return client.sacct_states(unheld) if unheld else None
-    except SlurmError:
-        return None
-
-
-def choose_sort(record: SweepRecord, key: str | None, mode: str | None) -> tuple[str, str, str]:
-    """(row key to sort by, metric to gather, mode) for ``--sort KEY`` and ``--mode``."""
-    if key is None or key == record.metric:
-        return "best", record.metric, mode or record.mode
-    if key in record.keys or key in _COLUMNS:
-        metric_mode = record.mode if key in ("best", "final") else "min"
-        return key, record.metric, mode or metric_mode
-    return "best", key, mode or "min"
 
 
 def _cell(value: Any) -> Any:

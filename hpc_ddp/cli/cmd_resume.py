@@ -7,6 +7,11 @@ directory); a finished one, or one whose state Slurm could not confirm, needs ``
 Overrides apply over the run's resolved config, e.g. ``requeue.max_requeues=10`` or, with
 ``--force`` on a finished run, ``train.epochs=20`` to train further.
 
+The world size (``slurm.nodes x slurm.tasks_per_node``) stays the one the run trained at;
+``--elastic`` lets it change (``hpc-ddp resume RUN slurm.nodes=1 --elastic``): the global batch
+is kept by rescaling ``train.grad_accum``, the rest of the interrupted epoch is dealt out over
+the new ranks, and the ``changed:`` lines say it is sample-exact, not bit-exact.
+
 Of several ``resume`` of one run at once, exactly one submits: the decision and the record
 are taken under the run directory's record lock, and every other one then finds that job and
 submits nothing.
@@ -20,9 +25,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from hpc_ddp.launch.resume import plan_resume, resume, start_words
+from hpc_ddp.api.job import launch, plan_resume
+from hpc_ddp.launch.resume import start_words
 from hpc_ddp.launch.submission import describe_local_plan, report
 from hpc_ddp.launch.wait import wait_for
 
@@ -38,6 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="resume a finished run too, or one whose state Slurm could not confirm",
     )
+    parser.add_argument(
+        "--elastic",
+        action="store_true",
+        help="go on at another world size (slurm.nodes, slurm.tasks_per_node) with the same "
+        "global batch: train.grad_accum is rescaled; sample-exact, not bit-exact",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the script and command only")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     parser.add_argument("--wait", action="store_true", help="wait until the job has finished")
@@ -46,7 +57,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Resume one run."""
     client = args.slurm
-    plan = plan_resume(Path(args.run_dir), tuple(args.overrides), client, force=args.force)
+    flags = ["--elastic"] if args.elastic else []
+    plan = plan_resume(
+        args.run_dir,
+        args.overrides,
+        force=args.force,
+        elastic=args.elastic,
+        slurm=client,
+        invocation=["hpc-ddp", "resume", args.run_dir, *args.overrides, *flags],
+    )
     say = sys.stderr if args.json else sys.stdout
     print(
         f"resuming {plan.run_dir} ({plan.state}, {plan.attempts} attempt(s)) "
@@ -63,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
             print(prepared.script or "", end="")
             print(f"# backend: slurm; would run: {' '.join(prepared.sbatch_argv)}")
         return 0
-    launched = resume(plan, client)
+    launched = launch(plan, slurm=client).launched
+    assert launched is not None  # started here
     report(launched, args.json)
     return wait_for(launched, client) if args.wait else 0

@@ -1,5 +1,8 @@
 """``hpc-ddp submit CONFIG [KEY=VALUE ...]``: validate, render, write the run dir, submit.
 
+What :func:`hpc_ddp.submit` does, planned and launched in two steps (the plan is what
+``--dry-run`` shows); this verb prints it, and with ``--wait`` follows the run.
+
 Exit codes: 0 submitted (or dry run shown), 2 usage or config error, 1 failed submission.
 """
 
@@ -7,23 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from pathlib import Path
 
-from hpc_ddp.config.load import find_site_profile, load_job_config
-from hpc_ddp.config.preflight import preflight_job
+from hpc_ddp.api.job import launch, plan_submit, sbatch_test_only
 from hpc_ddp.errors import ConfigError
-from hpc_ddp.launch.submission import (
-    Prepared,
-    choose_backend,
-    describe_local_plan,
-    launch,
-    prepare,
-    report,
-    runs_dir_from,
-    test_only,
-)
+from hpc_ddp.launch.submission import Prepared, describe_local_plan, report
 from hpc_ddp.launch.wait import wait_for
 from hpc_ddp.layout import RUNS_DIR_ENV
 
@@ -57,44 +48,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", action="store_true", help="wait until the job has finished")
 
 
-def _sbatch_on_path() -> str | None:
-    import shutil  # not at the top: shutil loads the compression modules, ~3 ms of every submit
-
-    return shutil.which("sbatch")
-
-
 def run(args: argparse.Namespace) -> int:
-    """Submit (or show) one job."""
+    """Submit (or show) one job: :func:`hpc_ddp.api.job.plan_submit`, then
+    :func:`~hpc_ddp.api.job.launch` (what ``hpc_ddp.submit()`` does), printed."""
     if not args.config:
         raise ConfigError(
             "submit needs a job config. HINT: `hpc-ddp submit jobs/x.yaml`; to go on with a "
             "stopped run, `hpc-ddp resume RUN_DIR`."
         )
-    config_path = Path(args.config)
-    site = find_site_profile(args.site, os.environ, Path.home())
-    cfg = load_job_config(config_path, args.overrides, site_profile=site)
-    preflight_job(cfg, str(config_path))  # what would fail on the nodes, checked from here
-    backend = choose_backend(args.backend, _sbatch_on_path() if args.backend == "auto" else None)
-    if backend == "local" and args.test_only:
-        raise ConfigError("--test-only asks Slurm; HINT: use --backend slurm on a Slurm cluster.")
     client = args.slurm
-    prepared = prepare(
-        cfg,
-        backend=backend,
-        config_path=config_path,
-        runs_dir=runs_dir_from(args.runs_dir, os.environ),
-        python=sys.executable,
+    prepared = plan_submit(
+        args.config,
+        args.overrides,
+        backend=args.backend,
+        runs_dir=args.runs_dir,
+        site=args.site,
+        slurm=client,
         invocation=["hpc-ddp", "submit", *sys.argv[2:]]
         if sys.argv[1:2] == ["submit"]
         else ["hpc-ddp", "submit", args.config, *args.overrides],
-        client=client,
+        for_test_only=args.test_only,
     )
     if args.dry_run:
         return _show_dry_run(prepared, args.json)
     if args.test_only:
-        print(test_only(prepared, client))
+        print(sbatch_test_only(prepared, slurm=client))
         return 0
-    launched = launch(prepared, client)
+    launched = launch(prepared, slurm=client).launched
+    assert launched is not None  # started here
     report(launched, args.json)
     return wait_for(launched, client) if args.wait else 0
 

@@ -1,5 +1,7 @@
 """``hpc-ddp sweep SWEEP_FILE [KEY=VALUE ...]``: expand, validate, write one sweep directory,
 submit one job array. ``hpc-ddp sweep --resubmit-failed SWEEP_DIR``: submit the failed tasks again.
+Each is :mod:`hpc_ddp.api.sweep`'s (the Python API's ``hpc_ddp.submit_sweep()``); this verb
+prints what it did.
 
 Exit codes: 0 submitted (or shown), 2 usage or config error, 1 failed submission. With
 ``--resubmit-failed``: 0 also when nothing is left to resubmit; 2 when nothing was resubmitted
@@ -11,25 +13,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate
 
-from hpc_ddp.config.load import find_site_profile
-from hpc_ddp.config.preflight import preflight_points
-from hpc_ddp.errors import ConfigError, RunDirError, RunsDirError, SlurmError, TargetError
-from hpc_ddp.launch.submission import new_run_dir, runs_dir_from, stamp_of
+from hpc_ddp.api.sweep import (
+    SweepPlan,
+    launch_sweep,
+    load_sweep_spec,
+    plan_sweep,
+    resubmit,
+    sweep_runs_dir,
+)
+from hpc_ddp.errors import ConfigError
 from hpc_ddp.layout import RUNS_DIR_ENV
-from hpc_ddp.slurm.arrayjobs import format_index_ranges
 from hpc_ddp.slurm.client import SlurmClient
-from hpc_ddp.sweep.arrays import SLURM_DEFAULT_MAX_ARRAY_SIZE, PreparedArray, sweep_name
-from hpc_ddp.sweep.spec import SweepSpec, load_sweep
-from hpc_ddp.sweep.submit import prepare_sweep, resubmit_failed, submit_sweep
+from hpc_ddp.sweep.arrays import PreparedArray, sweep_name
+from hpc_ddp.sweep.spec import SweepSpec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,57 +79,31 @@ def run(args: argparse.Namespace) -> int:
             "no sweep file given. HINT: hpc-ddp sweep SWEEP_FILE [KEY=VALUE ...] "
             "(see jobs/sweep-lr.yaml), or --resubmit-failed SWEEP_DIR"
         )
-    sweep_file = Path(args.sweep_file)
-    site = find_site_profile(args.site, os.environ, Path.home())
-    spec = load_sweep(sweep_file, args.overrides, site)
-    preflight_points((f"{sweep_file}: point {p.index}", p.config) for p in spec.points)
-    runs_dir = runs_dir_from(args.runs_dir, os.environ)
-    origin = (
-        "--runs-dir" if args.runs_dir else f"${RUNS_DIR_ENV}" if os.environ.get(RUNS_DIR_ENV)
-        else "the default runs directory"
-    )  # fmt: skip
-    check_runs_dir(runs_dir, origin)
+    spec = load_sweep_spec(args.sweep_file, args.overrides, site=args.site)
+    runs_dir = sweep_runs_dir(args.runs_dir)
     invocation = invocation or ["hpc-ddp", "sweep", args.sweep_file, *args.overrides]
     if args.dry_run:
-        return _dry_run(
-            spec,
-            sweep_file=sweep_file,
-            runs_dir=runs_dir,
-            client=client,
-            invocation=invocation,
-            as_json=args.json,
-        )
-    try:
-        submission = submit_sweep(
-            spec,
-            sweep_file=sweep_file,
-            runs_dir=runs_dir,
-            python=sys.executable,
-            invocation=invocation,
-            client=client,
-        )
-    except OSError as exc:  # the checks above passed, and then the disk said no
-        raise RunDirError(
-            f"writing the sweep directory under {runs_dir} failed: {exc}. HINT: check the "
-            "space and permissions there, or choose another --runs-dir"
-        ) from None
-    sweep_dir = submission.sweep_dir
+        plan = plan_sweep(spec, sweep_file=args.sweep_file, runs_dir=runs_dir, slurm=client,
+                          invocation=invocation)  # fmt: skip
+        return _dry_run(plan, as_json=args.json)
+    sweep = launch_sweep(spec, sweep_file=args.sweep_file, runs_dir=runs_dir, slurm=client,
+                         invocation=invocation)  # fmt: skip
+    sweep_dir = sweep.sweep_dir
+    arrays = sweep.arrays()
     if args.json:
         print(
             json.dumps(
                 {
                     "sweep_dir": str(sweep_dir),
                     "points": len(spec.points),
-                    "array_jobs": [r.job_id for r in submission.arrays],
+                    "array_jobs": [r.job_id for r in arrays],
                     "arrays": [
-                        {"job_id": r.job_id, "points": r.points, "array": r.array}
-                        for r in submission.arrays
+                        {"job_id": r.job_id, "points": r.points, "array": r.array} for r in arrays
                     ],
                 }
             )
         )
         return 0
-    arrays = submission.arrays
     print(
         f"submitted sweep {sweep_name(spec)}: {len(spec.points)} points as "
         + ", ".join(f"array job {r.job_id} (--array={r.array})" for r in arrays)
@@ -136,28 +113,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"  watch:     hpc-ddp status {sweep_dir}   (squeue -j {arrays[0].job_id})")
     print(f"  results:   hpc-ddp results {sweep_dir}")
     return 0
-
-
-def check_runs_dir(runs_dir: Path, origin: str) -> None:
-    """Refuse a runs directory that is a file, lies under one, or cannot be written to.
-
-    ``origin`` names where it came from (``--runs-dir``) in the message.
-    """
-    for path in (runs_dir, *runs_dir.absolute().parents):
-        if not path.exists():
-            continue  # it will be created
-        if not path.is_dir():
-            what = "is a file" if path == runs_dir else f"lies under the file {path}"
-            raise RunsDirError(
-                f"{origin} {runs_dir}: {what}, not a directory. HINT: give a directory for "
-                "the sweep directories (it is created if missing)"
-            )
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise RunsDirError(
-                f"{origin} {runs_dir}: {path} is not writable. HINT: choose a directory you "
-                "can write to"
-            )
-        return
 
 
 def points_table(spec: SweepSpec) -> str:
@@ -180,33 +135,8 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def _dry_run(
-    spec: SweepSpec,
-    *,
-    sweep_file: Path,
-    runs_dir: Path,
-    client: SlurmClient,
-    invocation: list[str],
-    as_json: bool,
-) -> int:
-    name = sweep_name(spec)
-    now = datetime.now(timezone.utc)
-    sweep_dir = new_run_dir(runs_dir.resolve(), name, stamp_of(now))
-    try:
-        max_array_size, note = client.max_array_size(), ""
-    except SlurmError:
-        max_array_size = SLURM_DEFAULT_MAX_ARRAY_SIZE
-        note = f"# Slurm not reachable: assumed MaxArraySize={max_array_size} (Slurm's default)"
-    arrays = prepare_sweep(
-        spec,
-        sweep_file=sweep_file,
-        sweep_dir=sweep_dir,
-        max_array_size=max_array_size,
-        python=sys.executable,
-        invocation=invocation,
-        client=client,
-        now=now,
-    )
+def _dry_run(plan: SweepPlan, *, as_json: bool) -> int:
+    spec, sweep_dir, arrays, note = plan.spec, plan.sweep_dir, plan.arrays, plan.note
     if as_json:
         print(
             json.dumps(
@@ -257,15 +187,7 @@ def _print_arrays(arrays: list[PreparedArray]) -> None:
 def _resubmit(
     sweep_dir: Path, client: SlurmClient, invocation: list[str], args: argparse.Namespace
 ) -> int:
-    result = resubmit_failed(
-        sweep_dir,
-        client=client,
-        python=sys.executable,
-        invocation=invocation or ["hpc-ddp", "sweep", "--resubmit-failed", str(sweep_dir)],
-        dry_run=args.dry_run,
-    )
-    if not result.points and result.live and not args.dry_run:
-        raise _still_live(sweep_dir, result.live)
+    result = resubmit(sweep_dir, slurm=client, invocation=invocation, dry_run=args.dry_run)
     if args.json:
         print(
             json.dumps(
@@ -291,17 +213,3 @@ def _resubmit(
     print(f"  watch:   hpc-ddp status {sweep_dir}")
     print(f"  results: hpc-ddp results {sweep_dir}")
     return 0
-
-
-def _still_live(sweep_dir: Path, live: dict[int, str]) -> TargetError:
-    """Nothing to resubmit while tasks run: the refusal naming their arrays (exit 2)."""
-    arrays = ", ".join(dict.fromkeys(ref.split("_", 1)[0] for ref in live.values()))
-    shown = ", ".join(list(dict.fromkeys(live.values()))[:8])
-    more = " ..." if len(set(live.values())) > 8 else ""
-    return TargetError(
-        f"nothing resubmitted: {len(live)} task(s) of {sweep_dir} (points "
-        f"{format_index_ranges(live)}) are still queued or running in array job(s) {arrays} "
-        f"({shown}{more}), and no task has failed; two jobs must never write one task "
-        f"directory. HINT: `hpc-ddp status {sweep_dir}` follows them; resubmit once they have "
-        f"ended, or `hpc-ddp cancel {sweep_dir}` first."
-    )

@@ -14,17 +14,19 @@ GPU without it (the default)               step- and sample-exact: the same step
                                            samples in the same order, the same RNG streams;
                                            the weights differ by rounding, as two
                                            uninterrupted GPU runs differ from each other
-another world size than the checkpoint's   none of these: the data is sharded differently
+another world size than the checkpoint's   sample-exact, not bit-exact (``--elastic``, or a
+                                           ``slurm.min_nodes`` allocation): the same global
+                                           batch and the same samples in every step, summed
+                                           over other ranks; RNG reseeded from (seed, step,
+                                           rank) (:mod:`hpc_ddp.config.elastic`)
 =========================================  ==================================================
-
-Always the same world size: a checkpoint resumed on another number of ranks changes every
-rank's shard of the data and the order of every sum.
 """
 
 from __future__ import annotations
 
 import enum
 
+from hpc_ddp.config.elastic import SAMPLE_EXACT, Resize
 from hpc_ddp.config.model import JobConfig, SlurmConfig
 
 DETERMINISTIC_ENV = (("CUBLAS_WORKSPACE_CONFIG", ":4096:8"),)
@@ -61,14 +63,27 @@ def asks_for_gpus(slurm: SlurmConfig) -> bool:
     )
 
 
-def resume_clause(before: JobConfig, after: JobConfig) -> str:
+def resume_clause(before: JobConfig, after: JobConfig, resize: Resize | None = None) -> str:
     """One short clause on what a resume of ``before`` as ``after`` keeps, for the resume
-    message: ``bit-identical to an uninterrupted run (CPU)``."""
-    if before.slurm.ntasks != after.slurm.ntasks:
+    message: ``bit-identical to an uninterrupted run (CPU)``; ``resize``: ``--elastic`` changes
+    the world size."""
+    if resize is not None:
+        return (
+            f"{SAMPLE_EXACT}: {resize.before_world} -> {resize.world} ranks with the same global "
+            "batch (--elastic)"
+        )
+    if before.slurm.ntasks != after.slurm.ntasks and after.slurm.min_nodes is None:
         return (
             f"{Exactness.NONE.value}: {before.slurm.ntasks} -> {after.slurm.ntasks} ranks "
             "reshards the data"
         )
+    clause = _same_world_clause(after)
+    if after.slurm.min_nodes is not None:
+        clause += f"; {SAMPLE_EXACT} where it lands on another node count (slurm.min_nodes)"
+    return clause
+
+
+def _same_world_clause(after: JobConfig) -> str:
     if not asks_for_gpus(after.slurm):
         return f"{Exactness.BITWISE.value} (CPU)"
     if after.command is not None or after.entrypoint is not None:

@@ -211,6 +211,7 @@ FIELD_CONVERTERS: dict[str, Converter] = {
     "command": _command,
     "entrypoint": _import_string,
     "slurm.nodes": bounded(as_int, 1),
+    "slurm.min_nodes": bounded(as_int, 1, hint="null (the default) asks for exactly slurm.nodes"),
     "slurm.tasks_per_node": bounded(as_int, 1),
     "slurm.cpus_per_task": bounded(as_int, 1),
     "slurm.gpus_per_task": bounded(as_int, 1, hint=_GPUS_HINT),

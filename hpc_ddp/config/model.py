@@ -8,9 +8,9 @@ YAML layout (every key optional except where noted)::
     name: str
     command: [argv...]          # bring-your-own script (mutually exclusive with entrypoint)
     entrypoint: "pkg.mod:fn"    # bring-your-own Python entry point
-    slurm:   {nodes, tasks_per_node, cpus_per_task, gpus_per_task, gpus_per_node, mem, time,
-              partition, account, qos, constraint, exclusive, template, extra: {flag: value},
-              srun_args: [..], spare_nodes}
+    slurm:   {nodes, min_nodes, tasks_per_node, cpus_per_task, gpus_per_task, gpus_per_node,
+              mem, time, partition, account, qos, constraint, exclusive, template,
+              extra: {flag: value}, srun_args: [..], spare_nodes}
     env:     {modules: [..], setup: [..], vars: {K: V},
               container: {runtime: apptainer|pyxis|charliecloud, image, binds: [..],
                           options: [..], python}}
@@ -47,7 +47,13 @@ class SlurmConfig:
     """Resources requested from Slurm; each field maps to one sbatch flag."""
 
     nodes: int = 1
-    """Nodes to allocate (``--nodes``)."""
+    """Nodes to allocate (``--nodes``); with ``min_nodes``, the most nodes the job may get."""
+    min_nodes: int | None = None
+    """Fewest nodes the job may start on: ``--nodes=MIN_NODES-NODES``, for an allocation that
+    comes sooner. A start or requeue on fewer nodes than ``nodes`` trains at the smaller world
+    size with the same global batch (``train.grad_accum`` is meant for ``nodes``; fewer ranks
+    accumulate more), sample-exact, not bit-exact (docs/concepts.md). ``None``: exactly
+    ``nodes``."""
     tasks_per_node: int = 1
     """Tasks (DDP ranks) per node (``--ntasks-per-node``); usually one per GPU."""
     cpus_per_task: int | None = None
@@ -187,9 +193,11 @@ class TrainConfig:
     epochs: int | None = 1
     """Passes over the training data; ``None``: ``max_steps`` decides."""
     batch_size: int = 32
-    """Per-rank batch size; the global batch is this times the world size."""
+    """Per-rank batch size; the global batch is this times the world size and ``grad_accum``."""
     grad_accum: int = 1
-    """Micro-batches accumulated per optimizer step; 1 means no accumulation."""
+    """Micro-batches accumulated per optimizer step; 1 means no accumulation. At a smaller
+    world size than ``slurm.nodes x slurm.tasks_per_node`` (``slurm.min_nodes``, or
+    ``hpc-ddp resume --elastic``) each rank accumulates more, to keep the global batch."""
     optimizer: Optimizer = "sgd"
     """``sgd`` (with ``momentum``) or ``adamw``."""
     lr: float = 0.05

@@ -17,6 +17,7 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from hpc_ddp.config.elastic import range_problem
 from hpc_ddp.config.fields import FIELD_CONVERTERS
 from hpc_ddp.config.model import JobConfig, SlurmConfig
 from hpc_ddp.config.pairs import PAIR_KEYS
@@ -287,6 +288,7 @@ def _check_combinations(cfg: JobConfig, placeholders: bool) -> None:
     if placeholders and cfg.command is not None:
         resolve_command(cfg.command, cfg.params)  # a placeholder naming no param fails here
     _check_fault(cfg)
+    _check_range(cfg)
     flags = dict(slurm.extra)
     for flag in ("mem-per-cpu", "mem-per-gpu"):
         if flag in flags and slurm.mem is not None:
@@ -294,6 +296,13 @@ def _check_combinations(cfg: JobConfig, placeholders: bool) -> None:
                 f"slurm.extra.{flag}",
                 "is set together with slurm.mem; sbatch refuses both. HINT: keep one",
             )
+
+
+def _check_range(cfg: JobConfig) -> None:
+    """A ``slurm.min_nodes`` range must keep one global batch at every node count in it."""
+    problem = range_problem(cfg)
+    if problem is not None:
+        raise Invalid("slurm.min_nodes", problem)
 
 
 def _check_fault(cfg: JobConfig) -> None:

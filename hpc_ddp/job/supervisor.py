@@ -42,6 +42,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
+from hpc_ddp.config.elastic import nodes_for_launch
 from hpc_ddp.config.model import FaultConfig, JobConfig, RequeueConfig
 from hpc_ddp.durable import append_line, write_text_atomic
 from hpc_ddp.errors import RunDirError, SlurmError
@@ -87,6 +88,9 @@ POLL_S = 0.25
 """How often the supervisor looks at srun's words, the fault record and the step."""
 DUMP_GRACE_S = 2.0
 """After a fault: how long the ranks have to write their stacks and leave by themselves."""
+KILL_SETTLE_S = 1.0
+"""Once every rank is accounted for and the step was told to end: how long srun may take to
+return before the next launch starts beside it (``--overlap``)."""
 STEP_GRACE_S = 10.0
 """Then: how long srun may take to end the step once told to, before the supervisor stops
 waiting for it (a lost node's tasks are never reported; Slurm settles them later)."""
@@ -103,7 +107,8 @@ class Plan:
 
     launch: int
     nodes: int
-    """Nodes the step uses (``slurm.nodes``)."""
+    """Nodes the step uses (``slurm.nodes``; with ``slurm.min_nodes`` as many healthy ones as
+    the allocation has, up to ``slurm.nodes``)."""
     tasks_per_node: int
     exclude: tuple[str, ...] = ()
     """Nodes of the allocation it must not use (found bad)."""
@@ -394,6 +399,30 @@ def prepare_launch(launch: LaunchPaths, world: int) -> None:
             os.close(fd)
 
 
+def _with_own_words(finding: Finding, entry: Attempt | None) -> Finding:
+    """A crash blamed on the rank that recorded it (a ``command:`` child's exception, seen by
+    srun only as an exit code): its own words are the better evidence."""
+    blame = finding.blame
+    said = entry.message if entry is not None else None
+    if finding.cause is not EndCause.CRASH or len(blame.ranks) != 1 or not said:
+        return finding
+    prefix = f"rank {blame.ranks[0]} on "
+    if not said.startswith(prefix) or ": " not in said:
+        return finding
+    words = said.split(": ", 1)[1]
+    return Finding(
+        finding.cause,
+        Blame(blame.ranks, blame.nodes, words, blame.node_level, blame.detected_at,
+              blame.last_progress_at),
+    )  # fmt: skip
+
+
+def _on(beats: Mapping[int, Beat | None], rank: int, nodes: set[str]) -> bool:
+    """Rank ``rank`` ran on one of ``nodes`` (by its beat)."""
+    beat = beats.get(rank)
+    return beat is not None and beat.node in nodes
+
+
 def _task_ends(step: Step) -> list[TaskEnd]:
     return [TaskEnd(e.rank, e.node, e.reason, e.exit_code) for e in step.task_ends()]
 
@@ -408,7 +437,7 @@ class _Watch:
     fault: FaultRecord | None = None
     fault_at: float | None = None
     signalled: bool = False
-    killed: bool = False
+    killed_at: float | None = None
     abandoned: bool = False
     silent: list[int] = field(default_factory=list)
     code: int | None = None
@@ -490,11 +519,15 @@ class Supervisor:
             if self.stopping or self.cancelled():
                 log.info("supervisor: stopping; no new launch")
                 return 0
+            alloc = self.launcher.nodes()
+            # A slurm.min_nodes allocation may hold fewer nodes than slurm.nodes: train on them.
+            nodes = nodes_for_launch(self.cfg.slurm, len([n for n in alloc if n not in bad]))
+            self.world = nodes * self.cfg.slurm.tasks_per_node
             plan = Plan(
                 launch,
-                self.cfg.slurm.nodes,
+                nodes,
                 self.cfg.slurm.tasks_per_node,
-                tuple(n for n in bad if n in self.launcher.nodes()),
+                tuple(n for n in bad if n in alloc),
                 overlap,
             )
             watch, launched_at, lpaths = self._run_launch(plan)
@@ -607,30 +640,45 @@ class Supervisor:
             watch.signalled = True
         assert watch.fault_at is not None
         waited = now - watch.fault_at
-        left = self._unaccounted(beats, ends)
-        if (waited >= DUMP_GRACE_S or not left) and not watch.killed:
+        lost = {n for n, _ in step.node_failures()}
+        if watch.fault is not None and watch.fault.kind == "node_fail":
+            lost |= set(watch.fault.nodes)
+        left = self._unaccounted(beats, ends, lost)
+        if (waited >= DUMP_GRACE_S or not left) and watch.killed_at is None:
             step.kill(beats)  # every rank that could write its stacks has
-            watch.killed = True
-        beat_s = self.cfg.fault.beat_s
-        if waited < DUMP_GRACE_S + STEP_GRACE_S and not (
-            watch.killed and self._only_silent_left(left, waited, beat_s)
-        ):
+            watch.killed_at = now
+        if not self._done_waiting(watch, left, waited, now):
             return False
-        watch.silent = left
+        watch.silent = [r for r in range(self.world) if r in left or _on(beats, r, lost)]
         step.abandon()
         watch.abandoned = True
         reported = {n for n, _ in step.node_failures()}
         self._abandoned.append((self._launch_of(lpaths), step, reported))
         return True
 
-    def _unaccounted(self, beats: Mapping[int, Beat | None], ends: Sequence[TaskEnd]) -> list[int]:
-        """Ranks neither known gone (their last beat, srun's word of a death by signal) nor
-        accounted for: still running, frozen, or silent with a lost node."""
+    def _done_waiting(self, watch: _Watch, left: Sequence[int], waited: float, now: float) -> bool:
+        """Whether to stop waiting for srun: every rank is accounted for (srun may still wait
+        for Slurm to settle a lost node), only silent ranks are left (gone with a node nobody
+        reported yet), or srun took too long."""
+        if watch.killed_at is None:
+            return False
+        if not left:
+            return now - watch.killed_at >= KILL_SETTLE_S
+        beat_s = self.cfg.fault.beat_s
+        return waited >= DUMP_GRACE_S + STEP_GRACE_S or self._only_silent_left(left, waited, beat_s)
+
+    def _unaccounted(
+        self, beats: Mapping[int, Beat | None], ends: Sequence[TaskEnd], lost: set[str]
+    ) -> list[int]:
+        """Ranks neither known gone (their last beat, srun's word of a death by signal, their
+        node lost) nor accounted for: still running, frozen, or silent with a lost node."""
         dead = {e.rank for e in ends if e.exit_code is None}
         return [
             r
             for r in range(self.world)
-            if r not in dead and not ((b := beats.get(r)) is not None and b.exited)
+            if r not in dead
+            and not _on(beats, r, lost)
+            and not ((b := beats.get(r)) is not None and b.exited)
         ]
 
     def _only_silent_left(self, left: Sequence[int], waited: float, beat_s: float) -> bool:
@@ -758,8 +806,8 @@ class Supervisor:
             return None
         if refused is not None:
             return self._refused(plan, launched_at, refused, reached, ckpt_step, bad)
-        finding = self._blame(watch, beats, lpaths)
-        own_error = watch.fault is not None and watch.fault.kind == "crash"
+        finding = self._blame(watch, beats, lpaths, entry)
+        own_error = self._own_error(watch, finding)
         previous = self._previous_blame(attempts, plan.launch)
         alloc = self.launcher.nodes()
         spare = len([n for n in alloc if n not in bad]) - len(finding.blame.nodes) >= plan.nodes
@@ -783,7 +831,7 @@ class Supervisor:
             finding,
             history,
             healthy=healthy,
-            needed=plan.nodes,
+            needed=self.cfg.slurm.min_nodes or plan.nodes,
             bad=[n for n in bad if not alloc or n in alloc],
             budget=budget,
             run_dir=str(self.paths.root),
@@ -804,8 +852,24 @@ class Supervisor:
         log.error("supervisor: %s", nxt.message)
         return nxt
 
+    def _own_error(self, watch: _Watch, finding: Finding) -> bool:
+        """The program failed on its own (an exception, a non-zero exit): not its node's
+        fault, unlike a death by signal or a hang."""
+        if finding.cause is not EndCause.CRASH:
+            return False
+        if watch.fault is not None and watch.fault.kind == "crash":
+            return True
+        step = self._step
+        ends = _task_ends(step) if step is not None else []
+        blamed = set(finding.blame.ranks)
+        return any(e.rank in blamed and e.exit_code is not None for e in ends)
+
     def _blame(
-        self, watch: _Watch, beats: Mapping[int, Beat | None], lpaths: LaunchPaths
+        self,
+        watch: _Watch,
+        beats: Mapping[int, Beat | None],
+        lpaths: LaunchPaths,
+        entry: Attempt | None,
     ) -> Finding:
         step = self._step
         ends = _task_ends(step) if step is not None else []
@@ -842,6 +906,7 @@ class Supervisor:
                         blame.last_progress_at,
                     ),
                 )
+        finding = _with_own_words(finding, entry)
         if finding.blame.detected_at is None or watch.fault_at is not None:
             blame = finding.blame
             detected = watch.fault.time if watch.fault is not None else watch.fault_at

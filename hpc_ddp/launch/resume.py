@@ -7,6 +7,11 @@ decided here is whether resubmitting is safe (:mod:`hpc_ddp.state.resumable`), w
 the new job runs (the run's resolved ``config.yaml``, plus any ``KEY=VALUE`` overrides, e.g. a
 larger ``requeue.max_requeues`` after the budget ran out) and how the manifest remembers the
 earlier job ids.
+
+The world size (``slurm.nodes x slurm.tasks_per_node``) stays the one the run trained at, unless
+``--elastic`` (:func:`fit_world_size`): then ``train.grad_accum`` is rescaled so that the global
+batch stays the same (2 ranks x accumulation 1 -> 1 rank x accumulation 2), and the resume is
+sample-exact, not bit-exact (:mod:`hpc_ddp.config.elastic`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.config.elastic import (
+    RESEEDED,
+    SAMPLE_EXACT,
+    Resize,
+    Shape,
+    planned_accum,
+    range_problem,
+    rescaled_accum,
+    worlds_of,
+)
 from hpc_ddp.config.exactness import resume_clause
 from hpc_ddp.config.load import (
     apply_overrides,
@@ -63,6 +78,8 @@ class ResumePlan:
     """``key: old -> new`` for every key the overrides changed."""
     force: bool = False
     """``--force``: a finished run, or one whose state Slurm could not confirm, goes on too."""
+    resize: Resize | None = None
+    """``--elastic``: how the world size and the accumulation change (None: they do not)."""
 
 
 def plan_resume(
@@ -71,13 +88,15 @@ def plan_resume(
     client: SlurmClient,
     *,
     force: bool = False,
+    elastic: bool = False,
     invocation: Sequence[str] = (),
 ) -> ResumePlan:
     """Check that ``run_dir`` may be resumed now and prepare its job again, in place.
 
     A run still queued or running is refused (two jobs must never share a run directory); a
     finished one, or one whose state Slurm could not confirm, needs ``force``. Overrides apply
-    over the run's resolved config; the name cannot change. Raises :class:`TargetError` or
+    over the run's resolved config; the name cannot change, nor the world size without
+    ``elastic`` (:func:`fit_world_size`). Raises :class:`TargetError` or
     :class:`ConfigError` with a hint; writes nothing.
     """
     shown = run_dir
@@ -91,12 +110,16 @@ def plan_resume(
     old = load_resolved_config(paths.config)
     cfg = _with_overrides(old, overrides, paths.config, manifest)
     preflight_job(cfg, str(paths.config))
-    invocation = invocation or ["hpc-ddp", "resume", str(shown), *overrides]
+    if manifest.backend == "local":
+        check_local_job(cfg)  # an override may ask for more processes than this machine has
+    attempts = read_ledger(paths.ledger)
+    cfg, resize = fit_world_size(cfg, old, attempts, row["ckpt step"], shown, elastic=elastic)
+    flag = ["--elastic"] if elastic else []
+    invocation = invocation or ["hpc-ddp", "resume", str(shown), *overrides, *flag]
     prepared = _prepare_in_place(cfg, manifest, run_dir, invocation, client)
-    _check_world_size(cfg, old, read_ledger(paths.ledger), row["ckpt step"], shown)
     return ResumePlan(
         run_dir, manifest, row["state"], int(row["attempts"]), row["ckpt step"], old, prepared,
-        tuple(_changes(old, cfg)), force,
+        tuple(_changes(old, cfg, resize)), force, resize,
     )  # fmt: skip
 
 
@@ -148,7 +171,7 @@ def start_words(step: int | None, plan: ResumePlan | None = None) -> str:
     """
     if step is None:
         return "from step 0 (no checkpoint)"
-    exact = "" if plan is None else f"; {resume_clause(plan.old, plan.prepared.cfg)}"
+    exact = "" if plan is None else f"; {resume_clause(plan.old, plan.prepared.cfg, plan.resize)}"
     return (
         f"from checkpoint step {step} (the newest on disk; the job verifies its digests when it "
         f"starts and falls back to an older checkpoint if any part is damaged){exact}"
@@ -199,37 +222,74 @@ def _with_overrides(
     return new
 
 
-def _check_world_size(
-    cfg: JobConfig, old: JobConfig, attempts: Sequence[Attempt], step: int | None, shown: Path
-) -> None:
-    """Refuse to go on from a checkpoint at another world size (``nodes x tasks_per_node``).
+def fit_world_size(
+    cfg: JobConfig,
+    old: JobConfig,
+    attempts: Sequence[Attempt],
+    step: int | None,
+    shown: Path,
+    *,
+    elastic: bool = False,
+) -> tuple[JobConfig, Resize | None]:
+    """``cfg`` as it may go on from the checkpoint at ``step``, and how its shape changes.
 
-    The global batch is the per-rank batch times the world size, and each rank's data and RNG
-    come from the checkpoint by rank: another size silently changes the batch (2 nodes -> 1
-    halves it) and the run is no longer the one an uninterrupted run would have been. The size
-    the checkpoints were written at is the one the ledger's last attempt ran with (a hand edit
-    of ``config.yaml`` does not change that), else the run's config. Without a checkpoint the
-    run starts from step 0 and any size is as good as the first.
+    The global batch is the per-rank batch times the world size (``nodes x tasks_per_node``)
+    times the accumulation, and each rank's data and RNG come from the checkpoint by rank:
+    another size would silently change the batch (2 nodes -> 1 halves it) and the run would no
+    longer be the one an uninterrupted run would have been. So it is refused, unless
+    ``elastic``: then ``train.grad_accum`` is set to keep the global batch
+    (:func:`~hpc_ddp.config.elastic.rescaled_accum`; refused with a hint when it cannot), and
+    the runtime deals out the rest of the epoch over the new ranks (sample-exact, not
+    bit-exact). A world size within the config's own ``slurm.min_nodes`` range needs no flag.
+
+    The size the checkpoints were written at is the one the ledger's last attempt ran with (a
+    hand edit of ``config.yaml`` does not change that), and its accumulation the one it
+    recorded, else the old config's. Without a checkpoint the run starts from step 0 and any
+    size is as good as the first.
     """
     if step is None:
-        return
-    sizes = [a.world_size for a in attempts if a.world_size is not None]
-    before = sizes[-1] if sizes else old.slurm.ntasks
+        return cfg, None
+    last = next((a for a in reversed(attempts) if a.world_size is not None), None)
+    world = last.world_size if last is not None and last.world_size else old.slurm.ntasks
+    accum = last.grad_accum if last is not None and last.grad_accum else _accum_at(old, world)
+    before = Shape(world, accum)
     now = cfg.slurm.ntasks
-    if now == before:
-        return
-    s = old.slurm
-    same = f": `hpc-ddp resume {shown} slurm.nodes={s.nodes} slurm.tasks_per_node="
-    same = same + f"{s.tasks_per_node}`" if s.ntasks == before else ""
-    raise ConfigError(
-        f"slurm.nodes x slurm.tasks_per_node = {cfg.slurm.nodes} x {cfg.slurm.tasks_per_node} "
-        f"= {now} ranks, but the run trained with {before} (its checkpoint at step {step} "
-        f"too): going on at another world size changes the global batch ({before} -> {now} "
-        "times the per-rank batch) and the run would no longer match an uninterrupted one. "
-        f"HINT: resume with the same nodes and tasks_per_node ({before} ranks in all{same}); "
-        "to train at another size, submit a new run (an elastic resume that rescales the "
-        "batch does not exist yet)."
-    )
+    if world in worlds_of(cfg.slurm):
+        return cfg, None
+    if not elastic:
+        s = old.slurm
+        same = f": `hpc-ddp resume {shown} slurm.nodes={s.nodes} slurm.tasks_per_node="
+        same = same + f"{s.tasks_per_node}`" if s.ntasks == world else ""
+        raise ConfigError(
+            f"slurm.nodes x slurm.tasks_per_node = {cfg.slurm.nodes} x "
+            f"{cfg.slurm.tasks_per_node} = {now} ranks, but the run trained with {world} (its "
+            f"checkpoint at step {step} too): going on at another world size changes the global "
+            f"batch ({world} -> {now} times the per-rank batch) and the run would no longer "
+            f"match an uninterrupted one. HINT: resume with the same nodes and tasks_per_node "
+            f"({world} ranks in all{same}); or add --elastic to go on at {now} ranks with the "
+            "same global batch (train.grad_accum is rescaled; sample-exact, not bit-exact)."
+        )
+    batch = cfg.train.batch_size
+    needed = rescaled_accum(before, now, batch_size=batch)
+    if cfg.train.grad_accum not in (old.train.grad_accum, needed):
+        raise ConfigError(
+            f"train.grad_accum is set to {cfg.train.grad_accum}, but --elastic keeps the global "
+            f"batch of {before.describe(batch)}, which takes accumulation {needed} at {now} "
+            "ranks. HINT: leave train.grad_accum out: --elastic sets it."
+        )
+    fitted = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, grad_accum=needed))
+    problem = range_problem(fitted)
+    if problem is not None:
+        raise ConfigError(f"slurm.min_nodes {problem}.")
+    return fitted, Resize(world, accum, now, needed)
+
+
+def _accum_at(cfg: JobConfig, world: int) -> int:
+    """The accumulation ``cfg`` ran at ``world`` ranks (its own, where it cannot say)."""
+    try:
+        return planned_accum(cfg, world)
+    except ConfigError:
+        return cfg.train.grad_accum
 
 
 def _prepare_in_place(
@@ -239,8 +299,6 @@ def _prepare_in_place(
     invocation: Sequence[str],
     client: SlurmClient,
 ) -> Prepared:
-    if manifest.backend == "local":
-        check_local_job(cfg)  # an override may ask for more processes than this machine has
     prepared = prepare(
         cfg,
         backend="local" if manifest.backend == "local" else "slurm",
@@ -253,14 +311,36 @@ def _prepare_in_place(
     return dataclasses.replace(relocate(prepared, run_dir), created=True)
 
 
-def _changes(old: JobConfig, new: JobConfig) -> list[str]:
-    """``key: old -> new`` for every dotted key the overrides changed."""
+def _changes(old: JobConfig, new: JobConfig, resize: Resize | None = None) -> list[str]:
+    """``key: old -> new`` for every dotted key the overrides changed; after ``--elastic``,
+    why ``train.grad_accum`` changed and what the new world size keeps."""
     before, after = _flat(job_config_to_dict(old)), _flat(job_config_to_dict(new))
-    return [
+    lines = [
         f"{k}: {before.get(k)!r} -> {after.get(k)!r}"
         for k in sorted(before.keys() | after.keys())
         if before.get(k) != after.get(k)
     ]
+    if resize is None:
+        return lines
+    # Samples only for the built-in trainer: a script of its own may batch otherwise.
+    batch = new.train.batch_size if new.command is None and new.entrypoint is None else None
+    kept = Shape(resize.before_world, resize.before_accum or resize.accum).describe(batch)
+    lines = [
+        f"{line} (--elastic: keeps the global batch of {kept})"
+        if line.startswith("train.grad_accum:")
+        else line
+        for line in lines
+    ]
+    if not any(line.startswith("train.grad_accum:") for line in lines):
+        kept_by = f"(--elastic: keeps the global batch of {kept})"
+        lines.append(f"train.grad_accum: {resize.accum} {kept_by}")
+    lines.append(
+        f"world size: {resize.before_world} -> {resize.world} ranks (--elastic): {SAMPLE_EXACT}: "
+        "every step sees the samples the uninterrupted run would, the rest of the interrupted "
+        f"epoch dealt out over {resize.world} rank{'s' if resize.world != 1 else ''}; the "
+        f"gradients are summed in another order and the RNG is {RESEEDED}"
+    )
+    return lines
 
 
 def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

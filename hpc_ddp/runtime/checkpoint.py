@@ -11,11 +11,14 @@ Format version 2 is a plain dict that ``torch.load(..., weights_only=True)`` acc
     format: "hpc-ddp-checkpoint"   version: 2
     model:      state dict of the unwrapped module (no ``module.`` prefix)
     optimizer, scheduler, scaler: their state dicts, or None
-    progress:   {step, epoch, batch_in_epoch}   (see :class:`~hpc_ddp.runtime.progress.Progress`)
+    progress:   {step, epoch, batch_in_epoch, samples_in_epoch}   (see
+                :class:`~hpc_ddp.runtime.progress.Progress`; ``samples_in_epoch`` since the
+                elastic resume, absent before)
     extra:      the user's own small values
     rng:        one entry per global rank (python, numpy, torch CPU, CUDA states)
     config:     the resolved job config as a plain dict, or None
-    meta:       {time, world_size, torch_version, hpc_ddp_version, digest: "xxh3-128",
+    meta:       {time, world_size, grad_accum (since the elastic resume), torch_version,
+                 hpc_ddp_version, digest: "xxh3-128",
                  digests: {model, optimizer, scheduler, scaler, progress, extra, rng, config,
                            meta: hex digest}}
 
@@ -37,10 +40,12 @@ and resume and ``hpc-ddp checkpoints`` say so (:data:`V1_UNVERIFIED`).
 
 What bit-identical resume needs, and why it is all here: weights, optimizer and scheduler state
 fix the arithmetic; ``progress`` fixes the data position (the sampler's permutation is a pure
-function of seed and epoch, so ``epoch`` and ``batch_in_epoch`` place it exactly, see
-:mod:`hpc_ddp.runtime.sampler`); per-rank RNG states fix everything random inside a step
-(dropout, user code), which differs per rank because each rank seeds its training stream with
-its rank. DataLoader workers get seeds derived from (seed, epoch, rank), not from the global RNG.
+function of seed and epoch, so ``epoch`` and ``samples_in_epoch`` place it exactly at any world
+size, see :mod:`hpc_ddp.runtime.sampler`); per-rank RNG states fix everything random inside a
+step (dropout, user code), which differs per rank because each rank seeds its training stream
+with its rank. ``meta.world_size`` and ``meta.grad_accum`` say how a step was made, which an
+elastic resume at another world size rescales (:mod:`hpc_ddp.config.elastic`). DataLoader
+workers get seeds derived from (seed, epoch, rank), not from the global RNG.
 
 A file counts as a checkpoint only if it passes every check of :func:`load_checkpoint`: a
 regular torch zip file, loadable with ``weights_only=True`` (always to the CPU: the caller's
@@ -338,9 +343,11 @@ def build_payload(
     scheduler: Mapping[str, Any] | None = None,
     scaler: Mapping[str, Any] | None = None,
     config: Mapping[str, Any] | None = None,
+    grad_accum: int | None = None,
     now: float | None = None,
 ) -> dict[str, Any]:
-    """The checkpoint dict (format version 2); ``rng`` has one entry per global rank.
+    """The checkpoint dict (format version 2); ``rng`` has one entry per global rank,
+    ``grad_accum`` the micro-batches each accumulated per step (None: not known).
 
     Tensors are taken as they are: pass snapshots. The digests are filled in by
     :func:`write_checkpoint`, off the training thread.
@@ -359,6 +366,7 @@ def build_payload(
         "meta": {
             "time": time.time() if now is None else now,
             "world_size": len(rng),
+            **({} if grad_accum is None else {"grad_accum": grad_accum}),
             "torch_version": str(torch.__version__),
             "hpc_ddp_version": __version__,
             "digest": DIGEST_ALGORITHM,
@@ -454,6 +462,9 @@ def _progress_checks(progress: dict[str, Any]) -> list[_Check]:
         value = progress.get(key)
         ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
         checks.append((f"progress.{key}", value, ok, "an int >= 0"))
+    value = progress.get("samples_in_epoch")
+    ok = value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+    checks.append(("progress.samples_in_epoch", value, ok, "an int >= 0 or absent"))
     return checks
 
 
@@ -464,6 +475,9 @@ def _meta_checks(meta: dict[str, Any], rng: Any, version: int) -> list[_Check]:
     value = meta.get("world_size")
     ok = isinstance(value, int) and isinstance(rng, list) and value == len(rng)
     checks.append(("meta.world_size", value, ok, "the number of rng entries"))
+    value = meta.get("grad_accum")
+    ok = value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+    checks.append(("meta.grad_accum", value, ok, "an int >= 1 or absent"))
     if version == 1:
         value = meta.get("weights_digest")
         ok = isinstance(value, str) and len(value) == 64

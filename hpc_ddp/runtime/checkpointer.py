@@ -26,9 +26,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hpc_ddp.config.elastic import Resize, Shape, rescaled_accum
 from hpc_ddp.config.load import job_config_to_dict
 from hpc_ddp.config.model import JobConfig
-from hpc_ddp.errors import CheckpointError
+from hpc_ddp.errors import CheckpointError, ConfigError
 from hpc_ddp.layout import checkpoint_name
 from hpc_ddp.runtime.checkpoint import (
     CheckpointWriter,
@@ -43,6 +44,7 @@ from hpc_ddp.runtime.checkpoint import (
 from hpc_ddp.runtime.handoff import Handoff
 from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.progress import Progress
+from hpc_ddp.runtime.sampler import reseed_rng
 
 log = logging.getLogger("hpc_ddp")
 
@@ -94,6 +96,7 @@ class Checkpointer:
         world_size: int,
         device: torch.device,
         handoff: Handoff | None = None,
+        grad_accum: int = 1,
     ) -> None:
         self.directory = directory
         self.config = config
@@ -102,6 +105,11 @@ class Checkpointer:
         self.device = device
         """This rank's device: only its CUDA RNG state is restored there (loads go to the CPU)."""
         self.is_main = rank == 0
+        self.grad_accum = grad_accum
+        """Micro-batches each rank accumulates per step in this run (saved with each
+        checkpoint; a resume at another world size checks it keeps the global batch)."""
+        self.resize: Resize | None = None
+        """Set by :meth:`restore` when the checkpoint was written at another world size."""
         self.tracked: Tracked | None = None
         self.last: CheckpointRecord | None = None
         """The checkpoint resumed from or last saved (None: none yet in this attempt)."""
@@ -126,13 +134,22 @@ class Checkpointer:
                 self._handoff = Handoff.of_default_group(timeout_s=timeout)
         return self._handoff
 
-    def restore(self, tracked: Tracked, progress: Progress) -> CheckpointRecord | None:
+    def restore(
+        self, tracked: Tracked, progress: Progress, *, elastic: bool = False
+    ) -> CheckpointRecord | None:
         """Track ``tracked`` and load the newest good checkpoint into it and ``progress``.
 
         Returns the checkpoint loaded, None when there is none. Every rank calls it: rank 0
         finds and verifies the file, then every other rank reads and verifies that same file,
         and nothing is applied until all of them hold it (a rank that cannot read it fails
         every rank, with its error).
+
+        A checkpoint written at another world size is restored only with ``elastic`` (the
+        caller's loop runs :attr:`grad_accum` micro-batches per step and takes its data from a
+        :class:`~hpc_ddp.runtime.sampler.ResumableLoader`), and only if this run's
+        accumulation keeps its global batch; then the RNG states are reseeded
+        (:func:`reseed_rng`) and :attr:`resize` says so. Otherwise a :class:`ConfigError`,
+        the same on every rank.
         """
         self.tracked = tracked
         name: str | None = None
@@ -161,6 +178,7 @@ class Checkpointer:
         if error is not None:
             raise CheckpointError(error)
         assert payload is not None
+        self.resize = self._check_resize(payload, name, elastic)
         self._apply(payload, name, progress)
         self.last = CheckpointRecord.at(progress.step)
         return CheckpointRecord(progress.step, name)
@@ -176,18 +194,22 @@ class Checkpointer:
         ):
             if obj is not None and payload.get(key) is not None:
                 obj.load_state_dict(payload[key])
-        saved_world = int(payload["meta"]["world_size"])
-        if saved_world == self.world_size:
+        progress.update_from(payload["progress"], payload.get("extra") or {})
+        if self.resize is None:
             restore_rng_state(payload["rng"][self.rank], self.device)
         else:
+            # One world's per-rank streams cannot map onto another's: a fresh, reproducible
+            # stream per (seed, step, rank), the same whichever attempt resumes here.
+            reseed_rng(self.config.train.seed, progress.step, self.rank)
             log.warning(
-                "%s was written by %d ranks, this run has %d: the RNG states and data order "
-                "differ from an uninterrupted run from here on",
+                "elastic resume from %s: %s; the data goes on at sample %d of epoch %d, the "
+                "rest of the epoch dealt out over %d rank(s)",
                 name,
-                saved_world,
+                self.resize.describe(),
+                progress.samples_in_epoch or 0,
+                progress.epoch,
                 self.world_size,
             )
-        progress.update_from(payload["progress"], payload.get("extra") or {})
         unverified = unverified_sections(payload)
         if unverified:
             log.warning(
@@ -197,13 +219,55 @@ class Checkpointer:
                 payload["version"],
                 ", ".join(unverified),
             )
+        where = (
+            f"batch {progress.batch_in_epoch}"
+            if progress.samples_in_epoch is None
+            else f"sample {progress.samples_in_epoch}"
+        )
         log.info(
-            "resumed from %s: step %d, epoch %d, batch %d of the epoch",
+            "resumed from %s: step %d, epoch %d, %s of the epoch",
             name,
             progress.step,
             progress.epoch,
-            progress.batch_in_epoch,
+            where,
         )
+
+    def _check_resize(self, payload: dict[str, Any], name: str, elastic: bool) -> Resize | None:
+        """None at the checkpoint's world size; else the :class:`Resize`, once it is certain
+        that it can carry over (a :class:`ConfigError` with a hint otherwise)."""
+        meta, progress = payload["meta"], payload["progress"]
+        before = int(meta["world_size"])
+        if before == self.world_size:
+            return None
+        world = self.world_size
+        if not elastic:
+            raise ConfigError(
+                f"{name} was written by {before} ranks and this run has {world}, but this "
+                "training loop did not say it can go on at another world size: its global batch "
+                "and data order would change. HINT: run `s.grad_accum` micro-batches per "
+                "optimizer step, take the data from `s.loader(...)` and pass `elastic=True` to "
+                f"`s.restore(...)` (sample-exact, not bit-exact); or go on with {before} ranks."
+            )
+        if progress.get("samples_in_epoch") is None and progress["batch_in_epoch"]:
+            raise ConfigError(
+                f"{name} was written by an hpc-ddp that counted the data position in batches of "
+                f"{before} ranks, which cannot be dealt out over {world}. HINT: go on with "
+                f"{before} ranks until the next checkpoint, then change the world size."
+            )
+        accum = meta.get("grad_accum")
+        if accum is not None:
+            needed = rescaled_accum(Shape(before, int(accum)), world)
+            if needed != self.grad_accum:
+                raise ConfigError(
+                    f"{name} was trained with a global batch of "
+                    f"{Shape(before, int(accum)).describe()}, which needs accumulation {needed} "
+                    f"at {world} ranks, but this run accumulates {self.grad_accum} "
+                    f"(train.grad_accum {self.config.train.grad_accum}): the global batch would "
+                    "change. HINT: resume with `hpc-ddp resume RUN_DIR slurm.nodes=N --elastic`, "
+                    "which sets train.grad_accum; a script of your own that sets its own config "
+                    f"sets train.grad_accum so that `s.grad_accum` is {needed}."
+                )
+        return Resize(before, None if accum is None else int(accum), world, self.grad_accum)
 
     def save(self, progress: Progress, *, wait: bool = False) -> Path | None:
         """Save the tracked objects at ``progress.step`` (every rank calls it; rank 0 writes).
@@ -246,6 +310,7 @@ class Checkpointer:
             progress=progress,
             rng=rng,
             config=self._config,
+            grad_accum=self.grad_accum,
         )
 
     def sync_errors(self) -> None:

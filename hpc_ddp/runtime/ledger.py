@@ -5,7 +5,7 @@ when it begins and an ``attempt_end`` line when it stops on purpose::
 
     {"event": "attempt_start", "attempt": 0, "restart": 0, "time": 1718000000.0,
      "job_id": "4242", "job_ref": "4242", "nodelist": "n[1-2]", "world_size": 4,
-     "resumed_from_step": null, "checkpoint": null}
+     "resumed_from_step": null, "checkpoint": null, "grad_accum": 1}
     {"event": "attempt_end", "attempt": 0, "restart": 0, "job_id": "4242",
      "job_ref": "4242", "time": 1718003600.0, "cause": "time_limit", "steps_done": 1200,
      "checkpoint": "checkpoints/step-00001200.pt", "requeue_requested": true,
@@ -67,6 +67,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.config.elastic import RESEEDED, SAMPLE_EXACT, Resize
 from hpc_ddp.errors import RunDirError
 
 log = logging.getLogger(__name__)
@@ -177,6 +178,16 @@ class Attempt:
     """What the supervisor did next: ``restart``, ``requeue`` or ``stop``."""
     saves: tuple[Save, ...] = ()
     """The checkpoints rank 0 saved in it."""
+    trained: bool = True
+    """False for a launch whose ranks never started training (the supervisor alone wrote it):
+    its whole span was start-up."""
+    launch_ended: float | None = None
+    """When the supervisor was done with its launch (the step ended, the fault recorded)."""
+    grad_accum: int | None = None
+    """Micro-batches each rank accumulated per optimizer step (None: not recorded)."""
+    resize: Resize | None = None
+    """Set when it went on from a checkpoint of another world size (an elastic resume):
+    how steps were made before and now, and that it is sample-exact, not bit-exact."""
 
     @property
     def stall_s(self) -> float:
@@ -206,9 +217,12 @@ def start_event(
     resumed_from_step: int | None,
     checkpoint: str | None,
     now: float | None = None,
+    grad_accum: int | None = None,
+    resize: Resize | None = None,
 ) -> str:
     """The ``attempt_start`` line of an attempt (rank 0 appends it): ``attempt`` its number in
-    the run (:func:`attempt_number`), ``restart`` its ``SLURM_RESTART_COUNT``."""
+    the run (:func:`attempt_number`), ``restart`` its ``SLURM_RESTART_COUNT``; ``grad_accum``
+    and ``resize`` (an elastic resume) when a session knows them."""
     return _line(
         {
             "event": "attempt_start",
@@ -222,6 +236,8 @@ def start_event(
             "world_size": world_size,
             "resumed_from_step": resumed_from_step,
             "checkpoint": checkpoint,
+            **({} if grad_accum is None else {"grad_accum": grad_accum}),
+            **({} if resize is None else {"resize": resize.to_dict()}),
         }
     )
 
@@ -498,11 +514,33 @@ def _fold(attempts: list[Attempt], event: Any, since: float | None, launched: _L
                 resumed_from=checkpoint,
                 restart=_restart(event),
                 launch=_launch(event),
+                grad_accum=_opt_count(event.get("grad_accum"), "grad_accum", low=1),
+                resize=_resize(event.get("resize")),
             )
         )
     elif kind == "attempt_end":
         _fold_end(attempts, event, since)
     # Events of a later hpc-ddp are skipped without a word: they add, never change, attempts.
+
+
+def _resize(value: Any) -> Resize | None:
+    """An ``attempt_start``'s ``resize``, or None (absent, or not one this code reads)."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        return Resize(
+            before_world=_count(value["from_world_size"], "from_world_size", low=1),
+            before_accum=_opt_count(value.get("from_grad_accum"), "from_grad_accum", low=1),
+            world=_count(value["world_size"], "world_size", low=1),
+            accum=_count(value["grad_accum"], "grad_accum", low=1),
+            exactness=str(value.get("exactness") or SAMPLE_EXACT),
+            rng=str(value.get("rng") or RESEEDED),
+        )
+    except (KeyError, ValueError, OverflowError) as exc:
+        log.warning(
+            "ledger: an attempt's resize %r is unreadable (%s); read as unknown", value, exc
+        )
+        return None
 
 
 def _launch(event: Any) -> int:
@@ -598,6 +636,7 @@ def _fold_launch_end(attempts: list[Attempt], event: Any, launched: _Launched) -
         "next": _opt_str(event.get("next")),
         "checkpoint_step": _opt_count(event.get("checkpoint_step"), "checkpoint_step"),
         "launched_at": launched_at,
+        "launch_ended": ended,
     }
     requested = bool(event.get("requeue_requested"))
     message = _opt_str(event.get("message"))
@@ -619,6 +658,7 @@ def _fold_launch_end(attempts: list[Attempt], event: Any, launched: _Launched) -
                 message=message,
                 restart=key[1],
                 launch=key[2],
+                trained=False,
                 **said,
             )
         )

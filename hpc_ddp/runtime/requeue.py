@@ -68,6 +68,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpc_ddp.config.elastic import Resize
 from hpc_ddp.config.model import RequeueConfig
 from hpc_ddp.durable import append_line
 from hpc_ddp.errors import DistEnvError, RunDirError, SlurmError
@@ -399,11 +400,24 @@ class Coordinator:
             )
         return self._number
 
-    def begin(self, *, resumed_from_step: int | None, checkpoint: str | None) -> StopOutcome | None:
-        """Record the start; returns an outcome (end now) when the budget is already spent."""
+    def begin(
+        self,
+        *,
+        resumed_from_step: int | None,
+        checkpoint: str | None,
+        grad_accum: int | None = None,
+        resize: Resize | None = None,
+    ) -> StopOutcome | None:
+        """Record the start (with the session's accumulation and, after an elastic resume,
+        its resize); returns an outcome (end now) when the budget is already spent."""
         if not self.dist.is_main:
             return None
-        self.write_start(resumed_from_step=resumed_from_step, checkpoint=checkpoint)
+        self.write_start(
+            resumed_from_step=resumed_from_step,
+            checkpoint=checkpoint,
+            grad_accum=grad_accum,
+            resize=resize,
+        )
         if self.restart > self.cfg.max_requeues:
             message = (
                 f"restart {self.restart} of job {self.dist.job_ref} is beyond the requeue budget "
@@ -650,7 +664,13 @@ class Coordinator:
         )
 
     def write_start(
-        self, *, resumed_from_step: int | None, checkpoint: str | None, now: float | None = None
+        self,
+        *,
+        resumed_from_step: int | None,
+        checkpoint: str | None,
+        now: float | None = None,
+        grad_accum: int | None = None,
+        resize: Resize | None = None,
     ) -> None:
         """Append this attempt's ``attempt_start`` to the ledger (no budget check), with the
         run's next attempt number. ``now``: when the attempt started (default: now)."""
@@ -667,6 +687,8 @@ class Coordinator:
                 world_size=self.dist.world_size,
                 resumed_from_step=resumed_from_step,
                 checkpoint=checkpoint,
+                grad_accum=grad_accum,
+                resize=resize,
             )
         )
 

@@ -1,12 +1,21 @@
-"""Resumable, exact data order: a DistributedSampler that can start mid-epoch, and a loader.
+"""Resumable, exact data order: a DistributedSampler that can start mid-epoch at any world
+size, and a loader.
 
-Exactness rests on three facts. (1) DistributedSampler's permutation is a pure function of
-(seed, epoch), and each rank's shard a fixed slice of it; so (epoch, batches consumed) is a
-complete data position, and resuming means skipping ``batch_in_epoch * batch_size`` indices of
-this rank's shard. (2) The DataLoader gets its own generator seeded from (seed, epoch, rank): it
-never draws from the global torch RNG (which a plain DataLoader does once per epoch, shifting
-dropout masks after a resume) and its workers' seeds are reproducible. (3) Batches are counted
-when they are handed to the training loop, not when workers prefetch them.
+Exactness rests on three facts. (1) An epoch's order is a permutation of the dataset that is a
+pure function of (seed, epoch), DistributedSampler's, the same at every world size; each rank
+takes every ``world``-th index of it, from its ``rank``-th, as DistributedSampler deals. So a
+step of ``world x batch x accumulation`` samples consumes the next block of the permutation
+whatever the world size, and the data position is one number: the samples of the epoch
+consumed by all ranks together (``Progress.samples_in_epoch``). Resuming deals out the rest of
+the permutation the same way: at the world size that wrote the checkpoint that is exactly the
+uninterrupted order; at another one (an elastic resume) every step still sees the same block of
+samples, only split over other ranks, so every sample of the interrupted epoch is seen exactly
+once (:func:`remainder_shard`). An epoch is the whole steps that fit in the dataset
+(``len // (world x batch x multiple_of)``), a number that does not depend on the world size
+when the global batch is kept. (2) The DataLoader gets its own generator seeded from (seed,
+epoch, rank): it never draws from the global torch RNG (which a plain DataLoader does once per
+epoch, shifting dropout masks after a resume) and its workers' seeds are reproducible. (3)
+Batches are counted when they are handed to the training loop, not when workers prefetch them.
 
 Random augmentations inside workers draw from per-worker streams that restart at the resumed
 batch; they are reproducible run to run but not bit-identical to an uninterrupted epoch unless
@@ -15,9 +24,8 @@ they derive their randomness from the sample index.
 
 from __future__ import annotations
 
-import itertools
 import random
-from collections.abc import Callable, Iterator, Sized
+from collections.abc import Callable, Iterator, Sequence, Sized
 from typing import Any
 
 import torch
@@ -26,7 +34,7 @@ try:
     import numpy as np
 except ImportError:  # torch runs without numpy
     np = None  # type: ignore[assignment]
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from hpc_ddp.runtime.progress import Progress
 
@@ -39,6 +47,21 @@ def mix_seed(*parts: int) -> int:
     return out >> 1
 
 
+def reseed_rng(seed: int, step: int, rank: int) -> None:
+    """Seed python, numpy and torch (CPU and every GPU) from (``seed``, ``step``, ``rank``):
+    an elastic resume's RNG streams, as the checkpoint's per-rank ones belong to another world
+    size. The same numbers whichever attempt resumes at that step with that rank."""
+    mixed = mix_seed(seed, step, rank, _ELASTIC_STREAM)
+    random.seed(mixed)
+    torch.manual_seed(mixed)
+    if np is not None:
+        np.random.seed(mixed % 2**32)
+
+
+_ELASTIC_STREAM = 3
+"""Keeps :func:`reseed_rng`'s seeds apart from the other streams :func:`mix_seed` makes."""
+
+
 def seed_worker(worker_id: int) -> None:
     """DataLoader ``worker_init_fn``: torch already seeded this worker; python/numpy follow it."""
     del worker_id
@@ -48,8 +71,43 @@ def seed_worker(worker_id: int) -> None:
         np.random.seed(seed)
 
 
+def epoch_order(n: int, *, seed: int, epoch: int, shuffle: bool = True) -> list[int]:
+    """Epoch ``epoch``'s order of ``range(n)``: DistributedSampler's permutation
+    (``torch.randperm`` seeded with ``seed + epoch``), or ``range(n)`` without shuffling."""
+    if not shuffle:
+        return list(range(n))
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    order: list[int] = torch.randperm(n, generator=g).tolist()
+    return order
+
+
+def remainder_shard(
+    order: Sequence[int], *, start: int, world: int, rank: int, count: int | None = None
+) -> list[int]:
+    """Rank ``rank``'s share of what is left of ``order`` once ``start`` samples of it are
+    consumed: ``order[start:]`` dealt out the DistributedSampler way (rank ``r`` takes every
+    ``world``-th, from its ``r``-th), its first ``count`` (None: all). Pure.
+
+    Over all ranks, the first ``k x world`` of their shares are exactly ``order[start : start
+    + k x world]``, whatever ``world`` is: a step at another world size consumes the same block.
+    """
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is not in a world of {world}")
+    if not 0 <= start <= len(order):
+        raise ValueError(f"start {start} is outside an order of {len(order)}")
+    share = order[start + rank :: world]
+    return list(share if count is None else share[:count])
+
+
+def epoch_samples(n: int, step_samples: int) -> int:
+    """Samples of an ``n``-sample epoch that whole steps of ``step_samples`` use (the rest of
+    the permutation is left out, as ``drop_last`` does). Pure."""
+    return n // step_samples * step_samples
+
+
 class ResumableSampler(Sampler[int]):
-    """DistributedSampler for one rank whose epoch can start at any position of its shard."""
+    """DistributedSampler for one rank whose epoch can start at any global sample position."""
 
     def __init__(
         self,
@@ -59,42 +117,50 @@ class ResumableSampler(Sampler[int]):
         rank: int,
         seed: int,
         shuffle: bool = True,
-        drop_last: bool = False,
     ) -> None:
-        self.inner: DistributedSampler[Any] = DistributedSampler(
-            dataset,  # type: ignore[arg-type]
-            num_replicas=num_replicas,
-            rank=rank,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-        )
+        self.n = len(dataset)
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
         self.start = 0
+        self.count: int | None = None
 
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """Select ``epoch``'s permutation and skip the first ``start`` indices of this shard."""
-        self.inner.set_epoch(epoch)
+    def set_epoch(self, epoch: int, start: int = 0, count: int | None = None) -> None:
+        """Select ``epoch``'s permutation and this rank's share of what follows its first
+        ``start`` samples (consumed by all ranks together): ``count`` of them (None: all)."""
+        self.epoch = epoch
         self.start = start
+        self.count = count
 
     @property
     def shard_size(self) -> int:
-        """Indices in this rank's shard for a whole epoch."""
-        return len(self.inner)
+        """Indices this rank takes in a whole epoch (the last, ragged ones included)."""
+        return len(range(self.rank, self.n, self.num_replicas))
 
     def __iter__(self) -> Iterator[int]:
-        return itertools.islice(iter(self.inner), self.start, None)
+        order = epoch_order(self.n, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
+        share = remainder_shard(
+            order, start=self.start, world=self.num_replicas, rank=self.rank, count=self.count
+        )
+        return iter(share)
 
     def __len__(self) -> int:
-        return max(0, len(self.inner) - self.start)
+        left = len(range(self.start + self.rank, self.n, self.num_replicas))
+        return left if self.count is None else min(left, self.count)
 
 
 class ResumableLoader:
     """Batches for one rank that pick up where :class:`Progress` says, and advance it.
 
     Iterating gives the rest of the current epoch (all of it on a fresh epoch) and moves
-    ``progress.batch_in_epoch`` on as each batch is handed out; the epoch then rolls over.
-    ``len()`` is the number of batches in a whole epoch, trimmed to a multiple of
-    ``multiple_of`` (the gradient accumulation) so an accumulation never spans two epochs.
+    ``progress.batch_in_epoch`` and ``progress.samples_in_epoch`` on as each batch is handed
+    out; the epoch then rolls over. An epoch is the whole steps of ``num_replicas x batch_size
+    x multiple_of`` samples (``multiple_of``: the gradient accumulation, so an accumulation
+    never spans two epochs) that fit in the dataset; ``len()`` is this rank's batches in it.
+    A position written at another world size (an elastic resume) is taken as it is: the rest
+    of the epoch is dealt out over this world (:func:`remainder_shard`).
     """
 
     def __init__(
@@ -115,6 +181,7 @@ class ResumableLoader:
         self.dataset = dataset
         self.progress = progress
         self.batch_size = batch_size
+        self.world = num_replicas
         self.rank = rank
         self.seed = seed
         self.num_workers = num_workers
@@ -127,22 +194,38 @@ class ResumableLoader:
             seed=seed,
             shuffle=shuffle,
         )
-        whole = self.sampler.shard_size // batch_size
-        self._len = whole - whole % multiple_of
+        self.round = num_replicas * batch_size
+        """Samples one batch on every rank consumes."""
+        self.epoch_samples = epoch_samples(self.sampler.n, self.round * multiple_of)
+        """Samples of the permutation an epoch uses (whole steps)."""
+        self._len = self.epoch_samples // self.round
 
     def __len__(self) -> int:
         return self._len
 
+    def consumed(self) -> int:
+        """Samples of the current epoch consumed by all ranks (a position without
+        ``samples_in_epoch``, from an older checkpoint, is ``batch_in_epoch`` rounds)."""
+        p = self.progress
+        return p.batch_in_epoch * self.round if p.samples_in_epoch is None else p.samples_in_epoch
+
+    def _left(self) -> int:
+        """Batches of the current epoch still to come on each rank."""
+        return max(0, self.epoch_samples - self.consumed()) // self.round
+
     def _roll_over_if_done(self) -> None:
-        if self.progress.batch_in_epoch >= self._len:
+        if self._left() == 0:
             self.progress.epoch += 1
             self.progress.batch_in_epoch = 0
+            self.progress.samples_in_epoch = 0
 
     def __iter__(self) -> Iterator[Any]:
         p = self.progress
         self._roll_over_if_done()  # a checkpoint taken just after an epoch's last batch
-        epoch, start = p.epoch, p.batch_in_epoch
-        self.sampler.set_epoch(epoch, start * self.batch_size)
+        epoch, start, left = p.epoch, self.consumed(), self._left()
+        # This world's count; a position written at another world size is re-counted here.
+        p.batch_in_epoch, p.samples_in_epoch = self._len - left, start
+        self.sampler.set_epoch(epoch, start, left * self.batch_size)
         loader = DataLoader(
             self.dataset,
             batch_size=self.batch_size,
@@ -156,9 +239,10 @@ class ResumableLoader:
         )
         batches = iter(loader)
         try:
-            for _ in range(self._len - start):
+            for _ in range(left):
                 batch = next(batches)
                 p.batch_in_epoch += 1
+                p.samples_in_epoch += self.round
                 yield batch
         finally:
             del batches  # shuts worker processes down when the loop is left early

@@ -27,6 +27,13 @@ process was started with it ignored) are only recorded; they take effect where t
 (:meth:`Session.steps`, or :meth:`Session.should_stop` in a loop of your own). A loop that
 never asks is not stopped by them, and Slurm kills it after ``KillWait``.
 
+At another world size (a ``slurm.min_nodes`` allocation that came with fewer nodes, ``hpc-ddp
+resume RUN slurm.nodes=1 --elastic``) a loop keeps the run's global batch by running
+:attr:`Session.grad_accum` micro-batches per optimizer step, and says so with
+``s.restore(..., elastic=True)``; the rest of the interrupted epoch is then dealt out over the
+new ranks by global sample index (sample-exact, not bit-exact). A loop that does not say so is
+refused a world size other than its checkpoint's.
+
 With ``fault.enabled`` the rank's watchdog (:mod:`hpc_ddp.runtime.watchdog`) is told where the
 session is: start-up, each step boundary, checkpoints, and any long work wrapped in
 :meth:`Session.section` (an evaluation), each against its own deadline. A step that runs past
@@ -51,10 +58,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hpc_ddp.config.elastic import Resize, planned_accum
 from hpc_ddp.config.load import load_resolved_config
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.params import Params
-from hpc_ddp.errors import HpcDdpError
+from hpc_ddp.errors import ConfigError, HpcDdpError
 from hpc_ddp.exitcodes import REQUEUE_EXIT_CODE
 from hpc_ddp.layout import PER_RANK_LOGS_ENV, RUN_DIR_ENV, RunPaths
 from hpc_ddp.run_id import read_run_id
@@ -110,11 +118,21 @@ class Phase(enum.Enum):
     """Process group left; nothing collective works any more."""
 
 
-def begin_attempt(coordinator: Coordinator, step: int, checkpoint: str | None) -> int | None:
+def begin_attempt(
+    coordinator: Coordinator,
+    step: int,
+    checkpoint: str | None,
+    *,
+    grad_accum: int | None = None,
+    resize: Resize | None = None,
+) -> int | None:
     """Rank 0 writes the attempt's start; every rank gets the exit code of an attempt past the
     budget (it must end at once), else None."""
     outcome = coordinator.begin(
-        resumed_from_step=step if checkpoint else None, checkpoint=checkpoint
+        resumed_from_step=step if checkpoint else None,
+        checkpoint=checkpoint,
+        grad_accum=grad_accum,
+        resize=resize,
     )
     code: int | None = broadcast_object(None if outcome is None else outcome.exit_code)
     return code
@@ -140,6 +158,12 @@ class Session:
     dist: DistEnv
     """Rank, world, launcher and Slurm job of this process (set by :meth:`start`)."""
     backend: str
+    grad_accum: int
+    """Micro-batches each rank runs per optimizer step (set by :meth:`start`):
+    ``train.grad_accum``, or more at a smaller world size than ``slurm.nodes`` (a
+    ``slurm.min_nodes`` allocation, ``hpc-ddp resume --elastic``), so that the global batch
+    stays the run's. A loop that runs this many and passes ``elastic=True`` to
+    :meth:`restore` may go on at another world size; :meth:`loader` trims epochs to it."""
 
     def __init__(
         self,
@@ -183,6 +207,7 @@ class Session:
     def start(self) -> Session:
         """Catch stop signals, join the process group, pick the device."""
         self.dist = derive_dist_env(self.env, port=self.config.dist.port)
+        self.grad_accum = planned_accum(self.config, self.dist.world_size)
         self._watchdog, self._own_watchdog = start_watchdog(
             self.config.fault, self.run_dir, self.env, self.dist
         )
@@ -213,6 +238,7 @@ class Session:
             rank=self.rank,
             world_size=self.world_size,
             device=self.device,
+            grad_accum=self.grad_accum,
         )
         self._coordinator = Coordinator(
             self.dist, self.paths.ledger, self.config.requeue, self._slurm, since=self._began
@@ -427,8 +453,11 @@ class Session:
         """This rank's batches of ``dataset``, resuming at :attr:`progress`.
 
         Keyword arguments go to :class:`~hpc_ddp.runtime.sampler.ResumableLoader` (``shuffle``,
-        ``num_workers``, ``multiple_of``, ``pin_memory``, ``collate_fn``).
+        ``num_workers``, ``multiple_of``, ``pin_memory``, ``collate_fn``); ``multiple_of``
+        defaults to :attr:`grad_accum`, so that an epoch is whole optimizer steps, the same
+        number at every world size with the same global batch.
         """
+        kwargs.setdefault("multiple_of", self.grad_accum)
         return ResumableLoader(
             dataset,
             self.progress,
@@ -440,18 +469,46 @@ class Session:
         )
 
     def restore(
-        self, *, model: nn.Module, optimizer: Any = None, scheduler: Any = None, scaler: Any = None
+        self,
+        *,
+        model: nn.Module,
+        optimizer: Any = None,
+        scheduler: Any = None,
+        scaler: Any = None,
+        elastic: bool = False,
     ) -> Progress | None:
         """Track these objects for :meth:`checkpoint`, and load the newest good checkpoint.
 
         Returns the restored :attr:`progress`, or None on a first run (nothing loaded). Restores
         model, optimizer, scheduler, scaler and this rank's RNG states.
+
+        ``elastic=True`` says this loop runs :attr:`grad_accum` micro-batches per optimizer
+        step and takes its data from :meth:`loader`: it may then go on from a checkpoint of
+        another world size, with the same global batch, the rest of the interrupted epoch dealt
+        out over this world's ranks and the RNG reseeded from (seed, step, rank) (sample-exact,
+        not bit-exact; the log and the ledger say so). Without it a world size other than the
+        checkpoint's, or than ``slurm.nodes`` asks for, is refused (:class:`ConfigError`).
         """
+        if not elastic and self.grad_accum != self.config.train.grad_accum:
+            raise ConfigError(
+                f"this launch has {self.world_size} ranks of the {self.config.slurm.ntasks} "
+                "that slurm.nodes x slurm.tasks_per_node ask for (slurm.min_nodes), so each "
+                f"rank must accumulate {self.grad_accum} micro-batches per step, not "
+                f"{self.config.train.grad_accum}, but this training loop did not say it "
+                "adapts. HINT: run `s.grad_accum` micro-batches per optimizer step, take the "
+                "data from `s.loader(...)` and pass `elastic=True` to `s.restore(...)`; or drop "
+                "slurm.min_nodes."
+            )
         with self.section("checkpoint"):
             tracked = Tracked(model, optimizer, scheduler, scaler)
-            loaded = self._ckpt().restore(tracked, self.progress)
+            loaded = self._ckpt().restore(tracked, self.progress, elastic=elastic)
         self._begin_attempt(None if loaded is None else loaded.name)
         return None if loaded is None else self.progress
+
+    @property
+    def resize(self) -> Resize | None:
+        """How :meth:`restore` changed the world size (None: it did not), for the log."""
+        return None if self._checkpointer is None else self._checkpointer.resize
 
     def _begin_attempt(self, checkpoint: str | None) -> None:
         """Ledger ``attempt_start``, once (collective): see :meth:`_write_start`."""
@@ -464,7 +521,13 @@ class Session:
     def _write_start(self, checkpoint: str | None) -> None:
         """Rank 0 writes the start; an attempt past the budget ends right here, on every rank."""
         assert self._coordinator is not None
-        code = begin_attempt(self._coordinator, self.progress.step, checkpoint)
+        code = begin_attempt(
+            self._coordinator,
+            self.progress.step,
+            checkpoint,
+            grad_accum=self.grad_accum,
+            resize=self.resize,
+        )
         if code is not None:
             self.phase = Phase.STOPPING
             self.close(keep_signal_handlers=True)

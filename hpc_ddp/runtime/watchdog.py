@@ -461,10 +461,12 @@ class Watchdog:
             log.error("watchdog: %s declared a %s in this launch; leaving", record.by, record.kind)
         with contextlib.suppress(OSError):
             write_beat(self.launch.beat(self.me.rank), self._beat())
-        with contextlib.suppress(Exception):
-            sys.stderr.write(f"hpc-ddp watchdog: rank {self.me.rank} stacks ({record.kind}):\n")
-            sys.stderr.flush()
-            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        # Stacks say where a hang is; after a crash the culprit's traceback already does.
+        if declared or record.kind in ("hang", "startup"):
+            with contextlib.suppress(Exception):
+                sys.stderr.write(f"hpc-ddp watchdog: rank {self.me.rank} stacks ({record.kind}):\n")
+                sys.stderr.flush()
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         for hook in self.before_exit:
             with contextlib.suppress(Exception):
                 hook()

@@ -194,6 +194,13 @@ class SlurmClient:
         result = self._run(["squeue", "-h", "-s", "-j", check_job_ref(job_id), "-o", "%i"])
         return parse_step_ids(self._check(result, "squeue -s failed").stdout, job_id)
 
+    def partition_nodes(self, partition: str) -> list[str]:
+        """The nodes of ``partition`` (``sinfo -N``), each once."""
+        if not is_node_name(partition):
+            raise SlurmError(f"partition {partition!r} is not a plain name; nothing was asked")
+        result = self._run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%T"])
+        return list(parse_node_states(self._check(result, "sinfo failed").stdout))
+
     def node_states(self, nodes: Sequence[str]) -> dict[str, str]:
         """Each node's state as ``sinfo -N`` says it (``idle``, ``alloc``, ``mixed``, ``down``,
         ``not_responding``...); a node sinfo does not list is left out."""

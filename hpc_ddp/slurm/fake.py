@@ -256,10 +256,9 @@ class FakeSlurm:
             return CompletedCommand(args, 0, "", "")
         raise NotImplementedError(f"FakeSlurm does not answer {' '.join(args)!r}")
 
-
     def _sinfo(self, args: tuple[str, ...]) -> CompletedCommand:
-        # sinfo -h -N -n NODES -o '%N|%T'
-        nodes = _option(args, "-n").split(",")
+        # sinfo -h -N -n NODES -o '%N|%T', or -p PARTITION: every node the fake knows
+        nodes = _option(args, "-n").split(",") if "-n" in args else list(self.node_states)
         lines = [f"{n}|{self.node_states.get(n, 'allocated')}\n" for n in nodes if n]
         return CompletedCommand(args, 0, "".join(lines), "")
 

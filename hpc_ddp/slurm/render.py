@@ -31,7 +31,7 @@ from typing import Any
 
 import jinja2
 
-from hpc_ddp.config.model import JobConfig
+from hpc_ddp.config.model import JobConfig, SlurmConfig
 from hpc_ddp.config.units import format_slurm_time
 from hpc_ddp.errors import RenderError
 
@@ -48,7 +48,8 @@ _SIGNAL = re.compile(r"(?:SIG)?[A-Z0-9]+")
 # Flags hpc-ddp writes itself, and where to set them instead of slurm.extra.
 _OWN_FLAGS = {
     "job-name": "set `name`",
-    "nodes": "set slurm.nodes",
+    "nodes": "set slurm.nodes (and slurm.min_nodes for a range)",
+    "mincpus": "hpc-ddp sets it for a slurm.min_nodes range (tasks_per_node x cpus_per_task)",
     "ntasks": "set slurm.nodes and slurm.tasks_per_node",
     "ntasks-per-node": "set slurm.tasks_per_node",
     "cpus-per-task": "set slurm.cpus_per_task",
@@ -136,7 +137,7 @@ def sbatch_flags(cfg: JobConfig, ctx: RenderContext) -> list[Flag]:
     flags: dict[str, str | None] = {
         "job-name": cfg.name,
         # The spares too: the supervisor's steps use `nodes` of them (see the template).
-        "nodes": str(s.nodes + s.spare_nodes),
+        "nodes": _nodes_flag(s),
         "ntasks-per-node": str(s.tasks_per_node),
         "time": format_slurm_time(s.time_s),
         "signal": f"{_signal_name(cfg.requeue.signal)}@{cfg.requeue.lead_time}",
@@ -158,6 +159,10 @@ def sbatch_flags(cfg: JobConfig, ctx: RenderContext) -> list[Flag]:
         "array": ctx.array,
     }
     flags.update({name: str(value) for name, value in optional.items() if value is not None})
+    if _is_range(s):
+        flags.update(_range_shape(s))
+        del flags["ntasks-per-node"]
+        flags.pop("cpus-per-task", None)
     if s.exclusive:
         flags["exclusive"] = None
     if cfg.fault.enabled:
@@ -174,6 +179,35 @@ def sbatch_flags(cfg: JobConfig, ctx: RenderContext) -> list[Flag]:
             )
         flags[name] = value
     return sorted(flags.items())
+
+
+def _is_range(s: SlurmConfig) -> bool:
+    return s.min_nodes is not None and s.min_nodes < s.nodes
+
+
+def _nodes_flag(s: SlurmConfig) -> str:
+    """``--nodes``: ``NODES``, or ``MIN-MAX`` with ``slurm.min_nodes``, spares added to both
+    ends. Slurm then gives as many nodes of the range as it can at once; the batch script
+    sees the nodes it gave (``SLURM_JOB_NUM_NODES``), the supervisor's steps use them all, and
+    so does a plain ``srun`` (with ``--ntasks-per-node``, see :func:`srun_args`)."""
+    most = s.nodes + s.spare_nodes
+    if not _is_range(s):
+        return str(most)
+    assert s.min_nodes is not None
+    return f"{s.min_nodes + s.spare_nodes}-{most}"
+
+
+def _range_shape(s: SlurmConfig) -> dict[str, str | None]:
+    """A node range's per-node request: ``--mincpus`` for a whole node's ranks, in place of
+    ``--ntasks-per-node`` and ``--cpus-per-task``.
+
+    Seen on Slurm 22.05: ``--nodes=1-2 --ntasks-per-node=1`` got one node with both idle (the
+    range's top is capped at MIN x tasks per node), while ``--nodes=1-2 --mincpus=N`` gets both
+    when they are free and one when the other is busy, a requeue included. The steps' shape
+    (tasks per node, CPUs per task) is srun's to set, which it does in any case.
+    """
+    cpus = s.tasks_per_node * (s.cpus_per_task or 1)
+    return {"mincpus": str(cpus)}
 
 
 def format_sbatch_line(name: str, value: str | None) -> str:
@@ -299,6 +333,10 @@ def srun_args(cfg: JobConfig, ctx: RenderContext) -> list[str]:
     if cfg.slurm.cpus_per_task is not None:
         # srun in 22.05 does not inherit -c from sbatch.
         args.append(f"--cpus-per-task={cfg.slurm.cpus_per_task}")
+    if _is_range(cfg.slurm) and not cfg.fault.enabled:
+        # A node range asks sbatch for no tasks per node (see _range_shape): the step says it,
+        # on every node it got (the supervisor gives its steps their whole shape itself).
+        args.append(f"--ntasks-per-node={cfg.slurm.tasks_per_node}")
     container = cfg.env.container
     if container is not None and container.runtime == "pyxis":
         args.append(f"--container-image={container.image}")

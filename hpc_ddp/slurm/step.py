@@ -261,14 +261,38 @@ class SrunLauncher:
 
     def requeue(self, exclude: Sequence[str]) -> str | None:
         """``scontrol requeue``, then ``ExcNodeList`` (Slurm takes it once the job is no
-        longer running); None, or what failed."""
+        longer running); None, or what failed. Nodes are left out only while the partition
+        keeps enough others for the job: a list that left too few would hold it pending
+        forever (``BadConstraints``)."""
+        avoid = self._avoidable(exclude)
         try:
             self.client.requeue(self.job_ref)
         except SlurmError as exc:
             return str(exc).splitlines()[0]
-        if exclude:
+        if avoid:
             try:
-                self.client.exclude_nodes(self.job_ref, exclude)
+                self.client.exclude_nodes(self.job_ref, avoid)
             except SlurmError as exc:
                 log.warning("supervisor: requeued, but Slurm kept no ExcNodeList: %s", exc)
         return None
+
+    def _avoidable(self, exclude: Sequence[str]) -> list[str]:
+        """``exclude``, if the job's partition has enough nodes besides; else none."""
+        if not exclude:
+            return []
+        try:
+            job = self.client.show_job(self.job_ref)
+            partition = job.get("Partition", "").split(",")[0]
+            needed = int(job.get("NumNodes", "0").split("-")[0] or 0)
+            others = [n for n in self.client.partition_nodes(partition) if n not in exclude]
+        except (SlurmError, ValueError) as exc:
+            log.warning("supervisor: cannot tell whether Slurm can avoid %s: %s", exclude, exc)
+            return []
+        if len(others) < needed:
+            log.warning(
+                "supervisor: not asking Slurm to avoid %s: partition %s would keep %d node(s) "
+                "for a job of %d",
+                ",".join(exclude), partition, len(others), needed,
+            )  # fmt: skip
+            return []
+        return list(exclude)

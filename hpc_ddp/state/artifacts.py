@@ -77,15 +77,8 @@ def _damaged_directory(path: Path) -> str | None:
     return None
 
 
-def last_metric(paths: RunPaths, key: str) -> Any:
-    """The last value logged for ``key`` in ``metrics.jsonl`` (None if never logged), among
-    the rows that count: a row a later attempt logged again is not the last word
-    (:func:`~hpc_ddp.runtime.metrics.drop_replayed`, as ``results`` reads them).
-
-    Lines that are not JSON objects (a torn last line from a killed writer, binary garbage, a
-    bare number or list) are skipped. A metrics file that cannot be read at all is a
-    :class:`RunDirError`.
-    """
+def _metric_rows(paths: RunPaths) -> list[dict[str, Any]]:
+    """Every JSON object row of ``metrics.jsonl`` ([] without one)."""
     rows = []
     try:
         with paths.metrics.open(encoding="utf-8", errors="replace") as f:
@@ -97,11 +90,35 @@ def last_metric(paths: RunPaths, key: str) -> Any:
                 if isinstance(row, dict):
                     rows.append(row)
     except FileNotFoundError:
-        return None
+        return []
     except OSError as exc:
         raise RunDirError(
             f"{paths.metrics}: unreadable metrics ({exc.strerror or exc}). HINT: check the "
             "file's permissions, or move it aside (training appends a new one)."
         ) from None
+    return rows
+
+
+def step_times(paths: RunPaths) -> list[tuple[float, int]]:
+    """(time, step) of every row that logged a step, rows a later attempt replayed included:
+    when each step was reached, for the goodput account."""
+    out = []
+    for row in _metric_rows(paths):
+        when, step = row.get("time"), row.get("step")
+        if isinstance(when, (int, float)) and isinstance(step, int) and "event" not in row:
+            out.append((float(when), step))
+    return out
+
+
+def last_metric(paths: RunPaths, key: str) -> Any:
+    """The last value logged for ``key`` in ``metrics.jsonl`` (None if never logged), among
+    the rows that count: a row a later attempt logged again is not the last word
+    (:func:`~hpc_ddp.runtime.metrics.drop_replayed`, as ``results`` reads them).
+
+    Lines that are not JSON objects (a torn last line from a killed writer, binary garbage, a
+    bare number or list) are skipped. A metrics file that cannot be read at all is a
+    :class:`RunDirError`.
+    """
+    rows = _metric_rows(paths)
     values = [row[key] for row in drop_replayed(rows) if key in row]
     return values[-1] if values else None

@@ -22,7 +22,8 @@ from hpc_ddp.runtime.ledger import Attempt, EndCause, read_ledger
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.jobstate import JobState
 from hpc_ddp.slurm.postmortem import failed_rank, has_logs, startup_failure
-from hpc_ddp.state.artifacts import checkpoint_steps, damaged_checkpoint, last_metric
+from hpc_ddp.state.artifacts import checkpoint_steps, damaged_checkpoint, last_metric, step_times
+from hpc_ddp.state.goodput import Goodput, account
 from hpc_ddp.state.verdict import (
     FAILURES,
     SlurmView,
@@ -308,6 +309,16 @@ def _row(run_dir: Path, manifest: Manifest, view: SlurmView) -> dict[str, Any]:
             for a in attempts
         ],
     }
+
+
+def run_goodput(run_dir: Path, *, running: bool, now: float | None = None) -> Goodput:
+    """The goodput account of one run (:mod:`hpc_ddp.state.goodput`): its ledger and
+    metrics; ``running``: its last attempt is still going (its end is now)."""
+    paths = RunPaths(run_dir)
+    attempts = read_ledger(paths.ledger)
+    return account(
+        attempts, step_times(paths), time.time() if now is None else now, running=running
+    )
 
 
 def reason_lines(row: dict[str, Any]) -> list[str]:

@@ -148,8 +148,12 @@ class StepRunner:
         scheduler: Any,
         precision: Precision,
         device: torch.device,
+        *,
+        accum: int | None = None,
     ) -> None:
-        self.accum = cfg.grad_accum
+        self.accum = cfg.grad_accum if accum is None else accum
+        """Micro-batches per step: the session's ``grad_accum`` (``cfg.grad_accum`` rescaled
+        to keep the global batch at another world size)."""
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler

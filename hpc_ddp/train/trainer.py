@@ -6,12 +6,15 @@ same way a user's own script uses them; nothing here has a second path for them.
 Per step: ``grad_accum`` micro-batches (DDP's ``no_sync`` on all but the last, so gradients are
 all-reduced once), optional autocast on GPU (bf16 where supported, else fp16 with a GradScaler),
 an optimizer step and an LR-schedule step. The global batch is ``batch_size x world_size x
-grad_accum`` samples.
+grad_accum`` samples (``grad_accum``: the session's, which keeps it at any world size).
 
 Resume is bit-identical on CPU (gloo) for any number of ranks. On GPUs it is step- and
 sample-exact, and bit-identical only with ``train.deterministic`` (deterministic kernels, and
 DDP's fixed bucket layout with 3+ ranks) on the same nodes and GPU topology; neither is the
-default there, as each costs speed (:mod:`hpc_ddp.config.exactness`).
+default there, as each costs speed (:mod:`hpc_ddp.config.exactness`). At another world size
+(``slurm.min_nodes``, ``hpc-ddp resume --elastic``) the accumulation changes to keep the global
+batch (the session's ``grad_accum``) and a resume is sample-exact, not bit-exact
+(:mod:`hpc_ddp.config.elastic`).
 
 Data-loader workers: ``train.num_workers: auto`` gives a GPU rank workers (decoding overlaps
 the GPU's work) and a CPU rank none (they would take the cores the model computes on).
@@ -38,6 +41,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from hpc_ddp.config.elastic import SAMPLE_EXACT
 from hpc_ddp.config.exactness import Exactness, exactness
 from hpc_ddp.config.model import JobConfig, TrainConfig
 from hpc_ddp.errors import ConfigError
@@ -209,13 +213,15 @@ class _Validation:
         log.info("step %d/%d | val_loss %.4f | val_acc %.4f", step, self.total, *val)
 
 
-def _steps_per_epoch(loader: Any, t: TrainConfig) -> int:
-    steps = len(loader) // t.grad_accum
+def _steps_per_epoch(loader: Any, t: TrainConfig, s: Session) -> int:
+    """Whole optimizer steps in an epoch: the dataset over the global batch, the same number
+    at every world size that keeps it."""
+    steps = len(loader) // s.grad_accum
     if steps == 0:
         raise ConfigError(
-            f"{loader.sampler.shard_size} samples per rank make no whole step of "
-            f"batch_size={t.batch_size} x grad_accum={t.grad_accum}. HINT: lower "
-            "train.batch_size or use more data."
+            f"{loader.sampler.n} samples make no whole step of batch_size={t.batch_size} x "
+            f"{s.world_size} ranks x grad_accum={s.grad_accum}. HINT: lower train.batch_size "
+            "or use more data."
         )
     return steps
 
@@ -230,8 +236,15 @@ def _make_runner(t: TrainConfig, s: Session, model: nn.Module, total: int) -> St
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     precision = Precision.choose(t.amp, s.device)
     seed_everything(mix_seed(t.seed, s.rank, 1))  # each rank's own stream (dropout, ...)
-    s.restore(model=model, optimizer=optimizer, scheduler=scheduler, scaler=precision.scaler)
-    return StepRunner(t, model, optimizer, scheduler, precision, s.device)
+    # Elastic: the step loop runs s.grad_accum micro-batches and the data comes from s.loader.
+    s.restore(
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=precision.scaler,
+        elastic=True,
+    )
+    return StepRunner(t, model, optimizer, scheduler, precision, s.device, accum=s.grad_accum)
 
 
 def run_training(cfg: JobConfig, session: Session) -> TrainResult:
@@ -249,7 +262,11 @@ def run_training(cfg: JobConfig, session: Session) -> TrainResult:
 def _run_training(cfg: JobConfig, session: Session) -> TrainResult:
     t, s = cfg.train, session
     kept = exactness(on_gpu=s.device.type == "cuda", deterministic=t.deterministic)
-    log.info("exactness: a resume of this run is %s", kept.value)
+    log.info(
+        "exactness: a resume of this run is %s%s",
+        kept.value,
+        "" if cfg.slurm.min_nodes is None else f" (at another world size: {SAMPLE_EXACT})",
+    )
     seed_everything(t.seed)  # identical initial weights on every rank
     train_ds, val_ds = _datasets(t, s)
     # With 1 or 2 ranks every gradient element is a sum of at most two terms, the same in any
@@ -264,19 +281,19 @@ def _run_training(cfg: JobConfig, session: Session) -> TrainResult:
         train_ds,
         batch_size=t.batch_size,
         num_workers=workers,
-        multiple_of=t.grad_accum,
+        multiple_of=s.grad_accum,
         pin_memory=s.device.type == "cuda",
     )
-    steps_per_epoch = _steps_per_epoch(loader, t)
+    steps_per_epoch = _steps_per_epoch(loader, t, s)
     total = plan_total_steps(t, steps_per_epoch)
     runner = _make_runner(t, s, model, total)
-    global_batch = t.batch_size * s.world_size * t.grad_accum
+    global_batch = t.batch_size * s.world_size * s.grad_accum
     log.info(
         "global batch %d = %d per rank x %d ranks x %d accumulation; %d steps/epoch, steps %d..%d",
         global_batch,
         t.batch_size,
         s.world_size,
-        t.grad_accum,
+        s.grad_accum,
         steps_per_epoch,
         s.progress.step + 1,
         total,

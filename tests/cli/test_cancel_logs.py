@@ -225,8 +225,10 @@ def test_cancel_stops_a_running_local_job_and_wait_reports_it(tmp_path: Path) ->
         run_dir = e2e.wait_for("run dir", lambda: next(runs.glob("*/manifest.json"), None)).parent
         e2e.wait_step(run_dir, 3, timeout_s=180)
         pid = int(json.loads((run_dir / "manifest.json").read_text())["job_id"])
-        tasks = _children(pid)
-        assert len(tasks) == 2  # the two ranks
+        [supervisor] = _children(pid)  # the controller's one task (fault.enabled)
+        ranks = e2e.wait_for("the two ranks", lambda: len(_children(supervisor)) == 2)
+        assert ranks
+        tasks = [supervisor, *_children(supervisor)]
         # A copy of the live run dir (`cp -r`) names these processes too: it signals nothing.
         copy = shutil.copytree(run_dir, tmp_path / "copy")
         refused = hpc("cancel", str(copy))

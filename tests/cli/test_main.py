@@ -122,7 +122,8 @@ def test_login_node_commands_import_no_torch_or_submitit(tmp_path: Path) -> None
         "              '--backend', 'slurm'],\n"
         "             ['submit', 'jobs/quickstart.yaml', '--dry-run', '--runs-dir', runs,\n"
         "              '--backend', 'local'],\n"
-        "             ['status', '--runs-dir', runs]):\n"
+        "             ['status', '--runs-dir', runs],\n"
+        "             ['status', '--runs-dir', runs, '--goodput']):\n"
         "    assert main(argv) == 0\n"
         "    if argv[0] == 'submit':  # only what a typo or a Slurm call needs is left out\n"
         "        assert not {'subprocess', 'difflib'} & set(sys.modules), argv\n"
@@ -138,6 +139,42 @@ def test_login_node_commands_import_no_torch_or_submitit(tmp_path: Path) -> None
         check=True,
     ).stdout
     assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_the_python_api_on_a_login_node_imports_no_torch_or_submitit(tmp_path: Path) -> None:
+    """The same promise for ``import hpc_ddp`` and its login-side API (issue 27): a dry run, a
+    submit and a sweep (over a FakeSlurm), status, metrics, results and the listing of runs."""
+    probe = (
+        "import sys\n"
+        "import hpc_ddp\n"
+        "from hpc_ddp.api.job import plan_submit\n"
+        "from hpc_ddp.slurm.fake import FakeSlurm\n"
+        "runs = sys.argv[-1]\n"
+        "slurm = FakeSlurm().client()\n"
+        "for backend in ('slurm', 'local'):  # what --dry-run shows\n"
+        "    assert plan_submit('jobs/quickstart.yaml', {'train.lr': 0.1}, backend=backend,\n"
+        "                       runs_dir=runs, slurm=slurm).cfg.train.lr == 0.1\n"
+        "job = hpc_ddp.submit('jobs/quickstart.yaml', {'train.lr': 0.1}, backend='slurm',\n"
+        "                     runs_dir=runs, slurm=slurm)\n"
+        "assert hpc_ddp.Job.from_run_dir(job.run_dir, slurm=slurm).status().state == 'PENDING'\n"
+        "assert job.metrics() == []\n"
+        "sweep = hpc_ddp.submit_sweep('jobs/sweep-lr.yaml', runs_dir=runs, slurm=slurm)\n"
+        "assert len(sweep.results()) == len(sweep.tasks()) == 6\n"
+        "assert sweep.status().summary['pending'] == 6\n"
+        "assert len(hpc_ddp.runs(runs, slurm=slurm)) == 2\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in\n"
+        "               ('torch', 'torchvision', 'submitit', 'numpy'))\n"
+        "print(heavy)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
 @pytest.mark.parametrize(

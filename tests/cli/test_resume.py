@@ -347,9 +347,12 @@ def test_a_slurm_run_slurm_forgot_is_resubmitted_and_keeps_its_history(
 # --- what a resume may not change -------------------------------------------------------------
 
 
-def _trained_slurm_run(runs: Path, *, checkpoint: bool = True) -> Path:
-    """A 2-node run (job 77, forgotten by Slurm) whose ledger says it trained with 2 ranks,
-    with a checkpoint at step 32 that looks whole to the login side."""
+def _trained_slurm_run(
+    runs: Path, *, checkpoint: bool = True, grad_accum: int | None = None
+) -> Path:
+    """A 2-node run (job 77, forgotten by Slurm) whose ledger says it trained with 2 ranks
+    (accumulating ``grad_accum``, when given), with a checkpoint at step 32 that looks whole
+    to the login side."""
     import zipfile
 
     from tests.ledgers import record_end, record_start
@@ -357,7 +360,7 @@ def _trained_slurm_run(runs: Path, *, checkpoint: bool = True) -> Path:
     run_dir = _slurm_run(runs, "77")
     ledger = run_dir / "ledger.jsonl"
     record_start(ledger, attempt=0, job_id="77", job_ref="77", nodelist="n[1-2]", world_size=2,
-                 resumed_from_step=None, checkpoint=None)  # fmt: skip
+                 resumed_from_step=None, checkpoint=None, grad_accum=grad_accum)  # fmt: skip
     name = "step-00000032.pt" if checkpoint else None
     record_end(ledger, attempt=0, cause=EndCause.CANCELLED, steps_done=32, checkpoint=name,
                requeue_requested=False)  # fmt: skip
@@ -400,7 +403,8 @@ def test_a_resume_at_another_world_size_is_refused(tmp_path: Path, overrides: li
         "HINT: resume with the same nodes and tasks_per_node (2 ranks in all: `hpc-ddp resume "
         f"{run_dir} slurm.nodes=2 slurm.tasks_per_node=1`)"
     ) in err
-    assert "an elastic resume that rescales the batch does not exist yet" in err
+    assert "or add --elastic to go on at " in err
+    assert "with the same global batch (train.grad_accum is rescaled; sample-exact" in err
     assert (run_dir / "config.yaml").read_text() == config_before
     assert read_manifest(run_dir).job_id == "77"
 
@@ -425,6 +429,106 @@ def test_a_world_size_edited_into_config_yaml_is_refused_too(tmp_path: Path) -> 
     assert (code, sbatch) == (2, [])
     assert "= 1 ranks, but the run trained with 2" in err
     assert "HINT: resume with the same nodes and tasks_per_node (2 ranks in all);" in err
+
+
+def _resume_out(run_dir: Path, *args: str) -> tuple[int, str, str, list[str]]:
+    """:func:`_resume_here`, with stdout: (exit code, stdout, stderr, sbatch calls)."""
+    import contextlib
+    import io
+
+    from hpc_ddp.cli.main import main
+    from hpc_ddp.slurm.fake import FakeSlurm
+
+    slurm = FakeSlurm()
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        code = main(["resume", str(run_dir), *args], slurm=slurm.client())
+    return code, out.getvalue(), err.getvalue(), slurm.commands("sbatch")
+
+
+def test_an_elastic_resume_keeps_the_global_batch_and_says_it_is_sample_exact(
+    tmp_path: Path,
+) -> None:
+    """2 ranks x 64 x accumulation 1 -> 1 rank x 64 x accumulation 2: the config the new job
+    runs says so, and so do the resume's lines."""
+    from hpc_ddp.config.load import load_resolved_config
+
+    run_dir = _trained_slurm_run(tmp_path)
+    code, out, err, sbatch = _resume_out(run_dir, "slurm.nodes=1", "--elastic")
+    assert code == 0, err
+    assert len(sbatch) == 1
+    assert (
+        "; sample-exact, not bit-exact: 2 -> 1 ranks with the same global batch (--elastic)\n"
+        in out
+    )
+    assert "  changed: slurm.nodes: 2 -> 1\n" in out
+    assert (
+        "  changed: train.grad_accum: 1 -> 2 (--elastic: keeps the global batch of 2 ranks x 64 "
+        "x accumulation 1 (128 samples))\n"
+    ) in out
+    assert (
+        "  changed: world size: 2 -> 1 ranks (--elastic): sample-exact, not bit-exact: every "
+        "step sees the samples the uninterrupted run would"
+    ) in out
+    cfg = load_resolved_config(run_dir / "config.yaml")
+    assert (cfg.slurm.nodes, cfg.train.grad_accum) == (1, 2)
+    assert "#SBATCH --nodes=1\n" in (run_dir / "job.sbatch").read_text()
+    assert "--elastic" in (run_dir / "job.sbatch").read_text()  # the invocation it records
+
+
+@pytest.mark.parametrize(
+    ("args", "grad_accum", "says"),
+    [
+        # 2 ranks x accumulation 1: 3 ranks would need 2/3 of a batch each.
+        (["slurm.nodes=3"], None, "3 ranks would each need less than one batch per step"),
+        (["slurm.nodes=3"], None, "HINT: go on with at most 2 ranks (1 or 2), or submit a new"),
+        # The ledger says it accumulated 3: 6 per-rank batches, which 4 ranks cannot split.
+        (["slurm.nodes=4"], 3, "is not a whole number of per-rank batches at 4 ranks (6 / 4)"),
+        (["slurm.nodes=4"], 3, "HINT: pick a world size that divides 6: 1, 2, 3 or 6 ranks"),
+        (["slurm.nodes=1", "train.grad_accum=4"], None, "takes accumulation 2 at 1 ranks"),
+    ],
+)
+def test_what_an_elastic_resume_cannot_carry_over_is_refused(
+    tmp_path: Path, args: list[str], grad_accum: int | None, says: str
+) -> None:
+    run_dir = _trained_slurm_run(tmp_path, grad_accum=grad_accum)
+    config_before = (run_dir / "config.yaml").read_text()
+    code, _, err, sbatch = _resume_out(run_dir, *args, "--elastic")
+    assert (code, sbatch) == (2, [])
+    assert says in err
+    assert (run_dir / "config.yaml").read_text() == config_before
+
+
+def test_an_elastic_resume_grows_from_what_the_ledger_says_was_accumulated(
+    tmp_path: Path,
+) -> None:
+    """The config says accumulation 1, the ledger 3 (the last attempt's own): 2 x 3 -> 3 x 2."""
+    from hpc_ddp.config.load import load_resolved_config
+
+    run_dir = _trained_slurm_run(tmp_path, grad_accum=3)
+    code, out, err, _ = _resume_out(run_dir, "slurm.nodes=3", "--elastic", "--dry-run")
+    assert code == 0, err
+    assert "changed: train.grad_accum: 1 -> 2 (--elastic: keeps the global batch of 2 ranks x " \
+        "64 x accumulation 3 (384 samples))" in out  # fmt: skip
+    assert load_resolved_config(run_dir / "config.yaml").train.grad_accum == 1  # a dry run
+
+
+def test_a_world_size_within_the_configs_min_nodes_range_needs_no_flag(tmp_path: Path) -> None:
+    """A run with slurm.min_nodes whose last attempt landed on 1 of 1-2 nodes goes on plainly."""
+    from tests.ledgers import record_end, record_start
+
+    run_dir = _trained_slurm_run(tmp_path)
+    ledger = run_dir / "ledger.jsonl"
+    record_start(ledger, attempt=1, job_id="77", job_ref="77", nodelist="n1", world_size=1,
+                 resumed_from_step=32, checkpoint="step-00000032.pt", grad_accum=2)  # fmt: skip
+    record_end(ledger, attempt=1, cause=EndCause.CANCELLED, steps_done=40, checkpoint=None,
+               requeue_requested=False)  # fmt: skip
+    config = run_dir / "config.yaml"
+    config.write_text(config.read_text().replace("  min_nodes: null\n", "  min_nodes: 1\n"))
+    code, out, err, _ = _resume_out(run_dir, "--dry-run")
+    assert code == 0, err
+    assert "#SBATCH --nodes=1-2\n" in out
+    assert "sample-exact, not bit-exact where it lands on another node count" in out
 
 
 @pytest.mark.parametrize("how", ["override", "edit"])

@@ -21,7 +21,7 @@ import pytest
 
 import hpc_ddp.cli.main as cli_main
 from hpc_ddp.cli.main import main
-from hpc_ddp.cli.runs import resolve_targets
+from hpc_ddp.api.targets import resolve_targets
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.launch import wait
 from hpc_ddp.launch.wait import wait_for_jobs
@@ -716,6 +716,16 @@ def test_real_plain_command_jobs_get_their_verdict_from_their_exit_status(
     assert [r["state"] for r in results] == ["finished"] * 3
     [entry] = json.loads(e2e.hpc(slurm_cluster, "status", str(sweep_dir), "--json").stdout)
     assert entry["summary"]["finished"] == 3
+    # Goodput covers sweep tasks too: each task's account, and the sweep's sum of them.
+    shown = e2e.hpc(slurm_cluster, "status", str(sweep_dir), "--json", "--goodput").stdout
+    [entry] = json.loads(shown)
+    tasks = [t["goodput"] for t in entry["tasks"]]
+    assert [g["launches"] for g in tasks] == [1, 1, 1]
+    assert entry["goodput"]["launches"] == 3
+    assert entry["goodput"]["wall_s"] == pytest.approx(sum(g["wall_s"] for g in tasks))
+    text = e2e.hpc(slurm_cluster, "status", str(sweep_dir), "--goodput").stdout
+    assert "ETTR" in text
+    assert "task 2: ETTR" in text
     again = e2e.hpc(slurm_cluster, "sweep", "--resubmit-failed", str(sweep_dir), "--dry-run")
     assert "nothing to resubmit" in again.stdout
 
@@ -728,7 +738,10 @@ def test_real_job_dying_before_its_first_attempt_is_failed_with_why(
     """Held at submit, given only damaged checkpoints, released: every rank stops in restore
     before the ledger's first start; their crash ends still count as the attempt. Status:
     FAILED, the error, and that no checkpoint can be resumed from."""
-    job = e2e.submit(slurm_cluster, tmp_path, "jobs/quickstart.yaml", "slurm.extra={hold: null}")
+    job = e2e.submit(
+        slurm_cluster, tmp_path, "jobs/quickstart.yaml", "slurm.extra={hold: null}",
+        "fault.max_restarts=0",  # a restart would die alike (a crash loop, tested elsewhere)
+    )  # fmt: skip
     checkpoints = job.run_dir / "checkpoints"
     checkpoints.mkdir(exist_ok=True)
     (checkpoints / "step-00000004.pt").write_bytes(b"")

@@ -508,7 +508,7 @@ def test_a_full_disk_while_writing_the_sweep_is_a_failure_with_a_hint(
     def full(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("hpc_ddp.cli.cmd_sweep.submit_sweep", full)
+    monkeypatch.setattr("hpc_ddp.sweep.submit.submit_sweep", full)  # what the API calls
     runs = tmp_path / "runs"
     assert main(["sweep", str(sweep_file(tmp_path)), "--runs-dir", str(runs)]) == 1
     err = capsys.readouterr().err

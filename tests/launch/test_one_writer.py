@@ -417,7 +417,7 @@ def test_real_concurrent_resumes_submit_one_job_each_time(
     """A cancelled run resumed by 2, then 3, then 8 ``hpc-ddp resume`` at once: each time
     exactly one submits (exit 0) and the others exit 2 naming its job; Slurm holds exactly one
     new job per round. Then a job submitted behind the lock's back (sbatch on the run's own
-    script) is refused on its node: it ends FAILED, says why in its rank log and writes
+    script) is refused on its node: it ends FAILED, says why in its batch log and writes
     nothing, while the run's job finishes with every step once."""
     paced = ["slurm.nodes=1", "train.epochs=1", "train.log_every=1", "train.checkpoint_every=8",
              "train.dataset=tests.e2e_util:io_bound_synthetic", e2e.STEADY_THREADS]  # fmt: skip
@@ -443,8 +443,10 @@ def test_real_concurrent_resumes_submit_one_job_each_time(
     rogue = slurm_cluster.run("sbatch", "--parsable", str(script)).stdout.strip()
     fields = e2e.wait_done(slurm_cluster, rogue, timeout_s=120)
     assert (fields["JobState"], fields["ExitCode"]) == ("FAILED", f"{NOT_CURRENT_EXIT_CODE}:0")
-    said = (job.run_dir / "logs" / "rank-0.err").read_text()
+    # The supervisor refuses it before any rank starts: its word is in the batch script's log.
+    said = e2e.batch_log(job.run_dir, rogue)
     assert f"refused: job {rogue} is not the current job of {job.run_dir}" in said
+    assert not list((job.run_dir / "launches").glob(f"{rogue}.*"))  # it made no launch
     assert f"manifest.json names job {winner}" in said
     assert e2e.wait_done(slurm_cluster, winner, timeout_s=240)["JobState"] == "COMPLETED"
     attempts = e2e.ledger(job.run_dir)
@@ -482,6 +484,7 @@ def test_real_concurrent_resubmit_failed_submit_one_array_each_time(
     (tmp_path / "job.yaml").write_text(
         f"name: once\ncommand: [{sys.executable}, {script}, '{{params.dir}}', {go}]\n"
         "params: {dir: x}\nslurm: {nodes: 1, tasks_per_node: 1, cpus_per_task: 1, time: '5'}\n"
+        "fault: {max_restarts: 0}\n"  # its failure must end the job, not be restarted in it
     )
     marks = [str(tmp_path / f"p{i}") for i in range(3)]
     for mark in marks:

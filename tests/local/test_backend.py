@@ -45,6 +45,7 @@ from hpc_ddp.local.process import (
     write_rank_identity,
 )
 from hpc_ddp.manifest import Manifest, write_manifest
+from hpc_ddp.runtime.ledger import EndCause, read_ledger
 from tests.conftest import REPO
 
 
@@ -192,16 +193,21 @@ def model_broken_on_rank_1(cfg: object) -> object:
     raise ValueError("rank 0 gave up too")
 
 
-@pytest.mark.torch
-def test_local_wait_fails_and_names_the_rank_that_failed_first(tmp_path: Path) -> None:
-    """The model imports (so the submit-time checks pass) but breaks on the ranks."""
+def _submit_broken(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "hpc_ddp", "submit", "jobs/quickstart.yaml", "--backend", "local",
          "--wait", "--runs-dir", str(tmp_path),
-         "train.model=tests.local.test_backend:model_broken_on_rank_1"],
+         "train.model=tests.local.test_backend:model_broken_on_rank_1", *overrides],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
+
+
+@pytest.mark.torch
+def test_local_wait_fails_and_names_the_rank_that_failed_first(tmp_path: Path) -> None:
+    """The model imports (so the submit-time checks pass) but breaks on the ranks; without a
+    supervisor each rank's submitit result names it."""
+    done = _submit_broken(tmp_path, "fault.enabled=false")
     assert done.returncode == 1, done.stderr[-3000:]
     last = [ln for ln in done.stderr.splitlines() if ln.startswith("local job ")][-1]
     assert last.endswith(
@@ -209,6 +215,26 @@ def test_local_wait_fails_and_names_the_rank_that_failed_first(tmp_path: Path) -
     )
     [run_dir] = tmp_path.iterdir()
     assert read_identity(run_dir) is not None  # the controller was recorded at submit time
+
+
+@pytest.mark.torch
+def test_a_supervised_local_run_that_always_fails_stops_as_a_crash_loop(tmp_path: Path) -> None:
+    """The supervisor restarts the broken ranks once in their own process tree, sees the same
+    error at the same step with no newer checkpoint, and stops with no_progress, naming rank 1
+    and its error; rank 0, which adopted the fault, is not blamed."""
+    done = _submit_broken(tmp_path)
+    assert done.returncode == 1, done.stderr[-3000:]
+    [run_dir] = tmp_path.iterdir()
+    reason = f"{run_dir}: failed first: no_progress: rank 1 on local: ValueError: model broken"
+    assert any(ln.startswith(reason) for ln in done.stderr.splitlines()), done.stderr[-3000:]
+    attempts = read_ledger(run_dir / "ledger.jsonl")
+    assert [(a.launch, a.cause, a.next) for a in attempts] == [
+        (0, EndCause.CRASH, "restart"),
+        (1, EndCause.NO_PROGRESS, "stop"),
+    ]
+    assert attempts[-1].message is not None
+    assert f"`hpc-ddp resume {run_dir}` goes on from the start" in attempts[-1].message
+    assert "rank 0 gave up too" not in (run_dir / "logs" / "rank-0.err").read_text()
 
 
 # --- pids no process can have (a damaged record is never signalled) ---------------------------
@@ -401,7 +427,8 @@ def test_a_local_run_that_fails_before_its_attempt_starts_is_failed_in_status(
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     [row] = json.loads(status.stdout)
-    assert (row["state"], row["causes"]) == ("FAILED", "crash")
-    said = r"\(rank [01] on [^:]+: ConfigError: train\.model: module 'tests\.helpers\.user_code' "
+    # Restarted once in its process tree, then stopped as a crash loop: the same error again.
+    assert (row["state"], row["causes"]) == ("FAILED", "crash,no_progress")
+    said = r"rank [01] on [^:]+: ConfigError: train\.model: module 'tests\.helpers\.user_code' "
     assert re.search(said + "has no attribute 'Nope'", row["note"]), row["note"]
     assert "command:" not in row["note"]

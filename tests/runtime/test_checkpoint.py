@@ -61,7 +61,14 @@ def small_model(seed: int = 0) -> nn.Module:
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
 
 
-def save(directory: Path, step: int, model: nn.Module | None = None, keep_last: int = 0) -> Path:
+def save(
+    directory: Path,
+    step: int,
+    model: nn.Module | None = None,
+    keep_last: int = 0,
+    *,
+    ranks: int = 2,
+) -> Path:
     model = model or small_model(step)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.randn(2, 8)).sum().backward()
@@ -72,7 +79,7 @@ def save(directory: Path, step: int, model: nn.Module | None = None, keep_last: 
         model=snapshot(model.state_dict()),
         optimizer=snapshot(opt.state_dict()),
         progress=Progress(step=step, epoch=step // 10, batch_in_epoch=step % 10, extra={"k": 1}),
-        rng=[first, capture_rng_state(CPU)],
+        rng=[first, capture_rng_state(CPU)][:ranks],
         config={"name": "t", "train": {"lr": 0.1, "extra": [1, 2]}},
     )
     return write_checkpoint(directory, payload, keep_last)
@@ -680,9 +687,9 @@ def _v1_weights_digest(state_dict: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def save_v1(directory: Path, step: int) -> Path:
+def save_v1(directory: Path, step: int, *, ranks: int = 2) -> Path:
     """A checkpoint as hpc-ddp wrote it before format 2: only the weights digested."""
-    path = save(directory, step)
+    path = save(directory, step, ranks=ranks)
     data = torch.load(path, weights_only=True)
     data["version"] = 1
     del data["meta"]["digest"], data["meta"]["digests"]
@@ -722,7 +729,7 @@ def test_a_format_1_file_loads_with_only_its_weights_verified(
 def test_resuming_from_a_format_1_file_warns_what_is_unverified(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    old = save_v1(tmp_path / "checkpoints", 10)
+    old = save_v1(tmp_path / "checkpoints", 10, ranks=1)  # this session's world size
     config = JobConfig(name="t")
     with caplog.at_level(logging.WARNING, logger="hpc_ddp"), Session(tmp_path, config, env={}) as s:
         model = s.wrap(small_model(0))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -418,3 +419,88 @@ def test_attempt_number_finds_the_entry_of_its_job_and_restart(tmp_path: Path) -
     start(local, 0, 1.0, job_id=None, restart=0)
     assert attempt_number(read_ledger(local), job_id=None, restart=0, since=0.5) == 0
     assert attempt_number(read_ledger(local), job_id=None, restart=0, since=40.0) == 1
+
+
+# --- launches (the supervisor's events) ------------------------------------------------------
+
+
+def _events(path: Path, *lines: str) -> list[Attempt]:
+    with path.open("a") as f:
+        f.write("".join(lines))
+    return read_ledger(path)
+
+
+def test_a_launch_end_replaces_a_survivors_crash_with_the_supervisors_blame(tmp_path: Path) -> None:
+    from hpc_ddp.runtime.ledger import Blame, end_event, launch_end_event, launch_event, start_event
+
+    path = tmp_path / "ledger.jsonl"
+    job: dict[str, Any] = {"job_id": "42", "job_ref": "42"}
+    attempts = _events(
+        path,
+        launch_event(**job, restart=0, launch=0, nodes="n1,n2,n3", alloc_nodes=3, excluded=[],
+                     world_size=2, from_step=None, now=1.0),
+        start_event(attempt=0, **job, nodelist="n1,n2", world_size=2, resumed_from_step=None,
+                    checkpoint=None, now=3.0),
+        end_event(attempt=0, **job, cause=EndCause.CRASH, steps_done=21, checkpoint=None,
+                  requeue_requested=False, message="rank 0 on n1: Connection reset by peer",
+                  now=5.0),
+        launch_end_event(attempt=0, **job, restart=0, launch=0, launched_at=1.0,
+                         cause=EndCause.CRASH,
+                         blame=Blame((1,), ("n2",), "Killed", False, 4.9, 4.5),
+                         steps_reached=21, checkpoint_step=20, next_step="restart",
+                         message="crash: rank 1 on n2: Killed", now=6.0),
+    )  # fmt: skip
+    [a] = attempts
+    assert (a.cause, a.message, a.next, a.launched_at, a.alloc_nodes) == (
+        EndCause.CRASH, "crash: rank 1 on n2: Killed", "restart", 1.0, 3,
+    )  # fmt: skip
+    assert a.blame is not None
+    assert a.blame.describe() == "rank 1 on n2: Killed"
+    assert (a.started, a.ended, a.checkpoint_step, a.launch_ended) == (3.0, 5.0, 20, 6.0)
+
+
+def test_a_launch_whose_ranks_wrote_nothing_becomes_an_attempt_and_late_words_refine_it(
+    tmp_path: Path,
+) -> None:
+    from hpc_ddp.runtime.ledger import (
+        Blame,
+        checkpoint_event,
+        launch_end_event,
+        launch_event,
+        node_fail_event,
+        start_event,
+    )
+
+    path = tmp_path / "ledger.jsonl"
+    job: dict[str, Any] = {"job_id": "42", "job_ref": "42"}
+    attempts = _events(
+        path,
+        launch_event(**job, restart=0, launch=0, nodes="n1,n2", alloc_nodes=2, excluded=[],
+                     world_size=2, from_step=None, now=1.0),
+        start_event(attempt=0, **job, nodelist="n1,n2", world_size=2, resumed_from_step=None,
+                    checkpoint=None, now=2.0),
+        checkpoint_event(**job, restart=0, launch=0, step=10, stall_s=0.25, now=2.5),
+        launch_end_event(attempt=0, **job, restart=0, launch=0, launched_at=1.0,
+                         cause=EndCause.HANG, blame=Blame((1,), ("n2",), "heartbeat stopped"),
+                         steps_reached=12, checkpoint_step=10, next_step="restart", now=9.0),
+        node_fail_event(**job, restart=0, launch=0, node="n2", evidence="srun: Node failure",
+                        now=12.0),
+        launch_event(**job, restart=0, launch=1, nodes="n1,n3", alloc_nodes=3, excluded=["n2"],
+                     world_size=2, from_step=10, now=9.5),
+        launch_end_event(attempt=1, **job, restart=0, launch=1, launched_at=9.5,
+                         cause=EndCause.CRASH, blame=Blame((0,), ("n1",), "ImportError"),
+                         steps_reached=None, checkpoint_step=10, next_step="stop", now=11.0),
+    )  # fmt: skip
+    first, second = attempts
+    # The open attempt is closed by the supervisor; srun's late word makes it a node failure.
+    assert (first.cause, first.ended, first.steps_done, first.stall_s) == (
+        EndCause.NODE_FAIL, 9.0, 12, 0.25,
+    )  # fmt: skip
+    assert first.blame is not None
+    assert first.blame.node_level
+    assert first.blame.evidence == "srun: Node failure"
+    # A launch that died before rank 0 wrote a start is an attempt of its own, never trained.
+    assert (second.launch, second.trained, second.started, second.cause, second.from_step) == (
+        1, False, 9.5, EndCause.CRASH, 10,
+    )  # fmt: skip
+    assert second.nodelist == "n1,n3"

@@ -592,3 +592,61 @@ def test_a_single_rank_probes_but_publishes_nothing(
     hold(single.master_port, occupied)
     assert resolve_master_port(single, tmp_path, timeout_s=1) != single.master_port
     assert list(tmp_path.iterdir()) == []
+
+
+class _FakeDist:
+    """What destroy_process_group asks of torch.distributed, recorded (no GPU here: the
+    NCCL branch is pinned with the backend's name injected)."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.calls: list[str] = []
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def get_world_size(self) -> int:
+        return 2
+
+    def get_backend(self) -> str:
+        return self.backend
+
+    def barrier(self) -> None:
+        self.calls.append("barrier")
+
+    def destroy_process_group(self) -> None:
+        self.calls.append("destroy")
+
+
+@pytest.mark.parametrize(
+    ("backend", "together", "calls"),
+    [
+        ("nccl", False, []),  # an error path under NCCL: no teardown that could wait forever
+        ("nccl", True, ["barrier", "destroy"]),
+        ("gloo", False, ["destroy"]),
+    ],
+)
+def test_an_error_path_never_tears_an_nccl_group_down(
+    monkeypatch: pytest.MonkeyPatch, backend: str, together: bool, calls: list[str]
+) -> None:
+    fake = _FakeDist(backend)
+    monkeypatch.setitem(sys.modules, "torch.distributed", fake)
+    destroy_process_group(together=together)
+    assert fake.calls == calls
+
+
+def test_launches_of_one_attempt_never_share_a_port_file_or_a_derived_port() -> None:
+    from hpc_ddp.runtime.procgroup import port_file
+
+    env = {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}
+    first = derive_dist_env(env)
+    again = derive_dist_env({**env, "HPC_DDP_LAUNCH": "1", "HPC_DDP_SUPERVISED": "1"})
+    assert (first.attempt_key, again.attempt_key, again.supervised) == ("0", "0.1", True)
+    assert port_file(first, Path("r")).name == "master_port.4242.0"  # as before launches
+    assert port_file(again, Path("r")).name == "master_port.4242.0.1"
+    candidates = {derive_master_port("4242", 0, candidate=c, launch=1) for c in range(4)}
+    assert first.master_port != again.master_port
+    assert first.master_port not in candidates

@@ -20,11 +20,10 @@ import pytest
 
 from hpc_ddp.config.model import RequeueConfig
 from hpc_ddp.errors import SlurmUnavailableError
+from hpc_ddp.exitcodes import BUDGET_EXIT_CODE, REQUEUE_FAILED_EXIT_CODE
 from hpc_ddp.runtime.distenv import derive_dist_env
 from hpc_ddp.runtime.ledger import Attempt, EndCause, read_ledger
 from hpc_ddp.runtime.requeue import (
-    BUDGET_EXIT_CODE,
-    REQUEUE_FAILED_EXIT_CODE,
     Coordinator,
     classify_stop,
     classify_unanswered_stop,

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.config.load import load_resolved_config
-from hpc_ddp.runtime.ledger import EndCause
 from hpc_ddp.exitcodes import BUDGET_EXIT_CODE, REQUEUE_FAILED_EXIT_CODE
+from hpc_ddp.runtime.ledger import EndCause
 from tests import e2e_util as e2e
 from tests.conftest import Cluster
 

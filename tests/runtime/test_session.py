@@ -20,11 +20,11 @@ from torch.utils.data import TensorDataset
 from hpc_ddp.config.load import dump_job_config, load_job_config
 from hpc_ddp.config.model import JobConfig, RequeueConfig, TrainConfig
 from hpc_ddp.errors import CheckpointError, HpcDdpError
+from hpc_ddp.exitcodes import REQUEUE_FAILED_EXIT_CODE
 from hpc_ddp.layout import RUN_DIR_ENV
 from hpc_ddp.runtime.checkpoint import list_checkpoints, weights_digest
 from hpc_ddp.runtime.ledger import EndCause, read_ledger
 from hpc_ddp.runtime.procgroup import unwrap
-from hpc_ddp.exitcodes import REQUEUE_FAILED_EXIT_CODE
 from hpc_ddp.runtime.session import DEFAULT_RUN_DIR, Phase, RequeueExit, Session
 from hpc_ddp.slurm.fake import FakeSlurm
 from hpc_ddp.slurm.jobstate import JobState

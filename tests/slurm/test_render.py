@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -26,7 +27,14 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp.config.model import ContainerConfig, EnvConfig, JobConfig, RequeueConfig, SlurmConfig
+from hpc_ddp.config.model import (
+    ContainerConfig,
+    EnvConfig,
+    FaultConfig,
+    JobConfig,
+    RequeueConfig,
+    SlurmConfig,
+)
 from hpc_ddp.errors import ConfigError, RenderError
 from hpc_ddp.slurm.render import (
     RenderContext,
@@ -54,6 +62,16 @@ CTX = RenderContext(
 
 CASES: dict[str, tuple[JobConfig, RenderContext]] = {
     "cpu_one_node": (JobConfig(name="quickstart", slurm=SlurmConfig(time="30")), CTX),
+    # fault.enabled: false: one srun step that ends itself when a task fails, no supervisor.
+    "unsupervised": (
+        JobConfig(name="plain", slurm=SlurmConfig(time="30"), fault=FaultConfig(enabled=False)),
+        CTX,
+    ),
+    # Three nodes allocated, the steps use two: a restart after a fault has a node to spare.
+    "spare_node": (
+        JobConfig(name="spare", slurm=SlurmConfig(nodes=2, spare_nodes=1, time="30")),
+        CTX,
+    ),
     "gpu_two_nodes": (
         JobConfig(
             name="resnet18-cifar10",
@@ -163,6 +181,15 @@ def test_golden_runs_srun_with_the_intended_argv(case: str, tmp_path: Path) -> N
     expected = [*srun_args(cfg, ctx), *launcher, python, "-m", "hpc_ddp", "run"]
     assert calls.argv("srun") == [*expected, ctx.run_dir]
     assert calls.returncode == 0
+    if cfg.fault.enabled:
+        # The batch shell execs the supervisor, which runs the srun line given after `--`.
+        supervise = ["-m", "hpc_ddp", "supervise", ctx.run_dir, "--", "srun"]
+        assert calls.argv("python") == [*supervise, *expected, ctx.run_dir]
+        assert f"exec {shlex.quote(ctx.python)} -m hpc_ddp supervise" in render_sbatch(cfg, ctx)
+        assert "--kill-on-bad-exit=1" not in calls.argv("srun")  # the supervisor ends steps
+    else:
+        assert not (tmp_path / "calls" / "python.argv").exists()
+        assert calls.argv("srun")[0] == "--kill-on-bad-exit=1"
     if cfg.env.modules:
         assert calls.argv("module") == ["load", *cfg.env.modules]
     if cfg.env.setup:
@@ -414,7 +441,8 @@ def test_container_python_runs_instead_of_the_login_nodes(runtime: str) -> None:
     cfg = JobConfig("t", env=EnvConfig(container=container))
     assert task_python(cfg, CTX) == "python3"  # the default inside an image
     script = render_sbatch(cfg, CTX)
-    assert CTX.python not in script
+    # The supervisor runs on the batch host with the submitting interpreter; the tasks not.
+    assert CTX.python not in script.split(" -- \\\n", 1)[1]
     assert script.rstrip().endswith(f"\n  python3 -m hpc_ddp run {CTX.run_dir}")
     custom = dataclasses.replace(container, python="/opt/conda/bin/python")
     script = render_sbatch(JobConfig("t", env=EnvConfig(container=custom)), CTX)
@@ -463,6 +491,37 @@ def test_mem_zero_renders_all_of_the_nodes_memory(tmp_path: Path) -> None:
     assert "--mem=0" in sbatch_parse(script, tmp_path)
 
 
+@pytest.mark.parametrize("supervised", [True, False])
+def test_a_node_range_asks_for_cpus_per_node_and_leaves_the_tasks_to_srun(
+    supervised: bool, tmp_path: Path
+) -> None:
+    """``slurm.min_nodes``: ``--nodes=MIN-MAX`` (spares on both ends) and ``--mincpus`` for a
+    node's ranks, never ``--ntasks-per-node`` (Slurm 22.05 then caps the range's top at MIN x
+    tasks per node); srun sets the tasks per node, the supervisor's steps or the plain line."""
+    from hpc_ddp.config.load import job_config_from_dict
+
+    slurm = {"nodes": 4, "min_nodes": 2, "tasks_per_node": 2, "cpus_per_task": 3}
+    if supervised:
+        slurm["spare_nodes"] = 1
+    cfg = job_config_from_dict(
+        {"name": "t", "slurm": slurm, "fault": {"enabled": supervised}, "train": {"grad_accum": 3}},
+        "x",
+    )
+    flags = dict(sbatch_flags(cfg, CTX))
+    assert flags["nodes"] == ("3-5" if supervised else "2-4")
+    assert flags["mincpus"] == "6"
+    assert "ntasks-per-node" not in flags
+    assert "cpus-per-task" not in flags
+    args = srun_args(cfg, CTX)
+    assert "--cpus-per-task=3" in args
+    assert ("--ntasks-per-node=2" in args) is not supervised
+    found = sbatch_parse(render_sbatch(cfg, CTX), tmp_path)
+    assert found == expected_sbatch_args(cfg, CTX)
+    fixed = dataclasses.replace(cfg, slurm=dataclasses.replace(cfg.slurm, min_nodes=None))
+    assert dict(sbatch_flags(fixed, CTX))["ntasks-per-node"] == "2"
+    assert "mincpus" not in dict(sbatch_flags(fixed, CTX))
+
+
 def test_cpu_binding_is_left_to_slurm_unless_srun_args_ask() -> None:
     """hpc-ddp asks for no ``--cpu-bind``: Slurm binds each task to its cpus_per_task CPUs (or
     applies the site's default); a user's own ``--cpu-bind`` in slurm.srun_args reaches srun."""
@@ -509,6 +568,7 @@ def test_container_python_end_to_end_through_stub_srun_and_apptainer(tmp_path: P
         "t",
         slurm=SlurmConfig(gpus_per_node=1, srun_args=("--mpi=none",)),
         env=EnvConfig(container=container),
+        fault=FaultConfig(enabled=False),  # with it, the supervisor runs the submitter's python
     )
     ctx = dataclasses.replace(CTX, python="/login/node/only/python")  # absent: must not run
     script = tmp_path / "job.sbatch"
@@ -623,9 +683,10 @@ def test_hostile_values_reach_their_commands_verbatim_and_run_nothing(tmp_path: 
     assert calls.returncode == 0, calls.stderr
     assert sorted(os.listdir(sentinels)) == []
     assert calls.argv("module") == ["load", *values]
+    # The supervisor gets the run directory as one word, and srun's command after `--`.
+    assert calls.argv("python")[:5] == ["-m", "hpc_ddp", "supervise", run_dir, "--"]
     logs = run_dir.replace("%", "%%") + "/logs"
     assert calls.argv("srun") == [
-        "--kill-on-bad-exit=1",
         f"--output={logs}/rank-%t.out",
         f"--error={logs}/rank-%t.err",
         "--open-mode=append",
@@ -657,7 +718,7 @@ def test_hostile_pyxis_values(tmp_path: Path) -> None:
     calls = run_with_stubs(render_sbatch(cfg, CTX), tmp_path)
     assert sorted(os.listdir(sentinels)) == []
     argv = calls.argv("srun")
-    assert argv[4:] == [
+    assert argv[3:] == [
         "--cpus-per-task=3",
         f"--container-image={values[0]}",
         f"--container-mounts={values[1]},{values[2]}",
@@ -680,7 +741,7 @@ def test_hostile_charliecloud_values(tmp_path: Path) -> None:
     calls = run_with_stubs(render_sbatch(cfg, ctx), tmp_path, {"USER": "a'b $(touch x)"})
     assert calls.returncode == 0, calls.stderr
     assert sorted(os.listdir(sentinels)) == []
-    assert calls.argv("srun")[4:] == [
+    assert calls.argv("srun")[3:] == [
         "ch-run", f"--cd={tmp_path}", "-b", values[1], "-b", values[2], "-b", values[3],
         "--unset-env=PYTHONPATH", "--unset-env=PYTHONHOME", "--unset-env=VIRTUAL_ENV",
         *values[4:], values[0], "--",
@@ -689,15 +750,33 @@ def test_hostile_charliecloud_values(tmp_path: Path) -> None:
     assert calls.env("srun")["USER"] == "a'b $(touch x)"  # a user's own $USER is kept as is
 
 
-def test_job_exit_status_is_srun_status(tmp_path: Path) -> None:
-    cfg, ctx = CASES["cpu_one_node"]
+@pytest.mark.parametrize("case", ["unsupervised", "cpu_one_node"])
+def test_job_exit_status_is_srun_status(case: str, tmp_path: Path) -> None:
+    cfg, ctx = CASES[case]  # supervised: the supervisor's, here a stub that becomes srun
     calls = run_with_stubs(render_sbatch(cfg, ctx), tmp_path, {"STUB_SRUN_EXIT": "7"})
     assert calls.returncode == 7
 
 
 @pytest.mark.parametrize("sig", ["USR1", "USR2"])
-def test_batch_shell_survives_a_stray_user_signal(sig: str, tmp_path: Path) -> None:
+def test_a_stray_user_signal_cannot_end_the_supervisor_as_it_starts(
+    sig: str, tmp_path: Path
+) -> None:
+    """The batch shell ignores USR1/USR2 before it execs the supervisor: an ignored signal
+    stays ignored across exec, so one that arrives while the supervisor starts (before it
+    catches them itself) is harmless. The stub supervisor signals itself to show it."""
     cfg, ctx = CASES["cpu_one_node"]
+    script = render_sbatch(cfg, ctx)
+    calls = run_with_stubs(script, tmp_path, {"STUB_SUPERVISOR_SIGNAL": sig})
+    assert calls.returncode == 0, calls.stderr
+    unguarded = script.replace("trap '' USR1 USR2\n", "")
+    assert unguarded != script
+    killed = run_with_stubs(unguarded, tmp_path / "unguarded", {"STUB_SUPERVISOR_SIGNAL": sig})
+    assert killed.returncode == -getattr(signal, f"SIG{sig}")
+
+
+@pytest.mark.parametrize("sig", ["USR1", "USR2"])
+def test_batch_shell_survives_a_stray_user_signal(sig: str, tmp_path: Path) -> None:
+    cfg, ctx = CASES["unsupervised"]  # supervised, the batch shell is the supervisor
     script = render_sbatch(cfg, ctx)
     # The stub srun signals its parent, the batch shell, as `scancel --full` would.
     calls = run_with_stubs(script, tmp_path, {"STUB_SRUN_SIGNAL": sig})
@@ -724,6 +803,11 @@ _STUB = r"""#!/bin/sh
 out="$STUB_OUT/$(basename "$0")"
 printf '%s\0' "$@" > "$out.argv"
 env -0 > "$out.env"
+if [ "$(basename "$0")" = python ] && [ "$3" = supervise ]; then
+    if [ -n "${STUB_SUPERVISOR_SIGNAL:-}" ]; then kill -s "$STUB_SUPERVISOR_SIGNAL" $$; fi
+    shift 5  # -m hpc_ddp supervise RUN_DIR --
+    exec "$@"
+fi
 if [ "$(basename "$0")" = srun ]; then
     if [ -n "${STUB_SRUN_SIGNAL:-}" ]; then kill -s "$STUB_SRUN_SIGNAL" "$PPID"; sleep 0.2; fi
     exit "${STUB_SRUN_EXIT:-0}"
@@ -752,12 +836,20 @@ def run_with_stubs(script: str, tmp_path: Path, env: dict[str, str] | None = Non
     bin_dir, out = tmp_path / "stubs", tmp_path / "calls"
     bin_dir.mkdir(parents=True)
     out.mkdir()
-    for name in ("srun", "module", "apptainer", "conda"):
+    for name in ("srun", "module", "apptainer", "conda", "python"):
         (bin_dir / name).write_text(_STUB)
         (bin_dir / name).chmod(0o755)
     activate = tmp_path / "venvs" / "ddp" / "bin" / "activate"
     activate.parent.mkdir(parents=True)
     activate.write_text('export VIRTUAL_ENV="$HOME/venvs/ddp"\n')
+    # The supervisor's interpreter (the submitting one, absent here) becomes the stub python,
+    # which records its argv and runs the srun command given after `--`.
+    lines = script.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.startswith("exec ") and " -m hpc_ddp supervise " in line:
+            rest = line.split(" -m hpc_ddp supervise ", 1)[1]
+            lines[i] = f"exec {bin_dir}/python -m hpc_ddp supervise {rest}"
+    script = "".join(lines)
     path = tmp_path / "job.sbatch"
     path.write_text(script, encoding="utf-8")
     proc = subprocess.run(

@@ -12,7 +12,7 @@ from torch.utils.data import TensorDataset
 from hpc_ddp.config.model import TrainConfig
 from hpc_ddp.errors import ConfigError
 from hpc_ddp.runtime.progress import Progress
-from hpc_ddp.runtime.sampler import ResumableLoader, ResumableSampler, mix_seed
+from hpc_ddp.runtime.sampler import ResumableLoader, ResumableSampler, mix_seed, remainder_shard
 from hpc_ddp.train.data import SyntheticImages, build_dataset
 
 pytestmark = pytest.mark.torch
@@ -92,6 +92,101 @@ def test_progress_counts_batches_and_rolls_over() -> None:
 
 def test_multiple_of_trims_the_epoch() -> None:
     assert len(loader(Progress(), multiple_of=4)) == 4
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 7])
+def test_the_order_at_the_start_of_an_epoch_is_distributed_samplers(world: int) -> None:
+    """The same permutation and deal as torch's DistributedSampler (less its padding, which
+    whole steps never reach)."""
+    from torch.utils.data import DistributedSampler
+
+    for rank in range(world):
+        theirs: DistributedSampler[Any] = DistributedSampler(
+            INDEX_DATA, num_replicas=world, rank=rank, seed=7
+        )
+        theirs.set_epoch(3)
+        ours = ResumableSampler(INDEX_DATA, num_replicas=world, rank=rank, seed=7)
+        ours.set_epoch(3)
+        mine = list(ours)
+        assert mine == list(theirs)[: len(mine)]
+        assert len(mine) == len(range(rank, N, world))
+
+
+@pytest.mark.parametrize("start", [0, 8, 24, 48])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_the_remainder_is_dealt_so_that_each_round_is_the_next_block(
+    start: int, world: int
+) -> None:
+    """Pure: over all ranks, the k-th index of every share is order[start + k*world ...]: a
+    step takes the same block of the permutation at any world size."""
+    order = [(i * 37) % 101 for i in range(101)]  # any order
+    shares = [remainder_shard(order, start=start, world=world, rank=r) for r in range(world)]
+    dealt = [share[k] for k in range(len(shares[-1])) for share in shares]
+    assert dealt == order[start : start + len(dealt)]
+    assert sorted(i for share in shares for i in share) == sorted(order[start:])  # each, once
+    capped = remainder_shard(order, start=start, world=world, rank=0, count=2)
+    assert capped == shares[0][:2]
+    with pytest.raises(ValueError, match=f"rank {world} is not in a world of {world}"):
+        remainder_shard(order, start=start, world=world, rank=world)
+
+
+def _steps(world: int, accum: int, progresses: list[Progress], steps: int) -> list[list[int]]:
+    """``steps`` optimizer steps of ``world`` ranks x ``accum`` batches of 4: each step's
+    samples (sorted), every rank's loader going on from its own progress."""
+    batches = [
+        loader(progresses[r], rank=r, world=world, multiple_of=accum).forever()
+        for r in range(world)
+    ]
+    out = []
+    for _ in range(steps):
+        step = [i for b in batches for _ in range(accum) for i in next(b)[0].tolist()]
+        out.append(sorted(step))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "cut"),
+    [
+        ((2, 1), (1, 2), 3),  # 2 ranks x 4 x 1 -> 1 rank x 4 x 2, mid-epoch
+        ((2, 1), (1, 2), 6),  # at the epoch's end: the next epoch starts
+        ((2, 1), (1, 2), 8),  # in the second epoch
+        ((1, 3), (3, 1), 2),  # 1 rank x 4 x 3 -> 3 ranks x 4 x 1
+        ((2, 2), (4, 1), 1),
+    ],
+)
+def test_an_elastic_resume_sees_every_sample_of_the_epoch_once_in_the_same_steps(
+    before: tuple[int, int], after: tuple[int, int], cut: int
+) -> None:
+    """The step-by-step samples of a run that changed world size (keeping the global batch)
+    at step ``cut`` equal the uninterrupted run's: the same blocks, so the same multiset of
+    samples over each epoch and the whole run."""
+    (w0, a0), (w1, a1) = before, after
+    assert w0 * a0 == w1 * a1
+    total = 14  # 50 samples, 8 or 12 per step: two or three epochs and a bit
+    whole = _steps(w0, a0, [Progress() for _ in range(w0)], total)
+    ranks = [Progress() for _ in range(w0)]
+    first = _steps(w0, a0, ranks, cut)
+    saved = ranks[0]  # every rank's position is the same: rank 0 saves it
+    assert {(p.epoch, p.samples_in_epoch) for p in ranks} == {(saved.epoch, saved.samples_in_epoch)}
+    resumed = [Progress(epoch=saved.epoch, batch_in_epoch=saved.batch_in_epoch,
+                        samples_in_epoch=saved.samples_in_epoch) for _ in range(w1)]  # fmt: skip
+    rest = _steps(w1, a1, resumed, total - cut)
+    assert first + rest == whole
+    per_epoch = len(INDEX_DATA) // (4 * w0 * a0)
+    for e in range(total // per_epoch):
+        seen = sorted(i for step in whole[e * per_epoch : (e + 1) * per_epoch] for i in step)
+        assert len(seen) == len(set(seen)) == per_epoch * 4 * w0 * a0  # each sample once
+
+
+def test_a_position_without_a_sample_count_is_read_at_the_world_that_wrote_it() -> None:
+    """A checkpoint of an older hpc-ddp has batch_in_epoch only: at its own world size the
+    loader goes on as before."""
+    p = Progress()
+    first = take(loader(p).forever(), 2)
+    old = Progress(epoch=p.epoch, batch_in_epoch=p.batch_in_epoch)  # no samples_in_epoch
+    assert take(loader(old).forever(), 2) == take(loader(Progress()).forever(), 4)[2:]
+    assert first == take(loader(Progress()).forever(), 2)
+    assert old.samples_in_epoch == 4 * 4 * 2  # counted from here on
 
 
 def test_loading_leaves_the_global_rng_alone() -> None:

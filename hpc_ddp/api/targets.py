@@ -1,7 +1,8 @@
-"""Which runs a command means: every run under ``--runs-dir``, or the run dirs and job ids given.
+"""Which runs a target means: every run under ``--runs-dir``, or the run dirs and job ids given.
 
-Shared by ``status``, ``cancel``, ``logs``, ``results`` and ``checkpoints``; finding runs reads
-manifests and sweep records and nothing else. A target that names nothing (no such path, no
+Shared by the Python API (:mod:`hpc_ddp.api`) and, through it, by the ``status``, ``cancel``,
+``logs``, ``results`` and ``checkpoints`` verbs; finding runs reads manifests and sweep records
+and nothing else. A target that names nothing (no such path, no
 run with that job id) is a :class:`TargetError` (exit 2) with a hint, for every verb alike.
 """
 

@@ -1,0 +1,449 @@
+"""One run from Python: submit it, resume it, watch it, read its metrics and logs, cancel it.
+
+::
+
+    import hpc_ddp
+
+    job = hpc_ddp.submit("jobs/quickstart.yaml", {"train.lr": 0.1})
+    status = job.wait()          # RunFailedError (with the reason lines) unless it completed
+    rows = job.metrics()         # metrics.jsonl, each step once
+
+A :class:`Job` is its run directory, its job id and its backend, nothing more: everything else
+is read from the run directory and from Slurm when asked, so ``Job.from_run_dir(path)`` in a
+new process (a notebook restarted, another login node) is the same job. The ``submit`` and
+``resume`` verbs are :func:`plan_submit` / :func:`plan_resume` (what ``--dry-run`` shows) and
+:func:`launch` here; every verb's errors are the same :class:`~hpc_ddp.errors.HpcDdpError`\\ s,
+with the same hints. Nothing here imports torch, torchvision or submitit on a login node (a
+local run's processes import what they need).
+
+Every function takes ``slurm=``, the :class:`~hpc_ddp.slurm.client.SlurmClient` to talk to
+Slurm through (None: the real commands on PATH); tests pass one over
+:class:`~hpc_ddp.slurm.fake.FakeSlurm`, as ``hpc_ddp.cli.main.main(argv, slurm=)`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from hpc_ddp.config.model import JobConfig
+from hpc_ddp.errors import ConfigError, OverrideError, RunFailedError, TargetError
+from hpc_ddp.launch.submission import Launched, Prepared
+from hpc_ddp.layout import MANIFEST_FILE, RunPaths
+from hpc_ddp.manifest import read_manifest
+from hpc_ddp.slurm.client import SlurmClient
+
+if TYPE_CHECKING:
+    from hpc_ddp.api.cancel import CancelResult
+    from hpc_ddp.api.status import RunStatus, SweepStatus
+    from hpc_ddp.launch.resume import ResumePlan
+
+# Reading runs back (api.status, api.targets, api.cancel, api.logs) and resuming them are
+# imported where they are used: a submit, on a login node, pays for none of it.
+
+Overrides = Mapping[str, Any] | Sequence[str]
+"""Dotted overrides: ``{"train.lr": 0.1}`` (values as Python data), or ``["train.lr=0.1"]`` as
+on the command line (values read as YAML)."""
+BackendChoice = Literal["auto", "slurm", "local"]
+
+PYTHON_CONFIG = "<JobConfig from Python>"
+"""What a run submitted from a :class:`JobConfig` object records as its config's source; a
+relative ``slurm.template`` is then looked up from the working directory."""
+
+
+def _client(slurm: SlurmClient | None) -> SlurmClient:
+    return slurm if slurm is not None else SlurmClient()
+
+
+def override_args(overrides: Overrides) -> list[str]:
+    """``KEY=VALUE`` strings for ``overrides``: a mapping's values are written so that the
+    config reader reads back the same value (``0.1``, ``"a: b"``, ``[1, 2]``, None): a string
+    that reads back as itself as it is, anything else as JSON.
+
+    A bare string is refused (it would be read as its characters), and so is a value JSON
+    cannot hold (an infinity, an object): :class:`OverrideError` naming the key.
+    """
+    if isinstance(overrides, str):
+        raise OverrideError(
+            f"overrides {overrides!r}: a single string, not a list or mapping. HINT: pass "
+            f"[{overrides!r}], or a mapping such as {{'train.lr': 0.1}}."
+        )
+    if not isinstance(overrides, Mapping):
+        return [str(o) for o in overrides]
+    return [f"{key}={_value_text(key, value)}" for key, value in overrides.items()]
+
+
+def _value_text(key: str, value: Any) -> str:
+    """``value`` as the text of an override: a string the config reader reads back as itself
+    as it is (so that messages quote ``slurm.time=25:99`` as the CLI does), else JSON."""
+    import yaml
+
+    from hpc_ddp.config.yaml_dialect import load_yaml_value
+
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    plain = isinstance(value, str) and value.strip() == value
+    if plain and not any(c in value for c in "\n\r\0"):
+        try:
+            if load_yaml_value(value) == value:
+                return str(value)
+        except (yaml.YAMLError, ValueError):  # not YAML as it is: written as JSON below
+            pass
+    try:
+        return json.dumps(value, allow_nan=False, default=_path_text)
+    except (TypeError, ValueError) as exc:
+        raise OverrideError(
+            f"override {key!r}: {value!r} cannot be a config value ({exc}). HINT: use a "
+            "number, string, bool, None, or a list or mapping of those."
+        ) from None
+
+
+def _path_text(value: object) -> str:
+    if isinstance(value, os.PathLike):
+        return str(os.fspath(value))
+    raise TypeError(f"{type(value).__name__} is not a config value")
+
+
+# --- the job ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    """A submitted run: its directory, its current job id and its backend.
+
+    Rebuild one anywhere from the run directory alone with :meth:`from_run_dir`. The methods
+    read the run directory and ask Slurm each time; none of them caches.
+    """
+
+    run_dir: Path
+    job_id: str
+    """The Slurm job id (a local run: its controller's pid; a sweep task: ``ARRAYJOB_TASK``;
+    empty for a sweep point never submitted)."""
+    backend: str
+    """``slurm`` or ``local``."""
+    index: int | None = None
+    """The sweep point, for a task of a :class:`~hpc_ddp.api.sweep.Sweep`."""
+    slurm: SlurmClient | None = field(default=None, compare=False, repr=False)
+    """The Slurm client its methods use (None: the real commands)."""
+    launched: Launched | None = field(default=None, compare=False, repr=False)
+    """The launch record when this process started the job (a local run's processes among
+    it); None for a job rebuilt from its run directory."""
+
+    @classmethod
+    def from_run_dir(cls, path: str | Path, *, slurm: SlurmClient | None = None) -> Job:
+        """The job of a run directory (or of a sweep task's, ``SWEEP_DIR/tasks/N``), read from
+        its files: no pickles, nothing kept from the process that submitted it.
+
+        A path that is no run directory is a :class:`~hpc_ddp.errors.TargetError` (a sweep's:
+        use :meth:`hpc_ddp.Sweep.from_dir`).
+        """
+        from hpc_ddp.api.targets import point_task, require_dir, sweep_task_of
+
+        path = Path(path)
+        require_dir(str(path))
+        task = None if (path / MANIFEST_FILE).exists() else sweep_task_of(path)
+        if task is not None:
+            return cls(path, point_task(*task).ref, "slurm", index=task[1], slurm=slurm)
+        if (path / "tasks").is_dir() and (path / MANIFEST_FILE).exists():
+            raise TargetError(
+                f"{path} is a sweep directory, not one run. HINT: hpc_ddp.Sweep.from_dir"
+                f"({str(path)!r}), or one of its tasks: Job.from_run_dir('{path}/tasks/N')."
+            )
+        manifest = read_manifest(path)  # no manifest.json: a RunDirError with its hint
+        return cls(path, manifest.job_id or "", manifest.backend, slurm=slurm)
+
+    @property
+    def paths(self) -> RunPaths:
+        """What is where in the run directory (logs, checkpoints, ``metrics.jsonl``, ...)."""
+        return RunPaths(self.run_dir)
+
+    def status(self) -> RunStatus:
+        """Where the run stands, as ``hpc-ddp status RUN_DIR`` shows it (a sweep task: its row
+        of the sweep's table, ``state`` ``finished``, ``failed``, ``running`` ...)."""
+        from hpc_ddp.api.status import RunStatus, collect_status
+
+        [found] = collect_status([str(self.run_dir)], self.run_dir.parent, _client(self.slurm))
+        return found if isinstance(found, RunStatus) else _task_status(found)
+
+    def wait(
+        self, timeout: float | None = None, *, check: bool = True, poll_s: float | None = None
+    ) -> RunStatus:
+        """Wait until the run has ended, and return its status.
+
+        A run that did not complete (FAILED, CANCELLED, TIMEOUT, INCOMPLETE, ...) raises
+        :class:`~hpc_ddp.errors.RunFailedError` carrying the status and the reason lines
+        ``status`` prints, unless ``check`` is False. Past ``timeout`` seconds a
+        :class:`~hpc_ddp.errors.WaitTimeoutError`; the job goes on. The looks start 0.5 s apart
+        and back off to one every 15 s (``poll_s`` fixes the pause instead). A requeued job is
+        waited for through its requeues.
+        """
+        from hpc_ddp.api.status import wait_until_ended
+
+        done = wait_until_ended(
+            self.status, timeout=timeout, what=str(self.run_dir), poll_s=poll_s,
+            between=self._reap, settled=self._exited,
+        )  # fmt: skip
+        if check and not done.succeeded:
+            raise run_failed(done)
+        return done
+
+    def _reap(self) -> None:
+        """Collect a local controller this process started once it has exited (else it would
+        linger as a zombie until this process ends)."""
+        local = None if self.launched is None else self.launched.local
+        if local is not None:
+            local.handle.done()
+
+    def _exited(self) -> bool:
+        """True unless a local run's controller or a rank still runs: its ledger may say
+        finished a moment before its processes have exited, and the wait waits for those."""
+        if self.backend != "local":
+            return True
+        from hpc_ddp.local.process import local_alive
+
+        return not local_alive(self.run_dir, self.job_id)
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """The rows of ``metrics.jsonl`` that count, in order: a step logged again after a
+        resume is there once, from the attempt that counts (as ``status`` and ``results`` read
+        it); a torn last line is left out. [] before the first row."""
+        from hpc_ddp.sweep.results import read_metrics
+
+        return read_metrics(self.paths.metrics)
+
+    def logs(
+        self, *, rank: int = 0, stream: Literal["err", "out"] = "err", batch: bool = False
+    ) -> str:
+        """A log's text as it is now: ``rank``'s stderr (hpc-ddp's progress and tracebacks),
+        its stdout (``stream="out"``: what the script printed), or the batch script's
+        (``batch``)."""
+        from hpc_ddp.api.logs import read_log
+
+        return read_log(self.paths, rank=rank, stream=stream, batch=batch)
+
+    def cancel(self) -> CancelResult:
+        """Cancel the job as ``hpc-ddp cancel RUN_DIR`` does; ``.outcome`` says what came of it
+        (``cancelled``, ``already_finished``, ``unknown`` to Slurm, or ``not_this_run``: the
+        job id names a job of another directory, and nothing was signalled)."""
+        from hpc_ddp.api.cancel import cancel_targets
+
+        [result] = cancel_targets(
+            [str(self.run_dir)], runs_dir=self.run_dir.parent, slurm=_client(self.slurm)
+        )
+        return result
+
+    def resume(
+        self, overrides: Overrides = (), *, force: bool = False, elastic: bool = False
+    ) -> Job:
+        """:func:`resume` this run (its new job, in the same run directory)."""
+        return resume(self.run_dir, overrides, force=force, elastic=elastic, slurm=self.slurm)
+
+
+def _task_status(entry: SweepStatus) -> RunStatus:
+    """A sweep task's status: its row of the sweep's table, in a :class:`RunStatus`."""
+    from hpc_ddp.api.status import RunStatus
+
+    task: Mapping[str, Any] = (
+        entry.tasks[0] if entry.tasks else {"index": entry.task, "state": "unknown"}
+    )
+    run = str(task.get("run_dir") or Path(entry.sweep, "tasks", str(entry.task)))
+    cause = task.get("last_cause")
+    return RunStatus(
+        run=run, job=task.get("job"), backend="slurm", state=str(task["state"]), nodes="-",
+        elapsed="-", attempts=task.get("attempts"), causes=cause or "-", ckpt_step=None,
+        loss=task.get("loss"), failed_rank=None, note=None, row=dict(task),
+    )  # fmt: skip
+
+
+def run_failed(status: RunStatus) -> RunFailedError:
+    """The error for a run waited on that did not complete: its state and reason lines."""
+    why = "".join(f"\n  {line}" for line in status.reasons)
+    return RunFailedError(
+        f"{status.run} ended {status.state}{why or ' (no reason recorded)'}. HINT: "
+        f"`hpc-ddp status {status.run} --attempts` and `hpc-ddp logs {status.run}` say more; "
+        "hpc_ddp.resume(run_dir) goes on from its newest checkpoint.",
+        status=status,
+        reasons=status.reasons,
+    )
+
+
+# --- submitting ---------------------------------------------------------------------------------
+
+
+def plan_submit(
+    config: str | Path | JobConfig,
+    overrides: Overrides = (),
+    *,
+    backend: BackendChoice = "auto",
+    runs_dir: str | Path | None = None,
+    site: str | Path | None = None,
+    slurm: SlurmClient | None = None,
+    invocation: Sequence[str] | None = None,
+    for_test_only: bool = False,
+) -> Prepared:
+    """Everything :func:`submit` would write and run, checked, and nothing written or run:
+    ``.script`` and ``.sbatch_argv`` (Slurm), ``.paths.root`` (where the run would go),
+    ``.cfg`` (the resolved config). What ``hpc-ddp submit --dry-run`` shows.
+
+    ``config`` is a job file (layered over the site profile: ``site``, else
+    ``$HPC_DDP_SITE``, else ``$XDG_CONFIG_HOME/hpc-ddp/site.yaml``) or a :class:`JobConfig`
+    (taken as it is). ``backend`` ``auto`` is Slurm when ``sbatch`` is on PATH, else local
+    processes. ``runs_dir``: else ``$HPC_DDP_RUNS_DIR``, else ``./runs``. ``invocation`` is
+    the command recorded in the script's header. ``for_test_only``: the plan is for
+    :func:`sbatch_test_only` (which asks Slurm, so a local backend is refused).
+    """
+    from hpc_ddp.config.preflight import preflight_job
+    from hpc_ddp.launch.submission import choose_backend, prepare, runs_dir_from
+
+    args = override_args(overrides)
+    cfg, config_path = _job_config(config, args, site)
+    preflight_job(cfg, str(config_path))  # what would fail on the nodes, checked from here
+    chosen = choose_backend(backend, _sbatch_on_path() if backend == "auto" else None)
+    if chosen == "local" and for_test_only:
+        raise ConfigError("--test-only asks Slurm; HINT: use --backend slurm on a Slurm cluster.")
+    shown = str(config) if not isinstance(config, JobConfig) else PYTHON_CONFIG
+    return prepare(
+        cfg,
+        backend=chosen,
+        config_path=config_path,
+        runs_dir=runs_dir_from(None if runs_dir is None else str(runs_dir), os.environ),
+        python=sys.executable,
+        invocation=invocation or ["hpc_ddp.submit", shown, *args],
+        client=_client(slurm),
+    )
+
+
+def _job_config(
+    config: str | Path | JobConfig, overrides: Sequence[str], site: str | Path | None
+) -> tuple[JobConfig, Path]:
+    """The job's config, with the overrides, and the path its source is known by."""
+    from hpc_ddp.config.load import (
+        apply_overrides,
+        find_site_profile,
+        job_config_from_dict,
+        job_config_to_dict,
+        load_job_config,
+    )
+
+    if isinstance(config, JobConfig):
+        if not overrides:
+            return config, Path(PYTHON_CONFIG)
+        data = apply_overrides(job_config_to_dict(config), overrides)
+        return job_config_from_dict(data, f"{PYTHON_CONFIG} (with overrides)"), Path(PYTHON_CONFIG)
+    path = Path(config)
+    profile = find_site_profile(None if site is None else str(site), os.environ, Path.home())
+    return load_job_config(path, overrides, site_profile=profile), path
+
+
+def _sbatch_on_path() -> str | None:
+    import shutil  # not at the top: shutil loads the compression modules, ~3 ms of every submit
+
+    return shutil.which("sbatch")
+
+
+def launch(planned: Prepared | ResumePlan, *, slurm: SlurmClient | None = None) -> Job:
+    """Start a planned submission (:func:`plan_submit`) or resume (:func:`plan_resume`) and
+    return its job: the run directory is written (a new one is claimed atomically, never one
+    another submission holds) and the job started on its backend and recorded."""
+    client = _client(slurm)
+    if isinstance(planned, Prepared):
+        from hpc_ddp.launch.submission import launch as launch_prepared
+
+        launched = launch_prepared(planned, client)
+    else:
+        from hpc_ddp.launch.resume import resume as resume_planned
+
+        launched = resume_planned(planned, client)
+    backend = launched.prepared.backend
+    return Job(launched.paths.root, launched.job_id, backend, slurm=slurm, launched=launched)
+
+
+def sbatch_test_only(prepared: Prepared, *, slurm: SlurmClient | None = None) -> str:
+    """``sbatch --test-only`` for a planned submission: Slurm's word on whether and when it
+    would start. Nothing is submitted (the run directory sbatch reads is removed again)."""
+    from hpc_ddp.launch.submission import test_only as ask
+
+    return ask(prepared, _client(slurm))
+
+
+def submit(
+    config: str | Path | JobConfig,
+    overrides: Overrides = (),
+    *,
+    backend: BackendChoice = "auto",
+    runs_dir: str | Path | None = None,
+    site: str | Path | None = None,
+    slurm: SlurmClient | None = None,
+) -> Job:
+    """Submit a job, as ``hpc-ddp submit CONFIG KEY=VALUE ...`` does, and return it.
+
+    ``config``: a job file (``jobs/quickstart.yaml``) or a :class:`JobConfig`; ``overrides``:
+    ``{"train.lr": 0.1}`` or ``["train.lr=0.1"]``. ``backend``: ``auto`` (Slurm when
+    ``sbatch`` is on PATH, else local processes), ``slurm`` or ``local``. ``runs_dir``: where
+    the run directory goes (else ``$HPC_DDP_RUNS_DIR``, else ``./runs``). ``site``: the site
+    profile (else ``$HPC_DDP_SITE``, else ``$XDG_CONFIG_HOME/hpc-ddp/site.yaml``).
+
+    A bad config is a :class:`~hpc_ddp.errors.ConfigError` naming the key, with a hint, and
+    nothing is written; a refused submission a :class:`~hpc_ddp.errors.SubmissionError`.
+    """
+    prepared = plan_submit(
+        config, overrides, backend=backend, runs_dir=runs_dir, site=site, slurm=slurm
+    )
+    return launch(prepared, slurm=slurm)
+
+
+# --- resuming -----------------------------------------------------------------------------------
+
+
+def plan_resume(
+    run_dir: str | Path,
+    overrides: Overrides = (),
+    *,
+    force: bool = False,
+    elastic: bool = False,
+    slurm: SlurmClient | None = None,
+    invocation: Sequence[str] | None = None,
+) -> ResumePlan:
+    """Check that a run may be resumed now and prepare its job again, in its run directory;
+    nothing is written or submitted (``hpc-ddp resume --dry-run``). The plan says where the
+    run stands (``.state``, ``.attempts``), the checkpoint it would go on from
+    (``.checkpoint_step``) and what the overrides change (``.changes``)."""
+    from hpc_ddp.launch.resume import plan_resume as plan
+
+    args = override_args(overrides)
+    shown = str(run_dir)
+    return plan(
+        Path(run_dir),
+        tuple(args),
+        _client(slurm),
+        force=force,
+        elastic=elastic,
+        invocation=invocation or ["hpc_ddp.resume", shown, *args],
+    )
+
+
+def resume(
+    run_dir: str | Path,
+    overrides: Overrides = (),
+    *,
+    force: bool = False,
+    elastic: bool = False,
+    slurm: SlurmClient | None = None,
+) -> Job:
+    """Submit a stopped run's job again, in its run directory, to go on from its newest good
+    checkpoint (as ``hpc-ddp resume RUN_DIR KEY=VALUE ...`` does); returns the new job.
+    ``elastic``: at another world size, with the same global batch (``--elastic``).
+
+    For a run that crashed, was cancelled, ran out of requeues or was lost with its node. A
+    run still queued or running is refused (:class:`~hpc_ddp.errors.TargetError`: two jobs
+    must never share a run directory); a finished one, or one whose state Slurm could not
+    confirm, needs ``force`` (e.g. ``{"train.max_steps": 2000}, force=True`` trains further).
+    Overrides apply over the run's resolved config; its name cannot change.
+    """
+    plan = plan_resume(run_dir, overrides, force=force, elastic=elastic, slurm=slurm)
+    return launch(plan, slurm=slurm)

@@ -1,0 +1,122 @@
+"""A run's log files: which ones a run has, and reading them.
+
+On Slurm srun puts rank N's stderr in ``logs/rank-N.err`` and its stdout in ``logs/rank-N.out``
+(the local backend does the same); hpc-ddp's own progress (steps, loss, checkpoints, stops,
+errors) is Python logging, which writes to stderr. The batch script's own log is
+``logs/batch-<job>.{out,err}``. ``hpc-ddp logs`` and :meth:`hpc_ddp.Job.logs` find them here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from hpc_ddp.api.targets import require_dir
+from hpc_ddp.errors import HpcDdpError, RunDirError, TargetError
+from hpc_ddp.layout import RunPaths
+from hpc_ddp.slurm.arrayjobs import format_index_ranges
+
+
+def run_paths(target: Path, task: int | None) -> RunPaths:
+    """The run directory to read: ``target`` itself, or sweep task ``task`` of it."""
+    paths = RunPaths(require_dir(str(target)))
+    tasks = paths.tasks.iterdir() if paths.tasks.is_dir() else iter(())
+    have = sorted(int(p.name) for p in tasks if p.name.isdigit())
+    if task is None:
+        if have:
+            raise TargetError(
+                f"{target} is a sweep directory with tasks {_ranges(have)}. "
+                "HINT: pick one with --task N."
+            )
+        return paths
+    if task not in have:
+        what = f"has tasks {_ranges(have)}" if have else "is not a sweep directory (no tasks/)"
+        raise TargetError(
+            f"--task {task}: {target} {what}. HINT: pass a sweep directory printed by "
+            "`hpc-ddp sweep` and one of its task indices."
+        )
+    return paths.task(task)
+
+
+def check_rank(paths: RunPaths, rank: int) -> None:
+    """A :class:`TargetError` (exit 2) for a rank the run does not have: its resolved config
+    says how many it has (``nodes x tasks_per_node``); a run without a readable config is not
+    checked (its logs say what there is)."""
+    from hpc_ddp.config.load import load_resolved_config
+
+    try:
+        ranks = load_resolved_config(paths.config).slurm.ntasks
+    except (HpcDdpError, OSError):
+        return
+    if rank >= ranks:
+        have = "0" if ranks == 1 else f"0-{ranks - 1}"
+        raise TargetError(
+            f"--rank {rank}: no such rank (the run has {ranks} rank{'s' if ranks > 1 else ''}: "
+            f"{have}). HINT: pass --rank {have if ranks == 1 else f'0 to {ranks - 1}'}."
+        )
+
+
+def _ranges(indices: list[int]) -> str:
+    """``0-3, 7`` for [0, 1, 2, 3, 7]."""
+    return format_index_ranges(indices).replace(",", ", ")
+
+
+def _log_file(path: Path) -> Path | None:
+    """``path`` if it is a log file, None if there is none yet; anything else in its place (a
+    directory, a dangling symlink) is a :class:`RunDirError`."""
+    if path.is_file():
+        return path
+    if path.exists():
+        raise RunDirError(
+            f"{path}: is not a regular file, so not a log. HINT: something else created it; "
+            "move it aside (the job writes the log there)."
+        )
+    if path.is_symlink():
+        raise RunDirError(
+            f"{path}: a symlink to {path.readlink()}, which does not exist. HINT: restore the "
+            "file it points to, or remove the link."
+        )
+    return None
+
+
+def log_paths(paths: RunPaths, *, rank: int, stream: str, batch: bool) -> list[Path]:
+    """The log files asked for that exist ([] when none does yet)."""
+    streams = ["err", "out"] if stream == "both" else [stream]
+    found: list[Path | None] = []
+    for s in streams:
+        if batch:
+            found.extend(_log_file(p) for p in sorted(paths.logs.glob(f"batch-*.{s}"))[-1:])
+        else:
+            found.append(_log_file(paths.rank_log(rank, s)))
+    return [p for p in found if p is not None]
+
+
+def missing_logs(paths: RunPaths, *, rank: int, stream: str, batch: bool) -> RunDirError:
+    """The error for logs that do not exist (yet), listing those that do."""
+    streams = ["err", "out"] if stream == "both" else [stream]
+    have = sorted(p.name for p in paths.logs.glob("*")) if paths.logs.is_dir() else []
+    name = "batch-*" if batch else f"rank-{rank}"
+    return RunDirError(
+        f"{paths.logs}: no {name}.{'/'.join(streams)} log yet. "
+        f"HINT: logs present: {', '.join(have) or 'none (has the job started?)'}."
+    )
+
+
+def read_log(paths: RunPaths, *, rank: int = 0, stream: Literal["err", "out"] = "err",
+             batch: bool = False) -> str:  # fmt: skip
+    """The text of one log of a run (``rank``'s, or the batch script's newest), as it is now.
+
+    A rank the run does not have is a :class:`TargetError`; a log that does not exist (yet) a
+    :class:`RunDirError` listing the logs there are. Bytes that are not UTF-8 are replaced.
+    """
+    if not batch:
+        check_rank(paths, rank)
+    found = log_paths(paths, rank=rank, stream=stream, batch=batch)
+    if not found:
+        raise missing_logs(paths, rank=rank, stream=stream, batch=batch)
+    try:
+        return found[0].read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise RunDirError(
+            f"{found[0]}: cannot read it ({exc.strerror or exc}). HINT: check its permissions."
+        ) from None

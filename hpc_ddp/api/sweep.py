@@ -1,0 +1,463 @@
+"""A sweep from Python: submit it as one job array, watch it, rank its results, resubmit what
+failed.
+
+::
+
+    import hpc_ddp
+
+    sweep = hpc_ddp.submit_sweep("jobs/sweep-lr.yaml", {"train.max_steps": 200})
+    sweep.wait(check=False)       # until no task is queued or running
+    best = sweep.results()[0]     # the rows `hpc-ddp results` shows, best first
+
+A :class:`Sweep` is its sweep directory and its array job ids; ``Sweep.from_dir(path)`` in a new
+process is the same sweep. Each point is a :class:`~hpc_ddp.api.job.Job` of :meth:`Sweep.tasks`
+(its run directory is ``SWEEP_DIR/tasks/N``). The ``sweep`` and ``results`` verbs print what
+the functions here return; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from hpc_ddp.api.cancel import CancelResult, cancel_targets
+from hpc_ddp.api.job import Job, Overrides, override_args
+from hpc_ddp.api.status import SweepStatus, collect_status, wait_until_ended
+from hpc_ddp.api.targets import require_dir
+from hpc_ddp.errors import (
+    ConfigError,
+    RunDirError,
+    RunFailedError,
+    RunsDirError,
+    SlurmError,
+    TargetError,
+)
+from hpc_ddp.layout import RUNS_DIR_ENV
+from hpc_ddp.slurm.arrayjobs import ArrayRecord, current_refs, format_index_ranges, read_arrays
+from hpc_ddp.slurm.client import SlurmClient
+from hpc_ddp.slurm.jobstate import AccountingRecord, JobInfo
+from hpc_ddp.sweep.arrays import PreparedArray
+from hpc_ddp.sweep.records import SweepRecord, read_sweep_record
+from hpc_ddp.sweep.results import ResultRow
+from hpc_ddp.sweep.spec import SweepSpec
+from hpc_ddp.sweep.submit import Resubmission
+
+RESULT_COLUMNS = ("best", "final", "loss", "steps", "attempts", "index")
+"""Columns of the results table that rows can be sorted by, besides a logged metric or a
+swept key."""
+
+
+def _client(slurm: SlurmClient | None) -> SlurmClient:
+    return slurm if slurm is not None else SlurmClient()
+
+
+# --- the sweep ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A submitted sweep: its directory and the job arrays submitted for it, oldest first.
+
+    Rebuild one anywhere from the sweep directory alone with :meth:`from_dir`. The methods
+    read the sweep directory and ask Slurm each time; none of them caches.
+    """
+
+    sweep_dir: Path
+    array_jobs: tuple[str, ...]
+    """Every array job id submitted for the sweep (``--resubmit-failed`` adds one)."""
+    slurm: SlurmClient | None = field(default=None, compare=False, repr=False)
+    """The Slurm client its methods use (None: the real commands)."""
+
+    @classmethod
+    def from_dir(cls, path: str | Path, *, slurm: SlurmClient | None = None) -> Sweep:
+        """The sweep of a sweep directory, read from its records (``sweep.yaml``,
+        ``arrays.json``). A path that is no sweep directory is a
+        :class:`~hpc_ddp.errors.TargetError` or :class:`~hpc_ddp.errors.RunDirError` with a
+        hint."""
+        sweep_dir = require_dir(str(path), "sweep directory")
+        read_sweep_record(sweep_dir)  # no sweep.yaml: not a sweep, said with a hint
+        jobs = tuple(dict.fromkeys(a.job_id for a in read_arrays(sweep_dir)))
+        return cls(sweep_dir, jobs, slurm=slurm)
+
+    def record(self) -> SweepRecord:
+        """``sweep.yaml``: the points, what each sets, and the metric the sweep ranks by."""
+        return read_sweep_record(self.sweep_dir)
+
+    def arrays(self) -> list[ArrayRecord]:
+        """Every job array submitted for the sweep (``arrays.json``), oldest first."""
+        return read_arrays(self.sweep_dir)
+
+    def tasks(self) -> list[Job]:
+        """One :class:`~hpc_ddp.api.job.Job` per point, in index order, each with the array
+        task that runs it now (its ``job_id``; empty for a point never submitted)."""
+        refs = current_refs(read_arrays(self.sweep_dir))
+        jobs = []
+        for point in self.record().points:
+            ref = refs.get(point.index)
+            job_id = "" if ref is None else f"{ref[0]}_{ref[1]}"
+            run_dir = self.sweep_dir / "tasks" / str(point.index)
+            jobs.append(Job(run_dir, job_id, "slurm", index=point.index, slurm=self.slurm))
+        return jobs
+
+    def status(self) -> SweepStatus:
+        """How many tasks are in each state, and each task's row, as ``hpc-ddp status
+        SWEEP_DIR --json`` shows them."""
+        [found] = collect_status([str(self.sweep_dir)], self.sweep_dir.parent, self._client())
+        if not isinstance(found, SweepStatus):  # DAMAGED: its note says why
+            raise RunDirError(
+                f"{self.sweep_dir}: {found.note}. HINT: `hpc-ddp status {self.sweep_dir}` "
+                "shows it; restore the sweep's records, or sweep again."
+            )
+        return found
+
+    def wait(
+        self, timeout: float | None = None, *, check: bool = True, poll_s: float | None = None
+    ) -> SweepStatus:
+        """Wait until no task is queued, running or requeued, and return the sweep's status.
+
+        With ``check`` a sweep where any task did not finish (failed, cancelled) raises
+        :class:`~hpc_ddp.errors.RunFailedError` naming those tasks; a search that expects
+        some points to fail passes ``check=False`` and reads :meth:`results`. Past ``timeout``
+        seconds a :class:`~hpc_ddp.errors.WaitTimeoutError`; the tasks go on.
+        """
+        done = wait_until_ended(self.status, timeout=timeout, what=str(self.sweep_dir),
+                                poll_s=poll_s)  # fmt: skip
+        if check and not done.succeeded:
+            lines = tuple(
+                f"task {t['index']}: {t['state']}"
+                + (f" ({t['last_cause']})" if t.get("last_cause") else "")
+                + f": {t['run_dir']}"
+                for t in done.unfinished
+            )
+            listed = "".join(f"\n  {line}" for line in lines)
+            raise RunFailedError(
+                f"{self.sweep_dir}: {len(lines)} of {len(done.tasks)} task(s) did not finish"
+                f"{listed}. HINT: `hpc-ddp logs {self.sweep_dir} --task N` shows why; "
+                "Sweep.resubmit_failed() goes on with them from their checkpoints.",
+                status=done,
+                reasons=lines,
+            )
+        return done
+
+    def results(
+        self, sort: str | None = None, mode: Literal["min", "max"] | None = None
+    ) -> list[dict[str, Any]]:
+        """The rows ``hpc-ddp results SWEEP_DIR --json`` shows, best first, as plain dicts:
+        ``index``, ``state``, each swept key, ``best``/``final``/``best_step`` of the metric,
+        ``loss``, ``steps``, ``attempts``, ``last_cause``, ``job``, ``run_dir``.
+
+        ``sort``: a logged metric (ranked by its best value), a swept key, or one of
+        :data:`RESULT_COLUMNS` (default: the sweep's metric); ``mode`` ``min`` or ``max``
+        (default: the sweep's for its metric). Works while the sweep runs.
+        """
+        from hpc_ddp.sweep.results import row_dict
+
+        gathered = gather(self.sweep_dir, self._client(), sort=sort, mode=mode)
+        return [row_dict(r) for r in gathered.rows]
+
+    def cancel(self) -> CancelResult:
+        """Cancel every array of the sweep, as ``hpc-ddp cancel SWEEP_DIR`` does."""
+        [result] = cancel_targets(
+            [str(self.sweep_dir)], runs_dir=self.sweep_dir.parent, slurm=self._client()
+        )
+        return result
+
+    def resubmit_failed(self) -> Sweep:
+        """Submit the failed and cancelled tasks again, as one new array over exactly those
+        points, each going on from its checkpoint in its own directory; returns the sweep with
+        the new array (unchanged when nothing failed). Refused (:class:`TargetError`) while
+        tasks run and none has failed."""
+        resubmit(self.sweep_dir, slurm=self._client())
+        return Sweep.from_dir(self.sweep_dir, slurm=self.slurm)
+
+    def _client(self) -> SlurmClient:
+        return _client(self.slurm)
+
+
+# --- submitting ---------------------------------------------------------------------------------
+
+
+def load_sweep_spec(
+    sweep_file: str | Path, overrides: Overrides = (), *, site: str | Path | None = None
+) -> SweepSpec:
+    """A sweep file expanded into its points, each checked as a job (and from the login node,
+    as ``submit`` checks a job); ``overrides`` apply to the base job, a swept key wins."""
+    from hpc_ddp.config.load import find_site_profile
+    from hpc_ddp.config.preflight import preflight_points
+    from hpc_ddp.sweep.spec import load_sweep
+
+    path = Path(sweep_file)
+    profile = find_site_profile(None if site is None else str(site), os.environ, Path.home())
+    spec = load_sweep(path, override_args(overrides), profile)
+    preflight_points((f"{path}: point {p.index}", p.config) for p in spec.points)
+    return spec
+
+
+def sweep_runs_dir(runs_dir: str | Path | None) -> Path:
+    """Where a sweep directory goes: ``runs_dir``, else ``$HPC_DDP_RUNS_DIR``, else ``./runs``,
+    refused (:class:`RunsDirError`) when it is a file, lies under one, or cannot be written."""
+    from hpc_ddp.launch.submission import runs_dir_from
+
+    path = runs_dir_from(None if runs_dir is None else str(runs_dir), os.environ)
+    origin = (
+        "--runs-dir" if runs_dir else f"${RUNS_DIR_ENV}" if os.environ.get(RUNS_DIR_ENV)
+        else "the default runs directory"
+    )  # fmt: skip
+    check_runs_dir(path, origin)
+    return path
+
+
+def check_runs_dir(runs_dir: Path, origin: str) -> None:
+    """Refuse a runs directory that is a file, lies under one, or cannot be written to.
+
+    ``origin`` names where it came from (``--runs-dir``) in the message.
+    """
+    for path in (runs_dir, *runs_dir.absolute().parents):
+        if not path.exists():
+            continue  # it will be created
+        if not path.is_dir():
+            what = "is a file" if path == runs_dir else f"lies under the file {path}"
+            raise RunsDirError(
+                f"{origin} {runs_dir}: {what}, not a directory. HINT: give a directory for "
+                "the sweep directories (it is created if missing)"
+            )
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise RunsDirError(
+                f"{origin} {runs_dir}: {path} is not writable. HINT: choose a directory you "
+                "can write to"
+            )
+        return
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """What a sweep would write and submit (``hpc-ddp sweep --dry-run``); nothing done yet."""
+
+    spec: SweepSpec
+    sweep_dir: Path
+    """Where the sweep directory would go now."""
+    arrays: list[PreparedArray]
+    """Each job array: its points, ``--array`` range, script and sbatch command."""
+    note: str = ""
+    """Set when Slurm could not be asked for ``MaxArraySize`` (its default was assumed)."""
+
+
+def plan_sweep(
+    spec: SweepSpec,
+    *,
+    sweep_file: str | Path,
+    runs_dir: Path,
+    slurm: SlurmClient | None = None,
+    invocation: Sequence[str] = (),
+) -> SweepPlan:
+    """The arrays :func:`launch_sweep` would submit for ``spec``, rendered, and where."""
+    from hpc_ddp.launch.submission import new_run_dir, stamp_of
+    from hpc_ddp.sweep.arrays import SLURM_DEFAULT_MAX_ARRAY_SIZE, sweep_name
+    from hpc_ddp.sweep.submit import prepare_sweep
+
+    client = _client(slurm)
+    now = datetime.now(timezone.utc)
+    sweep_dir = new_run_dir(runs_dir.resolve(), sweep_name(spec), stamp_of(now))
+    try:
+        max_array_size, note = client.max_array_size(), ""
+    except SlurmError:
+        max_array_size = SLURM_DEFAULT_MAX_ARRAY_SIZE
+        note = f"# Slurm not reachable: assumed MaxArraySize={max_array_size} (Slurm's default)"
+    arrays = prepare_sweep(
+        spec,
+        sweep_file=Path(sweep_file),
+        sweep_dir=sweep_dir,
+        max_array_size=max_array_size,
+        python=sys.executable,
+        invocation=list(invocation) or ["hpc_ddp.submit_sweep", str(sweep_file)],
+        client=client,
+        now=now,
+    )
+    return SweepPlan(spec, sweep_dir, arrays, note)
+
+
+def launch_sweep(
+    spec: SweepSpec,
+    *,
+    sweep_file: str | Path,
+    runs_dir: Path,
+    slurm: SlurmClient | None = None,
+    invocation: Sequence[str] = (),
+) -> Sweep:
+    """Write a new sweep directory for ``spec`` under ``runs_dir`` and submit its job array
+    (or as few as ``MaxArraySize`` allows)."""
+    from hpc_ddp.sweep.submit import submit_sweep as submit_arrays
+
+    try:
+        submission = submit_arrays(
+            spec,
+            sweep_file=Path(sweep_file),
+            runs_dir=runs_dir,
+            python=sys.executable,
+            invocation=list(invocation) or ["hpc_ddp.submit_sweep", str(sweep_file)],
+            client=_client(slurm),
+        )
+    except OSError as exc:  # the checks passed, and then the disk said no
+        raise RunDirError(
+            f"writing the sweep directory under {runs_dir} failed: {exc}. HINT: check the "
+            "space and permissions there, or choose another --runs-dir"
+        ) from None
+    jobs = tuple(dict.fromkeys(r.job_id for r in submission.arrays))
+    return Sweep(submission.sweep_dir, jobs, slurm=slurm)
+
+
+def submit_sweep(
+    sweep_file: str | Path,
+    overrides: Overrides = (),
+    *,
+    runs_dir: str | Path | None = None,
+    site: str | Path | None = None,
+    slurm: SlurmClient | None = None,
+) -> Sweep:
+    """Expand a sweep file and submit every point as one Slurm job array (throttled by its
+    ``max_parallel``), as ``hpc-ddp sweep SWEEP_FILE KEY=VALUE ...`` does.
+
+    ``overrides`` (``{"train.max_steps": 200}`` or ``["train.max_steps=200"]``) apply to the
+    base job; a swept key wins. ``runs_dir`` and ``site`` as for :func:`hpc_ddp.submit`. A bad
+    sweep file or point is a :class:`~hpc_ddp.errors.ConfigError` naming it, and nothing is
+    submitted.
+    """
+    spec = load_sweep_spec(sweep_file, overrides, site=site)
+    where = sweep_runs_dir(runs_dir)
+    args = override_args(overrides)
+    invocation = ["hpc_ddp.submit_sweep", str(sweep_file), *args]
+    return launch_sweep(spec, sweep_file=sweep_file, runs_dir=where, slurm=slurm,
+                        invocation=invocation)  # fmt: skip
+
+
+def resubmit(
+    sweep_dir: Path,
+    *,
+    slurm: SlurmClient,
+    invocation: Sequence[str] = (),
+    dry_run: bool = False,
+) -> Resubmission:
+    """``--resubmit-failed``: submit the failed and cancelled tasks of a sweep again (with
+    ``dry_run``, only say what would be). Nothing to resubmit while tasks of the sweep are
+    queued or running is a :class:`TargetError` naming their arrays (two jobs must never write
+    one task directory)."""
+    from hpc_ddp.sweep.submit import resubmit_failed
+
+    result = resubmit_failed(
+        sweep_dir,
+        client=slurm,
+        python=sys.executable,
+        invocation=list(invocation) or ["hpc-ddp", "sweep", "--resubmit-failed", str(sweep_dir)],
+        dry_run=dry_run,
+    )
+    if not result.points and result.live and not dry_run:
+        raise _still_live(sweep_dir, result.live)
+    return result
+
+
+def _still_live(sweep_dir: Path, live: dict[int, str]) -> TargetError:
+    """Nothing to resubmit while tasks run: the refusal naming their arrays (exit 2)."""
+    arrays = ", ".join(dict.fromkeys(ref.split("_", 1)[0] for ref in live.values()))
+    shown = ", ".join(list(dict.fromkeys(live.values()))[:8])
+    more = " ..." if len(set(live.values())) > 8 else ""
+    return TargetError(
+        f"nothing resubmitted: {len(live)} task(s) of {sweep_dir} (points "
+        f"{format_index_ranges(live)}) are still queued or running in array job(s) {arrays} "
+        f"({shown}{more}), and no task has failed; two jobs must never write one task "
+        f"directory. HINT: `hpc-ddp status {sweep_dir}` follows them; resubmit once they have "
+        f"ended, or `hpc-ddp cancel {sweep_dir}` first."
+    )
+
+
+# --- results ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Results:
+    """A sweep's rows, sorted, and how (what ``hpc-ddp results`` prints)."""
+
+    record: SweepRecord
+    rows: list[ResultRow]
+    """Every point, best first by :attr:`sort_key`; rows without a value last."""
+    sort_key: str
+    metric: str
+    """The metric gathered (``best``, ``final``)."""
+    mode: str
+    slurm_answered: bool
+    """False when the states come from the task ledgers alone (Slurm not asked, or not
+    answering)."""
+
+
+def gather(
+    sweep_dir: Path,
+    slurm: SlurmClient,
+    *,
+    sort: str | None = None,
+    mode: str | None = None,
+    ask_slurm: bool = True,
+) -> Results:
+    """Every task of the sweep with its state and metrics, sorted (see :meth:`Sweep.results`).
+
+    ``sort`` naming a metric no task logged (and no swept key or column) is a
+    :class:`ConfigError` listing what was logged. ``ask_slurm`` False: states from the ledgers.
+    """
+    from hpc_ddp.sweep.results import gather_results, logged_metrics, sort_rows
+
+    record = read_sweep_record(sweep_dir)
+    live = _live(sweep_dir, slurm) if ask_slurm else None
+    accounting = None if live is None else _accounting(sweep_dir, live, slurm)
+    sort_key, metric, chosen = choose_sort(record, sort, mode)
+    rows = sort_rows(gather_results(sweep_dir, live, metric, accounting), sort_key, chosen)
+    if metric != record.metric and all(r.best is None for r in rows):
+        raise unlogged_metric(record, metric, logged_metrics(rows))
+    return Results(record, rows, sort_key, metric, chosen, live is not None)
+
+
+def choose_sort(record: SweepRecord, key: str | None, mode: str | None) -> tuple[str, str, str]:
+    """(row key to sort by, metric to gather, mode) for ``--sort KEY`` and ``--mode``."""
+    if key is None or key == record.metric:
+        return "best", record.metric, mode or record.mode
+    if key in record.keys or key in RESULT_COLUMNS:
+        metric_mode = record.mode if key in ("best", "final") else "min"
+        return key, record.metric, mode or metric_mode
+    return "best", key, mode or "min"
+
+
+def unlogged_metric(record: SweepRecord, metric: str, logged: list[str]) -> ConfigError:
+    """``--sort METRIC`` where no task logged METRIC: name what was logged, and the nearest."""
+    import difflib
+
+    close = difflib.get_close_matches(metric, [*logged, *record.keys, *RESULT_COLUMNS], n=1)
+    maybe = f"did you mean {close[0]!r}? " if close else ""
+    keys = ", ".join([*record.keys, *RESULT_COLUMNS])
+    return ConfigError(
+        f"--sort {metric}: no task logged a metric {metric!r} (metrics logged: "
+        f"{', '.join(logged) or 'none yet'}), and it is no swept key or column. HINT: {maybe}"
+        f"sort by a logged metric or one of: {keys}"
+    )
+
+
+def _live(sweep_dir: Path, client: SlurmClient) -> dict[str, JobInfo] | None:
+    job_ids = list(dict.fromkeys(a.job_id for a in read_arrays(sweep_dir)))
+    try:
+        return client.job_states(job_ids) if job_ids else {}
+    except SlurmError:
+        return None
+
+
+def _accounting(
+    sweep_dir: Path, live: dict[str, JobInfo], client: SlurmClient
+) -> dict[str, AccountingRecord] | None:
+    """sacct's records of the tasks squeue no longer holds; None without accounting."""
+    from hpc_ddp.sweep.results import unheld_arrays
+
+    unheld = unheld_arrays(sweep_dir, live)
+    try:
+        return client.sacct_states(unheld) if unheld else None
+    except SlurmError:
+        return None

@@ -1,0 +1,315 @@
+"""Goodput: one honest account of a run's wall time, from its ledger and metrics. Pure.
+
+Where did the time go, from the first launch to the last event (or to now, for a running
+run)? Each launch (an attempt of the ledger) is cut into
+
+* **start-up**: the launch to its first step (imports, rendezvous, restoring a checkpoint); a
+  launch that never trained is start-up from end to end;
+* **checkpoint stalls**: how long training waited for its saves (rank 0's ``checkpoint``
+  events);
+* **steps redone**: training after the point the next launch resumed from (its checkpoint),
+  which the next launch trained again;
+* **hangs undetected**: from the blamed rank's last progress to the fault's detection;
+* **recovery**: from then (or from the last progress) to the next launch of the same Slurm
+  attempt: ending the step, stack dumps, the supervisor's decision;
+* **requeue waits**: between an attempt's end and the next Slurm attempt's (or the next job's)
+  launch, when the allocation was given back: the queue and Slurm's hold;
+* **productive**: the rest of the training span.
+
+**other** is what is left of the wall time (the shutdown after the last step, gaps no event
+explains): printed, so the account always sums to the wall time. **ETTR** (effective training
+time ratio) is productive / wall. **node-seconds** weigh each launch by the nodes it held
+(spares included) where the ledger knows them; a requeue wait holds none.
+
+Times come from the ledger (launch, start, end, detection, saves) and ``metrics.jsonl`` (when
+each logged step was reached), all written by one clock per event; the nodes' clocks may
+disagree by a little, so every span is clipped at 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hpc_ddp.runtime.ledger import Attempt, EndCause
+from hpc_ddp.slurm.nodelist import parse_nodelist
+
+PARTS = (
+    ("productive", "productive"),
+    ("startup", "start-up"),
+    ("checkpoint_stall", "checkpoint stalls"),
+    ("redone", "steps redone"),
+    ("hang_undetected", "hangs undetected"),
+    ("recovery", "recovery"),
+    ("requeue_wait", "requeue waits"),
+    ("other", "other"),
+)
+"""The parts of the account (:class:`Goodput` fields ``<name>_s``) and their words."""
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """A run's wall time, accounted for (every ``*_s`` sums to ``wall_s``)."""
+
+    wall_s: float
+    productive_s: float
+    startup_s: float
+    checkpoint_stall_s: float
+    redone_s: float
+    redone_steps: int
+    hang_undetected_s: float
+    recovery_s: float
+    requeue_wait_s: float
+    other_s: float
+    ettr: float
+    """Productive / wall (0 for a run with no wall time yet)."""
+    launches: int
+    requeues: int
+    node_s: float | None
+    """Node-seconds held (None when no launch's node count is known)."""
+    productive_node_s: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The account as JSON values."""
+        return asdict(self)
+
+
+def _nodes(a: Attempt) -> int | None:
+    if a.alloc_nodes is not None:
+        return a.alloc_nodes
+    if not a.nodelist:
+        return None
+    try:
+        return len(parse_nodelist(a.nodelist))
+    except ValueError:
+        return None
+
+
+def _reached(steps: Sequence[tuple[float, int]], step: int, after: float, before: float) -> float:
+    """When ``step`` (or the first later one logged) was reached within ``[after, before]``;
+    ``before`` when none was by then (nothing after it was trained)."""
+    times = [t for t, s in steps if after <= t <= before and s >= step]
+    return min(times) if times else before
+
+
+def _last_seen(a: Attempt, steps: Sequence[tuple[float, int]], end: float) -> float:
+    """The last sign of training in ``a``: a logged step or a save, else its start."""
+    times = [t for t, _ in steps if a.started <= t <= end] + [s.time for s in a.saves]
+    return max([a.started, *times])
+
+
+@dataclass
+class _Sums:
+    productive: float = 0.0
+    startup: float = 0.0
+    checkpoint_stall: float = 0.0
+    redone: float = 0.0
+    redone_steps: int = 0
+    hang_undetected: float = 0.0
+    recovery: float = 0.0
+    requeue_wait: float = 0.0
+    node_s: float = 0.0
+    productive_node_s: float = 0.0
+    nodes_known: bool = False
+
+
+def _same_allocation(a: Attempt, b: Attempt) -> bool:
+    """``b`` is an in-job restart of ``a``'s allocation (not a requeue, not a new job)."""
+    return (a.job_ref or a.job_id, a.restart) == (b.job_ref or b.job_id, b.restart) and (
+        b.launch > a.launch
+    )
+
+
+def account(
+    attempts: Sequence[Attempt],
+    steps: Sequence[tuple[float, int]],
+    now: float,
+    *,
+    running: bool = False,
+) -> Goodput:
+    """The account of a run (see the module docstring). ``attempts`` as
+    :func:`~hpc_ddp.runtime.ledger.read_ledger` gives them; ``steps``: (time, step) of every
+    logged metrics row, replayed ones included; ``running``: the last attempt still runs (its
+    end is ``now``)."""
+    ordered = sorted(attempts, key=_launched)
+    # Each save says exactly when its step was reached.
+    steps = sorted([*steps, *((s.time, s.step) for a in attempts for s in a.saves)])
+    sums = _Sums()
+    requeues = 0
+    if not ordered:
+        return _finish(sums, 0.0, 0, 0)
+    begin = _launched(ordered[0])
+    end_of_run = begin
+    for i, a in enumerate(ordered):
+        nxt = ordered[i + 1] if i + 1 < len(ordered) else None
+        end = _end_of(a, steps, now, running and nxt is None)
+        end_of_run = max(end_of_run, end)
+        _one(a, nxt, steps, end, sums)
+        if nxt is not None:
+            gap = max(0.0, _launched(nxt) - end)
+            if _same_allocation(a, nxt):
+                sums.recovery += gap
+            else:
+                sums.requeue_wait += gap
+                requeues += 1
+    if running:
+        end_of_run = max(end_of_run, now)
+    return _finish(sums, end_of_run - begin, len(ordered), requeues)
+
+
+def _launched(a: Attempt) -> float:
+    """When ``a``'s launch began (its start, for a ledger without launch events)."""
+    return a.started if a.launched_at is None else a.launched_at
+
+
+def _end_of(a: Attempt, steps: Sequence[tuple[float, int]], now: float, running: bool) -> float:
+    if a.ended is not None:
+        # The supervisor may be done with the launch later than the first rank that ended.
+        return max(a.ended, a.launch_ended or a.ended)
+    if running:
+        return now
+    return _last_seen(a, steps, now)  # died without a word: its last sign of life
+
+
+def _one(
+    a: Attempt,
+    nxt: Attempt | None,
+    steps: Sequence[tuple[float, int]],
+    end: float,
+    sums: _Sums,
+) -> None:
+    """Add one launch's parts to ``sums``."""
+    launched = _launched(a)
+    nodes = _nodes(a)
+    if nodes is not None:
+        sums.nodes_known = True
+        sums.node_s += nodes * max(0.0, end - launched)
+    if not a.trained:
+        sums.startup += max(0.0, end - launched)
+        return
+    first = max(a.started, launched)
+    sums.startup += first - launched
+    fault = a.cause in (EndCause.HANG, EndCause.NODE_FAIL, EndCause.CRASH, EndCause.NO_PROGRESS)
+    blame = a.blame
+    last = end
+    if fault:
+        seen = _last_seen(a, steps, end)
+        known = blame.last_progress_at if blame is not None else None
+        last = seen if known is None else known
+        last = min(max(last, first), end)
+    detected = blame.detected_at if blame is not None else None
+    if fault and detected is not None and a.cause in (EndCause.HANG, EndCause.NODE_FAIL):
+        detected = min(max(detected, last), end)
+        sums.hang_undetected += detected - last
+        sums.recovery += end - detected
+    elif fault:
+        sums.recovery += end - last
+    span = max(0.0, last - first)
+    stall = sum(s.stall_s for s in a.saves if first <= s.time <= last + 1.0)
+    stall = min(stall, span)
+    redone = 0.0
+    resumed = _resumed_step(nxt)
+    if nxt is not None and resumed is not None and a.steps_done is not None:  # noqa: SIM102
+        if resumed < a.steps_done:  # the next launch trains these steps again
+            since = _reached(steps, resumed, first, last) if resumed > _start(a) else first
+            redone = max(0.0, last - since)
+            inside = sum(s.stall_s for s in a.saves if since <= s.time <= last + 1.0)
+            redone = max(0.0, min(redone - inside, span - stall))
+            sums.redone_steps += a.steps_done - max(resumed, _start(a))
+    sums.checkpoint_stall += stall
+    sums.redone += redone
+    productive = max(0.0, span - stall - redone)
+    sums.productive += productive
+    if nodes is not None:
+        sums.productive_node_s += nodes * productive
+
+
+def _start(a: Attempt) -> int:
+    return a.resumed_from_step or 0
+
+
+def _resumed_step(nxt: Attempt | None) -> int | None:
+    if nxt is None:
+        return None
+    if nxt.resumed_from_step is not None:
+        return nxt.resumed_from_step
+    if nxt.from_step is not None:
+        return nxt.from_step
+    return 0 if nxt.trained else None
+
+
+def _finish(sums: _Sums, wall: float, launches: int, requeues: int) -> Goodput:
+    wall = max(0.0, wall)
+    parts = (
+        sums.productive + sums.startup + sums.checkpoint_stall + sums.redone
+        + sums.hang_undetected + sums.recovery + sums.requeue_wait
+    )  # fmt: skip
+    return Goodput(
+        wall_s=wall,
+        productive_s=sums.productive,
+        startup_s=sums.startup,
+        checkpoint_stall_s=sums.checkpoint_stall,
+        redone_s=sums.redone,
+        redone_steps=sums.redone_steps,
+        hang_undetected_s=sums.hang_undetected,
+        recovery_s=sums.recovery,
+        requeue_wait_s=sums.requeue_wait,
+        other_s=wall - parts,
+        ettr=sums.productive / wall if wall > 0 else 0.0,
+        launches=launches,
+        requeues=requeues,
+        node_s=sums.node_s if sums.nodes_known else None,
+        productive_node_s=sums.productive_node_s if sums.nodes_known else None,
+    )
+
+
+def total(accounts: Sequence[Goodput]) -> Goodput:
+    """Several runs' accounts added up (a sweep's tasks)."""
+    known = [g for g in accounts if g.node_s is not None]
+    wall = sum(g.wall_s for g in accounts)
+    productive = sum(g.productive_s for g in accounts)
+    return Goodput(
+        wall_s=wall,
+        productive_s=productive,
+        startup_s=sum(g.startup_s for g in accounts),
+        checkpoint_stall_s=sum(g.checkpoint_stall_s for g in accounts),
+        redone_s=sum(g.redone_s for g in accounts),
+        redone_steps=sum(g.redone_steps for g in accounts),
+        hang_undetected_s=sum(g.hang_undetected_s for g in accounts),
+        recovery_s=sum(g.recovery_s for g in accounts),
+        requeue_wait_s=sum(g.requeue_wait_s for g in accounts),
+        other_s=sum(g.other_s for g in accounts),
+        ettr=productive / wall if wall > 0 else 0.0,
+        launches=sum(g.launches for g in accounts),
+        requeues=sum(g.requeues for g in accounts),
+        node_s=sum(g.node_s or 0.0 for g in known) if known else None,
+        productive_node_s=sum(g.productive_node_s or 0.0 for g in known) if known else None,
+    )
+
+
+def _clock(seconds: float) -> str:
+    s = max(0, round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def describe(g: Goodput) -> list[str]:
+    """The account as text lines (``status --goodput``)."""
+    head = (
+        f"goodput  wall {_clock(g.wall_s)}  ETTR {g.ettr:.2f}  ({g.launches} launch"
+        f"{'es' if g.launches != 1 else ''}, {g.requeues} requeue{'s' if g.requeues != 1 else ''})"
+    )
+    lines = [head]
+    for name, words in PARTS:
+        seconds = getattr(g, f"{name}_s")
+        share = 100 * seconds / g.wall_s if g.wall_s > 0 else 0.0
+        plural = "s" if g.redone_steps != 1 else ""
+        extra = f"  ({g.redone_steps} step{plural})" if name == "redone" and g.redone_steps else ""
+        lines.append(f"  {words:<18} {_clock(seconds):>8}  {share:5.1f} %{extra}")
+    if g.node_s is not None:
+        useful = g.productive_node_s or 0.0
+        lines.append(f"  {'node-seconds':<18} {g.node_s:,.0f} s (productive {useful:,.0f} s)")
+    return lines
+
+
+__all__ = ["PARTS", "Goodput", "account", "describe", "total"]

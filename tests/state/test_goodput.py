@@ -1,0 +1,115 @@
+"""The goodput account (pure): every second of a run's wall time, in exactly one part."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hpc_ddp.runtime.ledger import Attempt, Blame, EndCause, Save
+from hpc_ddp.state.goodput import PARTS, account, describe, total
+
+
+def attempt(n: int, **kw: object) -> Attempt:
+    fields: dict[str, object] = {
+        "attempt": n, "started": 0.0, "ended": None, "cause": None, "steps_done": None,
+        "checkpoint": None, "nodelist": "", "job_ref": "42", "resumed_from_step": None,
+        "job_id": "42", "restart": 0, "launch": n, "alloc_nodes": 3,
+    }  # fmt: skip
+    fields.update(kw)
+    return Attempt(**fields)  # type: ignore[arg-type]
+
+
+def test_a_hang_restarted_in_the_job_is_accounted_second_by_second() -> None:
+    """Launch 0: 5 s start-up, a save at step 10 (0.5 s stall), hung after step 20 (reached at
+    t=20), detected at 30, step ended at 32. Launch 1 at 33: 5 s start-up, resumes from step 10,
+    finishes at 60."""
+    first = attempt(
+        0, launched_at=0.0, started=5.0, ended=31.0, launch_ended=32.0, cause=EndCause.HANG,
+        steps_done=20, saves=(Save(10.0, 10, 0.5),),
+        blame=Blame((1,), ("n2",), "stale", False, 30.0, 20.0),
+    )  # fmt: skip
+    second = attempt(
+        1, launched_at=33.0, started=38.0, ended=60.0, cause=EndCause.FINISHED, steps_done=40,
+        resumed_from_step=10,
+    )  # fmt: skip
+    steps = [(10.0, 10), (20.0, 20), (50.0, 30), (60.0, 40)]
+    g = account([first, second], steps, now=100.0)
+    assert g.wall_s == 60.0
+    assert (g.startup_s, g.checkpoint_stall_s, g.hang_undetected_s) == (10.0, 0.5, 10.0)
+    assert g.redone_s == pytest.approx(9.5)  # steps 11..20 (10 s), less the save inside them
+    assert g.redone_steps == 10
+    assert g.recovery_s == pytest.approx(3.0)  # detection -> step ended (2 s) -> relaunch (1 s)
+    assert g.requeue_wait_s == 0.0
+    assert g.requeues == 0
+    assert g.productive_s == pytest.approx(5.0 + 22.0)
+    assert g.other_s == pytest.approx(0.0)
+    assert g.ettr == pytest.approx(27.0 / 60.0)
+    assert g.node_s == pytest.approx(3 * 32.0 + 3 * 27.0)
+    text = "\n".join(describe(g))
+    assert "ETTR 0.45" in text
+    assert "hangs undetected" in text
+    assert "(10 steps)" in text
+
+
+def test_a_requeue_wait_is_the_gap_between_slurm_attempts_and_holds_no_node() -> None:
+    first = attempt(0, started=0.0, ended=10.0, cause=EndCause.TIME_LIMIT, steps_done=10)
+    second = attempt(
+        1, started=131.0, ended=141.0, cause=EndCause.FINISHED, steps_done=20, restart=1,
+        launch=0, resumed_from_step=10,
+    )  # fmt: skip
+    g = account([first, second], [], now=200.0)
+    assert (g.wall_s, g.requeue_wait_s, g.requeues, g.productive_s) == (141.0, 121.0, 1, 20.0)
+    assert g.node_s == pytest.approx(3 * 20.0)
+
+
+def test_a_launch_that_never_trained_is_start_up_and_a_running_run_ends_now() -> None:
+    dead = attempt(0, launched_at=0.0, started=0.0, ended=4.0, cause=EndCause.CRASH, trained=False)
+    running = attempt(1, launched_at=5.0, started=8.0)
+    g = account([dead, running], [(20.0, 5)], now=30.0, running=True)
+    assert (g.wall_s, g.startup_s, g.recovery_s, g.productive_s) == (30.0, 7.0, 1.0, 22.0)
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_the_parts_always_sum_to_the_wall_time(seed: int) -> None:
+    rng = random.Random(seed)
+    attempts, steps, t, step = [], [], 0.0, 0
+    for n in range(rng.randint(1, 6)):
+        restart = n if rng.random() < 0.3 else 0
+        launched = t + rng.uniform(0, 50)
+        started = launched + rng.uniform(0, 10)
+        resumed = max(0, step - rng.randint(0, 5))
+        step = resumed
+        now = started
+        saves = []
+        for _ in range(rng.randint(0, 20)):
+            now += rng.uniform(0.1, 3)
+            step += 1
+            steps.append((now, step))
+            if rng.random() < 0.2:
+                saves.append(Save(now, step, rng.uniform(0, 0.5)))
+        cause = rng.choice([EndCause.CRASH, EndCause.HANG, EndCause.NODE_FAIL, EndCause.FINISHED])
+        detected = now + rng.uniform(0, 10)
+        blame = Blame((1,), ("n2",), "x", False, detected, now - rng.uniform(0, 1))
+        ended = detected + rng.uniform(0, 3)
+        attempts.append(
+            attempt(
+                n, launched_at=launched, started=started, ended=ended, cause=cause,
+                steps_done=step, resumed_from_step=resumed or None, saves=tuple(saves),
+                blame=blame, restart=restart, trained=rng.random() < 0.9,
+            )
+        )  # fmt: skip
+        t = ended
+    g = account(attempts, steps, now=t + 100)
+    parts = [getattr(g, f"{name}_s") for name, _ in PARTS]
+    assert all(p >= -1e-9 for p in parts), g
+    assert sum(parts) == pytest.approx(g.wall_s)
+    assert abs(g.other_s) < 1e-6
+    assert 0.0 <= g.ettr <= 1.0
+
+
+def test_a_sweeps_total_adds_its_tasks() -> None:
+    one = account([attempt(0, started=0.0, ended=10.0, cause=EndCause.FINISHED)], [], now=20.0)
+    two = account([attempt(0, started=0.0, ended=30.0, cause=EndCause.FINISHED)], [], now=40.0)
+    both = total([one, two])
+    assert (both.wall_s, both.productive_s, both.ettr, both.launches) == (40.0, 40.0, 1.0, 2)
