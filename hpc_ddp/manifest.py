@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import RunDirError
@@ -34,6 +34,7 @@ __all__ = [
     "BACKENDS",
     "MANIFEST_VERSION",
     "RECORD_LOCK_TIMEOUT_S",
+    "Backend",
     "Manifest",
     "read_manifest",
     "record_lock",
@@ -48,7 +49,7 @@ class Manifest:
     """What was submitted, where and when; written once per submission."""
 
     name: str
-    backend: str
+    backend: Backend
     job_id: str | None
     submitted_at: str
     command: list[str]
@@ -115,7 +116,9 @@ def read_manifest(run_dir: Path) -> Manifest:
     return Manifest(**{k: v for k, v in data.items() if k in known})
 
 
-BACKENDS = ("slurm", "local")
+Backend = Literal["slurm", "local"]
+"""Where a run's jobs go: Slurm, or processes on this machine."""
+BACKENDS: tuple[Backend, ...] = ("slurm", "local")
 """The backends a run can have been submitted to (``backend``)."""
 
 

@@ -62,7 +62,7 @@ LAYERS: tuple[Layer, ...] = (
             "runtime.ledger",
             "runtime.progress",
             "runtime.health",
-            "runtime.mainfirst",
+            "runtime.handoff",
             "runtime.blame",
         ),
     ),

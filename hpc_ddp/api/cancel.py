@@ -39,7 +39,7 @@ from hpc_ddp.api.targets import (
 from hpc_ddp.errors import RunDirError, SlurmError, TargetError
 from hpc_ddp.layout import MANIFEST_FILE
 from hpc_ddp.local.process import cancel_local
-from hpc_ddp.manifest import read_manifest
+from hpc_ddp.manifest import Backend, read_manifest
 from hpc_ddp.slurm.arrayjobs import live_task
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.jobstate import AccountingRecord, JobInfo, is_job_ref
@@ -95,7 +95,7 @@ class CancelResult:
 
     run_dir: Path
     """The run, sweep or sweep task directory."""
-    backend: Literal["slurm", "local"]
+    backend: Backend
     jobs: tuple[str, ...]
     """The job ids (a local run: its controller's pid) it was about."""
     outcome: Outcome
@@ -133,7 +133,7 @@ def cancel_targets(
             result = Result(done.outcome, done.message)
         else:
             result = cancel_slurm(slurm, plan)
-        backend: Literal["slurm", "local"] = "local" if plan.local else "slurm"
+        backend: Backend = "local" if plan.local else "slurm"
         yield CancelResult(plan.where, backend, plan.jobs, result.outcome, result.message)
 
 

@@ -53,6 +53,7 @@ from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import HpcDdpError
 from hpc_ddp.layout import RUN_DIR_ENV, RunPaths
 from hpc_ddp.runtime.distenv import DistEnv, derive_dist_env
+from hpc_ddp.runtime.handoff import describe
 from hpc_ddp.runtime.health import (
     ALLREDUCE_BYTES,
     ALLREDUCE_ITERS,
@@ -61,7 +62,6 @@ from hpc_ddp.runtime.health import (
     RankReport,
     best_offset,
 )
-from hpc_ddp.runtime.mainfirst import describe
 
 log = logging.getLogger(__name__)
 

@@ -27,14 +27,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from hpc_ddp.config.load import dump_job_config
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import ConfigError, RunsDirError
 from hpc_ddp.layout import RUNS_DIR_ENV, STAMP_FORMAT, RunPaths, run_dir_name
-from hpc_ddp.manifest import Manifest, record_lock, write_manifest
+from hpc_ddp.manifest import BACKENDS, Backend, Manifest, record_lock, write_manifest
 from hpc_ddp.run_id import ensure_run_id
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.render import RenderContext, load_template, render_sbatch
@@ -122,10 +122,6 @@ def make_run_dir(paths: RunPaths) -> None:
     for d in (paths.root, paths.logs, paths.checkpoints, paths.rendezvous):
         d.mkdir(parents=True, exist_ok=True)
     ensure_run_id(paths.root)
-
-
-Backend = Literal["slurm", "local"]
-BACKENDS = ("slurm", "local")
 
 
 def choose_backend(requested: str, sbatch_path: str | None) -> Backend:
@@ -393,9 +389,12 @@ def describe_local_plan(cfg: JobConfig, run_dir: Path) -> str:
     """What a local submit would do, for ``--dry-run`` (no sbatch runs, so none is shown)."""
     n = cfg.slurm.ntasks
     minutes = max(1, cfg.slurm.time_s // 60)
+    how = "with submitit's local executor"
+    if cfg.fault.enabled:
+        how = "under a supervisor (the local executor's one task) that restarts them on a fault"
     return (
         f"# backend: local; would start {n} process(es) on this machine (ranks 0-{n - 1}, "
-        f"MASTER_ADDR=127.0.0.1) with submitit's local executor in {run_dir}/submitit, each "
+        f"MASTER_ADDR=127.0.0.1) {how} in {run_dir}/submitit, each "
         f"running the job as `hpc-ddp run {run_dir}` does on a Slurm task; time limit "
         f"{minutes} min, USR2 {cfg.requeue.lead_time} s before it"
     ) + _gpu_words(_local_gpus(cfg))

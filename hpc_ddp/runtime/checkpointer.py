@@ -131,7 +131,11 @@ class Checkpointer:
             if self.world_size == 1:
                 self._handoff = Handoff(None, rank=0, world_size=1, timeout_s=timeout)
             else:
-                self._handoff = Handoff.of_default_group(timeout_s=timeout)
+                # Private but stable since torch 1.8: the store the default group was formed on.
+                store = dist.distributed_c10d._get_default_store()
+                self._handoff = Handoff(
+                    store, rank=self.rank, world_size=self.world_size, timeout_s=timeout
+                )
         return self._handoff
 
     def restore(

@@ -68,8 +68,8 @@ from hpc_ddp.layout import PER_RANK_LOGS_ENV, RUN_DIR_ENV, RunPaths
 from hpc_ddp.run_id import read_run_id
 from hpc_ddp.runtime.checkpointer import Checkpointer, Tracked, broadcast_object
 from hpc_ddp.runtime.distenv import DistEnv, derive_dist_env
+from hpc_ddp.runtime.handoff import MAIN_FIRST_PREFIX, MAIN_FIRST_TIMEOUT_S, Turn, leader_first
 from hpc_ddp.runtime.ledger import EndCause
-from hpc_ddp.runtime.mainfirst import KEY_PREFIX, MAIN_FIRST_TIMEOUT_S, Turn, leader_first
 from hpc_ddp.runtime.metrics import MetricsWriter, setup_rank_logging
 from hpc_ddp.runtime.procgroup import destroy_process_group, init_process_group, wrap_model
 from hpc_ddp.runtime.progress import Progress
@@ -415,7 +415,7 @@ class Session:
                 "use it inside `with hpc_ddp.session() as s:`."
             )
         n = self._turns[group] = self._turns.get(group, 0) + 1
-        turn = Turn(f"{KEY_PREFIX}/{group}/{n}", is_leader, leader, self.rank, timeout_s)
+        turn = Turn(f"{MAIN_FIRST_PREFIX}/{group}/{n}", is_leader, leader, self.rank, timeout_s)
         alone = self.world_size == 1 or (group != "all" and self.dist.local_world_size == 1)
         # Private but stable since torch 1.8: the store the default process group was formed on.
         store = None if alone else dist.distributed_c10d._get_default_store()

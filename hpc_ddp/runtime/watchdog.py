@@ -458,7 +458,12 @@ class Watchdog:
         self._fault = record
         self._state = FAULT
         if not declared:
-            log.error("watchdog: %s declared a %s in this launch; leaving", record.by, record.kind)
+            log.error(
+                "watchdog: %s declared a %s in this launch (%s); leaving",
+                record.by,
+                record.kind,
+                record.why,
+            )
         with contextlib.suppress(OSError):
             write_beat(self.launch.beat(self.me.rank), self._beat())
         # Stacks say where a hang is; after a crash the culprit's traceback already does.

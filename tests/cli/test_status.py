@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 import hpc_ddp.cli.main as cli_main
-from hpc_ddp.cli.main import main
 from hpc_ddp.api.targets import resolve_targets
+from hpc_ddp.cli.main import main
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.launch import wait
 from hpc_ddp.launch.wait import wait_for_jobs

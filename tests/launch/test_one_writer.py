@@ -34,7 +34,7 @@ from hpc_ddp.exitcodes import NOT_CURRENT_EXIT_CODE
 from hpc_ddp.job.task import not_current_refusal, run_job
 from hpc_ddp.launch.resume import plan_resume, resume
 from hpc_ddp.layout import RunPaths
-from hpc_ddp.manifest import Manifest, read_manifest, record_lock, write_manifest
+from hpc_ddp.manifest import Backend, Manifest, read_manifest, record_lock, write_manifest
 from hpc_ddp.runtime.ledger import EndCause
 from hpc_ddp.slurm.arrayjobs import read_arrays
 from hpc_ddp.slurm.fake import FakeSlurm
@@ -126,7 +126,7 @@ SLURM_TASK = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_NODEID": "0", "SL
               "SLURM_JOB_NODELIST": "n1", "SLURMD_NODENAME": "n1"}  # fmt: skip
 
 
-def _run_dir(root: Path, job_id: str | None, backend: str = "slurm") -> Path:
+def _run_dir(root: Path, job_id: str | None, backend: Backend = "slurm") -> Path:
     """A run directory (a one-task ``command`` job) whose manifest names ``job_id``."""
     root.mkdir(parents=True)
     (root / "config.yaml").write_text(

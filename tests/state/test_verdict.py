@@ -19,7 +19,7 @@ import pytest
 from hpc_ddp.cli.main import main
 from hpc_ddp.layout import RunPaths
 from hpc_ddp.local.process import identify_started, mark_cancelled, write_rank_identity
-from hpc_ddp.manifest import Manifest, write_manifest
+from hpc_ddp.manifest import Backend, Manifest, write_manifest
 from hpc_ddp.runtime.ledger import Attempt, EndCause
 from hpc_ddp.slurm.fake import FakeSlurm
 from hpc_ddp.slurm.jobstate import JobState
@@ -32,7 +32,7 @@ T0 = 1_767_268_800.0  # 2026-01-01T12:00:00Z, the manifests' submit time
 DEAD_PID = "4194304"  # the largest pid Linux hands out: never this test's neighbour
 
 
-def make_run(runs: Path, name: str, *, backend: str = "local", job: str = DEAD_PID) -> Path:
+def make_run(runs: Path, name: str, *, backend: Backend = "local", job: str = DEAD_PID) -> Path:
     run_dir = runs / name
     paths = RunPaths(run_dir)
     paths.logs.mkdir(parents=True)
