@@ -6,21 +6,31 @@ checkpoint, with hpc-ddp's default ``fault:`` settings. For each kind this print
 detect (the fault to the supervisor's or a watchdog's declaration, from the ledger) and the time
 to the first step again (to the next attempt's start), against targets:
 
-* a hung rank (SIGSTOP) is found within 60 s (``dist.timeout_s`` used to decide, after 300 s);
+* a hung rank (SIGSTOP) is found, and its step ended, within 60 s (``dist.timeout_s`` used to
+  decide, after 300 s);
+* every fault is blamed on rank 1 and the node it ran on, never on the survivor;
 * training is back within 15 s of the fault (of the detection, for a hang), by an in-job restart;
 * the in-job restart takes at most 0.2x the requeue path (the same dead rank with
   ``fault.max_restarts: 0`` and ``requeue.on_crash``), measured side by side on a cluster with
-  Slurm's default ``cred_expire`` (120 s: a requeued job is held 121 s, as on a stock Slurm).
+  Slurm's default ``cred_expire`` (120 s: a requeued job is held 121 s, as on a stock Slurm);
+* every run ends with the final weights of an uninterrupted twin (the same job, no fault).
+
+Node loss (rank 1's node: its slurmd, slurmstepd and rank SIGKILLed) runs twice: with
+``slurm.spare_nodes: 1`` (an in-job restart on the other two nodes) and without (too few healthy
+nodes: the supervisor requeues the job away from the lost node, through Slurm's hold, so only
+its detection and blame have targets; its time back is printed).
 
 It runs on a dev cluster of its own, brought up for it and taken down after (unless it was
 already up): 3 nodes (the spare for node loss), ``SlurmdTimeout=5``, Slurm's default
 ``cred_expire``. Run: ``python -m benchmarks.bench_faults [--quick]`` as root; ``--quick``
-leaves out the requeue comparison (two minutes of Slurm's hold).
+leaves out the requeue comparison and node loss without a spare (two minutes of Slurm's hold
+each).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -56,13 +66,23 @@ train: {{model: mlp, dataset: "tests.e2e_util:io_bound_synthetic", max_steps: {S
 
 @dataclass(frozen=True)
 class Measured:
-    """One fault: when it was injected, declared, and training stepped again."""
+    """One fault: when it was injected, declared, its step ended, training stepped again;
+    whom it blamed, where rank 1 ran, and whether the final weights are the twin's."""
 
     kind: str
     fault: float
     detected: float
+    ended: float
     back: float
     blame: str
+    ranks: tuple[int, ...]
+    nodes: tuple[str, ...]
+    rank1_node: str
+    twin_weights: bool
+
+    @property
+    def ended_s(self) -> float:
+        return self.ended - self.fault
 
     @property
     def detect_s(self) -> float:
@@ -120,18 +140,47 @@ def _job_state(job_id: str, env: dict[str, str]) -> str:
     return next((f.split("=", 1)[1] for f in out.split() if f.startswith("JobState=")), "")
 
 
-def measure(kind: str, tmp: Path, env: dict[str, str], state_dir: Path, job: str) -> Measured:
-    """Run ``job``, inject ``kind`` after the step-20 checkpoint, read the timings back."""
+def _submit(kind: str, tmp: Path, env: dict[str, str], job: str) -> tuple[str, Path]:
     tmp.mkdir(parents=True, exist_ok=True)
     config = tmp / f"{kind.replace(' ', '-')}.yaml"
     config.write_text(job)
     out = json.loads(_hpc("submit", str(config), "--runs-dir", str(tmp / kind), "--json", env=env))
-    job_id, run_dir = str(out["job_id"]), Path(out["run_dir"])
+    return str(out["job_id"]), Path(out["run_dir"])
+
+
+def _finish(job_id: str, env: dict[str, str]) -> str:
+    """Wait for the job to end for good; its final state."""
+    done = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+    _wait(f"job {job_id} done", lambda: _job_state(job_id, env) in done, 600)
+    return _job_state(job_id, env)
+
+
+def final_weights(run_dir: Path, env: dict[str, str]) -> str:
+    """The newest checkpoint's weights digest, as ``hpc-ddp checkpoints`` reports it."""
+    rows = json.loads(_hpc("checkpoints", str(run_dir), "--json", env=env))
+    return str(rows[-1]["weights_digest"]) if rows else "none"
+
+
+def twin_weights(tmp: Path, env: dict[str, str]) -> str:
+    """The final weights of the job run once without a fault."""
+    job_id, run_dir = _submit("twin", tmp, env, JOB)
+    state = _finish(job_id, env)
+    if state != "COMPLETED":
+        raise RuntimeError(f"the uninterrupted twin ended {state}")
+    return final_weights(run_dir, env)
+
+
+def measure(
+    kind: str, tmp: Path, env: dict[str, str], state_dir: Path, job: str, twin: str
+) -> Measured:
+    """Run ``job``, inject ``kind`` after the step-20 checkpoint, read the timings back."""
+    job_id, run_dir = _submit(kind, tmp, env, job)
     _wait("the step-20 checkpoint", (run_dir / "checkpoints" / f"step-{FAULT_AT:08d}.pt").exists)
+    first = read_ledger(run_dir / "ledger.jsonl")[0]
+    rank1_node = first.nodelist.split(",")[1]
     killed_node: str | None = None
-    if kind == "node loss":
-        first = read_ledger(run_dir / "ledger.jsonl")[0]
-        killed_node = first.nodelist.split(",")[1]
+    if kind.startswith("node loss"):
+        killed_node = rank1_node
         fault = time.time()
         devcluster.kill_node(state_dir, killed_node)
     else:
@@ -140,21 +189,28 @@ def measure(kind: str, tmp: Path, env: dict[str, str], state_dir: Path, job: str
         fault = time.time()
         os.kill(pid, sig)
     try:
-        _wait(f"job {job_id} done", lambda: _job_state(job_id, env) in ("COMPLETED", "FAILED"), 600)
+        state = _finish(job_id, env)
     finally:
         if killed_node is not None:
             devcluster.revive_node(state_dir, killed_node, env, timeout_s=120)
     attempts = read_ledger(run_dir / "ledger.jsonl")
-    return _timings(kind, fault, attempts)
+    same = state == "COMPLETED" and final_weights(run_dir, env) == twin
+    return _timings(kind, fault, attempts, rank1_node, same)
 
 
-def _timings(kind: str, fault: float, attempts: list[Attempt]) -> Measured:
+def _timings(
+    kind: str, fault: float, attempts: list[Attempt], rank1_node: str, same: bool
+) -> Measured:
     faulted, again = attempts[0], attempts[-1]
     blame = faulted.blame
     if blame is None or blame.detected_at is None or len(attempts) < 2:
         raise RuntimeError(f"{kind}: no fault recorded: {attempts}")
     cause = faulted.cause.value if faulted.cause is not None else "?"
-    return Measured(kind, fault, blame.detected_at, again.started, f"{cause}: {blame.describe()}")
+    ended = faulted.launch_ended if faulted.launch_ended is not None else again.launched_at
+    return Measured(
+        kind, fault, blame.detected_at, ended if ended is not None else again.started,
+        again.started, f"{cause}: {blame.describe()}", blame.ranks, blame.nodes, rank1_node, same,
+    )  # fmt: skip
 
 
 def cluster_env() -> tuple[Path, dict[str, str], bool]:
@@ -188,16 +244,22 @@ def main(argv: list[str] | None = None) -> int:
         # One spare node: the restart runs on the other two at the same world size.
         "node loss": JOB.replace("nodes: 2,", "nodes: 2, spare_nodes: 1,"),
     }
+    if not args.quick:
+        # The requeue path of the same dead rank, and node loss with no spare (a requeue away
+        # from the lost node): each waits out Slurm's hold after a requeue (cred_expire + 1 s).
+        jobs["requeue"] = JOB + "fault: {max_restarts: 0}\nrequeue: {on_crash: true}\n"
+        jobs["node loss, no spare"] = JOB
     results: dict[str, Measured] = {}
     try:
         with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
+            twin = twin_weights(Path(tmp), env)
+            print(f"twin (no fault): final weights {twin[:16]}", flush=True)
             for kind, job in jobs.items():
-                results[kind] = measure(kind, Path(tmp), env, state_dir, job)
+                # The requeue path is the dead rank's fault: a SIGKILL of rank 1.
+                fault = "dead rank" if kind == "requeue" else kind
+                m = measure(fault, Path(tmp) / kind.replace(" ", "-"), env, state_dir, job, twin)
+                results[kind] = dataclasses.replace(m, kind=kind)
                 print(_line(results[kind]), flush=True)
-            if not args.quick:
-                requeue = JOB + "fault: {max_restarts: 0}\nrequeue: {on_crash: true}\n"
-                results["requeue"] = measure("dead rank", Path(tmp) / "rq", env, state_dir, requeue)
-                print(_line(results["requeue"]).replace("dead rank", "requeue  "), flush=True)
     finally:
         if started:
             devcluster.down(state_dir)
@@ -206,17 +268,34 @@ def main(argv: list[str] | None = None) -> int:
 
 def _line(m: Measured) -> str:
     return (
-        f"{m.kind:10} detect {m.detect_s:6.2f} s   first step again {m.back_s:6.2f} s after "
-        f"the fault   blamed: {m.blame}"
+        f"{m.kind:19} detect {m.detect_s:6.2f} s  step ended {m.ended_s:6.2f} s  first step "
+        f"again {m.back_s:6.2f} s after the fault ({m.back - m.detected:6.2f} s after detection)"
+        f"  rank 1 ran on {m.rank1_node}; blamed: {m.blame}  final weights "
+        f"{'equal the twin' if m.twin_weights else 'DIFFER from the twin'}"
     )
+
+
+IN_JOB = ("hang", "dead rank", "segfault", "node loss")
+"""The faults restarted inside the allocation (the others go through Slurm's requeue)."""
 
 
 def check(results: dict[str, Measured]) -> Targets:
     """Every target, one line each."""
     targets = Targets()
-    for kind in ("hang", "dead rank", "segfault", "node loss"):
-        m = results[kind]
+    for kind, m in results.items():
         targets.check(f"{kind} detect", m.detect_s, "<=", DETECT_TARGET_S, fmt=".2f", unit=" s")
+        if kind == "hang":
+            targets.check("hang step ended", m.ended_s, "<=", DETECT_TARGET_S, fmt=".2f",
+                          unit=" s")  # fmt: skip
+        named = m.ranks == (1,) and m.nodes == (m.rank1_node,)
+        if kind.startswith("node loss"):  # the node is the culprit; its rank may be named too
+            named = m.nodes == (m.rank1_node,) and m.ranks in ((), (1,))
+        targets.check(f"{kind} blames rank 1 on {m.rank1_node} (1 = yes)", float(named), "==", 1,
+                      fmt=".0f")  # fmt: skip
+        targets.check(f"{kind} final weights equal the twin's (1 = yes)", float(m.twin_weights),
+                      "==", 1, fmt=".0f")  # fmt: skip
+        if kind not in IN_JOB:
+            continue
         # A hang is found by design only after fault.stale_s: training is back that much later.
         back = m.back - m.detected if kind == "hang" else m.back_s
         since = "detection" if kind == "hang" else "fault"
@@ -226,6 +305,8 @@ def check(results: dict[str, Measured]) -> Targets:
         )  # fmt: skip
     if "requeue" in results:
         ratio = results["dead rank"].back_s / results["requeue"].back_s
+        print(f"dead rank: in-job {results['dead rank'].back_s:.2f} s, requeue path "
+              f"{results['requeue'].back_s:.2f} s (fault -> first step again)")  # fmt: skip
         targets.check("dead rank in-job / requeue path", ratio, "<=", RATIO_TARGET, fmt=".3f")
     return targets
 

@@ -14,9 +14,15 @@ what Slurm sends before a time limit) once it has logged step 20, and measured:
 * steps lost: the step last logged when the signal was sent, minus the step the new attempt
   resumed from (0 when the stop came later than the signal, as it should).
 
-Targets (exit 1 when one is missed): hpc-ddp loses no step (the most over all runs is 0); its
-median signal -> stopped and its median restart -> first step are at most submitit's medians.
-``--no-submitit`` checks only the first.
+Targets (issue 24; exit 1 when one is missed): hpc-ddp loses no step (the most over all runs is
+0); its median signal -> stopped is at most 0.7x submitit's median, and its median restart ->
+first step at most 0.6x. ``--no-submitit`` checks only the first.
+
+The restart target is not reachable for a requeue, where every rank is a new process: ``import
+torch`` (~1.2 s of CPU) and ``torch._dynamo`` (~1.0 s, imported by DDP's constructor and by every
+``torch.optim`` optimizer) are ~95 % of it, and submitit pays them too. Recovery inside the
+allocation (``fault:``, ``benchmarks/bench_faults.py``) is where a restart gets fast; this
+benchmark keeps the requeue yardstick honest and reports the miss.
 
 Run from the repository root with the dev cluster up (``hpc-ddp dev-cluster up``):
 ``python -m benchmarks.bench_requeue [--repeats 3] [--quick] [--no-submitit]``; ``--quick``: one
@@ -53,6 +59,8 @@ from hpc_ddp.slurm.jobstate import JobState
 from hpc_ddp.sweep.results import read_metrics
 
 SIGNAL_AT_STEP = 20
+STOP_TARGET = 0.7
+RESTART_TARGET = 0.6
 TOTAL_STEPS = 160
 QUICK_TOTAL_STEPS = 60
 STEADY_THREADS = 'env.vars={OMP_NUM_THREADS: "1"}'
@@ -285,20 +293,22 @@ def report(tool: str, runs: list[Interruption]) -> None:
 
 
 def check_targets(ours: list[Interruption], theirs: list[Interruption] | None) -> Targets:
-    """hpc-ddp loses no step, and stops and restarts no slower than submitit (medians)."""
+    """hpc-ddp loses no step, stops in at most 0.7x and restarts in at most 0.6x of submitit's
+    time (medians)."""
     targets = Targets()
     targets.check("hpc-ddp steps lost (most of any run)", max(r.steps_lost for r in ours), "==", 0)
     if theirs is None:
         print("(--no-submitit: the comparisons with submitit are not checked)")
         return targets
-    for label, attr in (
-        ("signal -> stopped", "signal_to_stopped_s"),
-        ("restart -> first step", "restart_to_first_step_s"),
+    for label, attr, factor in (
+        ("signal -> stopped", "signal_to_stopped_s", STOP_TARGET),
+        ("restart -> first step", "restart_to_first_step_s", RESTART_TARGET),
     ):
         mine = statistics.median(getattr(r, attr) for r in ours)
-        bound = statistics.median(getattr(r, attr) for r in theirs)
-        name = f"hpc-ddp {label} (median; bound submitit's median)"
-        targets.check(name, mine, "<=", bound, fmt=".2f", unit=" s")
+        theirs_s = statistics.median(getattr(r, attr) for r in theirs)
+        print(f"{label}: hpc-ddp / submitit = {mine / theirs_s:.2f}x (target <= {factor}x)")
+        name = f"hpc-ddp {label} (median; bound {factor} x submitit's median)"
+        targets.check(name, mine, "<=", factor * theirs_s, fmt=".2f", unit=" s")
     return targets
 
 

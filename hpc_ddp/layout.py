@@ -29,8 +29,10 @@ Everything a later command needs (``status``, ``logs``, ``cancel``, a requeued a
       local-cancelled    local backend: written by ``cancel`` before it signals
       submitit/          local backend: submitit's folder (each rank's result)
 
-A sweep directory holds ``sweep.yaml``, ``arrays.json``, ``manifest.json``, ``submit.lock`` and
-``tasks/<index>/`` run directories with the layout above.
+A sweep directory holds ``sweep.yaml``, ``arrays.json``, ``manifest.json``, ``submit.lock``,
+``logs/`` (each array task's batch log, ``batch-<array job>_<task id>.out/.err``) and
+``tasks/<index>/`` run directories with the layout above, of which submit writes only
+``config.yaml``: the batch script makes ``logs/`` (for the rank logs) before ``srun``.
 """
 
 from __future__ import annotations

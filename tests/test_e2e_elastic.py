@@ -103,6 +103,11 @@ def test_a_resume_on_one_node_of_two_sees_every_sample_once_with_the_same_global
     assert (second.world_size, second.grad_accum) == (1, 2)
     assert second.resize == Resize(2, 1, 1, 2)
     assert second.resumed_from_step == stopped
+    # `status --attempts` shows the resize: the ranks column and the words of it.
+    table = e2e.hpc(slurm_cluster, "status", str(job.run_dir), "--attempts").stdout
+    resumed = next(line for line in table.splitlines() if "resized:" in line)
+    assert " 2->1 " in resumed
+    assert "resized: 2 ranks x accumulation 1 -> 1 rank x accumulation 2" in resumed
     [whole] = e2e.ledger(ref.run_dir)
     assert second.steps_done == whole.steps_done == EPOCHS * steps_per_epoch
     log = rank_log(job.run_dir)

@@ -54,7 +54,10 @@ LAYERS: tuple[Layer, ...] = (
     Layer(("manifest", "run_id")),
     Layer(("config",), pure=("config.*",), impure=("preflight", "loginnode", "programs", "images")),
     Layer(("devcluster",), pure=("devcluster.conf",)),
-    Layer(("slurm",), pure=("slurm.render", "slurm.nodelist", "slurm.jobstate")),
+    Layer(
+        ("slurm",),
+        pure=("slurm.render", "slurm.default_script", "slurm.nodelist", "slurm.jobstate"),
+    ),
     Layer(
         ("runtime",),
         pure=(

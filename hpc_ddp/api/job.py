@@ -36,12 +36,12 @@ from hpc_ddp.errors import ConfigError, OverrideError, RunFailedError, TargetErr
 from hpc_ddp.launch.submission import Launched, Prepared
 from hpc_ddp.layout import MANIFEST_FILE, RunPaths
 from hpc_ddp.manifest import read_manifest
-from hpc_ddp.slurm.client import SlurmClient
 
 if TYPE_CHECKING:
     from hpc_ddp.api.cancel import CancelResult
     from hpc_ddp.api.status import RunStatus, SweepStatus
     from hpc_ddp.launch.resume import ResumePlan
+    from hpc_ddp.slurm.client import SlurmClient
 
 # Reading runs back (api.status, api.targets, api.cancel, api.logs) and resuming them are
 # imported where they are used: a submit, on a login node, pays for none of it.
@@ -57,7 +57,12 @@ relative ``slurm.template`` is then looked up from the working directory."""
 
 
 def _client(slurm: SlurmClient | None) -> SlurmClient:
-    return slurm if slurm is not None else SlurmClient()
+    if slurm is not None:
+        return slurm
+    # Imported here: planning asks Slurm nothing, so a dry run never loads the client.
+    from hpc_ddp.slurm.client import SlurmClient
+
+    return SlurmClient()
 
 
 def override_args(overrides: Overrides) -> list[str]:
@@ -295,7 +300,8 @@ def plan_submit(
     (taken as it is). ``backend`` ``auto`` is Slurm when ``sbatch`` is on PATH, else local
     processes. ``runs_dir``: else ``$HPC_DDP_RUNS_DIR``, else ``./runs``. ``invocation`` is
     the command recorded in the script's header. ``for_test_only``: the plan is for
-    :func:`sbatch_test_only` (which asks Slurm, so a local backend is refused).
+    :func:`sbatch_test_only` (which asks Slurm, so a local backend is refused). ``slurm`` is
+    not asked anything: planning is pure (the parameter is here as on every function).
     """
     from hpc_ddp.config.preflight import preflight_job
     from hpc_ddp.launch.submission import choose_backend, prepare, runs_dir_from
@@ -314,7 +320,6 @@ def plan_submit(
         runs_dir=runs_dir_from(None if runs_dir is None else str(runs_dir), os.environ),
         python=sys.executable,
         invocation=invocation or ["hpc_ddp.submit", shown, *args],
-        client=_client(slurm),
     )
 
 

@@ -3,7 +3,9 @@
 On Slurm srun puts rank N's stderr in ``logs/rank-N.err`` and its stdout in ``logs/rank-N.out``
 (the local backend does the same); hpc-ddp's own progress (steps, loss, checkpoints, stops,
 errors) is Python logging, which writes to stderr. The batch script's own log is
-``logs/batch-<job>.{out,err}``. ``hpc-ddp logs`` and :meth:`hpc_ddp.Job.logs` find them here.
+``logs/batch-<job>.{out,err}`` (a sweep task's: the sweep's
+``logs/batch-<array job>_<task id>``, see :func:`~hpc_ddp.slurm.arrayjobs.batch_logs`).
+``hpc-ddp logs`` and :meth:`hpc_ddp.Job.logs` find them here.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Literal
 from hpc_ddp.api.targets import require_dir
 from hpc_ddp.errors import HpcDdpError, RunDirError, TargetError
 from hpc_ddp.layout import RunPaths
-from hpc_ddp.slurm.arrayjobs import format_index_ranges
+from hpc_ddp.slurm.arrayjobs import batch_logs, format_index_ranges
 
 
 def run_paths(target: Path, task: int | None) -> RunPaths:
@@ -85,7 +87,7 @@ def log_paths(paths: RunPaths, *, rank: int, stream: str, batch: bool) -> list[P
     found: list[Path | None] = []
     for s in streams:
         if batch:
-            found.extend(_log_file(p) for p in sorted(paths.logs.glob(f"batch-*.{s}"))[-1:])
+            found.extend(_log_file(p) for p in batch_logs(paths.logs, s)[-1:])
         else:
             found.append(_log_file(paths.rank_log(rank, s)))
     return [p for p in found if p is not None]

@@ -154,7 +154,6 @@ def run(args: argparse.Namespace) -> int:
         runs_dir=runs_dir_from(args.runs_dir, os.environ) / DOCTOR_DIR,
         python=sys.executable,
         invocation=["hpc-ddp", "doctor", *sys.argv[2:]],
-        client=client,
     )
     prepared = materialize(prepared)
     token = secrets.token_hex(16)  # each node must read it back: the run dir is shared

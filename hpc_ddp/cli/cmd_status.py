@@ -71,15 +71,16 @@ def run(args: argparse.Namespace) -> int:
 def _add_goodput(rows: list[dict[str, Any]], entries: list[dict[str, Any]]) -> None:
     """Each run's (and sweep task's) goodput account, and each sweep's sum, as ``goodput``."""
     from hpc_ddp.state.goodput import total
-    from hpc_ddp.state.report import run_goodput
+    from hpc_ddp.state.report import run_goodput, still_running
 
     for row in rows:
         if row["state"] != DAMAGED:
-            row["goodput"] = run_goodput(Path(row["run"]), running=row["state"] == "RUNNING")
+            row["goodput"] = run_goodput(Path(row["run"]), running=still_running(row["state"]))
     for entry in entries:
         accounts = []
         for task in entry["tasks"]:
-            g = run_goodput(Path(task["run_dir"]), running=task["state"] == "RUNNING")
+            # A task's state is a TaskState ("running"), a run's Slurm's word ("RUNNING").
+            g = run_goodput(Path(task["run_dir"]), running=still_running(task["state"]))
             task["goodput"] = g
             accounts.append(g)
         entry["goodput"] = total(accounts)
@@ -117,7 +118,28 @@ def _print_runs(rows: list[dict[str, Any]], *, attempts: bool) -> None:
     if attempts:
         for r in rows:
             print(f"\n{r['run']}")
-            print(tabulate(r["attempt_list"], headers="keys"))
+            print(tabulate([_attempt_cells(a) for a in r["attempt_list"]], headers=ATTEMPT_COLUMNS))
+
+
+ATTEMPT_COLUMNS = ["attempt", "job", "restart", "launch", "nodes", "ranks", "cause", "steps",
+                   "checkpoint", "then", "why"]  # fmt: skip
+"""``status --attempts``: one row per launch. ``restart`` counts Slurm's requeues of a job,
+``launch`` the supervisor's restarts inside one allocation; the long text comes last."""
+
+
+def _attempt_cells(a: dict[str, Any]) -> list[Any]:
+    """One ``attempt_list`` entry as a table row: ``ranks`` shows an elastic resume as
+    ``2->1``, ``then`` what the supervisor did after a fault (nothing after a finished run),
+    ``why`` the blame, or the resize in words."""
+    resize, world = a.get("resize"), a.get("world")
+    ranks = "-" if world is None else str(world)
+    if a.get("resized_from") is not None:
+        ranks = f"{a['resized_from']}->{ranks}"
+    then = a.get("next") if a.get("cause") not in (None, "finished") else None
+    why = a.get("blame") or (f"resized: {resize}" if resize else None)
+    cause = a["cause"] or "running"
+    return [a["attempt"], a["job"], a["restart"], a["launch"], a["nodelist"] or "-", ranks,
+            cause, a["steps_done"], a["checkpoint"], then or "", why or ""]  # fmt: skip
 
 
 def _print_sweeps(entries: list[dict[str, Any]], *, attempts: bool) -> None:

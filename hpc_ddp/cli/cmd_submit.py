@@ -15,7 +15,6 @@ import sys
 from hpc_ddp.api.job import launch, plan_submit, sbatch_test_only
 from hpc_ddp.errors import ConfigError
 from hpc_ddp.launch.submission import Prepared, describe_local_plan, report
-from hpc_ddp.launch.wait import wait_for
 from hpc_ddp.layout import RUNS_DIR_ENV
 
 
@@ -48,6 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", action="store_true", help="wait until the job has finished")
 
 
+def needs_slurm(args: argparse.Namespace) -> bool:
+    """A dry run asks Slurm nothing (its plan is pure): :func:`hpc_ddp.cli.main.main` then
+    builds no Slurm client (``args.slurm`` is None)."""
+    return not args.dry_run
+
+
 def run(args: argparse.Namespace) -> int:
     """Submit (or show) one job: :func:`hpc_ddp.api.job.plan_submit`, then
     :func:`~hpc_ddp.api.job.launch` (what ``hpc_ddp.submit()`` does), printed."""
@@ -77,7 +82,11 @@ def run(args: argparse.Namespace) -> int:
     launched = launch(prepared, slurm=client).launched
     assert launched is not None  # started here
     report(launched, args.json)
-    return wait_for(launched, client) if args.wait else 0
+    if not args.wait:
+        return 0
+    from hpc_ddp.launch.wait import wait_for  # the run's state: not needed to submit it
+
+    return wait_for(launched, client)
 
 
 def _show_dry_run(prepared: Prepared, as_json: bool) -> int:

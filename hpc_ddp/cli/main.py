@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.errors import HpcDdpError
 from hpc_ddp.version import __version__
@@ -53,12 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hpc-ddp",
         description="PyTorch DDP on Slurm that survives preemption, time limits and requeues.",
+        formatter_class=_Formatter,
     )
     parser.add_argument("--version", action="version", version=f"hpc-ddp {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
-        sp = sub.add_parser(name, help=help_text, description=help_text)
+        sp = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_Formatter)
         sp.set_defaults(_module=module)
         _load(module).add_arguments(sp)
     return parser
@@ -101,9 +102,15 @@ def main(argv: list[str] | None = None, *, slurm: SlurmClient | None = None) -> 
             level=logging.DEBUG if args.verbose else logging.INFO,
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
-    args.slurm = slurm if slurm is not None else _real_slurm()
     try:
-        handler: Handler = _load(args._module).run
+        module = _load(args._module)
+        # A handler module may say it needs no Slurm for these arguments (`needs_slurm`): it
+        # then gets no client, and the client's modules stay unloaded (a submit --dry-run).
+        needs_slurm = getattr(module, "needs_slurm", None)
+        if slurm is None and (needs_slurm is None or needs_slurm(args)):
+            slurm = _real_slurm()
+        args.slurm = slurm
+        handler: Handler = module.run
         code = handler(args)
         sys.stdout.flush()  # a reader that has gone shows here, not at the interpreter's exit
         return code
@@ -142,13 +149,41 @@ def _real_slurm() -> SlurmClient:
     return SlurmClient()
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help formatter, with the terminal's width found without ``shutil``.
+
+    argparse makes a formatter for every ``add_argument`` (to check its help text), and its own
+    asks ``shutil.get_terminal_size``: importing shutil (and bz2, lzma, fnmatch with it) was
+    ~2 ms of every command, ``submit --dry-run`` included. Same rule as shutil's: ``$COLUMNS``,
+    else the terminal of stdout, else 80; minus 2, as argparse does.
+    """
+
+    def __init__(self, prog: str, **kwargs: Any) -> None:
+        if kwargs.get("width") is None:
+            kwargs["width"] = _columns() - 2
+        super().__init__(prog, **kwargs)
+
+
+def _columns() -> int:
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):  # no stdout, or not a terminal
+        return 80
+
+
 def _single_parser(name: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hpc-ddp")
+    parser = argparse.ArgumentParser(prog="hpc-ddp", formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=f"hpc-ddp {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     module, help_text = COMMANDS[name]
-    sp = sub.add_parser(name, help=help_text, description=help_text)
+    sp = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_Formatter)
     sp.set_defaults(_module=module)
     _load(module).add_arguments(sp)
     return parser

@@ -592,6 +592,7 @@ class Supervisor:
         quiet = StaleWatch()
         beats: dict[int, Beat | None] = {}
         next_read = 0.0
+        began = time.monotonic()
         while True:
             code = step.poll()
             if code is not None:
@@ -608,8 +609,10 @@ class Supervisor:
                 next_read = mono + self.cfg.fault.beat_s
             ends = _task_ends(step)
             if watch.fault is None and not self.stopping:
-                watch.fault = self._fault_from(step, ends[seen_ends:], lpaths) or self._silence(
-                    beats, quiet, mono, ends, lpaths
+                watch.fault = (
+                    self._fault_from(step, ends[seen_ends:], lpaths)
+                    or self._silence(beats, quiet, mono, ends, lpaths)
+                    or self._never_started(beats, mono - began, lpaths)
                 )
                 seen_ends = len(ends)
                 if watch.fault is not None:
@@ -686,6 +689,23 @@ class Supervisor:
         for Slurm to notice the node (SlurmdTimeout); the supervisor need not."""
         gone = len(left) < self.world
         return gone and bool(left) and waited >= DUMP_GRACE_S + SILENT_GRACE_BEATS * beat_s
+
+    def _never_started(
+        self, beats: Mapping[int, Beat | None], waited: float, lpaths: LaunchPaths
+    ) -> FaultRecord | None:
+        """Ranks that never beat within ``fault.startup_timeout_s`` (stuck before Python ran,
+        or srun waiting for resources that never come): a backstop, a launch needs them all."""
+        if waited < self.cfg.fault.startup_timeout_s:
+            return None
+        missing = tuple(r for r in range(self.world) if beats.get(r) is None)
+        if not missing:
+            return None
+        why = (
+            f"never started within fault.startup_timeout_s={self.cfg.fault.startup_timeout_s} s "
+            "(no heartbeat: stuck before its watchdog ran, or its task never launched)"
+        )
+        record = FaultRecord("startup", "supervisor", self._clock(), missing, (), why, False)
+        return record if claim_fault(lpaths.fault, record) else read_fault(lpaths.fault)
 
     def _silence(
         self,

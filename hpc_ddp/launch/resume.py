@@ -116,7 +116,7 @@ def plan_resume(
     cfg, resize = fit_world_size(cfg, old, attempts, row["ckpt step"], shown, elastic=elastic)
     flag = ["--elastic"] if elastic else []
     invocation = invocation or ["hpc-ddp", "resume", str(shown), *overrides, *flag]
-    prepared = _prepare_in_place(cfg, manifest, run_dir, invocation, client)
+    prepared = _prepare_in_place(cfg, manifest, run_dir, invocation)
     return ResumePlan(
         run_dir, manifest, row["state"], int(row["attempts"]), row["ckpt step"], old, prepared,
         tuple(_changes(old, cfg, resize)), force, resize,
@@ -297,7 +297,6 @@ def _prepare_in_place(
     manifest: Manifest,
     run_dir: Path,
     invocation: Sequence[str],
-    client: SlurmClient,
 ) -> Prepared:
     prepared = prepare(
         cfg,
@@ -306,7 +305,6 @@ def _prepare_in_place(
         runs_dir=run_dir.parent,
         python=sys.executable,
         invocation=invocation,
-        client=client,
     )
     return dataclasses.replace(relocate(prepared, run_dir), created=True)
 

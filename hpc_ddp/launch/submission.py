@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.config.load import dump_job_config
 from hpc_ddp.config.model import JobConfig
@@ -36,9 +36,11 @@ from hpc_ddp.errors import ConfigError, RunsDirError
 from hpc_ddp.layout import RUNS_DIR_ENV, STAMP_FORMAT, RunPaths, run_dir_name
 from hpc_ddp.manifest import BACKENDS, Backend, Manifest, record_lock, write_manifest
 from hpc_ddp.run_id import ensure_run_id
-from hpc_ddp.slurm.client import SlurmClient
-from hpc_ddp.slurm.render import RenderContext, load_template, render_sbatch
+from hpc_ddp.slurm.render import RenderContext, load_template, render_sbatch, sbatch_command
 from hpc_ddp.version import __version__
+
+if TYPE_CHECKING:  # a dry run never loads the client (nor jobstate): ~2.5 ms of every submit
+    from hpc_ddp.slurm.client import SlurmClient
 
 
 def runs_dir_from(arg: str | None, env: Mapping[str, str]) -> Path:
@@ -141,7 +143,8 @@ class Prepared:
 
     ``paths`` is where the run would go now; :func:`materialize` returns the copy that names
     the directory it created (``created``), which is the one to start and report. A local run
-    has no ``script``, ``sbatch_argv``, ``context`` or ``template``.
+    has no ``script``, ``sbatch_argv`` or ``context``; ``template`` is the text of the job's
+    ``slurm.template``, None for the default template.
     """
 
     cfg: JobConfig
@@ -166,12 +169,12 @@ def prepare(
     runs_dir: Path,
     python: str,
     invocation: Sequence[str],
-    client: SlurmClient,
     now: datetime | None = None,
 ) -> Prepared:
     """Everything a run of ``cfg`` on ``backend`` will write and run, for a new run directory
     path: on Slurm the script and the sbatch command; locally, only the checks that the
-    machine can run it (:func:`check_local_job`)."""
+    machine can run it (:func:`check_local_job`). Asks Slurm nothing (a dry run needs no
+    Slurm client)."""
     now = now or datetime.now(timezone.utc)
     base = runs_dir.resolve()
     stamp = stamp_of(now)
@@ -183,7 +186,7 @@ def prepare(
             cfg, backend, paths, None, (), invocation_text, str(config_path), None, None, base,
             stamp,
         )  # fmt: skip
-    argv = tuple(client.submit_command(paths.script))
+    argv = tuple(sbatch_command(paths.script))
     ctx = RenderContext(
         run_dir=str(paths.root),
         python=python,
@@ -203,7 +206,7 @@ def prepare(
 def relocate(prepared: Prepared, run_dir: Path) -> Prepared:
     """``prepared`` for another run directory: the paths, the sbatch argv and the script."""
     paths = RunPaths(run_dir)
-    if prepared.context is None or prepared.template is None:  # local: nothing was rendered
+    if prepared.context is None:  # local: nothing was rendered
         return dataclasses.replace(prepared, paths=paths)
     old_script = str(prepared.paths.script)
     argv = tuple(str(paths.script) if a == old_script else a for a in prepared.sbatch_argv)

@@ -727,16 +727,19 @@ class CheckpointWriter:
     the new thread runs, milliseconds on a busy node). It first waits for the previous write,
     so at most one is in flight. :meth:`wait` blocks until the last write is done and raises
     the :class:`CheckpointError` of a failed one; the stop path calls it before asking for a
-    requeue. A write still in flight when the interpreter exits is finished first.
+    requeue. A write still in flight when the interpreter exits is finished first, and so is
+    what :meth:`then` queued after it.
     """
 
     def __init__(self, directory: Path, keep_last: int, *, background: bool = True) -> None:
         self.directory = directory
         self.keep_last = keep_last
         self.background = background
-        self._jobs: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[dict[str, Any] | Callable[[], None]] = queue.SimpleQueue()
         self._idle = threading.Event()
         self._idle.set()
+        self._pending = 0  # jobs queued or running; _idle is set when none (under _lock)
+        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.last_path: Path | None = None
@@ -759,8 +762,35 @@ class CheckpointWriter:
             self._thread.daemon = True
             self._thread.start()
             atexit.register(_finish_at_exit, weakref.ref(self))
-        self._idle.clear()
-        self._jobs.put(payload)
+        self._queue(payload)
+
+    def _queue(self, job: dict[str, Any] | Callable[[], None]) -> None:
+        with self._lock:
+            self._pending += 1
+            self._idle.clear()
+        self._jobs.put(job)
+
+    def then(self, after: Callable[[], None]) -> None:
+        """Run ``after`` once the write in flight (if any) is durable, on the writer thread, so
+        that the training thread does not wait for it (rank 0 records a save in the ledger
+        this way: a directory check and an fsync'd append). Skipped when that write failed;
+        an error of ``after`` itself is logged, never raised: it is bookkeeping, and the
+        checkpoint it follows is safe."""
+        if not self.background:
+            self._after(after)
+            return
+        if self._thread is None:  # nothing was ever submitted: nothing to wait for
+            self._after(after)
+            return
+        self._queue(after)
+
+    def _after(self, after: Callable[[], None]) -> None:
+        if self._error is not None:
+            return
+        try:
+            after()
+        except Exception:
+            log.warning("after checkpoint %s: bookkeeping failed", self.last_path, exc_info=True)
 
     def wait(self) -> None:
         """Block until no write is in flight; raise if the last one failed."""
@@ -776,12 +806,18 @@ class CheckpointWriter:
 
     def _run(self) -> None:
         while True:
-            payload = self._jobs.get()
+            job = self._jobs.get()
             try:
-                self._write(payload)
+                if callable(job):
+                    self._after(job)
+                else:
+                    self._write(job)
             finally:
-                del payload  # the snapshot's buffers belong to the next one
-                self._idle.set()
+                del job  # the snapshot's buffers belong to the next one
+                with self._lock:
+                    self._pending -= 1
+                    if self._pending == 0:
+                        self._idle.set()
 
     def _write(self, payload: dict[str, Any]) -> None:
         start = time.perf_counter()

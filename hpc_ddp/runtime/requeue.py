@@ -627,8 +627,9 @@ class Coordinator:
         """Record a fault this rank's watchdog declared (the first end of an attempt wins)."""
         self._end(cause, step, checkpoint, False, message)
 
-    def record_checkpoint(self, step: int, stall_s: float) -> None:
-        """Rank 0 notes a save and how long training waited for it (for the goodput account)."""
+    def record_checkpoint(self, step: int, stall_s: float, *, now: float | None = None) -> None:
+        """Rank 0 notes a save at ``now`` (default: now) and how long training waited for it
+        (for the goodput account). Thread-safe: the checkpoint writer calls it."""
         if not self.dist.is_main:
             return
         self._append(
@@ -639,6 +640,7 @@ class Coordinator:
                 launch=self.dist.launch,
                 step=step,
                 stall_s=stall_s,
+                now=now,
             )
         )
 

@@ -552,9 +552,14 @@ class Session:
         step = self.progress.step
         with self.section("checkpoint"):
             path = self._ckpt().save(self.progress, wait=wait)
-        if path is not None and self._coordinator is not None and step != self._recorded:
+        coordinator = self._coordinator
+        if path is not None and coordinator is not None and step != self._recorded:
             self._recorded = step  # a second save of a step writes nothing
-            self._coordinator.record_checkpoint(step, time.monotonic() - began)
+            stall, now = time.monotonic() - began, time.time()
+            # The ledger line (a directory check and an fsync'd append) is written by the
+            # checkpoint's writer thread once the file is durable, not by the training thread
+            # (which it held up for longer than the snapshot itself with a small model).
+            self._ckpt().writer.then(lambda: coordinator.record_checkpoint(step, stall, now=now))
         return path
 
     # --- stopping -----------------------------------------------------------------------

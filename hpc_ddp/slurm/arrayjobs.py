@@ -6,6 +6,8 @@ each: its job id, the points it runs and the offset from task id to point. The p
 array task is the one of the latest array that runs it. The login side (``status``, ``cancel``,
 ``results``, ``--resubmit-failed``) reads the record here, and so does each array task when it
 starts (:mod:`hpc_ddp.job.task`): a task that is not its point's current one refuses to run.
+Each array task's batch-script log is in the sweep's ``logs/`` under its array job and task id:
+:func:`batch_logs` finds a point's.
 
 Index ranges are Slurm's ``--array`` syntax (``0-5,7``). Reads files only; squeue's rows are
 passed in.
@@ -160,6 +162,36 @@ def current_refs(arrays: Sequence[ArrayRecord]) -> dict[int, tuple[str, int]]:
         for index in parse_index_ranges(record.points):
             refs[index] = (record.job_id, index - record.offset)
     return refs
+
+
+def batch_logs(logs_dir: Path, stream: str) -> list[Path]:
+    """The batch script's logs (``batch-*.<stream>``, ``stream`` ``out`` or ``err``) of the run
+    whose logs directory is ``logs_dir`` (``RUN_DIR/logs``), in submission order as far as it
+    is known.
+
+    A run's are in ``logs_dir``. A sweep task's (``SWEEP_DIR/tasks/<i>``) are in the
+    sweep's ``logs/``, named by array job and task id, one per array that ran point ``i``
+    (``arrays.json``; sweeps written before then kept them in the task's ``logs/``, which
+    come first). Only files that exist are listed; a damaged ``arrays.json`` lists none of
+    the sweep's.
+    """
+    own = sorted(logs_dir.glob(f"batch-*.{stream}"))
+    task = logs_dir.parent.resolve()  # `.` in a task directory, or an offset array's link
+    if task.parent.name != "tasks" or not task.name.isdigit():
+        return own
+    sweep_dir = task.parent.parent
+    point = int(task.name)
+    try:
+        arrays = read_arrays(sweep_dir)
+    except RunDirError:
+        return own
+    found = []
+    for record in arrays:
+        if point in parse_index_ranges(record.points):
+            path = sweep_dir / "logs" / f"batch-{record.job_id}_{point - record.offset}.{stream}"
+            if path.exists() or path.is_symlink():
+                found.append(path)
+    return [*own, *found]
 
 
 def live_task(live: Mapping[str, JobInfo], job_id: str, task_id: int) -> JobInfo | None:

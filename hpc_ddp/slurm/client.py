@@ -43,6 +43,7 @@ from hpc_ddp.slurm.jobstate import (
     parse_squeue,
     parse_step_ids,
 )
+from hpc_ddp.slurm.render import sbatch_command
 
 logger = logging.getLogger(__name__)
 
@@ -122,8 +123,8 @@ class SlurmClient:
     def submit_command(
         self, script: Path, *, test_only: bool = False, extra_args: Sequence[str] = ()
     ) -> list[str]:
-        """The sbatch argv :meth:`submit` runs (shown by a dry run)."""
-        return ["sbatch", "--test-only" if test_only else "--parsable", *extra_args, str(script)]
+        """The sbatch argv :meth:`submit` runs (:func:`~hpc_ddp.slurm.render.sbatch_command`)."""
+        return sbatch_command(script, test_only=test_only, extra_args=extra_args)
 
     def submit(
         self, script: Path, *, test_only: bool = False, extra_args: Sequence[str] = ()

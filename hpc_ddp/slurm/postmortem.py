@@ -3,7 +3,8 @@
 A rank killed outright (SIGKILL, the OOM killer, a segfault) writes nothing: the ledger then
 holds, at best, a peer's complaint about the lost connection ("rank 0 on n1: RuntimeError:
 ... Connection reset by peer"), which names the wrong rank. srun saw the death and says so in
-the batch script's stderr (``RUN_DIR/logs/batch-<job>.err``), then terminates the others::
+the batch script's stderr (``RUN_DIR/logs/batch-<job>.err``; a sweep task's is in the sweep's
+``logs/``), then terminates the others::
 
     srun: error: n2: task 1: Killed
     srun: launch/slurm: _step_signal: Terminating StepId=206.0
@@ -31,6 +32,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from hpc_ddp.slurm.arrayjobs import batch_logs
 
 # "srun: error: n2: task 1: Killed", "srun: error: n1: tasks 0-1: Exited with exit code 1"
 _FAILURE = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,\-]+): (?P<reason>.+)$")
@@ -139,10 +142,17 @@ def first_failure(text: str) -> TaskFailure | None:
     return bursts[-1][0] if bursts else None
 
 
+def _batch_errs(logs_dir: Path) -> list[Path]:
+    """The run's ``batch-*.err`` logs, oldest first (``logs_dir`` is ``RUN_DIR/logs``; a sweep
+    task's are in its sweep's ``logs/``, see :func:`~hpc_ddp.slurm.arrayjobs.batch_logs`)."""
+    return sorted(batch_logs(logs_dir, "err"), key=lambda p: p.stat().st_mtime)
+
+
 def failed_rank(logs_dir: Path) -> TaskFailure | None:
-    """:func:`first_failure` of the newest ``batch-*.err`` in a run's ``logs/`` directory."""
+    """:func:`first_failure` of the newest ``batch-*.err`` of the run whose ``logs/``
+    directory is ``logs_dir`` (a sweep task's are in the sweep's ``logs/``)."""
     try:
-        logs = sorted(logs_dir.glob("batch-*.err"), key=lambda p: p.stat().st_mtime)
+        logs = _batch_errs(logs_dir)
     except OSError:
         return None
     if not logs:
@@ -215,7 +225,7 @@ def startup_failure(logs_dir: Path) -> str | None:
         return failure.describe()
     try:
         rank_logs = sorted(logs_dir.glob("rank-*.err"), key=_rank_of)
-        batch_logs = sorted(logs_dir.glob("batch-*.err"), key=lambda p: p.stat().st_mtime)
+        batch_errs = _batch_errs(logs_dir)
     except OSError:
         return None
     for log in rank_logs:
@@ -224,17 +234,18 @@ def startup_failure(logs_dir: Path) -> str | None:
             return f"{log.name}: {line[:300]}"
     if failure is not None:
         return failure.describe()
-    if batch_logs:
-        lines = [raw.strip() for raw in _tail(batch_logs[-1]).splitlines()]
+    if batch_errs:
+        lines = [raw.strip() for raw in _tail(batch_errs[-1]).splitlines()]
         words = [x for x in lines if _SHELL_ERROR.search(x) and not _CLEANUP.match(x)]
         if words:
-            return f"{batch_logs[-1].name}: {words[-1][:300]}"
+            return f"{batch_errs[-1].name}: {words[-1][:300]}"
     return None
 
 
 def has_logs(logs_dir: Path) -> bool:
     """True once the batch script (or a rank) has written any log file."""
     try:
-        return any(logs_dir.glob("batch-*")) or any(logs_dir.glob("rank-*"))
+        batch = any(batch_logs(logs_dir, s) for s in ("out", "err"))
+        return batch or any(logs_dir.glob("rank-*"))
     except OSError:
         return False

@@ -1,8 +1,10 @@
 """The sbatch script: a job config and a run directory in, the script's text out.
 
 Pure: :func:`render_sbatch` returns text and writes nothing; :func:`load_template` is the only
-function here that reads a file. The script runs ``srun ... <python> -m hpc_ddp run RUN_DIR`` on
-every task; the runtime reads ``RUN_DIR/config.yaml`` from there.
+function here that reads a file. The default template is written by
+:mod:`hpc_ddp.slurm.default_script` (no Jinja2 on a default submit); a user's own
+``slurm.template`` is rendered by Jinja2. The script runs ``srun ... <python> -m hpc_ddp run
+RUN_DIR`` on every task; the runtime reads ``RUN_DIR/config.yaml`` from there.
 
 Two parsers read the script, and each value is made safe for the one that reads it:
 
@@ -24,16 +26,15 @@ import dataclasses
 import importlib
 import re
 import shlex
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jinja2
-
 from hpc_ddp.config.model import JobConfig, SlurmConfig
 from hpc_ddp.config.units import format_slurm_time
 from hpc_ddp.errors import RenderError
+from hpc_ddp.slurm.default_script import render_default_script
 
 DEFAULT_TEMPLATE = "default.sbatch.j2"
 
@@ -108,10 +109,11 @@ def default_template_text() -> str:
     return Path(package.__file__).with_name(DEFAULT_TEMPLATE).read_text(encoding="utf-8")
 
 
-def load_template(cfg: JobConfig, base_dir: Path) -> str:
-    """Read ``cfg.slurm.template`` (relative to ``base_dir``), or the default template."""
+def load_template(cfg: JobConfig, base_dir: Path) -> str | None:
+    """Read ``cfg.slurm.template`` (relative to ``base_dir``); None for the default template,
+    which :func:`render_sbatch` writes without reading it."""
     if cfg.slurm.template is None:
-        return default_template_text()
+        return None
     path = Path(cfg.slurm.template)
     if not path.is_absolute():
         path = base_dir / path
@@ -128,6 +130,14 @@ def load_template(cfg: JobConfig, base_dir: Path) -> str:
             f"cannot read sbatch template {str(path)!r} (slurm.template): {exc}. "
             "HINT: make it a readable UTF-8 text file"
         ) from None
+
+
+def sbatch_command(
+    script: Path, *, test_only: bool = False, extra_args: Sequence[str] = ()
+) -> list[str]:
+    """The sbatch argv that submits ``script`` (what a dry run shows beside it), or with
+    ``test_only`` asks when it would start. Pure, so a dry run needs no Slurm client."""
+    return ["sbatch", "--test-only" if test_only else "--parsable", *extra_args, str(script)]
 
 
 def sbatch_flags(cfg: JobConfig, ctx: RenderContext) -> list[Flag]:
@@ -226,11 +236,24 @@ def format_sbatch_line(name: str, value: str | None) -> str:
 
 
 def render_sbatch(cfg: JobConfig, ctx: RenderContext, template_text: str | None = None) -> str:
-    """Render the job's sbatch script; ``template_text=None`` uses the default template."""
+    """Render the job's sbatch script from a user's Jinja2 template, or (``template_text=None``)
+    the default one, written by :func:`~hpc_ddp.slurm.default_script.render_default_script`
+    without Jinja2 (the same bytes as ``default.sbatch.j2``)."""
     for where, value in _rendered_strings(cfg, ctx):
         _refuse_line_breaks(where, value)
     variables = template_variables(cfg, ctx)
-    text = default_template_text() if template_text is None else template_text
+    if template_text is None:
+        script = render_default_script(variables)
+    else:
+        script = _render_jinja(template_text, variables)
+    _check_script_shape(script)
+    return script
+
+
+def _render_jinja(text: str, variables: dict[str, Any]) -> str:
+    """A user's template (``slurm.template``) rendered by Jinja2."""
+    import jinja2  # here, not at the top: importing it costs a third of a default dry run
+
     if variables["ch_run"] and "ch_run" not in text:
         # `launcher` is empty then: a template that predates charliecloud would run the tasks
         # outside the container without a word.
@@ -248,7 +271,7 @@ def render_sbatch(cfg: JobConfig, ctx: RenderContext, template_text: str | None 
     )
     env.filters["q"] = shlex.quote
     try:
-        script = env.from_string(text).render(variables)
+        return env.from_string(text).render(variables)
     except jinja2.TemplateSyntaxError as exc:
         raise RenderError(
             f"sbatch template line {exc.lineno}: {exc.message}. HINT: fix the Jinja2 syntax"
@@ -258,8 +281,6 @@ def render_sbatch(cfg: JobConfig, ctx: RenderContext, template_text: str | None 
             f"sbatch template uses an unknown value: {exc.message}. HINT: use only "
             f"{', '.join(sorted(variables))}"
         ) from None
-    _check_script_shape(script)
-    return script
 
 
 def template_variables(cfg: JobConfig, ctx: RenderContext) -> dict[str, Any]:
@@ -295,6 +316,8 @@ def template_variables(cfg: JobConfig, ctx: RenderContext) -> dict[str, Any]:
         "ch_run": ch_run,
         "task_argv": [task_python(cfg, ctx), "-m", "hpc_ddp", "run", ctx.run_dir],
         "supervisor_argv": supervisor_argv(cfg, ctx),
+        # An array task's logs/ is made by the script, not at submit (see _batch_log_pattern).
+        "make_logs_dir": bool(ctx.array),
     }
 
 
@@ -443,8 +466,12 @@ def _log_dir_pattern(ctx: RenderContext) -> str:
 
 
 def _batch_log_pattern(ctx: RenderContext) -> tuple[str, str]:
+    """Where the batch script's own logs go. An array's go to the sweep's ``logs/``, named by
+    array job and task id (:func:`hpc_ddp.slurm.arrayjobs.batch_logs` finds a point's): Slurm
+    opens them before the script runs, and making every task's ``logs/`` at submit cost a
+    third of a sweep's submit time (the script makes it, for the rank logs)."""
     if ctx.array:
-        return _log_dir_pattern(ctx), "batch-%A_%a"
+        return _escape_pattern(ctx.run_dir) + "/logs", "batch-%A_%a"
     return _log_dir_pattern(ctx), "batch-%j"
 
 

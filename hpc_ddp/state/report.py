@@ -24,6 +24,7 @@ from hpc_ddp.slurm.jobstate import JobState
 from hpc_ddp.slurm.postmortem import failed_rank, has_logs, startup_failure
 from hpc_ddp.state.artifacts import checkpoint_steps, damaged_checkpoint, last_metric, step_times
 from hpc_ddp.state.goodput import Goodput, account
+from hpc_ddp.state.task import TaskState
 from hpc_ddp.state.verdict import (
     FAILURES,
     SlurmView,
@@ -303,12 +304,34 @@ def _row(run_dir: Path, manifest: Manifest, view: SlurmView) -> dict[str, Any]:
                 "checkpoint": a.checkpoint,
                 "nodelist": a.nodelist,
                 "launch": a.launch,  # within its Slurm attempt: in-job restarts count up
+                "world": a.world_size,
+                # An elastic resume: from which world size and accumulation, and how exact.
+                "resized_from": None if a.resize is None else a.resize.before_world,
+                "resize": None if a.resize is None else a.resize.describe(),
                 "blame": None if a.blame is None else a.blame.describe(),
                 "next": a.next,
             }
             for a in attempts
         ],
     }
+
+
+_STILL_GOING = frozenset(
+    {
+        JobState.RUNNING.value,
+        JobState.COMPLETING.value,
+        JobState.CONFIGURING.value,
+        JobState.SUSPENDED.value,
+        TaskState.RUNNING.value,
+    }
+)
+
+
+def still_running(state: str) -> bool:
+    """Whether a status row's ``state`` says the last attempt is still going, so that its
+    goodput counts up to now. A run's state is Slurm's word or the verdict's (``RUNNING``), a
+    sweep task's a :class:`~hpc_ddp.state.task.TaskState` (``running``): both are known here."""
+    return state in _STILL_GOING
 
 
 def run_goodput(run_dir: Path, *, running: bool, now: float | None = None) -> Goodput:
@@ -329,7 +352,7 @@ def reason_lines(row: dict[str, Any]) -> list[str]:
         where = (
             "ledger.jsonl"
             if row["failed_rank"].split(":")[0] in _CAUSE_WORDS
-            else ("srun, in logs/batch-*.err")
+            else "srun, in the batch log: hpc-ddp logs RUN --batch"
         )
         lines.append(f"{row['run']}: failed first: {row['failed_rank']} ({where})")
     if row["note"]:

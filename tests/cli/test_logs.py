@@ -42,6 +42,12 @@ def test_logs_of_each_task_of_a_real_sweep(slurm_cluster: Cluster, tmp_path: Pat
         assert rank1.returncode == 0
         batch = e2e.hpc(slurm_cluster, "logs", str(sweep_dir), "--task", str(task), "--batch")
         assert batch.returncode == 0
+        # The batch logs are in the sweep's logs/ (Slurm opened them there), the task's own
+        # logs/ (made by the script) holds the rank logs only.
+        assert (sweep_dir / "logs" / f"batch-{array}_{task}.out").is_file()
+        assert sorted(p.name for p in (task_dir / "logs").iterdir()) == [
+            "rank-0.err", "rank-0.out", "rank-1.err", "rank-1.out"
+        ]  # fmt: skip
 
     out_of_range = e2e.hpc(slurm_cluster, "logs", str(sweep_dir), "--task", "2", check=False)
     assert out_of_range.returncode == 2

@@ -141,6 +141,33 @@ def test_login_node_commands_import_no_torch_or_submitit(tmp_path: Path) -> None
     assert out.strip().splitlines()[-1] == "[]"
 
 
+def test_a_default_dry_run_imports_no_jinja2_and_no_shutil(tmp_path: Path) -> None:
+    """The default script is written without Jinja2 (hpc_ddp.slurm.default_script), and the
+    help formatter finds the terminal's width without shutil: each was milliseconds of every
+    submit. A user's own slurm.template still renders through Jinja2."""
+    probe = (
+        "import sys\n"
+        "from hpc_ddp.cli.main import main\n"
+        "runs, template = sys.argv[-2:]\n"
+        "assert main(['submit', 'jobs/quickstart.yaml', '--dry-run', '--runs-dir', runs,\n"
+        "             '--backend', 'slurm']) == 0\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jinja2', 'shutil')))\n"
+        "assert main(['submit', 'jobs/quickstart.yaml', '--dry-run', '--runs-dir', runs,\n"
+        "             '--backend', 'slurm', f'slurm.template={template}']) == 0\n"
+        "print('jinja2' in sys.modules)\n"
+    )
+    template = tmp_path / "mine.j2"
+    template.write_text("#!/bin/bash\n{{ sbatch_lines | join('\\n') }}\necho mine\n")
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path / "runs"), str(template)],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    lines = out.strip().splitlines()
+    assert [x for x in lines if x.startswith("[")] == ["[]"]  # neither, by the default's
+    assert lines[-1] == "True"  # the user's template: rendered by Jinja2
+    assert "echo mine" in out
+
+
 def test_the_python_api_on_a_login_node_imports_no_torch_or_submitit(tmp_path: Path) -> None:
     """The same promise for ``import hpc_ddp`` and its login-side API (issue 27): a dry run, a
     submit and a sweep (over a FakeSlurm), status, metrics, results and the listing of runs."""

@@ -255,14 +255,12 @@ def _ended_local_run(runs: Path) -> Path:
 
     from hpc_ddp.config.load import load_job_config
     from hpc_ddp.launch.submission import materialize, prepare, record
-    from hpc_ddp.slurm.fake import FakeSlurm
 
     config = REPO / "jobs" / "quickstart.yaml"
     cfg = load_job_config(config, [], site_profile=None)
-    client = FakeSlurm().client()
     prepared = materialize(
         prepare(cfg, backend="local", config_path=config, runs_dir=runs,
-                python=sys.executable, invocation=["hpc-ddp", "submit"], client=client)
+                python=sys.executable, invocation=["hpc-ddp", "submit"])
     )  # fmt: skip
     record(prepared, job_id="4194304", command=["submitit-local", "4194304"])
     prepared.paths.checkpoints.mkdir(exist_ok=True)
@@ -297,14 +295,12 @@ def _slurm_run(runs: Path, job_id: str) -> Path:
     """A run submitted to (fake) Slurm as job ``job_id``."""
     from hpc_ddp.config.load import load_job_config
     from hpc_ddp.launch.submission import materialize, prepare, record
-    from hpc_ddp.slurm.fake import FakeSlurm
 
     config = REPO / "jobs" / "quickstart.yaml"
     cfg = load_job_config(config, [], site_profile=None)
     prepared = materialize(
         prepare(cfg, backend="slurm", config_path=config, runs_dir=runs,
-                python=sys.executable, invocation=["hpc-ddp", "submit"],
-                client=FakeSlurm().client())
+                python=sys.executable, invocation=["hpc-ddp", "submit"])
     )  # fmt: skip
     record(prepared, job_id=job_id, command=["sbatch", "--parsable"])
     return prepared.paths.root

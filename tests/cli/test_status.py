@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -728,6 +729,50 @@ def test_real_plain_command_jobs_get_their_verdict_from_their_exit_status(
     assert "task 2: ETTR" in text
     again = e2e.hpc(slurm_cluster, "sweep", "--resubmit-failed", str(sweep_dir), "--dry-run")
     assert "nothing to resubmit" in again.stdout
+
+
+@pytest.mark.slurm
+def test_real_goodput_of_a_running_sweep_task_counts_up_to_now(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """A sweep task's state is a TaskState ("running"), a run's Slurm's word ("RUNNING"):
+    `status --goodput` compared the task's with "RUNNING", so a running task's account ended
+    at its last ledger event (its wall stuck at 0 s) instead of now."""
+    job = tmp_path / "long.yaml"
+    job.write_text(
+        "name: long\nslurm: {nodes: 1, tasks_per_node: 1, cpus_per_task: 1, time: '5'}\n"
+        'env: {vars: {OMP_NUM_THREADS: "1"}}\n'
+        'train: {model: mlp, dataset: "tests.e2e_util:io_bound_synthetic", max_steps: 100000,\n'
+        "        batch_size: 32, synthetic_samples: 4096, checkpoint_every: 0, eval_every: 0,\n"
+        "        log_every: 100000}\n"  # no metrics rows: no sign of life but the clock
+    )
+    sweep_file = tmp_path / "sweep.yaml"
+    sweep_file.write_text(f"base: {job}\nsweep:\n  grid:\n    train.seed: [1]\n")
+    swept = e2e.sweep(slurm_cluster, tmp_path / "sweeps", sweep_file)
+    sweep_dir = Path(swept["sweep_dir"])
+    [array] = swept["array_jobs"]
+    try:
+        ledger = sweep_dir / "tasks" / "0" / "ledger.jsonl"
+        e2e.wait_for(
+            "the task's training",
+            lambda: ledger.exists() and "attempt_start" in ledger.read_text(),
+            timeout_s=120,
+        )
+
+        def task_goodput() -> dict[str, Any]:
+            out = e2e.hpc(slurm_cluster, "status", str(sweep_dir), "--json", "--goodput").stdout
+            [entry] = json.loads(out)
+            [task] = entry["tasks"]
+            assert task["state"] == "running", task
+            goodput: dict[str, Any] = task["goodput"]
+            return goodput
+
+        first = task_goodput()
+        time.sleep(2.0)
+        second = task_goodput()
+        assert second["wall_s"] >= first["wall_s"] + 1.5, (first, second)
+    finally:
+        slurm_cluster.run("scancel", f"{array}_0", check=False)
 
 
 @pytest.mark.slurm

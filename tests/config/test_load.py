@@ -97,6 +97,41 @@ def test_yaml_dialect_keeps_clock_times_and_yes_as_strings() -> None:
     assert cfg.command == ("x", "yes", "007", "2024-01-01")
 
 
+DIALECT_DOCS = [
+    "name: a\nslurm: {time: 12:00:00}\ncommand: [x, yes, 007, 2024-01-01, 1e-3, .inf, ~, 08]\n",
+    "a: &x {b: [1, 2.5, -3, +4, true, FALSE, null, '', \"q\"]}\nc: *x\nd: {<<: *x, e: 1}\n",
+    "- !!str 5\n- 0x1F\n- 0o17\n- 1_000\n- |\n  block\n  text\n- >\n  folded\n  text\n",
+    "", "# only a comment\n", "plain", "[1, [2, [3, {a: b}]]]", "k: 'it''s'\nj: \"\\u00fc\"\n",
+]  # fmt: skip
+
+
+@pytest.mark.skipif(not yaml.__with_libyaml__, reason="PyYAML built without libyaml")
+@pytest.mark.parametrize("text", DIALECT_DOCS)
+def test_libyaml_and_pure_python_loaders_read_the_same(text: str) -> None:
+    """A job file is read by libyaml when PyYAML has it (faster on a login node): every
+    value comes out as the pure-Python loader of the dialect reads it, types included."""
+    from hpc_ddp.config import yaml_dialect
+
+    fast = yaml_dialect._load_fast(text)
+    slow = yaml.load(text, Loader=yaml_dialect._Loader)
+    assert fast == slow
+    assert repr(fast) == repr(slow)  # 1 and True, 1.0 and 1 are equal but not the same
+
+
+@pytest.mark.skipif(not yaml.__with_libyaml__, reason="PyYAML built without libyaml")
+@pytest.mark.parametrize(
+    "text",
+    ["a: 1\na: 2\n", "a: [\n", "a: " + "x" * 9000 + "\n", "a: " + "9" * 25 + "\n",
+     "a: &l [1, 2]\nb: *nope\n", "&a [*a]\n"],
+)  # fmt: skip
+def test_libyaml_leaves_errors_and_limits_to_the_pure_python_loader(text: str) -> None:
+    """Errors and limits are reported by the pure-Python loader, with its exact words."""
+    from hpc_ddp.config import yaml_dialect
+
+    with pytest.raises(yaml_dialect._Fallback):
+        yaml_dialect._load_fast(text)
+
+
 # --- every refusal names the key and hints -------------------------------------------------------
 
 BASE: dict[str, Any] = {"name": "job"}

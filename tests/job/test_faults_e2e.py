@@ -118,6 +118,16 @@ def test_a_hung_rank_is_found_in_seconds_named_and_restarted_to_the_twins_weight
     assert goodput["hang_undetected_s"] > 2.0
     assert goodput["requeue_wait_s"] == 0.0
     assert 0.0 < goodput["ettr"] < 1.0
+    # `status --attempts`: one row per launch, the same Slurm attempt (restart 0), launches 0
+    # and 1; what followed the hang, and nothing after the finished one.
+    table = e2e.hpc(slurm_cluster, "status", str(job.run_dir), "--attempts").stdout
+    header, _, hung_row, done_row = table.splitlines()[-4:]
+    assert header.split()[:7] == ["attempt", "job", "restart", "launch", "nodes", "ranks", "cause"]
+    assert hung_row.split()[2:7] == ["0", "0", "n1,n2", "2", "hang"]
+    assert hung_row.split()[9:11] == ["restart", "rank"]  # then, why
+    assert "rank 1 on n2: heartbeat stopped" in hung_row
+    assert done_row.split()[2:7] == ["0", "1", "n1,n2", "2", "finished"]
+    assert done_row.rstrip().endswith(".pt")  # no `then`, no `why`
 
 
 def test_a_killed_rank_is_named_not_its_survivor_and_restarted_to_the_twins_weights(
@@ -184,6 +194,48 @@ def test_a_crash_loop_stops_with_no_progress_and_submit_wait_names_it(
 
 _KILLED: list[str] = []
 """Nodes a test took away, to bring back after it."""
+
+
+def test_ranks_stuck_before_their_watchdog_are_ended_after_the_startup_timeout(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """Ranks that never beat (stuck at interpreter start, before hpc-ddp's watchdog exists:
+    here a sitecustomize that sleeps) were waited for until the job's time limit. The supervisor
+    ends the launch after fault.startup_timeout_s, names the ranks that never beat, and after
+    fault.no_progress_limit such launches stops the crash loop."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, time\nif os.environ.get('HPC_DDP_LAUNCH') is not None:\n    time.sleep(600)\n"
+    )
+    config = tmp_path / "stuck.yaml"
+    config.write_text(
+        f"name: stuck\ncommand: [python3, -c, pass]\n"
+        "slurm: {nodes: 2, tasks_per_node: 1, cpus_per_task: 1, time: '00:05:00'}\n"
+        f"env: {{vars: {{PYTHONPATH: {site}}}}}\n"
+        "dist: {timeout_s: 1}\nfault: {beat_s: 0.5, startup_timeout_s: 3}\n"
+    )
+    began = time.monotonic()
+    try:
+        done = e2e.hpc(
+            slurm_cluster, "submit", str(config), "--runs-dir", str(tmp_path / "runs"), "--wait",
+            check=False, timeout_s=240,
+        )  # fmt: skip
+    finally:  # a job left waiting for its stuck ranks holds two nodes until its time limit
+        for run in (tmp_path / "runs").glob("stuck-*"):
+            e2e.hpc(slurm_cluster, "cancel", str(run), check=False)
+    assert done.returncode == 1, done.stderr
+    assert time.monotonic() - began < 120  # not the 5-minute time limit
+    [run_dir] = (tmp_path / "runs").iterdir()
+    launches = e2e.ledger(run_dir)
+    assert [(a.launch, a.cause, a.next) for a in launches] == [
+        (0, EndCause.HANG, "restart"),
+        (1, EndCause.NO_PROGRESS, "stop"),
+    ]
+    blame = launches[0].blame
+    assert blame is not None
+    assert blame.ranks == (0, 1)
+    assert "never started within fault.startup_timeout_s=3 s" in blame.evidence
 
 
 @pytest.fixture

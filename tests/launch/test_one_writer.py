@@ -295,7 +295,7 @@ def _cancelled_slurm_run(tmp_path: Path) -> tuple[Path, FakeSlurm]:
     slurm = FakeSlurm()
     prepared = materialize(
         prepare(cfg, backend="slurm", config_path=config, runs_dir=tmp_path,
-                python=sys.executable, invocation=["hpc-ddp", "submit"], client=slurm.client())
+                python=sys.executable, invocation=["hpc-ddp", "submit"])
     )  # fmt: skip
     record(prepared, job_id="77", command=["sbatch", "--parsable"], previous_jobs=["60"])
     slurm.add_job("77", state=JobState.CANCELLED, command=str(prepared.paths.script))

@@ -59,7 +59,7 @@ def _in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)  # job paths are relative to the repo, as a user types them
 
 
-def _prepared(runs: Path, client: SlurmClient):  # type: ignore[no-untyped-def]
+def _prepared(runs: Path):  # type: ignore[no-untyped-def]
     cfg = load_job_config(
         Path("jobs/quickstart.yaml"),
         ["train.lr=0.01", "slurm.nodes=1", "env.vars={EXTRA: 'a b'}"],
@@ -72,14 +72,13 @@ def _prepared(runs: Path, client: SlurmClient):  # type: ignore[no-untyped-def]
         runs_dir=runs,
         python="/opt/venv/bin/python",
         invocation=["hpc-ddp", "submit", "jobs/quickstart.yaml", "train.lr=0.01"],
-        client=client,
         now=NOW,
     )
 
 
 def test_site_profile_plus_overrides_golden(tmp_path: Path) -> None:
     """Pins the script for quickstart + site profile + overrides, run dir normalised."""
-    prepared = _prepared(tmp_path, SlurmClient(FakeRunner()))
+    prepared = _prepared(tmp_path)
     text = prepared.script.replace(str(tmp_path.resolve()), "/RUNS")
     if os.environ.get("UPDATE_GOLDEN"):
         GOLDEN.write_text(text)
@@ -93,7 +92,7 @@ def test_site_profile_plus_overrides_golden(tmp_path: Path) -> None:
 
 def test_launch_writes_the_run_dir_and_manifest(tmp_path: Path) -> None:
     runner = FakeRunner()
-    prepared = _prepared(tmp_path, SlurmClient(runner))
+    prepared = _prepared(tmp_path)
     manifest = launch(prepared, SlurmClient(runner)).manifest
     assert manifest.job_id == "4242"
     assert runner.calls == [("sbatch", "--parsable", str(prepared.paths.script))]
@@ -105,15 +104,14 @@ def test_launch_writes_the_run_dir_and_manifest(tmp_path: Path) -> None:
 
 
 def test_two_submissions_in_the_same_second_get_distinct_dirs(tmp_path: Path) -> None:
-    client = SlurmClient(FakeRunner())
-    first = materialize(_prepared(tmp_path, client))
-    second = _prepared(tmp_path, client)
+    first = materialize(_prepared(tmp_path))
+    second = _prepared(tmp_path)
     assert first.paths.root != second.paths.root
 
 
 def test_dry_run_creates_nothing_and_shows_the_would_be_path(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    prepared = _prepared(runs, SlurmClient(FakeRunner()))
+    prepared = _prepared(runs)
     assert prepared.paths.root == runs.resolve() / "quickstart-20260101-120000"
     assert not runs.exists()
     assert not prepared.created
@@ -124,8 +122,7 @@ def test_prepared_twice_then_materialized_moves_the_second_and_renders_it_again(
 ) -> None:
     """Both prepared before either wrote (the race): the loser gets -2, and its script, sbatch
     argv and files name -2, never the winner's directory."""
-    client = SlurmClient(FakeRunner())
-    a, b = _prepared(tmp_path, client), _prepared(tmp_path, client)
+    a, b = _prepared(tmp_path), _prepared(tmp_path)
     assert a.paths.root == b.paths.root  # the same forecast
     a, b = materialize(a), materialize(b)
     assert (a.paths.root.name, b.paths.root.name) == (
@@ -153,7 +150,7 @@ def test_many_concurrent_submits_in_one_second_each_get_their_own_run(tmp_path: 
     client = SlurmClient(runner)
 
     def submit(i: int) -> tuple[Path, str]:
-        prepared = _prepared(tmp_path, client)
+        prepared = _prepared(tmp_path)
         manifest = launch(prepared, client).manifest
         return Path(manifest.run_dir), prepared.script
 
@@ -173,7 +170,7 @@ def test_many_concurrent_submits_in_one_second_each_get_their_own_run(tmp_path: 
 def test_launch_materializes_once(tmp_path: Path) -> None:
     runner = FakeRunner()
     client = SlurmClient(runner)
-    prepared = materialize(_prepared(tmp_path, client))
+    prepared = materialize(_prepared(tmp_path))
     manifest = launch(prepared, client).manifest
     assert manifest.run_dir == str(prepared.paths.root)
     assert [p.name for p in tmp_path.iterdir()] == [prepared.paths.root.name]
@@ -183,7 +180,7 @@ def test_runs_dir_that_is_a_file_fails_before_anything_is_written(tmp_path: Path
     runs = tmp_path / "runs"
     runs.write_text("x")
     with pytest.raises(RunsDirError, match=r"is a file, not a directory.*HINT:") as info:
-        _prepared(runs, SlurmClient(FakeRunner()))
+        _prepared(runs)
     assert info.value.exit_code == 2
 
 
@@ -244,7 +241,7 @@ def test_concurrent_sweeps_in_one_second_each_get_their_own_dir(tmp_path: Path) 
         manifest = json.loads((d / "manifest.json").read_text())
         assert manifest["run_dir"] == str(d)
         jobs.add(manifest["job_id"])
-        assert f"--output={d}/tasks/%a/logs/batch-%A_%a.out" in (d / "job.sbatch").read_text()
+        assert f"--output={d}/logs/batch-%A_%a.out" in (d / "job.sbatch").read_text()
         assert sorted(p.name for p in (d / "tasks").iterdir()) == ["0", "1", "2"]
     assert len(jobs) == 12  # every sweep's manifest kept its own array job
 
@@ -270,7 +267,6 @@ def test_two_real_jobs_submitted_in_the_same_second_each_train_in_their_own_dir(
             runs_dir=runs,
             python=sys.executable,
             invocation=["test"],
-            client=client,
             now=NOW,
         )
 

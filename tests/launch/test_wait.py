@@ -60,7 +60,7 @@ def test_wait_prints_the_failed_rank_and_the_error_as_status_does(
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "finished: 5 FAILED"
     assert err[1] == f"{run_dir}: failed first: rank 1 on n2: Exited with exit code 1 (srun, " + (
-        "in logs/batch-*.err)"
+        "in the batch log: hpc-ddp logs RUN --batch)"
     )
     assert err[2].startswith(f"{run_dir}: attempt 0 ended 'crash' at step 8 ({CRASH}")
     # The same lines under status's table.

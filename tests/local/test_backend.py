@@ -400,7 +400,10 @@ def test_a_local_dry_run_says_what_the_local_backend_would_do(
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "# backend: local; would start 2 process(es) on this machine (ranks 0-1" in out
+    assert "under a supervisor (the local executor's one task) that restarts them" in out
     assert "sbatch" not in out
+    assert main([*argv, "fault.enabled=false"]) == 0
+    assert "with submitit's local executor in" in capsys.readouterr().out
     assert main([*argv, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["command"][1:3] == ["-m", "submitit.local._local"]

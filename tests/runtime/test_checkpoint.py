@@ -15,6 +15,7 @@ import random
 import struct
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from collections.abc import Callable
@@ -352,6 +353,67 @@ def test_writer_background_and_error(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="HINT"):
         bad.wait()
     bad.wait()  # the error is reported once
+
+
+def _slow_writes(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    import hpc_ddp.runtime.checkpoint as c
+
+    write = c.write_checkpoint
+
+    def slow(*args: Any, **kwargs: Any) -> Path:
+        time.sleep(seconds)
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(c, "write_checkpoint", slow)
+
+
+def test_what_follows_a_write_runs_on_the_writer_once_it_is_durable_never_after_a_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`then` hands bookkeeping to the writer thread: the caller does not wait for the write,
+    the callback sees the file on disk, and a failed write skips it."""
+    _slow_writes(monkeypatch, 0.5)
+    writer = CheckpointWriter(tmp_path / "ckpt", keep_last=2)
+    seen: list[tuple[str, bool]] = []
+    file = tmp_path / "ckpt" / checkpoint_name(4)
+    writer.submit(build_payload(model={}, progress=Progress(step=4), rng=[]))
+    began = time.perf_counter()
+    writer.then(lambda: seen.append((threading.current_thread().name, file.exists())))
+    assert time.perf_counter() - began < 0.3  # the 0.5 s write is not waited for
+    assert seen == []
+    writer.wait()
+    assert seen == [("hpc-ddp-checkpoint", True)]
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    bad = CheckpointWriter(blocked / "ckpt", keep_last=2)  # a directory under a file
+    bad.submit(build_payload(model={}, progress=Progress(step=1), rng=[]))
+    bad.then(lambda: seen.append(("after a failure", False)))
+    with pytest.raises(CheckpointError, match="HINT"):
+        bad.wait()
+    assert len(seen) == 1
+
+
+def test_a_sessions_checkpoint_is_recorded_in_the_ledger_by_the_writer_not_the_trainer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0's `checkpoint` ledger line (an fsync'd append, ~4 ms here) held the training
+    thread at every save, longer than the snapshot of a small model: it is now written once
+    the file is durable, stamped with the time of the save and the stall training saw."""
+    _slow_writes(monkeypatch, 0.5)
+    model = small_model()
+    with Session(tmp_path, JobConfig(name="t"), env={}) as s:
+        s.restore(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        s.progress.step = 3
+        saved_at = time.time()
+        s.checkpoint()
+        events = [json.loads(line)["event"] for line in s.paths.ledger.read_text().splitlines()]
+        assert "checkpoint" not in events  # the file is still being written
+        s.checkpoint(wait=True)
+        lines = [json.loads(line) for line in s.paths.ledger.read_text().splitlines()]
+    [record] = [e for e in lines if e["event"] == "checkpoint"]
+    assert record["step"] == 3
+    assert saved_at <= record["time"] < saved_at + 0.4  # when it was saved, not written
+    assert 0.0 <= record["stall_s"] < 0.4
 
 
 def test_a_write_in_flight_is_finished_when_the_process_exits(tmp_path: Path) -> None:

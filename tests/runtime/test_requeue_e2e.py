@@ -295,7 +295,10 @@ def test_failed_requeue_ends_failed_with_the_checkpoint_kept(
 def test_a_killed_rank_fails_the_job_fast_and_is_named(
     slurm_cluster: Cluster, tmp_path: Path
 ) -> None:
-    job = e2e.submit(slurm_cluster, tmp_path, QUICKSTART, *TRAIN)
+    """Without the supervisor (``fault.enabled: false``: one srun step, --kill-on-bad-exit),
+    a killed rank ends the job FAILED at once, blamed on that rank and node. With it, the same
+    kill is restarted in the allocation (tests/job/test_faults_e2e.py)."""
+    job = e2e.submit(slurm_cluster, tmp_path, QUICKSTART, *TRAIN, "fault.enabled=false")
     e2e.wait_step(job.run_dir, 10)
     [pid] = e2e.rank_pids(job.job_id, rank=1)
     node = dict(

@@ -164,6 +164,9 @@ def test_a_two_node_run_in_the_image_survives_requeue_failed_requeue_cancel_and_
     run_dir, first = Path(job["run_dir"]), str(job["job_id"])
     script = (run_dir / "job.sbatch").read_text()
     assert 'ch-run --cd="$PWD" --unset-env=PYTHONPATH' in script
+    # fault.enabled (the default): the supervisor runs on the batch host, outside the image,
+    # with the interpreter that submitted (it runs srun, which the image does not have).
+    assert f"exec {e2e.HPC_DDP[0]} -m hpc_ddp supervise {run_dir} --" in script
 
     # 1. Slurm requeues the job: the tasks save, and the next attempt resumes in the image.
     e2e.wait_step(run_dir, 4)
@@ -189,6 +192,7 @@ def test_a_two_node_run_in_the_image_survives_requeue_failed_requeue_cancel_and_
 
     row = _hpc(slurm_cluster, work, "status", str(run_dir))
     assert (row["state"], row["job"]) == ("COMPLETED", third)
+    assert "supervisor: launch 0 (2 node(s)) from step" in e2e.batch_log(run_dir, third)
     attempts = e2e.ledger(run_dir)
     assert [a.job_id for a in attempts] == [first, first, second, third]
     assert all(a.world_size == 2 for a in attempts)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
+from hpc_ddp.slurm.arrayjobs import batch_logs
 from hpc_ddp.slurm.postmortem import (
     TaskFailure,
     failed_rank,
     first_failure,
+    has_logs,
     last_error_line,
     parse_failure_bursts,
     startup_failure,
@@ -104,3 +107,54 @@ def test_startup_failure_reads_a_rank_log_torch_prefixed(tmp_path: Path) -> None
         "rank-1.err: hpc_ddp.errors.ConfigError: train.model: no attribute 'Nope'. HINT: write "
         "it right."
     )
+
+
+def test_a_sweep_tasks_batch_logs_are_found_in_the_sweeps_logs(tmp_path: Path) -> None:
+    """An array task's batch log is ``SWEEP/logs/batch-<array job>_<task id>``: found for its
+    point through ``arrays.json``, offsets and resubmitted arrays included."""
+    sweep = tmp_path / "sweep"
+    arrays = [
+        {"job_id": "101", "points": "0-3", "offset": 0, "array": "0-3%2", "script": "job.sbatch",
+         "submitted_at": "t"},
+        {"job_id": "102", "points": "4-5", "offset": 4, "array": "0-1", "script": "job-1.sbatch",
+         "submitted_at": "t"},
+        {"job_id": "107", "points": "2,5", "offset": 0, "array": "2,5", "script": "job-2.sbatch",
+         "submitted_at": "t", "reason": "resubmit-failed"},
+    ]  # fmt: skip
+    (sweep / "logs").mkdir(parents=True)
+    (sweep / "arrays.json").write_text(json.dumps(arrays))
+    for name in ("101_2", "101_3", "102_1", "107_2", "107_5"):
+        (sweep / "logs" / f"batch-{name}.err").write_text(RANGES)
+    for point in range(6):
+        (sweep / "tasks" / str(point)).mkdir(parents=True)  # no logs/: the script makes it
+    logs = sweep / "logs"
+    assert batch_logs(sweep / "tasks/2/logs", "err") == [
+        logs / "batch-101_2.err", logs / "batch-107_2.err"
+    ]  # fmt: skip
+    assert batch_logs(sweep / "tasks/5/logs", "err") == [
+        logs / "batch-102_1.err", logs / "batch-107_5.err"
+    ]  # fmt: skip
+    assert batch_logs(sweep / "tasks/3/logs", "err") == [logs / "batch-101_3.err"]
+    assert batch_logs(sweep / "tasks/0/logs", "err") == []
+    assert batch_logs(sweep / "tasks/3/logs", "out") == []
+    # The newest attempt's log is the one read: the resubmitted array's.
+    os.utime(logs / "batch-101_2.err", (1, 1))
+    (logs / "batch-107_2.err").write_text(KILLED)
+    assert failed_rank(sweep / "tasks/2/logs") == TaskFailure(1, "n2", "Killed")
+    assert failed_rank(sweep / "tasks/3/logs") == TaskFailure(0, "n1", "Segmentation fault")
+    assert failed_rank(sweep / "tasks/0/logs") is None
+    assert has_logs(sweep / "tasks/4/logs") is False  # 102_0 never wrote a log
+    assert has_logs(sweep / "tasks/5/logs") is True
+    (logs / "batch-102_0.err").write_text("/venv/bin/python: No such file or directory\n")
+    assert startup_failure(sweep / "tasks/4/logs") == (
+        "batch-102_0.err: /venv/bin/python: No such file or directory"
+    )
+    # A sweep's logs from before (in the task's own logs/) are still found, first.
+    (sweep / "tasks/3/logs").mkdir()
+    (sweep / "tasks/3/logs/batch-90_3.err").write_text("")
+    assert batch_logs(sweep / "tasks/3/logs", "err") == [
+        sweep / "tasks/3/logs/batch-90_3.err", logs / "batch-101_3.err"
+    ]  # fmt: skip
+    # A damaged arrays.json names no log (status shows the sweep DAMAGED for it).
+    (sweep / "arrays.json").write_text("{")
+    assert batch_logs(sweep / "tasks/2/logs", "err") == []

@@ -38,6 +38,7 @@ from hpc_ddp.config.model import (
 from hpc_ddp.errors import ConfigError, RenderError
 from hpc_ddp.slurm.render import (
     RenderContext,
+    default_template_text,
     format_sbatch_line,
     launcher_argv,
     load_template,
@@ -205,8 +206,11 @@ def test_golden_runs_srun_with_the_intended_argv(case: str, tmp_path: Path) -> N
     if ctx.array:
         assert env["HPC_DDP_RUN_DIR"] == f"{ctx.run_dir}/tasks/4"
         assert "HPC_DDP_SWEEP_DIR" not in env  # written once, never read: dropped
+        # Submit made no task logs/ (sweeps submit faster): the script makes it before srun.
+        assert calls.argv("mkdir") == ["-p", f"{ctx.run_dir}/tasks/4/logs"]
     else:
         assert env["HPC_DDP_RUN_DIR"] == ctx.run_dir
+        assert not (tmp_path / "calls" / "mkdir.argv").exists()
 
 
 @pytest.mark.usefixtures("slurm_commands")
@@ -254,7 +258,13 @@ def test_log_paths_for_runs_and_arrays_and_percent_in_run_dir() -> None:
     assert single["output"] == "/r/100%%/logs/batch-%j.out"
     assert single["error"] == "/r/100%%/logs/batch-%j.err"
     array = dict(sbatch_flags(cfg, dataclasses.replace(CTX, run_dir="/s", array="0-3")))
-    assert array["output"] == "/s/tasks/%a/logs/batch-%A_%a.out"
+    # An array's batch logs go to the sweep's logs/ (which submit makes once), the task's
+    # rank logs to its own logs/ (which the script makes).
+    assert array["output"] == "/s/logs/batch-%A_%a.out"
+    assert array["error"] == "/s/logs/batch-%A_%a.err"
+    offset = dataclasses.replace(CTX, run_dir="/s%", array="0-3", array_offset=2000)
+    assert dict(sbatch_flags(cfg, offset))["output"] == "/s%%/logs/batch-%A_%a.out"
+    assert "--output=/s%%/arrays/2000/%a/logs/rank-%t.out" in srun_args(cfg, offset)
     assert array["array"] == "0-3"
     assert "--output=/s/tasks/%a/logs/rank-%t.out" in srun_args(
         cfg, dataclasses.replace(CTX, run_dir="/s", array="0-3")
@@ -591,7 +601,8 @@ def test_container_python_end_to_end_through_stub_srun_and_apptainer(tmp_path: P
 
 
 def test_load_template_default_and_relative_user_template(tmp_path: Path) -> None:
-    assert load_template(JobConfig("t"), tmp_path).startswith("{#-")
+    assert load_template(JobConfig("t"), tmp_path) is None  # written without reading it
+    assert default_template_text().startswith("{#-")
     (tmp_path / "mine.j2").write_text("#!/bin/bash\n{{ sbatch_lines | join('\\n') }}\necho hi\n")
     cfg = JobConfig("t", slurm=SlurmConfig(template="mine.j2"))
     script = render_sbatch(cfg, CTX, load_template(cfg, tmp_path))
@@ -836,7 +847,8 @@ def run_with_stubs(script: str, tmp_path: Path, env: dict[str, str] | None = Non
     bin_dir, out = tmp_path / "stubs", tmp_path / "calls"
     bin_dir.mkdir(parents=True)
     out.mkdir()
-    for name in ("srun", "module", "apptainer", "conda", "python"):
+    # mkdir too: an array task's script makes its logs/ (under the golden's /scratch path).
+    for name in ("srun", "module", "apptainer", "conda", "python", "mkdir"):
         (bin_dir / name).write_text(_STUB)
         (bin_dir / name).chmod(0o755)
     activate = tmp_path / "venvs" / "ddp" / "bin" / "activate"

@@ -13,6 +13,7 @@ import dataclasses
 import math
 import os
 import random
+import re
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +29,7 @@ from hpc_ddp.job.task import task_run_dir
 from hpc_ddp.layout import RunPaths
 from hpc_ddp.manifest import read_manifest
 from hpc_ddp.runtime.ledger import EndCause
-from hpc_ddp.slurm.arrayjobs import read_arrays
+from hpc_ddp.slurm.arrayjobs import current_refs, read_arrays
 from hpc_ddp.slurm.fake import FakeSlurm
 from hpc_ddp.slurm.jobstate import JobState
 from hpc_ddp.sweep.arrays import ArrayPlan, plan_arrays, script_groups
@@ -239,12 +240,15 @@ def test_submit_writes_one_sweep_dir_and_calls_sbatch_once(tmp_path: Path) -> No
     assert sweep_dir.parent == (tmp_path / "runs").resolve()
     assert sweep_dir.name.startswith("demo-")
     assert sorted(p.name for p in sweep_dir.iterdir()) == [
-        "arrays.json", "job.sbatch", "manifest.json", "submit.lock", "sweep.yaml", "tasks"
+        "arrays.json", "job.sbatch", "logs", "manifest.json", "submit.lock", "sweep.yaml", "tasks"
     ]  # fmt: skip
     spec = load_sweep(tmp_path / "sweep.yaml")
     for point in spec.points:
         task = RunPaths(sweep_dir).task(point.index)
-        assert task.logs.is_dir()
+        # Each task's logs/ is the batch script's to make (fewer file operations at submit);
+        # the batch logs go to the sweep's logs/, which exists before sbatch opens them.
+        assert not task.logs.exists()
+        assert sorted(p.name for p in task.root.iterdir()) == ["config.yaml"]
         assert load_resolved_config(task.config) == point.config
     script = (sweep_dir / "job.sbatch").read_text()
     assert "#SBATCH --array=0-5%2\n" in script
@@ -308,6 +312,8 @@ def _run_task_env(script: str, tmp_path: Path, task_id: int) -> dict[str, str]:
     (stubs / "srun").write_text('#!/bin/sh\nenv > "$STUB_ENV"\n')
     (stubs / "srun").chmod(0o755)
     out = tmp_path / f"env-{task_id}"
+    # The supervisor (fault.enabled) would run the srun line after `--`: run it directly.
+    script = re.sub(r"^exec \S+ -m hpc_ddp supervise \S+ -- \\\n", "", script, flags=re.M)
     subprocess.run(
         ["bash", "-c", script],
         env={"PATH": f"{stubs}:/usr/bin:/bin", "STUB_ENV": str(out),
@@ -315,6 +321,25 @@ def _run_task_env(script: str, tmp_path: Path, task_id: int) -> dict[str, str]:
         check=True, capture_output=True, timeout=30,
     )  # fmt: skip
     return dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
+
+
+def test_a_user_templates_tasks_get_their_logs_dir_at_submit(tmp_path: Path) -> None:
+    """A template copied before the default one made each task's logs/ cannot be relied on to
+    make it: srun would then fail to open the rank logs, so submit makes them as before."""
+    (tmp_path / "mine.j2").write_text(
+        "#!/bin/bash\n{{ sbatch_lines | join('\\n') }}\nsrun {{ task_argv | join(' ') }}\n"
+    )
+    fake = fake_slurm()
+    sweep_dir = submit(
+        tmp_path, {"grid": {"slurm.template": ["mine.j2"], "train.seed": [0, 1]}}, fake
+    )
+    assert (sweep_dir / "logs").is_dir()
+    for index in (0, 1):
+        assert RunPaths(sweep_dir).task(index).logs.is_dir()
+    assert (
+        f"#SBATCH --output={sweep_dir}/logs/batch-%A_%a.out\n"
+        in (sweep_dir / "job.sbatch").read_text()
+    )
 
 
 def test_arrays_past_max_array_size_are_chunked_with_offsets(tmp_path: Path) -> None:
@@ -330,10 +355,13 @@ def test_arrays_past_max_array_size_are_chunked_with_offsets(tmp_path: Path) -> 
     assert read_manifest(sweep_dir).array_jobs == ["101", "102", "103"]
     script = (sweep_dir / "job-1.sbatch").read_text()
     assert "export HPC_DDP_ARRAY_OFFSET=4\n" in script
-    assert f"#SBATCH --output={sweep_dir}/arrays/4/%a/logs/batch-%A_%a.out\n" in script
+    assert f"#SBATCH --output={sweep_dir}/logs/batch-%A_%a.out\n" in script
+    assert f"--output={sweep_dir}/arrays/4/%a/logs/rank-%t.out" in script
     # Task 2 of the second array is point 6: its run dir, and its logs through the link.
+    assert not (sweep_dir / "tasks" / "6" / "logs").exists()
     env = _run_task_env(script, tmp_path, 2)
     assert env["HPC_DDP_RUN_DIR"] == f"{sweep_dir}/tasks/6"
+    assert (sweep_dir / "tasks" / "6" / "logs").is_dir()  # made by the script, before srun
     assert task_run_dir(sweep_dir, env) == sweep_dir / "tasks" / "6"
     assert (sweep_dir / "arrays" / "4" / "2" / "logs").resolve() == sweep_dir / "tasks/6/logs"
     assert not (sweep_dir / "arrays" / "0").exists()  # the first array needs no links
@@ -363,7 +391,8 @@ def test_nothing_submitted_leaves_no_sweep_dir(tmp_path: Path) -> None:
 
 def _ledger(sweep_dir: Path, index: int, cause: EndCause | None) -> None:
     path = RunPaths(sweep_dir).task(index).ledger
-    record_start(path, attempt=0, job_id="1", job_ref=f"101_{index}", nodelist="n1",
+    job, task = current_refs(read_arrays(sweep_dir))[index]  # the point's current array task
+    record_start(path, attempt=0, job_id="1", job_ref=f"{job}_{task}", nodelist="n1",
                  world_size=2, resumed_from_step=None, checkpoint=None, now=1.0)  # fmt: skip
     if cause is not None:
         record_end(path, attempt=0, cause=cause, steps_done=5, checkpoint=None,
