@@ -33,6 +33,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from hpc_ddp.cli.options import add_backend_option, add_site_option
 from hpc_ddp.config.load import (
     find_site_profile,
     job_config_from_dict,
@@ -81,16 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "overrides", nargs="*", metavar="KEY=VALUE", help="e.g. slurm.partition=gpu"
     )
     parser.add_argument("--nodes", type=int, help="nodes to check (default: the config's)")
-    parser.add_argument(
-        "--backend",
-        choices=["auto", "slurm", "local"],
-        default="auto",
-        help="auto: Slurm when sbatch is on PATH, else local processes (default)",
-    )
-    parser.add_argument(
-        "--site",
-        help="site profile YAML (default $HPC_DDP_SITE, else $XDG_CONFIG_HOME/hpc-ddp/site.yaml)",
-    )
+    add_backend_option(parser)
+    add_site_option(parser)
     parser.add_argument(
         "--runs-dir", help=f"runs directory; the doctor writes under its doctor/ (${RUNS_DIR_ENV})"
     )

@@ -13,6 +13,7 @@ import json
 import sys
 
 from hpc_ddp.api.job import launch, plan_submit, sbatch_test_only
+from hpc_ddp.cli.options import add_backend_option, add_site_option
 from hpc_ddp.errors import ConfigError
 from hpc_ddp.launch.submission import Prepared, describe_local_plan, report
 from hpc_ddp.layout import RUNS_DIR_ENV
@@ -24,16 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.lr=0.05"
     )
-    parser.add_argument(
-        "--backend",
-        choices=["auto", "slurm", "local"],
-        default="auto",
-        help="auto: Slurm when sbatch is on PATH, else local processes (default)",
-    )
-    parser.add_argument(
-        "--site",
-        help="site profile YAML (default $HPC_DDP_SITE, else $XDG_CONFIG_HOME/hpc-ddp/site.yaml)",
-    )
+    add_backend_option(parser)
+    add_site_option(parser)
     parser.add_argument(
         "--runs-dir",
         help=f"where run directories are created (default ${RUNS_DIR_ENV} or ./runs)",

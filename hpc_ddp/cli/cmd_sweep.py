@@ -28,6 +28,7 @@ from hpc_ddp.api.sweep import (
     resubmit,
     sweep_runs_dir,
 )
+from hpc_ddp.cli.options import add_site_option
 from hpc_ddp.errors import ConfigError
 from hpc_ddp.layout import RUNS_DIR_ENV
 from hpc_ddp.slurm.client import SlurmClient
@@ -49,10 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SWEEP_DIR",
         help="submit the failed and cancelled tasks of SWEEP_DIR again, in their directories",
     )
-    parser.add_argument(
-        "--site",
-        help="site profile YAML (default $HPC_DDP_SITE, else $XDG_CONFIG_HOME/hpc-ddp/site.yaml)",
-    )
+    add_site_option(parser)
     parser.add_argument(
         "--runs-dir",
         help=f"where the sweep directory is created (default ${RUNS_DIR_ENV} or ./runs)",
