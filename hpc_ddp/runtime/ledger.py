@@ -69,6 +69,7 @@ from typing import Any
 
 from hpc_ddp.config.elastic import RESEEDED, SAMPLE_EXACT, Resize
 from hpc_ddp.errors import RunDirError
+from hpc_ddp.layout import checkpoint_name
 
 log = logging.getLogger(__name__)
 
@@ -371,21 +372,28 @@ def launch_event(
     now: float | None = None,
 ) -> str:
     """The supervisor's ``launch`` line: a launch (srun step, local process set) starts."""
-    return _line(
-        {
-            "event": "launch",
-            "job_id": job_id,
-            "job_ref": job_ref,
-            "restart": restart,
-            "launch": launch,
-            "time": time.time() if now is None else now,
-            "nodes": nodes,
-            "alloc_nodes": alloc_nodes,
-            "excluded": excluded,
-            "world_size": world_size,
-            "from_step": from_step,
-        }
+    return _launch_line(
+        "launch",
+        (job_id, job_ref, restart, launch, now),
+        nodes=nodes,
+        alloc_nodes=alloc_nodes,
+        excluded=excluded,
+        world_size=world_size,
+        from_step=from_step,
     )
+
+
+def _launch_line(
+    kind: str,
+    key: tuple[str | None, str | None, int, int, float | None],
+    **fields: Any,
+) -> str:
+    """One line of the events that belong to a launch: ``kind``, the launch's key (job id,
+    job ref, restart, launch number; and ``now``, the time, default the clock's), ``fields``."""
+    job_id, job_ref, restart, launch, now = key
+    head = {"event": kind, "job_id": job_id, "job_ref": job_ref, "restart": restart}
+    time_now = time.time() if now is None else now
+    return _line({**head, "launch": launch, "time": time_now, **fields})
 
 
 def launch_end_event(
@@ -408,18 +416,12 @@ def launch_end_event(
     """The supervisor's ``launch_end`` line: how a launch ended, whom a fault points to, and
     what follows (``next_step``: ``restart``, ``requeue`` or ``stop``)."""
     event: dict[str, Any] = {
-        "event": "launch_end",
         "attempt": attempt,
-        "job_id": job_id,
-        "job_ref": job_ref,
-        "restart": restart,
-        "launch": launch,
-        "time": time.time() if now is None else now,
         "launched_at": launched_at,
         "cause": EndCause(cause).value,
         "steps_reached": steps_reached,
         "checkpoint_step": checkpoint_step,
-        "checkpoint": None if checkpoint_step is None else checkpoint_file(checkpoint_step),
+        "checkpoint": None if checkpoint_step is None else checkpoint_name(checkpoint_step),
         "next": next_step,
         "requeue_requested": requeue_requested,
         "message": message,
@@ -433,7 +435,7 @@ def launch_end_event(
             detected=blame.detected_at,
             last_progress=blame.last_progress_at,
         )
-    return _line(event)
+    return _launch_line("launch_end", (job_id, job_ref, restart, launch, now), **event)
 
 
 def node_fail_event(
@@ -447,18 +449,8 @@ def node_fail_event(
     now: float | None = None,
 ) -> str:
     """The supervisor's ``node_fail`` line: srun (or Slurm) said late that a node was lost."""
-    return _line(
-        {
-            "event": "node_fail",
-            "job_id": job_id,
-            "job_ref": job_ref,
-            "restart": restart,
-            "launch": launch,
-            "time": time.time() if now is None else now,
-            "node": node,
-            "evidence": evidence,
-        }
-    )
+    key = (job_id, job_ref, restart, launch, now)
+    return _launch_line("node_fail", key, node=node, evidence=evidence)
 
 
 def checkpoint_event(
@@ -472,23 +464,8 @@ def checkpoint_event(
     now: float | None = None,
 ) -> str:
     """Rank 0's ``checkpoint`` line: a save at ``step`` held training up ``stall_s``."""
-    return _line(
-        {
-            "event": "checkpoint",
-            "job_id": job_id,
-            "job_ref": job_ref,
-            "restart": restart,
-            "launch": launch,
-            "time": time.time() if now is None else now,
-            "step": step,
-            "stall_s": round(stall_s, 6),
-        }
-    )
-
-
-def checkpoint_file(step: int) -> str:
-    """``step-00000120.pt`` (as :func:`hpc_ddp.layout.checkpoint_name` names it)."""
-    return f"step-{step:08d}.pt"
+    key = (job_id, job_ref, restart, launch, now)
+    return _launch_line("checkpoint", key, step=step, stall_s=round(stall_s, 6))
 
 
 def _fold(attempts: list[Attempt], event: Any, since: float | None, launched: _Launched) -> None:
