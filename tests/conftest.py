@@ -177,6 +177,44 @@ def run_sleeper() -> Iterator[Callable[[Path], subprocess.Popen[bytes]]]:
         proc.wait()
 
 
+# What a task's start-up writes into its own environment (the env:// rendezvous, the local
+# backend's rank set-up, GPUs, the run's identity). Any test may run such code in this process;
+# whatever it leaves there would reach every later srun or sbatch the suite starts (srun passes
+# the environment on), and a task that finds RANK=0, WORLD_SIZE=1 takes itself for a torchrun
+# worker.
+TASK_ENV_KEYS = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+    "MASTER_PORT", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "CUBLAS_WORKSPACE_CONFIG",
+)  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _no_task_env_leaks() -> Iterator[None]:
+    """Put back, after every test, the task variables (``TASK_ENV_KEYS``, ``HPC_DDP_*`` but
+    the user's own settings, ``SLURM_*`` but ``SLURM_CONF``) as they were before it."""
+
+    def task_keys() -> set[str]:
+        return {
+            k
+            for k in os.environ
+            if k in TASK_ENV_KEYS
+            or (k.startswith("HPC_DDP_") and k not in USER_SETTINGS)
+            or (k.startswith(("SLURM_", "SLURMD_")) and k != "SLURM_CONF")
+        }
+
+    before = {k: os.environ[k] for k in task_keys()}
+    yield
+    for key in task_keys() - before.keys():
+        del os.environ[key]
+    os.environ.update(before)
+
+
+USER_SETTINGS = frozenset(
+    {"HPC_DDP_RUNS_DIR", "HPC_DDP_SITE", "HPC_DDP_DEV_CLUSTER_DIR", "HPC_DDP_TEST_NO_PDEATHSIG"}
+)
+"""``HPC_DDP_*`` variables a user (or CI) sets for the whole suite, never a task."""
+
+
 @pytest.fixture
 def own_process() -> Iterator[None]:
     """Give the test the process's environment and stop-signal handlers back as they were.

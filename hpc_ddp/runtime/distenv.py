@@ -172,6 +172,7 @@ def derive_dist_env(env: Mapping[str, str], *, port: int | None = None) -> DistE
         raise DistEnvError(f"dist.port={port} is not a TCP port. HINT: use 1024-65535 or null.")
     if "RANK" in env or "WORLD_SIZE" in env:
         placement, launcher_port = from_launcher(env)
+        _check_launcher_inside_slurm(env, placement)
         return _make(env, placement, "torchrun", port, launcher_port)
     if "SLURM_PROCID" in env:
         return _make(env, from_slurm(env), "slurm", port)
@@ -236,6 +237,26 @@ class Placement:
 
 SINGLE = Placement(0, 0, 1, 1, 0, "127.0.0.1", ())
 """No launcher: one process, rank 0 of 1, on 127.0.0.1."""
+
+
+def _check_launcher_inside_slurm(env: Mapping[str, str], placement: Placement) -> None:
+    """A launcher inside Slurm tasks (torchrun under srun) starts at least one process per
+    task, so its WORLD_SIZE is at least SLURM_NTASKS. A smaller one was not set by a launcher
+    of this job: it came with the environment (an ``export RANK=...`` in the shell that ran
+    sbatch, which passes its environment on), and every task would take itself for that
+    rank."""
+    name = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS"
+    if "SLURM_PROCID" not in env or not env.get(name, "").isdigit():
+        return
+    ntasks = int(env[name])
+    if placement.world < ntasks:
+        raise DistEnvError(
+            f"RANK={env['RANK']} WORLD_SIZE={env['WORLD_SIZE']} in a Slurm step of "
+            f"{name}={ntasks} tasks: these are not this step's launcher's (it would start "
+            "at least one process per task), but left in the environment sbatch or srun was "
+            "given. HINT: unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE in the shell you "
+            "submit from, and submit again."
+        )
 
 
 def from_launcher(env: Mapping[str, str]) -> tuple[Placement, int | None]:

@@ -85,6 +85,7 @@ def test_two_clusters_run_side_by_side(
 def test_a_lost_node_is_down_in_seconds_and_its_job_requeued(
     lost_n3: Cluster, tmp_path: Path
 ) -> None:
+    since = time.strftime("%Y-%m-%dT%H:%M:%S")
     job = _sbatch(
         lost_n3,
         tmp_path,
@@ -101,7 +102,7 @@ def test_a_lost_node_is_down_in_seconds_and_its_job_requeued(
     assert fields["Restarts"] == "1"
     runs = e2e.wait_for(
         "a NODE_FAIL record in sacct",
-        lambda: (r := _sacct_runs(lost_n3, job)) and r[0][0] == "NODE_FAIL" and r,
+        lambda: (r := _sacct_runs(lost_n3, job, since)) and r[0][0] == "NODE_FAIL" and r,
         timeout_s=30,
         poll_s=0.5,
     )
@@ -133,13 +134,16 @@ def test_with_no_kill_the_job_loses_only_the_node(lost_n3: Cluster, tmp_path: Pa
     assert again == ["n1", "n2"]
 
 
-def _sacct_runs(cluster: Cluster, job: str) -> list[tuple[str, str]]:
-    """Every run of ``job`` that sacct recorded (``-X -D``): (state, nodes), oldest first."""
+def _sacct_runs(cluster: Cluster, job: str, since: str) -> list[tuple[str, str]]:
+    """Every run of ``job`` submitted at ``since`` or later that sacct recorded (``-X -D``):
+    (state, nodes), oldest first. The database outlives the controller's state, so the same
+    job id may also name jobs of earlier test sessions; those were submitted before."""
     out = cluster.run(
-        "sacct", "-X", "-D", "-n", "-P", "-j", job, "--format=State,NodeList", check=False
+        "sacct", "-X", "-D", "-n", "-P", "-j", job, "--format=Submit,State,NodeList", check=False
     ).stdout
     runs = []
     for line in out.splitlines():
-        state, _, nodes = line.partition("|")
-        runs.append((state, nodes))
+        submitted, state, nodes = line.split("|")
+        if submitted >= since:  # ISO times compare as text
+            runs.append((state, nodes))
     return runs

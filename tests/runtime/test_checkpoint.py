@@ -393,6 +393,7 @@ def test_what_follows_a_write_runs_on_the_writer_once_it_is_durable_never_after_
     assert len(seen) == 1
 
 
+@pytest.mark.usefixtures("own_process")
 def test_a_sessions_checkpoint_is_recorded_in_the_ledger_by_the_writer_not_the_trainer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -315,6 +315,11 @@ def test_as_environ() -> None:
 
 BAD: list[tuple[str, dict[str, str], list[str]]] = [
     (
+        "RANK/WORLD_SIZE left in the environment srun passed to a 2-task step",
+        {**slurm("1/0/1", 2, "n[1-2]", "1(x2)", "n2"), "RANK": "0", "WORLD_SIZE": "1"},
+        ["RANK=0 WORLD_SIZE=1", "SLURM_STEP_NUM_TASKS=2", "unset RANK WORLD_SIZE"],
+    ),
+    (
         "PROCID >= NTASKS",
         slurm("4/0/1", 4, "n[1-2]", "2(x2)", "n2"),
         ["SLURM_PROCID=4", "SLURM_STEP_NUM_TASKS=4"],
