@@ -245,17 +245,16 @@ def _check_launcher_inside_slurm(env: Mapping[str, str], placement: Placement) -
     of this job: it came with the environment (an ``export RANK=...`` in the shell that ran
     sbatch, which passes its environment on), and every task would take itself for that
     rank."""
-    name = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS"
-    if "SLURM_PROCID" not in env or not env.get(name, "").isdigit():
+    if "SLURM_PROCID" not in env:
         return
-    ntasks = int(env[name])
-    if placement.world < ntasks:
+    step = _slurm_step(env)
+    if placement.world < step.world:
         raise DistEnvError(
             f"RANK={env['RANK']} WORLD_SIZE={env['WORLD_SIZE']} in a Slurm step of "
-            f"{name}={ntasks} tasks: these are not this step's launcher's (it would start "
-            "at least one process per task), but left in the environment sbatch or srun was "
-            "given. HINT: unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE in the shell you "
-            "submit from, and submit again."
+            f"{step.ntasks_var}={step.world} tasks: these are not this step's launcher's (it "
+            "would start at least one process per task), but left in the environment sbatch or "
+            "srun was given. HINT: unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE in the "
+            "shell you submit from, and submit again."
         )
 
 
