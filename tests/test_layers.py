@@ -49,7 +49,7 @@ class Layer:
 
 
 LAYERS: tuple[Layer, ...] = (
-    Layer(("errors", "version", "exitcodes"), pure=("errors", "version", "exitcodes")),
+    Layer(("errors", "version", "exitcodes", "collector"), pure=("errors", "version", "exitcodes")),
     Layer(("durable", "layout"), pure=("layout",)),
     Layer(("manifest", "run_id")),
     Layer(("config",), pure=("config.*",), impure=("preflight", "loginnode", "programs", "images")),

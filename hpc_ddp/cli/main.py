@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from hpc_ddp import collector
 from hpc_ddp.errors import HpcDdpError
 from hpc_ddp.version import __version__
 
@@ -104,6 +105,10 @@ def main(argv: list[str] | None = None, *, slurm: SlurmClient | None = None) -> 
         )
     try:
         module = _load(args._module)
+        # Start-up ends here but for `run`, whose start-up (torch, the model) ends with its
+        # first training step or where it hands over to the job's own code.
+        if args.command != "run":
+            collector.release()
         # A handler module may say it needs no Slurm for these arguments (`needs_slurm`): it
         # then gets no client, and the client's modules stay unloaded (a submit --dry-run).
         needs_slurm = getattr(module, "needs_slurm", None)
@@ -190,5 +195,11 @@ def _single_parser(name: str) -> argparse.ArgumentParser:
 
 
 def entrypoint() -> None:
-    """Console-script wrapper around :func:`main`."""
-    sys.exit(main())
+    """Console-script wrapper around :func:`main`, with the garbage collector held off while the
+    command starts (:mod:`hpc_ddp.collector`)."""
+    collector.hold()
+    try:
+        code = main()
+    finally:
+        collector.freeze_for_exit()
+    sys.exit(code)

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpc_ddp import collector
 from hpc_ddp.config.exactness import DETERMINISTIC_ENV
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.params import PYTHON_NAMES, resolve_command
@@ -400,11 +401,13 @@ def _run(cfg: JobConfig, paths: RunPaths, env: Mapping[str, str], slurm: SlurmCl
         for name, value in DETERMINISTIC_ENV:
             os.environ.setdefault(name, value)
     if cfg.command:
+        collector.release()  # this process only waits on the command from here
         return run_command(cfg, paths, env, slurm=slurm)
     from hpc_ddp.runtime.session import RequeueExit
 
     try:
         if cfg.entrypoint:
+            collector.release()  # the job's own code runs with a collector, as it expects
             return run_entrypoint(cfg.entrypoint, paths)
         return run_builtin_trainer(cfg, paths, env)
     except RequeueExit as stop:

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from hpc_ddp import collector
 from hpc_ddp.config.elastic import SAMPLE_EXACT
 from hpc_ddp.config.exactness import Exactness, exactness
 from hpc_ddp.config.model import JobConfig, TrainConfig
@@ -300,6 +301,7 @@ def _run_training(cfg: JobConfig, session: Session) -> TrainResult:
     )
     val = _Validation(_val_loader(val_ds, t, s, workers) if val_ds is not None else None, total)
     report = ProgressReport(t, s, total, global_batch)
+    collector.release()  # start-up is over: torch, the model, the restored state (see there)
     _train_loop(t, s, total, loader.forever(), runner, report, val)
     if val.loader is not None and val.step != s.progress.step:
         val.run(s, model, s.progress.step, runner.precision)
