@@ -9,6 +9,10 @@ for). So :func:`hold` turns it off at the first line of the command, and :func:`
 start-up is over, freezes what is alive (out of every later pass, that last one included) and
 turns it back on: whatever runs after that (training, a user's entry point, ``logs -f``)
 collects as usual.
+
+What start-up leaves as cyclic garbage is frozen with the rest and never freed: ~2,000 small
+objects on a resumed resnet18 rank (functions, cells and frames of import-time cycles; not one
+tensor), against ~350,000 alive. A full collection to free them would cost ~0.25 s there.
 """
 
 from __future__ import annotations
