@@ -30,9 +30,13 @@ Everything a later command needs (``status``, ``logs``, ``cancel``, a requeued a
       submitit/          local backend: submitit's folder (each rank's result)
 
 A sweep directory holds ``sweep.yaml``, ``arrays.json``, ``manifest.json``, ``submit.lock``,
-``logs/`` (each array task's batch log, ``batch-<array job>_<task id>.out/.err``) and
-``tasks/<index>/`` run directories with the layout above, of which submit writes only
-``config.yaml``: the batch script makes ``logs/`` (for the rank logs) before ``srun``.
+``logs/`` (each array task's batch log, ``batch-<array job>_<task id>.out/.err``),
+``task_configs.jsonl`` (every point's resolved config, one JSON line each) and ``tasks/``, which
+gets one run directory ``tasks/<index>/`` with the layout above per point once its task
+starts: submit writes no per-point file (a thousand fewer directories and files to create
+then), the batch script makes ``logs/`` (for the rank logs) before ``srun``, and the task
+writes its ``config.yaml`` from ``task_configs.jsonl`` before it reads it
+(:mod:`hpc_ddp.job.taskconfig`). A point whose task has not started has no directory yet.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ MANIFEST_FILE = "manifest.json"
 """What was submitted, where and when: see :mod:`hpc_ddp.manifest`."""
 RUN_ID_FILE = "run_id"
 """The run's stable id: see :mod:`hpc_ddp.run_id`."""
+TASK_CONFIGS_FILE = "task_configs.jsonl"
+"""A sweep's point configs, one JSON line each: see :mod:`hpc_ddp.job.taskconfig`."""
 SUBMIT_LOCK_FILE = "submit.lock"
 """Locked (``flock``) while a job is chosen, submitted and recorded in a run or sweep directory,
 and briefly by each task that checks it is the recorded job: see
@@ -175,8 +181,14 @@ class RunPaths:
         return self.root / "tasks"
 
     def task(self, index: int) -> RunPaths:
-        """The run directory of sweep task ``index``."""
+        """The run directory of sweep task ``index`` (made when that task starts)."""
         return RunPaths(self.tasks / str(index))
+
+    @property
+    def task_configs(self) -> Path:
+        """A sweep's ``config.yaml`` texts, one JSON line per point, written once at submit;
+        each task writes its own ``tasks/<i>/config.yaml`` from it when it starts."""
+        return self.root / TASK_CONFIGS_FILE
 
     def rank_log(self, rank: int, stream: str = "out") -> Path:
         """Where srun writes rank ``rank``'s stdout (``out``) or stderr (``err``)."""
@@ -253,6 +265,7 @@ __all__ = [
     "STAMP_FORMAT",
     "SUBMIT_LOCK_FILE",
     "SUPERVISED_ENV",
+    "TASK_CONFIGS_FILE",
     "WATCHDOG_OWNER_ENV",
     "LaunchPaths",
     "RunPaths",

@@ -46,9 +46,10 @@ from hpc_ddp.slurm.jobstate import AccountingRecord, JobInfo, is_job_ref
 
 
 def check_targets(targets: Sequence[str]) -> None:
-    """Refuse a target that is neither an existing directory nor a well-formed job id."""
+    """Refuse a target that is neither an existing directory, a sweep task's (made or not:
+    a task that has not started has none yet) nor a well-formed job id."""
     for t in targets:
-        if not Path(t).is_dir() and not is_job_ref(t):
+        if not Path(t).is_dir() and not is_job_ref(t) and sweep_task_of(Path(t)) is None:
             raise TargetError(
                 f"cancel target {t!r} is neither a run directory nor a job id; nothing was "
                 "cancelled. HINT: pass the run (or sweep) directory printed by `hpc-ddp submit` "
@@ -140,7 +141,7 @@ def cancel_targets(
 def plan_cancel(target: str, runs_dir: Path) -> list[Cancel]:
     """What ``target`` cancels; raises (before anything is cancelled) if any id is wrong."""
     path = Path(target)
-    task = sweep_task_of(path) if path.is_dir() else None
+    task = sweep_task_of(path)  # a task's directory, or the path of one not started yet
     if task is not None or (not path.is_dir() and "_" in target):
         found = point_task(*task) if task is not None else find_array_task(target, runs_dir)
         where = path if task is not None else found.sweep_dir / "tasks" / str(found.point)

@@ -150,10 +150,11 @@ class Job:
         from hpc_ddp.api.targets import point_task, require_dir, sweep_task_of
 
         path = Path(path)
-        require_dir(str(path))
+        # A sweep task that has not started has no directory yet: its Job says it is pending.
         task = None if (path / MANIFEST_FILE).exists() else sweep_task_of(path)
         if task is not None:
             return cls(path, point_task(*task).ref, "slurm", index=task[1], slurm=slurm)
+        require_dir(str(path))
         if (path / "tasks").is_dir() and (path / MANIFEST_FILE).exists():
             raise TargetError(
                 f"{path} is a sweep directory, not one run. HINT: hpc_ddp.Sweep.from_dir"

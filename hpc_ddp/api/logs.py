@@ -13,17 +13,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from hpc_ddp.api.targets import require_dir
+from hpc_ddp.api.targets import require_dir, sweep_task_of
 from hpc_ddp.errors import HpcDdpError, RunDirError, TargetError
 from hpc_ddp.layout import RunPaths
 from hpc_ddp.slurm.arrayjobs import batch_logs, format_index_ranges
+from hpc_ddp.sweep.records import read_sweep_record
 
 
 def run_paths(target: Path, task: int | None) -> RunPaths:
-    """The run directory to read: ``target`` itself, or sweep task ``task`` of it."""
+    """The run directory to read: ``target`` itself, or sweep task ``task`` of it (whose
+    directory is made when the task starts: until then it has no logs)."""
+    if task is None and not target.exists() and sweep_task_of(target) is not None:
+        return RunPaths(target)  # SWEEP_DIR/tasks/N of a task that has not started
     paths = RunPaths(require_dir(str(target)))
-    tasks = paths.tasks.iterdir() if paths.tasks.is_dir() else iter(())
-    have = sorted(int(p.name) for p in tasks if p.name.isdigit())
+    have = _task_indices(paths)
     if task is None:
         if have:
             raise TargetError(
@@ -40,16 +43,32 @@ def run_paths(target: Path, task: int | None) -> RunPaths:
     return paths.task(task)
 
 
+def _task_indices(paths: RunPaths) -> list[int]:
+    """A sweep directory's points (``sweep.yaml``'s: a task that has not started has no
+    directory yet), else (no readable record) the task directories under ``tasks/``; [] for a
+    run directory."""
+    if not paths.tasks.is_dir():
+        return []
+    try:
+        return sorted(p.index for p in read_sweep_record(paths.root).points)
+    except RunDirError:
+        return sorted(int(p.name) for p in paths.tasks.iterdir() if p.name.isdigit())
+
+
 def check_rank(paths: RunPaths, rank: int) -> None:
     """A :class:`TargetError` (exit 2) for a rank the run does not have: its resolved config
     says how many it has (``nodes x tasks_per_node``); a run without a readable config is not
     checked (its logs say what there is)."""
     from hpc_ddp.config.load import load_resolved_config
+    from hpc_ddp.job.taskconfig import load_task_config
 
+    task = None if paths.config.is_file() else sweep_task_of(paths.root)
     try:
-        ranks = load_resolved_config(paths.config).slurm.ntasks
+        # A sweep task that has not started has its config in the sweep's packed file only.
+        cfg = load_task_config(*task) if task is not None else load_resolved_config(paths.config)
     except (HpcDdpError, OSError):
         return
+    ranks = cfg.slurm.ntasks
     if rank >= ranks:
         have = "0" if ranks == 1 else f"0-{ranks - 1}"
         raise TargetError(
@@ -98,6 +117,12 @@ def missing_logs(paths: RunPaths, *, rank: int, stream: str, batch: bool) -> Run
     streams = ["err", "out"] if stream == "both" else [stream]
     have = sorted(p.name for p in paths.logs.glob("*")) if paths.logs.is_dir() else []
     name = "batch-*" if batch else f"rank-{rank}"
+    if not paths.root.exists() and sweep_task_of(paths.root) is not None:
+        return RunDirError(
+            f"{paths.root}: sweep task {paths.root.name} has not started yet, so there is no "
+            f"{name}.{'/'.join(streams)} log. HINT: `hpc-ddp status {paths.root}` shows its "
+            "state; `hpc-ddp logs --follow` waits for the log while the task is queued."
+        )
     return RunDirError(
         f"{paths.logs}: no {name}.{'/'.join(streams)} log yet. "
         f"HINT: logs present: {', '.join(have) or 'none (has the job started?)'}."

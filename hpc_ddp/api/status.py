@@ -252,9 +252,10 @@ def _unheld(sweeps: list[Path], tasks: dict[str, tuple[Path, int]], view: SlurmV
 
 def _sweep_task(target: str) -> tuple[Path, int] | None:
     """(sweep dir, point) for a target that is a sweep task's directory (it has no manifest
-    of its own: the sweep's records say which array task runs it)."""
+    of its own: the sweep's records say which array task runs it), made or not: a task that has
+    not started has none yet."""
     path = Path(target)
-    if not path.is_dir() or (path / MANIFEST_FILE).exists():
+    if (path / MANIFEST_FILE).exists():
         return None
     return sweep_task_of(path)
 

@@ -24,7 +24,7 @@ from hpc_ddp.slurm.arrayjobs import (
     read_arrays,
 )
 from hpc_ddp.slurm.jobstate import check_job_ref, is_job_ref
-from hpc_ddp.sweep.records import SWEEP_RECORD
+from hpc_ddp.sweep.records import SWEEP_RECORD, read_sweep_record
 
 LIST_HINT = "`hpc-ddp status` lists the runs under --runs-dir (default $HPC_DDP_RUNS_DIR or ./runs)"
 
@@ -137,12 +137,24 @@ class ArrayTask:
 
 
 def sweep_task_of(path: Path) -> tuple[Path, int] | None:
-    """(sweep dir, point) when ``path`` is ``SWEEP_DIR/tasks/<N>`` of a sweep directory."""
+    """(sweep dir, point) when ``path`` is ``SWEEP_DIR/tasks/<N>`` of a sweep directory.
+
+    A point whose task has not started has no directory yet: its path names it all the same
+    when the sweep's record has that point.
+    """
+    if path.exists() and not path.is_dir():
+        return None
     resolved = path.resolve()
     sweep_dir = resolved.parent.parent
     if resolved.parent.name != "tasks" or not resolved.name.isdigit():
         return None
-    return (sweep_dir, int(resolved.name)) if (sweep_dir / SWEEP_RECORD).is_file() else None
+    if not (sweep_dir / SWEEP_RECORD).is_file():
+        return None
+    point = int(resolved.name)
+    if path.is_dir():
+        return sweep_dir, point
+    points = {p.index for p in read_sweep_record(sweep_dir).points}
+    return (sweep_dir, point) if point in points else None
 
 
 def point_task(sweep_dir: Path, point: int) -> ArrayTask:

@@ -8,11 +8,12 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
-from hpc_ddp.api.targets import require_dir
+from hpc_ddp.api.targets import require_dir, sweep_task_of
 
 if TYPE_CHECKING:
     from hpc_ddp.runtime.checkpoint import CheckpointInfo
@@ -51,7 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """List the checkpoints (this command imports torch: it reads the files)."""
-    run_dir = require_dir(args.run_dir)  # before torch is imported: a typo fails at once
+    run_dir = Path(args.run_dir)
+    if run_dir.exists() or sweep_task_of(run_dir) is None:  # a task not started has none yet
+        run_dir = require_dir(args.run_dir)  # before torch is imported: a typo fails at once
     from hpc_ddp.runtime.checkpoint import CheckpointState, list_checkpoints
 
     infos = list_checkpoints(run_dir, verify=args.verify)

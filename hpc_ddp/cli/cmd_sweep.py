@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         + ", ".join(f"array job {r.job_id} (--array={r.array})" for r in arrays)
     )
     print(f"  sweep dir: {sweep_dir}")
-    print(f"  tasks:     {sweep_dir}/tasks/<index>/ (config.yaml, logs/, metrics.jsonl)")
+    print(f"  tasks:     {sweep_dir}/tasks/<index>/ (as each starts: config.yaml, logs/, ...)")
     print(f"  watch:     hpc-ddp status {sweep_dir}   (squeue -j {arrays[0].job_id})")
     print(f"  results:   hpc-ddp results {sweep_dir}")
     return 0

@@ -1,12 +1,13 @@
 """What every task runs: ``hpc-ddp run RUN_DIR`` (under srun, or as a local process).
 
-It finds this task's run directory (a sweep task's own under ``tasks/<index>``), reads the
-resolved config, and hands over to the job: the built-in trainer, a Python entry point, or a
-user command. All three go through the same session for signals, checkpoints and requeue; for a
-command, this process stays its parent: it forwards stop signals, and a child that crashes
-(killed by a signal, or a non-zero exit that is not one of hpc-ddp's own) takes the session's
-crash path from here, ``requeue.on_crash`` included. A command that opened no session is judged
-by its exit status, which this process records in the ledger for it.
+It finds this task's run directory (a sweep task's own under ``tasks/<index>``, whose
+``config.yaml`` it first writes from the sweep's packed configs: :mod:`hpc_ddp.job.taskconfig`),
+reads the resolved config, and hands over to the job: the built-in trainer, a Python entry
+point, or a user command. All three go through the same session for signals, checkpoints and
+requeue; for a command, this process stays its parent: it forwards stop signals, and a child
+that crashes (killed by a signal, or a non-zero exit that is not one of hpc-ddp's own) takes
+the session's crash path from here, ``requeue.on_crash`` included. A command that opened no
+session is judged by its exit status, which this process records in the ledger for it.
 
 With ``fault.enabled`` the rank's watchdog (:mod:`hpc_ddp.runtime.watchdog`) starts here,
 before torch is imported, so that a rank stuck in its imports or its rendezvous is seen too;
@@ -60,15 +61,22 @@ log = logging.getLogger(__name__)
 
 
 def task_run_dir(run_dir: Path, env: Mapping[str, str]) -> Path:
-    """This task's run directory: ``run_dir`` itself, or ``run_dir/tasks/<i>`` in an array."""
+    """This task's run directory: ``run_dir`` itself, or ``run_dir/tasks/<i>`` in an array.
+
+    A sweep task's ``config.yaml`` is written here from the sweep's ``task_configs.jsonl`` the
+    first time the task starts (:func:`~hpc_ddp.job.taskconfig.materialise_task_config`):
+    ``hpc-ddp run`` and ``hpc-ddp supervise`` call this before they read it.
+    """
+    from hpc_ddp.job.taskconfig import materialise_task_config
     from hpc_ddp.runtime.distenv import array_task_index
 
     index = array_task_index(env)  # a DistEnvError names a variable that is not a number
     if index is not None and (run_dir / "tasks").is_dir():
         task = RunPaths(run_dir).task(index).root
-        if not (task / "config.yaml").is_file():
+        if materialise_task_config(run_dir, index) is None:
             raise RunDirError(
-                f"{task}: array task {env['SLURM_ARRAY_TASK_ID']} has no config.yaml. "
+                f"{task}: array task {env['SLURM_ARRAY_TASK_ID']} has no config.yaml, and "
+                f"{RunPaths(run_dir).task_configs.name} has no line for point {index}. "
                 "HINT: the sweep directory is incomplete; resubmit with `hpc-ddp sweep`."
             )
         return task

@@ -8,7 +8,11 @@ A sweep directory (written by :mod:`hpc_ddp.sweep.submit`)::
       arrays.json      every job array submitted for it: job id, the points it runs, offset
       manifest.json    the sweep's manifest (``array_jobs``: every array job id, in order)
       job.sbatch       the array's script (``job-<n>.sbatch`` for later arrays)
-      tasks/<i>/       point i's run directory (config.yaml, ledger.jsonl, metrics.jsonl, ...)
+      task_configs.jsonl  every point's config.yaml text, one JSON line per point
+      logs/            each array task's batch log (``batch-<array job>_<task id>.out/.err``)
+      tasks/<i>/       point i's run directory (config.yaml, logs/, ledger.jsonl, metrics.jsonl,
+                       ...), made when its task starts: a point not started yet has none
+                       (:mod:`hpc_ddp.job.taskconfig` reads its config from task_configs.jsonl)
 
 Everything here reads files only. Login-node side: standard library, PyYAML and the pure core.
 """

@@ -2,11 +2,12 @@
 
 Like :mod:`hpc_ddp.launch.submission`: planning and rendering are pure
 (:mod:`hpc_ddp.sweep.arrays`: the dry run shows them), :mod:`hpc_ddp.sweep.sweepdir` writes the
-task directories, and :func:`schedule_arrays` is the one place that calls ``sbatch``.
+sweep directory, and :func:`schedule_arrays` is the one place that calls ``sbatch``.
 
 Speed matters here (a 1,000-point sweep should submit as fast as submitit's ``map_array``), so
-the configs are dumped through :mod:`hpc_ddp.sweep.configtext` and written without one fsync
-each. The names of the split-out modules are re-exported here.
+the configs are dumped through :mod:`hpc_ddp.sweep.configtext` and written into one file, each
+task writing its own ``config.yaml`` from it when it starts (:mod:`hpc_ddp.job.taskconfig`).
+The names of the split-out modules are re-exported here.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hpc_ddp.config.load import load_resolved_config
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import SlurmError, SubmissionError
+from hpc_ddp.job.taskconfig import load_task_config
 from hpc_ddp.launch.submission import create_run_dir, stamp_of
 from hpc_ddp.layout import MANIFEST_FILE, RunPaths
 from hpc_ddp.manifest import Manifest, read_manifest, record_lock, write_manifest
@@ -251,8 +252,8 @@ def _resubmit_locked(
     running = live_points(previous, live)
     if not points:
         return Resubmission([], [], [], running)
-    paths = RunPaths(sweep_dir)
-    configs = {i: load_resolved_config(paths.task(i).config) for i in points}
+    # A point whose task never started (cancelled while pending) has only its packed config.
+    configs = {i: load_task_config(sweep_dir, i) for i in points}
     base = Path(record.base)
     arrays = prepare_arrays(
         configs,

@@ -1,9 +1,10 @@
-"""Writing a sweep directory: ``sweep.yaml``, ``logs/``, every ``tasks/<i>/``, offset links,
-``arrays.json``.
+"""Writing a sweep directory: ``sweep.yaml``, ``logs/``, ``task_configs.jsonl``, ``tasks/``,
+offset links, ``arrays.json``.
 
-The layout is described in :mod:`hpc_ddp.sweep.results`, which reads it back. A thousand task
-configs are written in well under a second: their YAML comes from :mod:`hpc_ddp.sweep.configtext`
-and they are not fsynced one by one (see :func:`write_sweep_dir`).
+The layout is described in :mod:`hpc_ddp.sweep.records`; :mod:`hpc_ddp.sweep.results` reads it
+back. A thousand task configs are written in a few milliseconds: their YAML comes from
+:mod:`hpc_ddp.sweep.configtext`, and they go into one file, each task writing its own
+``tasks/<i>/config.yaml`` from it when it starts (see :func:`write_sweep_dir`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from hpc_ddp.config.yaml_dialect import dump_yaml
 from hpc_ddp.durable import fsync_dir, write_text_atomic
+from hpc_ddp.job.taskconfig import pack_task_configs
 from hpc_ddp.layout import RunPaths
 from hpc_ddp.slurm.arrayjobs import ARRAYS_RECORD, ArrayRecord
 from hpc_ddp.sweep.arrays import ArrayPlan
@@ -48,36 +50,46 @@ def sweep_record_text(spec: SweepSpec, name: str, sweep_file: Path) -> str:
 
 
 def write_sweep_dir(sweep_dir: Path, spec: SweepSpec, record: str) -> None:
-    """Write ``sweep.yaml``, the sweep's ``logs/`` and every ``tasks/<i>/config.yaml``.
+    """Write ``sweep.yaml``, the sweep's ``logs/``, ``tasks/`` and ``task_configs.jsonl``.
 
-    Each config is written straight to its final name in a directory this call created, and
-    not fsynced one by one: nothing reads it before the array is submitted (after this returns),
-    a crash before then leaves a sweep directory with no manifest that nothing will run, and
-    visibility on the compute nodes comes from close() on shared filesystems, not from fsync.
-    One fsync per file cost 1.8 s for 1,000 points here; the directories are fsynced once.
-    ``checkpoints/`` and ``rendezvous/`` are made by the runtime on first use, and a task's
-    ``logs/`` by the batch script before ``srun`` (a third of the file-system operations
-    here, and of the submit time, went to them); Slurm opens the batch logs before the script
-    runs, so they go to the sweep's ``logs/``. A point with its own ``slurm.template`` still
-    gets its ``logs/`` here: a template copied before the script made it would not.
+    Every point's ``config.yaml`` text goes into the one file ``task_configs.jsonl``, written
+    atomically with one fsync; nothing is written per point. Each task makes its own
+    ``tasks/<i>/`` when it starts: the batch script its ``logs/`` (for the rank logs) before
+    ``srun``, and ``hpc-ddp run`` (or the supervisor) its ``config.yaml`` from that file
+    (:func:`~hpc_ddp.job.taskconfig.materialise_task_config`). A directory and a file per
+    point were two thousand file-system operations for 1,000 points, most of the submit time.
+    ``checkpoints/`` and ``rendezvous/`` are made by the runtime on first use. Slurm opens the
+    batch logs before the script runs, so they go to the sweep's ``logs/``.
+
+    A point with its own ``slurm.template`` still gets ``tasks/<i>/logs/`` and its
+    ``config.yaml`` here, as before: a template copied before the default one made the logs
+    directory would not make it, and its script may read the config before ``hpc-ddp run``
+    does. Those few files are not fsynced one by one (nothing reads them before the array is
+    submitted, after this returns; visibility on the compute nodes comes from close() on
+    shared filesystems, not from fsync): ``tasks/`` is fsynced once.
     """
     texts = config_texts([p.config for p in spec.points])
-    tasks = RunPaths(sweep_dir).tasks
-    tasks.mkdir(parents=True)
-    RunPaths(sweep_dir).logs.mkdir()
+    paths = RunPaths(sweep_dir)
+    paths.tasks.mkdir(parents=True)
+    paths.logs.mkdir()
+    templated = [
+        (point.index, text)
+        for point, text in zip(spec.points, texts, strict=True)
+        if point.config.slurm.template is not None
+    ]
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-    for point, text in zip(spec.points, texts, strict=True):
-        root = os.path.join(tasks, str(point.index))
-        os.mkdir(root)
-        if point.config.slurm.template is not None:
-            os.mkdir(os.path.join(root, "logs"))
-        fd = os.open(os.path.join(root, "config.yaml"), flags, 0o644)
+    for index, text in templated:
+        task = paths.task(index)
+        task.logs.mkdir(parents=True)
+        fd = os.open(task.config, flags, 0o644)
         try:
             os.write(fd, text.encode())
         finally:
             os.close(fd)
-    for directory in (tasks, sweep_dir):
-        fsync_dir(directory)
+    if templated:
+        fsync_dir(paths.tasks)
+    packed = pack_task_configs((p.index, text) for p, text in zip(spec.points, texts, strict=True))
+    write_text_atomic(paths.task_configs, packed)
     write_text_atomic(sweep_dir / SWEEP_RECORD, record)
 
 

@@ -24,6 +24,7 @@ from hpc_ddp.api.job import override_args
 from hpc_ddp.cli.main import main
 from hpc_ddp.config.load import load_resolved_config
 from hpc_ddp.durable import append_line
+from hpc_ddp.job.taskconfig import load_task_config
 from hpc_ddp.layout import RunPaths
 from hpc_ddp.manifest import read_manifest
 from hpc_ddp.runtime.ledger import EndCause
@@ -385,8 +386,11 @@ def test_a_sweep_from_submit_to_results_and_resubmission(tmp_path: Path) -> None
     assert [(t.index, t.job_id, t.run_dir.name) for t in tasks] == [
         (0, "900_0", "0"), (1, "900_1", "1"), (2, "900_2", "2")
     ]  # fmt: skip
-    assert load_resolved_config(tasks[1].paths.config).train.max_steps == 8
+    # No task has started: none has a directory yet, its config is in task_configs.jsonl.
+    assert not tasks[1].run_dir.exists()
+    assert load_task_config(sweep.sweep_dir, 1).train.max_steps == 8
     assert sweep.status().summary["pending"] == 3
+    assert [t.status().state for t in tasks] == ["pending"] * 3
 
     as_tasks(slurm, "900", {0: JobState.COMPLETED, 1: JobState.FAILED, 2: JobState.COMPLETED})
     task_ended(tasks[0], EndCause.FINISHED, 0.7)

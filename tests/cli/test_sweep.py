@@ -160,6 +160,7 @@ def _fill(sweep_dir: Path, slurm: FakeSlurm) -> None:
     empty_queue(slurm)
     for i, val in ((0, 0.8), (1, 0.5), (2, 0.9), (3, 2.0)):
         task = sweep_dir / "tasks" / str(i)
+        task.mkdir(exist_ok=True)  # each task makes its directory when it starts
         rows = [{"step": 10, "loss": val + 0.1}, {"step": 20, "loss": val, "val_loss": val}]
         (task / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         record_start(task / "ledger.jsonl", attempt=0, job_id="501", job_ref=f"501_{i}",
@@ -185,6 +186,34 @@ def test_resubmit_failed_from_the_command_line(
     # The new array is now what squeue would be asked about; it is gone (empty queue), so the
     # same tasks are failed again and would be resubmitted again.
     assert json.loads(capsys.readouterr().out)["points"] == [3, 4, 5]
+
+
+def test_a_sweep_dir_of_the_old_layout_reads_as_before(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Sweeps written before task_configs.jsonl (every tasks/<i>/config.yaml written at submit,
+    no packed file) are on users' disks: status, results, logs and --resubmit-failed read them
+    as before."""
+    from hpc_ddp.job.taskconfig import materialise_task_config
+
+    sweep_dir = submit(tmp_path, capsys)
+    for index in range(6):
+        assert materialise_task_config(sweep_dir, index) is not None
+    (sweep_dir / "task_configs.jsonl").unlink()
+    _fill(sweep_dir, slurm)
+    expected = ["finished"] * 3 + ["failed"] * 3
+    assert main(["status", str(sweep_dir), "--json"]) == 0
+    [entry] = json.loads(capsys.readouterr().out)
+    assert [task["state"] for task in entry["tasks"]] == expected
+    assert main(["results", str(sweep_dir), "--json", "--sort", "index"]) == 0
+    assert [row["state"] for row in json.loads(capsys.readouterr().out)] == expected
+    assert main(["logs", str(sweep_dir), "--task", "4", "--rank", "2"]) == 2  # 2 ranks: 0-1
+    assert "no such rank (the run has 2 ranks" in capsys.readouterr().err
+    assert main(["logs", str(sweep_dir), "--task", "4"]) == 1
+    assert "no rank-0.err log yet" in capsys.readouterr().err
+    assert main(["sweep", "--resubmit-failed", str(sweep_dir), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["points"] == [3, 4, 5]
+    assert "#SBATCH --array=3-5%2\n" in (sweep_dir / "job-1.sbatch").read_text()
 
 
 def test_status_and_results_ask_sacct_how_tasks_the_queue_forgot_ended(

@@ -26,6 +26,7 @@ from hpc_ddp.config.load import dump_job_config, load_resolved_config
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import SubmissionError
 from hpc_ddp.job.task import task_run_dir
+from hpc_ddp.job.taskconfig import load_task_config
 from hpc_ddp.layout import RunPaths
 from hpc_ddp.manifest import read_manifest
 from hpc_ddp.runtime.ledger import EndCause
@@ -240,15 +241,21 @@ def test_submit_writes_one_sweep_dir_and_calls_sbatch_once(tmp_path: Path) -> No
     assert sweep_dir.parent == (tmp_path / "runs").resolve()
     assert sweep_dir.name.startswith("demo-")
     assert sorted(p.name for p in sweep_dir.iterdir()) == [
-        "arrays.json", "job.sbatch", "logs", "manifest.json", "submit.lock", "sweep.yaml", "tasks"
+        "arrays.json", "job.sbatch", "logs", "manifest.json", "submit.lock", "sweep.yaml",
+        "task_configs.jsonl", "tasks",
     ]  # fmt: skip
+    # Nothing per point at submit: each task makes its own directory when it starts (the
+    # batch script its logs/, the task its config.yaml); the batch logs go to the sweep's
+    # logs/, which exists before sbatch opens them.
+    assert list((sweep_dir / "tasks").iterdir()) == []
     spec = load_sweep(tmp_path / "sweep.yaml")
     for point in spec.points:
         task = RunPaths(sweep_dir).task(point.index)
-        # Each task's logs/ is the batch script's to make (fewer file operations at submit);
-        # the batch logs go to the sweep's logs/, which exists before sbatch opens them.
-        assert not task.logs.exists()
+        assert load_task_config(sweep_dir, point.index) == point.config  # before it starts
+        env = {"SLURM_ARRAY_TASK_ID": str(point.index)}
+        assert task_run_dir(sweep_dir, env) == task.root
         assert sorted(p.name for p in task.root.iterdir()) == ["config.yaml"]
+        assert task.config.read_text() == dump_job_config(point.config)
         assert load_resolved_config(task.config) == point.config
     script = (sweep_dir / "job.sbatch").read_text()
     assert "#SBATCH --array=0-5%2\n" in script
@@ -266,7 +273,7 @@ def test_submit_writes_one_sweep_dir_and_calls_sbatch_once(tmp_path: Path) -> No
     assert [p.overrides for p in swept.points] == [dict(p.overrides) for p in spec.points]
 
 
-def test_configs_are_not_fsynced_one_by_one_but_their_directories_are(
+def test_configs_are_written_as_one_file_with_one_fsync(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from hpc_ddp import durable
@@ -288,11 +295,12 @@ def test_configs_are_not_fsynced_one_by_one_but_their_directories_are(
     monkeypatch.setattr(durable, "fsync_dir", count_dir)
     sweep = {"grid": {"train.lr": [0.1, 0.01, 0.001, 0.0001], "train.seed": [0, 1, 2]}}
     sweep_dir = submit(tmp_path, sweep, fake_slurm())
-    # one fsync per atomic file (sweep.yaml, job.sbatch, arrays.json, manifest.json), none
-    # for the 12 configs
-    assert len(file_syncs) == 4
-    assert dir_syncs[:2] == [sweep_dir / "tasks", sweep_dir]
-    assert len(list((sweep_dir / "tasks").iterdir())) == 12
+    # one fsync per atomic file (task_configs.jsonl, sweep.yaml, job.sbatch, arrays.json,
+    # manifest.json), none per config: the 12 are in task_configs.jsonl
+    assert len(file_syncs) == 5
+    assert dir_syncs[:2] == [sweep_dir, sweep_dir]
+    assert len((sweep_dir / "task_configs.jsonl").read_text().splitlines()) == 12
+    assert list((sweep_dir / "tasks").iterdir()) == []
 
 
 def test_sweep_record_keeps_every_value_exactly(tmp_path: Path) -> None:
@@ -325,7 +333,8 @@ def _run_task_env(script: str, tmp_path: Path, task_id: int) -> dict[str, str]:
 
 def test_a_user_templates_tasks_get_their_logs_dir_at_submit(tmp_path: Path) -> None:
     """A template copied before the default one made each task's logs/ cannot be relied on to
-    make it: srun would then fail to open the rank logs, so submit makes them as before."""
+    make it: srun would then fail to open the rank logs, so submit makes them (and writes the
+    config) as before."""
     (tmp_path / "mine.j2").write_text(
         "#!/bin/bash\n{{ sbatch_lines | join('\\n') }}\nsrun {{ task_argv | join(' ') }}\n"
     )
@@ -334,8 +343,12 @@ def test_a_user_templates_tasks_get_their_logs_dir_at_submit(tmp_path: Path) -> 
         tmp_path, {"grid": {"slurm.template": ["mine.j2"], "train.seed": [0, 1]}}, fake
     )
     assert (sweep_dir / "logs").is_dir()
-    for index in (0, 1):
-        assert RunPaths(sweep_dir).task(index).logs.is_dir()
+    spec = load_sweep(tmp_path / "sweep.yaml")
+    for point in spec.points:
+        task = RunPaths(sweep_dir).task(point.index)
+        assert task.logs.is_dir()
+        # and its config.yaml, which its script may read before `hpc-ddp run` writes it
+        assert task.config.read_text() == dump_job_config(point.config)
     assert (
         f"#SBATCH --output={sweep_dir}/logs/batch-%A_%a.out\n"
         in (sweep_dir / "job.sbatch").read_text()

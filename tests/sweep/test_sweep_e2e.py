@@ -1,7 +1,10 @@
 """Issue 7 on the real dev cluster: a 6-point sweep runs as one throttled job array (squeue
 shows ``%2`` and never more than two tasks running), every task trains, one task is requeued
 alone and still finishes, and ``results`` lists all six rows with metrics, sorted. Then a task
-made to fail is rerun, alone, by ``--resubmit-failed``.
+made to fail is rerun, alone, by ``--resubmit-failed``. A sweep whose tasks have not started
+(held; then cancelled while pending) has no task directory yet, and every reader says so:
+pending, cancelled, "has not started yet"; resubmitted, a task writes its config.yaml from the
+sweep's task_configs.jsonl.
 
 Each task imports torch and trains the quickstart MLP on two fake nodes: a few minutes in all.
 """
@@ -15,6 +18,9 @@ from typing import Any
 
 import pytest
 
+from hpc_ddp.api.job import Job
+from hpc_ddp.api.sweep import Sweep
+from hpc_ddp.errors import RunDirError
 from hpc_ddp.slurm.arrayjobs import parse_index_ranges
 from tests.conftest import Cluster
 from tests.e2e_util import hpc
@@ -114,14 +120,16 @@ def test_resubmit_failed_reruns_exactly_the_failed_task(
             str(tmp_path / "runs"), "--json").stdout
     )  # fmt: skip
     sweep_dir = Path(submitted["sweep_dir"])
-    # Task 2 runs last (one at a time): without its config it fails when it starts.
+    # Task 2 runs last (one at a time): with a broken config of its own (a task writes its
+    # config.yaml from task_configs.jsonl only where there is none) it fails when it starts.
     config = sweep_dir / "tasks" / "2" / "config.yaml"
-    config.rename(config.with_suffix(".hidden"))
+    config.parent.mkdir()
+    config.write_text("train: [broken\n")
     wait_done(slurm_cluster, submitted["array_jobs"])
     states = [r["state"] for r in results(slurm_cluster, str(sweep_dir))]
     assert states == ["finished", "finished", "failed"]
 
-    config.with_suffix(".hidden").rename(config)
+    config.unlink()  # the resubmitted task writes it again, from task_configs.jsonl
     again = json.loads(
         hpc(slurm_cluster, "sweep", "--resubmit-failed", str(sweep_dir), "--json").stdout
     )
@@ -136,3 +144,89 @@ def test_resubmit_failed_reruns_exactly_the_failed_task(
     assert [r["job"].split("_")[0] for r in rows] == [submitted["array_jobs"][0]] * 2 + [
         again["array_jobs"][0]
     ]
+    lines = (sweep_dir / "task_configs.jsonl").read_text().splitlines()
+    packed = [json.loads(line)["config"] for line in lines]
+    assert config.read_text() == packed[2]
+
+
+def _states(cluster: Cluster, target: Path) -> list[str]:
+    [entry] = json.loads(hpc(cluster, "status", str(target), "--json").stdout)
+    return [task["state"] for task in entry["tasks"]]
+
+
+def test_tasks_that_have_not_started_read_as_pending_and_cancelled_never_missing(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(
+        f"base: {REPO / 'jobs' / 'quickstart.yaml'}\n"
+        "sweep:\n  grid:\n    train.lr: [0.1, 0.05, 0.02]\n"
+    )
+    submitted = json.loads(
+        hpc(slurm_cluster, "sweep", str(sweep), "slurm.extra.hold=null", "train.max_steps=3",
+            "--runs-dir", str(tmp_path / "runs"), "--json").stdout
+    )  # fmt: skip
+    sweep_dir = Path(submitted["sweep_dir"])
+    [array] = submitted["array_jobs"]
+    jobs = [array]
+    try:
+        task1 = sweep_dir / "tasks" / "1"
+        assert list((sweep_dir / "tasks").iterdir()) == []  # held: no task has started
+        assert _states(slurm_cluster, sweep_dir) == ["pending"] * 3
+        assert _states(slurm_cluster, task1) == ["pending"]  # by a directory not made yet
+        rows = results(slurm_cluster, str(sweep_dir))
+        assert [(r["state"], r["best"], r["steps"], r["attempts"]) for r in rows] == [
+            ("pending", None, None, 0)
+        ] * 3
+        for args in (["logs", str(sweep_dir), "--task", "1"], ["logs", str(task1)]):
+            shown = hpc(slurm_cluster, *args, check=False)
+            assert shown.returncode == 1
+            assert "sweep task 1 has not started yet" in shown.stderr
+            assert "Traceback" not in shown.stderr
+        rank = hpc(slurm_cluster, "logs", str(sweep_dir), "--task", "1", "--rank", "2", check=False)
+        assert "(the run has 2 ranks: 0-1)" in rank.stderr  # read from task_configs.jsonl
+        whole = hpc(slurm_cluster, "logs", str(sweep_dir), check=False)
+        assert "is a sweep directory with tasks 0-2. HINT" in whole.stderr
+        job = Job.from_run_dir(task1)
+        assert (job.job_id, job.index) == (f"{array}_1", 1)
+        assert job.status().state == "pending"
+        assert job.metrics() == []
+        with pytest.raises(RunDirError, match="has not started yet"):
+            job.logs()
+        assert [t.status().state for t in Sweep.from_dir(sweep_dir).tasks()] == ["pending"] * 3
+
+        # Cancelled while pending: the tasks ended without ever starting.
+        cancelled = hpc(slurm_cluster, "cancel", str(sweep_dir / "tasks" / "2"))
+        assert f"cancelled slurm array task {array}_2" in cancelled.stdout
+        hpc(slurm_cluster, "cancel", str(sweep_dir))
+        slurm_cluster.wait_gone(array)
+        # squeue keeps no row for a pending task cancelled alone (Slurm 22.05 splits it off
+        # its array and drops it): no ledger and no row reads as failed, as it always has.
+        assert _states(slurm_cluster, sweep_dir) == ["cancelled", "cancelled", "failed"]
+        assert not task1.exists()
+        again = json.loads(
+            hpc(slurm_cluster, "sweep", "--resubmit-failed", str(sweep_dir), "--json").stdout
+        )
+        assert again["points"] == [0, 1, 2]  # configs read from task_configs.jsonl
+        [second] = again["array_jobs"]
+        jobs.append(second)
+        # The configs keep slurm.extra.hold: let task 1 alone run, and write its config.
+        slurm_cluster.run("scontrol", "release", f"{second}_1")
+        wait_for_task(slurm_cluster, second, 1)
+        lines = (sweep_dir / "task_configs.jsonl").read_text().splitlines()
+        assert (task1 / "config.yaml").read_text() == json.loads(lines[1])["config"]
+        assert _states(slurm_cluster, sweep_dir) == ["pending", "finished", "pending"]
+        assert sorted(p.name for p in (sweep_dir / "tasks").iterdir()) == ["1"]
+    finally:
+        slurm_cluster.run("scancel", *jobs, check=False)
+
+
+def wait_for_task(cluster: Cluster, job: str, task: int, timeout_s: float = 300.0) -> None:
+    """Wait until array task ``task`` of ``job`` has finished (the others may stay pending)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        states = dict(tasks(cluster, [job]))
+        if states.get(f"{job}_{task}") not in (None, *ACTIVE):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{job}_{task} not finished after {timeout_s} s: {tasks(cluster, [job])}")
