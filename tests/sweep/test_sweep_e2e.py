@@ -54,6 +54,21 @@ def wait_done(
     raise AssertionError(f"jobs {job_ids} still active after {timeout_s} s: {rows}")
 
 
+def submit_lr_sweep(
+    cluster: Cluster, tmp_path: Path, sweep_extra: str, *overrides: str
+) -> dict[str, Any]:
+    """Submit a 3-point sweep over train.lr of the quickstart job (``sweep_extra``: more lines
+    of its ``sweep:`` section); ``hpc-ddp sweep --json``'s answer."""
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(
+        f"base: {REPO / 'jobs' / 'quickstart.yaml'}\n"
+        f"sweep:\n  grid:\n    train.lr: [0.1, 0.05, 0.02]\n{sweep_extra}"
+    )
+    argv = ["sweep", str(sweep), *overrides, "--runs-dir", str(tmp_path / "runs"), "--json"]
+    answer: dict[str, Any] = json.loads(hpc(cluster, *argv).stdout)
+    return answer
+
+
 def results(cluster: Cluster, sweep_dir: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = json.loads(
         hpc(cluster, "results", sweep_dir, "--format", "json").stdout
@@ -110,15 +125,7 @@ def test_sweep_runs_as_one_throttled_array_requeues_one_task_and_ranks_results(
 def test_resubmit_failed_reruns_exactly_the_failed_task(
     slurm_cluster: Cluster, tmp_path: Path
 ) -> None:
-    sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(
-        f"base: {REPO / 'jobs' / 'quickstart.yaml'}\n"
-        "sweep:\n  grid:\n    train.lr: [0.1, 0.05, 0.02]\n  max_parallel: 1\n"
-    )
-    submitted = json.loads(
-        hpc(slurm_cluster, "sweep", str(sweep), "train.epochs=1", "--runs-dir",
-            str(tmp_path / "runs"), "--json").stdout
-    )  # fmt: skip
+    submitted = submit_lr_sweep(slurm_cluster, tmp_path, "  max_parallel: 1\n", "train.epochs=1")
     sweep_dir = Path(submitted["sweep_dir"])
     # Task 2 runs last (one at a time): with a broken config of its own (a task writes its
     # config.yaml from task_configs.jsonl only where there is none) it fails when it starts.
@@ -157,15 +164,9 @@ def _states(cluster: Cluster, target: Path) -> list[str]:
 def test_tasks_that_have_not_started_read_as_pending_and_cancelled_never_missing(
     slurm_cluster: Cluster, tmp_path: Path
 ) -> None:
-    sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(
-        f"base: {REPO / 'jobs' / 'quickstart.yaml'}\n"
-        "sweep:\n  grid:\n    train.lr: [0.1, 0.05, 0.02]\n"
+    submitted = submit_lr_sweep(
+        slurm_cluster, tmp_path, "", "slurm.extra.hold=null", "train.max_steps=3"
     )
-    submitted = json.loads(
-        hpc(slurm_cluster, "sweep", str(sweep), "slurm.extra.hold=null", "train.max_steps=3",
-            "--runs-dir", str(tmp_path / "runs"), "--json").stdout
-    )  # fmt: skip
     sweep_dir = Path(submitted["sweep_dir"])
     [array] = submitted["array_jobs"]
     jobs = [array]
