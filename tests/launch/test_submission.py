@@ -242,7 +242,8 @@ def test_concurrent_sweeps_in_one_second_each_get_their_own_dir(tmp_path: Path) 
         assert manifest["run_dir"] == str(d)
         jobs.add(manifest["job_id"])
         assert f"--output={d}/logs/batch-%A_%a.out" in (d / "job.sbatch").read_text()
-        assert sorted(p.name for p in (d / "tasks").iterdir()) == ["0", "1", "2"]
+        packed = (d / "task_configs.jsonl").read_text().splitlines()
+        assert [json.loads(line)["index"] for line in packed] == [0, 1, 2]
     assert len(jobs) == 12  # every sweep's manifest kept its own array job
 
 

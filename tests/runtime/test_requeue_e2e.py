@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp.config.load import load_resolved_config
 from hpc_ddp.exitcodes import BUDGET_EXIT_CODE, REQUEUE_FAILED_EXIT_CODE
+from hpc_ddp.job.taskconfig import load_task_config
 from hpc_ddp.runtime.ledger import EndCause
 from tests import e2e_util as e2e
 from tests.conftest import Cluster
@@ -176,7 +176,7 @@ def test_array_task_signalled_alone_is_requeued_alone(
     result = e2e.sweep(slurm_cluster, tmp_path / "runs", sweep_file, *TRAIN)
     [array] = result["array_jobs"]
     task_dirs = [Path(result["sweep_dir"], "tasks", str(i)) for i in range(3)]
-    assert load_resolved_config(task_dirs[1] / "config.yaml").train.seed == 0
+    assert load_task_config(Path(result["sweep_dir"]), 1).train.seed == 0
     e2e.wait_step(task_dirs[1], 10, timeout_s=180)
     e2e.signal_job(slurm_cluster, f"{array}_1")
     final = e2e.wait_all_done(slurm_cluster, [f"{array}_{i}" for i in range(3)], timeout_s=240)
