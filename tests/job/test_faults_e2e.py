@@ -82,6 +82,13 @@ def _launches(run_dir: Path) -> list[Attempt]:
     return e2e.ledger(run_dir)
 
 
+def _batch_logs(run_dir: Path) -> str:
+    """The batch scripts' stderr (the supervisors' word on each attempt), for a failure's
+    message."""
+    logs = sorted((run_dir / "logs").glob("batch-*.err"))
+    return "\n".join(f"== {log}\n{log.read_text()[-4000:]}" for log in logs)
+
+
 def test_a_hung_rank_is_found_in_seconds_named_and_restarted_to_the_twins_weights(
     slurm_cluster: Cluster, tmp_path: Path, twin: tuple[int, str]
 ) -> None:
@@ -295,7 +302,7 @@ def test_a_lost_node_without_spares_requeues_the_job_away_from_it(
     _, node, others = _lose_rank_1s_node(three_nodes, job)
     fields = e2e.wait_done(three_nodes, job.job_id, timeout_s=300)
     assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "1"), fields
-    assert fields["ExcNodeList"] == node
+    assert fields["ExcNodeList"] == node, _batch_logs(job.run_dir)
     gone, again = _launches(job.run_dir)
     assert (gone.cause, gone.next, gone.requeue_requested) == (EndCause.NODE_FAIL, "requeue", True)
     assert again.restart == 1
