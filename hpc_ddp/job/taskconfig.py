@@ -84,9 +84,12 @@ def _find_line(data: bytes, index: int) -> bytes | None:
     """The line of point ``index``: found by its first bytes, else (a file rewritten by some
     other JSON writer) by parsing every line."""
     prefix = _prefix(index)
-    found = -1 if data.startswith(prefix) else data.find(b"\n" + prefix)
-    if data.startswith(prefix) or found >= 0:
-        start = found + 1  # the line starts after its newline (or at 0)
+    if data.startswith(prefix):
+        start: int | None = 0
+    else:
+        found = data.find(b"\n" + prefix)
+        start = found + 1 if found >= 0 else None  # the line starts after its newline
+    if start is not None:
         end = data.find(b"\n", start)
         return data[start : None if end < 0 else end]
     for line in data.splitlines():
