@@ -238,14 +238,18 @@ class FakeSlurm:
             return CompletedCommand(
                 args, 0, f"MaxArraySize            = {self.max_array_size}\n", ""
             )
-        found = self._find(args[-1])
+        # `scontrol update JobId=J Key=Value...` names its job by keyword; the rest last.
+        ref = next((a[len("JobId=") :] for a in args if a.startswith("JobId=")), args[-1])
+        found = self._find(ref)
         if not found:
             return CompletedCommand(args, 1, "", f"{args[1]}: error: {INVALID_JOB}\n")
         if args[1:3] == ("show", "job"):
             return CompletedCommand(args, 0, _show(found[0]) + "\n", "")
         if args[1] == "update":
             for job in found:  # ExcNodeList=... and the like: kept as the job's fields
-                job.fields.update(dict(a.split("=", 1) for a in args[2:] if "=" in a))
+                job.fields.update(
+                    dict(a.split("=", 1) for a in args[2:] if "=" in a and a != f"JobId={ref}")
+                )
             return CompletedCommand(args, 0, "", "")
         if args[1] == "requeue":
             for job in found:

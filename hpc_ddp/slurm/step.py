@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import subprocess
 import sys
 import threading
@@ -265,15 +266,24 @@ class SrunLauncher:
         keeps enough others for the job: a list that left too few would hold it pending
         forever (``BadConstraints``)."""
         avoid = self._avoidable(exclude)
+        # The moment the requeue is accepted Slurm SIGTERMs every process of the batch step,
+        # the `scontrol update` started right after it included: blocked here, the signal is
+        # blocked in that child too (a signal mask survives fork and exec), so the update is
+        # not cut short (it was, as exit -15, in about one run in ten). This process gets its
+        # own SIGTERM once the mask is back, and ignores it as its own requeue's.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         try:
-            self.client.requeue(self.job_ref)
-        except SlurmError as exc:
-            return str(exc).splitlines()[0]
-        if avoid:
             try:
-                self.client.exclude_nodes(self.job_ref, avoid)
+                self.client.requeue(self.job_ref)
             except SlurmError as exc:
-                log.warning("supervisor: requeued, but Slurm kept no ExcNodeList: %s", exc)
+                return str(exc).splitlines()[0]
+            if avoid:
+                try:
+                    self.client.exclude_nodes(self.job_ref, avoid)
+                except SlurmError as exc:
+                    log.warning("supervisor: requeued, but Slurm kept no ExcNodeList: %s", exc)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         return None
 
     def _avoidable(self, exclude: Sequence[str]) -> list[str]:
