@@ -269,8 +269,8 @@ class SrunLauncher:
         # The moment the requeue is accepted Slurm SIGTERMs every process of the batch step,
         # the `scontrol update` started right after it included: blocked here, the signal is
         # blocked in that child too (a signal mask survives fork and exec), so the update is
-        # not cut short (it was, as exit -15, in about one run in ten). This process gets its
-        # own SIGTERM once the mask is back, and ignores it as its own requeue's.
+        # not cut short (it was, exit -15, in two full test runs). This process gets its own
+        # SIGTERM once the mask is back, and ignores it as its own requeue's.
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         try:
             try:
