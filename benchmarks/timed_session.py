@@ -13,8 +13,8 @@ from typing import Any
 from hpc_ddp.runtime.session import Session
 
 AGREE_MODES = ("sync", "off")
-"""How :meth:`TimedSession.should_stop` agrees: the session's own way (at the steps its cadence
-picks), or never (what agreeing costs)."""
+"""How :meth:`TimedSession._stop_between_steps` agrees: the session's own way (at the steps
+its cadence picks), or never (what agreeing costs)."""
 
 
 class TimedSession(Session):
@@ -41,12 +41,12 @@ class TimedSession(Session):
         self.marks.append(time.perf_counter())
         self.agree_marks.append(self.agree_s)
 
-    def should_stop(self) -> bool:
-        """The session's stop agreement in the chosen mode, timed into ``agree_s``."""
+    def _stop_between_steps(self) -> bool:
+        """The step loop's stop agreement in the chosen mode, timed into ``agree_s``."""
         start = time.perf_counter()
         try:
             if self.agree == "sync":
-                return super().should_stop()
+                return super()._stop_between_steps()
             return False
         finally:
             self.agree_s += time.perf_counter() - start

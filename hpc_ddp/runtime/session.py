@@ -270,6 +270,8 @@ class Session:
         self.phase = Phase.CLOSED
         self._enter("closing")
         try:
+            if together:
+                self.stop_flag.settle()  # a loop left early may leave an agreement in flight
             if self._checkpointer is not None:
                 # Together: the others wait for rank 0's write on the store, not in the
                 # leaving barrier (a collective, which dist.timeout_s would cut short).
@@ -572,13 +574,15 @@ class Session:
     def should_stop(self) -> bool:
         """Collective, between steps: has any rank been told to stop? (one tiny all-reduce).
 
-        Call it at the same steps on every rank; :meth:`steps` calls it where its
-        :attr:`cadence` says so, at least every ``AGREE_BUDGET_S`` (0.1 s) of training.
+        Call it at the same steps on every rank. It reads the answer at once, which on a GPU
+        waits for the work queued before it; :meth:`steps` agrees at least every
+        ``AGREE_BUDGET_S`` (0.1 s) of training and reads each answer one agreement later.
         """
         step = self.progress.step
-        # Alone, agreeing costs nothing (no collective): then a stop comes at the very step.
-        every = 1 if self.world_size == 1 else self.cadence.propose(step)
-        stop = self.stop_flag.agree(self.device, every=every) is not None
+        if self.world_size == 1:  # alone: no collective, and a stop comes at the very step
+            self.cadence.agreed(step, 1)
+            return self.stop_flag.agree_alone() is not None
+        stop = self.stop_flag.agree(self.device, every=self.cadence.propose(step)) is not None
         self.cadence.agreed(step, self.stop_flag.every)
         return stop
 
@@ -601,8 +605,31 @@ class Session:
                 self.checkpoint()
             # At the last step a stop changes nothing: the run ends and saves anyway.
             step = self.progress.step
-            if step < total and self.cadence.due(step) and self.should_stop():
+            if step < total and self.cadence.due(step) and self._stop_between_steps():
                 self.requeue()
+        self.stop_flag.settle()  # an agreement launched before the last step
+
+    def _stop_between_steps(self) -> bool:
+        """The stop agreement of :meth:`steps`, at a boundary its :attr:`cadence` picked.
+
+        Alone, a rank agrees with itself: no collective, and a stop comes at the very step.
+        A fixed cadence (a test that needs the stop after an exact step) agrees synchronously
+        (:meth:`should_stop`). Otherwise the agreement launched at the last boundary is read
+        and the next one launched (:meth:`StopFlag.launch`): reading an all-reduce the moment
+        it is launched would make a GPU rank wait for every kernel queued before it.
+        """
+        flag = self.stop_flag
+        step = self.progress.step
+        if self.world_size == 1:
+            self.cadence.agreed(step, 1)
+            return flag.agree_alone() is not None
+        if self.cadence.fixed is not None:
+            return self.should_stop()
+        stop = flag.collect() is not None if flag.in_flight else False
+        if not stop:
+            flag.launch(self.device, every=self.cadence.propose(step))
+        self.cadence.agreed(step, flag.every)
+        return stop
 
     def requeue(self) -> NoReturn:
         """End this attempt so the job can come back (every rank calls it).
