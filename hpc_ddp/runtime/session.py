@@ -196,6 +196,11 @@ class Session:
         self._watchdog: Watchdog | None = None
         self._own_watchdog = False  # started here (not by `hpc-ddp run`): stopped at close
         self._recorded: int | None = None  # the step of the last save recorded in the ledger
+        self.startup: list[tuple[str, float]] = [("process", _process_started_at())]
+        """Wall-clock marks of this launch's start-up, in order: the process's start, then
+        the end of each phase (``session``: its imports done, ``process group``, ``model``:
+        wrapped and on its device, ``restore``, ``first step``). Logged at the first step."""
+        self._mark_startup("session")
 
     def _load_config(self) -> JobConfig:
         if self.paths.config.is_file():
@@ -232,6 +237,7 @@ class Session:
         self.device = torch.device(info.device)
         self.backend = info.backend
         self.phase = Phase.STARTED
+        self._mark_startup("process group")
         self._checkpointer = Checkpointer(
             self.paths.checkpoints,
             self.config,
@@ -447,7 +453,9 @@ class Session:
         bit-identical resume needs with 3+ ranks (see :func:`fix_bucket_layout`); on GPUs it is
         off by default because it costs the overlap of communication with the backward pass.
         """
-        return wrap_model(model, self.device, exact=exact, **ddp_kwargs)
+        wrapped = wrap_model(model, self.device, exact=exact, **ddp_kwargs)
+        self._mark_startup("model")
+        return wrapped
 
     def loader(
         self, dataset: Any, *, batch_size: int, seed: int | None = None, **kwargs: Any
@@ -504,6 +512,7 @@ class Session:
         with self.section("checkpoint"):
             tracked = Tracked(model, optimizer, scheduler, scaler)
             loaded = self._ckpt().restore(tracked, self.progress, elastic=elastic)
+        self._mark_startup("restore")
         self._begin_attempt(None if loaded is None else loaded.name)
         return None if loaded is None else self.progress
 
@@ -599,6 +608,9 @@ class Session:
         while self.progress.step < total:
             self.progress.step += 1
             yield self.progress.step
+            if self._startup_open:
+                self._mark_startup("first step")
+                self._log_startup()
             if self._watchdog is not None:
                 self._watchdog.step_done(self.progress.step)
             if checkpoint_every > 0 and self.progress.step % checkpoint_every == 0:
@@ -667,12 +679,45 @@ class Session:
         self.close(keep_signal_handlers=True)
         raise RequeueExit(signum, asked and self.is_main, code)
 
+    # --- start-up -------------------------------------------------------------------------
+
+    @property
+    def _startup_open(self) -> bool:
+        return self.startup[-1][0] != "first step"
+
+    def _mark_startup(self, phase: str) -> None:
+        if self._startup_open and phase not in (name for name, _ in self.startup):
+            self.startup.append((phase, time.time()))
+
+    def _log_startup(self) -> None:
+        """One line on where this launch's start-up went (a restart pays it on every launch)."""
+        marks = [(name, t) for name, t in self.startup if t == t]  # NaN: no process start
+        parts = [f"{b[0]} {b[1] - a[1]:.2f} s" for a, b in zip(marks, marks[1:], strict=False)]
+        log.info(
+            "start-up %.2f s from %s to the end of the first step: %s",
+            marks[-1][1] - marks[0][1],
+            marks[0][0],
+            ", ".join(parts),
+        )
+
     # --- metrics --------------------------------------------------------------------------
 
     def log(self, **metrics: Any) -> None:
         """Append one row to ``RUN_DIR/metrics.jsonl`` (rank 0 only; other ranks do nothing)."""
         if self.is_main:
             self._metrics.write({"time": time.time(), **metrics})
+
+
+def _process_started_at() -> float:
+    """When this process started, wall clock (NaN where ``/proc`` cannot say): its age from
+    ``/proc/self/stat`` (clock ticks since boot) and ``/proc/uptime``, both to 10 ms."""
+    try:
+        stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        age = uptime - int(stat[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+    return time.time() - age
 
 
 def session(

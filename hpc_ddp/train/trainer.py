@@ -51,7 +51,13 @@ from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.sampler import mix_seed
 from hpc_ddp.runtime.session import Session
 from hpc_ddp.train.data import build_dataset
-from hpc_ddp.train.loop import DeterministicKernels, Precision, ProgressReport, StepRunner
+from hpc_ddp.train.loop import (
+    DeterministicKernels,
+    Precision,
+    ProgressReport,
+    StepRunner,
+    TunedKernels,
+)
 from hpc_ddp.train.models import build_model
 
 log = logging.getLogger(__name__)
@@ -255,7 +261,8 @@ def run_training(cfg: JobConfig, session: Session) -> TrainResult:
     :class:`~hpc_ddp.runtime.session.RequeueExit`; this function then never returns.
     """
     if not cfg.train.deterministic:
-        return _run_training(cfg, session)
+        with TunedKernels(session.device):
+            return _run_training(cfg, session)
     with DeterministicKernels():
         return _run_training(cfg, session)
 
