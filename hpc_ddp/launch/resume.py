@@ -43,11 +43,14 @@ from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.preflight import preflight_job
 from hpc_ddp.errors import ConfigError, TargetError
 from hpc_ddp.launch.submission import (
+    REWRITE_UNDO,
     Launched,
     Prepared,
     check_local_job,
     prepare,
     relocate,
+    rewriting,
+    settle_rewrite,
     start,
     write_run_files,
 )
@@ -102,6 +105,9 @@ def plan_resume(
     shown = run_dir
     run_dir = run_dir.resolve()
     manifest = _manifest_of(run_dir)
+    if (run_dir / REWRITE_UNDO).exists():  # a resume killed while it submitted: undo it first
+        with record_lock(run_dir):
+            settle_rewrite(RunPaths(run_dir), _manifest_of(run_dir).job_id)
     row = run_status(run_dir, _view(client, manifest))
     check = check_resumable(row["state"], str(shown), manifest.job_id, force=force)
     if check.refusal is not None:
@@ -134,8 +140,11 @@ def resume(plan: ResumePlan, client: SlurmClient) -> Launched:
     """
     with record_lock(plan.run_dir):
         manifest = _recheck(plan, client)
-        write_run_files(plan.prepared)
-        return start(plan.prepared, client, previous_jobs=_job_ids(manifest))
+        # The new config and script stay only if the new job is recorded (a refused sbatch
+        # leaves the run as it was, and so does a kill in between: see `rewriting`).
+        with rewriting(plan.prepared.paths, manifest.job_id):
+            write_run_files(plan.prepared)
+            return start(plan.prepared, client, previous_jobs=_job_ids(manifest))
 
 
 def _recheck(plan: ResumePlan, client: SlurmClient) -> Manifest:
