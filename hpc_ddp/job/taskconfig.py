@@ -8,8 +8,8 @@ text into one file, ``SWEEP_DIR/task_configs.jsonl``
 (:attr:`~hpc_ddp.layout.RunPaths.task_configs`, :func:`pack_task_configs`), one JSON line per
 point, ``{"index": 3, "config": "<the YAML text>"}``; and each task, when it starts, writes its
 own ``tasks/<i>/config.yaml`` from its line (:func:`materialise_task_config`, called by
-:func:`hpc_ddp.job.task.task_run_dir` before anything reads the config): the same bytes submit
-used to write.
+:func:`hpc_ddp.job.task.write_task_config` once the task knows it may run, before anything
+reads the config): the same bytes submit used to write.
 
 Login-side readers that may meet a point whose task has not started (``--resubmit-failed``,
 ``logs``) read its config through :func:`task_config_text`: the task's own ``config.yaml`` when

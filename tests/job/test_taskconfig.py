@@ -27,7 +27,7 @@ import yaml
 
 from hpc_ddp.config.load import dump_job_config
 from hpc_ddp.errors import RunDirError
-from hpc_ddp.job.task import task_run_dir
+from hpc_ddp.job.task import task_run_dir, write_task_config
 from hpc_ddp.job.taskconfig import (
     load_task_config,
     materialise_task_config,
@@ -96,6 +96,8 @@ def test_each_task_writes_its_config_byte_for_byte_as_config_texts_gives_it(
         assert load_task_config(sweep_dir, point.index) == point.config
         env = {"SLURM_ARRAY_TASK_ID": str(point.index)}
         assert task_run_dir(sweep_dir, env) == task.root  # what `hpc-ddp run` calls first
+        assert not task.root.exists()  # it writes nothing: the task may yet be refused
+        write_task_config(sweep_dir, task.root)  # what it calls once it may run
         assert task.config.read_bytes() == text.encode("utf-8")
         assert sorted(p.name for p in task.root.iterdir()) == ["config.yaml"]
         assert task_config_text(sweep_dir, point.index) == text  # now from the file
