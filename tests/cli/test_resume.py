@@ -651,3 +651,19 @@ def test_a_resume_the_real_sbatch_refuses_leaves_the_run_as_it_was(
     plain = e2e.hpc(slurm_cluster, "resume", str(job.run_dir), "--dry-run")
     assert "changed:" not in plain.stdout
     assert "nosuch" not in plain.stdout
+
+
+@pytest.mark.parametrize("what", ["directory", "symlink"])
+def test_a_lock_file_in_the_way_is_named_not_a_traceback(tmp_path: Path, what: str) -> None:
+    run_dir = _ended_local_run(tmp_path)
+    lock = run_dir / "submit.lock"
+    lock.unlink(missing_ok=True)
+    if what == "directory":
+        lock.mkdir()
+    else:
+        lock.symlink_to(tmp_path / "elsewhere" / "submit.lock")
+    done = hpc("resume", str(run_dir))
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"{lock}: the run directory's lock file is a {what}" in done.stderr
+    assert "HINT: remove it" in done.stderr
