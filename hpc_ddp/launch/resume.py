@@ -32,7 +32,7 @@ from hpc_ddp.config.elastic import (
     rescaled_accum,
     worlds_of,
 )
-from hpc_ddp.config.exactness import resume_clause
+from hpc_ddp.config.exactness import resume_clause, total_below_checkpoint
 from hpc_ddp.config.load import (
     apply_overrides,
     job_config_from_dict,
@@ -120,6 +120,7 @@ def plan_resume(
         check_local_job(cfg)  # an override may ask for more processes than this machine has
     attempts = read_ledger(paths.ledger)
     cfg, resize = fit_world_size(cfg, old, attempts, row["ckpt step"], shown, elastic=elastic)
+    _check_total(cfg, row["ckpt step"])
     flag = ["--elastic"] if elastic else []
     invocation = invocation or ["hpc-ddp", "resume", str(shown), *overrides, *flag]
     prepared = _prepare_in_place(cfg, manifest, run_dir, invocation)
@@ -291,6 +292,16 @@ def fit_world_size(
     if problem is not None:
         raise ConfigError(f"slurm.min_nodes {problem}.")
     return fitted, Resize(world, accum, now, needed)
+
+
+def _check_total(cfg: JobConfig, step: int | None) -> None:
+    """Refuse a built-in trainer's ``train.max_steps`` below the checkpoint's step (it would
+    end the run at once as finished). A total from ``train.epochs`` needs the dataset's size,
+    which only the job knows: the trainer refuses that one when it starts."""
+    builtin = cfg.command is None and cfg.entrypoint is None
+    total = cfg.train.max_steps
+    if step is not None and builtin and total is not None and total < step:
+        raise ConfigError(total_below_checkpoint(step, total, f"train.max_steps={total}"))
 
 
 def _accum_at(cfg: JobConfig, world: int) -> int:

@@ -667,3 +667,35 @@ def test_a_lock_file_in_the_way_is_named_not_a_traceback(tmp_path: Path, what: s
     assert "Traceback" not in done.stderr
     assert f"{lock}: the run directory's lock file is a {what}" in done.stderr
     assert "HINT: remove it" in done.stderr
+
+
+# --- a resume cannot end a run by surprise (issue 32, item 8) -----------------------------------
+
+
+def test_a_max_steps_below_the_checkpoint_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """It used to log "steps 33..20" and end the run COMPLETED at once."""
+    run_dir = _trained_slurm_run(tmp_path)  # its checkpoint is at step 32
+    before = _run_files(run_dir)
+    code, _, err, sbatch = _resume_out(run_dir, "train.max_steps=20", "--force")
+    assert (code, sbatch) == (2, [])
+    assert "train.max_steps=20 makes the run 20 steps long, but its checkpoint is at step 32" in err
+    assert "HINT: resume with a total of at least 32 steps" in err
+    assert _run_files(run_dir) == before
+    code, _, err, _ = _resume_out(run_dir, "train.max_steps=32", "--dry-run")
+    assert code == 0, err
+
+
+def test_a_resume_that_changes_the_schedule_says_it_is_no_longer_comparable(
+    tmp_path: Path,
+) -> None:
+    run_dir = _trained_slurm_run(tmp_path)
+    code, out, err, _ = _resume_out(run_dir, "train.epochs=7", "--dry-run")
+    assert code == 0, err
+    assert "; not comparable to an uninterrupted run: train.epochs changed, and it shapes the " \
+        "schedule or the data\n" in out  # fmt: skip
+    assert "bit-identical" not in out
+    code, out, err, _ = _resume_out(run_dir, "requeue.max_requeues=9", "--dry-run")
+    assert code == 0, err
+    assert "; bit-identical to an uninterrupted run (CPU)\n" in out
