@@ -19,6 +19,9 @@ from hpc_ddp.layout import RunPaths
 from hpc_ddp.slurm.arrayjobs import batch_logs, format_index_ranges
 from hpc_ddp.sweep.records import read_sweep_record
 
+LOG_STREAMS = ("err", "out")
+"""The streams a log is read from: a rank's (or the batch script's) stderr and stdout."""
+
 
 def run_paths(target: Path, task: int | None) -> RunPaths:
     """The run directory to read: ``target`` itself, or sweep task ``task`` of it (whose
@@ -62,6 +65,16 @@ def check_rank(paths: RunPaths, rank: int) -> None:
     from hpc_ddp.config.load import load_resolved_config
     from hpc_ddp.job.taskconfig import load_task_config
 
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        raise TypeError(
+            f"rank={rank!r}: expected an int, not {type(rank).__name__}. HINT: pass a rank "
+            "number, e.g. rank=0."
+        )
+    if rank < 0:
+        raise TargetError(
+            f"--rank {rank}: no such rank (ranks are numbered from 0). HINT: pass --rank 0, or "
+            "another rank of the run."
+        )
     task = None if paths.config.is_file() else sweep_task_of(paths.root)
     try:
         # A sweep task that has not started has its config in the sweep's packed file only.
@@ -69,7 +82,7 @@ def check_rank(paths: RunPaths, rank: int) -> None:
     except (HpcDdpError, OSError):
         return
     ranks = cfg.slurm.ntasks
-    if rank >= ranks:
+    if rank < 0 or rank >= ranks:
         have = "0" if ranks == 1 else f"0-{ranks - 1}"
         raise TargetError(
             f"--rank {rank}: no such rank (the run has {ranks} rank{'s' if ranks > 1 else ''}: "
@@ -136,6 +149,12 @@ def read_log(paths: RunPaths, *, rank: int = 0, stream: Literal["err", "out"] = 
     A rank the run does not have is a :class:`TargetError`; a log that does not exist (yet) a
     :class:`RunDirError` listing the logs there are. Bytes that are not UTF-8 are replaced.
     """
+    if stream not in LOG_STREAMS:
+        raise ValueError(
+            f"stream={stream!r} is not a log stream. HINT: pass one of "
+            f"{', '.join(map(repr, LOG_STREAMS))} (stderr: hpc-ddp's progress and tracebacks; "
+            "stdout: what the script printed)."
+        )
     if not batch:
         check_rank(paths, rank)
     found = log_paths(paths, rank=rank, stream=stream, batch=batch)
