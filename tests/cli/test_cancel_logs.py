@@ -153,21 +153,27 @@ def test_a_target_that_is_neither_a_dir_nor_a_job_id_is_a_usage_error(
 def test_the_guard_sees_a_real_cancels_signal(
     tmp_path: Path, run_sleeper: Callable[[Path], subprocess.Popen[bytes]]
 ) -> None:
-    """Positive control: with the right identity recorded, the guard records the SIGTERM."""
+    """Positive control: with the right identity recorded, the guard records the SIGTERM, and
+    the SIGKILL after the grace. No signal was really sent, so the process still runs: cancel
+    never says "cancelled" then, but names it and exits 1."""
     run_dir = local_run(tmp_path / "run", "2")
     sleeper = run_sleeper(run_dir)  # its command line names run/submitit, as a controller's
     ident = identify_started(sleeper.pid)
     assert ident is not None
     local_run(run_dir, str(sleeper.pid))
     write_identity(run_dir, ident)
-    done, calls = guarded(tmp_path, "cancel", str(run_dir), "--json")
-    assert done.returncode == 0, done.stderr
-    assert len(calls) == 1
+    done, calls = guarded(tmp_path, "cancel", str(run_dir), "--json", "--kill-wait", "0.5")
+    assert done.returncode == 1, done.stderr
     assert calls[0][0] == "pidfd_send_signal"
     assert calls[0][2] == "15"
+    assert len(calls) > 1
+    assert {tuple(c[::2]) for c in calls[1:]} == {("pidfd_send_signal", "9")}
     shown = json.loads(done.stdout)
-    assert shown["outcome"] == "cancelled"
-    assert f"cancelled local job {sleeper.pid}" in shown["message"]
+    assert shown["outcome"] == "still_running"
+    assert "cancelled" not in shown["message"]
+    assert f"local job {sleeper.pid} still runs after SIGTERM and, 0.5 s later, SIGKILL: " \
+        f"pid {sleeper.pid} (`{sys.executable} -c" in shown["message"]  # fmt: skip
+    assert sleeper.poll() is None
 
 
 def test_a_copied_local_json_signals_nothing_of_the_original_run(
