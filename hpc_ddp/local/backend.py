@@ -45,6 +45,7 @@ from hpc_ddp.errors import ConfigError, RunDirError
 from hpc_ddp.layout import (
     LOCAL_GPUS_ENV,
     LOCAL_GPUS_PER_TASK_ENV,
+    LOCAL_JOB_ENV,
     NO_PDEATHSIG_ENV,
     PER_RANK_LOGS_ENV,
     RunPaths,
@@ -194,7 +195,7 @@ def run_task(
         me = identify(os.getpid())
         if me is not None:
             write_rank_identity(Path(run_dir), env.global_rank, me)
-        _set_dist_env(env.global_rank, env.local_rank, env.num_tasks, master_port)
+        _set_dist_env(env.global_rank, env.local_rank, env.num_tasks, master_port, env.job_id)
         from hpc_ddp.job.task import redirect_to_rank_logs, task_run_dir
 
         redirect_to_rank_logs(RunPaths(task_run_dir(Path(run_dir), os.environ)), env.global_rank)
@@ -211,7 +212,7 @@ def run_task(
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def _set_dist_env(rank: int, local_rank: int, world: int, master_port: int) -> None:
+def _set_dist_env(rank: int, local_rank: int, world: int, master_port: int, job: str) -> None:
     # Started from inside a Slurm allocation, the tasks would inherit its job id and ask Slurm
     # to requeue a job that is not theirs: a local run is not a Slurm job.
     for key in [k for k in os.environ if k.startswith(("SLURM_", "SLURMD_"))]:
@@ -226,6 +227,7 @@ def _set_dist_env(rank: int, local_rank: int, world: int, master_port: int) -> N
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(master_port),
             PER_RANK_LOGS_ENV: "1",
+            LOCAL_JOB_ENV: job,  # the launcher is this backend (not torchrun), and its job
         }
     )
 
