@@ -29,7 +29,6 @@ import os
 import pickle
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -37,7 +36,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.config.model import JobConfig, SlurmConfig
 from hpc_ddp.durable import append_line
@@ -71,6 +70,9 @@ from hpc_ddp.local.process import (
 )
 from hpc_ddp.runtime.ledger import EndCause, end_event, read_ledger
 from hpc_ddp.runtime.metrics import drop_replayed
+
+if TYPE_CHECKING:
+    import subprocess
 
 log = logging.getLogger(__name__)
 
@@ -315,6 +317,8 @@ def _start_controller(
 ) -> subprocess.Popen[bytes]:
     """submitit's controller (``python -m submitit.local._local FOLDER``) with submitit's
     environment, detached (:func:`_detached_executor`)."""
+    import subprocess  # not at the top: a dry run imports this module and runs nothing
+
     env = {
         **os.environ,
         "SUBMITIT_LOCAL_NTASKS": str(ntasks),

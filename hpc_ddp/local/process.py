@@ -320,7 +320,9 @@ def session_members(leader: ProcIdentity, proc: Path = PROC) -> list[ProcIdentit
     if leader.sid != leader.pid:
         return []
     now = identify(leader.pid, proc)
-    if now is not None and now != leader:
+    # Compared by start time, not by the whole record: a dead leader not yet reaped (a zombie)
+    # has lost its command line, and its session may still have members.
+    if now is not None and (now.start_ticks, now.boot_id) != (leader.start_ticks, leader.boot_id):
         return []
     found = []
     for entry in proc.iterdir():

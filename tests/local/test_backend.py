@@ -471,6 +471,10 @@ def _says(log: Path, text: str) -> bool:
     return log.is_file() and text in log.read_text()
 
 
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
 def _pids_running(needle: str) -> list[int]:
     """Every process whose command line contains ``needle`` (read from /proc: no code of the
     package under test decides what is found)."""
@@ -559,8 +563,11 @@ def test_session_members_are_the_leaders_session_started_since_it(tmp_path: Path
         assert session_members(me) == []
         # Its pid held by another process than the one recorded: that session is not the run's.
         assert session_members(replace(ident, start_ticks=ident.start_ticks - 1)) == []
-        # The leader gone, its session lives on in the orphan, which is still found.
+        # The leader dead (a zombie until reaped, then gone), its session lives on in the
+        # orphan, which is still found.
         leader.kill()
+        e2e.wait_for("a zombie", lambda: _state(leader.pid) == "Z")
+        assert [i.pid for i in session_members(ident)] == [orphan]
         leader.wait()
         assert [i.pid for i in session_members(ident)] == [orphan]
     finally:
