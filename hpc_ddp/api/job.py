@@ -234,8 +234,10 @@ class Job:
 
     def cancel(self) -> CancelResult:
         """Cancel the job as ``hpc-ddp cancel RUN_DIR`` does; ``.outcome`` says what came of it
-        (``cancelled``, ``already_finished``, ``unknown`` to Slurm, or ``not_this_run``: the
-        job id names a job of another directory, and nothing was signalled)."""
+        (``cancelled``, ``already_finished``, ``unknown`` to Slurm, ``not_this_run``: the job
+        id names a job of another directory, and nothing was signalled; or ``still_running``: a
+        local run's process outlived SIGTERM and SIGKILL). A local run is waited for until
+        every process of it has ended (SIGKILL after ``KILL_WAIT_S``, as Slurm's KillWait)."""
         from hpc_ddp.api.cancel import cancel_targets
 
         [result] = cancel_targets(

@@ -13,14 +13,39 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from hpc_ddp.api.targets import require_dir, sweep_task_of
+from hpc_ddp.api.targets import find_array_task, require_dir, resolve_targets, sweep_task_of
 from hpc_ddp.errors import HpcDdpError, RunDirError, TargetError
 from hpc_ddp.layout import RunPaths
 from hpc_ddp.slurm.arrayjobs import batch_logs, format_index_ranges
+from hpc_ddp.slurm.jobstate import is_job_ref
 from hpc_ddp.sweep.records import read_sweep_record
 
 LOG_STREAMS = ("err", "out")
 """The streams a log is read from: a rank's (or the batch script's) stderr and stdout."""
+
+
+def log_target(target: str, task: int | None, runs_dir: Path) -> tuple[Path, int | None]:
+    """(the directory, the sweep task) whose logs ``target`` means: a path as given, or the run
+    of a job id (``ARRAYJOB_TASK``: its sweep and point) under ``runs_dir``, found as ``status``
+    and ``cancel`` find it (:func:`~hpc_ddp.api.targets.resolve_targets`)."""
+    path = Path(target)
+    if path.exists() or not is_job_ref(target) or sweep_task_of(path) is not None:
+        return path, task
+    if task is not None:
+        raise TargetError(
+            f"--task {task}: {target} is a job id, not a sweep directory. HINT: pass the sweep "
+            "directory with --task, or the array task's own id (ARRAYJOB_TASK, e.g. 1234_5)."
+        )
+    if "_" in target:
+        found = find_array_task(target, runs_dir)
+        return found.sweep_dir, found.point
+    runs = resolve_targets([target], runs_dir)
+    if len(runs) > 1:
+        raise TargetError(
+            f"job id {target} names {len(runs)} runs under {runs_dir}: "
+            f"{', '.join(map(str, runs))}. HINT: pass the run directory instead."
+        )
+    return runs[0], None
 
 
 def run_paths(target: Path, task: int | None) -> RunPaths:

@@ -424,7 +424,10 @@ def _on(beats: Mapping[int, Beat | None], rank: int, nodes: set[str]) -> bool:
 
 
 def _task_ends(step: Step) -> list[TaskEnd]:
-    return [TaskEnd(e.rank, e.node, e.reason, e.exit_code) for e in step.task_ends()]
+    return [
+        e if isinstance(e, TaskEnd) else TaskEnd(e.rank, e.node, e.reason, e.exit_code)
+        for e in step.task_ends()
+    ]
 
 
 # --- the supervisor --------------------------------------------------------------------------
