@@ -115,7 +115,7 @@ from hpc_ddp.layout import (
     checkpoint_name,
     parse_checkpoint_name,
 )
-from hpc_ddp.runtime.checkpoint_label import config_digest, not_regular
+from hpc_ddp.runtime.checkpoint_label import config_digest, misnamed, not_regular, stranger
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.version import __version__
 
@@ -993,23 +993,17 @@ def _check_name(path: Path, data: dict[str, Any]) -> None:
     """:class:`Rejected` unless the file's name says the step it holds: a copy under another
     step's name would be taken for that step (skipping newer ones, and pruning them)."""
     named = parse_checkpoint_name(path.name)
-    step = data["progress"]["step"]
-    if named is not None and named != step:
-        raise Rejected(
-            CheckpointState.DAMAGED,
-            f"named step {named} but holds step {step} (copied or renamed)",
-        )
+    wrong = None if named is None else misnamed(named, data["progress"]["step"])
+    if wrong is not None:
+        raise Rejected(CheckpointState.DAMAGED, wrong)
 
 
 def _check_identity(data: dict[str, Any], run_id: str | None) -> None:
     """:class:`Rejected` as a stranger when the file names a run and it is not ``run_id``
     (None, or a file that names none: unknown, accepted; see the module docstring)."""
-    theirs = data["meta"].get("run_id")
-    if run_id is not None and theirs is not None and theirs != run_id:
-        raise Rejected(
-            CheckpointState.STRANGER,
-            f"written by run {theirs}, not by this run ({run_id})",
-        )
+    why = stranger(data["meta"].get("run_id"), run_id)
+    if why is not None:
+        raise Rejected(CheckpointState.STRANGER, why)
 
 
 def _read(

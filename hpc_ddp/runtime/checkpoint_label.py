@@ -10,7 +10,9 @@ Both sides judge checkpoint files: the node (resume) with torch, the login side 
 * :func:`read_label`: the step (``progress.step``), run id and config digest a checkpoint's
   pickle records, read with an unpickler that runs no code and builds no tensor (every class
   the pickle names becomes an inert placeholder), so ``status`` can tell a file named
-  ``step-00009999.pt`` that holds step 100, or one copied from another run, without torch.
+  ``step-00009999.pt`` that holds step 100, or one copied from another run, without torch;
+  :func:`label_problem` says so, in the words the node's full check uses (:func:`misnamed`,
+  :func:`stranger`).
 * :func:`config_digest`: the digest of the config keys that shape the training state (the
   model, data, optimizer and seed; not where or how long it runs), recorded in each checkpoint
   so that a resume can say when the config changed under it.
@@ -32,7 +34,18 @@ from typing import Any
 
 import xxhash
 
-__all__ = ["Label", "LabelError", "config_digest", "not_regular", "read_label"]
+from hpc_ddp.layout import parse_checkpoint_name
+
+__all__ = [
+    "Label",
+    "LabelError",
+    "config_digest",
+    "label_problem",
+    "misnamed",
+    "not_regular",
+    "read_label",
+    "stranger",
+]
 
 _PICKLE = "/data.pkl"
 """The record every ``torch.save`` archive holds: the pickle (``<archive>/data.pkl``)."""
@@ -89,6 +102,39 @@ def not_regular(path: Path) -> str | None:
     )
     kind = next((name for test, name in kinds if test(mode)), "of an unknown kind")
     return f"not a regular file ({kind})"
+
+
+def misnamed(named: int, step: int) -> str | None:
+    """Why a file named ``step-<named>.pt`` that holds ``step`` is damaged; None if they agree.
+    A copy under a newer step's name would be taken for that step, skipping the newer files
+    (and ``keep_last`` would prune them)."""
+    if named == step:
+        return None
+    return f"named step {named} but holds step {step} (copied or renamed)"
+
+
+def stranger(theirs: str | None, mine: str | None) -> str | None:
+    """Why a file written by run ``theirs`` is not run ``mine``'s; None when it may be (either
+    is unknown: a file from before run ids were recorded is accepted, its run unknown)."""
+    if theirs is None or mine is None or theirs == mine:
+        return None
+    return f"written by run {theirs}, not by this run ({mine})"
+
+
+def label_problem(path: Path, run_id: str | None = None) -> str | None:
+    """Why ``path`` is not run ``run_id``'s checkpoint of the step its name says, judged by its
+    label alone (not a regular file, no readable label, misnamed, another run's); None when it
+    may be (its content is checked when it is loaded)."""
+    kind = not_regular(path)
+    if kind is not None:
+        return kind
+    try:
+        label = read_label(path)
+    except LabelError as exc:
+        return f"unreadable checkpoint ({exc})"
+    named = parse_checkpoint_name(path.name)
+    wrong = None if named is None else misnamed(named, label.step)
+    return wrong or stranger(label.run_id, run_id)
 
 
 def shaping_config(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.layout import RunPaths, parse_checkpoint_name
-from hpc_ddp.runtime.checkpoint_label import LabelError, not_regular, read_label
+from hpc_ddp.runtime.checkpoint_label import label_problem, not_regular
 from hpc_ddp.runtime.metrics import drop_replayed
 
 __all__ = ["checkpoint_steps", "damaged_checkpoint", "last_metric", "recorded_run_id"]
@@ -70,25 +70,11 @@ def damaged_checkpoint(path: Path, run_id: str | None = None) -> str | None:
             return "not a torch zip archive"
         if not zipfile.is_zipfile(path):
             return "truncated: the zip archive has no end"
-        return _damaged_directory(path) or _wrong_label(path, run_id)
+        return _damaged_directory(path) or label_problem(path, run_id)
     except OSError as exc:
         return f"unreadable: {exc.strerror or exc}"
     except Exception as exc:  # is_zipfile lets BadZipFile out of a damaged zip64 locator
         return f"damaged zip archive ({type(exc).__name__}: {exc})"
-
-
-def _wrong_label(path: Path, run_id: str | None) -> str | None:
-    """What the file's pickle says that makes it not this run's checkpoint of its step."""
-    try:
-        label = read_label(path)
-    except LabelError as exc:
-        return f"unreadable checkpoint ({exc})"
-    named = parse_checkpoint_name(path.name)
-    if named is not None and named != label.step:
-        return f"named step {named} but holds step {label.step} (copied or renamed)"
-    if run_id is not None and label.run_id is not None and label.run_id != run_id:
-        return f"written by run {label.run_id}, not by this run ({run_id})"
-    return None
 
 
 def _damaged_directory(path: Path) -> str | None:

@@ -217,6 +217,7 @@ def test_a_restart_after_a_killed_rank_falls_back_past_damaged_checkpoints(
         10,
         40,
     )
+    assert again.from_step == 10  # the supervisor's word too, not the damaged file's name
     log = (job.run_dir / "logs" / "rank-0.err").read_text(errors="replace")
     assert "(damaged: damaged zip archive (BadZipFile" in log
     assert "resumed from step-00000010.pt: step 10" in log
