@@ -4,8 +4,10 @@ truncations at many offsets. Every reader (``hpc-ddp checkpoints`` with and with
 the node's :func:`find_latest`, ``status``'s torch-free check) must never raise, and a file
 that loads as good must hold exactly what was saved (zero wrong loads).
 
-Deterministic (a fixed seed), and small: a model of a few hundred parameters, so some 700
-reads take seconds.
+Deterministic (a fixed seed), and small: an 18 kB checkpoint of a model of a few hundred
+parameters, 510 variants (120 trailer flips, 240 flips spread over the rest, 150 cuts), each
+read by four readers, in seconds. Before every exception counted as damage, 8 of them crashed
+every reader (BadZipFile out of ``zipfile.is_zipfile``).
 """
 
 from __future__ import annotations
