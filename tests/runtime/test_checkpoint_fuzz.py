@@ -1,12 +1,12 @@
 """The checkpoint readers fuzzed: single-bit flips spread over a whole file (every byte of the
 last 120, the zip trailer with its zip64 locator, and a deterministic sample of the rest) and
-truncations at many offsets. Every reader (``hpc-ddp checkpoints`` with and without --verify,
-the node's :func:`find_latest`, ``status``'s torch-free check) must never raise, and a file
+truncations at many offsets. Every reader (``hpc-ddp checkpoints --verify``, the node's
+:func:`find_latest`, ``status``'s torch-free check) must never raise, and a file
 that loads as good must hold exactly what was saved (zero wrong loads).
 
 Deterministic (a fixed seed), and small: an 18 kB checkpoint of a model of a few hundred
 parameters, 510 variants (120 trailer flips, 240 flips spread over the rest, 150 cuts), each
-read by four readers, in seconds. Before every exception counted as damage, 8 of them crashed
+read by three readers, in seconds. Before every exception counted as damage, 8 of them crashed
 every reader (BadZipFile out of ``zipfile.is_zipfile``).
 """
 
@@ -101,13 +101,13 @@ def test_no_flipped_bit_or_truncation_crashes_a_reader_or_loads_as_good(tmp_path
         target.write_bytes(content)
         try:
             damaged_checkpoint(target, "fuzz-0000abcd")  # status: any answer, never a raise
-            listed = list_checkpoints(target.parent)
-            [checked] = [i for i in list_checkpoints(target.parent, verify=True) if i.step == 20]
+            listed = list_checkpoints(target.parent, verify=True)
             found = find_latest(target.parent, run_id="fuzz-0000abcd")
         except Exception as exc:
             crashes.append(f"{what}: {type(exc).__name__}: {exc}")
             continue
         assert [i.step for i in listed] == [10, 20]
+        checked = listed[1]
         assert found is not None
         path, loaded = found
         if path == target:
