@@ -28,7 +28,7 @@ scaler, RNG states, progress, extra values, config), "foreign" (a tensor, anothe
 file, another format version) or "stranger" (a checkpoint written by another run: both run ids
 are named). Resume skips them all and takes the newest older checkpoint that passes every
 check, every digest included. A checkpoint written before hpc-ddp recorded run ids has no run
-id ("-" in the run column): it is accepted, its run unknown.
+id (null "run_id" in --json): it is accepted, its run unknown.
 
 A checkpoint of format 1 (written by hpc-ddp before every part had a digest) still loads, but
 only its weights can be verified: it is listed as "ok (format 1: ... unverified)", and --verify
