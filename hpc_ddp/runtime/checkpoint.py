@@ -165,7 +165,8 @@ _HINTS = {
     CheckpointState.FOREIGN: "keep only checkpoints written by this hpc-ddp (format versions "
     f"{', '.join(map(str, _READABLE))}) in checkpoints/; move or rename this file.",
     CheckpointState.STRANGER: "resume never loads another run's state: it takes the newest "
-    "older checkpoint of this run; move the file back to its own run directory.",
+    "older checkpoint of this run; move the file back to its own run directory (or, if this "
+    "run's run_id file was deleted and made anew, write the id the file names back into it).",
 }
 
 
