@@ -58,7 +58,7 @@ from hpc_ddp.layout import MANIFEST_FILE, RunPaths
 from hpc_ddp.manifest import Manifest, read_manifest, record_lock
 from hpc_ddp.runtime.ledger import Attempt, read_ledger
 from hpc_ddp.slurm.client import SlurmClient
-from hpc_ddp.state.report import ask_slurm, run_status
+from hpc_ddp.state.report import ask_slurm, newest_checkpoint, run_status
 from hpc_ddp.state.resumable import check_resumable
 from hpc_ddp.state.verdict import SlurmView
 
@@ -83,6 +83,9 @@ class ResumePlan:
     """``--force``: a finished run, or one whose state Slurm could not confirm, goes on too."""
     resize: Resize | None = None
     """``--elastic``: how the world size and the accumulation change (None: they do not)."""
+    skipped: str | None = None
+    """Why newer checkpoint files are not where the job starts (damaged, misnamed, another
+    run's), or None."""
 
 
 def plan_resume(
@@ -126,7 +129,7 @@ def plan_resume(
     prepared = _prepare_in_place(cfg, manifest, run_dir, invocation)
     return ResumePlan(
         run_dir, manifest, row["state"], int(row["attempts"]), row["ckpt step"], old, prepared,
-        tuple(_changes(old, cfg, resize)), force, resize,
+        tuple(_changes(old, cfg, resize)), force, resize, newest_checkpoint(paths)[1],
     )  # fmt: skip
 
 

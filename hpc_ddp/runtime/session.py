@@ -245,6 +245,7 @@ class Session:
             world_size=self.world_size,
             device=self.device,
             grad_accum=self.grad_accum,
+            run_id=self.run_id,
         )
         self._coordinator = Coordinator(
             self.dist, self.paths.ledger, self.config.requeue, self._slurm, since=self._began

@@ -252,8 +252,6 @@ def test_a_crashed_slurm_run_resumes_after_the_fix_to_the_uninterrupted_weights(
 def _ended_local_run(runs: Path) -> Path:
     """A local run whose job is gone (its pid: the largest Linux has) with a checkpoint at 32
     that looks whole to the login side (a zip archive: only torch could tell its weights)."""
-    import zipfile
-
     from hpc_ddp.config.load import load_job_config
     from hpc_ddp.launch.submission import materialize, prepare, record
 
@@ -265,9 +263,18 @@ def _ended_local_run(runs: Path) -> Path:
     )  # fmt: skip
     record(prepared, job_id="4194304", command=["submitit-local", "4194304"])
     prepared.paths.checkpoints.mkdir(exist_ok=True)
-    with zipfile.ZipFile(prepared.paths.checkpoints / "step-00000032.pt", "w") as z:
-        z.writestr("archive/data.pkl", b"not really weights")
+    _looks_whole(prepared.paths.checkpoints / "step-00000032.pt", 32)
     return prepared.paths.root
+
+
+def _looks_whole(path: Path, step: int) -> None:
+    """A zip archive whose pickle says ``step`` and nothing else: all the login side reads of
+    a checkpoint (only torch could tell its weights)."""
+    import pickle
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", pickle.dumps({"progress": {"step": step}, "meta": {}}))
 
 
 def test_a_local_resume_dry_run_shows_the_local_backend_and_claims_no_verified_step(
@@ -350,8 +357,6 @@ def _trained_slurm_run(
     """A 2-node run (job 77, forgotten by Slurm) whose ledger says it trained with 2 ranks
     (accumulating ``grad_accum``, when given), with a checkpoint at step 32 that looks whole
     to the login side."""
-    import zipfile
-
     from tests.ledgers import record_end, record_start
 
     run_dir = _slurm_run(runs, "77")
@@ -363,8 +368,7 @@ def _trained_slurm_run(
                requeue_requested=False)  # fmt: skip
     if checkpoint:
         (run_dir / "checkpoints").mkdir(exist_ok=True)
-        with zipfile.ZipFile(run_dir / "checkpoints" / "step-00000032.pt", "w") as z:
-            z.writestr("archive/data.pkl", b"not really weights")
+        _looks_whole(run_dir / "checkpoints" / "step-00000032.pt", 32)
     return run_dir
 
 
