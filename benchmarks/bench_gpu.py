@@ -39,6 +39,7 @@ boundary costs).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -163,11 +164,11 @@ def run_variant(shape: Shape, variant: str, run_dir: Path, port: int, world: int
     """One run of ``variant`` on this rank: its step marks and when its first step ended."""
     spawned = float(os.environ["BENCH_T0"])
     device = _device()
-    base = variant.split("/")[0]
+    base = variant.split("/", maxsplit=1)[0]
     cfg = _train_config(shape, world)
     total = shape.total
     out: dict[str, Any] = {"variant": variant}
-    if base == "hand" or base == "plain":
+    if base in {"hand", "plain"}:
         from benchmarks.handwritten_ddp import train_handwritten
 
         first: list[float] = []
@@ -202,7 +203,7 @@ def run_variant(shape: Shape, variant: str, run_dir: Path, port: int, world: int
             from hpc_ddp.train.trainer import run_training
 
             if variant == "trainer/no-pin":
-                s.loader = _unpinned(s.loader)  # type: ignore[method-assign]
+                s.loader = _unpinned(s.loader)
             run_training(s.config, s)
         else:
             _own_loop(s, cfg, device)
@@ -270,7 +271,11 @@ def checkpoint_stall(shape: Shape, run_dir: Path, port: int, rounds: int) -> dic
         s.restore(model=model, optimizer=opt)
         x = torch.randn(shape.batch, 3, shape.image_size, shape.image_size, device=device)
         y = torch.zeros(shape.batch, dtype=torch.long, device=device)
-        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+        def sync() -> None:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+
         for step in s.steps(2 * rounds + 1):
             opt.zero_grad(set_to_none=True)
             nn.functional.cross_entropy(model(x), y).backward()  # type: ignore[no-untyped-call]
@@ -323,7 +328,8 @@ def _run(spec: dict[str, Any], world: int, timeout_s: float) -> dict[str, Any]:
             raise SystemExit(f"{spec.get('variant', spec['kind'])}: rank {rank} exited {code}:\n"
                              f"{err[-4000:]}")  # fmt: skip
     rows = [json.loads(line) for line in results[0][1].splitlines() if line.startswith("{")]
-    return rows[-1]
+    last: dict[str, Any] = rows[-1]
+    return last
 
 
 def rates(marks: list[float], shape: Shape) -> dict[str, Any]:
@@ -555,8 +561,7 @@ def report(
                                   "launch->first step s"]))  # fmt: skip
     trainer = a["trainer"]
     marks = trainer[0].get("startup", [])
-    phases = ", ".join(f"{n} {t1 - t0:.2f} s" for (_, t0), (n, t1) in zip(marks, marks[1:],
-                                                                          strict=False))  # fmt: skip
+    phases = ", ".join(f"{n} {t1 - t0:.2f} s" for (_, t0), (n, t1) in itertools.pairwise(marks))
     print(f"trainer start-up (first round, from Popen): {phases}")
     stall, save = statistics.median(d["stall_s"]), statistics.median(d["sync_save_s"])
     print(f"(d) checkpoint stall {stall * 1000:.1f} ms vs synchronous torch.save+fsync "

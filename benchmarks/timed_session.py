@@ -28,6 +28,8 @@ class TimedSession(Session):
     agree = "sync"
     exact: bool | None = None
     agree_s = 0.0
+    first_wall = float("nan")
+    """Wall-clock time step 1 was done (set by a benchmark that syncs the GPU there)."""
 
     def steps(self, total: int, *, checkpoint_every: int = 0) -> Iterator[int]:
         """The session's steps, with a time mark (and the agreement time so far) after each."""

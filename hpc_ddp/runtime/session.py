@@ -45,7 +45,9 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import itertools
 import logging
+import math
 import os
 import signal
 import time
@@ -692,8 +694,8 @@ class Session:
 
     def _log_startup(self) -> None:
         """One line on where this launch's start-up went (a restart pays it on every launch)."""
-        marks = [(name, t) for name, t in self.startup if t == t]  # NaN: no process start
-        parts = [f"{b[0]} {b[1] - a[1]:.2f} s" for a, b in zip(marks, marks[1:], strict=False)]
+        marks = [(name, t) for name, t in self.startup if not math.isnan(t)]  # no /proc
+        parts = [f"{b[0]} {b[1] - a[1]:.2f} s" for a, b in itertools.pairwise(marks)]
         log.info(
             "start-up %.2f s from %s to the end of the first step: %s",
             marks[-1][1] - marks[0][1],

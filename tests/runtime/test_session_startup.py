@@ -25,9 +25,10 @@ def test_the_start_up_phases_are_marked_in_order_and_logged_once(
 ) -> None:
     data = TensorDataset(torch.randn(32, 4), torch.zeros(32, dtype=torch.long))
     began = time.time()
-    with caplog.at_level(logging.INFO, logger="hpc_ddp"), Session(
-        tmp_path, JobConfig(name="t"), env={}
-    ) as s:
+    with (
+        caplog.at_level(logging.INFO, logger="hpc_ddp"),
+        Session(tmp_path, JobConfig(name="t"), env={}) as s,
+    ):
         model = s.wrap(nn.Linear(4, 2))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         s.restore(model=model, optimizer=opt)
