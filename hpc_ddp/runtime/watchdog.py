@@ -58,12 +58,15 @@ from hpc_ddp.runtime.blame import (
     PEER_ERROR,
     STARTING,
     Beat,
+    ExitNote,
     FaultRecord,
     StaleWatch,
     assign_blame,
     encode_beat,
+    encode_exit_note,
     encode_fault,
     parse_beat,
+    parse_exit_note,
     parse_fault,
 )
 from hpc_ddp.runtime.distenv import DistEnv
@@ -155,6 +158,38 @@ def read_beat(path: Path) -> Beat | None:
 def read_beats(launch: LaunchPaths, world: int) -> dict[int, Beat | None]:
     """Every rank's beat in one pass."""
     return {r: read_beat(launch.beat(r)) for r in range(world)}
+
+
+def write_exit_note(path: Path, note: ExitNote) -> None:
+    """Rewrite ``path`` in place with ``note`` (as a beat: one fixed-size ``pwrite``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, encode_exit_note(note), 0)
+    finally:
+        os.close(fd)
+
+
+def read_exit_notes(launch: LaunchPaths, world: int) -> dict[int, ExitNote | None]:
+    """Every rank's exit note (None: none written, or unreadable)."""
+    notes: dict[int, ExitNote | None] = {}
+    for r in range(world):
+        try:
+            with open(launch.exit_note(r), "rb") as f:
+                notes[r] = parse_exit_note(f.read())
+        except OSError:
+            notes[r] = None
+    return notes
+
+
+def exit_note_path(
+    cfg: FaultConfig, run_dir: Path, env: Mapping[str, str], dist: DistEnv
+) -> Path | None:
+    """Where this rank's session writes its exit note: its launch's directory (a ``command:``
+    child's too, whose parent beats for it); None without ``fault.enabled``."""
+    if not cfg.enabled:
+        return None
+    return launch_paths(run_dir, env, dist).exit_note(dist.rank)
 
 
 def claim_fault(path: Path, record: FaultRecord) -> bool:
