@@ -62,6 +62,7 @@ from hpc_ddp.layout import (
 )
 from hpc_ddp.runtime.blame import (
     BEAT_BYTES,
+    EARLY_EXIT_GRACE_S,
     Beat,
     ExitNote,
     FaultRecord,
@@ -106,10 +107,6 @@ STEP_GRACE_S = 10.0
 waiting for it (a lost node's tasks are never reported; Slurm settles them later)."""
 SILENT_GRACE_BEATS = 3
 """A rank that has not beaten for this many beats once its peers are gone is silent."""
-EARLY_EXIT_GRACE_S = 5.0
-"""How long the other ranks have to leave their training loops too once one rank left its
-loop before the end (an early stop every rank agreed on leaves them all within a step), before
-the one that left is a fault; at least :data:`SILENT_GRACE_BEATS` beats."""
 COMPLAINT_GRACE_BEATS = SILENT_GRACE_BEATS + 2
 """After a rank left complaining of a peer (a lost connection, a wait it gave up), how many
 beats the supervisor waits for word of the peer's own end (srun's, a beat, silence) before it

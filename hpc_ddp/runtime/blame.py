@@ -221,6 +221,12 @@ class ExitNote:
         return bool(self.error) and PEER_ERROR.search(self.error or "") is not None
 
 
+EARLY_EXIT_GRACE_S = 5.0
+"""How long the other ranks have to leave their training loops too once one rank left its
+loop before the end (an early stop every rank agreed on leaves them all within a step), before
+the one that left is a fault (at least three beats)."""
+
+
 def encode_exit_note(note: ExitNote) -> bytes:
     """The note as exactly :data:`BEAT_BYTES` bytes, like a beat (long errors are cut)."""
     data = asdict(note)
