@@ -225,18 +225,18 @@ def assert_one_verdict(run_dir: Path, node: str | None) -> None:
 
 
 @pytest.mark.slurm
-def test_a_rank_that_breaks_out_of_its_loop_on_slurm_is_found_at_once(
-    slurm_cluster: Cluster, tmp_path: Path
+@pytest.mark.parametrize(("how", "rank", "node"), [("break", 1, "n2"), ("exit", 0, "n1")])
+def test_a_rank_that_leaves_its_loop_on_slurm_is_found_at_once(
+    slurm_cluster: Cluster, tmp_path: Path, how: str, rank: int, node: str
 ) -> None:
-    """The same on the dev cluster: rank 1 (on n2) breaks at step 30 of 100; blamed on rank 1
-    on n2 within seconds, restarted in the allocation (a new srun step), and the job ends
-    COMPLETED with no requeue."""
-    job = e2e.submit(
-        slurm_cluster, tmp_path / "runs", str(leaver_job(tmp_path, "break", 1, at=30, every=10))
-    )
+    """The same on the dev cluster: rank 1 (on n2) breaks, or rank 0 (on n1) calls
+    sys.exit(0), at step 30 of 100; blamed on it within seconds, restarted in the allocation
+    (a new srun step), and the job ends COMPLETED with no requeue."""
+    config = leaver_job(tmp_path, how, rank, at=30, every=10)
+    job = e2e.submit(slurm_cluster, tmp_path / "runs", str(config))
     fields = e2e.wait_done(slurm_cluster, job.job_id, timeout_s=300)
     assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "0"), _logs(job.run_dir)
-    assert_found_and_restarted(job.run_dir, 1, node="n2")
+    assert_found_and_restarted(job.run_dir, rank, node=node)
 
 
 @pytest.mark.slurm
