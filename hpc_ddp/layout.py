@@ -234,6 +234,11 @@ class LaunchPaths:
         """The launch's fault record, claimed by exclusive create: the first to declare wins."""
         return self.root / "fault.json"
 
+    def exit_note(self, rank: int) -> Path:
+        """Rank ``rank``'s session's word on how it left: its training loop before its end,
+        or an error (one fixed-size record, rewritten in place like a beat)."""
+        return self.root / f"rank-{rank}.exit"
+
 
 def launch_key(job: str | None, restart: int, launch: int) -> str:
     """``4242.0.1``: job (``ARRAYJOB_TASK`` for an array task, the local controller's pid, or

@@ -62,12 +62,16 @@ from hpc_ddp.layout import (
 )
 from hpc_ddp.runtime.blame import (
     BEAT_BYTES,
+    EARLY_EXIT_GRACE_S,
     Beat,
+    ExitNote,
     FaultRecord,
     Finding,
     StaleWatch,
     TaskEnd,
     assign_blame,
+    early_exit_why,
+    left_early,
 )
 from hpc_ddp.runtime.checkpoint_label import label_problem
 from hpc_ddp.runtime.ledger import (
@@ -81,7 +85,13 @@ from hpc_ddp.runtime.ledger import (
     node_fail_event,
     read_ledger,
 )
-from hpc_ddp.runtime.watchdog import claim_fault, read_beats, read_fault, write_beat
+from hpc_ddp.runtime.watchdog import (
+    claim_fault,
+    read_beats,
+    read_exit_notes,
+    read_fault,
+    write_beat,
+)
 
 log = logging.getLogger("hpc_ddp.supervisor")
 
@@ -97,6 +107,10 @@ STEP_GRACE_S = 10.0
 waiting for it (a lost node's tasks are never reported; Slurm settles them later)."""
 SILENT_GRACE_BEATS = 3
 """A rank that has not beaten for this many beats once its peers are gone is silent."""
+COMPLAINT_GRACE_BEATS = SILENT_GRACE_BEATS + 2
+"""After a rank left complaining of a peer (a lost connection, a wait it gave up), how many
+beats the supervisor waits for word of the peer's own end (srun's, a beat, silence) before it
+blames the peers that still run: the ones that rank waited for."""
 
 
 # --- what a launch runs on -------------------------------------------------------------------
@@ -397,7 +411,8 @@ def prepare_launch(launch: LaunchPaths, world: int) -> None:
     launch.root.mkdir(parents=True, exist_ok=True)
     launch.fault.unlink(missing_ok=True)  # a key reused (a run directory copied back): no claim
     blank = b" " * (BEAT_BYTES - 1) + b"\n"
-    for path in [launch.supervisor, *(launch.beat(r) for r in range(world))]:
+    notes = [launch.exit_note(r) for r in range(world)]
+    for path in [launch.supervisor, *(launch.beat(r) for r in range(world)), *notes]:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.write(fd, blank)
@@ -429,6 +444,14 @@ def _on(beats: Mapping[int, Beat | None], rank: int, nodes: set[str]) -> bool:
     return beat is not None and beat.node in nodes
 
 
+def _complains(beat: Beat | None, note: ExitNote | None) -> bool:
+    """The rank left with a survivor's complaint about a peer (by its beat, or its session's
+    exit note when a ``command:`` child ran the session): not a fault of its own."""
+    if beat is not None and beat.exited and beat.lost_a_peer:
+        return True
+    return note is not None and note.lost_a_peer
+
+
 def _task_ends(step: Step) -> list[TaskEnd]:
     return [
         e if isinstance(e, TaskEnd) else TaskEnd(e.rank, e.node, e.reason, e.exit_code)
@@ -450,6 +473,10 @@ class _Watch:
     abandoned: bool = False
     silent: list[int] = field(default_factory=list)
     code: int | None = None
+    left_seen: float | None = None
+    """When (monotonic) a rank was first seen to have left its loop while others went on."""
+    complaint_seen: float | None = None
+    """When (monotonic) a rank was first seen gone complaining of a peer."""
 
 
 @dataclass(frozen=True)
@@ -600,12 +627,14 @@ class Supervisor:
         seen_ends = 0
         quiet = StaleWatch()
         beats: dict[int, Beat | None] = {}
+        notes: dict[int, ExitNote | None] = {}
         next_read = 0.0
         began = time.monotonic()
         while True:
             code = step.poll()
             if code is not None:
                 watch.code = code
+                self._gone(watch, lpaths)
                 return watch
             if step.refused() is not None:
                 time.sleep(POLL_S)
@@ -613,6 +642,7 @@ class Supervisor:
             now, mono = self._clock(), time.monotonic()
             if mono >= next_read:  # every rank's beat, once a beat
                 beats = read_beats(lpaths, self.world)
+                notes = read_exit_notes(lpaths, self.world)
                 for rank, beat in beats.items():
                     quiet.observe(rank, beat, mono)
                 next_read = mono + self.cfg.fault.beat_s
@@ -622,6 +652,8 @@ class Supervisor:
                     self._fault_from(step, ends[seen_ends:], lpaths)
                     or self._silence(beats, quiet, mono, ends, lpaths)
                     or self._never_started(beats, mono - began, lpaths)
+                    or self._early_exit(watch, beats, notes, mono, lpaths)
+                    or self._complaint(watch, beats, notes, ends, quiet, mono, lpaths)
                 )
                 seen_ends = len(ends)
                 if watch.fault is not None:
@@ -772,19 +804,126 @@ class Supervisor:
         if not new_ends:
             return None
         beats = read_beats(lpaths, self.world)
+        notes = read_exit_notes(lpaths, self.world)
         for end in new_ends:
             if end.exit_code in OWN_OUTCOMES:
                 continue
             beat = beats.get(end.rank)
-            if beat is not None and beat.exited and beat.lost_a_peer:
-                continue
-            why = end.reason if beat is None or not beat.error else f"{beat.error} ({end.reason})"
+            note = notes.get(end.rank)
+            if _complains(beat, note):
+                continue  # a survivor's word: see _complaint
+            said = beat.error if beat is not None and beat.error else None
+            said = said or (note.error if note is not None else None)
+            why = end.reason if not said else f"{said} ({end.reason})"
             record = FaultRecord(
                 "task_failed", "supervisor", now, (end.rank,), (end.node,), why, False,
                 beat.since if beat is not None else None,
             )  # fmt: skip
             return record if claim_fault(lpaths.fault, record) else read_fault(lpaths.fault)
         return None
+
+    def _gone(self, watch: _Watch, lpaths: LaunchPaths) -> None:
+        """Every process of the launch is gone without a fault found: one that left its loop
+        early left the others nothing to train with, however they ended."""
+        if watch.fault is not None or self.stopping:
+            return
+        beats = read_beats(lpaths, self.world)
+        notes = read_exit_notes(lpaths, self.world)
+        watch.fault = self._early_exit(watch, beats, notes, None, lpaths)
+        if watch.fault is not None:
+            watch.fault_at = self._clock()
+
+    def _early_exit(
+        self,
+        watch: _Watch,
+        beats: Mapping[int, Beat | None],
+        notes: Mapping[int, ExitNote | None],
+        mono: float | None,
+        lpaths: LaunchPaths,
+    ) -> FaultRecord | None:
+        """A rank that left its training loop before its end (its exit note says so) while
+        its peers went on: a fault of that rank, found at once rather than after
+        ``dist.timeout_s`` (the others wait for it in their next collective). ``mono``: now,
+        by the monotonic clock; None once every process is gone (no grace left to give)."""
+        left, behind = left_early(self.world, beats, notes)
+        if not left:
+            watch.left_seen = None
+            return None
+        if mono is not None:
+            if watch.left_seen is None:
+                watch.left_seen = mono
+            grace = max(EARLY_EXIT_GRACE_S, SILENT_GRACE_BEATS * self.cfg.fault.beat_s)
+            running = [r for r in behind if not ((b := beats.get(r)) is not None and b.exited)]
+            if running and mono - watch.left_seen < grace:
+                return None
+        nodes = tuple(dict.fromkeys(n.node for r in left if (n := notes.get(r)) is not None))
+        last = max((n.time for r in left if (n := notes.get(r)) is not None), default=None)
+        why = early_exit_why(left, behind, notes)
+        now = self._clock()
+        record = FaultRecord("early_exit", "supervisor", now, left, nodes, why, False, last)
+        return record if claim_fault(lpaths.fault, record) else read_fault(lpaths.fault)
+
+    def _complaint(
+        self,
+        watch: _Watch,
+        beats: Mapping[int, Beat | None],
+        notes: Mapping[int, ExitNote | None],
+        ends: Sequence[TaskEnd],
+        quiet: StaleWatch,
+        mono: float,
+        lpaths: LaunchPaths,
+    ) -> FaultRecord | None:
+        """A rank gone complaining of a peer (it gave up waiting for rank 0's checkpoint
+        write, its connection was reset), and no word of any peer's own end for
+        :data:`COMPLAINT_GRACE_BEATS` beats: the peers still running are the ones it waited
+        for (hung, or stuck in work of their own), not the rank that complained."""
+        ended = {e.rank for e in ends}
+        gone = [
+            r
+            for r in range(self.world)
+            if _complains(beats.get(r), notes.get(r))
+            and (r in ended or ((b := beats.get(r)) is not None and b.exited))
+        ]
+        if not gone:
+            watch.complaint_seen = None
+            return None
+        if watch.complaint_seen is None:
+            watch.complaint_seen = mono
+        beat_s = self.cfg.fault.beat_s
+        if mono - watch.complaint_seen < COMPLAINT_GRACE_BEATS * beat_s:
+            return None
+        # Still beating (a silent rank is _silence's: gone with its node), not gone itself.
+        live = tuple(
+            r
+            for r in range(self.world)
+            if r not in ended
+            and (b := beats.get(r)) is not None
+            and not b.exited
+            and (q := quiet.quiet_for(r, mono)) is not None
+            and q < SILENT_GRACE_BEATS * beat_s
+        )
+        if not live:
+            return None
+        first = gone[0]
+        beat, note = beats.get(first), notes.get(first)
+        said = (beat.error if beat is not None and beat.error else None) or (
+            note.error if note is not None else None
+        )
+        said = (said or "no word").split(" HINT:")[0][:300]
+        waited = mono - watch.complaint_seen
+        where = [
+            f"in its {b.phase} phase at step {b.step}"
+            for r in live
+            if (b := beats.get(r)) is not None and b.phase not in ("command", "step")
+        ]
+        why = (
+            f"still running {waited:.0f} s after rank {first} gave up on it"
+            f"{' (' + where[0] + ')' if where else ''}: rank {first}: {said}"
+        )
+        nodes = tuple(dict.fromkeys(b.node for r in live if (b := beats.get(r)) is not None))
+        last = max((b.since for r in live if (b := beats.get(r)) is not None), default=None)
+        record = FaultRecord("hang", "supervisor", self._clock(), live, nodes, why, False, last)
+        return record if claim_fault(lpaths.fault, record) else read_fault(lpaths.fault)
 
     def _declare(self, lpaths: LaunchPaths, record: FaultRecord) -> None:
         """Put the fault in the supervisor's beat: every rank adopts it at its next beat."""
@@ -816,7 +955,9 @@ class Supervisor:
         code = watch.code
         refused = self._step.refused() if self._step is not None else None
         beats = read_beats(lpaths, self.world)
-        steps = [b.step for b in beats.values() if b is not None]
+        # A command: child's steps are in its session's exit note, not its parent's beat.
+        notes = read_exit_notes(lpaths, self.world).values()
+        steps = [b.step for b in [*beats.values(), *notes] if b is not None]
         reached = max(steps) if steps else None
         ckpt_step = newest_checkpoint_step(self.paths.checkpoints)
         clean = watch.fault is None and (
@@ -886,7 +1027,7 @@ class Supervisor:
         fault, unlike a death by signal or a hang."""
         if finding.cause is not EndCause.CRASH:
             return False
-        if watch.fault is not None and watch.fault.kind == "crash":
+        if watch.fault is not None and watch.fault.kind in ("crash", "early_exit"):
             return True
         step = self._step
         ends = _task_ends(step) if step is not None else []

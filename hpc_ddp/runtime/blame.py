@@ -41,10 +41,11 @@ place and never truncated, so a reader never sees an empty file or a shorter rec
 STARTING, ALIVE, FAULT, EXITED = "starting", "alive", "fault", "exited"
 """A beat's ``state``: before the first step, training, declared a fault, gone."""
 
-FAULT_KINDS = ("hang", "startup", "crash", "task_failed", "node_fail")
+FAULT_KINDS = ("hang", "startup", "crash", "task_failed", "node_fail", "early_exit")
 """What a fault record says happened: a rank stopped beating or overran its phase (``hang``),
 start-up overran (``startup``), a rank raised (``crash``), srun or ``waitpid`` saw a task end
-badly (``task_failed``), a node was lost (``node_fail``)."""
+badly (``task_failed``), a node was lost (``node_fail``), a rank left its training loop before
+its end while its peers trained on (``early_exit``)."""
 
 PEER_ERROR = re.compile(
     r"Connection (?:reset|closed) by peer|Broken pipe|Connection refused|"
@@ -185,6 +186,101 @@ def fault_from_dict(raw: Mapping[str, Any]) -> FaultRecord:
         why=str(raw["why"]),
         node_level=bool(raw.get("node_level")),
         last_progress=None if last is None else float(last),
+    )
+
+
+@dataclass(frozen=True)
+class ExitNote:
+    """A rank's session's word on how it left (``rank-<r>.exit``, next to its beat).
+
+    Written by the session itself (in the rank's own process, or in a ``command:`` child whose
+    parent beats for it), at the moment it knows: when its ``steps`` loop is left before its
+    end (a ``break``, a ``sys.exit(0)``), and when it ends with an error. A loop that runs to
+    its end writes none, so a normal end of training is never taken for one.
+    """
+
+    rank: int
+    node: str
+    pid: int
+    time: float
+    step: int
+    total: int | None = None
+    """The end of the loop it left (``steps(total=...)``); None: no loop left early."""
+    error: str | None = None
+    """The exception it ended with (its first line), if it did."""
+
+    @property
+    def left_early(self) -> bool:
+        """It left its training loop before the loop's end, without an error."""
+        return self.total is not None and self.error is None and self.step < self.total
+
+    @property
+    def lost_a_peer(self) -> bool:
+        """Its error is a survivor's complaint about a peer (a lost connection, a wait given
+        up), not a fault of its own."""
+        return bool(self.error) and PEER_ERROR.search(self.error or "") is not None
+
+
+EARLY_EXIT_GRACE_S = 5.0
+"""How long the other ranks have to leave their training loops too once one rank left its
+loop before the end (an early stop every rank agreed on leaves them all within a step), before
+the one that left is a fault (at least three beats)."""
+
+
+def encode_exit_note(note: ExitNote) -> bytes:
+    """The note as exactly :data:`BEAT_BYTES` bytes, like a beat (long errors are cut)."""
+    data = asdict(note)
+    data["v"] = 1
+    for cut in (None, 400, 0):
+        if cut is not None:
+            data["error"] = (note.error or "")[:cut] or None
+        text = json.dumps(data, separators=(",", ":")).encode()
+        if len(text) < BEAT_BYTES:
+            return text.ljust(BEAT_BYTES - 1) + b"\n"
+    raise ValueError(f"an exit note of rank {note.rank} does not fit in {BEAT_BYTES} bytes")
+
+
+def parse_exit_note(data: bytes) -> ExitNote | None:
+    """A note read back; None for an empty (none written yet), torn or foreign record."""
+    try:
+        raw = json.loads(data.decode("utf-8", errors="strict").strip() or "null")
+        if not isinstance(raw, dict) or raw.pop("v", None) != 1:
+            return None
+        return ExitNote(**raw)
+    except (ValueError, TypeError, UnicodeDecodeError):
+        return None
+
+
+def left_early(
+    world: int, beats: Mapping[int, Beat | None], notes: Mapping[int, ExitNote | None]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the ranks that left their training loop before its end, the ranks that went on
+    without them): those still running, or gone with an error; () and () when none left early.
+
+    Ranks that all leave their loops together (an early stop every rank agreed on) leave no
+    one behind. A rank that ended cleanly without a note ran its loop to the end.
+    """
+    left = tuple(r for r in range(world) if (n := notes.get(r)) is not None and n.left_early)
+    if not left:
+        return (), ()
+    behind = tuple(
+        r
+        for r in range(world)
+        if r not in left and not ((b := beats.get(r)) is not None and b.exited and b.code == 0)
+    )
+    return (left, behind) if behind else ((), ())
+
+
+def early_exit_why(
+    left: Sequence[int], behind: Sequence[int], notes: Mapping[int, ExitNote | None]
+) -> str:
+    """``left its training loop at step 30 of 100 while rank 0 trained on``."""
+    note = notes.get(left[0])
+    where = f" at step {note.step} of {note.total}" if note is not None else ""
+    who = ", ".join(f"rank {r}" for r in behind)
+    return (
+        f"left its training loop{where} (a break or exit before the loop's end) while {who} "
+        "trained on"
     )
 
 

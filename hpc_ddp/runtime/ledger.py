@@ -189,6 +189,9 @@ class Attempt:
     resize: Resize | None = None
     """Set when it went on from a checkpoint of another world size (an elastic resume):
     how steps were made before and now, and that it is sample-exact, not bit-exact."""
+    witnesses: tuple[str, ...] = ()
+    """What ranks that only lost a peer said of its end (``"witness": true`` ends: "rank 0 on
+    n1: ... Connection reset by peer"): the fault's witnesses, never its blame."""
 
     @property
     def stall_s(self) -> float:
@@ -256,9 +259,13 @@ def end_event(
     requeue_requested: bool,
     message: str = "",
     now: float | None = None,
+    witness: bool = False,
 ) -> str:
     """The ``attempt_end`` line of an attempt. ``job_id``, ``job_ref`` and ``restart`` say whose
-    end it is when no start was written (a rank that failed before rank 0 wrote it)."""
+    end it is when no start was written (a rank that failed before rank 0 wrote it).
+    ``witness``: the rank only lost a peer (a survivor of another rank's fault, under a
+    supervisor whose ``launch_end`` gives the launch's one verdict): its word is kept as a
+    witness's, never as the attempt's cause or blame."""
     return _line(
         {
             "event": "attempt_end",
@@ -273,6 +280,7 @@ def end_event(
             "checkpoint": checkpoint,
             "requeue_requested": requeue_requested,
             "message": message,
+            **({"witness": True} if witness else {}),
         }
     )
 
@@ -596,8 +604,7 @@ def _opt_time(value: Any) -> float | None:
 
 
 _OVERRIDDEN = frozenset({*FAULT_CAUSES, EndCause.UNKNOWN})
-"""A rank's own word on its end that the supervisor's fault verdict replaces: its exception
-may be only a peer's lost connection, and a watchdog's ``hang`` may be refined."""
+"""The causes srun's late word of a lost node (``node_fail``) refines."""
 
 
 def _fold_launch_end(attempts: list[Attempt], event: Any, launched: _Launched) -> None:
@@ -655,12 +662,16 @@ def _fold_launch_end(attempts: list[Attempt], event: Any, launched: _Launched) -
             message=message,
             **said,
         )
-    elif fault and entry.cause in _OVERRIDDEN:
+    elif fault:
+        # The supervisor's fault verdict is the launch's one verdict, over any rank's own word:
+        # a survivor's crash, or a "finished" from a rank that left its loop early while its
+        # peers trained on. Its checkpoint is the newest one on disk when the launch ended.
         attempts[index] = replace(
             entry,
             cause=cause,
             requeue_requested=requested or bool(entry.requeue_requested),
             message=message,
+            checkpoint=_opt_str(event.get("checkpoint")) or entry.checkpoint,
             **said,
         )
     else:
@@ -723,18 +734,28 @@ def _fold_end(attempts: list[Attempt], event: Any, since: float | None) -> None:
     checkpoint = _opt_str(event.get("checkpoint"))
     requested = bool(event.get("requeue_requested"))
     message = _opt_str(event.get("message"))
+    witness = event.get("witness") is True
+    said = (message,) if witness and message else ()
     for index in range(len(attempts) - 1, -1, -1):
         entry = attempts[index]
-        if entry.attempt == number and entry.is_open:
+        if entry.attempt != number:
+            continue
+        if entry.is_open or (_witnessed_only(entry) and not witness):
+            # A witness's end closes the attempt until its verdict (the supervisor's, or the
+            # failing rank's own end written after it) comes; it never is the verdict.
             attempts[index] = replace(
                 entry,
-                ended=ended,
+                ended=entry.ended if not entry.is_open else ended,
                 cause=cause,
-                steps_done=steps,
+                steps_done=steps if steps is not None or entry.is_open else entry.steps_done,
                 checkpoint=checkpoint or entry.checkpoint,
                 requeue_requested=requested,
                 message=message,
+                witnesses=(*entry.witnesses, *said),
             )
+            return
+        if witness:
+            attempts[index] = replace(entry, witnesses=(*entry.witnesses, *said))
             return
     if not _starts_an_attempt(attempts, number, ended, since):
         return  # a peer's late word on an attempt already ended: the first end wins
@@ -754,7 +775,18 @@ def _fold_end(attempts: list[Attempt], event: Any, since: float | None) -> None:
             message=message,
             restart=_restart(event),
             launch=_launch(event),
+            witnesses=said,
         )
+    )
+
+
+def _witnessed_only(entry: Attempt) -> bool:
+    """The attempt was closed by a witness's end alone: no verdict on it yet."""
+    return (
+        not entry.is_open
+        and entry.blame is None
+        and bool(entry.witnesses)
+        and entry.message == entry.witnesses[-1]
     )
 
 

@@ -73,6 +73,8 @@ from hpc_ddp.config.model import RequeueConfig
 from hpc_ddp.durable import append_line
 from hpc_ddp.errors import DistEnvError, RunDirError, SlurmError
 from hpc_ddp.exitcodes import BUDGET_EXIT_CODE, REQUEUE_FAILED_EXIT_CODE
+from hpc_ddp.layout import RunPaths, parse_checkpoint_name
+from hpc_ddp.runtime.blame import PEER_ERROR
 from hpc_ddp.runtime.distenv import DistEnv
 from hpc_ddp.runtime.ledger import (
     Attempt,
@@ -593,11 +595,17 @@ class Coordinator:
         """
         where = self.dist.node_name or "?"
         what = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        if not self.dist.is_main:
+            # Only rank 0 writes, and its session waits for its save in flight as it closes;
+            # another rank knows only what rank 0 was asked to write.
+            checkpoint = self._on_disk(checkpoint)
         message = f"rank {self.dist.rank} on {where}: {what}"
         log.error("crash: %s", message)
         if self.dist.supervised:
-            # The supervisor weighs every rank's word and decides (restart, requeue, stop).
-            self._end(EndCause.CRASH, step, checkpoint, False, message)
+            # The supervisor weighs every rank's word and decides (restart, requeue, stop);
+            # a survivor's lost connection is only a witness's word, never a second blame.
+            witness = PEER_ERROR.search(what) is not None
+            self._end(EndCause.CRASH, step, checkpoint, False, message, witness=witness)
             return
         decision = self._decide(EndCause.CRASH)
         if not (decision.requeue and self.under_slurm):
@@ -624,8 +632,30 @@ class Coordinator:
     def fault(
         self, *, cause: EndCause, step: int | None, checkpoint: str | None, message: str
     ) -> None:
-        """Record a fault this rank's watchdog declared (the first end of an attempt wins)."""
-        self._end(cause, step, checkpoint, False, message)
+        """Record a fault this rank's watchdog declared (the first end of an attempt wins).
+        The process ends without waiting for a save in flight: only one on disk is named."""
+        self._end(cause, step, self._on_disk(checkpoint), False, message)
+
+    def _on_disk(self, checkpoint: str | None) -> str | None:
+        """``checkpoint`` if it is on disk, else the newest one on disk before it: a failed
+        attempt names what it can resume from, never a save still in flight when it failed
+        (a hung or interrupted write)."""
+        if checkpoint is None:
+            return None
+        directory = RunPaths(self.ledger.parent).checkpoints
+        if (directory / checkpoint).is_file():
+            return checkpoint
+        limit = parse_checkpoint_name(checkpoint)
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            return None
+        older = [
+            (s, n)
+            for n in names
+            if (s := parse_checkpoint_name(n)) is not None and (limit is None or s < limit)
+        ]
+        return max(older)[1] if older else None
 
     def record_checkpoint(self, step: int, stall_s: float, *, now: float | None = None) -> None:
         """Rank 0 notes a save at ``now`` (default: now) and how long training waited for it
@@ -645,7 +675,14 @@ class Coordinator:
         )
 
     def _end(
-        self, cause: EndCause, step: int | None, checkpoint: str | None, requested: bool, msg: str
+        self,
+        cause: EndCause,
+        step: int | None,
+        checkpoint: str | None,
+        requested: bool,
+        msg: str,
+        *,
+        witness: bool = False,
     ) -> None:
         if self._ended:
             return
@@ -662,6 +699,7 @@ class Coordinator:
                 checkpoint=checkpoint,
                 requeue_requested=requested,
                 message=msg,
+                witness=witness,
             )
         )
 

@@ -68,6 +68,7 @@ from hpc_ddp.errors import ConfigError, HpcDdpError
 from hpc_ddp.exitcodes import REQUEUE_EXIT_CODE
 from hpc_ddp.layout import PER_RANK_LOGS_ENV, RUN_DIR_ENV, RunPaths
 from hpc_ddp.run_id import read_run_id
+from hpc_ddp.runtime.blame import ExitNote
 from hpc_ddp.runtime.checkpointer import Checkpointer, Tracked, broadcast_object
 from hpc_ddp.runtime.distenv import DistEnv, derive_dist_env
 from hpc_ddp.runtime.handoff import MAIN_FIRST_PREFIX, MAIN_FIRST_TIMEOUT_S, Turn, leader_first
@@ -78,7 +79,7 @@ from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.requeue import Coordinator, signal_number
 from hpc_ddp.runtime.sampler import ResumableLoader
 from hpc_ddp.runtime.stopflag import AgreementCadence, StopFlag
-from hpc_ddp.runtime.watchdog import Watchdog, start_watchdog
+from hpc_ddp.runtime.watchdog import Watchdog, exit_note_path, start_watchdog, write_exit_note
 from hpc_ddp.slurm.client import SlurmClient
 
 log = logging.getLogger("hpc_ddp")
@@ -203,6 +204,8 @@ class Session:
         the end of each phase (``session``: its imports done, ``process group``, ``model``:
         wrapped and on its device, ``restore``, ``first step``). Logged at the first step."""
         self._mark_startup("session")
+        self._exit_note: Path | None = None  # where this rank says how it left (fault.enabled)
+        self._left: tuple[int, int] | None = None  # (step, total) of a steps loop left early
 
     def _load_config(self) -> JobConfig:
         if self.paths.config.is_file():
@@ -220,6 +223,7 @@ class Session:
         )
         if self._watchdog is not None:
             self._watchdog.on_declared = self._record_fault
+        self._exit_note = exit_note_path(self.config.fault, self.run_dir, self.env, self.dist)
         self.requeue_signal = signal_number(self._signal_name)
         signals = [self.requeue_signal, signal.SIGTERM]
         # A person at a terminal (srun handles ^C itself). A SIGINT this process was started
@@ -298,11 +302,22 @@ class Session:
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is None or isinstance(exc, SystemExit):
+            stopped = isinstance(exc, SystemExit) and exc.code not in (0, None)
+            if isinstance(exc, RequeueExit) or stopped:
+                self._left_loop(None)  # an agreed stop or a failure, not a loop left early
             # After a stop the coordinator has written the attempt's end: finish() adds none.
             if exc_type is None and self._coordinator is not None:
-                self._coordinator.finish(step=self.progress.step, checkpoint=self._last_name())
+                left = self._left
+                said = "training finished" if left is None else (
+                    f"left the training loop at step {left[0]} of {left[1]}"
+                )  # fmt: skip
+                self._coordinator.finish(
+                    step=self.progress.step, checkpoint=self._last_name(), message=said
+                )
             self.close()
             return
+        if isinstance(exc, BaseException):  # replaces a note of the loop it unwound
+            self._note_exit(error=f"{type(exc).__name__}: {exc}".splitlines()[0][:400])
         if self._coordinator is not None and isinstance(exc, BaseException):
             self._coordinator.crash(
                 step=self.progress.step, checkpoint=self._last_name(), error=exc
@@ -315,6 +330,22 @@ class Session:
             self.close(together=False)
         except Exception:  # do not hide the error that is already on its way out
             log.exception("while closing the session after an error")
+
+    def _left_loop(self, left: tuple[int, int] | None) -> None:
+        """Note (or take back) that this rank left its ``steps`` loop before its end."""
+        if left != self._left:
+            self._left = left
+            self._note_exit(total=None if left is None else left[1])
+
+    def _note_exit(self, *, total: int | None = None, error: str | None = None) -> None:
+        """This rank's exit note (see :class:`~hpc_ddp.runtime.blame.ExitNote`): the
+        supervisor ends a launch whose rank left its loop while its peers train on."""
+        if self._exit_note is None:
+            return
+        node = self.dist.node_name or "local"
+        note = ExitNote(self.rank, node, os.getpid(), time.time(), self.progress.step, total, error)
+        with contextlib.suppress(OSError, ValueError):
+            write_exit_note(self._exit_note, note)
 
     def _record_fault(self, record: Any) -> None:
         """The watchdog declared a fault (on its thread): the attempt ends with it."""
@@ -608,20 +639,28 @@ class Session:
         """
         self._begin_attempt(None)
         self._enter("step")
-        while self.progress.step < total:
-            self.progress.step += 1
-            yield self.progress.step
-            if self._startup_open:
-                self._mark_startup("first step")
-                self._log_startup()
-            if self._watchdog is not None:
-                self._watchdog.step_done(self.progress.step)
-            if checkpoint_every > 0 and self.progress.step % checkpoint_every == 0:
-                self.checkpoint()
-            # At the last step a stop changes nothing: the run ends and saves anyway.
-            step = self.progress.step
-            if step < total and self.cadence.due(step) and self._stop_between_steps():
-                self.requeue()
+        self._left_loop(None)  # a new loop
+        try:
+            while self.progress.step < total:
+                self.progress.step += 1
+                yield self.progress.step
+                if self._startup_open:
+                    self._mark_startup("first step")
+                    self._log_startup()
+                if self._watchdog is not None:
+                    self._watchdog.step_done(self.progress.step)
+                if checkpoint_every > 0 and self.progress.step % checkpoint_every == 0:
+                    self.checkpoint()
+                # At the last step a stop changes nothing: the run ends and saves anyway.
+                step = self.progress.step
+                if step < total and self.cadence.due(step) and self._stop_between_steps():
+                    self.requeue()
+        except GeneratorExit:
+            # Left mid-loop (a break, sys.exit, or an exception unwinding, which __exit__
+            # then corrects): said now, before a later collective can block this rank.
+            if self.phase is Phase.TRAINING and self.progress.step < total:
+                self._left_loop((self.progress.step, total))
+            raise
         self.stop_flag.settle()  # an agreement launched before the last step
 
     def _stop_between_steps(self) -> bool:

@@ -52,18 +52,23 @@ from hpc_ddp.layout import (
 )
 from hpc_ddp.runtime.blame import (
     ALIVE,
+    EARLY_EXIT_GRACE_S,
     EXITED,
     FAULT,
     HARDWARE_ERROR,
     PEER_ERROR,
     STARTING,
     Beat,
+    ExitNote,
     FaultRecord,
     StaleWatch,
     assign_blame,
+    early_exit_why,
     encode_beat,
+    encode_exit_note,
     encode_fault,
     parse_beat,
+    parse_exit_note,
     parse_fault,
 )
 from hpc_ddp.runtime.distenv import DistEnv
@@ -157,6 +162,40 @@ def read_beats(launch: LaunchPaths, world: int) -> dict[int, Beat | None]:
     return {r: read_beat(launch.beat(r)) for r in range(world)}
 
 
+def write_exit_note(path: Path, note: ExitNote) -> None:
+    """Rewrite ``path`` in place with ``note`` (as a beat: one fixed-size ``pwrite``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, encode_exit_note(note), 0)
+    finally:
+        os.close(fd)
+
+
+def read_exit_note(path: Path) -> ExitNote | None:
+    """The exit note in ``path``; None when none was written (or it is unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            return parse_exit_note(f.read())
+    except OSError:
+        return None
+
+
+def read_exit_notes(launch: LaunchPaths, world: int) -> dict[int, ExitNote | None]:
+    """Every rank's exit note (None: none written, or unreadable)."""
+    return {r: read_exit_note(launch.exit_note(r)) for r in range(world)}
+
+
+def exit_note_path(
+    cfg: FaultConfig, run_dir: Path, env: Mapping[str, str], dist: DistEnv
+) -> Path | None:
+    """Where this rank's session writes its exit note: its launch's directory (a ``command:``
+    child's too, whose parent beats for it); None without ``fault.enabled``."""
+    if not cfg.enabled:
+        return None
+    return launch_paths(run_dir, env, dist).exit_note(dist.rank)
+
+
 def claim_fault(path: Path, record: FaultRecord) -> bool:
     """Write ``record`` as the launch's fault record if nobody has yet (exclusive create,
     atomic on local file systems and NFSv3+); True for the one who did."""
@@ -240,6 +279,7 @@ class Watchdog:
         self._leaving = False
         self._lock = threading.Lock()  # one way out, even if the main thread leaves too
         self._child_stopped: float | None = None
+        self._left_seen: float | None = None
         self._thread = threading.Thread(target=self._run, name="hpc-ddp-watchdog", daemon=True)
 
     # --- the main thread's side: plain stores, no I/O ---------------------------------------
@@ -382,6 +422,34 @@ class Watchdog:
         if stale:
             quiet = max(self._watch.quiet_for(p, now) or 0.0 for p in stale)
             self.declare("hang", f"heartbeat stopped {quiet:.1f} s ago", silent=stale)
+        if not self.supervised:  # a supervisor sees every rank's note itself
+            self._peer_left(now)
+
+    def _peer_left(self, now: float) -> None:
+        """A ring peer left its training loop early (its exit note) while this rank did not:
+        after :data:`EARLY_EXIT_GRACE_S` (the time an early stop all ranks agreed on takes to
+        reach them all) it is the launch's fault, before this rank blocks for
+        ``dist.timeout_s`` in a collective the peer never joins."""
+        notes = {p: read_exit_note(self.launch.exit_note(p)) for p in self._peers}
+        left = tuple(p for p, n in notes.items() if n is not None and n.left_early)
+        mine = read_exit_note(self.launch.exit_note(self.me.rank))
+        if not left or (mine is not None and mine.left_early):
+            self._left_seen = None
+            return
+        if self._left_seen is None:
+            self._left_seen = now
+        if now - self._left_seen < max(EARLY_EXIT_GRACE_S, 3 * self.cfg.beat_s):
+            return
+        record = FaultRecord(
+            kind="early_exit",
+            by=f"rank {self.me.rank} on {self.me.node}",
+            time=self._clock(),
+            ranks=left,
+            nodes=tuple(dict.fromkeys(n.node for p in left if (n := notes[p]) is not None)),
+            why=early_exit_why(left, (self.me.rank,), notes),
+            last_progress=max(n.time for p in left if (n := notes[p]) is not None),
+        )
+        self._claim(record)
 
     def _declared_elsewhere(self) -> FaultRecord | None:
         """A fault the supervisor, the fault record or a ring peer declared in this launch."""
@@ -437,6 +505,11 @@ class Watchdog:
             node_level=blame.node_level,
             last_progress=blame.last_progress_at,
         )
+        self._claim(record)
+
+    def _claim(self, record: FaultRecord) -> None:
+        """Claim ``record`` as the launch's fault (or adopt the claim that won) and leave."""
+        kind = record.kind
         if claim_fault(self.launch.fault, record):
             log.error(
                 "watchdog: %s: %s (%s); ending this launch",
@@ -459,7 +532,7 @@ class Watchdog:
         self._state = FAULT
         if not declared:
             log.error(
-                "watchdog: %s declared a %s in this launch (%s); leaving",
+                "watchdog: %s declared a fault (%s) in this launch: %s; leaving",
                 record.by,
                 record.kind,
                 record.why,

@@ -181,7 +181,7 @@ def test_a_launch_directory_is_made_whole_before_any_rank_starts(tmp_path: Path)
     lp.fault.write_text("{}")  # a stale claim must never end the new launch
     prepare_launch(lp, 3)
     assert not lp.fault.exists()
-    for path in (lp.supervisor, lp.beat(0), lp.beat(2)):
+    for path in (lp.supervisor, lp.beat(0), lp.beat(2), lp.exit_note(0), lp.exit_note(2)):
         assert path.stat().st_size == BEAT_BYTES
 
 

@@ -186,3 +186,40 @@ def test_a_rank_behind_the_others_is_the_hang_and_all_alike_name_every_rank() ->
         EndCause.HANG, (0, 1), ("n1", "n2"),
     )  # fmt: skip
     assert "no rank stands out" in found.blame.evidence
+
+
+def test_an_exit_note_round_trips_at_a_fixed_size() -> None:
+    from hpc_ddp.runtime.blame import ExitNote, encode_exit_note, parse_exit_note
+
+    note = ExitNote(1, "n2", 4242, 100.0, 30, 100, None)
+    data = encode_exit_note(note)
+    assert len(data) == BEAT_BYTES
+    assert parse_exit_note(data) == note
+    assert note.left_early
+    assert not note.lost_a_peer
+    long = ExitNote(1, "n2", 1, 1.0, 3, None, "PeerError: " + "x" * 5000)
+    back = parse_exit_note(encode_exit_note(long))
+    assert back is not None
+    assert back.lost_a_peer
+    assert not back.left_early
+    assert parse_exit_note(b" " * (BEAT_BYTES - 1) + b"\n") is None  # made, not written yet
+
+
+def test_a_rank_that_left_its_loop_early_is_named_unless_every_rank_did() -> None:
+    from hpc_ddp.runtime.blame import ExitNote, left_early
+
+    def note(rank: int, step: int = 30, total: int | None = 100) -> ExitNote:
+        return ExitNote(rank, f"n{rank + 1}", 1, 1.0, step, total, None)
+
+    running = {0: beat(0, "n1", step=30), 1: beat(1, "n2", step=30)}
+    assert left_early(2, running, {0: None, 1: note(1)}) == ((1,), (0,))
+    # An early stop every rank agreed on, or a loop run to its end, leaves nobody behind.
+    assert left_early(2, running, {0: note(0), 1: note(1)}) == ((), ())
+    assert left_early(2, running, {0: None, 1: note(1, step=100)}) == ((), ())
+    assert left_early(2, running, {0: None, 1: None}) == ((), ())
+    # A peer that ended cleanly ran its own loop to the end; one that ended with an error
+    # (it lost the rank that left) was left behind.
+    done = {0: exited(0, "n1", 0), 1: beat(1, "n2")}
+    assert left_early(2, done, {0: None, 1: note(1)}) == ((), ())
+    lost = {0: exited(0, "n1", 1, RESET), 1: beat(1, "n2")}
+    assert left_early(2, lost, {0: None, 1: note(1)}) == ((1,), (0,))

@@ -536,3 +536,86 @@ def test_a_launch_whose_ranks_wrote_nothing_becomes_an_attempt_and_late_words_re
         1, False, 9.5, EndCause.CRASH, 10,
     )  # fmt: skip
     assert second.nodelist == "n1,n3"
+
+
+def _launch_0(*ends: str, verdict: str | None = None) -> list[str]:
+    from hpc_ddp.runtime.ledger import launch_event, start_event
+
+    job: dict[str, Any] = {"job_id": "42", "job_ref": "42"}
+    return [
+        launch_event(**job, restart=0, launch=0, nodes="n1,n2", alloc_nodes=2, excluded=[],
+                     world_size=2, from_step=None, now=1.0),
+        start_event(attempt=0, **job, nodelist="n1,n2", world_size=2, resumed_from_step=None,
+                    checkpoint=None, now=2.0),
+        *ends,
+        *([verdict] if verdict else []),
+    ]  # fmt: skip
+
+
+def _end(cause: EndCause, message: str, *, witness: bool = False, now: float = 5.0,
+         checkpoint: str | None = None, steps: int = 30) -> str:  # fmt: skip
+    from hpc_ddp.runtime.ledger import end_event
+
+    return end_event(attempt=0, job_id="42", job_ref="42", cause=cause, steps_done=steps,
+                     checkpoint=checkpoint, requeue_requested=False, message=message, now=now,
+                     witness=witness)  # fmt: skip
+
+
+def _verdict(cause: EndCause, ranks: tuple[int, ...], evidence: str, *, ckpt: int = 20) -> str:
+    from hpc_ddp.runtime.ledger import Blame, launch_end_event
+
+    return launch_end_event(attempt=0, job_id="42", job_ref="42", restart=0, launch=0,
+                            launched_at=1.0, cause=cause, blame=Blame(ranks, ("n2",), evidence),
+                            steps_reached=30, checkpoint_step=ckpt, next_step="restart",
+                            message=f"{cause.value}: {evidence}", now=9.0)  # fmt: skip
+
+
+def test_a_survivors_end_is_a_witness_never_the_verdict(tmp_path: Path) -> None:
+    """Rank 0's "connection reset" (a witness) is written before the killed rank's launch_end:
+    the attempt's one verdict is the supervisor's; the survivor's word is kept as a witness."""
+    reset = "rank 0 on n1: RuntimeError: Connection reset by peer"
+    [a] = _events(
+        tmp_path / "ledger.jsonl",
+        *_launch_0(_end(EndCause.CRASH, reset, witness=True),
+                   verdict=_verdict(EndCause.CRASH, (1,), "Killed")),
+    )  # fmt: skip
+    assert (a.cause, a.message, a.witnesses) == (EndCause.CRASH, "crash: Killed", (reset,))
+    assert a.blame is not None
+    assert a.blame.ranks == (1,)
+
+
+def test_a_witness_written_first_yields_to_the_failing_ranks_own_end(tmp_path: Path) -> None:
+    """Without a supervisor's word yet, the failing rank's own end (written a moment after its
+    peer's complaint) is the verdict, not the first end in the file."""
+    reset = "rank 0 on n1: RuntimeError: Connection reset by peer"
+    boom = "rank 1 on n2: ValueError: boom"
+    [a] = _events(
+        tmp_path / "ledger.jsonl",
+        *_launch_0(_end(EndCause.CRASH, reset, witness=True), _end(EndCause.CRASH, boom, now=6)),
+    )  # fmt: skip
+    assert (a.message, a.ended, a.witnesses) == (boom, 5.0, (reset,))
+    # A witness after the verdict changes nothing but the witnesses.
+    [b] = _events(
+        tmp_path / "other.jsonl",
+        *_launch_0(_end(EndCause.CRASH, boom), _end(EndCause.CRASH, reset, witness=True, now=6)),
+    )  # fmt: skip
+    assert (b.message, b.witnesses) == (boom, (reset,))
+
+
+def test_the_supervisors_fault_verdict_overrules_a_finished_from_a_rank_that_left_early(
+    tmp_path: Path,
+) -> None:
+    """Rank 0 left its loop at step 30 of 100 and wrote `finished`; the supervisor found that
+    rank 1 trained on without it: the launch is a crash, and its checkpoint is the one on
+    disk, not a save the rank named while it was in flight."""
+    left = "left the training loop at step 30 of 100"
+    [a] = _events(
+        tmp_path / "ledger.jsonl",
+        *_launch_0(
+            _end(EndCause.FINISHED, left, checkpoint="step-00000030.pt"),
+            verdict=_verdict(EndCause.CRASH, (0,), "left its training loop at step 30 of 100"),
+        ),
+    )  # fmt: skip
+    assert (a.cause, a.next, a.checkpoint) == (EndCause.CRASH, "restart", "step-00000020.pt")
+    assert a.blame is not None
+    assert a.blame.ranks == (0,)

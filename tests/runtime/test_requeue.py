@@ -529,3 +529,25 @@ def test_missing_restarts_field_is_not_mistaken_for_a_requeue() -> None:
 @pytest.mark.parametrize(("name", "num"), [("USR2", USR2), ("SIGUSR2", USR2), ("term", TERM)])
 def test_signal_number(name: str, num: int) -> None:
     assert signal_number(name) == num
+
+
+def test_a_supervised_survivors_crash_is_a_witness_and_names_only_a_checkpoint_on_disk(
+    tmp_path: Path,
+) -> None:
+    """Under a supervisor, a rank that only lost a peer writes its end as a witness (the
+    supervisor's launch_end is the verdict), and a rank that is not the writer names no save
+    rank 0 was still writing when it failed (step 40, never written): the newest on disk."""
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    (checkpoints / "step-00000020.pt").write_bytes(b"x")
+    env = {**TASK, "SLURM_NTASKS": "2", "HPC_DDP_SUPERVISED": "1", "SLURM_PROCID": "1"}
+    lost = coordinator(tmp_path, None, env=env)
+    lost.crash(step=41, checkpoint="step-00000040.pt",
+               error="RuntimeError: gloo: Connection reset by peer")  # fmt: skip
+    own = coordinator(tmp_path, None, env={**env, "SLURM_PROCID": "0"})
+    own.crash(step=41, checkpoint="step-00000020.pt", error=ValueError("boom"))
+    lines = (tmp_path / "ledger.jsonl").read_text().splitlines()
+    first, second = (json.loads(line) for line in lines)
+    assert (first["witness"], first["checkpoint"]) == (True, "step-00000020.pt")
+    assert "witness" not in second
+    assert second["checkpoint"] == "step-00000020.pt"

@@ -4,6 +4,7 @@ one process and under torchrun."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -308,3 +309,53 @@ def test_a_crash_in_the_loop_reaches_the_coordinator(tmp_path: Path, on_crash: b
     [attempt] = read_ledger(tmp_path / "ledger.jsonl")
     assert (attempt.cause, attempt.requeue_requested) == (EndCause.CRASH, on_crash)
     assert (attempt.steps_done, attempt.checkpoint) == (5, "step-00000004.pt")
+
+
+def _exit_note(run_dir: Path) -> object:
+    from hpc_ddp.layout import RunPaths
+    from hpc_ddp.runtime.blame import parse_exit_note
+
+    path = RunPaths(run_dir).launch("local.0.0").exit_note(0)
+    return parse_exit_note(path.read_bytes()) if path.exists() else None
+
+
+@pytest.mark.usefixtures("own_process")
+@pytest.mark.parametrize("how", ["break", "exit", "raise", "end"])
+def test_a_loop_left_before_its_end_says_so_at_once(tmp_path: Path, how: str) -> None:
+    """A rank that leaves its steps loop early (break, sys.exit(0)) writes its exit note the
+    moment it leaves, before anything after the loop can block it; rank 0 does not call that
+    `training finished`. An exception is a crash (its note names the error), and a loop run to
+    its end writes no note at all."""
+    from hpc_ddp.runtime.blame import ExitNote
+
+    s = Session(tmp_path, JobConfig(name="t"), env={})
+    expected = {"exit": pytest.raises(SystemExit), "raise": pytest.raises(ValueError, match="boom")}
+    with expected.get(how, contextlib.nullcontext()), s:
+        s.restore(model=s.wrap(nn.Linear(4, 3)))
+        for step in s.steps(10):
+            if step == 4 and how != "end":
+                if how == "break":
+                    break
+                if how == "exit":
+                    sys.exit(0)
+                raise ValueError("boom")
+        if how == "break":  # said before the code after the loop runs
+            said = _exit_note(tmp_path)
+            assert isinstance(said, ExitNote)
+            assert (said.rank, said.pid, said.step, said.total) == (0, os.getpid(), 4, 10)
+    note = _exit_note(tmp_path)
+    [attempt] = read_ledger(tmp_path / "ledger.jsonl")
+    if how == "end":
+        assert note is None
+        assert attempt.message == "training finished"
+        return
+    assert isinstance(note, ExitNote)
+    assert note.step == 4
+    if how == "raise":
+        assert (note.left_early, note.error) == (False, "ValueError: boom")
+        return
+    assert (note.left_early, note.total) == (True, 10)
+    if how == "break":
+        assert (attempt.cause, attempt.message) == (
+            EndCause.FINISHED, "left the training loop at step 4 of 10",
+        )  # fmt: skip

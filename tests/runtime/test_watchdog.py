@@ -70,6 +70,18 @@ step = 0
 while True:
     if mode == "stuck" and step == 5:
         time.sleep(3600)  # this rank's main thread stops making progress; its beats go on
+    if mode in ("leave", "stop_together") and step == 5:
+        # Its session left the loop (an exit note), then it blocks (as in a collective the
+        # others never join); its beats go on. "stop_together": the peer leaves too, later.
+        from hpc_ddp.runtime.blame import ExitNote
+        from hpc_ddp.runtime.watchdog import write_exit_note
+        if rank == 1 or mode == "stop_together":
+            wd.enter("after-loop", limit=3600)  # its own deadline is not what finds it
+            if rank == 0:
+                time.sleep(2.0)  # well inside the grace an early stop together is given
+            note = ExitNote(rank, f"n{rank + 1}", 0, time.time(), step, 100, None)
+            write_exit_note(LaunchPaths(launch).exit_note(rank), note)
+            time.sleep(3600)
     step += 1
     wd.step_done(step)
     time.sleep(0.05)
@@ -217,3 +229,31 @@ def test_a_rank_that_says_it_leaves_is_ended_if_its_exit_hangs(
     assert (last.state, last.code, last.error) == (EXITED, 1, "RuntimeError: boom")
     assert ended.wait(timeout=5)
     assert codes == [1]
+
+
+def test_a_peer_that_left_its_loop_early_is_found_without_a_supervisor(tmp_path: Path) -> None:
+    """Rank 1 leaves its loop at step 5 of 100 (its exit note) and blocks; rank 0, its ring
+    predecessor, declares it an early exit after the grace an agreed early stop gets, naming
+    rank 1, and every rank leaves; when rank 0 leaves its loop too within the grace, nothing
+    is declared."""
+    launch = LaunchPaths(tmp_path / "alone")
+    procs = [_start(launch.root, 0, "leave"), _start(launch.root, 1, "leave")]
+    try:
+        codes = [p.wait(timeout=60) for p in procs]
+    finally:
+        errs = [_end(p) for p in procs]
+    assert codes == [FAULT_EXIT_CODE, PEER_FAULT_EXIT_CODE], errs
+    fault = read_fault(launch.fault)
+    assert fault is not None
+    assert (fault.kind, fault.ranks, fault.nodes, fault.by) == (
+        "early_exit", (1,), ("n2",), "rank 0 on n1",
+    )  # fmt: skip
+    assert "left its training loop at step 5 of 100" in fault.why
+    together = LaunchPaths(tmp_path / "together")
+    procs = [_start(together.root, 0, "stop_together"), _start(together.root, 1, "stop_together")]
+    try:
+        time.sleep(12.0)  # past the grace
+        assert [p.poll() for p in procs] == [None, None]
+    finally:
+        [_end(p) for p in procs]
+    assert read_fault(together.fault) is None
