@@ -31,7 +31,7 @@ by round in a rotated order, so a slow spell of the machine falls on all of them
     digest.
 
 With two or more GPUs (a) and (e) run at that many ranks. ``--diagnose`` adds, one round each,
-trainer variants that each undo one choice: no cuDNN autotuning, no stop agreement, no progress
+trainer variants that each change one choice: cuDNN autotuning on, no stop agreement, no progress
 logging, no pinned memory, and the hand loop without persistent workers (what the epoch
 boundary costs).
 """
@@ -84,7 +84,7 @@ CPU = Shape("mlp", 16, 16, 1, 10, 40, 5, amp=False)
 TRAINER = ("hand", "trainer")
 SESSION = ("plain", "session")
 DIAGNOSE = (
-    "trainer/no-autotune",
+    "trainer/autotune",
     "trainer/no-agree",
     "trainer/no-log",
     "trainer/no-pin",
@@ -194,7 +194,7 @@ def run_variant(shape: Shape, variant: str, run_dir: Path, port: int, world: int
         return out
     from hpc_ddp.train import loop
 
-    loop.TunedKernels.enabled = variant != "trainer/no-autotune"
+    loop.TunedKernels.enabled = variant == "trainer/autotune"
     if variant == "trainer/no-log":
         cfg = replace(cfg, log_every=10**9)
     s = _timed_session(run_dir, cfg, port, variant)
@@ -501,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="runs of each variant")
     parser.add_argument("--diagnose", action="store_true", help="add the diagnostic variants")
     parser.add_argument("--skip-exact", action="store_true", help="leave (e) out")
+    parser.add_argument("--only-a", action="store_true", help="(a) alone (a quick re-check)")
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -526,6 +527,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.diagnose:  # one round each: what each choice is worth, not a target
             print("(a) diagnostic variants, one round each", flush=True)
             a.update(compare(shape, DIAGNOSE, 1, world, work / "a-diagnose", timeout))
+        if args.only_a:
+            report_a(shape, world, a, targets if gpus else None)
+            return targets.exit_code() if gpus else 0
         print("(b) own loop under Session vs the same loop without it", flush=True)
         b = compare(shape, SESSION, args.rounds, world, work / "b", timeout)
         print("(d) checkpoint stall", flush=True)
@@ -545,6 +549,26 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA GPU: only the CPU checks ran")
         return 0
     return targets.exit_code()
+
+
+def report_a(
+    shape: Shape, world: int, a: dict[str, list[dict[str, Any]]], targets: Targets | None
+) -> None:
+    """(a) alone: samples/s, the epoch-start window and launch to first step."""
+    for variant, runs in a.items():
+        ratio = _median(runs, "samples_per_s") / _median(a["hand"], "samples_per_s")
+        dips = [x for r in runs for x in r["boundary"]]
+        print(f"{variant:22} {_median(runs, 'samples_per_s') * world:8.0f} samples/s "
+              f"{ratio:.3f}x, epoch-start window {min(dips):.2f}, first step "
+              f"{_median(runs, 'first_step_s'):.2f} s")  # fmt: skip
+    if targets is None:
+        return
+    trainer, hand = a["trainer"], a["hand"]
+    ratio = _median(trainer, "samples_per_s") / _median(hand, "samples_per_s")
+    targets.check("trainer / hand loop samples per s", ratio, ">=", TRAINER_TARGET)
+    extra = _median(trainer, "first_step_s") - _median(hand, "first_step_s")
+    targets.check("trainer launch to first step minus the hand loop's", extra, "<=",
+                  LAUNCH_EXTRA_S, unit=" s")  # fmt: skip
 
 
 def report(

@@ -113,13 +113,21 @@ def test_a_step_accumulates_micro_batches_and_the_window_mean_is_per_batch() -> 
     assert float(runner.loss_sum) == 0.0  # the window starts again
 
 
-@pytest.mark.parametrize(("device", "tuned"), [("cuda", True), ("cpu", False)])
-def test_cudnn_autotunes_on_a_gpu_for_the_block_and_is_restored(device: str, tuned: bool) -> None:
-    """Choosing the device is all it takes (no CUDA call is made), so a CPU runs this too."""
+@pytest.mark.parametrize(
+    ("device", "enabled", "tuned"),
+    [("cuda", False, False), ("cuda", True, True), ("cpu", True, False)],
+)
+def test_cudnn_autotunes_only_when_enabled_on_a_gpu_and_is_restored(
+    monkeypatch: pytest.MonkeyPatch, device: str, enabled: bool, tuned: bool
+) -> None:
+    """Choosing the device is all it takes (no CUDA call is made), so a CPU runs this too.
+    Off by default: measured, it cost more at start-up than it bought."""
     import torch
 
     from hpc_ddp.train.loop import TunedKernels
 
+    assert TunedKernels.enabled is False
+    monkeypatch.setattr(TunedKernels, "enabled", enabled)
     before = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = False
     try:
