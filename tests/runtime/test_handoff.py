@@ -77,7 +77,9 @@ def test_a_stop_signal_during_the_wait_stops_every_rank_at_the_next_agreement(
     tmp_path: Path,
 ) -> None:
     """SIGTERM reaches rank 1 while it waits for rank 0's block: it is only recorded, nothing
-    hangs, and both ranks stop together after the first step, the attempt recorded once."""
+    hangs, and both ranks stop together at the first agreement that is read: the one launched
+    after step 1, read after step 2 (the step loop reads each agreement one boundary later, so
+    a GPU never waits for it); the attempt recorded once."""
     ranks = start_ranks([MAIN_FIRST, str(tmp_path), "stop"], 2)
     try:
         deadline = time.monotonic() + 60
@@ -96,9 +98,9 @@ def test_a_stop_signal_during_the_wait_stops_every_rank_at_the_next_agreement(
         ranks.kill()
     for r in results:
         assert r["left"] >= go
-        assert (r["stopped_at"], r["signal"], r["code"]) == (1, int(signal.SIGTERM), 0)
+        assert (r["stopped_at"], r["signal"], r["code"]) == (2, int(signal.SIGTERM), 0)
     [attempt] = read_ledger(tmp_path / "ledger.jsonl")
-    assert (attempt.cause, attempt.steps_done) == (EndCause.CANCELLED, 1)
+    assert (attempt.cause, attempt.steps_done) == (EndCause.CANCELLED, 2)
 
 
 def test_the_built_in_trainer_stops_every_rank_with_rank_0s_dataset_error(
