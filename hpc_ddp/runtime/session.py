@@ -476,11 +476,19 @@ class Session:
         scheduler: Any = None,
         scaler: Any = None,
         elastic: bool = False,
+        **objects: Any,
     ) -> Progress | None:
         """Track these objects for :meth:`checkpoint`, and load the newest good checkpoint.
 
         Returns the restored :attr:`progress`, or None on a first run (nothing loaded). Restores
-        model, optimizer, scheduler, scaler and this rank's RNG states.
+        model, optimizer, scheduler, scaler, any more ``objects`` and this rank's RNG states.
+
+        ``objects``: any number of further objects by name, each with ``state_dict()`` and
+        ``load_state_dict()`` (torch DCP's ``Stateful``): an EMA copy, a GAN's second model and
+        optimizer, a curriculum. Each is saved with its own digest and verified on load like
+        the model; a checkpoint that lacks one of them is refused (:class:`ConfigError`), so
+        pass them under the same names in every attempt. ``model`` is the run's main model:
+        its digest is the weights digest that ``hpc-ddp checkpoints`` shows.
 
         ``elastic=True`` says this loop runs :attr:`grad_accum` micro-batches per optimizer
         step and takes its data from :meth:`loader`: it may then go on from a checkpoint of
@@ -500,7 +508,7 @@ class Session:
                 "slurm.min_nodes."
             )
         with self.section("checkpoint"):
-            tracked = Tracked(model, optimizer, scheduler, scaler)
+            tracked = Tracked(model, optimizer, scheduler, scaler, objects)
             loaded = self._ckpt().restore(tracked, self.progress, elastic=elastic)
         self._begin_attempt(None if loaded is None else loaded.name)
         return None if loaded is None else self.progress
