@@ -74,14 +74,13 @@ from hpc_ddp.runtime.metrics import MetricsWriter, setup_rank_logging
 from hpc_ddp.runtime.procgroup import destroy_process_group, init_process_group, wrap_model
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.requeue import Coordinator, signal_number
+from hpc_ddp.runtime.rundir import DefaultRunDir, pick_default_run_dir
 from hpc_ddp.runtime.sampler import ResumableLoader
 from hpc_ddp.runtime.stopflag import AgreementCadence, StopFlag
 from hpc_ddp.runtime.watchdog import Watchdog, start_watchdog
 from hpc_ddp.slurm.client import SlurmClient
 
 log = logging.getLogger("hpc_ddp")
-
-DEFAULT_RUN_DIR = "hpc-ddp-run"
 
 
 class RequeueExit(SystemExit):
@@ -174,7 +173,13 @@ class Session:
         slurm: SlurmClient | None = None,
     ) -> None:
         self.env: Mapping[str, str] = dict(os.environ if env is None else env)
-        self.run_dir = Path(run_dir or self.env.get(RUN_DIR_ENV) or DEFAULT_RUN_DIR).resolve()
+        named = run_dir or self.env.get(RUN_DIR_ENV)
+        self._picked: DefaultRunDir | None = None
+        if named:
+            self.run_dir = Path(named).resolve()
+        else:  # started by hand: ./hpc-ddp-run, unless a run there finished (see rundir)
+            self._picked = pick_default_run_dir(Path.cwd())
+            self.run_dir = self._picked.path.resolve()
         self.paths = RunPaths(self.run_dir)
         self.config = config if config is not None else self._load_config()
         self._run_id: str | None = None
@@ -255,6 +260,9 @@ class Session:
             self.run_dir,
             self.run_id,
         )
+        if self._picked is not None:
+            log.info("session: no run directory given (HPC_DDP_RUN_DIR): %s",
+                     self._picked.describe())  # fmt: skip
         return self
 
     def close(self, *, keep_signal_handlers: bool = False, together: bool = True) -> None:

@@ -25,7 +25,8 @@ from hpc_ddp.layout import RUN_DIR_ENV
 from hpc_ddp.runtime.checkpoint import list_checkpoints, weights_digest
 from hpc_ddp.runtime.ledger import EndCause, read_ledger
 from hpc_ddp.runtime.procgroup import unwrap
-from hpc_ddp.runtime.session import DEFAULT_RUN_DIR, Phase, RequeueExit, Session
+from hpc_ddp.runtime.rundir import DEFAULT_RUN_DIR
+from hpc_ddp.runtime.session import Phase, RequeueExit, Session
 from hpc_ddp.slurm.fake import FakeSlurm
 from hpc_ddp.slurm.jobstate import JobState
 from tests.helpers.launch import REPO, base_env, free_port
