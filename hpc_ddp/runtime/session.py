@@ -608,6 +608,7 @@ class Session:
         """
         self._begin_attempt(None)
         self._enter("step")
+        self._progress_log.begin(self.progress.step, total)
         while self.progress.step < total:
             self.progress.step += 1
             yield self.progress.step
@@ -659,7 +660,12 @@ class Session:
     # --- metrics --------------------------------------------------------------------------
 
     def log(self, **metrics: Any) -> None:
-        """Append one row to ``RUN_DIR/metrics.jsonl`` (rank 0 only; other ranks do nothing)."""
+        """Append one row to ``RUN_DIR/metrics.jsonl`` (rank 0 only; other ranks do nothing).
+
+        A row with a ``step`` also makes rank 0 log a progress line every ``train.log_every``
+        steps and at the last (``step 120/600 | epoch 1 | loss 0.4321 | 2345 samples/s | ETA
+        0:01:23``: the total from :meth:`steps`, samples/s from :meth:`loader`'s batches or a
+        ``samples_per_s`` in the row), and update what ``hpc-ddp status`` shows of it."""
         if self.is_main:
             self._metrics.write({"time": time.time(), **metrics})
 
