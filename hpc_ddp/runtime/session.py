@@ -68,11 +68,13 @@ from hpc_ddp.layout import PER_RANK_LOGS_ENV, RUN_DIR_ENV, RunPaths
 from hpc_ddp.run_id import read_run_id
 from hpc_ddp.runtime.checkpointer import Checkpointer, Tracked, broadcast_object
 from hpc_ddp.runtime.distenv import DistEnv, derive_dist_env
+from hpc_ddp.runtime.evaluation import EvalLoader
 from hpc_ddp.runtime.handoff import MAIN_FIRST_PREFIX, MAIN_FIRST_TIMEOUT_S, Turn, leader_first
 from hpc_ddp.runtime.ledger import EndCause
 from hpc_ddp.runtime.metrics import MetricsWriter, setup_rank_logging
 from hpc_ddp.runtime.procgroup import destroy_process_group, init_process_group, wrap_model
 from hpc_ddp.runtime.progress import Progress
+from hpc_ddp.runtime.progress_log import ProgressLog
 from hpc_ddp.runtime.requeue import Coordinator, signal_number
 from hpc_ddp.runtime.rundir import DefaultRunDir, pick_default_run_dir
 from hpc_ddp.runtime.sampler import ResumableLoader
@@ -201,6 +203,8 @@ class Session:
         self._watchdog: Watchdog | None = None
         self._own_watchdog = False  # started here (not by `hpc-ddp run`): stopped at close
         self._recorded: int | None = None  # the step of the last save recorded in the ledger
+        self._training_data = False  # s.loader() called: its Progress is the data position
+        self._progress_log = ProgressLog(self.config.train.log_every, self.paths.live_progress)
 
     def _load_config(self) -> JobConfig:
         if self.paths.config.is_file():
@@ -297,6 +301,7 @@ class Session:
         if exc_type is None or isinstance(exc, SystemExit):
             # After a stop the coordinator has written the attempt's end: finish() adds none.
             if exc_type is None and self._coordinator is not None:
+                self._save_final()
                 self._coordinator.finish(step=self.progress.step, checkpoint=self._last_name())
             self.close()
             return
@@ -312,6 +317,20 @@ class Session:
             self.close(together=False)
         except Exception:  # do not hide the error that is already on its way out
             log.exception("while closing the session after an error")
+
+    def _save_final(self) -> None:
+        """A clean end saves the final step (collective, durable before ``finished`` is
+        written), so a loop that never calls :meth:`checkpoint` after its last step loses
+        nothing; a step already saved (a ``checkpoint_every`` multiple, an explicit
+        ``s.checkpoint()``, the step resumed from) is not saved twice. Nothing is saved
+        without tracked objects (no :meth:`restore`) or before the attempt began."""
+        ckpt = self._checkpointer
+        if ckpt is None or ckpt.tracked is None or self.phase is not Phase.TRAINING:
+            return
+        if self.progress.step > 0:
+            self._save(wait=True)
+        else:
+            ckpt.sync_errors()
 
     def _record_fault(self, record: Any) -> None:
         """The watchdog declared a fault (on its thread): the attempt ends with it."""
@@ -465,6 +484,16 @@ class Session:
         defaults to :attr:`grad_accum`, so that an epoch is whole optimizer steps, the same
         number at every world size with the same global batch.
         """
+        if self._training_data:
+            raise HpcDdpError(
+                "s.loader() was already called in this session: a second loader would share "
+                "and move the training data position that checkpoints save (Progress), so "
+                "training would skip samples. HINT: evaluate with `s.eval_loader(dataset, "
+                "batch_size=...)`, which never touches the training position; keep one "
+                "s.loader() for the training data."
+            )
+        self._training_data = True
+        self._progress_log.step_samples = batch_size * self.world_size * self.grad_accum
         kwargs.setdefault("multiple_of", self.grad_accum)
         return ResumableLoader(
             dataset,
@@ -473,6 +502,25 @@ class Session:
             num_replicas=self.world_size,
             rank=self.rank,
             seed=self.config.train.seed if seed is None else seed,
+            **kwargs,
+        )
+
+    def eval_loader(self, dataset: Any, *, batch_size: int, **kwargs: Any) -> EvalLoader:
+        """This rank's batches of an evaluation set: every sample exactly once over all ranks
+        (contiguous shards, no padding duplicates), in order, and sums that reduce exactly
+        over the ranks (:meth:`~hpc_ddp.runtime.evaluation.EvalLoader.add`, ``reduce``).
+
+        It never touches the training data position (:attr:`progress`) or the global RNG, so
+        training after an evaluation goes on exactly as without one. Keyword arguments:
+        ``num_workers``, ``pin_memory``, ``collate_fn``. Wrap the evaluation in
+        ``s.section("eval")`` so the watchdog does not take it for a hung step.
+        """
+        return EvalLoader(
+            dataset,
+            batch_size=batch_size,
+            rank=self.rank,
+            world_size=self.world_size,
+            device=self.device,
             **kwargs,
         )
 
@@ -668,6 +716,9 @@ class Session:
         ``samples_per_s`` in the row), and update what ``hpc-ddp status`` shows of it."""
         if self.is_main:
             self._metrics.write({"time": time.time(), **metrics})
+            line = self._progress_log.row(metrics, epoch=self.progress.epoch)
+            if line is not None:
+                log.info(line)
 
 
 def session(
