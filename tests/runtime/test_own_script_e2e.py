@@ -5,16 +5,21 @@ started by hand."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pty
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from hpc_ddp.cli.cmd_status import CLEAR
 from hpc_ddp.runtime.checkpoint import list_checkpoints, load_checkpoint
 from hpc_ddp.runtime.ledger import EndCause, end_event, read_ledger, start_event
 from hpc_ddp.runtime.rundir import DEFAULT_RUN_DIR, pick_default_run_dir
@@ -214,3 +219,74 @@ def test_the_default_run_dir_continues_only_an_unfinished_run(
     (tmp_path / f"{DEFAULT_RUN_DIR}-x").mkdir()  # not one of ours
     choice = pick_default_run_dir(tmp_path)
     assert (choice.path, choice.continues) == (tmp_path / picked, continues)
+
+
+# --- status of a running own-script run ---------------------------------------------------------
+
+
+def _hpc(*argv: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "HPC_DDP_"))}
+    return subprocess.run([sys.executable, "-m", "hpc_ddp", *argv], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+
+
+def test_status_of_a_running_own_script_shows_its_step_total_and_eta(tmp_path: Path) -> None:
+    """While the loop runs, ``status`` says where it is (from rank 0's progress lines), and
+    ``status --watch`` redraws in place on a terminal, one table after another elsewhere."""
+    job = tmp_path / "job.yaml"
+    script = HELPERS / "slow_steps.py"
+    job.write_text(f"name: slow\ncommand: [python, {json.dumps(str(script))}, '2000']\n"
+                   "slurm: {nodes: 1, tasks_per_node: 1}\n")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "HPC_DDP_"))}
+    runs = tmp_path / "runs"
+    submit = subprocess.Popen(
+        [sys.executable, "-m", "hpc_ddp", "submit", str(job), "--backend", "local", "--wait",
+         "--runs-dir", str(runs)],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not list(runs.glob("*/progress.json")):
+            assert submit.poll() is None, "the run ended before it showed progress"
+            assert time.monotonic() < deadline, "no progress.json"
+            time.sleep(0.2)
+        [run] = runs.iterdir()
+        shown = _hpc("status", str(run))
+        assert shown.returncode == 0, shown.stderr
+        [note] = [ln for ln in shown.stdout.splitlines() if ln.startswith(f"{run}: at step")]
+        assert re.fullmatch(rf"{run}: at step \d+/2000 \| ETA \d+:\d\d:\d\d \(\d+ s ago\).*",
+                            note), note  # fmt: skip
+        for tty in (False, True):
+            _watched(run, tty)
+    finally:
+        submit.send_signal(signal.SIGINT)  # Ctrl-C on --wait cancels the local run
+        submit.wait(60)
+
+
+def _watched(run: Path, tty: bool) -> None:
+    """``status --watch 0.3 RUN`` for about 1.5 s, then Ctrl-C: it exits 0, having drawn the
+    table several times (each time clearing the screen first on a terminal)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "HPC_DDP_"))}
+    argv = [sys.executable, "-m", "hpc_ddp", "status", "--watch", "0.3", str(run)]
+    if tty:
+        parent, child = pty.openpty()
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=child, stderr=child)
+        os.close(child)
+    else:
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+    time.sleep(6)  # the first table needs the import of hpc-ddp, under load
+    proc.send_signal(signal.SIGINT)
+    if tty:
+        out = b""
+        with contextlib.suppress(OSError):  # EIO once the child side is closed
+            while chunk := os.read(parent, 65536):
+                out += chunk
+        os.close(parent)
+        text = out.decode()
+    else:
+        text, _ = proc.communicate(timeout=30)
+    assert proc.wait(30) == 0
+    tables = text.count("hpc-ddp status, every 0.3 s (Ctrl-C to stop)")
+    assert tables >= 2, text
+    assert text.count(CLEAR) == (tables if tty else 0)
+    assert text.count(f"{run}: at step") >= 2
