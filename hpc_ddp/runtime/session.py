@@ -12,8 +12,8 @@
         for step in s.steps(total=1000, checkpoint_every=100):
             x, y = next(batches)              # between steps: agree on stop signals; if one
             ...                               # came, checkpoint, requeue, exit cleanly
-            s.log(step=step, loss=loss.item())
-        s.checkpoint(wait=True)
+            s.log(step=step, loss=loss.item())  # metrics.jsonl; rank 0's progress lines
+    # leaving the block normally saves the final step (unless it is saved already)
 
 Works under the Slurm runtime, under ``torchrun``, and as one plain process. Every method that
 talks to the other ranks (``restore``, ``checkpoint``, ``should_stop``, ``steps``, ``requeue``,
@@ -729,7 +729,9 @@ def session(
 ) -> Session:
     """A started :class:`Session`; use it as a context manager so it always closes.
 
-    ``run_dir``: this argument, else ``$HPC_DDP_RUN_DIR``, else ``./hpc-ddp-run``. ``config``:
+    ``run_dir``: this argument, else ``$HPC_DDP_RUN_DIR``, else ``./hpc-ddp-run`` or, once a run
+    there finished, the next of ``./hpc-ddp-run-2``, ``-3``, ...
+    (:mod:`hpc_ddp.runtime.rundir`). ``config``:
     this argument, else ``RUN_DIR/config.yaml`` when present, else the defaults. ``slurm``:
     the client that asks Slurm for requeues (tests pass one over
     :class:`~hpc_ddp.slurm.fake.FakeSlurm`).
