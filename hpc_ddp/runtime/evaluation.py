@@ -83,7 +83,7 @@ class EvalLoader:
         loader = DataLoader(
             self.dataset,
             batch_size=self.batch_size,
-            sampler=self.indices,  # type: ignore[arg-type]
+            sampler=self.indices,
             drop_last=False,
             num_workers=self.num_workers,
             # Its own generator: a DataLoader without one draws its base seed from the

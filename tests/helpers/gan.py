@@ -45,7 +45,7 @@ def main(total: int, stop_at: int) -> None:
         np.random.seed(s.rank)
         gen = s.wrap(nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, 2)))
         disc = s.wrap(nn.Sequential(nn.Linear(2, 16), nn.Dropout(0.2), nn.Linear(16, 1)))
-        ema = AveragedModel(unwrap(gen), multi_avg_fn=get_ema_multi_avg_fn(0.9))
+        ema = AveragedModel(unwrap(gen), multi_avg_fn=get_ema_multi_avg_fn(0.9))  # type: ignore[no-untyped-call]
         opt_g = torch.optim.Adam(gen.parameters(), lr=1e-2)
         opt_d = torch.optim.Adam(disc.parameters(), lr=1e-2)
         curriculum = Curriculum()
@@ -60,10 +60,10 @@ def main(total: int, stop_at: int) -> None:
             with torch.no_grad():
                 fake = gen(z)
             opt_d.zero_grad()
-            bce(disc(torch.cat([x, fake])), torch.cat([ones, zeros])).backward()
+            bce(disc(torch.cat([x, fake])), torch.cat([ones, zeros])).backward()  # type: ignore[no-untyped-call]
             opt_d.step()
             opt_g.zero_grad()
-            bce(disc(gen(z)), ones).backward()
+            bce(disc(gen(z)), ones).backward()  # type: ignore[no-untyped-call]
             opt_g.step()
             ema.update_parameters(unwrap(gen))
             curriculum.seen.append(step)

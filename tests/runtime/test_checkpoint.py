@@ -590,7 +590,7 @@ BAD_FILES: dict[str, tuple[Callable[[Path], object], CheckpointState, str]] = {
         "meta.digests is a dict of 8, expected a hex digest for every section and meta",
     ),
     "a-named-objects-digest-missing": (
-        lambda p: (save(p.parent / "scratch", 30), _edit_file(p.parent / "scratch" / p.name, p)),
+        lambda p: _edit_file(save(p.parent / "scratch", 30), p),
         DAMAGED,
         "meta.digests is a dict of 10, expected a hex digest for every section and meta",
     ),

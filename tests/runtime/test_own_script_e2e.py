@@ -273,18 +273,18 @@ def _watched(run: Path, tty: bool) -> None:
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=child, stderr=child)
         os.close(child)
     else:
-        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE)
     time.sleep(6)  # the first table needs the import of hpc-ddp, under load
     proc.send_signal(signal.SIGINT)
+    out = b""
     if tty:
-        out = b""
         with contextlib.suppress(OSError):  # EIO once the child side is closed
             while chunk := os.read(parent, 65536):
                 out += chunk
         os.close(parent)
-        text = out.decode()
     else:
-        text, _ = proc.communicate(timeout=30)
+        out, _ = proc.communicate(timeout=30)
+    text = out.decode()
     assert proc.wait(30) == 0
     tables = text.count("hpc-ddp status, every 0.3 s (Ctrl-C to stop)")
     assert tables >= 2, text
