@@ -26,7 +26,8 @@ log = logging.getLogger("hpc_ddp")
 
 
 class ProgressLog:
-    """Turns logged rows into progress lines (rank 0 only; no collectives)."""
+    """Turns logged rows into progress lines (rank 0 only; no collectives): one at each
+    multiple of ``every`` a row reaches, and at ``total``."""
 
     def __init__(self, every: int, path: Path | None = None) -> None:
         self.every = max(1, every)
@@ -61,7 +62,9 @@ class ProgressLog:
         self._meter.add(done, done * (self.step_samples or 0))
         self._counted = step
         assert self._shown is not None
-        due = step - self._shown >= self.every or step == self.total
+        # At each multiple of `every` (as the trainer reports), or the first row past one: the
+        # same lines whether a loop logs every step or every tenth, and after a resume too.
+        due = step // self.every > self._shown // self.every or step == self.total
         if not due:
             return None
         rate, step_s = self._meter.rate()
