@@ -28,7 +28,7 @@ from typing import Any, Literal
 from hpc_ddp.api.cancel import CancelResult, cancel_targets
 from hpc_ddp.api.job import Job, Overrides, override_args
 from hpc_ddp.api.status import SweepStatus, collect_status, wait_until_ended
-from hpc_ddp.api.targets import require_dir
+from hpc_ddp.api.targets import path_arg, require_dir
 from hpc_ddp.errors import (
     ConfigError,
     RunDirError,
@@ -157,6 +157,11 @@ class Sweep:
         """
         from hpc_ddp.sweep.results import row_dict
 
+        if mode not in (None, "min", "max"):
+            raise ValueError(
+                f"mode={mode!r} is not a ranking mode. HINT: pass 'min' (lower is better), "
+                "'max' (higher is better), or None for the sweep's own."
+            )
         gathered = gather(self.sweep_dir, self._client(), sort=sort, mode=mode)
         return [row_dict(r) for r in gathered.rows]
 
@@ -191,8 +196,8 @@ def load_sweep_spec(
     from hpc_ddp.config.preflight import preflight_points
     from hpc_ddp.sweep.spec import load_sweep
 
-    path = Path(sweep_file)
-    profile = find_site_profile(None if site is None else str(site), os.environ, Path.home())
+    path = Path(path_arg("sweep_file", sweep_file) or "")
+    profile = find_site_profile(path_arg("site", site), os.environ, Path.home())
     spec = load_sweep(path, override_args(overrides), profile)
     preflight_points((f"{path}: point {p.index}", p.config) for p in spec.points)
     return spec
@@ -203,7 +208,7 @@ def sweep_runs_dir(runs_dir: str | Path | None) -> Path:
     refused (:class:`RunsDirError`) when it is a file, lies under one, or cannot be written."""
     from hpc_ddp.launch.submission import runs_dir_from
 
-    path = runs_dir_from(None if runs_dir is None else str(runs_dir), os.environ)
+    path = runs_dir_from(path_arg("runs_dir", runs_dir), os.environ)
     origin = (
         "--runs-dir" if runs_dir else f"${RUNS_DIR_ENV}" if os.environ.get(RUNS_DIR_ENV)
         else "the default runs directory"
@@ -327,6 +332,7 @@ def submit_sweep(
     sweep file or point is a :class:`~hpc_ddp.errors.ConfigError` naming it, and nothing is
     submitted.
     """
+    path_arg("runs_dir", runs_dir)  # before the sweep file is read
     spec = load_sweep_spec(sweep_file, overrides, site=site)
     where = sweep_runs_dir(runs_dir)
     args = override_args(overrides)

@@ -74,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
     )
     for line in plan.changes:
         print(f"  changed: {line}", file=say)
+    if plan.skipped:
+        print(f"  skipped: {plan.skipped}", file=say)
     prepared = plan.prepared
     if args.dry_run:
         if prepared.backend == "local":
