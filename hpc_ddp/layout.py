@@ -17,6 +17,7 @@ Everything a later command needs (``status``, ``logs``, ``cancel``, a requeued a
       submit.lock        held while a job is chosen, submitted and recorded (one job per run)
       ledger.jsonl       one line per attempt event (start, end, cause)
       metrics.jsonl      rank-0 metrics
+      progress.json      rank-0's live progress (step, total, samples/s, ETA), for ``status``
       run_id             ``<name>-<8 hex>``: one id for every attempt, for W&B and the like
       tensorboard/       rank-0 metrics as TensorBoard events (``train.tensorboard: true``)
       checkpoints/       step-XXXXXXXX.pt and a ``latest`` pointer
@@ -147,6 +148,11 @@ class RunPaths:
     @property
     def metrics(self) -> Path:
         return self.root / "metrics.jsonl"
+
+    @property
+    def live_progress(self) -> Path:
+        """Rank 0's latest progress line as JSON (:mod:`hpc_ddp.runtime.progress_log`)."""
+        return self.root / "progress.json"
 
     @property
     def run_id_file(self) -> Path:

@@ -11,7 +11,12 @@ What the session does for you: joins the process group, picks the device, wraps 
 DDP, resumes from the newest good checkpoint (weights, optimizer, RNG, and the exact position
 in the data), and when Slurm warns of the time limit (or preempts the job) it saves, requeues
 and exits cleanly, so the next attempt continues at the next step as if nothing had happened.
-The run directory is ``$HPC_DDP_RUN_DIR`` (set by hpc-ddp on Slurm), else ``./hpc-ddp-run``.
+Leaving the ``with`` block saves the final step. The run directory is ``$HPC_DDP_RUN_DIR`` (set
+by hpc-ddp on Slurm), else ``./hpc-ddp-run`` (``-2``, ``-3``, ... once a run there finished).
+
+Every ``--eval-every`` steps it evaluates on a held-out set with ``s.eval_loader`` (every sample
+once over the ranks, the loss summed exactly, training untouched) and keeps the best validation
+loss in ``s.progress.extra``, which every checkpoint saves and a resume restores.
 
 The loop runs ``s.grad_accum`` micro-batches per optimizer step (``train.grad_accum``; more on
 fewer ranks) and says so to ``s.restore``, so the run may also go on at another world size
@@ -23,6 +28,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -48,6 +55,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--checkpoint-every", type=int, default=50)
     parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    parser.add_argument("--eval-every", type=int, default=50, help="0: never")
     args = parser.parse_args()
 
     with hpc_ddp.session() as s:
@@ -58,6 +66,7 @@ def main() -> None:
         if s.restore(model=model, optimizer=optimizer, elastic=True) is None:
             log.info("fresh start")
         batches = s.loader(make_dataset(4096, seed=1), batch_size=args.batch_size).forever()
+        val = s.eval_loader(make_dataset(1001, seed=2), batch_size=256)
 
         no_sync = getattr(model, "no_sync", contextlib.nullcontext)  # DDP's
         for step in s.steps(total=args.steps, checkpoint_every=args.checkpoint_every):
@@ -70,11 +79,29 @@ def main() -> None:
                     (loss / s.grad_accum).backward()
             optimizer.step()
             if step % 10 == 0:
-                s.log(step=step, epoch=s.progress.epoch, loss=loss.item())
+                row = {"step": step, "epoch": s.progress.epoch, "loss": loss.item()}
+                if args.eval_every and step % args.eval_every == 0:
+                    row["val_loss"] = evaluate(s, model, val)
+                    best = min(row["val_loss"], s.progress.extra.get("best_val_loss", math.inf))
+                    s.progress.extra["best_val_loss"] = best
+                s.log(**row)
+        # Leaving the block saves the final step (unless a checkpoint_every save has).
+    if s.is_main:
+        best = s.progress.extra.get("best_val_loss")
+        log.info("done: %d steps, best val_loss %s", s.progress.step, best)
 
-        path = s.checkpoint(wait=True)
-        if s.is_main:
-            log.info("done: %d steps, final checkpoint %s", s.progress.step, path)
+
+def evaluate(s: hpc_ddp.Session, model: nn.Module, val: Any) -> float:
+    """The mean loss over the whole validation set (every rank calls it)."""
+    model.eval()
+    with torch.no_grad(), s.section("eval"):
+        for x, y in val:
+            out = model(x.to(s.device))
+            val.add(loss=nn.functional.cross_entropy(out, y.to(s.device), reduction="sum"),
+                    count=len(y))  # fmt: skip
+    model.train()
+    totals = val.reduce()
+    return float(totals["loss"] / totals["count"])
 
 
 if __name__ == "__main__":

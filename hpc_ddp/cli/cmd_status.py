@@ -12,9 +12,12 @@ prints it. Never imports torch: checkpoints are judged by their zip structure al
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +45,56 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also account for each run's wall time: productive training, start-up, "
         "checkpoint stalls, steps redone, hangs, requeue waits, ETTR",
     )
+    parser.add_argument(
+        "--watch",
+        nargs="?",
+        const=WATCH_EVERY_S,
+        type=float,
+        metavar="SECONDS",
+        help=f"show it again every SECONDS (default {WATCH_EVERY_S:g}), in place on a "
+        "terminal, until Ctrl-C",
+    )
+
+
+WATCH_EVERY_S = 2.0
+CLEAR = "\x1b[H\x1b[2J"
+"""Cursor home, clear the screen: ``--watch`` redraws in place on a terminal."""
 
 
 def run(args: argparse.Namespace) -> int:
     """Print the status table (or JSON): plain runs first, then one line per sweep, then one
-    row per sweep task asked for by its directory (``SWEEP_DIR/tasks/N``)."""
+    row per sweep task asked for by its directory (``SWEEP_DIR/tasks/N``); with ``--watch``,
+    again and again."""
+    if args.watch is None:
+        return _show(args)
+    if args.json or args.watch <= 0:
+        why = "--json" if args.json else f"--watch {args.watch:g}"
+        hint = "--watch takes seconds > 0 and shows the table; to script, loop over --json"
+        print(f"hpc-ddp status: {why} cannot be watched. HINT: {hint}.", file=sys.stderr)
+        return 2
+    return _watch(args, args.watch)
+
+
+def _watch(args: argparse.Namespace, every: float) -> int:
+    """Redraw the table every ``every`` seconds until Ctrl-C: in place on a terminal, one
+    table after another otherwise (a log file keeps them all)."""
+    tty = sys.stdout.isatty()
+    try:
+        while True:
+            shown = io.StringIO()
+            with contextlib.redirect_stdout(shown):
+                _show(args)
+            stamp = time.strftime("%H:%M:%S")
+            head = f"{stamp}  hpc-ddp status, every {every:g} s (Ctrl-C to stop)\n\n"
+            text = head + shown.getvalue()
+            sys.stdout.write(CLEAR + text if tty else text + "\n")
+            sys.stdout.flush()
+            time.sleep(every)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _show(args: argparse.Namespace) -> int:
     runs_dir = runs_dir_from(args.runs_dir, os.environ)
     found = collect_status(args.targets, runs_dir, args.slurm)
     rows = [s.to_dict() for s in found if isinstance(s, RunStatus)]

@@ -11,6 +11,8 @@ Format version 2 is a plain dict that ``torch.load(..., weights_only=True)`` acc
     format: "hpc-ddp-checkpoint"   version: 2
     model:      state dict of the unwrapped module (no ``module.`` prefix)
     optimizer, scheduler, scaler: their state dicts, or None
+    objects:    {name: state dict} of any more objects ``Session.restore`` was given by name
+                (an EMA model, a second optimizer); absent when there are none
     progress:   {step, epoch, batch_in_epoch, samples_in_epoch}   (see
                 :class:`~hpc_ddp.runtime.progress.Progress`; ``samples_in_epoch`` since the
                 elastic resume, absent before)
@@ -21,7 +23,7 @@ Format version 2 is a plain dict that ``torch.load(..., weights_only=True)`` acc
                  hpc_ddp_version, run_id, config_digest (both since checkpoint identity),
                  digest: "xxh3-128",
                  digests: {model, optimizer, scheduler, scaler, progress, extra, rng, config,
-                           meta: hex digest}}
+                           objects.NAME (one per named object), meta: hex digest}}
 
 ``meta.digests`` holds one digest for each section above and one for ``meta`` itself (less the
 digests): everything a resume restores is covered, so a changed byte in the optimizer state, an
@@ -129,6 +131,8 @@ SECTIONS = ("model", "optimizer", "scheduler", "scaler", "progress", "extra", "r
 """The parts of a payload that a resume restores, each with its own digest (and ``meta``)."""
 V1_UNVERIFIED = ("optimizer", "scheduler", "scaler", "progress", "extra", "rng", "config")
 """What a format-1 file restores without a digest to check it against (only ``model`` has one)."""
+OBJECTS = "objects"
+"""The optional section of named objects; each has its own digest, ``objects.NAME``."""
 _READABLE = (1, FORMAT_VERSION)
 _REQUIRED = ("model", "progress", "rng", "meta")
 _DIGEST_HEX = 32
@@ -145,6 +149,13 @@ _WHAT = {
     "meta": "meta (world size, time, versions)",
 }
 """How a reason names each section."""
+
+
+def _what(section: str) -> str:
+    """How a reason names a section or a named object."""
+    if section.startswith(f"{OBJECTS}."):
+        return f"state of {section.removeprefix(OBJECTS + '.')!r}"
+    return _WHAT[section]
 
 
 class CheckpointState(str, enum.Enum):
@@ -196,12 +207,21 @@ def weights_digest(state_dict: Mapping[str, Any]) -> str:
 
 
 def state_digests(payload: Mapping[str, Any]) -> dict[str, str]:
-    """One digest per section of a format-2 payload, and one of ``meta`` less its digests."""
+    """One digest per section of a format-2 payload, one per named object
+    (``objects.NAME``), and one of ``meta`` less its digests."""
     out = {key: _digest(payload.get(key)) for key in SECTIONS}
+    for name, state in _named(payload).items():
+        out[f"{OBJECTS}.{name}"] = _digest(state)
     meta = payload.get("meta")
     if isinstance(meta, Mapping):
         out["meta"] = _digest({k: v for k, v in meta.items() if k != "digests"})
     return out
+
+
+def _named(payload: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The payload's named objects (none in a file written without any)."""
+    objects = payload.get(OBJECTS)
+    return objects if isinstance(objects, Mapping) else {}
 
 
 def _digest(obj: Any) -> str:
@@ -360,6 +380,7 @@ def build_payload(
     optimizer: Mapping[str, Any] | None = None,
     scheduler: Mapping[str, Any] | None = None,
     scaler: Mapping[str, Any] | None = None,
+    objects: Mapping[str, Any] | None = None,
     config: Mapping[str, Any] | None = None,
     grad_accum: int | None = None,
     run_id: str | None = None,
@@ -370,8 +391,10 @@ def build_payload(
     the run it belongs to (its ``config_digest`` is taken from ``config``).
 
     Tensors are taken as they are: pass snapshots. The digests are filled in by
-    :func:`write_checkpoint`, off the training thread.
+    :func:`write_checkpoint`, off the training thread. ``objects``: the named objects' state
+    dicts (None or empty: no ``objects`` section).
     """
+    named = {OBJECTS: dict(objects)} if objects else {}
     return {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -379,6 +402,7 @@ def build_payload(
         "optimizer": None if optimizer is None else dict(optimizer),
         "scheduler": None if scheduler is None else dict(scheduler),
         "scaler": None if scaler is None else dict(scaler),
+        **named,
         "progress": progress.to_dict(),
         "extra": snapshot(dict(progress.extra), "progress.extra"),
         "rng": rng,
@@ -471,10 +495,14 @@ def _value_checks(obj: dict[str, Any]) -> list[_Check]:
     for key in ("optimizer", "scheduler", "scaler", "extra", "config"):
         value = obj.get(key)
         checks.append((key, value, value is None or isinstance(value, dict), "a dict or None"))
+    objects = obj.get(OBJECTS)
+    ok = objects is None or (_is_str_dict(objects) and all(map(_is_str_dict, objects.values())))
+    checks.append((OBJECTS, objects, ok, "a dict of state dicts by name, or absent"))
     if isinstance(progress, dict):
         checks += _progress_checks(progress)
     if isinstance(meta, dict):
-        checks += _meta_checks(meta, obj["rng"], obj["version"])
+        names = tuple(objects) if ok and objects is not None else ()
+        checks += _meta_checks(meta, obj["rng"], obj["version"], names)
     return checks
 
 
@@ -490,7 +518,9 @@ def _progress_checks(progress: dict[str, Any]) -> list[_Check]:
     return checks
 
 
-def _meta_checks(meta: dict[str, Any], rng: Any, version: int) -> list[_Check]:
+def _meta_checks(
+    meta: dict[str, Any], rng: Any, version: int, names: tuple[str, ...] = ()
+) -> list[_Check]:
     value = meta.get("time")
     ok = isinstance(value, int | float) and not isinstance(value, bool)
     checks: list[_Check] = [("meta.time", value, ok, "a number")]
@@ -511,8 +541,9 @@ def _meta_checks(meta: dict[str, Any], rng: Any, version: int) -> list[_Check]:
     value = meta.get("digest")
     checks.append(("meta.digest", value, value == DIGEST_ALGORITHM, repr(DIGEST_ALGORITHM)))
     value = meta.get("digests")
+    keys = (*SECTIONS, *(f"{OBJECTS}.{n}" for n in names), "meta")
     ok = isinstance(value, dict) and all(
-        isinstance(value.get(k), str) and len(value[k]) == _DIGEST_HEX for k in (*SECTIONS, "meta")
+        isinstance(value.get(k), str) and len(value[k]) == _DIGEST_HEX for k in keys
     )
     checks.append(("meta.digests", value, ok, "a hex digest for every section and meta"))
     return checks
@@ -980,9 +1011,9 @@ def _check_digests(data: dict[str, Any]) -> None:
     except Exception as exc:  # meta or sparse tensors: nothing a writer of ours saves
         reason = f"its tensors cannot be hashed ({_first_sentence(exc)})"
         raise Rejected(CheckpointState.DAMAGED, reason) from exc
-    changed = [k for k in (*SECTIONS, "meta") if k in recorded and actual[k] != recorded[k]]
+    changed = [k for k in actual if k in recorded and actual[k] != recorded[k]]
     if changed:
-        what = ", ".join(_WHAT[k] for k in changed)
+        what = ", ".join(_what(k) for k in changed)
         verb = "does not match its" if len(changed) == 1 else "do not match their"
         raise Rejected(
             CheckpointState.DAMAGED,

@@ -18,7 +18,8 @@ file format, the writer and the search for the newest good file live in
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,28 @@ class Tracked:
     optimizer: Any = None
     scheduler: Any = None
     scaler: Any = None
+    objects: Mapping[str, Any] = field(default_factory=dict)
+    """Any more, by name: each has ``state_dict()`` and ``load_state_dict()`` (torch DCP's
+    ``Stateful``), e.g. an EMA model, a second optimizer, a curriculum. A module is saved
+    unwrapped (no DDP ``module.`` prefix)."""
+
+    def __post_init__(self) -> None:
+        for name, obj in self.objects.items():
+            if not (
+                callable(getattr(obj, "state_dict", None))
+                and callable(getattr(obj, "load_state_dict", None))
+            ):
+                raise ConfigError(
+                    f"restore() got {name}={type(obj).__name__}, which has no state_dict() "
+                    "and load_state_dict(). HINT: pass objects whose state a checkpoint can "
+                    "save (modules, optimizers, schedulers, or a class of yours with those two "
+                    "methods); keep small plain values in `s.progress.extra`."
+                )
+
+
+def _stateful(obj: Any) -> Any:
+    """``obj``, or the module inside a DDP wrapper (its state without ``module.``)."""
+    return unwrap(obj) if isinstance(obj, nn.Module) else obj
 
 
 def broadcast_object(obj: Any) -> Any:
@@ -195,6 +218,19 @@ class Checkpointer:
     def _apply(self, payload: dict[str, Any], name: str, progress: Progress) -> None:
         assert self.tracked is not None
         t = self.tracked
+        saved = payload.get("objects") or {}
+        missing = sorted(set(t.objects) - set(saved))
+        if missing:
+            raise ConfigError(
+                f"{name} holds no state for {', '.join(map(repr, missing))} (it holds "
+                f"{', '.join(map(repr, sorted(saved))) or 'no named objects'}): restoring it "
+                "would leave them as they are now, not as they were at its step. HINT: pass "
+                "restore() the names the run saved them under; to add an object to a run, "
+                "start a new run (another run directory)."
+            )
+        for left in sorted(set(saved) - set(t.objects)):
+            log.warning("%s holds the state of %r, which restore() was not given: not restored",
+                        name, left)  # fmt: skip
         unwrap(t.model).load_state_dict(payload["model"])
         for obj, key in (
             (t.optimizer, "optimizer"),
@@ -203,6 +239,8 @@ class Checkpointer:
         ):
             if obj is not None and payload.get(key) is not None:
                 obj.load_state_dict(payload[key])
+        for key, obj in t.objects.items():
+            _stateful(obj).load_state_dict(saved[key])
         progress.update_from(payload["progress"], payload.get("extra") or {})
         if self.resize is None:
             restore_rng_state(payload["rng"][self.rank], self.device)
@@ -332,6 +370,7 @@ class Checkpointer:
             "optimizer": None if t.optimizer is None else t.optimizer.state_dict(),
             "scheduler": None if t.scheduler is None else t.scheduler.state_dict(),
             "scaler": None if t.scaler is None else t.scaler.state_dict(),
+            "objects": {k: _stateful(obj).state_dict() for k, obj in t.objects.items()},
         }
         copy = self._buffers.snapshot(state)
         return build_payload(
@@ -339,6 +378,7 @@ class Checkpointer:
             optimizer=copy["optimizer"],
             scheduler=copy["scheduler"],
             scaler=copy["scaler"],
+            objects=copy["objects"] or None,
             progress=progress,
             rng=rng,
             config=self._config,

@@ -12,8 +12,8 @@
         for step in s.steps(total=1000, checkpoint_every=100):
             x, y = next(batches)              # between steps: agree on stop signals; if one
             ...                               # came, checkpoint, requeue, exit cleanly
-            s.log(step=step, loss=loss.item())
-        s.checkpoint(wait=True)
+            s.log(step=step, loss=loss.item())  # metrics.jsonl; rank 0's progress lines
+    # leaving the block normally saves the final step (unless it is saved already)
 
 Works under the Slurm runtime, under ``torchrun``, and as one plain process. Every method that
 talks to the other ranks (``restore``, ``checkpoint``, ``should_stop``, ``steps``, ``requeue``,
@@ -71,20 +71,21 @@ from hpc_ddp.run_id import read_run_id
 from hpc_ddp.runtime.blame import ExitNote
 from hpc_ddp.runtime.checkpointer import Checkpointer, Tracked, broadcast_object
 from hpc_ddp.runtime.distenv import DistEnv, derive_dist_env
+from hpc_ddp.runtime.evaluation import EvalLoader
 from hpc_ddp.runtime.handoff import MAIN_FIRST_PREFIX, MAIN_FIRST_TIMEOUT_S, Turn, leader_first
 from hpc_ddp.runtime.ledger import EndCause
 from hpc_ddp.runtime.metrics import MetricsWriter, setup_rank_logging
 from hpc_ddp.runtime.procgroup import destroy_process_group, init_process_group, wrap_model
 from hpc_ddp.runtime.progress import Progress
+from hpc_ddp.runtime.progress_log import ProgressLog
 from hpc_ddp.runtime.requeue import Coordinator, signal_number
+from hpc_ddp.runtime.rundir import DefaultRunDir, pick_default_run_dir
 from hpc_ddp.runtime.sampler import ResumableLoader
 from hpc_ddp.runtime.stopflag import AgreementCadence, StopFlag
 from hpc_ddp.runtime.watchdog import Watchdog, exit_note_path, start_watchdog, write_exit_note
 from hpc_ddp.slurm.client import SlurmClient
 
 log = logging.getLogger("hpc_ddp")
-
-DEFAULT_RUN_DIR = "hpc-ddp-run"
 
 
 class RequeueExit(SystemExit):
@@ -177,7 +178,13 @@ class Session:
         slurm: SlurmClient | None = None,
     ) -> None:
         self.env: Mapping[str, str] = dict(os.environ if env is None else env)
-        self.run_dir = Path(run_dir or self.env.get(RUN_DIR_ENV) or DEFAULT_RUN_DIR).resolve()
+        named = run_dir or self.env.get(RUN_DIR_ENV)
+        self._picked: DefaultRunDir | None = None
+        if named:
+            self.run_dir = Path(named).resolve()
+        else:  # started by hand: ./hpc-ddp-run, unless a run there finished (see rundir)
+            self._picked = pick_default_run_dir(Path.cwd())
+            self.run_dir = self._picked.path.resolve()
         self.paths = RunPaths(self.run_dir)
         self.config = config if config is not None else self._load_config()
         self._run_id: str | None = None
@@ -199,6 +206,8 @@ class Session:
         self._watchdog: Watchdog | None = None
         self._own_watchdog = False  # started here (not by `hpc-ddp run`): stopped at close
         self._recorded: int | None = None  # the step of the last save recorded in the ledger
+        self._training_data = False  # s.loader() called: its Progress is the data position
+        self._progress_log = ProgressLog(self.config.train.log_every, self.paths.live_progress)
         self.startup: list[tuple[str, float]] = [("process", _process_started_at())]
         """Wall-clock marks of this launch's start-up, in order: the process's start, then
         the end of each phase (``session``: its imports done, ``process group``, ``model``:
@@ -268,6 +277,9 @@ class Session:
             self.run_dir,
             self.run_id,
         )
+        if self._picked is not None:
+            log.info("session: no run directory given (HPC_DDP_RUN_DIR): %s",
+                     self._picked.describe())  # fmt: skip
         return self
 
     def close(self, *, keep_signal_handlers: bool = False, together: bool = True) -> None:
@@ -307,6 +319,7 @@ class Session:
                 self._left_loop(None)  # an agreed stop or a failure, not a loop left early
             # After a stop the coordinator has written the attempt's end: finish() adds none.
             if exc_type is None and self._coordinator is not None:
+                self._save_final()
                 left = self._left
                 said = "training finished" if left is None else (
                     f"left the training loop at step {left[0]} of {left[1]}"
@@ -346,6 +359,25 @@ class Session:
         note = ExitNote(self.rank, node, os.getpid(), time.time(), self.progress.step, total, error)
         with contextlib.suppress(OSError, ValueError):
             write_exit_note(self._exit_note, note)
+
+    def _save_final(self) -> None:
+        """A clean end saves the final step (collective, durable before ``finished`` is
+        written), so a loop that never calls :meth:`checkpoint` after its last step loses
+        nothing; a step already saved (a ``checkpoint_every`` multiple, an explicit
+        ``s.checkpoint()``, the step resumed from) is not saved twice. Nothing is saved
+        without tracked objects (no :meth:`restore`) or before the attempt began."""
+        ckpt = self._checkpointer
+        if ckpt is None or ckpt.tracked is None or self.phase is not Phase.TRAINING:
+            return
+        if self._left is not None and self.world_size > 1:
+            # This rank left its loop early: its peers may still be training, and a save is
+            # a collective they would never join (the supervisor ends the launch instead).
+            return
+        self.stop_flag.settle()  # a loop left early: its agreement in flight goes first
+        if self.progress.step > 0:
+            self._save(wait=True)
+        else:
+            ckpt.sync_errors()
 
     def _record_fault(self, record: Any) -> None:
         """The watchdog declared a fault (on its thread): the attempt ends with it."""
@@ -501,6 +533,16 @@ class Session:
         defaults to :attr:`grad_accum`, so that an epoch is whole optimizer steps, the same
         number at every world size with the same global batch.
         """
+        if self._training_data:
+            raise HpcDdpError(
+                "s.loader() was already called in this session: a second loader would share "
+                "and move the training data position that checkpoints save (Progress), so "
+                "training would skip samples. HINT: evaluate with `s.eval_loader(dataset, "
+                "batch_size=...)`, which never touches the training position; keep one "
+                "s.loader() for the training data."
+            )
+        self._training_data = True
+        self._progress_log.step_samples = batch_size * self.world_size * self.grad_accum
         kwargs.setdefault("multiple_of", self.grad_accum)
         return ResumableLoader(
             dataset,
@@ -512,6 +554,25 @@ class Session:
             **kwargs,
         )
 
+    def eval_loader(self, dataset: Any, *, batch_size: int, **kwargs: Any) -> EvalLoader:
+        """This rank's batches of an evaluation set: every sample exactly once over all ranks
+        (contiguous shards, no padding duplicates), in order, and sums that reduce exactly
+        over the ranks (:meth:`~hpc_ddp.runtime.evaluation.EvalLoader.add`, ``reduce``).
+
+        It never touches the training data position (:attr:`progress`) or the global RNG, so
+        training after an evaluation goes on exactly as without one. Keyword arguments:
+        ``num_workers``, ``pin_memory``, ``collate_fn``. Wrap the evaluation in
+        ``s.section("eval")`` so the watchdog does not take it for a hung step.
+        """
+        return EvalLoader(
+            dataset,
+            batch_size=batch_size,
+            rank=self.rank,
+            world_size=self.world_size,
+            device=self.device,
+            **kwargs,
+        )
+
     def restore(
         self,
         *,
@@ -520,11 +581,19 @@ class Session:
         scheduler: Any = None,
         scaler: Any = None,
         elastic: bool = False,
+        **objects: Any,
     ) -> Progress | None:
         """Track these objects for :meth:`checkpoint`, and load the newest good checkpoint.
 
         Returns the restored :attr:`progress`, or None on a first run (nothing loaded). Restores
-        model, optimizer, scheduler, scaler and this rank's RNG states.
+        model, optimizer, scheduler, scaler, any more ``objects`` and this rank's RNG states.
+
+        ``objects``: any number of further objects by name, each with ``state_dict()`` and
+        ``load_state_dict()`` (torch DCP's ``Stateful``): an EMA copy, a GAN's second model and
+        optimizer, a curriculum. Each is saved with its own digest and verified on load like
+        the model; a checkpoint that lacks one of them is refused (:class:`ConfigError`), so
+        pass them under the same names in every attempt. ``model`` is the run's main model:
+        its digest is the weights digest that ``hpc-ddp checkpoints`` shows.
 
         ``elastic=True`` says this loop runs :attr:`grad_accum` micro-batches per optimizer
         step and takes its data from :meth:`loader`: it may then go on from a checkpoint of
@@ -544,7 +613,7 @@ class Session:
                 "slurm.min_nodes."
             )
         with self.section("checkpoint"):
-            tracked = Tracked(model, optimizer, scheduler, scaler)
+            tracked = Tracked(model, optimizer, scheduler, scaler, objects)
             loaded = self._ckpt().restore(tracked, self.progress, elastic=elastic)
         self._mark_startup("restore")
         self._begin_attempt(None if loaded is None else loaded.name)
@@ -639,6 +708,7 @@ class Session:
         """
         self._begin_attempt(None)
         self._enter("step")
+        self._progress_log.begin(self.progress.step, total)
         self._left_loop(None)  # a new loop
         try:
             while self.progress.step < total:
@@ -745,9 +815,17 @@ class Session:
     # --- metrics --------------------------------------------------------------------------
 
     def log(self, **metrics: Any) -> None:
-        """Append one row to ``RUN_DIR/metrics.jsonl`` (rank 0 only; other ranks do nothing)."""
+        """Append one row to ``RUN_DIR/metrics.jsonl`` (rank 0 only; other ranks do nothing).
+
+        A row with a ``step`` also makes rank 0 log a progress line every ``train.log_every``
+        steps and at the last (``step 120/600 | epoch 1 | loss 0.4321 | 2345 samples/s | ETA
+        0:01:23``: the total from :meth:`steps`, samples/s from :meth:`loader`'s batches or a
+        ``samples_per_s`` in the row), and update what ``hpc-ddp status`` shows of it."""
         if self.is_main:
             self._metrics.write({"time": time.time(), **metrics})
+            line = self._progress_log.row(metrics, epoch=self.progress.epoch)
+            if line is not None:
+                log.info(line)
 
 
 def _process_started_at() -> float:
@@ -770,7 +848,9 @@ def session(
 ) -> Session:
     """A started :class:`Session`; use it as a context manager so it always closes.
 
-    ``run_dir``: this argument, else ``$HPC_DDP_RUN_DIR``, else ``./hpc-ddp-run``. ``config``:
+    ``run_dir``: this argument, else ``$HPC_DDP_RUN_DIR``, else ``./hpc-ddp-run`` or, once a run
+    there finished, the next of ``./hpc-ddp-run-2``, ``-3``, ...
+    (:mod:`hpc_ddp.runtime.rundir`). ``config``:
     this argument, else ``RUN_DIR/config.yaml`` when present, else the defaults. ``slurm``:
     the client that asks Slurm for requeues (tests pass one over
     :class:`~hpc_ddp.slurm.fake.FakeSlurm`).

@@ -19,6 +19,7 @@ from hpc_ddp.layout import RunPaths
 from hpc_ddp.local.process import live_controller, live_ranks, was_cancelled
 from hpc_ddp.manifest import Manifest, read_manifest
 from hpc_ddp.runtime.ledger import Attempt, EndCause, read_ledger
+from hpc_ddp.runtime.progress_log import read_live_progress
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.jobstate import JobState
 from hpc_ddp.slurm.postmortem import failed_rank, has_logs, startup_failure
@@ -289,6 +290,9 @@ def _row(run_dir: Path, manifest: Manifest, view: SlurmView) -> dict[str, Any]:
     step, ckpt_note = newest_checkpoint(paths)
     if ckpt_note:
         notes.append(ckpt_note)
+    live = read_live_progress(paths.live_progress) if still_running(verdict.state) else None
+    if live is not None:  # rank 0's last progress line (a loop that logs rows with a step)
+        notes.insert(0, live.describe(time.time()))
     return {
         "run": str(run_dir),
         "job": manifest.job_id,

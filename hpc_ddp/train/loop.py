@@ -24,7 +24,7 @@ from torch import nn
 
 from hpc_ddp.config.exactness import DETERMINISTIC_ENV
 from hpc_ddp.config.model import TrainConfig
-from hpc_ddp.runtime.metrics import Throughput, format_progress
+from hpc_ddp.runtime.metrics import Throughput
 from hpc_ddp.runtime.session import Session
 
 log = logging.getLogger("hpc_ddp.train.trainer")
@@ -249,18 +249,8 @@ class ProgressReport:
         # Every rank reaches this all-reduce at the same steps: the schedule is shared.
         self.last_loss = runner.take_mean_loss(self.window_steps, s.world_size)
         self.window_steps = 0
-        rate, step_s = self.meter.rate()
+        rate, _ = self.meter.rate()
         self.meter.reset()
         lr = runner.optimizer.param_groups[0]["lr"]
+        # The session logs the progress line for this row (step/total, samples/s, ETA).
         s.log(step=step, epoch=s.progress.epoch, loss=self.last_loss, lr=lr, samples_per_s=rate)
-        if log.isEnabledFor(logging.INFO):  # not on ranks that log warnings only: skip the text
-            eta = None if step_s is None else step_s * (self.total - step)
-            line = format_progress(
-                step=step,
-                total=self.total,
-                epoch=s.progress.epoch,
-                loss=self.last_loss,
-                samples_per_s=rate,
-                eta_s=eta,
-            )
-            log.info(line)

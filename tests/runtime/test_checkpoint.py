@@ -82,6 +82,8 @@ def save(
         progress=Progress(step=step, epoch=step // 10, batch_in_epoch=step % 10, extra={"k": 1}),
         rng=[first, capture_rng_state(CPU)][:ranks],
         config={"name": "t", "train": {"lr": 0.1, "extra": [1, 2]}},
+        # Named objects (Session.restore's **objects): an EMA model, a user's own state.
+        objects={"ema": snapshot(small_model(step + 100).state_dict()), "curriculum": {"level": 3}},
     )
     return write_checkpoint(directory, payload, keep_last)
 
@@ -109,8 +111,9 @@ def test_save_load_roundtrip_is_weights_only(tmp_path: Path) -> None:
     assert raw["extra"] == {"k": 1}
     assert raw["meta"]["world_size"] == 2
     assert raw["version"] == 2
-    assert set(raw["meta"]["digests"]) == {*SECTIONS, "meta"}
+    assert set(raw["meta"]["digests"]) == {*SECTIONS, "objects.ema", "objects.curriculum", "meta"}
     assert raw["meta"]["digests"] == state_digests(raw)
+    assert raw["objects"]["curriculum"] == {"level": 3}
     assert raw["meta"]["digests"]["model"] == weights_digest(model.state_dict())
     assert raw["optimizer"]["state"][0]["momentum_buffer"].shape == (16, 8)
     assert list(tmp_path.glob(".tmp-*")) == []
@@ -511,6 +514,13 @@ def edited(edit: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
     return make
 
 
+def _edit_file(source: Path, path: Path) -> None:
+    """``source``'s payload, less its digest of the named object ``ema``, saved as ``path``."""
+    payload = torch.load(source, weights_only=True)
+    payload["meta"]["digests"].pop("objects.ema")
+    torch.save(payload, path)
+
+
 def torn(path: Path) -> None:
     save(path.parent / "scratch", 30)
     whole = (path.parent / "scratch" / checkpoint_name(30)).read_bytes()
@@ -578,6 +588,16 @@ BAD_FILES: dict[str, tuple[Callable[[Path], object], CheckpointState, str]] = {
         edited(lambda d: d["meta"]["digests"].pop("optimizer")),
         DAMAGED,
         "meta.digests is a dict of 8, expected a hex digest for every section and meta",
+    ),
+    "a-named-objects-digest-missing": (
+        lambda p: _edit_file(save(p.parent / "scratch", 30), p),
+        DAMAGED,
+        "meta.digests is a dict of 10, expected a hex digest for every section and meta",
+    ),
+    "named-objects-not-a-dict": (
+        edited(_set(("objects",), [{}])),
+        DAMAGED,
+        "objects is a list of 1, expected a dict of state dicts by name, or absent",
     ),
     "other-digest-algorithm": (
         edited(_set(("meta", "digest"), "sha1")),
@@ -688,6 +708,14 @@ DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
     ),
     "extra": (stale(_set(("extra", "k"), 2)), "extra values does not match its"),
     "config": (stale(_set(("config", "train", "lr"), 0.2)), "config does not match its"),
+    "named-object-bytes": (
+        damage_tensor("objects", "ema", "0.weight"),
+        "state of 'ema' does not match its",
+    ),
+    "named-object-value": (
+        stale(_set(("objects", "curriculum", "level"), 4)),
+        "state of 'curriculum' does not match its",
+    ),
     "meta": (stale(_set(("meta", "time"), 0.0)), "meta (world size, time, versions) does not"),
     "two-sections": (
         all_of(optimizer_bytes(1), damage_tensor("rng", 0, "torch")),

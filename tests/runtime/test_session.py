@@ -20,13 +20,14 @@ from torch.utils.data import TensorDataset
 
 from hpc_ddp.config.load import dump_job_config, load_job_config
 from hpc_ddp.config.model import JobConfig, RequeueConfig, TrainConfig
-from hpc_ddp.errors import CheckpointError, HpcDdpError
+from hpc_ddp.errors import CheckpointError, ConfigError, HpcDdpError
 from hpc_ddp.exitcodes import REQUEUE_FAILED_EXIT_CODE
 from hpc_ddp.layout import RUN_DIR_ENV
 from hpc_ddp.runtime.checkpoint import list_checkpoints, weights_digest
 from hpc_ddp.runtime.ledger import EndCause, read_ledger
 from hpc_ddp.runtime.procgroup import unwrap
-from hpc_ddp.runtime.session import DEFAULT_RUN_DIR, Phase, RequeueExit, Session
+from hpc_ddp.runtime.rundir import DEFAULT_RUN_DIR
+from hpc_ddp.runtime.session import Phase, RequeueExit, Session
 from hpc_ddp.slurm.fake import FakeSlurm
 from hpc_ddp.slurm.jobstate import JobState
 from tests.helpers.launch import REPO, base_env, free_port
@@ -359,3 +360,23 @@ def test_a_loop_left_before_its_end_says_so_at_once(tmp_path: Path, how: str) ->
         assert (attempt.cause, attempt.message) == (
             EndCause.FINISHED, "left the training loop at step 4 of 10",
         )  # fmt: skip
+
+
+@pytest.mark.usefixtures("own_process")
+def test_named_objects_must_be_stateful_and_in_the_checkpoint(tmp_path: Path) -> None:
+    """A named object without state_dict/load_state_dict is refused at restore(); a checkpoint
+    that lacks one of the named objects is refused (it would stay as it is now, silently)."""
+    cfg = JobConfig(name="t")
+    with Session(tmp_path, cfg, env={}) as s:
+        model = s.wrap(nn.Linear(2, 2))
+        with pytest.raises(ConfigError, match=r"restore\(\) got level=int, .*HINT"):
+            s.restore(model=model, level=3)
+        ema = nn.Linear(2, 2)
+        s.restore(model=model, ema=ema)
+        for _ in s.steps(2):
+            pass
+    with Session(tmp_path, cfg, env={}) as s:
+        model = s.wrap(nn.Linear(2, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with pytest.raises(ConfigError, match=r"holds no state for 'opt_d' .*'ema'.*HINT"):
+            s.restore(model=model, ema=nn.Linear(2, 2), opt_d=opt)
