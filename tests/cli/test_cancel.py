@@ -48,7 +48,7 @@ def _status(slurm: FakeSlurm, *runs: Path) -> dict[str, dict[str, Any]]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         main(["status", *map(str, runs), "--json"], slurm=slurm.client())
-    return {Path(row["run"]).name: row for row in json.loads(out.getvalue())}
+    return {Path(row["run_dir"]).name: row for row in json.loads(out.getvalue())["runs"]}
 
 
 @pytest.mark.parametrize("state", ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"])

@@ -194,8 +194,8 @@ def test_a_copied_local_json_signals_nothing_of_the_original_run(
     assert not (copy / "local-cancelled").exists()
     assert controller.poll() is None
     # Status agrees: the copy runs nothing, the original runs.
-    states = {Path(r["run"]).name: r["state"] for r in
-              json.loads(hpc("status", str(copy), str(original), "--json").stdout)}  # fmt: skip
+    shown = json.loads(hpc("status", str(copy), str(original), "--json").stdout)
+    states = {Path(r["run_dir"]).name: r["state"] for r in shown["runs"]}
     assert states["a"] == "RUNNING"
     assert states["b"] != "RUNNING"
 
@@ -317,7 +317,7 @@ def test_real_job_survives_cancel_of_a_damaged_manifest_that_names_it(
             assert done.stdout == ""
         assert e2e.job_fields(slurm_cluster, job.job_id)["JobState"] == "RUNNING"
         shown = e2e.hpc(slurm_cluster, "status", "--runs-dir", str(runs), "--json", check=False)
-        states = {Path(r["run"]).name: r["state"] for r in json.loads(shown.stdout)}
+        states = {Path(r["run_dir"]).name: r["state"] for r in json.loads(shown.stdout)["runs"]}
         assert states == {job.run_dir.name: "RUNNING", "listed": "DAMAGED", "ranged": "DAMAGED"}
     finally:
         e2e.hpc(slurm_cluster, "cancel", str(job.run_dir), check=False)

@@ -86,7 +86,8 @@ def test_dry_run_without_slurm_assumes_the_default_limit(
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0
     assert [a["array"] for a in doc["arrays"]] == ["0-5%2"]
-    assert [p["overrides"] for p in doc["points"][:2]] == [
+    assert doc["schema"] == "hpc-ddp.sweep/1"
+    assert [p["values"] for p in doc["points"][:2]] == [
         {"train.lr": 0.1, "train.seed": 0},
         {"train.lr": 0.1, "train.seed": 1},
     ]
@@ -185,7 +186,7 @@ def test_resubmit_failed_from_the_command_line(
     assert main(["sweep", "--resubmit-failed", str(sweep_dir), "--dry-run", "--json"]) == 0
     # The new array is now what squeue would be asked about; it is gone (empty queue), so the
     # same tasks are failed again and would be resubmitted again.
-    assert json.loads(capsys.readouterr().out)["points"] == [3, 4, 5]
+    assert json.loads(capsys.readouterr().out)["resubmitted"] == [3, 4, 5]
 
 
 def test_a_sweep_dir_of_the_old_layout_reads_as_before(
@@ -203,16 +204,16 @@ def test_a_sweep_dir_of_the_old_layout_reads_as_before(
     _fill(sweep_dir, slurm)
     expected = ["finished"] * 3 + ["failed"] * 3
     assert main(["status", str(sweep_dir), "--json"]) == 0
-    [entry] = json.loads(capsys.readouterr().out)
+    [entry] = json.loads(capsys.readouterr().out)["sweeps"]
     assert [task["state"] for task in entry["tasks"]] == expected
     assert main(["results", str(sweep_dir), "--json", "--sort", "index"]) == 0
-    assert [row["state"] for row in json.loads(capsys.readouterr().out)] == expected
+    assert [row["state"] for row in json.loads(capsys.readouterr().out)["rows"]] == expected
     assert main(["logs", str(sweep_dir), "--task", "4", "--rank", "2"]) == 2  # 2 ranks: 0-1
     assert "no such rank (the run has 2 ranks" in capsys.readouterr().err
     assert main(["logs", str(sweep_dir), "--task", "4"]) == 1
     assert "no rank-0.err log yet" in capsys.readouterr().err
     assert main(["sweep", "--resubmit-failed", str(sweep_dir), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["points"] == [3, 4, 5]
+    assert json.loads(capsys.readouterr().out)["resubmitted"] == [3, 4, 5]
     assert "#SBATCH --array=3-5%2\n" in (sweep_dir / "job-1.sbatch").read_text()
 
 
@@ -229,14 +230,14 @@ def test_status_and_results_ask_sacct_how_tasks_the_queue_forgot_ended(
                       in_queue=False, command=ran)  # fmt: skip
     expected = ["finished"] * 3 + ["failed", "cancelled", "failed"]
     assert main(["status", str(sweep_dir), "--json"]) == 0
-    [entry] = json.loads(capsys.readouterr().out)
+    [entry] = json.loads(capsys.readouterr().out)["sweeps"]
     assert [task["state"] for task in entry["tasks"]] == expected
     assert main(["results", str(sweep_dir), "--json", "--sort", "index"]) == 0
-    assert [row["state"] for row in json.loads(capsys.readouterr().out)] == expected
+    assert [row["state"] for row in json.loads(capsys.readouterr().out)["rows"]] == expected
     assert [c.split()[:2] for c in slurm.commands()].count(["sacct", "-n"]) == 2
     slurm.accounting = False  # no slurmdbd: the queue's silence and the ledgers are all there is
     assert main(["status", str(sweep_dir), "--json"]) == 0
-    [entry] = json.loads(capsys.readouterr().out)
+    [entry] = json.loads(capsys.readouterr().out)["sweeps"]
     assert [task["state"] for task in entry["tasks"]][4] == "failed"
 
 
@@ -259,7 +260,7 @@ def test_results_formats_sorting_and_top(
 
     assert main(["results", str(sweep_dir), "--format", "json", "--top", "2"]) == 0
     captured = capsys.readouterr()
-    rows = json.loads(captured.out)
+    rows = json.loads(captured.out)["rows"]
     assert [(r["index"], r["best"], r["state"]) for r in rows] == [
         (1, 0.5, "finished"), (0, 0.8, "finished")
     ]  # fmt: skip
@@ -471,7 +472,7 @@ def test_results_skip_damaged_metric_lines_and_say_so(
     (sweep_dir / "tasks" / "2" / "metrics.jsonl").mkdir()  # unreadable as a file
     with caplog.at_level(logging.WARNING, logger="hpc_ddp.sweep.results"):
         assert main(["results", str(sweep_dir), "--format", "json", "--no-slurm"]) == 0
-    rows = {r["index"]: r for r in json.loads(capsys.readouterr().out)}
+    rows = {r["index"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     assert (rows[1]["best"], rows[1]["steps"]) == (0.5, 30)  # the good rows still count
     assert rows[2]["best"] is None
     warnings = [r.getMessage() for r in caplog.records]

@@ -298,7 +298,7 @@ def test_cancel_of_a_run_with_a_huge_pid_is_an_error_not_a_traceback(
     # status: one damaged run is a DAMAGED row (exit 1), never the end of the table
     done = subprocess.run([*hpc, "status", str(run_dir), "--json"], cwd=REPO,
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
-    [row] = json.loads(done.stdout)
+    [row] = json.loads(done.stdout)["runs"]
     assert (done.returncode, row["state"]) == (1, "DAMAGED")
     assert "damaged local process record" in row["note"]
 
@@ -429,9 +429,9 @@ def test_a_local_run_that_fails_before_its_attempt_starts_is_failed_in_status(
         [sys.executable, "-m", "hpc_ddp", "status", str(run_dir), "--json"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
-    [row] = json.loads(status.stdout)
+    [row] = json.loads(status.stdout)["runs"]
     # Restarted once in its process tree, then stopped as a crash loop: the same error again.
-    assert (row["state"], row["causes"]) == ("FAILED", "crash,no_progress")
+    assert (row["state"], row["causes"]) == ("FAILED", ["crash", "no_progress"])
     said = r"rank [01] on [^:]+: ConfigError: train\.model: module 'tests\.helpers\.user_code' "
     assert re.search(said + "has no attribute 'Nope'", row["note"]), row["note"]
     assert "command:" not in row["note"]
