@@ -108,7 +108,7 @@ def checkpoints(cluster: Cluster, run_dir: Path) -> list[dict[str, Any]]:
     """``hpc-ddp checkpoints RUN_DIR --json``: one dict per checkpoint, oldest first."""
     rows: list[dict[str, Any]] = json.loads(
         hpc(cluster, "checkpoints", str(run_dir), "--json").stdout
-    )
+    )["checkpoints"]
     return rows
 
 

@@ -106,11 +106,11 @@ class CancelResult:
     """The line ``hpc-ddp cancel`` prints for it."""
 
     def to_dict(self) -> dict[str, Any]:
-        """As ``hpc-ddp cancel --json`` prints it."""
+        """As ``hpc-ddp cancel --json`` prints it, one of its ``results``."""
         return {
             "run_dir": str(self.run_dir),
             "backend": self.backend,
-            "jobs": list(self.jobs),
+            "job_ids": list(self.jobs),
             "outcome": self.outcome,
             "message": self.message,
         }

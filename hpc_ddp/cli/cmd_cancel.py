@@ -47,12 +47,16 @@ def run(args: argparse.Namespace) -> int:
     Exit 0 when every target was cancelled, had already ended or is unknown to Slurm; 2 when
     a target's job is not that run's (nothing of that target was signalled).
     """
+    from hpc_ddp.output import CANCEL, document
+
     runs_dir = runs_dir_from(args.runs_dir, os.environ)
     refused = False
+    results = []
     for result in cancel_targets(args.targets, runs_dir=runs_dir, slurm=args.slurm):
         refused |= result.outcome == "not_this_run"
-        if args.json:
-            print(json.dumps(result.to_dict()))
-        else:
+        results.append(result.to_dict())
+        if not args.json:
             print(result.message, file=sys.stderr if result.outcome == "not_this_run" else None)
+    if args.json:  # one object once every target is done, as every verb's --json
+        print(json.dumps(document(CANCEL, {"results": results})))
     return 2 if refused else 0

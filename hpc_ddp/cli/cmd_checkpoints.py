@@ -59,13 +59,15 @@ def run(args: argparse.Namespace) -> int:
 
     infos = list_checkpoints(run_dir, verify=args.verify)
     if args.json:
+        from hpc_ddp.output import CHECKPOINTS, document
+
         rows = [
             {
                 "path": str(i.path),
                 "step": i.step,
                 "epoch": i.epoch,
-                "time": i.time,
-                "size": i.size,
+                "saved_at": _iso(i.time),
+                "size_bytes": i.size,
                 "weights_digest": i.weights_digest,
                 "state": i.state.value,
                 "error": i.error,
@@ -74,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
             }
             for i in infos
         ]
-        print(json.dumps(rows, indent=2))
+        shown = {"run_dir": str(run_dir), "checkpoints": rows}
+        print(json.dumps(document(CHECKPOINTS, shown), indent=2))
     else:
         table = [
             [
@@ -108,6 +111,15 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _iso(when: float | None) -> str | None:
+    """Epoch seconds as ISO 8601 (UTC), as every ``--json`` writes a time; None for none."""
+    from datetime import datetime, timezone
+
+    if not when:
+        return None
+    return datetime.fromtimestamp(when, timezone.utc).isoformat(timespec="seconds")
 
 
 def _state(info: CheckpointInfo) -> str:

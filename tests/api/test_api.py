@@ -305,7 +305,7 @@ def test_cancel_says_what_it_came_to_as_the_cli_does(tmp_path: Path) -> None:
     code, shown = cli_json(slurm, "cancel", str(job.run_dir), "--json")
     assert again.outcome == "already_finished"
     assert code == 0
-    assert again.to_dict() == shown
+    assert [again.to_dict()] == shown["results"]
 
 
 def test_logs_reads_a_ranks_log_and_refuses_a_rank_the_run_has_not(tmp_path: Path) -> None:

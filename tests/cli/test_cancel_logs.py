@@ -165,7 +165,7 @@ def test_the_guard_sees_a_real_cancels_signal(
     assert len(calls) == 1
     assert calls[0][0] == "pidfd_send_signal"
     assert calls[0][2] == "15"
-    shown = json.loads(done.stdout)
+    [shown] = json.loads(done.stdout)["results"]
     assert shown["outcome"] == "cancelled"
     assert f"cancelled local job {sleeper.pid}" in shown["message"]
 
@@ -186,7 +186,7 @@ def test_a_copied_local_json_signals_nothing_of_the_original_run(
     done, calls = guarded(tmp_path, "cancel", str(copy), "--json")
     assert calls == []
     assert done.returncode == 2, done.stderr
-    shown = json.loads(done.stdout)
+    [shown] = json.loads(done.stdout)["results"]
     assert shown["outcome"] == "not_this_run"
     assert f"its process {controller.pid}" in shown["message"]
     assert f"runs {original.resolve()}, not {copy.resolve()}" in shown["message"]
