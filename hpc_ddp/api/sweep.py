@@ -410,8 +410,20 @@ def resubmit(
         dry_run=dry_run,
     )
     if not result.points and result.live and not dry_run:
+        if read_manifest(sweep_dir).backend == "local":
+            raise _still_running_locally(sweep_dir, result.live)
         raise _still_live(sweep_dir, result.live)
     return result
+
+
+def _still_running_locally(sweep_dir: Path, live: dict[int, str]) -> TargetError:
+    """A local sweep whose controller still runs: it may yet start its points (exit 2)."""
+    return TargetError(
+        f"nothing resubmitted: the local sweep controller of {sweep_dir} still runs (points "
+        f"{format_index_ranges(live)} are running or waiting for it); two processes must never "
+        f"start one point. HINT: `hpc-ddp status {sweep_dir}` follows it; resubmit once it has "
+        f"ended, or `hpc-ddp cancel {sweep_dir}` first."
+    )
 
 
 def _still_live(sweep_dir: Path, live: dict[int, str]) -> TargetError:

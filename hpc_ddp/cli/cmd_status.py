@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +136,7 @@ ATTEMPT_COLUMNS = ["attempt", "job", "restart", "launch", "nodes", "ranks", "cau
 ``launch`` the supervisor's restarts inside one allocation; the long text comes last."""
 
 
-def _attempt_cells(a: dict[str, Any]) -> list[Any]:
+def _attempt_cells(a: Mapping[str, Any]) -> list[Any]:
     """One ``attempt_list`` entry as a table row: ``ranks`` shows an elastic resume as
     ``2->1``, ``then`` what the supervisor did after a fault (nothing after a finished run),
     ``why`` the blame, or the resize in words."""

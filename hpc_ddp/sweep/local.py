@@ -48,6 +48,10 @@ DEFAULT_LOCAL_PARALLEL = 1
 whole set of ranks, and two sets on one laptop slow each other down."""
 POLL_S = 0.5
 
+_STARTED: list[subprocess.Popen[bytes]] = []
+"""Controllers this process started: kept so that none is reaped by garbage collection while
+it runs (``Popen.__del__`` warns), and collected once it has exited (:func:`_reap`)."""
+
 
 def local_parallel(max_parallel: int | None) -> int:
     """How many points a local sweep runs at once."""
@@ -78,10 +82,17 @@ def start_controller(sweep_dir: Path, points: Sequence[int], parallel: int) -> s
             start_new_session=True,
             close_fds=True,
         )
+    _STARTED.append(proc)
     ident = identify_started(proc.pid)
     if ident is not None:
         write_identity(sweep_dir, ident)
     return str(proc.pid)
+
+
+def _reap() -> None:
+    """Collect the controllers this process started that have exited (no zombie lingers in a
+    notebook that started a sweep)."""
+    _STARTED[:] = [p for p in _STARTED if p.poll() is None]
 
 
 def controller_alive(sweep_dir: Path) -> bool:
@@ -93,6 +104,7 @@ def controller_alive(sweep_dir: Path) -> bool:
 def controller_points(sweep_dir: Path) -> frozenset[int] | None:
     """The points the sweep's live controller runs (from its recorded command line); None
     when no controller runs."""
+    _reap()
     expected = read_identity(sweep_dir)
     if expected is None or identify(expected.pid) != expected:
         return None

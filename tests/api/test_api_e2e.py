@@ -74,7 +74,7 @@ def test_submit_wait_metrics_resume_through_the_api(slurm_cluster: Cluster, tmp_
     assert again.job_id != job.job_id
     done = again.wait(timeout=300)
     assert (done.state, done.attempts, done.causes, done.ckpt_step) == (
-        "COMPLETED", 2, "finished,finished", 50
+        "COMPLETED", 2, ("finished", "finished"), 50
     )  # fmt: skip
     steps = [r["step"] for r in again.metrics() if "loss" in r]
     assert steps[-1] == 50

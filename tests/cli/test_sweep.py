@@ -544,3 +544,51 @@ def test_a_full_disk_while_writing_the_sweep_is_a_failure_with_a_hint(
     err = capsys.readouterr().err
     assert f"writing the sweep directory under {runs} failed: [Errno 28] No space left" in err
     assert "HINT:" in err
+
+
+def test_results_of_a_plain_run_directory_names_nothing_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run directory is no sweep: ``results`` says so and exits 2, like any target that
+    names nothing (a damaged sweep, one with tasks/ but no sweep.yaml, stays exit 1)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "manifest.json").write_text("{}")
+    assert main(["results", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"{run_dir}: a run directory, not a sweep directory (no sweep.yaml)" in err
+    assert f"`hpc-ddp status {run_dir}`" in err
+    assert main(["results", str(tmp_path)]) == 2
+    assert "no sweep, not a sweep directory" in capsys.readouterr().err
+    (run_dir / "tasks").mkdir()
+    assert main(["results", str(run_dir)]) == 1
+    assert "no sweep.yaml, so not a sweep directory" in capsys.readouterr().err
+
+
+def test_the_json_of_every_status_follows_one_convention(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``status --json`` of a run and of a sweep (docs/json.md): a schema, snake_case keys,
+    seconds as numbers, null for none (never "-"), lists as lists."""
+    sweep_dir = submit(tmp_path, capsys)
+    _fill(sweep_dir, slurm)
+    assert main(["status", str(sweep_dir), str(sweep_dir / "tasks" / "0"), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["schema"] == "hpc-ddp.status/1"
+    assert [e["task"] for e in shown["sweeps"]] == [None, 0]
+
+    def walk(value: object, where: str) -> None:
+        assert value not in ("-", ""), f"{where}: {value!r} for none (null is)"
+        if isinstance(value, dict):
+            for key, item in value.items():
+                inside = where.endswith(".values")  # a point's dotted keys are the user's
+                assert inside or (key.replace("_", "").isalnum() and key == key.lower()), key
+                walk(item, f"{where}.{key}")
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                walk(item, f"{where}[{i}]")
+
+    walk(shown, "status")
+    task = shown["sweeps"][0]["tasks"][0]
+    assert task["values"] == {"train.lr": 0.1, "train.seed": 0}
+    assert isinstance(task["attempts"], int)
