@@ -764,7 +764,7 @@ def test_real_goodput_of_a_running_sweep_task_counts_up_to_now(
 
         def task_goodput() -> dict[str, Any]:
             out = e2e.hpc(slurm_cluster, "status", str(sweep_dir), "--json", "--goodput").stdout
-            [entry] = json.loads(out)
+            [entry] = json.loads(out)["sweeps"]
             [task] = entry["tasks"]
             assert task["state"] == "running", task
             goodput: dict[str, Any] = task["goodput"]
