@@ -382,7 +382,7 @@ def test_a_sweep_from_submit_to_results_and_resubmission(tmp_path: Path) -> None
     slurm = FakeSlurm(first_job_id=900)
     runs = tmp_path / "runs"
     sweep = hpc_ddp.submit_sweep(sweep_lr(tmp_path), {"train.max_steps": 8}, runs_dir=runs,
-                                 slurm=slurm.client())  # fmt: skip
+                                 slurm=slurm.client(), backend="slurm")  # fmt: skip
     assert sweep.array_jobs == ("900",)
     assert hpc_ddp.Sweep.from_dir(sweep.sweep_dir) == sweep
     tasks = sweep.tasks()

@@ -33,6 +33,13 @@ def slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
     the real client answers with it); its job ids start at 501."""
     fake = FakeSlurm(first_job_id=501)
     monkeypatch.setattr(cli_main, "_real_slurm", fake.client)
+    # A login node: `sbatch` on PATH, so that --backend auto means Slurm (never run: the fake
+    # client answers).
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
     monkeypatch.delenv("HPC_DDP_SITE", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.config/hpc-ddp/site.yaml
     return fake
@@ -592,3 +599,24 @@ def test_the_json_of_every_status_follows_one_convention(
     task = shown["sweeps"][0]["tasks"][0]
     assert task["values"] == {"train.lr": 0.1, "train.seed": 0}
     assert isinstance(task["attempts"], int)
+
+
+def test_backend_local_is_accepted_and_auto_means_local_without_sbatch(
+    tmp_path: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """The error without Slurm suggests `--backend local`: sweep takes it, and `auto` (the
+    default) is local where `sbatch` is not on PATH, as for submit. A dry run starts nothing."""
+    runs = tmp_path / "runs"
+    argv = ["sweep", str(sweep_file(tmp_path)), "--runs-dir", str(runs), "--dry-run"]
+    assert main([*argv, "--backend", "local"]) == 0
+    out = capsys.readouterr().out
+    assert "# backend: local; 6 points as local runs, 2 at once" in out
+    assert "#SBATCH" not in out
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert main([*argv, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["backend"], shown["max_parallel"], shown["arrays"]) == ("local", 2, [])
+    assert [p["values"] for p in shown["points"][:1]] == [{"train.lr": 0.1, "train.seed": 0}]
+    assert not runs.exists()
+    assert slurm.commands() == []
