@@ -35,8 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON object per line, one per target, with its outcome (cancelled, "
-        "already_finished, unknown or not_this_run)",
+        help="print one JSON object (docs/json.md) once every target is done: its results, "
+        "one per target, each with its outcome (cancelled, already_finished, unknown or "
+        "not_this_run)",
     )
 
 

@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("run_dir", help="the run directory (or its checkpoints/ directory)")
-    parser.add_argument("--json", action="store_true", help="print one JSON list")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (docs/json.md)")
     parser.add_argument(
         "--verify",
         action="store_true",

@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--runs-dir", help=f"where to look for runs (default ${RUNS_DIR_ENV} or ./runs)"
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON list")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (docs/json.md)")
     parser.add_argument("--attempts", action="store_true", help="also list every attempt")
     parser.add_argument(
         "--goodput",

@@ -228,7 +228,7 @@ def run_points(sweep_dir: Path, points: Sequence[int], parallel: int) -> int:
                 log.info("point %d ended", index)
         time.sleep(POLL_S)
     if stopping:
-        log.info("stopped: points %s were not started", ",".join(map(str, queue)) or "none")
+        log.info("stopped: point(s) not started: %s", ",".join(map(str, queue)) or "none")
     return 0
 
 

@@ -146,3 +146,30 @@ def test_resubmit_failed_runs_a_failed_point_again_locally(tmp_path: Path) -> No
     nothing = hpc("sweep", "--resubmit-failed", str(sweep.sweep_dir), cwd=tmp_path)
     assert nothing.returncode == 0, nothing.stderr
     assert "nothing to resubmit" in nothing.stdout
+
+
+def test_cancel_of_a_local_sweep_stops_the_running_point_and_starts_no_more(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(120)\n")
+    (tmp_path / "sleeper.yaml").write_text(
+        f"name: sleeper\ncommand: [python, {tmp_path / 'sleeper.py'}]\nparams: {{x: 0}}\n"
+        "slurm: {nodes: 1, tasks_per_node: 1, cpus_per_task: 1, time: '5'}\n"
+    )
+    sweep = hpc_ddp.submit_sweep(tmp_path / "sleeper.yaml", ["params.x=0,1"],
+                                 runs_dir=tmp_path / "runs", backend="local")  # fmt: skip
+    deadline = time.monotonic() + 120
+    while [t["state"] for t in sweep.status().tasks] != ["running", "pending"]:
+        assert time.monotonic() < deadline, sweep.status().tasks
+        time.sleep(0.5)
+    done = hpc("cancel", str(sweep.sweep_dir), "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    [result] = json.loads(done.stdout)["results"]
+    assert (result["outcome"], result["backend"]) == ("cancelled", "local")
+    ended = sweep.wait(timeout=120, check=False)
+    assert [t["state"] for t in ended.tasks] == ["cancelled", "cancelled"]
+    assert not (sweep.sweep_dir / "tasks" / "1" / "manifest.json").exists()  # never started
+    assert (
+        "stopped: point(s) not started: 1"
+        in (sweep.sweep_dir / "logs" / "local-sweep.log").read_text()
+    )
