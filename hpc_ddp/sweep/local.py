@@ -9,11 +9,18 @@ task directory with the local backend's own launch (:func:`hpc_ddp.launch.submis
 so each point is what ``submit --backend local`` would start: its ranks, their identities, its
 ``manifest.json``), waits for it, and starts the next.
 
-Its identity goes to ``SWEEP_DIR/local.json`` (:mod:`hpc_ddp.local.process`), so that a point
-not started yet reads ``pending`` while the controller lives and ``failed`` (never started)
-once it has gone; its own log is ``SWEEP_DIR/logs/local-sweep.log``. A SIGTERM (a cancel)
-starts no further point and cancels the running ones, each stopping at an agreed step with a
-checkpoint, as a local run's cancel does.
+Its identity goes to ``SWEEP_DIR/local.json`` (:mod:`hpc_ddp.local.process`), its command line
+naming its points, so that a point it has yet to start reads ``pending`` while it lives, and
+``cancelled`` or ``failed`` (never started) once it has gone; its own log is
+``SWEEP_DIR/logs/local-sweep.log``. A SIGTERM (a cancel) starts no further point and cancels
+the running ones, each stopping at an agreed step with a checkpoint, as a local run's cancel
+does.
+
+Why a process of its own, started with ``Popen``, rather than a submitit job like a run's
+controller: its job is only to wait and start the next point, which needs no task wrapper, and
+it must not hold the caller's stdout (submitit's controller inherits it: the issue the local
+backend's own detachment addresses). Each point, though, is started by the local backend's
+launch itself, so whatever that does for a run it does for a point.
 """
 
 from __future__ import annotations
