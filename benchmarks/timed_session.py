@@ -13,8 +13,8 @@ from typing import Any
 from hpc_ddp.runtime.session import Session
 
 AGREE_MODES = ("sync", "off")
-"""How :meth:`TimedSession.should_stop` agrees: the session's own way (at the steps its cadence
-picks), or never (what agreeing costs)."""
+"""How :meth:`TimedSession._stop_between_steps` agrees: the session's own way (at the steps
+its cadence picks), or never (what agreeing costs)."""
 
 
 class TimedSession(Session):
@@ -28,6 +28,8 @@ class TimedSession(Session):
     agree = "sync"
     exact: bool | None = None
     agree_s = 0.0
+    first_wall = float("nan")
+    """Wall-clock time step 1 was done (set by a benchmark that syncs the GPU there)."""
 
     def steps(self, total: int, *, checkpoint_every: int = 0) -> Iterator[int]:
         """The session's steps, with a time mark (and the agreement time so far) after each."""
@@ -41,12 +43,12 @@ class TimedSession(Session):
         self.marks.append(time.perf_counter())
         self.agree_marks.append(self.agree_s)
 
-    def should_stop(self) -> bool:
-        """The session's stop agreement in the chosen mode, timed into ``agree_s``."""
+    def _stop_between_steps(self) -> bool:
+        """The step loop's stop agreement in the chosen mode, timed into ``agree_s``."""
         start = time.perf_counter()
         try:
             if self.agree == "sync":
-                return super().should_stop()
+                return super()._stop_between_steps()
             return False
         finally:
             self.agree_s += time.perf_counter() - start

@@ -172,13 +172,12 @@ def record_lock(
     try:
         fd = os.open(path, os.O_RDONLY if shared else os.O_RDWR | os.O_CREAT, 0o644)
     except FileNotFoundError:
-        if shared:
+        if shared:  # nothing to wait for: no submission can hold a lock that is not there
             yield False
             return
-        raise RunDirError(
-            f"{directory}: no such run directory, so no {SUBMIT_LOCK_FILE} to take. HINT: pass "
-            "a run directory printed by `hpc-ddp submit`."
-        ) from None
+        raise _unusable_lock(directory, path) from None
+    except OSError as exc:  # a directory in its place, a symlink loop, no permission
+        raise _unusable_lock(directory, path, exc) from None
     try:
         _acquire(fd, path, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, timeout_s)
         if not shared:
@@ -190,6 +189,32 @@ def record_lock(
         yield True
     finally:
         os.close(fd)  # closing the descriptor releases the lock
+
+
+def _unusable_lock(directory: Path, path: Path, exc: OSError | None = None) -> RunDirError:
+    """Why ``path`` cannot be opened as the record lock, and what to do (the run directory
+    itself may be fine: only the lock file is in the way)."""
+    if not directory.is_dir():
+        return RunDirError(
+            f"{directory}: no such run directory, so no {SUBMIT_LOCK_FILE} to take. HINT: pass "
+            "a run directory printed by `hpc-ddp submit`."
+        )
+    fix = (
+        f"HINT: remove it (`rm -r {path}`, when no hpc-ddp command is using {directory}); "
+        "hpc-ddp creates its lock file again as a plain file."
+    )
+    if path.is_symlink():
+        target = os.readlink(path)
+        return RunDirError(
+            f"{path}: the run directory's lock file is a symlink to {target!r}, which cannot "
+            f"be opened ({exc.strerror if exc is not None else 'it does not exist'}). {fix}"
+        )
+    if path.is_dir():
+        return RunDirError(
+            f"{path}: the run directory's lock file is a directory, not a file. {fix}"
+        )
+    why = exc.strerror if exc is not None and exc.strerror else str(exc)
+    return RunDirError(f"{path}: cannot open the run directory's lock file ({why}). {fix}")
 
 
 def _acquire(fd: int, path: Path, mode: int, timeout_s: float) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.layout import RunPaths
-from hpc_ddp.manifest import Manifest, read_manifest, write_manifest
+from hpc_ddp.manifest import Manifest, read_manifest, record_lock, write_manifest
 
 STAMP = "20260101-120000"
 
@@ -115,3 +115,22 @@ def test_write_manifest_leaves_no_temp_file(tmp_path: Path) -> None:
     write_manifest(paths, manifest)
     assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
     assert read_manifest(tmp_path) == manifest
+
+
+@pytest.mark.parametrize("what", ["directory", "symlink"])
+def test_a_lock_file_that_is_not_a_file_is_named_with_what_to_do(tmp_path: Path, what: str) -> None:
+    """It used to be an IsADirectoryError traceback, or "no such run directory" for a run
+    directory that exists. A starting task still goes on: no submission can hold it."""
+    lock = tmp_path / "submit.lock"
+    if what == "directory":
+        lock.mkdir()
+    else:
+        lock.symlink_to(tmp_path / "gone" / "submit.lock")
+    with pytest.raises(RunDirError) as caught, record_lock(tmp_path):
+        pass
+    message = str(caught.value)
+    assert message.startswith(f"{lock}: the run directory's lock file is a {what}")
+    assert f"HINT: remove it (`rm -r {lock}`" in message
+    assert "no such run directory" not in message
+    with record_lock(tmp_path, shared=True):
+        pass

@@ -15,7 +15,8 @@ already ended, or that Slurm does not know, is not cancelled either, and is said
 
 A local run's job id is a pid, and pids are reused: it is signalled only while
 :mod:`hpc_ddp.local.process` proves the process under it is still that run's own, and that its
-command line names this run directory.
+command line names this run directory. A local cancel returns once every process of the run
+has ended: what ignores the SIGTERM is SIGKILLed after a grace (Slurm's ``KillWait``).
 
 ``hpc-ddp cancel``, :meth:`hpc_ddp.Job.cancel` and :meth:`hpc_ddp.Sweep.cancel` all cancel
 through :func:`cancel_targets`.
@@ -38,7 +39,7 @@ from hpc_ddp.api.targets import (
 )
 from hpc_ddp.errors import RunDirError, SlurmError, TargetError
 from hpc_ddp.layout import MANIFEST_FILE
-from hpc_ddp.local.process import cancel_local
+from hpc_ddp.local.process import KILL_WAIT_S
 from hpc_ddp.manifest import Backend, read_manifest
 from hpc_ddp.slurm.arrayjobs import live_task
 from hpc_ddp.slurm.client import SlurmClient
@@ -78,7 +79,7 @@ class Cancel:
         return self.source.parent
 
 
-Outcome = Literal["cancelled", "already_finished", "unknown", "not_this_run"]
+Outcome = Literal["cancelled", "already_finished", "unknown", "not_this_run", "still_running"]
 """What cancelling one target came to (``cancel --json``'s ``outcome``)."""
 
 
@@ -100,8 +101,9 @@ class CancelResult:
     jobs: tuple[str, ...]
     """The job ids (a local run: its controller's pid) it was about."""
     outcome: Outcome
-    """``cancelled``, ``already_finished``, ``unknown`` (to Slurm) or ``not_this_run`` (its job
-    runs another directory's script: nothing of it was signalled)."""
+    """``cancelled``, ``already_finished``, ``unknown`` (to Slurm), ``not_this_run`` (its job
+    runs another directory's script: nothing of it was signalled) or, for a local run,
+    ``still_running`` (some process of it survived SIGTERM and SIGKILL)."""
     message: str
     """The line ``hpc-ddp cancel`` prints for it."""
 
@@ -117,15 +119,23 @@ class CancelResult:
 
 
 def cancel_targets(
-    targets: Sequence[str], *, runs_dir: Path, slurm: SlurmClient
+    targets: Sequence[str],
+    *,
+    runs_dir: Path,
+    slurm: SlurmClient,
+    kill_wait_s: float | None = None,
 ) -> Iterator[CancelResult]:
     """Cancel every target (run, sweep or sweep task directories, job ids, ``ARRAYJOB_TASK``),
     yielding what each came to as it is done; a cancelled job is never requeued by hpc-ddp.
 
     Every target is resolved, and every job id checked, before the first is cancelled: a
     wrong target raises (:class:`TargetError`, :class:`RunDirError`) and nothing is cancelled.
-    ``runs_dir`` is where job ids are looked up.
+    ``runs_dir`` is where job ids are looked up. A local run is waited for until every
+    process of it has ended, SIGKILLed after ``kill_wait_s`` (default
+    :data:`~hpc_ddp.local.process.KILL_WAIT_S`, as Slurm's ``KillWait``).
     """
+    from hpc_ddp.local.backend import stop_local
+
     check_targets(targets)
     plans = [plan for t in targets for plan in plan_cancel(t, runs_dir)]
     for plan in plans:
@@ -135,7 +145,8 @@ def cancel_targets(
             done = cancel_local_sweep(plan.where)
             result = Result(done.outcome, done.message)
         elif plan.local:
-            done = cancel_local(plan.where, plan.jobs[0])
+            wait = KILL_WAIT_S if kill_wait_s is None else kill_wait_s
+            done = stop_local(plan.where, plan.jobs[0], kill_wait_s=wait)
             result = Result(done.outcome, done.message)
         else:
             result = cancel_slurm(slurm, plan)

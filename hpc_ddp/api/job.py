@@ -234,8 +234,10 @@ class Job:
 
     def cancel(self) -> CancelResult:
         """Cancel the job as ``hpc-ddp cancel RUN_DIR`` does; ``.outcome`` says what came of it
-        (``cancelled``, ``already_finished``, ``unknown`` to Slurm, or ``not_this_run``: the
-        job id names a job of another directory, and nothing was signalled)."""
+        (``cancelled``, ``already_finished``, ``unknown`` to Slurm, ``not_this_run``: the job
+        id names a job of another directory, and nothing was signalled; or ``still_running``: a
+        local run's process outlived SIGTERM and SIGKILL). A local run is waited for until
+        every process of it has ended (SIGKILL after ``KILL_WAIT_S``, as Slurm's KillWait)."""
         from hpc_ddp.api.cancel import cancel_targets
 
         [result] = cancel_targets(
@@ -304,9 +306,11 @@ def plan_submit(
     :func:`sbatch_test_only` (which asks Slurm, so a local backend is refused). ``slurm`` is
     not asked anything: planning is pure (the parameter is here as on every function).
     """
+    from hpc_ddp.api.targets import path_arg
     from hpc_ddp.config.preflight import preflight_job
     from hpc_ddp.launch.submission import choose_backend, prepare, runs_dir_from
 
+    runs_dir = path_arg("runs_dir", runs_dir)  # checked first: nothing is read before
     args = override_args(overrides)
     cfg, config_path = _job_config(config, args, site)
     preflight_job(cfg, str(config_path))  # what would fail on the nodes, checked from here
@@ -328,6 +332,7 @@ def _job_config(
     config: str | Path | JobConfig, overrides: Sequence[str], site: str | Path | None
 ) -> tuple[JobConfig, Path]:
     """The job's config, with the overrides, and the path its source is known by."""
+    from hpc_ddp.api.targets import path_arg
     from hpc_ddp.config.load import (
         apply_overrides,
         find_site_profile,
@@ -341,8 +346,8 @@ def _job_config(
             return config, Path(PYTHON_CONFIG)
         data = apply_overrides(job_config_to_dict(config), overrides)
         return job_config_from_dict(data, f"{PYTHON_CONFIG} (with overrides)"), Path(PYTHON_CONFIG)
-    path = Path(config)
-    profile = find_site_profile(None if site is None else str(site), os.environ, Path.home())
+    path = Path(path_arg("config", config) or "")
+    profile = find_site_profile(path_arg("site", site), os.environ, Path.home())
     return load_job_config(path, overrides, site_profile=profile), path
 
 

@@ -13,11 +13,39 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from hpc_ddp.api.targets import require_dir, sweep_task_of
+from hpc_ddp.api.targets import find_array_task, require_dir, resolve_targets, sweep_task_of
 from hpc_ddp.errors import HpcDdpError, RunDirError, TargetError
 from hpc_ddp.layout import RunPaths
 from hpc_ddp.slurm.arrayjobs import batch_logs, format_index_ranges
+from hpc_ddp.slurm.jobstate import is_job_ref
 from hpc_ddp.sweep.records import read_sweep_record
+
+LOG_STREAMS = ("err", "out")
+"""The streams a log is read from: a rank's (or the batch script's) stderr and stdout."""
+
+
+def log_target(target: str, task: int | None, runs_dir: Path) -> tuple[Path, int | None]:
+    """(the directory, the sweep task) whose logs ``target`` means: a path as given, or the run
+    of a job id (``ARRAYJOB_TASK``: its sweep and point) under ``runs_dir``, found as ``status``
+    and ``cancel`` find it (:func:`~hpc_ddp.api.targets.resolve_targets`)."""
+    path = Path(target)
+    if path.exists() or not is_job_ref(target) or sweep_task_of(path) is not None:
+        return path, task
+    if task is not None:
+        raise TargetError(
+            f"--task {task}: {target} is a job id, not a sweep directory. HINT: pass the sweep "
+            "directory with --task, or the array task's own id (ARRAYJOB_TASK, e.g. 1234_5)."
+        )
+    if "_" in target:
+        found = find_array_task(target, runs_dir)
+        return found.sweep_dir, found.point
+    runs = resolve_targets([target], runs_dir)
+    if len(runs) > 1:
+        raise TargetError(
+            f"job id {target} names {len(runs)} runs under {runs_dir}: "
+            f"{', '.join(map(str, runs))}. HINT: pass the run directory instead."
+        )
+    return runs[0], None
 
 
 def run_paths(target: Path, task: int | None) -> RunPaths:
@@ -62,6 +90,16 @@ def check_rank(paths: RunPaths, rank: int) -> None:
     from hpc_ddp.config.load import load_resolved_config
     from hpc_ddp.job.taskconfig import load_task_config
 
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        raise TypeError(
+            f"rank={rank!r}: expected an int, not {type(rank).__name__}. HINT: pass a rank "
+            "number, e.g. rank=0."
+        )
+    if rank < 0:
+        raise TargetError(
+            f"--rank {rank}: no such rank (ranks are numbered from 0). HINT: pass --rank 0, or "
+            "another rank of the run."
+        )
     task = None if paths.config.is_file() else sweep_task_of(paths.root)
     try:
         # A sweep task that has not started has its config in the sweep's packed file only.
@@ -69,7 +107,7 @@ def check_rank(paths: RunPaths, rank: int) -> None:
     except (HpcDdpError, OSError):
         return
     ranks = cfg.slurm.ntasks
-    if rank >= ranks:
+    if rank < 0 or rank >= ranks:
         have = "0" if ranks == 1 else f"0-{ranks - 1}"
         raise TargetError(
             f"--rank {rank}: no such rank (the run has {ranks} rank{'s' if ranks > 1 else ''}: "
@@ -136,6 +174,12 @@ def read_log(paths: RunPaths, *, rank: int = 0, stream: Literal["err", "out"] = 
     A rank the run does not have is a :class:`TargetError`; a log that does not exist (yet) a
     :class:`RunDirError` listing the logs there are. Bytes that are not UTF-8 are replaced.
     """
+    if stream not in LOG_STREAMS:
+        raise ValueError(
+            f"stream={stream!r} is not a log stream. HINT: pass one of "
+            f"{', '.join(map(repr, LOG_STREAMS))} (stderr: hpc-ddp's progress and tracebacks; "
+            "stdout: what the script printed)."
+        )
     if not batch:
         check_rank(paths, rank)
     found = log_paths(paths, rank=rank, stream=stream, batch=batch)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hpc_ddp.api.targets import manifest_jobs, resolve_targets, sweep_task_of
+from hpc_ddp.api.targets import manifest_jobs, path_arg, resolve_targets, sweep_task_of
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.layout import MANIFEST_FILE
 from hpc_ddp.manifest import Manifest, read_manifest
@@ -246,7 +246,7 @@ def runs(
 
     from hpc_ddp.launch.submission import runs_dir_from
 
-    base = runs_dir_from(None if runs_dir is None else str(runs_dir), os.environ)
+    base = runs_dir_from(path_arg("runs_dir", runs_dir), os.environ)
     return collect_status([], base, slurm if slurm is not None else SlurmClient())
 
 

@@ -28,7 +28,7 @@ from typing import Any, Literal
 from hpc_ddp.api.cancel import CancelResult, cancel_targets
 from hpc_ddp.api.job import BackendChoice, Job, Overrides, override_args
 from hpc_ddp.api.status import SweepStatus, collect_status, wait_until_ended
-from hpc_ddp.api.targets import require_dir
+from hpc_ddp.api.targets import path_arg, require_dir
 from hpc_ddp.errors import (
     ConfigError,
     RunDirError,
@@ -142,7 +142,7 @@ class Sweep:
         seconds a :class:`~hpc_ddp.errors.WaitTimeoutError`; the tasks go on.
         """
         done = wait_until_ended(self.status, timeout=timeout, what=str(self.sweep_dir),
-                                poll_s=poll_s)  # fmt: skip
+                                poll_s=poll_s, settled=self._settled)  # fmt: skip
         if check and not done.succeeded:
             lines = tuple(
                 f"task {t['index']}: {t['state']}"
@@ -174,6 +174,11 @@ class Sweep:
         """
         from hpc_ddp.sweep.results import row_dict
 
+        if mode not in (None, "min", "max"):
+            raise ValueError(
+                f"mode={mode!r} is not a ranking mode. HINT: pass 'min' (lower is better), "
+                "'max' (higher is better), or None for the sweep's own."
+            )
         gathered = gather(self.sweep_dir, self._client(), sort=sort, mode=mode)
         return [row_dict(r) for r in gathered.rows]
 
@@ -191,6 +196,15 @@ class Sweep:
         tasks run and none has failed."""
         resubmit(self.sweep_dir, slurm=self._client())
         return Sweep.from_dir(self.sweep_dir, slurm=self.slurm)
+
+    def _settled(self) -> bool:
+        """True unless a local sweep's controller still runs: every point may read ended a
+        moment before it has reaped the last one and exited."""
+        if self.backend != "local":
+            return True
+        from hpc_ddp.sweep.local import controller_alive
+
+        return not controller_alive(self.sweep_dir)
 
     def _client(self) -> SlurmClient:
         return _client(self.slurm)
@@ -213,8 +227,8 @@ def load_sweep_spec(
     from hpc_ddp.config.preflight import preflight_points
     from hpc_ddp.sweep.spec import load_sweep, split_sweep_overrides
 
-    path = Path(sweep_file)
-    profile = find_site_profile(None if site is None else str(site), os.environ, Path.home())
+    path = Path(path_arg("sweep_file", sweep_file) or "")
+    profile = find_site_profile(path_arg("site", site), os.environ, Path.home())
     plain, axes = split_sweep_overrides(override_args(overrides))
     spec = load_sweep(path, plain, profile, axes=axes)
     preflight_points((f"{path}: point {p.index}", p.config) for p in spec.points)
@@ -226,7 +240,7 @@ def sweep_runs_dir(runs_dir: str | Path | None) -> Path:
     refused (:class:`RunsDirError`) when it is a file, lies under one, or cannot be written."""
     from hpc_ddp.launch.submission import runs_dir_from
 
-    path = runs_dir_from(None if runs_dir is None else str(runs_dir), os.environ)
+    path = runs_dir_from(path_arg("runs_dir", runs_dir), os.environ)
     origin = (
         "--runs-dir" if runs_dir else f"${RUNS_DIR_ENV}" if os.environ.get(RUNS_DIR_ENV)
         else "the default runs directory"
@@ -380,6 +394,7 @@ def submit_sweep(
     as for :func:`hpc_ddp.submit`. A bad sweep file or point is a
     :class:`~hpc_ddp.errors.ConfigError` naming it, and nothing is submitted.
     """
+    path_arg("runs_dir", runs_dir)  # before the sweep file is read
     chosen = choose_sweep_backend(backend)
     spec = load_sweep_spec(sweep_file, overrides, site=site)
     where = sweep_runs_dir(runs_dir)

@@ -14,16 +14,21 @@ from typing import TYPE_CHECKING
 from tabulate import tabulate
 
 from hpc_ddp.api.targets import require_dir, sweep_task_of
+from hpc_ddp.layout import RunPaths
+from hpc_ddp.state.artifacts import recorded_run_id
 
 if TYPE_CHECKING:
     from hpc_ddp.runtime.checkpoint import CheckpointInfo
 
 EPILOG = """\
-A file resume cannot use is listed, never fatal: "damaged" (empty, torn, unreadable, a dangling
-symlink, malformed, or with --verify any part that no longer matches its digest: the weights,
-optimizer, scheduler, scaler, RNG states, progress, extra values, config) or "foreign" (a tensor,
-another program's file, another format version). Resume skips both and takes the newest older
-checkpoint that passes every check, every digest included.
+A file resume cannot use is listed, never fatal: "damaged" (empty, torn, unreadable, not a
+regular file, a dangling symlink, malformed, named for another step than the one it holds, or
+with --verify any part that no longer matches its digest: the weights, optimizer, scheduler,
+scaler, RNG states, progress, extra values, config), "foreign" (a tensor, another program's
+file, another format version) or "stranger" (a checkpoint written by another run: both run ids
+are named). Resume skips them all and takes the newest older checkpoint that passes every
+check, every digest included. A checkpoint written before hpc-ddp recorded run ids has no run
+id (null "run_id" in --json): it is accepted, its run unknown.
 
 A checkpoint of format 1 (written by hpc-ddp before every part had a digest) still loads, but
 only its weights can be verified: it is listed as "ok (format 1: ... unverified)", and --verify
@@ -57,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
         run_dir = require_dir(args.run_dir)  # before torch is imported: a typo fails at once
     from hpc_ddp.runtime.checkpoint import CheckpointState, list_checkpoints
 
-    infos = list_checkpoints(run_dir, verify=args.verify)
+    own = run_dir.parent if run_dir.name == "checkpoints" else run_dir
+    infos = list_checkpoints(run_dir, verify=args.verify, run_id=recorded_run_id(RunPaths(own)))
     if args.json:
         from hpc_ddp.output import CHECKPOINTS, document
 
@@ -73,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
                 "error": i.error,
                 "version": i.version,
                 "unverified": list(i.unverified),
+                "run_id": i.run_id,
             }
             for i in infos
         ]

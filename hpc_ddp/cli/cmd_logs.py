@@ -1,10 +1,16 @@
-"""``hpc-ddp logs RUN_DIR [--task N] [--rank N] [--out | --both] [--batch] [--follow]``.
+"""``hpc-ddp logs RUN_DIR | JOB_ID [--task N] [--rank N] [--out | --both] [--batch] [--tail N]
+[--follow]``.
 
 hpc-ddp's own progress (steps, loss, checkpoints, stops, errors) is Python logging, which
 writes to stderr: on Slurm srun puts rank N's stderr in ``logs/rank-N.err`` and the local
 backend does the same, so that is the stream shown unless asked otherwise. A training
 script's ``print()`` goes to stdout, ``logs/rank-N.out`` (``--out``); ``--both`` shows the two,
 each chunk under a ``==> name <==`` header when the stream changes, as ``tail -f a b`` does.
+
+A job id (or a sweep's ``ARRAYJOB_TASK``) names its run under ``--runs-dir`` as it does for
+``status`` and ``cancel`` (:func:`hpc_ddp.api.logs.log_target`). ``--tail N`` starts at the last N
+lines. The files are copied in chunks of :data:`CHUNK` bytes, never read whole, so a log of
+any size takes the same memory.
 
 The files are copied as bytes when stdout is a pipe or a file; on a terminal, control
 characters other than newline, tab and carriage return are shown as ``cat -v`` shows them
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import math
+import os
 import re
 import sys
 import time
@@ -25,10 +32,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from hpc_ddp.api.logs import check_rank, log_paths, missing_logs, run_paths
+from hpc_ddp.api.logs import check_rank, log_paths, log_target, missing_logs, run_paths
 from hpc_ddp.api.targets import point_task, sweep_task_of
 from hpc_ddp.errors import RunDirError, SlurmError
-from hpc_ddp.layout import RunPaths
+from hpc_ddp.launch.submission import runs_dir_from
+from hpc_ddp.layout import RUNS_DIR_ENV, RunPaths
 from hpc_ddp.local.process import local_alive
 from hpc_ddp.manifest import read_manifest
 from hpc_ddp.slurm.arrayjobs import live_task
@@ -41,6 +49,9 @@ streams:
                (step, loss, checkpoints, stop and requeue decisions) and tracebacks
   --out        the rank's stdout (logs/rank-N.out): what the training script print()s
   --both       both files; each chunk is headed by its file name when the stream changes
+targets:
+  hpc-ddp logs 1234            the run whose job id is 1234, under --runs-dir
+  hpc-ddp logs RUN --tail 50   its last 50 lines
 sweeps:
   hpc-ddp logs SWEEP_DIR --task 3 -f   follows task 3 (its run dir is SWEEP_DIR/tasks/3)
 --follow on a queued job waits for its log to appear (and gives up once the job has ended);
@@ -50,6 +61,9 @@ it stops once the job has ended, after printing what the job wrote last.
 ASK_EVERY_S = 5.0
 """While waiting for a log to appear, how often Slurm is asked whether the job has ended."""
 
+CHUNK = 1 << 16
+"""Bytes read at a time: a log is copied (and ``--tail`` searched) in pieces of this size."""
+
 
 def _non_negative_int(text: str) -> int:
     try:
@@ -58,6 +72,16 @@ def _non_negative_int(text: str) -> int:
         value = -1
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a rank (an integer from 0)")
+    return value
+
+
+def _lines(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of lines (an integer from 0)")
     return value
 
 
@@ -77,7 +101,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add this sub-command's arguments."""
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("run_dir", help="the run directory (or a sweep directory with --task)")
+    parser.add_argument(
+        "run_dir",
+        metavar="target",
+        help="the run directory (or a sweep directory with --task), or a job id",
+    )
+    parser.add_argument(
+        "--runs-dir", help=f"where to look for job ids (default ${RUNS_DIR_ENV} or ./runs)"
+    )
     parser.add_argument("--task", type=int, help="sweep task index: SWEEP_DIR/tasks/<N>")
     parser.add_argument(
         "--rank", type=_non_negative_int, default=0, help="which rank's log (default 0)"
@@ -98,6 +129,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.set_defaults(stream="err")
     parser.add_argument("--batch", action="store_true", help="the batch script's own log")
+    parser.add_argument(
+        "--tail", type=_lines, metavar="N", help="start at the last N lines of each log"
+    )
     parser.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     parser.add_argument(
         "--poll", type=lambda t: _seconds(t, zero=False), default=0.5, help=argparse.SUPPRESS
@@ -132,11 +166,13 @@ def copy_logs(
     deadline: float | None,
     escape: bool = False,
     ended: Callable[[], bool] | None = None,
+    tail: int | None = None,
 ) -> None:
     """Copy the files to ``out``, then (``follow``) what is appended to them until
     ``deadline`` (``time.monotonic()``), or until ``ended()`` (asked at once, then every
     :data:`ASK_EVERY_S`) says the job writing them is over: what it wrote last is copied,
-    and following stops. ``escape``: through :func:`visible` (a terminal)."""
+    and following stops. ``escape``: through :func:`visible` (a terminal). ``tail``: from
+    each file's last ``tail`` lines on (:func:`tail_start`)."""
     files: list[BinaryIO] = []
     try:
         for p in paths:
@@ -146,6 +182,8 @@ def copy_logs(
                 raise RunDirError(
                     f"{p}: cannot read it ({exc.strerror or exc}). HINT: check its permissions."
                 ) from None
+            if tail is not None:
+                files[-1].seek(tail_start(files[-1], tail))
         copier = _Copier(paths, files, out, escape)
         asked: float | None = None
         over = False
@@ -176,15 +214,36 @@ class _Copier:
 
     def copy_new(self) -> None:
         for path, f, decoder in zip(self.paths, self.files, self.decoders, strict=True):
-            chunk = f.read()
-            if not chunk:
-                continue
-            if len(self.paths) > 1 and self.shown != path:
-                lead = "" if self.shown is None else "\n"
-                self.out.write(f"{lead}==> {path.name} <==\n".encode())
-                self.shown = path
-            self.out.write(visible(decoder.decode(chunk)).encode() if self.escape else chunk)
+            # In chunks up to the end as it is now: a huge log never sits in memory whole.
+            while chunk := f.read(CHUNK):
+                if len(self.paths) > 1 and self.shown != path:
+                    lead = "" if self.shown is None else "\n"
+                    self.out.write(f"{lead}==> {path.name} <==\n".encode())
+                    self.shown = path
+                self.out.write(visible(decoder.decode(chunk)).encode() if self.escape else chunk)
             self.out.flush()
+
+
+def tail_start(f: BinaryIO, lines: int, chunk: int = CHUNK) -> int:
+    """The offset where the last ``lines`` lines of ``f`` start (as ``tail -n``: a last line
+    without a newline counts), found by reading back from the end ``chunk`` bytes at a time."""
+    end = f.seek(0, os.SEEK_END)
+    if lines == 0 or end == 0:
+        return end
+    f.seek(end - 1)
+    pos = end - 1 if f.read(1) == b"\n" else end  # the file's last newline ends its last line
+    found = 0
+    while pos > 0:
+        start = max(0, pos - chunk)
+        f.seek(start)
+        data = f.read(pos - start)
+        at = len(data)
+        while (at := data.rfind(b"\n", 0, at)) >= 0:
+            found += 1
+            if found == lines:
+                return start + at + 1
+        pos = start
+    return 0
 
 
 def wait_for_logs(
@@ -245,7 +304,8 @@ def job_liveness(
 
 def run(args: argparse.Namespace) -> int:
     """Print the log(s), then follow them if asked."""
-    paths = run_paths(Path(args.run_dir), args.task)
+    target, task = log_target(args.run_dir, args.task, runs_dir_from(args.runs_dir, os.environ))
+    paths = run_paths(target, task)
     if not args.batch:
         check_rank(paths, args.rank)
     deadline = None if args.follow_for is None else time.monotonic() + args.follow_for
@@ -257,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
     if not found and args.follow:
 
         def waiting() -> str | None:
-            return job_waiting(args.slurm, Path(args.run_dir), args.task, paths)
+            return job_waiting(args.slurm, target, task, paths)
 
         why = waiting()
         if why is not None:
@@ -269,7 +329,7 @@ def run(args: argparse.Namespace) -> int:
 
     def ended() -> bool:
         # Only a job known to have ended stops the following: not one Slurm cannot speak for.
-        return job_liveness(args.slurm, Path(args.run_dir), args.task, paths)[0] is False
+        return job_liveness(args.slurm, target, task, paths)[0] is False
 
     copy_logs(
         found,
@@ -279,5 +339,6 @@ def run(args: argparse.Namespace) -> int:
         deadline=deadline,
         escape=sys.stdout.isatty(),
         ended=ended,
+        tail=args.tail,
     )
     return 0

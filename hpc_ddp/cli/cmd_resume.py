@@ -75,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
     )
     for line in plan.changes:
         print(f"  changed: {line}", file=say)
+    if plan.skipped:
+        print(f"  skipped: {plan.skipped}", file=say)
     prepared = plan.prepared
     if args.dry_run and args.json:
         _show_dry_run_json(plan)

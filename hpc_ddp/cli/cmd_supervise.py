@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     """Supervise this attempt of the job; its exit status is the job's."""
     from hpc_ddp.config.load import load_resolved_config
     from hpc_ddp.job.supervisor import Identity, Supervisor
-    from hpc_ddp.job.task import not_current_refusal, task_run_dir, this_job
+    from hpc_ddp.job.task import not_current_refusal, task_run_dir, this_job, write_task_config
     from hpc_ddp.layout import RunPaths
     from hpc_ddp.runtime.distenv import env_int
     from hpc_ddp.slurm.nodelist import parse_nodelist
@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if refusal is not None:
         print(f"hpc-ddp supervise: refused: {refusal}", file=sys.stderr, flush=True)
         return NOT_CURRENT_EXIT_CODE
+    write_task_config(run_dir, task_dir)
     logging.getLogger("hpc_ddp").setLevel(logging.INFO)
     cfg = load_resolved_config(RunPaths(task_dir).config)
     job_id = env.get("SLURM_JOB_ID") or ""

@@ -19,15 +19,18 @@ another world size than the checkpoint's   sample-exact, not bit-exact (``--elas
                                            batch and the same samples in every step, summed
                                            over other ranks; RNG reseeded from (seed, step,
                                            rank) (:mod:`hpc_ddp.config.elastic`)
+a key shaping the schedule or the data     not comparable to an uninterrupted run at all
+changed (:func:`path_changes`)
 =========================================  ==================================================
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 
 from hpc_ddp.config.elastic import SAMPLE_EXACT, Resize
-from hpc_ddp.config.model import JobConfig, SlurmConfig
+from hpc_ddp.config.model import JobConfig, SlurmConfig, TrainConfig
 
 DETERMINISTIC_ENV = (("CUBLAS_WORKSPACE_CONFIG", ":4096:8"),)
 """What ``train.deterministic`` sets in a task's environment (a value set by the user wins):
@@ -63,10 +66,61 @@ def asks_for_gpus(slurm: SlurmConfig) -> bool:
     )
 
 
+NOT_COMPARABLE = "not comparable to an uninterrupted run"
+
+TRAIN_KEYS_OFF_THE_PATH = frozenset(
+    {
+        "checkpoint_every", "keep_last", "log_every", "eval_every", "tensorboard",
+        "num_workers", "deterministic",
+    }
+)  # fmt: skip
+"""``train`` keys that change what is saved, logged or evaluated (on its own generator), how
+the data is loaded (the workers: the same batches in the same order) or which kernels run
+(how exact a GPU resume is, said separately), never which steps are taken on which samples.
+Every other ``train`` key shapes the run's path: its length and learning-rate schedule
+(``epochs``, ``max_steps``, ``lr``, ``lr_schedule``, ``warmup_steps``), its data
+(``dataset``, ``batch_size``, ``grad_accum``, ``seed``, ...) or its model and optimizer."""
+
+
+def path_changes(before: JobConfig, after: JobConfig, resize: Resize | None = None) -> list[str]:
+    """The keys a resume changed that shape the schedule or the data, so that the run goes on
+    as no uninterrupted run would have: ``train`` keys (less :data:`TRAIN_KEYS_OFF_THE_PATH`;
+    ``grad_accum`` too when ``--elastic`` rescaled it), and a program of its own's ``command``,
+    ``entrypoint`` and ``params`` (what they shape cannot be told from here)."""
+    off = TRAIN_KEYS_OFF_THE_PATH | ({"grad_accum"} if resize is not None else set())
+    keys = [
+        f"train.{f.name}"
+        for f in dataclasses.fields(TrainConfig)
+        if f.name not in off and getattr(before.train, f.name) != getattr(after.train, f.name)
+    ]
+    keys += [k for k in ("command", "entrypoint") if getattr(before, k) != getattr(after, k)]
+    if before.params != after.params:
+        keys.append("params")
+    return keys
+
+
+def total_below_checkpoint(step: int, total: int, source: str) -> str:
+    """The error for a resume whose new total (``source`` names where it comes from) is below
+    the step its checkpoint is at: it would train nothing and end the run as finished."""
+    return (
+        f"{source} makes the run {total} steps long, but its checkpoint is at step {step}: "
+        "going on would train nothing and end the run at once as finished (a resume cannot "
+        f"go back). HINT: resume with a total of at least {step} steps (train.max_steps, or "
+        "train.epochs covering it); for a shorter run, submit a new one with `hpc-ddp submit`."
+    )
+
+
 def resume_clause(before: JobConfig, after: JobConfig, resize: Resize | None = None) -> str:
     """One short clause on what a resume of ``before`` as ``after`` keeps, for the resume
     message: ``bit-identical to an uninterrupted run (CPU)``; ``resize``: ``--elastic`` changes
-    the world size."""
+    the world size; a key that shapes the schedule or the data changed (:func:`path_changes`):
+    not comparable at all."""
+    changed = path_changes(before, after, resize)
+    if changed:
+        they = "it shapes" if len(changed) == 1 else "they shape"
+        return (
+            f"{NOT_COMPARABLE}: {', '.join(changed)} changed, and {they} the schedule or the data"
+        )
     if resize is not None:
         return (
             f"{SAMPLE_EXACT}: {resize.before_world} -> {resize.world} ranks with the same global "

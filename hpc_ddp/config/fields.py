@@ -206,16 +206,25 @@ def _num_workers(value: Any, key: str) -> int | str:
 
 
 _GPUS_HINT = "leave it out (null) for no GPUs"
+MAX_NODES = 100_000
+"""More nodes than any Slurm cluster has (the largest have about 10,000): a larger count is a
+typo, refused before it is rendered into ``#SBATCH --nodes``."""
+MAX_PER_NODE = 10_000
+"""More tasks, CPUs or GPUs than one node has, by far."""
+_NODES_HINT = f"use 1 to {MAX_NODES:,} (no cluster has more nodes)"
+_PER_NODE_HINT = f"use 1 to {MAX_PER_NODE:,} (no node has more)"
 FIELD_CONVERTERS: dict[str, Converter] = {
     "name": _name,
     "command": _command,
     "entrypoint": _import_string,
-    "slurm.nodes": bounded(as_int, 1),
-    "slurm.min_nodes": bounded(as_int, 1, hint="null (the default) asks for exactly slurm.nodes"),
-    "slurm.tasks_per_node": bounded(as_int, 1),
-    "slurm.cpus_per_task": bounded(as_int, 1),
-    "slurm.gpus_per_task": bounded(as_int, 1, hint=_GPUS_HINT),
-    "slurm.gpus_per_node": bounded(as_int, 1, hint=_GPUS_HINT),
+    "slurm.nodes": bounded(as_int, 1, MAX_NODES, _NODES_HINT),
+    "slurm.min_nodes": bounded(
+        as_int, 1, MAX_NODES, f"null (the default) asks for exactly slurm.nodes; else {_NODES_HINT}"
+    ),
+    "slurm.tasks_per_node": bounded(as_int, 1, MAX_PER_NODE, _PER_NODE_HINT),
+    "slurm.cpus_per_task": bounded(as_int, 1, MAX_PER_NODE, _PER_NODE_HINT),
+    "slurm.gpus_per_task": bounded(as_int, 1, MAX_PER_NODE, f"{_GPUS_HINT}; else {_PER_NODE_HINT}"),
+    "slurm.gpus_per_node": bounded(as_int, 1, MAX_PER_NODE, f"{_GPUS_HINT}; else {_PER_NODE_HINT}"),
     "slurm.time": _time,
     "slurm.mem": _mem,
     "slurm.extra": extra_flags,
@@ -248,7 +257,7 @@ FIELD_CONVERTERS: dict[str, Converter] = {
     # sbatch --signal=SIG@TIME takes 0..65535 seconds.
     "requeue.lead_time": bounded(as_int, 1, 65535),
     "requeue.max_requeues": bounded(as_int, 0),
-    "slurm.spare_nodes": bounded(as_int, 0, hint="0 runs without spare nodes"),
+    "slurm.spare_nodes": bounded(as_int, 0, MAX_NODES, "0 runs without spare nodes"),
     "fault.beat_s": bounded(as_float, 0.1, 60, "beat every 0.1 to 60 s (1 is the default)"),
     "fault.stale_s": bounded(as_float, 0.3),
     "fault.startup_timeout_s": bounded(as_int, 1),

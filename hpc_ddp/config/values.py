@@ -107,11 +107,31 @@ def as_float(value: Any, key: str) -> float:
     hint = "write a number such as 0.1 or 1e-3"
     if isinstance(value, str):
         try:
-            float(value)
-            hint = f"remove the quotes: {value.strip()}"
+            number = float(value)
         except ValueError:
-            pass
+            number = None
+        if number is not None and not math.isfinite(number):
+            # `nan`, `inf`: strings to YAML 1.2, floats to Python. There were no quotes.
+            raise Invalid(key, f"must be a finite number, got {value.strip()!r}. HINT: {hint}")
+        if number is not None and _reads_as_number(value.strip()):
+            hint = f"remove the quotes: {value.strip()}"  # unquoted, it would have been one
+        elif number is not None:
+            hint = f"write it as a plain number: {number!r}"  # `1_000`: Python's, not YAML's
     raise Invalid(key, f"expected a number, got {describe(value)}. HINT: {hint}")
+
+
+def _reads_as_number(text: str) -> bool:
+    """True when ``text``, written unquoted, is a number in hpc-ddp's YAML dialect: a string
+    value like that was quoted."""
+    import yaml
+
+    from hpc_ddp.config.yaml_dialect import load_yaml_value
+
+    try:
+        value = load_yaml_value(text)
+    except yaml.YAMLError:
+        return False
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def as_bool(value: Any, key: str) -> bool:
@@ -160,11 +180,24 @@ def optional(conv: Converter) -> Converter:
     return convert
 
 
+INT_CEILING = 2**31 - 1
+"""The largest integer a field without a range of its own takes: a C ``int``, what Slurm's and
+most system interfaces' counts are. A value past it is a typo, never a plan."""
+
+
 def bounded(conv: Converter, low: float, high: float | None = None, hint: str = "") -> Converter:
-    """``conv``, then a range check (``high`` inclusive); ``hint`` replaces the default fix."""
+    """``conv``, then a range check (``high`` inclusive); ``hint`` replaces the default fix.
+    An integer without a ``high`` is still at most :data:`INT_CEILING`."""
 
     def convert(value: Any, key: str) -> Any:
         out = conv(value, key)
+        ceiling = high is None and isinstance(out, int) and out > INT_CEILING
+        if ceiling:
+            raise Invalid(
+                key,
+                f"must be at most {INT_CEILING:,}, got {out!r}. HINT: no job needs a value "
+                "this large; check for a typo",
+            )
         if out is not None and (out < low or (high is not None and out > high)):
             want = f"between {low} and {high}" if high is not None else f"at least {low}"
             fix = hint or (f"use a value {want}" if high is not None else f"use {low} or more")

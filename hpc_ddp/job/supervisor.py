@@ -69,6 +69,7 @@ from hpc_ddp.runtime.blame import (
     TaskEnd,
     assign_blame,
 )
+from hpc_ddp.runtime.checkpoint_label import label_problem
 from hpc_ddp.runtime.ledger import (
     FAULT_CAUSES,
     Attempt,
@@ -358,13 +359,18 @@ def decide_next(
 
 
 def newest_checkpoint_step(checkpoints: Path) -> int | None:
-    """The step of the newest ``step-*.pt`` (renamed in only once whole), without torch."""
+    """The step of the newest ``step-*.pt`` (renamed in only once whole) whose label says that
+    step, without torch: a copy under a newer name, a file whose label cannot be read or
+    something that is not a regular file is passed over, as the ranks' resume passes it."""
     try:
         names = os.listdir(checkpoints)
     except OSError:
         return None
-    steps = [s for n in names if (s := parse_checkpoint_name(n)) is not None]
-    return max(steps) if steps else None
+    steps = sorted((s, n) for n in names if (s := parse_checkpoint_name(n)) is not None)
+    for step, name in reversed(steps):
+        if label_problem(checkpoints / name) is None:
+            return step
+    return None
 
 
 def read_bad_nodes(paths: RunPaths, job: str | None) -> dict[str, str]:
@@ -424,7 +430,10 @@ def _on(beats: Mapping[int, Beat | None], rank: int, nodes: set[str]) -> bool:
 
 
 def _task_ends(step: Step) -> list[TaskEnd]:
-    return [TaskEnd(e.rank, e.node, e.reason, e.exit_code) for e in step.task_ends()]
+    return [
+        e if isinstance(e, TaskEnd) else TaskEnd(e.rank, e.node, e.reason, e.exit_code)
+        for e in step.task_ends()
+    ]
 
 
 # --- the supervisor --------------------------------------------------------------------------

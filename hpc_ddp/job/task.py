@@ -63,17 +63,17 @@ log = logging.getLogger(__name__)
 def task_run_dir(run_dir: Path, env: Mapping[str, str]) -> Path:
     """This task's run directory: ``run_dir`` itself, or ``run_dir/tasks/<i>`` in an array.
 
-    A sweep task's ``config.yaml`` is written here from the sweep's ``task_configs.jsonl`` the
-    first time the task starts (:func:`~hpc_ddp.job.taskconfig.materialise_task_config`):
-    ``hpc-ddp run`` and ``hpc-ddp supervise`` call this before they read it.
+    Writes nothing: a sweep task's ``config.yaml`` is written by :func:`write_task_config`
+    once the task knows that it may run (:func:`not_current_refusal`), so that a refused task
+    leaves no trace but its reason in its log. A point with no config at all is refused here.
     """
-    from hpc_ddp.job.taskconfig import materialise_task_config
+    from hpc_ddp.job.taskconfig import task_config_text
     from hpc_ddp.runtime.distenv import array_task_index
 
     index = array_task_index(env)  # a DistEnvError names a variable that is not a number
     if index is not None and (run_dir / "tasks").is_dir():
         task = RunPaths(run_dir).task(index).root
-        if materialise_task_config(run_dir, index) is None:
+        if task_config_text(run_dir, index) is None:
             raise RunDirError(
                 f"{task}: array task {env['SLURM_ARRAY_TASK_ID']} has no config.yaml, and "
                 f"{RunPaths(run_dir).task_configs.name} has no line for point {index}. "
@@ -85,6 +85,23 @@ def task_run_dir(run_dir: Path, env: Mapping[str, str]) -> Path:
             f"{run_dir}: no config.yaml. HINT: pass a run directory made by `hpc-ddp submit`."
         )
     return run_dir
+
+
+def write_task_config(run_dir: Path, task_dir: Path) -> None:
+    """A sweep task's ``config.yaml``, written from the sweep's ``task_configs.jsonl`` the first
+    time the task starts (:func:`~hpc_ddp.job.taskconfig.materialise_task_config`); nothing
+    for a plain run. ``hpc-ddp run`` and ``hpc-ddp supervise`` call it after the task's
+    :func:`not_current_refusal` and before they read the config."""
+    if task_dir == run_dir:
+        return
+    from hpc_ddp.job.taskconfig import materialise_task_config
+
+    if materialise_task_config(run_dir, int(task_dir.name)) is None:
+        raise RunDirError(
+            f"{task_dir}: no config.yaml, and {RunPaths(run_dir).task_configs.name} has no "
+            "line for its point. HINT: the sweep directory is incomplete; resubmit with "
+            "`hpc-ddp sweep`."
+        )
 
 
 def resolve_entrypoint(spec: str) -> object:
@@ -373,6 +390,7 @@ def run_job(
     if refusal is not None:
         print(f"hpc-ddp run: refused: {refusal}", file=sys.stderr, flush=True)
         return NOT_CURRENT_EXIT_CODE
+    write_task_config(run_dir, task_dir)
     paths = RunPaths(task_dir)
     cfg = load_resolved_config(paths.config)
     watchdog = _start_watchdog(cfg, paths, env)

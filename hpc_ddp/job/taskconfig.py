@@ -8,22 +8,25 @@ text into one file, ``SWEEP_DIR/task_configs.jsonl``
 (:attr:`~hpc_ddp.layout.RunPaths.task_configs`, :func:`pack_task_configs`), one JSON line per
 point, ``{"index": 3, "config": "<the YAML text>"}``; and each task, when it starts, writes its
 own ``tasks/<i>/config.yaml`` from its line (:func:`materialise_task_config`, called by
-:func:`hpc_ddp.job.task.task_run_dir` before anything reads the config): the same bytes submit
-used to write.
+:func:`hpc_ddp.job.task.write_task_config` once the task knows it may run, before anything
+reads the config): the same bytes submit used to write.
 
 Login-side readers that may meet a point whose task has not started (``--resubmit-failed``,
 ``logs``) read its config through :func:`task_config_text`: the task's own ``config.yaml`` when
 it is there, else its packed line. A sweep directory written before the packed file existed
 (every ``config.yaml`` written at submit) reads as it always did.
 
-Reading a point's line scans the file for its first bytes (a thousand points are 1-2 MB:
-about a millisecond), and parses only that line.
+Point ``i``'s line is line ``i + 1`` (the points are written in order), and it must say
+``"index": i`` with no other line saying so: an edited file that breaks this is refused, never
+read as another point's config. Reading a point's line reads every line's index from its first
+bytes (a thousand points are 1-2 MB: a few milliseconds), and parses only that line.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -39,20 +42,16 @@ def pack_task_configs(texts: Iterable[tuple[int, str]]) -> str:
 
 
 def _line(index: int, text: str) -> str:
-    # json.dumps's default separators: _prefix(index) is how every line starts.
+    # json.dumps's default separators: _CANONICAL matches how every line starts.
     return json.dumps({"index": index, "config": text}) + "\n"
-
-
-def _prefix(index: int) -> bytes:
-    return b'{"index": %d, ' % index
 
 
 def packed_config_text(sweep_dir: Path, index: int) -> str | None:
     """Point ``index``'s config text from ``sweep_dir``'s ``task_configs.jsonl``; None when
     there is no such file (a sweep written before it existed) or no line for the point.
 
-    A file that cannot be read, or whose line for the point is damaged, is a
-    :class:`RunDirError` naming it.
+    A file that cannot be read, or whose line for the point is damaged, misplaced or claimed by
+    two lines, is a :class:`RunDirError` naming it: a task never runs another point's config.
     """
     path = RunPaths(sweep_dir).task_configs
     try:
@@ -64,7 +63,7 @@ def packed_config_text(sweep_dir: Path, index: int) -> str | None:
             f"{path}: cannot read the sweep's task configs ({exc.strerror or exc}). HINT: it "
             "must be a readable file written by `hpc-ddp sweep`; check its permissions"
         ) from None
-    line = _find_line(data, index)
+    line = _find_line(data, index, path)
     if line is None:
         return None
     try:
@@ -80,26 +79,57 @@ def packed_config_text(sweep_dir: Path, index: int) -> str | None:
     return text
 
 
-def _find_line(data: bytes, index: int) -> bytes | None:
-    """The line of point ``index``: found by its first bytes, else (a file rewritten by some
-    other JSON writer) by parsing every line."""
-    prefix = _prefix(index)
-    if data.startswith(prefix):
-        start: int | None = 0
-    else:
-        found = data.find(b"\n" + prefix)
-        start = found + 1 if found >= 0 else None  # the line starts after its newline
-    if start is not None:
-        end = data.find(b"\n", start)
-        return data[start : None if end < 0 else end]
-    for line in data.splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and entry.get("index") == index:
-            return line
-    return None
+_CANONICAL = re.compile(rb'\{"index": (\d+), ')
+"""How every line :func:`pack_task_configs` writes starts: its index is read without parsing."""
+
+
+def _find_line(data: bytes, index: int, path: Path) -> bytes | None:
+    """The line of point ``index``: line ``index + 1``, as :func:`pack_task_configs` writes
+    the points in order, and it must say ``"index": <index>``, with no other line saying so.
+
+    An edited file could otherwise run one point's config for another (the first line that
+    claimed the index used to win), while ``results`` showed the other point's values.
+    """
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    claims = [n for n, line in enumerate(lines) if _index_of(line) == index]
+    hint = (
+        "HINT: it is written by `hpc-ddp sweep`, one line per point in order; restore it, or "
+        "sweep again"
+    )
+    if len(claims) > 1:
+        numbers = ", ".join(str(n + 1) for n in claims)
+        raise RunDirError(
+            f"{path}: lines {numbers} all say they are point {index}'s config; a task must "
+            f"never guess which one is. {hint}"
+        )
+    if claims and claims[0] != index:
+        raise RunDirError(
+            f"{path}: line {claims[0] + 1} says it is point {index}'s config, but point "
+            f"{index}'s line is line {index + 1}. {hint}"
+        )
+    if not claims and index < len(lines):
+        said = _index_of(lines[index])
+        raise RunDirError(
+            f"{path}: line {index + 1}, point {index}'s, says "
+            f"{'index ' + str(said) if said is not None else 'no index'}. {hint}"
+        )
+    return lines[index] if claims else None
+
+
+def _index_of(line: bytes) -> int | None:
+    """The ``index`` a line says; None when it says none. A line in another JSON writer's
+    spacing or key order is parsed; a damaged one is caught when its point reads it."""
+    match = _CANONICAL.match(line)
+    if match is not None:
+        return int(match.group(1))
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return None
+    value = entry.get("index") if isinstance(entry, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def task_config_text(sweep_dir: Path, index: int) -> str | None:

@@ -32,7 +32,7 @@ from hpc_ddp.config.elastic import (
     rescaled_accum,
     worlds_of,
 )
-from hpc_ddp.config.exactness import resume_clause
+from hpc_ddp.config.exactness import resume_clause, total_below_checkpoint
 from hpc_ddp.config.load import (
     apply_overrides,
     job_config_from_dict,
@@ -43,11 +43,14 @@ from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.preflight import preflight_job
 from hpc_ddp.errors import ConfigError, TargetError
 from hpc_ddp.launch.submission import (
+    REWRITE_UNDO,
     Launched,
     Prepared,
     check_local_job,
     prepare,
     relocate,
+    rewriting,
+    settle_rewrite,
     start,
     write_run_files,
 )
@@ -55,7 +58,7 @@ from hpc_ddp.layout import MANIFEST_FILE, RunPaths
 from hpc_ddp.manifest import Manifest, read_manifest, record_lock
 from hpc_ddp.runtime.ledger import Attempt, read_ledger
 from hpc_ddp.slurm.client import SlurmClient
-from hpc_ddp.state.report import ask_slurm, run_status
+from hpc_ddp.state.report import ask_slurm, newest_checkpoint, run_status
 from hpc_ddp.state.resumable import check_resumable
 from hpc_ddp.state.verdict import SlurmView
 
@@ -80,6 +83,9 @@ class ResumePlan:
     """``--force``: a finished run, or one whose state Slurm could not confirm, goes on too."""
     resize: Resize | None = None
     """``--elastic``: how the world size and the accumulation change (None: they do not)."""
+    skipped: str | None = None
+    """Why newer checkpoint files are not where the job starts (damaged, misnamed, another
+    run's), or None."""
 
 
 def plan_resume(
@@ -102,6 +108,9 @@ def plan_resume(
     shown = run_dir
     run_dir = run_dir.resolve()
     manifest = _manifest_of(run_dir)
+    if (run_dir / REWRITE_UNDO).exists():  # a resume killed while it submitted: undo it first
+        with record_lock(run_dir):
+            settle_rewrite(RunPaths(run_dir), _manifest_of(run_dir).job_id)
     row = run_status(run_dir, _view(client, manifest))
     check = check_resumable(row["state"], str(shown), manifest.job_id, force=force)
     if check.refusal is not None:
@@ -114,12 +123,13 @@ def plan_resume(
         check_local_job(cfg)  # an override may ask for more processes than this machine has
     attempts = read_ledger(paths.ledger)
     cfg, resize = fit_world_size(cfg, old, attempts, row["ckpt step"], shown, elastic=elastic)
+    _check_total(cfg, row["ckpt step"])
     flag = ["--elastic"] if elastic else []
     invocation = invocation or ["hpc-ddp", "resume", str(shown), *overrides, *flag]
     prepared = _prepare_in_place(cfg, manifest, run_dir, invocation)
     return ResumePlan(
         run_dir, manifest, row["state"], int(row["attempts"]), row["ckpt step"], old, prepared,
-        tuple(_changes(old, cfg, resize)), force, resize,
+        tuple(_changes(old, cfg, resize)), force, resize, newest_checkpoint(paths)[1],
     )  # fmt: skip
 
 
@@ -134,8 +144,11 @@ def resume(plan: ResumePlan, client: SlurmClient) -> Launched:
     """
     with record_lock(plan.run_dir):
         manifest = _recheck(plan, client)
-        write_run_files(plan.prepared)
-        return start(plan.prepared, client, previous_jobs=_job_ids(manifest))
+        # The new config and script stay only if the new job is recorded (a refused sbatch
+        # leaves the run as it was, and so does a kill in between: see `rewriting`).
+        with rewriting(plan.prepared.paths, manifest.job_id):
+            write_run_files(plan.prepared)
+            return start(plan.prepared, client, previous_jobs=_job_ids(manifest))
 
 
 def _recheck(plan: ResumePlan, client: SlurmClient) -> Manifest:
@@ -282,6 +295,16 @@ def fit_world_size(
     if problem is not None:
         raise ConfigError(f"slurm.min_nodes {problem}.")
     return fitted, Resize(world, accum, now, needed)
+
+
+def _check_total(cfg: JobConfig, step: int | None) -> None:
+    """Refuse a built-in trainer's ``train.max_steps`` below the checkpoint's step (it would
+    end the run at once as finished). A total from ``train.epochs`` needs the dataset's size,
+    which only the job knows: the trainer refuses that one when it starts."""
+    builtin = cfg.command is None and cfg.entrypoint is None
+    total = cfg.train.max_steps
+    if step is not None and builtin and total is not None and total < step:
+        raise ConfigError(total_below_checkpoint(step, total, f"train.max_steps={total}"))
 
 
 def _accum_at(cfg: JobConfig, world: int) -> int:

@@ -23,7 +23,9 @@ import dataclasses
 import json
 import os
 import shlex
-from collections.abc import Mapping, Sequence
+import shutil
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from hpc_ddp.config.load import dump_job_config
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.durable import write_text_atomic
-from hpc_ddp.errors import ConfigError, RunsDirError
+from hpc_ddp.errors import ConfigError, RunDirError, RunsDirError
 from hpc_ddp.layout import RUNS_DIR_ENV, STAMP_FORMAT, RunPaths, run_dir_name
 from hpc_ddp.manifest import BACKENDS, Backend, Manifest, record_lock, write_manifest
 from hpc_ddp.run_id import ensure_run_id
@@ -242,6 +244,74 @@ def write_run_files(prepared: Prepared) -> None:
         write_text_atomic(prepared.paths.script, prepared.script)
 
 
+REWRITE_UNDO = ".rewrite-undo"
+"""A run directory's copy of the files a resume rewrites (``config.yaml``, ``job.sbatch``) and
+of the job its manifest named, kept while the new job is submitted: see :func:`rewriting`."""
+
+
+@contextmanager
+def rewriting(paths: RunPaths, job_before: str | None) -> Iterator[None]:
+    """Rewrite a run's files in the ``with`` block (a resume's new config and script) so that
+    they stay only if the block records a new job in the manifest.
+
+    sbatch must read the new script at its own path (Slurm knows a job by its script's path,
+    and ``status`` finds the job by it), so the new files cannot wait under other names until
+    the submission succeeds. Instead the old ones are copied into ``RUN_DIR/.rewrite-undo/``
+    first, with the job the manifest named (``job_before``): a refused submission (or any
+    error) puts them back before it propagates, and if this process is killed in between, the
+    next :func:`settle_rewrite` does (the manifest still names ``job_before``: nothing was
+    recorded, so the job that sbatch may have accepted refuses to start, as any job the
+    manifest does not name). The manifest write is the commit. The caller holds the run
+    directory's record lock.
+    """
+    settle_rewrite(paths, job_before)
+    _stash(paths, job_before)
+    try:
+        yield
+    except BaseException:
+        settle_rewrite(paths, job_before)
+        raise
+    shutil.rmtree(paths.root / REWRITE_UNDO, ignore_errors=True)
+
+
+def settle_rewrite(paths: RunPaths, job_now: str | None) -> None:
+    """Finish a rewrite that a killed process left (:func:`rewriting`): put the stashed files
+    back when the manifest still names the job it named before (``job_now``), else drop the
+    stash (the new job was recorded: the new files are its). Under the record lock."""
+    undo = paths.root / REWRITE_UNDO
+    shutil.rmtree(undo.with_name(f"{REWRITE_UNDO}.tmp"), ignore_errors=True)
+    try:
+        before = (undo / "job").read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if undo.exists() or undo.is_symlink():
+            shutil.rmtree(undo, ignore_errors=True)  # half made: nothing was rewritten yet
+        return
+    if before == (job_now or ""):
+        for path in _rewritten(paths):
+            kept = undo / path.name
+            if kept.is_file():
+                write_text_atomic(path, kept.read_text(encoding="utf-8"))
+            else:
+                path.unlink(missing_ok=True)
+    shutil.rmtree(undo, ignore_errors=True)
+
+
+def _rewritten(paths: RunPaths) -> tuple[Path, ...]:
+    return (paths.config, paths.script)
+
+
+def _stash(paths: RunPaths, job_before: str | None) -> None:
+    # Made whole under another name, then renamed: a stash exists complete or not at all
+    # (its ``job`` file, written last, is what settle_rewrite trusts).
+    tmp = paths.root / f"{REWRITE_UNDO}.tmp"
+    tmp.mkdir()
+    for path in _rewritten(paths):
+        if path.is_file():
+            shutil.copyfile(path, tmp / path.name)
+    write_text_atomic(tmp / "job", job_before or "")
+    os.rename(tmp, paths.root / REWRITE_UNDO)
+
+
 def record(
     prepared: Prepared,
     *,
@@ -327,7 +397,14 @@ def _launch_local(prepared: Prepared, previous_jobs: Sequence[str]) -> Launched:
     log = prepared.paths.rank_log(0, "err")
     # Rank 0's progress goes to its stderr (logging), as on Slurm; a resumed run appends to it.
     follow_from = log.stat().st_size if log.exists() else 0
-    job = submit_local(prepared.cfg, prepared.paths)
+    try:
+        job = submit_local(prepared.cfg, prepared.paths)
+    except OSError as exc:  # e.g. its submitit folder cannot be made: nothing started
+        raise RunDirError(
+            f"{prepared.paths.root}: the local job could not start: {exc}. HINT: the run "
+            "directory must be writable, with no file where it keeps its sub-directories "
+            "(submitit/, logs/); fix that and submit (or resume) again."
+        ) from None
     manifest = record(
         prepared,
         job_id=job.job_id,
@@ -340,8 +417,6 @@ def _launch_local(prepared: Prepared, previous_jobs: Sequence[str]) -> Launched:
 def test_only(prepared: Prepared, client: SlurmClient) -> str:
     """``sbatch --test-only``: Slurm's word on whether and when the job would start. The run
     directory is made for it (sbatch reads the script there) and removed again."""
-    import shutil
-
     prepared = materialize(prepared)
     try:
         return client.submit(prepared.paths.script, test_only=True).message

@@ -10,11 +10,17 @@ No rank outlives its controller: each asks the kernel for a SIGTERM when the con
 in ``RUN_DIR/local-ranks/`` so that ``status``, ``cancel`` and ``resume`` still see it if
 that failed (:mod:`hpc_ddp.local.process`).
 
+The controller is detached from whoever submitted: its stdin is ``/dev/null``, its output a
+log file of the run, and it leads a session of its own, so ``$(hpc-ddp submit ...)`` returns
+once submitted, and every process of the run can be found (and, by a ``cancel`` that must,
+killed: :func:`stop_local`).
+
 Imports submitit (and, in the task, torch) only when used: never on the dry-run path.
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import ctypes
 import json
@@ -30,7 +36,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.config.model import JobConfig, SlurmConfig
 from hpc_ddp.durable import append_line
@@ -38,6 +44,7 @@ from hpc_ddp.errors import ConfigError, RunDirError
 from hpc_ddp.layout import (
     LOCAL_GPUS_ENV,
     LOCAL_GPUS_PER_TASK_ENV,
+    LOCAL_JOB_ENV,
     NO_PDEATHSIG_ENV,
     PER_RANK_LOGS_ENV,
     RunPaths,
@@ -45,18 +52,27 @@ from hpc_ddp.layout import (
     parse_checkpoint_name,
 )
 from hpc_ddp.local.process import (
+    IDENTITY_FILE,
+    KILL_WAIT_S,
     RANKS_DIR,
+    LocalCancel,
+    ProcIdentity,
+    cancel_local,
     clear_rank_identities,
+    describe_processes,
     identify,
     identify_started,
-    live_controller,
     live_ranks,
+    run_processes,
     signal_if_same,
     write_identity,
     write_rank_identity,
 )
-from hpc_ddp.runtime.ledger import EndCause, attempt_number, end_event, read_ledger
+from hpc_ddp.runtime.ledger import EndCause, end_event, read_ledger
 from hpc_ddp.runtime.metrics import drop_replayed
+
+if TYPE_CHECKING:
+    import subprocess
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +197,7 @@ def run_task(
         me = identify(os.getpid())
         if me is not None:
             write_rank_identity(Path(run_dir), env.global_rank, me)
-        _set_dist_env(env.global_rank, env.local_rank, env.num_tasks, master_port)
+        _set_dist_env(env.global_rank, env.local_rank, env.num_tasks, master_port, env.job_id)
         from hpc_ddp.job.task import redirect_to_rank_logs, task_run_dir
 
         redirect_to_rank_logs(RunPaths(task_run_dir(Path(run_dir), os.environ)), env.global_rank)
@@ -198,7 +214,7 @@ def run_task(
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def _set_dist_env(rank: int, local_rank: int, world: int, master_port: int) -> None:
+def _set_dist_env(rank: int, local_rank: int, world: int, master_port: int, job: str) -> None:
     # Started from inside a Slurm allocation, the tasks would inherit its job id and ask Slurm
     # to requeue a job that is not theirs: a local run is not a Slurm job.
     for key in [k for k in os.environ if k.startswith(("SLURM_", "SLURMD_"))]:
@@ -213,6 +229,7 @@ def _set_dist_env(rank: int, local_rank: int, world: int, master_port: int) -> N
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(master_port),
             PER_RANK_LOGS_ENV: "1",
+            LOCAL_JOB_ENV: job,  # the launcher is this backend (not torchrun), and its job
         }
     )
 
@@ -224,10 +241,8 @@ def submit_local(cfg: JobConfig, paths: RunPaths) -> LocalJob:
     later, that the pid it is about to signal is still this run's
     (see :mod:`hpc_ddp.local.process`); the ranks record their own as they start.
     """
-    import submitit
-
     clear_rank_identities(paths.root)  # a resumed run's earlier ranks are not this job's
-    executor = submitit.LocalExecutor(folder=str(paths.root / "submitit"))
+    executor = _detached_executor(paths.root / "submitit")
     supervised = cfg.fault.enabled
     executor.update_parameters(
         # Supervised: the controller's one task is the supervisor, which starts the ranks.
@@ -256,14 +271,90 @@ def submit_local(cfg: JobConfig, paths: RunPaths) -> LocalJob:
     return LocalJob(str(job.job_id), job, ntasks, folder, started, supervised)
 
 
+CONTROLLER_LOG = "controller.log"
+"""In ``RUN_DIR/submitit/``: what submitit's local controller writes (its stdout and stderr)."""
+
+
+def _detached_executor(folder: Path) -> Any:
+    """submitit's ``LocalExecutor``, whose controller is detached from its caller.
+
+    submitit starts the controller with the caller's stdin, stdout and stderr, and the
+    controller outlives the call: ``x=$(hpc-ddp submit ... --json)``, ``| tee`` and any
+    caller that reads the output to its end waited for the whole run. Here the controller gets
+    ``/dev/null`` for stdin and :data:`CONTROLLER_LOG` for stdout and stderr (its tasks get
+    their own log files from it, and the ranks ``logs/rank-N.*``), so no descriptor of the
+    caller's is held. It also leads a session of its own: every process of the run is in it
+    (the tasks, the supervisor's ranks, a ``command``'s children, unless one starts its own),
+    which is how ``cancel`` finds them all (:func:`hpc_ddp.local.process.session_members`),
+    and a Ctrl-C at the caller's terminal reaches only the caller (``submit --wait`` answers
+    it with a cancel).
+    """
+    import submitit
+
+    class DetachedExecutor(submitit.LocalExecutor):
+        def _submit_command(self, command: str) -> Any:
+            # submitit's own (1.5): the same parameters and environment, the controller
+            # started by _start_controller instead of submitit's start_controller.
+            from submitit.local.local import LocalJob as SubmititJob
+
+            ntasks = self.parameters.get("tasks_per_node", 1)
+            process = _start_controller(
+                Path(self.folder),
+                command,
+                ntasks,
+                timeout_min=self.parameters.get("timeout_min", 2.0),
+                signal_delay_s=self.parameters.get("signal_delay_s", 30),
+            )
+            tasks = list(range(ntasks))
+            return SubmititJob(folder=self.folder, job_id=str(process.pid), process=process,
+                               tasks=tasks)  # fmt: skip
+
+    return DetachedExecutor(folder=str(folder))
+
+
+def _start_controller(
+    folder: Path, command: str, ntasks: int, *, timeout_min: float, signal_delay_s: int
+) -> subprocess.Popen[bytes]:
+    """submitit's controller (``python -m submitit.local._local FOLDER``) with submitit's
+    environment, detached (:func:`_detached_executor`)."""
+    import subprocess  # not at the top: a dry run imports this module and runs nothing
+
+    env = {
+        **os.environ,
+        "SUBMITIT_LOCAL_NTASKS": str(ntasks),
+        "SUBMITIT_LOCAL_COMMAND": command,
+        "SUBMITIT_LOCAL_TIMEOUT_S": str(int(60 * timeout_min)),
+        "SUBMITIT_LOCAL_SIGNAL_DELAY_S": str(int(signal_delay_s)),
+        "SUBMITIT_LOCAL_NODEID": "0",
+        "SUBMITIT_LOCAL_JOB_NUM_NODES": "1",
+        "SUBMITIT_STDERR_TO_STDOUT": "",
+        "SUBMITIT_EXECUTOR": "local",
+        # Each task sets its own (local_gpu_plan); submitit's controller asks for a value.
+        "CUDA_VISIBLE_DEVICES": "",
+        "SUBMITIT_LOCAL_WITH_SHELL": "",
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / CONTROLLER_LOG).open("ab") as log_file:
+        return subprocess.Popen(
+            [sys.executable, "-m", "submitit.local._local", str(folder)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            start_new_session=True,
+        )
+
+
 @contextlib.contextmanager
 def _sigint_ignored() -> Iterator[None]:
     """SIGINT ignored while the controller starts, so that it and its ranks inherit that (exec
     keeps an ignored signal ignored, and Python and the session leave it so).
 
-    A Ctrl-C at the terminal goes to the whole foreground process group. submitit's controller
-    would die of it and, cleaning up, SIGINT its ranks a second time while they save (a second
-    SIGINT is a KeyboardInterrupt: a crash, no checkpoint) and print a traceback. Instead only
+    A Ctrl-C at the terminal goes to the whole foreground process group. The controller leads
+    a session of its own (:func:`_start_controller`), out of that group's reach; this is for
+    a signal that still comes (a ``kill -INT`` of its group): submitit's controller would die
+    of it and, cleaning up, SIGINT its ranks a second time while they save (a second SIGINT is
+    a KeyboardInterrupt: a crash, no checkpoint) and print a traceback. Instead only
     ``submit --wait`` answers it, with the cancel an agreed stop and a checkpoint give
     (:mod:`hpc_ddp.launch.wait`); without ``--wait`` nothing at the terminal stops the run.
     """
@@ -305,23 +396,97 @@ class ForcedStop:
 
 
 def force_stop(run_dir: Path, job_id: str | None, since: float) -> ForcedStop:
-    """Stop a local run at once (a second Ctrl-C): SIGKILL its ranks, then its controller,
-    each only while it provably is this run's, and record the attempt's end.
+    """Stop a local run at once (a second Ctrl-C): SIGKILL its ranks, then its controller and
+    every other process of its session (a ``command``'s children), each only while it
+    provably is this run's, and record the attempt's end.
 
     A killed rank writes nothing, so the attempt's end is written here, as the ``hpc_ddp run``
     parent writes a killed child's: ``cancelled`` (a person stopped it), with what was lost.
     ``since``: when this job was started (its attempt is the one that started since).
     """
+    forced = _kill_all(run_dir, job_id)
+    _record_forced_end(RunPaths(run_dir), since, forced, "forced by a second Ctrl-C")
+    return forced
+
+
+def _kill_all(run_dir: Path, job_id: str | None) -> ForcedStop:
+    """SIGKILL every process of the run still running (:func:`run_processes`), ranks first;
+    what that lost."""
     ranks = [r for r, ident in live_ranks(run_dir).items() if signal_if_same(ident, signal.SIGKILL)]
-    controller = live_controller(run_dir, job_id)
-    if controller is not None:
-        signal_if_same(controller, signal.SIGKILL)
+    for ident in run_processes(run_dir, job_id):
+        signal_if_same(ident, signal.SIGKILL)
     paths = RunPaths(run_dir)
     steps = [s for p in _listing(paths.checkpoints) if (s := parse_checkpoint_name(p.name))]
     logged = [r["step"] for r in _metric_rows(paths.metrics) if isinstance(r.get("step"), int)]
-    forced = ForcedStop(ranks, max(logged) if logged else None, max(steps) if steps else None)
-    _record_forced_end(paths, since, forced)
-    return forced
+    return ForcedStop(ranks, max(logged) if logged else None, max(steps) if steps else None)
+
+
+GONE_WAIT_S = 10.0
+"""After the SIGKILL, how long ``cancel`` waits to see every process gone (the kernel ends a
+killed process at once unless it is stuck in the kernel, e.g. on a dead file system)."""
+
+
+def stop_local(
+    run_dir: Path, job_id: str | None, *, kill_wait_s: float = KILL_WAIT_S, poll_s: float = 0.1
+) -> LocalCancel:
+    """Cancel a local run and wait until every process of it has ended.
+
+    :func:`cancel_local` sends the SIGTERM (the stop a cancel gives); then this waits up to
+    ``kill_wait_s`` for the controller, the ranks and every other process of the run's
+    session (:func:`run_processes`) to end, SIGKILLs those still running, records the
+    attempt's end (a killed rank writes none) and waits again, :data:`GONE_WAIT_S`. It says
+    ``cancelled`` only once nothing of the run runs; else ``still_running``, naming what does.
+    """
+    said = cancel_local(run_dir, job_id)
+    if said.outcome != "cancelled":
+        return said
+    began = time.monotonic()
+    stubborn = _wait_gone(run_dir, job_id, began + kill_wait_s, poll_s)
+    if not stubborn:
+        took = time.monotonic() - began
+        return LocalCancel("cancelled", f"{said.message}; every process ended in {took:.1f} s")
+    forced = _kill_all(run_dir, job_id)
+    why = f"killed by cancel: still running {kill_wait_s:g} s after SIGTERM"
+    _record_forced_end(RunPaths(run_dir), _job_started(run_dir), forced, why)
+    left = _wait_gone(run_dir, job_id, time.monotonic() + GONE_WAIT_S, poll_s, kill=True)
+    if not left:
+        return LocalCancel(
+            "cancelled",
+            f"{said.message}; killed after {kill_wait_s:g} s: {len(stubborn)} process(es) "
+            f"still ran after SIGTERM (pid {', '.join(str(i.pid) for i in stubborn)}) and were "
+            f"sent SIGKILL; {forced.lost()}",
+        )
+    return LocalCancel(
+        "still_running",
+        f"{run_dir}: local job {job_id} still runs after SIGTERM and, {kill_wait_s:g} s later, "
+        f"SIGKILL: {describe_processes(left)}. HINT: a process that survives SIGKILL is stuck "
+        "in the kernel (a dead file system, a device): `ps -o pid,stat,wchan -p PID` says where.",
+    )
+
+
+def _wait_gone(
+    run_dir: Path, job_id: str | None, deadline: float, poll_s: float, *, kill: bool = False
+) -> list[ProcIdentity]:
+    """Poll until no process of the run runs, or ``deadline``: those still running ([]).
+    ``kill``: SIGKILL each one seen (a process started meanwhile, e.g. by a supervisor not yet
+    killed, dies too)."""
+    while True:
+        left = run_processes(run_dir, job_id)
+        if not left or time.monotonic() >= deadline:
+            return left
+        if kill:
+            for ident in left:
+                signal_if_same(ident, signal.SIGKILL)
+        time.sleep(poll_s)
+
+
+def _job_started(run_dir: Path) -> float:
+    """When the run's current local job was started: ``local.json`` is written just after its
+    controller starts, before any rank writes an attempt (0 when there is none)."""
+    try:
+        return (run_dir / IDENTITY_FILE).stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _listing(folder: Path) -> list[Path]:
@@ -348,7 +513,7 @@ def _metric_rows(path: Path) -> list[dict[str, Any]]:
     return drop_replayed(rows)
 
 
-def _record_forced_end(paths: RunPaths, since: float, forced: ForcedStop) -> None:
+def _record_forced_end(paths: RunPaths, since: float, forced: ForcedStop, why: str) -> None:
     """The attempt's end, unless it has one (rank 0 may have written it just before) or none
     started (killed before the session wrote a start: there is no attempt to end)."""
     try:
@@ -356,18 +521,22 @@ def _record_forced_end(paths: RunPaths, since: float, forced: ForcedStop) -> Non
     except RunDirError as exc:
         log.warning("%s", exc)
         return
-    number = attempt_number(attempts, job_id=None, restart=0, since=since)
-    if number >= len(attempts) or not attempts[number].is_open:
+    mine = [a for a in attempts if a.started >= since]
+    if not mine or not mine[-1].is_open:
         return
+    last = mine[-1]
     checkpoint = None if forced.checkpoint is None else checkpoint_name(forced.checkpoint)
     line = end_event(
-        attempt=number,
-        restart=0,
+        attempt=last.attempt,
+        restart=last.restart,
+        launch=last.launch,
+        job_id=last.job_id,
+        job_ref=last.job_ref,
         cause=EndCause.CANCELLED,
         steps_done=forced.reached,
         checkpoint=checkpoint,
         requeue_requested=False,
-        message=f"forced by a second Ctrl-C: the ranks were killed; {forced.lost()}",
+        message=f"{why}: the ranks were killed; {forced.lost()}",
     )
     append_line(paths.ledger, line)
 
@@ -496,6 +665,7 @@ def wait_local(
     earlier attempts' logs). ``on_poll`` is called between polls (``submit --wait`` acts on a
     Ctrl-C there, not in the handler)."""
     offset = follow_from
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")  # a character split by a read
 
     def copy_new() -> None:
         nonlocal offset
@@ -503,9 +673,10 @@ def wait_local(
             return
         with follow.open("rb") as f:
             f.seek(offset)
-            chunk = f.read()
-        offset += len(chunk)
-        sys.stderr.write(chunk.decode(errors="replace"))
+            # In pieces: a rank that floods its log must not fill this process's memory.
+            while chunk := f.read(1 << 16):
+                offset += len(chunk)
+                sys.stderr.write(decoder.decode(chunk))
         sys.stderr.flush()
 
     while not job.ended():

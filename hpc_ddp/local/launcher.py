@@ -41,6 +41,9 @@ log = logging.getLogger("hpc_ddp.supervisor")
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
+LOCAL_LAUNCHER = "local launcher"
+"""Who reports a local rank's end in a blame (``Killed (local launcher)``): there is no srun."""
+
 
 def _die_with_parent() -> None:
     """In a rank just forked: SIGTERM when the supervisor dies (the stop a cancel gives)."""
@@ -75,7 +78,8 @@ class LocalStep:
             code = proc.poll()
             if code is None or code == 0 or any(e.rank == rank for e in self._ends):
                 continue
-            self._ends.append(TaskEnd(rank, "local", _reason(code), code if code >= 0 else None))
+            exit_code = code if code >= 0 else None
+            self._ends.append(TaskEnd(rank, "local", _reason(code), exit_code, LOCAL_LAUNCHER))
 
     def poll(self) -> int | None:
         """The highest exit status (a death by signal N as 128 + N) once every rank is gone."""

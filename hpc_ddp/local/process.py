@@ -12,6 +12,8 @@ original's processes are not the copy's); ``cancel`` signals a process only whil
 through a pidfd opened before the check, so the pid cannot change hands between the check and
 the signal. (Ranks also ask to be SIGTERMed when the controller dies,
 :func:`hpc_ddp.local.backend.run_task`; their records still find them if that failed.)
+Processes no record names (a ``command``'s children) are found through the session the
+controller leads (:func:`session_members`).
 
 Linux only (``/proc``), as the local backend's controller is.
 """
@@ -289,9 +291,85 @@ def signal_if_same(expected: ProcIdentity, signum: int, proc: Path = PROC) -> bo
         os.close(fd)
 
 
-LocalOutcome = Literal["cancelled", "already_finished", "not_this_run"]
-"""What :func:`cancel_local` did: signalled the run, found it ended, or found its records
-naming processes of another run directory (and signalled nothing)."""
+# --- every process of a run ---------------------------------------------------------------------
+
+
+def _state_and_session(pid: int, proc: Path) -> tuple[str, int] | None:
+    """(state, session) of ``pid`` from ``/proc/PID/stat``; None when there is no such process."""
+    try:
+        text = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    rest = text[text.rindex(")") + 2 :].split()
+    return rest[0], int(rest[6 - 3])
+
+
+def session_members(leader: ProcIdentity, proc: Path = PROC) -> list[ProcIdentity]:
+    """Every live process of the session that the recorded controller ``leader`` leads.
+
+    The local controller leads a session of its own (:func:`hpc_ddp.local.backend.
+    _start_controller`), and everything the run starts stays in it: the tasks, the
+    supervisor's ranks, a ``command``'s children, even once their parent is gone. A session id
+    is a pid, and the kernel hands that number to no new process while any member of the
+    session lives; so while ``leader.pid`` is either gone or still the leader as recorded, a
+    process of that session started since the leader is the run's. Once the number belongs
+    to another process, the run's session has ended: [] (and [] for a controller recorded
+    before it led its own session, whose session is its caller's). Zombies are left out: they
+    are gone, only not yet reaped.
+    """
+    if leader.sid != leader.pid:
+        return []
+    now = identify(leader.pid, proc)
+    # Compared by start time, not by the whole record: a dead leader not yet reaped (a zombie)
+    # has lost its command line, and its session may still have members.
+    if now is not None and (now.start_ticks, now.boot_id) != (leader.start_ticks, leader.boot_id):
+        return []
+    found = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        seen = _state_and_session(int(entry.name), proc)
+        if seen is None or seen[1] != leader.sid or seen[0] in ("Z", "X"):
+            continue
+        ident = identify(int(entry.name), proc)
+        if ident is None or ident.boot_id != leader.boot_id:
+            continue
+        if ident.start_ticks >= leader.start_ticks:
+            found.append(ident)
+    return found
+
+
+def run_processes(run_dir: Path, job_id: str | None, proc: Path = PROC) -> list[ProcIdentity]:
+    """Every process of a local run that still runs: its controller, its ranks (as recorded)
+    and every other member of the controller's session (:func:`session_members`), by pid."""
+    found = {i.pid: i for i in live_ranks(run_dir, proc).values()}
+    controller = live_controller(run_dir, job_id, proc)
+    if controller is not None:
+        found[controller.pid] = controller
+    recorded = read_identity(run_dir)
+    if recorded is not None:
+        found |= {i.pid: i for i in session_members(recorded, proc)}
+    return [found[pid] for pid in sorted(found)]
+
+
+def describe_processes(idents: list[ProcIdentity], limit: int = 5) -> str:
+    """``pid 12 (`python -m hpc_ddp run ...`), pid 13 (...)``: for a message."""
+    shown = [f"pid {i.pid} (`{' '.join(i.cmdline)[:80]}`)" for i in idents[:limit]]
+    more = f" and {len(idents) - limit} more" if len(idents) > limit else ""
+    return ", ".join(shown) + more
+
+
+KILL_WAIT_S = 30.0
+"""How long a local ``cancel`` waits, after its SIGTERM, for every process of the run to end
+before it SIGKILLs those left: Slurm's ``KillWait`` (30 s by default) does the same after
+``scancel``. A run that stops as asked (the ranks agree on a step, rank 0 saves) is gone well
+before; one whose program ignores the signal is killed. ``hpc-ddp cancel --kill-wait S``;
+the wait is :func:`hpc_ddp.local.backend.stop_local`'s."""
+
+LocalOutcome = Literal["cancelled", "already_finished", "not_this_run", "still_running"]
+"""What a local cancel did: stopped the run, found it ended, found its records naming processes
+of another run directory (and signalled nothing), or could not stop every process of it
+(:func:`hpc_ddp.local.backend.stop_local` says which still run)."""
 
 
 @dataclass(frozen=True)

@@ -232,6 +232,8 @@ class TaskEnd:
     """``Killed``, ``Exited with exit code 1``, ``Segmentation fault``..."""
     exit_code: int | None = None
     """The exit status, when it exited (None: killed by a signal)."""
+    said_by: str = "srun"
+    """Who reported it, as a blame quotes it (``Killed (srun)``): srun, or the local launcher."""
 
 
 @dataclass(frozen=True)
@@ -337,7 +339,7 @@ def assign_blame(
         first = primary[0]
         beat = beats.get(first.rank)
         said = beat.error if beat is not None and beat.exited and beat.error else None
-        why = f"{first.reason} (srun)" if said is None else f"{said} ({first.reason})"
+        why = f"{first.reason} ({first.said_by})" if said is None else f"{said} ({first.reason})"
         node_level = HARDWARE_ERROR.search(why) is not None
         blame = Blame(
             (first.rank,), (first.node,), why, node_level, now, _progress([first.rank], beats)
@@ -365,7 +367,7 @@ def _stuck(
         return Finding(EndCause.HANG, Blame(ranks, _nodes(ranks, beats, ()), why, False, now, None))
     if task_ends:
         first = task_ends[0]
-        why = f"{first.reason} (srun); every rank that ended blamed a lost peer"
+        why = f"{first.reason} ({first.said_by}); every rank that ended blamed a lost peer"
         return Finding(EndCause.CRASH, Blame((first.rank,), (first.node,), why, False, now, None))
     why = "the step ended with no word from any rank"
     return Finding(EndCause.CRASH, Blame((), (), why, False, now, None))

@@ -18,7 +18,8 @@ Format version 2 is a plain dict that ``torch.load(..., weights_only=True)`` acc
     rng:        one entry per global rank (python, numpy, torch CPU, CUDA states)
     config:     the resolved job config as a plain dict, or None
     meta:       {time, world_size, grad_accum (since the elastic resume), torch_version,
-                 hpc_ddp_version, digest: "xxh3-128",
+                 hpc_ddp_version, run_id, config_digest (both since checkpoint identity),
+                 digest: "xxh3-128",
                  digests: {model, optimizer, scheduler, scaler, progress, extra, rng, config,
                            meta: hex digest}}
 
@@ -50,9 +51,20 @@ workers get seeds derived from (seed, epoch, rank), not from the global RNG.
 A file counts as a checkpoint only if it passes every check of :func:`load_checkpoint`: a
 regular torch zip file, loadable with ``weights_only=True`` (always to the CPU: the caller's
 ``load_state_dict`` places each tensor where its parameter lives), holding this format, whose
-sections still hash to their recorded digests. Anything else is ``damaged`` (ours but
-unreadable, torn, malformed, or changed on disk) or ``foreign`` (readable, but not written by a
-format version this code reads); resume skips both and takes the next older file.
+sections still hash to their recorded digests, and whose name says the step it holds. Anything
+else is ``damaged`` (ours but unreadable, torn, malformed, misnamed, or changed on disk; any
+exception reading it raises makes it so, never a crash) or ``foreign`` (readable, but not
+written by a format version this code reads); resume skips both and takes the next older file.
+
+Identity: ``meta.run_id`` is the run that wrote the file (``RUN_DIR/run_id``), and
+``meta.config_digest`` the digest of the config keys that shape its state
+(:func:`~hpc_ddp.runtime.checkpoint_label.config_digest`). A file of another run is a
+``stranger``: resume and ``hpc-ddp checkpoints --verify`` refuse it, naming both runs, and
+resume takes the next older file. A file without a run id (written by an hpc-ddp before the
+identity was recorded) is of unknown identity and still loads, as format 1 does: refusing it
+would strand every run across the upgrade, and its digests still prove it whole. The resume
+log says when the config that shapes the state changed since the file was written (an elastic
+resume's accumulation, a forced resume's overrides).
 
 Writing (:class:`SnapshotBuffers`, :func:`write_checkpoint`, :class:`CheckpointWriter`): on the
 training thread only a copy of the state into host buffers kept from the previous save (no fresh
@@ -103,6 +115,7 @@ from hpc_ddp.layout import (
     checkpoint_name,
     parse_checkpoint_name,
 )
+from hpc_ddp.runtime.checkpoint_label import config_digest, misnamed, not_regular, stranger
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.version import __version__
 
@@ -142,6 +155,8 @@ class CheckpointState(str, enum.Enum):
     """Meant to be ours but unusable: unreadable, torn, empty, malformed, changed on disk."""
     FOREIGN = "foreign"
     """Readable, but not an hpc-ddp checkpoint of a format version this code reads."""
+    STRANGER = "stranger"
+    """A whole hpc-ddp checkpoint, but of another run (its ``meta.run_id`` says which)."""
 
 
 _HINTS = {
@@ -149,6 +164,9 @@ _HINTS = {
     "loads; move the file aside to keep it for inspection.",
     CheckpointState.FOREIGN: "keep only checkpoints written by this hpc-ddp (format versions "
     f"{', '.join(map(str, _READABLE))}) in checkpoints/; move or rename this file.",
+    CheckpointState.STRANGER: "resume never loads another run's state: it takes the newest "
+    "older checkpoint of this run; move the file back to its own run directory (or, if this "
+    "run's run_id file was deleted and made anew, write the id the file names back into it).",
 }
 
 
@@ -344,10 +362,12 @@ def build_payload(
     scaler: Mapping[str, Any] | None = None,
     config: Mapping[str, Any] | None = None,
     grad_accum: int | None = None,
+    run_id: str | None = None,
     now: float | None = None,
 ) -> dict[str, Any]:
     """The checkpoint dict (format version 2); ``rng`` has one entry per global rank,
-    ``grad_accum`` the micro-batches each accumulated per step (None: not known).
+    ``grad_accum`` the micro-batches each accumulated per step (None: not known), ``run_id``
+    the run it belongs to (its ``config_digest`` is taken from ``config``).
 
     Tensors are taken as they are: pass snapshots. The digests are filled in by
     :func:`write_checkpoint`, off the training thread.
@@ -367,6 +387,8 @@ def build_payload(
             "time": time.time() if now is None else now,
             "world_size": len(rng),
             **({} if grad_accum is None else {"grad_accum": grad_accum}),
+            "run_id": run_id,
+            "config_digest": None if config is None else config_digest(config),
             "torch_version": str(torch.__version__),
             "hpc_ddp_version": __version__,
             "digest": DIGEST_ALGORITHM,
@@ -478,6 +500,9 @@ def _meta_checks(meta: dict[str, Any], rng: Any, version: int) -> list[_Check]:
     value = meta.get("grad_accum")
     ok = value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
     checks.append(("meta.grad_accum", value, ok, "an int >= 1 or absent"))
+    for key, expected in (("run_id", "a run id"), ("config_digest", "a hex digest")):
+        value = meta.get(key)
+        checks.append((f"meta.{key}", value, value is None or isinstance(value, str), expected))
     if version == 1:
         value = meta.get("weights_digest")
         ok = isinstance(value, str) and len(value) == 64
@@ -707,7 +732,18 @@ _start_writeback = _load_start_writeback()
 
 
 def _prune(directory: Path, keep_last: int, keep: Path) -> None:
-    steps = {s: p for p in directory.iterdir() if (s := parse_checkpoint_name(p.name)) is not None}
+    written = parse_checkpoint_name(keep.name)
+    assert written is not None
+    # Only this run's line up to the step just written counts. A file named beyond it is one
+    # resume fell back past (damaged, misnamed, another run's): it must neither push good
+    # files out of keep_last nor be deleted unread. What is not a regular file is never ours.
+    steps = {
+        s: p
+        for p in directory.iterdir()
+        if (s := parse_checkpoint_name(p.name)) is not None
+        and s <= written
+        and not_regular(p) is None
+    }
     for step in prune_plan(list(steps), keep_last):
         if steps[step] != keep:
             steps[step].unlink(missing_ok=True)
@@ -864,6 +900,8 @@ class CheckpointInfo:
     unverified: tuple[str, ...] = ()
     """Sections this file restores without a digest to check them (format 1: all but the
     weights)."""
+    run_id: str | None = None
+    """The run that wrote it (None: unreadable, or written before runs were recorded)."""
 
 
 def checkpoint_files(directory: Path) -> list[tuple[int, Path]]:
@@ -888,17 +926,17 @@ def _check_file(path: Path) -> None:
     that is not a zip archive (a text file, a raw pickle, torch's pre-1.6 format) or one whose
     end is missing (torn: ``torch.load`` would say only "Invalid argument" when mmapped)."""
     damaged = CheckpointState.DAMAGED
-    if path.is_symlink() and not path.exists():
-        raise Rejected(damaged, f"dangling symlink to {os.readlink(path)}")
+    kind = not_regular(path)  # before any open(): a FIFO would block it for ever
+    if kind is not None:
+        raise Rejected(damaged, kind)
     try:
-        if not path.is_file():
-            kind = "missing" if not path.exists() else "not a regular file"
-            raise Rejected(damaged, kind)
         with path.open("rb") as f:
             head = f.read(len(_ZIP_MAGIC))
             whole = head == _ZIP_MAGIC and zipfile.is_zipfile(f)  # reads only the end
     except OSError as exc:
         raise Rejected(damaged, f"unreadable ({_first_sentence(exc)})") from exc
+    except Exception as exc:  # is_zipfile lets BadZipFile out of a damaged zip64 locator
+        raise Rejected(damaged, f"damaged zip archive ({_first_sentence(exc)})") from exc
     if not head:
         raise Rejected(damaged, "empty file (0 bytes)")
     if head.strip(b"\0") == b"":
@@ -952,44 +990,79 @@ def _check_digests(data: dict[str, Any]) -> None:
         )
 
 
-def _read(path: Path, *, verify: bool, mmap: bool = False) -> dict[str, Any]:
+def _check_name(path: Path, data: dict[str, Any]) -> None:
+    """:class:`Rejected` unless the file's name says the step it holds: a copy under another
+    step's name would be taken for that step (skipping newer ones, and pruning them)."""
+    named = parse_checkpoint_name(path.name)
+    wrong = None if named is None else misnamed(named, data["progress"]["step"])
+    if wrong is not None:
+        raise Rejected(CheckpointState.DAMAGED, wrong)
+
+
+def _check_identity(data: dict[str, Any], run_id: str | None) -> None:
+    """:class:`Rejected` as a stranger when the file names a run and it is not ``run_id``
+    (None, or a file that names none: unknown, accepted; see the module docstring)."""
+    why = stranger(data["meta"].get("run_id"), run_id)
+    if why is not None:
+        raise Rejected(CheckpointState.STRANGER, why)
+
+
+def _read(
+    path: Path, *, verify: bool, mmap: bool = False, run_id: str | None = None
+) -> dict[str, Any]:
     """Every check a checkpoint must pass, in order of cost; :class:`Rejected` on the first
-    that fails."""
-    _check_file(path)
-    data = check_structure(_torch_load(path, mmap=mmap))
-    if verify:
-        _check_digests(data)
+    that fails. Whatever a damaged file makes a check raise is a :class:`Rejected` too: no
+    exception of a reader (zipfile, pickle, torch, struct, a MemoryError of an absurd size)
+    gets out."""
+    try:
+        _check_file(path)
+        data = check_structure(_torch_load(path, mmap=mmap))
+        _check_name(path, data)
+        if verify:
+            _check_digests(data)
+    except Rejected:
+        raise
+    except Exception as exc:
+        reason = f"unreadable ({_first_sentence(exc)})"
+        raise Rejected(CheckpointState.DAMAGED, reason) from exc
+    _check_identity(data, run_id)
     return data
 
 
-def load_checkpoint(path: Path, *, verify: bool = True) -> dict[str, Any]:
+def load_checkpoint(
+    path: Path, *, verify: bool = True, run_id: str | None = None
+) -> dict[str, Any]:
     """Load and check one checkpoint file, to the CPU (weights only: no code runs from the file).
 
     The caller's ``load_state_dict`` then puts each tensor where its parameter lives, as torch
     intends: an optimizer's ``step`` counters stay on the CPU, as in a fresh run, and the device
     never holds a second copy of the state. ``verify`` recomputes every section's digest and
     rejects a file whose content changed since it was written (bit rot, a bad copy); a format-1
-    file has only its weights checked (see :func:`unverified_sections`).
+    file has only its weights checked (see :func:`unverified_sections`). ``run_id``: the run
+    loading it (another run's file is refused; None: any run's).
     """
     try:
-        return _read(path, verify=verify)
+        return _read(path, verify=verify, run_id=run_id)
     except Rejected as r:
         raise rejection_error(path, r) from None
 
 
-def find_latest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that passes every check, loaded to the CPU, or None when there is
-    none at all.
+def find_latest(
+    directory: Path, *, run_id: str | None = None
+) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint of run ``run_id`` (None: of any run) that passes every check,
+    loaded to the CPU, or None when there is none at all.
 
-    A newer file that fails (damaged or foreign, any section's digest included) is logged as a
-    warning naming it and why, and the one before it is tried. Files exist but none loads:
-    :class:`CheckpointError`, since silently starting over would throw the run away.
+    A newer file that fails (damaged, misnamed, foreign, another run's, any section's digest
+    included) is logged as a warning naming it and why, and the one before it is tried.
+    Files exist but none loads: :class:`CheckpointError`, since silently starting over would
+    throw the run away.
     """
     files = checkpoint_files(directory)
     errors = []
     for _, path in files:
         try:
-            return path, _read(path, verify=True)
+            return path, _read(path, verify=True, run_id=run_id)
         except Rejected as r:
             log.warning(
                 "skipping checkpoint %s (%s: %s); trying the one before it",
@@ -1006,12 +1079,15 @@ def find_latest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
-def list_checkpoints(directory: Path, *, verify: bool = False) -> list[CheckpointInfo]:
+def list_checkpoints(
+    directory: Path, *, verify: bool = False, run_id: str | None = None
+) -> list[CheckpointInfo]:
     """Every checkpoint file in a run directory (or its ``checkpoints/``), oldest first.
 
-    Never raises for a bad file: damaged and foreign ones are listed with their
-    :class:`CheckpointState` and reason. Reads each file memory-mapped, so listing is cheap;
-    ``verify=True`` also recomputes every digest from the content, the check resume makes.
+    Never raises for a bad file: damaged, foreign and (given ``run_id``) another run's files
+    are listed with their :class:`CheckpointState` and reason. Reads each file memory-mapped,
+    so listing is cheap; ``verify=True`` also recomputes every digest from the content, the
+    check resume makes.
     """
     if (directory / "checkpoints").is_dir():
         directory = directory / "checkpoints"
@@ -1024,7 +1100,7 @@ def list_checkpoints(directory: Path, *, verify: bool = False) -> list[Checkpoin
         except OSError:
             size = 0  # a dangling symlink: _read says so
         try:
-            data = _read(path, verify=verify, mmap=True)
+            data = _read(path, verify=verify, mmap=True, run_id=run_id)
         except Rejected as r:
             out.append(CheckpointInfo(path, step, None, None, size, None, r.reason, r.state))
             continue
@@ -1038,6 +1114,7 @@ def list_checkpoints(directory: Path, *, verify: bool = False) -> list[Checkpoin
                 recorded_weights_digest(data),
                 version=int(data["version"]),
                 unverified=unverified_sections(data),
+                run_id=data["meta"].get("run_id"),
             )
         )
     return out

@@ -41,6 +41,7 @@ from hpc_ddp.runtime.checkpoint import (
     restore_rng_state,
     unverified_sections,
 )
+from hpc_ddp.runtime.checkpoint_label import config_digest, shaping_config
 from hpc_ddp.runtime.handoff import Handoff
 from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.progress import Progress
@@ -84,7 +85,9 @@ class Checkpointer:
     """One process's side of the run's checkpoints (see the module docstring).
 
     ``handoff``: how rank 0's results reach the others; by default over the default process
-    group's store (made on first use, so the group must exist by then).
+    group's store (made on first use, so the group must exist by then). ``run_id``: the run
+    (``RUN_DIR/run_id``) its checkpoints are recorded as; another run's are never restored
+    (None: neither recorded nor checked).
     """
 
     def __init__(
@@ -97,8 +100,10 @@ class Checkpointer:
         device: torch.device,
         handoff: Handoff | None = None,
         grad_accum: int = 1,
+        run_id: str | None = None,
     ) -> None:
         self.directory = directory
+        self.run_id = run_id
         self.config = config
         self.rank = rank
         self.world_size = world_size
@@ -161,7 +166,7 @@ class Checkpointer:
         payload: dict[str, Any] | None = None
         if self.is_main:
             try:
-                found = find_latest(self.directory)
+                found = find_latest(self.directory, run_id=self.run_id)
             except CheckpointError as exc:
                 error = str(exc)
             else:
@@ -174,7 +179,7 @@ class Checkpointer:
             return None
         if payload is None:
             try:
-                payload = load_checkpoint(self.directory / name)
+                payload = load_checkpoint(self.directory / name, run_id=self.run_id)
             except CheckpointError as exc:
                 error = str(exc)
         # Nobody applies anything until every rank holds a verified copy of the same file.
@@ -214,6 +219,7 @@ class Checkpointer:
                 progress.epoch,
                 self.world_size,
             )
+        self._say_config_changes(payload, name)
         unverified = unverified_sections(payload)
         if unverified:
             log.warning(
@@ -234,6 +240,28 @@ class Checkpointer:
             progress.step,
             progress.epoch,
             where,
+        )
+
+    def _say_config_changes(self, payload: dict[str, Any], name: str) -> None:
+        """Log which config keys that shape the state differ from those ``name`` was written
+        with (an elastic resume's accumulation, a forced resume's overrides): the resume goes
+        on, but it is no longer the uninterrupted run. A file without a recorded config
+        digest (an older hpc-ddp) is not compared."""
+        recorded = payload["meta"].get("config_digest")
+        if recorded is None or recorded == config_digest(self._config):
+            return
+        before = shaping_config(payload.get("config") or {})
+        after = shaping_config(self._config)
+        changed = [
+            f"{k}: {before.get(k)!r} -> {after.get(k)!r}"
+            for k in sorted(before.keys() | after.keys())
+            if before.get(k) != after.get(k)
+        ]
+        log.warning(
+            "resuming from %s with a changed config (%s): it goes on from that state, but it "
+            "is no longer the run that wrote it",
+            name,
+            "; ".join(changed) or "the config the file recorded is not readable",
         )
 
     def _check_resize(self, payload: dict[str, Any], name: str, elastic: bool) -> Resize | None:
@@ -315,6 +343,7 @@ class Checkpointer:
             rng=rng,
             config=self._config,
             grad_accum=self.grad_accum,
+            run_id=self.run_id,
         )
 
     def sync_errors(self) -> None:

@@ -4,7 +4,8 @@ Every function takes the environment as a ``Mapping[str, str]`` handed in by the
 never reads ``os.environ``. Three launchers are recognised, in this order:
 
 ``torchrun`` (or any launcher that sets ``RANK`` and ``WORLD_SIZE``)
-    Its values win: it has already arranged the rendezvous.
+    Its values win: it has already arranged the rendezvous. hpc-ddp's local backend sets the
+    same variables, and says so (``HPC_DDP_LOCAL_JOB``): its ranks' launcher is ``local``.
 ``slurm``
     One task per rank started by ``srun``: ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID``
     and the *step's* node list and tasks per node (a step may run on a subset of the job's nodes,
@@ -27,10 +28,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hpc_ddp.errors import DistEnvError
-from hpc_ddp.layout import ARRAY_OFFSET_ENV, LAUNCH_ENV, SUPERVISED_ENV
+from hpc_ddp.layout import ARRAY_OFFSET_ENV, LAUNCH_ENV, LOCAL_JOB_ENV, SUPERVISED_ENV
 from hpc_ddp.slurm.nodelist import parse_nodelist, parse_tasks_per_node
 
-Launcher = Literal["slurm", "torchrun", "single"]
+Launcher = Literal["slurm", "torchrun", "local", "single"]
 PortSource = Literal["derived", "config", "launcher"]
 
 PORT_BASE = 20000
@@ -173,7 +174,8 @@ def derive_dist_env(env: Mapping[str, str], *, port: int | None = None) -> DistE
     if "RANK" in env or "WORLD_SIZE" in env:
         placement, launcher_port = from_launcher(env)
         _check_launcher_inside_slurm(env, placement)
-        return _make(env, placement, "torchrun", port, launcher_port)
+        launcher: Launcher = "local" if env.get(LOCAL_JOB_ENV) else "torchrun"
+        return _make(env, placement, launcher, port, launcher_port)
     if "SLURM_PROCID" in env:
         return _make(env, from_slurm(env), "slurm", port)
     return _make(env, SINGLE, "single", port)

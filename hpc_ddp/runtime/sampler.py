@@ -199,6 +199,7 @@ class ResumableLoader:
         self.epoch_samples = epoch_samples(self.sampler.n, self.round * multiple_of)
         """Samples of the permutation an epoch uses (whole steps)."""
         self._len = self.epoch_samples // self.round
+        self._epoch_loader: DataLoader[Any] | None = None
 
     def __len__(self) -> int:
         return self._len
@@ -219,38 +220,90 @@ class ResumableLoader:
             self.progress.batch_in_epoch = 0
             self.progress.samples_in_epoch = 0
 
-    def __iter__(self) -> Iterator[Any]:
+    def _start_epoch(self) -> tuple[int, int, int]:
+        """(epoch, start, batches left) of the position in :attr:`progress`, which is re-counted
+        in this world (a position written at another world size, an elastic resume)."""
         p = self.progress
         self._roll_over_if_done()  # a checkpoint taken just after an epoch's last batch
         epoch, start, left = p.epoch, self.consumed(), self._left()
-        # This world's count; a position written at another world size is re-counted here.
         p.batch_in_epoch, p.samples_in_epoch = self._len - left, start
-        self.sampler.set_epoch(epoch, start, left * self.batch_size)
-        loader = DataLoader(
+        return epoch, start, left
+
+    def _data_loader(self, epoch: int, **how: Any) -> DataLoader[Any]:
+        return DataLoader(
             self.dataset,
-            batch_size=self.batch_size,
-            sampler=self.sampler,
-            drop_last=True,
             num_workers=self.num_workers,
             generator=torch.Generator().manual_seed(mix_seed(self.seed, epoch, self.rank)),
             worker_init_fn=seed_worker if self.num_workers else None,
             pin_memory=self.pin_memory,
             collate_fn=self.collate_fn,
+            **how,
         )
-        batches = iter(loader)
-        try:
-            for _ in range(left):
-                batch = next(batches)
-                p.batch_in_epoch += 1
-                p.samples_in_epoch += self.round
-                yield batch
-        finally:
-            del batches  # shuts worker processes down when the loop is left early
+
+    def _hand_out(self, batch: Any) -> Any:
+        """Count ``batch`` as consumed (it is handed to the training loop now)."""
+        p = self.progress
+        p.batch_in_epoch += 1
+        p.samples_in_epoch = (p.samples_in_epoch or 0) + self.round
+        return batch
+
+    def __iter__(self) -> Iterator[Any]:
+        """The rest of the current epoch. Workers are kept for the next epoch's ``iter()``
+        (``persistent_workers``), but its first batches are fetched only once it is asked for:
+        :meth:`forever` fetches across the boundary."""
+        epoch, start, left = self._start_epoch()
+        self.sampler.set_epoch(epoch, start, left * self.batch_size)
+        if self._epoch_loader is None:
+            self._epoch_loader = self._data_loader(
+                epoch,
+                batch_size=self.batch_size,
+                sampler=self.sampler,
+                drop_last=True,
+                persistent_workers=self.num_workers > 0,
+            )
+        batches = iter(self._epoch_loader)
+        for _ in range(left):
+            yield self._hand_out(next(batches))
         self._roll_over_if_done()
 
     def forever(self) -> Iterator[Any]:
-        """Epoch after epoch, without end (the step count decides when training stops)."""
+        """Epoch after epoch, without end (the step count decides when training stops).
+
+        One DataLoader serves every epoch: its workers start once and prefetch across each
+        epoch boundary (a loader made anew per epoch starts its workers again, and the first
+        steps of every epoch wait for them). The order is exactly that of iterating epoch by
+        epoch; a batch counts as consumed when it is handed out, not when it is prefetched.
+        """
         if self._len == 0:
             raise ValueError("an epoch has no batches")
+        epoch, start, left = self._start_epoch()
+        plan = _EpochBatches(self, epoch, start, left)
+        batches = iter(self._data_loader(epoch, batch_sampler=plan))
+        try:
+            while True:
+                self._roll_over_if_done()  # only once the next batch is asked for, as per epoch
+                yield self._hand_out(next(batches))
+        finally:
+            del batches  # shuts the workers down when the loop is left
+
+
+class _EpochBatches(Sampler[list[int]]):
+    """The batch sampler of :meth:`ResumableLoader.forever`: this rank's batches of epoch after
+    epoch, the first from ``start`` (``left`` batches of it), each dealt as
+    :class:`ResumableSampler` deals it. Runs where the DataLoader fetches (ahead of the loop)."""
+
+    def __init__(self, loader: ResumableLoader, epoch: int, start: int, left: int) -> None:
+        self.loader, self.epoch, self.start, self.left = loader, epoch, start, left
+
+    def __iter__(self) -> Iterator[list[int]]:
+        src, size = self.loader, self.loader.batch_size
+        sampler = src.sampler
+        epoch, start, left = self.epoch, self.start, self.left
         while True:
-            yield from self
+            order = epoch_order(sampler.n, seed=sampler.seed, epoch=epoch, shuffle=sampler.shuffle)
+            share = remainder_shard(
+                order, start=start, world=src.world, rank=src.rank, count=left * size
+            )
+            for b in range(left):
+                yield share[b * size : (b + 1) * size]
+            epoch, start, left = epoch + 1, 0, len(src)

@@ -45,7 +45,9 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import itertools
 import logging
+import math
 import os
 import signal
 import time
@@ -196,6 +198,11 @@ class Session:
         self._watchdog: Watchdog | None = None
         self._own_watchdog = False  # started here (not by `hpc-ddp run`): stopped at close
         self._recorded: int | None = None  # the step of the last save recorded in the ledger
+        self.startup: list[tuple[str, float]] = [("process", _process_started_at())]
+        """Wall-clock marks of this launch's start-up, in order: the process's start, then
+        the end of each phase (``session``: its imports done, ``process group``, ``model``:
+        wrapped and on its device, ``restore``, ``first step``). Logged at the first step."""
+        self._mark_startup("session")
 
     def _load_config(self) -> JobConfig:
         if self.paths.config.is_file():
@@ -232,6 +239,7 @@ class Session:
         self.device = torch.device(info.device)
         self.backend = info.backend
         self.phase = Phase.STARTED
+        self._mark_startup("process group")
         self._checkpointer = Checkpointer(
             self.paths.checkpoints,
             self.config,
@@ -239,6 +247,7 @@ class Session:
             world_size=self.world_size,
             device=self.device,
             grad_accum=self.grad_accum,
+            run_id=self.run_id,
         )
         self._coordinator = Coordinator(
             self.dist, self.paths.ledger, self.config.requeue, self._slurm, since=self._began
@@ -270,6 +279,8 @@ class Session:
         self.phase = Phase.CLOSED
         self._enter("closing")
         try:
+            if together:
+                self.stop_flag.settle()  # a loop left early may leave an agreement in flight
             if self._checkpointer is not None:
                 # Together: the others wait for rank 0's write on the store, not in the
                 # leaving barrier (a collective, which dist.timeout_s would cut short).
@@ -445,7 +456,9 @@ class Session:
         bit-identical resume needs with 3+ ranks (see :func:`fix_bucket_layout`); on GPUs it is
         off by default because it costs the overlap of communication with the backward pass.
         """
-        return wrap_model(model, self.device, exact=exact, **ddp_kwargs)
+        wrapped = wrap_model(model, self.device, exact=exact, **ddp_kwargs)
+        self._mark_startup("model")
+        return wrapped
 
     def loader(
         self, dataset: Any, *, batch_size: int, seed: int | None = None, **kwargs: Any
@@ -502,6 +515,7 @@ class Session:
         with self.section("checkpoint"):
             tracked = Tracked(model, optimizer, scheduler, scaler)
             loaded = self._ckpt().restore(tracked, self.progress, elastic=elastic)
+        self._mark_startup("restore")
         self._begin_attempt(None if loaded is None else loaded.name)
         return None if loaded is None else self.progress
 
@@ -572,13 +586,15 @@ class Session:
     def should_stop(self) -> bool:
         """Collective, between steps: has any rank been told to stop? (one tiny all-reduce).
 
-        Call it at the same steps on every rank; :meth:`steps` calls it where its
-        :attr:`cadence` says so, at least every ``AGREE_BUDGET_S`` (0.1 s) of training.
+        Call it at the same steps on every rank. It reads the answer at once, which on a GPU
+        waits for the work queued before it; :meth:`steps` agrees at least every
+        ``AGREE_BUDGET_S`` (0.1 s) of training and reads each answer one agreement later.
         """
         step = self.progress.step
-        # Alone, agreeing costs nothing (no collective): then a stop comes at the very step.
-        every = 1 if self.world_size == 1 else self.cadence.propose(step)
-        stop = self.stop_flag.agree(self.device, every=every) is not None
+        if self.world_size == 1:  # alone: no collective, and a stop comes at the very step
+            self.cadence.agreed(step, 1)
+            return self.stop_flag.agree_alone() is not None
+        stop = self.stop_flag.agree(self.device, every=self.cadence.propose(step)) is not None
         self.cadence.agreed(step, self.stop_flag.every)
         return stop
 
@@ -595,14 +611,40 @@ class Session:
         while self.progress.step < total:
             self.progress.step += 1
             yield self.progress.step
+            if self._startup_open:
+                self._mark_startup("first step")
+                self._log_startup()
             if self._watchdog is not None:
                 self._watchdog.step_done(self.progress.step)
             if checkpoint_every > 0 and self.progress.step % checkpoint_every == 0:
                 self.checkpoint()
             # At the last step a stop changes nothing: the run ends and saves anyway.
             step = self.progress.step
-            if step < total and self.cadence.due(step) and self.should_stop():
+            if step < total and self.cadence.due(step) and self._stop_between_steps():
                 self.requeue()
+        self.stop_flag.settle()  # an agreement launched before the last step
+
+    def _stop_between_steps(self) -> bool:
+        """The stop agreement of :meth:`steps`, at a boundary its :attr:`cadence` picked.
+
+        Alone, a rank agrees with itself: no collective, and a stop comes at the very step.
+        A fixed cadence (a test that needs the stop after an exact step) agrees synchronously
+        (:meth:`should_stop`). Otherwise the agreement launched at the last boundary is read
+        and the next one launched (:meth:`StopFlag.launch`): reading an all-reduce the moment
+        it is launched would make a GPU rank wait for every kernel queued before it.
+        """
+        flag = self.stop_flag
+        step = self.progress.step
+        if self.world_size == 1:
+            self.cadence.agreed(step, 1)
+            return flag.agree_alone() is not None
+        if self.cadence.fixed is not None:
+            return self.should_stop()
+        stop = flag.collect() is not None if flag.in_flight else False
+        if not stop:
+            flag.launch(self.device, every=self.cadence.propose(step))
+        self.cadence.agreed(step, flag.every)
+        return stop
 
     def requeue(self) -> NoReturn:
         """End this attempt so the job can come back (every rank calls it).
@@ -640,12 +682,45 @@ class Session:
         self.close(keep_signal_handlers=True)
         raise RequeueExit(signum, asked and self.is_main, code)
 
+    # --- start-up -------------------------------------------------------------------------
+
+    @property
+    def _startup_open(self) -> bool:
+        return self.startup[-1][0] != "first step"
+
+    def _mark_startup(self, phase: str) -> None:
+        if self._startup_open and phase not in (name for name, _ in self.startup):
+            self.startup.append((phase, time.time()))
+
+    def _log_startup(self) -> None:
+        """One line on where this launch's start-up went (a restart pays it on every launch)."""
+        marks = [(name, t) for name, t in self.startup if not math.isnan(t)]  # no /proc
+        parts = [f"{b[0]} {b[1] - a[1]:.2f} s" for a, b in itertools.pairwise(marks)]
+        log.info(
+            "start-up %.2f s from %s to the end of the first step: %s",
+            marks[-1][1] - marks[0][1],
+            marks[0][0],
+            ", ".join(parts),
+        )
+
     # --- metrics --------------------------------------------------------------------------
 
     def log(self, **metrics: Any) -> None:
         """Append one row to ``RUN_DIR/metrics.jsonl`` (rank 0 only; other ranks do nothing)."""
         if self.is_main:
             self._metrics.write({"time": time.time(), **metrics})
+
+
+def _process_started_at() -> float:
+    """When this process started, wall clock (NaN where ``/proc`` cannot say): its age from
+    ``/proc/self/stat`` (clock ticks since boot) and ``/proc/uptime``, both to 10 ms."""
+    try:
+        stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        age = uptime - int(stat[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+    return time.time() - age
 
 
 def session(

@@ -16,6 +16,13 @@ The all-reduce costs about a millisecond over gloo, which is a tenth of a small 
 that the ranks still agree at least every :data:`AGREE_BUDGET_S` of training (a stop then
 comes at most that much later, against a signal lead time of a minute or more). The ranks
 choose k together, in the same all-reduce, so every rank agrees at the same steps.
+
+On a GPU, reading an all-reduced flag right after launching it waits for every kernel queued
+before it: the GPU then idles while the host queues the next step. The step loop therefore
+reads each agreement one agreement later (:meth:`StopFlag.launch`, :meth:`StopFlag.collect`):
+by then the all-reduce has long finished and the read waits for nothing. Every rank launches
+and reads at the same steps, so all of them still stop after the same step, one agreement
+interval later than a synchronous read would have.
 """
 
 from __future__ import annotations
@@ -107,6 +114,7 @@ class StopFlag:
         self._interrupts = 0
         self._agreed: int | None = None
         self._previous: dict[int, _Handler] = {}
+        self._pending: _InFlight | None = None
         self.every = 1
         """The ranks' common agreement interval from the last :meth:`agree`."""
 
@@ -174,16 +182,95 @@ class StopFlag:
         """
         if self._agreed is not None:
             return self._agreed
-        code = self._code
-        if dist.is_available() and dist.is_initialized():
-            if device is None:
-                device = collective_device(dist.get_backend(group))
-            # One MAX all-reduce carries both answers: the codes, and the negated proposals
-            # (the MAX of -k is minus the smallest k).
-            t = torch.tensor([code, -every], dtype=torch.int64, device=device)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-            code, neg_every = (int(v) for v in t.tolist())
-            every = -neg_every
-        self.every = every
-        self._agreed = decode(code)
+        if self._pending is not None and self.collect() is not None:
+            return self._agreed  # the agreement in flight already says stop
+        self._pending = _InFlight.start(self._code, every, device, group)
+        return self.collect()
+
+    def agree_alone(self) -> int | None:
+        """:meth:`agree` for a rank without peers: what it recorded, without a collective (a
+        one-rank group's all-reduce would still copy to and from the GPU)."""
+        if self._agreed is None:
+            self._agreed = decode(self._code)
         return self._agreed
+
+    # --- lagged agreement: launched at one step boundary, read at a later one ----------------
+
+    @property
+    def in_flight(self) -> bool:
+        """An agreement was launched (:meth:`launch`) and not yet read (:meth:`collect`)."""
+        return self._pending is not None
+
+    def launch(
+        self, device: torch.device | str | None = None, group: Any = None, *, every: int = 1
+    ) -> None:
+        """Collective: start an agreement on what this rank has recorded so far, without
+        waiting for it; :meth:`collect` reads it at a later step boundary (every rank launches
+        and collects at the same boundaries). Nothing is launched once a stop is agreed, or
+        while one is still in flight."""
+        if self._agreed is not None or self._pending is not None:
+            return
+        self._pending = _InFlight.start(self._code, every, device, group)
+
+    def collect(self) -> int | None:
+        """The signal agreed by the agreement in flight (None: no rank was signalled, or none
+        was in flight); :attr:`every` becomes the ranks' smallest proposal. On a GPU this waits
+        only for the all-reduce and its copy to the host, not for work queued after them."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return self._agreed
+        code, self.every = pending.read()
+        if self._agreed is None:
+            self._agreed = decode(code)
+        return self._agreed
+
+    def settle(self) -> None:
+        """Wait for an agreement in flight and forget its answer (the loop ended before it was
+        due: a stop then changes nothing), so no collective is left running at close."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.read()
+
+
+class _InFlight:
+    """One launched agreement: ``[code, -every]`` all-reduced with MAX, on its way to the host.
+
+    Under NCCL the values go up from a pinned host buffer and come back into another with
+    non-blocking copies, and an event marks when the answer is on the host; under gloo the
+    all-reduce runs on gloo's own thread (``async_op``) on a CPU tensor.
+    """
+
+    def __init__(self, host: torch.Tensor, wait: Callable[[], Any]) -> None:
+        self.host, self._wait = host, wait
+
+    @classmethod
+    def start(cls, code: int, every: int, device: Any, group: Any) -> _InFlight:
+        values = torch.tensor([code, -every], dtype=torch.int64)
+        if not (dist.is_available() and dist.is_initialized()):
+            return cls(values, lambda: None)
+        if device is None:
+            device = collective_device(dist.get_backend(group))
+        device = torch.device(device)
+        if device.type != "cuda":
+            values = values.to(device)
+            work = dist.all_reduce(values, op=dist.ReduceOp.MAX, group=group, async_op=True)
+            return cls(values, work.wait)
+        up = values.pin_memory()
+        on_gpu = up.to(device, non_blocking=True)
+        dist.all_reduce(on_gpu, op=dist.ReduceOp.MAX, group=group)
+        down = torch.empty_like(up).pin_memory()
+        down.copy_(on_gpu, non_blocking=True)
+        done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        done.record()
+
+        def wait() -> torch.Tensor:
+            done.synchronize()
+            return up  # ``up`` must outlive the copy from it: kept until the read
+
+        return cls(down, wait)
+
+    def read(self) -> tuple[int, int]:
+        """(the MAX of the codes, the smallest proposal), once the values are on the host."""
+        self._wait()
+        code, neg_every = (int(v) for v in self.host.tolist())
+        return code, -neg_every

@@ -1,9 +1,11 @@
 """A run's files as ``status`` judges them without torch: checkpoint files, the last metric.
 
 A checkpoint's first bytes and its zip directory (a few kilobytes) tell a torn, empty or
-overwritten file from a whole one; its content (every part has a digest: weights, optimizer,
-RNG states, progress, ...) needs torch to check (``hpc-ddp checkpoints --verify``, and the
-runtime on every resume).
+overwritten file from a whole one, and its pickle, read without running anything
+(:mod:`hpc_ddp.runtime.checkpoint_label`), the step and run it holds: a file named for another
+step or written by another run is never the newest checkpoint. Its content (every part has a
+digest: weights, optimizer, RNG states, progress, ...) needs torch to check (``hpc-ddp
+checkpoints --verify``, and the runtime on every resume).
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from typing import Any
 
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.layout import RunPaths, parse_checkpoint_name
+from hpc_ddp.runtime.checkpoint_label import label_problem, not_regular
 from hpc_ddp.runtime.metrics import drop_replayed
 
-__all__ = ["checkpoint_steps", "damaged_checkpoint", "last_metric"]
+__all__ = ["checkpoint_steps", "damaged_checkpoint", "last_metric", "recorded_run_id"]
 
 _ZIP_MAGIC = b"PK\x03\x04"
 _PICKLE = "/data.pkl"
@@ -32,16 +35,32 @@ def checkpoint_steps(paths: RunPaths) -> list[int]:
     return sorted(step for step in names if step is not None)
 
 
-def damaged_checkpoint(path: Path) -> str | None:
-    """Why ``path`` cannot be a whole checkpoint, judged without torch; None if it looks whole.
+def recorded_run_id(paths: RunPaths) -> str | None:
+    """The run's id as ``RUN_DIR/run_id`` holds it (None: no such file, or not readable);
+    never creates one, unlike :func:`hpc_ddp.run_id.read_run_id` (status writes nothing)."""
+    try:
+        text = paths.run_id_file.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+    return text or None
+
+
+def damaged_checkpoint(path: Path, run_id: str | None = None) -> str | None:
+    """Why ``path`` cannot be a whole checkpoint of run ``run_id`` (None: of any run), judged
+    without torch; None if it looks whole.
 
     ``torch.save`` writes a zip archive: it starts with ``PK\\x03\\x04`` and ends with the
     archive's central directory, which lists the pickle (``data.pkl``) and one record per
     tensor. So an empty, torn (cut short), overwritten or spliced file shows here at the cost of
-    reading the first bytes and the directory. A file that passes may still fail to load, or
+    reading the first bytes and the directory; the pickle says the step it holds (which its
+    name must say) and the run that wrote it. A file that passes may still fail to load, or
     hold content that changed on disk (``hpc-ddp checkpoints --verify`` loads each one and
-    checks every digest).
+    checks every digest). Never opens what is not a regular file (a FIFO would block), and
+    never raises for a damaged file: whatever reading it raises is the reason.
     """
+    kind = not_regular(path)
+    if kind is not None:
+        return kind
     try:
         with path.open("rb") as f:
             head = f.read(4)
@@ -51,9 +70,11 @@ def damaged_checkpoint(path: Path) -> str | None:
             return "not a torch zip archive"
         if not zipfile.is_zipfile(path):
             return "truncated: the zip archive has no end"
-        return _damaged_directory(path)
+        return _damaged_directory(path) or label_problem(path, run_id)
     except OSError as exc:
         return f"unreadable: {exc.strerror or exc}"
+    except Exception as exc:  # is_zipfile lets BadZipFile out of a damaged zip64 locator
+        return f"damaged zip archive ({type(exc).__name__}: {exc})"
 
 
 def _damaged_directory(path: Path) -> str | None:
@@ -62,7 +83,9 @@ def _damaged_directory(path: Path) -> str | None:
     try:
         with zipfile.ZipFile(path) as archive:
             records = archive.infolist()
-    except (zipfile.BadZipFile, ValueError, EOFError) as exc:
+    except OSError:
+        raise  # the caller says unreadable
+    except Exception as exc:  # BadZipFile, ValueError, EOFError, struct.error, ...
         return f"damaged zip directory ({exc})"
     if not any(r.filename.endswith(_PICKLE) for r in records):
         return "not a torch archive: no data.pkl record"

@@ -12,14 +12,17 @@ run)? Each launch (an attempt of the ledger) is cut into
 * **hangs undetected**: from the blamed rank's last progress to the fault's detection;
 * **recovery**: from then (or from the last progress) to the next launch of the same Slurm
   attempt: ending the step, stack dumps, the supervisor's decision;
-* **requeue waits**: between an attempt's end and the next Slurm attempt's (or the next job's)
-  launch, when the allocation was given back: the queue and Slurm's hold;
+* **requeue waits**: between an attempt's end and the launch of its Slurm requeue (the same
+  job, its next restart), when the allocation was given back: the queue and Slurm's hold;
+* **resume waits**: between an attempt's end and the launch of a job a person started for the
+  run (``hpc-ddp resume``, a resubmission; locally, every next job): nothing was lost to the
+  cluster, the run waited for someone. Counted apart from the requeues (``resumes``);
 * **productive**: the rest of the training span.
 
 **other** is what is left of the wall time (the shutdown after the last step, gaps no event
 explains): printed, so the account always sums to the wall time. **ETTR** (effective training
 time ratio) is productive / wall. **node-seconds** weigh each launch by the nodes it held
-(spares included) where the ledger knows them; a requeue wait holds none.
+(spares included) where the ledger knows them; a requeue or resume wait holds none.
 
 Times come from the ledger (launch, start, end, detection, saves) and ``metrics.jsonl`` (when
 each logged step was reached), all written by one clock per event; the nodes' clocks may
@@ -43,6 +46,7 @@ PARTS = (
     ("hang_undetected", "hangs undetected"),
     ("recovery", "recovery"),
     ("requeue_wait", "requeue waits"),
+    ("resume_wait", "resume waits"),
     ("other", "other"),
 )
 """The parts of the account (:class:`Goodput` fields ``<name>_s``) and their words."""
@@ -61,11 +65,15 @@ class Goodput:
     hang_undetected_s: float
     recovery_s: float
     requeue_wait_s: float
+    resume_wait_s: float
     other_s: float
     ettr: float
     """Productive / wall (0 for a run with no wall time yet)."""
     launches: int
     requeues: int
+    """Slurm requeues: the same job started again."""
+    resumes: int
+    """Jobs a person started for the run after it had stopped (``resume``, a resubmission)."""
     node_s: float | None
     """Node-seconds held (None when no launch's node count is known)."""
     productive_node_s: float | None
@@ -109,6 +117,9 @@ class _Sums:
     hang_undetected: float = 0.0
     recovery: float = 0.0
     requeue_wait: float = 0.0
+    resume_wait: float = 0.0
+    requeues: int = 0
+    resumes: int = 0
     node_s: float = 0.0
     productive_node_s: float = 0.0
     nodes_known: bool = False
@@ -119,6 +130,14 @@ def _same_allocation(a: Attempt, b: Attempt) -> bool:
     return (a.job_ref or a.job_id, a.restart) == (b.job_ref or b.job_id, b.restart) and (
         b.launch > a.launch
     )
+
+
+def _requeued(a: Attempt, b: Attempt) -> bool:
+    """``b`` is a Slurm requeue of ``a``'s job: the same job id at a later restart. A new job
+    (``hpc-ddp resume``; a local run has no job id) is a person's doing, never a requeue."""
+    job = a.job_ref or a.job_id
+    later = (b.restart or 0) > (a.restart or 0)
+    return job is not None and job == (b.job_ref or b.job_id) and later
 
 
 def account(
@@ -136,9 +155,8 @@ def account(
     # Each save says exactly when its step was reached.
     steps = sorted([*steps, *((s.time, s.step) for a in attempts for s in a.saves)])
     sums = _Sums()
-    requeues = 0
     if not ordered:
-        return _finish(sums, 0.0, 0, 0)
+        return _finish(sums, 0.0, 0)
     begin = _launched(ordered[0])
     end_of_run = begin
     for i, a in enumerate(ordered):
@@ -150,12 +168,15 @@ def account(
             gap = max(0.0, _launched(nxt) - end)
             if _same_allocation(a, nxt):
                 sums.recovery += gap
-            else:
+            elif _requeued(a, nxt):
                 sums.requeue_wait += gap
-                requeues += 1
+                sums.requeues += 1
+            else:
+                sums.resume_wait += gap
+                sums.resumes += 1
     if running:
         end_of_run = max(end_of_run, now)
-    return _finish(sums, end_of_run - begin, len(ordered), requeues)
+    return _finish(sums, end_of_run - begin, len(ordered))
 
 
 def _launched(a: Attempt) -> float:
@@ -239,11 +260,11 @@ def _resumed_step(nxt: Attempt | None) -> int | None:
     return 0 if nxt.trained else None
 
 
-def _finish(sums: _Sums, wall: float, launches: int, requeues: int) -> Goodput:
+def _finish(sums: _Sums, wall: float, launches: int) -> Goodput:
     wall = max(0.0, wall)
     parts = (
         sums.productive + sums.startup + sums.checkpoint_stall + sums.redone
-        + sums.hang_undetected + sums.recovery + sums.requeue_wait
+        + sums.hang_undetected + sums.recovery + sums.requeue_wait + sums.resume_wait
     )  # fmt: skip
     return Goodput(
         wall_s=wall,
@@ -255,10 +276,12 @@ def _finish(sums: _Sums, wall: float, launches: int, requeues: int) -> Goodput:
         hang_undetected_s=sums.hang_undetected,
         recovery_s=sums.recovery,
         requeue_wait_s=sums.requeue_wait,
+        resume_wait_s=sums.resume_wait,
         other_s=wall - parts,
         ettr=sums.productive / wall if wall > 0 else 0.0,
         launches=launches,
-        requeues=requeues,
+        requeues=sums.requeues,
+        resumes=sums.resumes,
         node_s=sums.node_s if sums.nodes_known else None,
         productive_node_s=sums.productive_node_s if sums.nodes_known else None,
     )
@@ -279,10 +302,12 @@ def total(accounts: Sequence[Goodput]) -> Goodput:
         hang_undetected_s=sum(g.hang_undetected_s for g in accounts),
         recovery_s=sum(g.recovery_s for g in accounts),
         requeue_wait_s=sum(g.requeue_wait_s for g in accounts),
+        resume_wait_s=sum(g.resume_wait_s for g in accounts),
         other_s=sum(g.other_s for g in accounts),
         ettr=productive / wall if wall > 0 else 0.0,
         launches=sum(g.launches for g in accounts),
         requeues=sum(g.requeues for g in accounts),
+        resumes=sum(g.resumes for g in accounts),
         node_s=sum(g.node_s or 0.0 for g in known) if known else None,
         productive_node_s=sum(g.productive_node_s or 0.0 for g in known) if known else None,
     )
@@ -297,7 +322,8 @@ def describe(g: Goodput) -> list[str]:
     """The account as text lines (``status --goodput``)."""
     head = (
         f"goodput  wall {_clock(g.wall_s)}  ETTR {g.ettr:.2f}  ({g.launches} launch"
-        f"{'es' if g.launches != 1 else ''}, {g.requeues} requeue{'s' if g.requeues != 1 else ''})"
+        f"{'es' if g.launches != 1 else ''}, {g.requeues} requeue{'s' if g.requeues != 1 else ''}"
+        f", {g.resumes} resume{'s' if g.resumes != 1 else ''})"
     )
     lines = [head]
     for name, words in PARTS:

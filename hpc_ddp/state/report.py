@@ -22,7 +22,13 @@ from hpc_ddp.runtime.ledger import Attempt, EndCause, read_ledger
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.jobstate import JobState
 from hpc_ddp.slurm.postmortem import failed_rank, has_logs, startup_failure
-from hpc_ddp.state.artifacts import checkpoint_steps, damaged_checkpoint, last_metric, step_times
+from hpc_ddp.state.artifacts import (
+    checkpoint_steps,
+    damaged_checkpoint,
+    last_metric,
+    recorded_run_id,
+    step_times,
+)
 from hpc_ddp.state.goodput import Goodput, account
 from hpc_ddp.state.task import TaskState
 from hpc_ddp.state.verdict import (
@@ -111,12 +117,14 @@ def _failed_rank(paths: RunPaths, state: str, attempts: list[Attempt]) -> str | 
     return None if failure is None else failure.describe()
 
 
-def _checkpoints(paths: RunPaths) -> tuple[int | None, str | None]:
-    """(newest step whose file looks whole, a note on damaged ones)."""
+def newest_checkpoint(paths: RunPaths) -> tuple[int | None, str | None]:
+    """(newest step whose file looks whole and is this run's, a note on the newer ones that
+    are not: damaged, misnamed, another run's)."""
     steps = checkpoint_steps(paths)
+    run_id = recorded_run_id(paths)
     damaged: list[tuple[int, str]] = []
     for step in reversed(steps):
-        why = damaged_checkpoint(paths.checkpoints / f"step-{step:08d}.pt")
+        why = damaged_checkpoint(paths.checkpoints / f"step-{step:08d}.pt", run_id)
         if why is None:
             return step, _damage_note(damaged, len(steps))
         damaged.append((step, why))
@@ -280,7 +288,7 @@ def _row(run_dir: Path, manifest: Manifest, view: SlurmView) -> dict[str, Any]:
     if manifest.backend == "local" and record:
         notes.append(record)
     nodes, elapsed = _nodes_and_elapsed(source, record, attempts)
-    step, ckpt_note = _checkpoints(paths)
+    step, ckpt_note = newest_checkpoint(paths)
     if ckpt_note:
         notes.append(ckpt_note)
     return {

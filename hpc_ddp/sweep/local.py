@@ -123,42 +123,71 @@ def controller_points(sweep_dir: Path) -> frozenset[int] | None:
 
 
 def cancel_local_sweep(sweep_dir: Path) -> LocalCancel:
-    """Cancel a local sweep: SIGTERM its controller while it runs as recorded (it starts no
-    further point and cancels the running ones, each stopping at an agreed step with a
-    checkpoint), else cancel any point still running without it. Points not started are then
-    ``cancelled`` (``--resubmit-failed`` starts them)."""
-    from hpc_ddp.local.process import (
-        LocalCancel,
-        cancel_local,
-        local_alive,
-        mark_cancelled,
-        signal_if_same,
-    )
-    from hpc_ddp.manifest import read_manifest
+    """Cancel a local sweep and wait until it has stopped, as a local run's cancel waits.
+
+    Its controller, while it runs as recorded, gets the SIGTERM: it starts no further point and
+    stops the running ones (:func:`~hpc_ddp.local.backend.stop_local`: each at an agreed step
+    with a checkpoint, SIGKILLed after the grace), then exits; a controller still there past
+    :func:`_stop_deadline_s` is SIGKILLed. Any point still running without it is stopped the
+    same way. Points not started are then ``cancelled`` (``--resubmit-failed`` starts them).
+    """
+    from hpc_ddp.local.process import LocalCancel, mark_cancelled, signal_if_same
 
     expected = read_identity(sweep_dir)
     live = expected is not None and identify(expected.pid) == expected
     mark_cancelled(sweep_dir)
+    said = []
     if live and expected is not None and signal_if_same(expected, signal.SIGTERM):
-        return LocalCancel(
-            "cancelled",
-            f"cancelled local sweep {sweep_dir} (its controller {expected.pid} stops the running "
-            "points at an agreed step and starts no more)",
-        )
-    stopped = []
-    tasks = RunPaths(sweep_dir).tasks
-    for task in sorted(tasks.iterdir()) if tasks.is_dir() else []:
-        if (task / "manifest.json").exists():
-            job = read_manifest(task).job_id
-            if local_alive(task, job) and cancel_local(task, job).outcome == "cancelled":
-                stopped.append(task.name)
+        deadline = time.monotonic() + _stop_deadline_s()
+        while controller_alive(sweep_dir) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        if controller_alive(sweep_dir):
+            signal_if_same(expected, signal.SIGKILL)
+            said.append(f"its controller {expected.pid} was killed after {_stop_deadline_s():g} s")
+        else:
+            said.append(f"its controller {expected.pid} stopped the running points and exited")
+    stopped, left = _stop_points(sweep_dir)
     if stopped:
+        said.append(f"stopped point(s) {', '.join(stopped)}")
+    if left:
         return LocalCancel(
-            "cancelled", f"cancelled local sweep {sweep_dir}: points {', '.join(stopped)}"
+            "still_running",
+            f"{sweep_dir}: point(s) {', '.join(left)} of the local sweep still run after "
+            "SIGTERM and SIGKILL. HINT: `hpc-ddp cancel SWEEP_DIR/tasks/N` says which process",
         )
+    if said:
+        return LocalCancel("cancelled", f"cancelled local sweep {sweep_dir}: {'; '.join(said)}")
     return LocalCancel(
         "already_finished", f"{sweep_dir}: local sweep already ended; nothing was signalled"
     )
+
+
+def _stop_deadline_s() -> float:
+    """How long a cancel waits for the sweep controller: its points' grace and then some."""
+    from hpc_ddp.local.backend import GONE_WAIT_S
+    from hpc_ddp.local.process import KILL_WAIT_S
+
+    return KILL_WAIT_S + GONE_WAIT_S + 10.0
+
+
+def _stop_points(sweep_dir: Path) -> tuple[list[str], list[str]]:
+    """Stop every point of the sweep still running (:func:`stop_local`); (stopped, left)."""
+    from hpc_ddp.local.backend import stop_local
+    from hpc_ddp.local.process import local_alive
+    from hpc_ddp.manifest import read_manifest
+
+    stopped: list[str] = []
+    left: list[str] = []
+    tasks = RunPaths(sweep_dir).tasks
+    for task in sorted(tasks.iterdir()) if tasks.is_dir() else []:
+        if not (task / "manifest.json").exists():
+            continue
+        job = read_manifest(task).job_id
+        if not local_alive(task, job):
+            continue
+        outcome = stop_local(task, job).outcome
+        (left if outcome == "still_running" else stopped).append(task.name)
+    return stopped, left
 
 
 # --- in the controller --------------------------------------------------------------------------
@@ -204,7 +233,7 @@ def start_point(sweep_dir: Path, index: int) -> LocalJob:
 def run_points(sweep_dir: Path, points: Sequence[int], parallel: int) -> int:
     """Run ``points`` in order, ``parallel`` at once, until each has ended; 0 once all ran
     (a point that failed is the sweep's to show, not the controller's to fail on)."""
-    from hpc_ddp.local.process import cancel_local
+    from hpc_ddp.local.backend import stop_local
 
     stopping: list[int] = []
 
@@ -228,7 +257,7 @@ def run_points(sweep_dir: Path, points: Sequence[int], parallel: int) -> int:
             cancelled = True
             for index, job in running.items():
                 task = RunPaths(sweep_dir).task(index).root
-                log.info("%s", cancel_local(task, job.job_id).message)
+                log.info("%s", stop_local(task, job.job_id).message)
         for index, job in list(running.items()):
             if job.ended():
                 del running[index]

@@ -294,6 +294,8 @@ def _resubmit_local(sweep_dir: Path, dry_run: bool) -> Resubmission:
     rows = gather_results(sweep_dir)
     points = [r.index for r in rows if r.state in RESUBMITTABLE]
     running = {r.index: r.job or "" for r in rows if r.state in _LIVE}
+    if not running:  # a controller with nothing left to run is on its way out: let it go
+        _wait_for_exit(sweep_dir)
     if controller_alive(sweep_dir):
         # Not one point is started beside a live controller: it may still start them itself.
         queued = {r.index: "pending" for r in rows if r.state is TaskState.PENDING}
@@ -361,6 +363,19 @@ def _resubmit_locked(
 
 
 _LIVE = frozenset({TaskState.RUNNING, TaskState.PENDING, TaskState.REQUEUED})
+CONTROLLER_EXIT_S = 15.0
+"""How long ``--resubmit-failed`` waits for a local sweep controller whose points have all
+ended to exit (it notices within a poll, then reaps its last point's processes)."""
+
+
+def _wait_for_exit(sweep_dir: Path) -> None:
+    import time
+
+    from hpc_ddp.sweep.local import controller_alive
+
+    deadline = time.monotonic() + CONTROLLER_EXIT_S
+    while controller_alive(sweep_dir) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def live_points(arrays: Sequence[ArrayRecord], live: Mapping[str, JobInfo]) -> dict[int, str]:

@@ -137,6 +137,29 @@ class DeterministicKernels:
             )
 
 
+class TunedKernels:
+    """cuDNN's autotuner for the ``with`` block on a GPU (off for ``train.deterministic``):
+    each convolution shape is timed once and its fastest algorithm kept. A hand-written loop
+    that leaves ``cudnn.benchmark`` off runs cuDNN's heuristic choice instead. The first steps
+    pay for the tuning, under ``fault.warmup_steps``; the previous setting comes back on exit.
+    """
+
+    enabled = True
+    """Off: leave cuDNN as it is (the GPU benchmark's ``--diagnose`` measures the choice)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.on = self.enabled and device.type == "cuda"
+        self._saved = torch.backends.cudnn.benchmark
+
+    def __enter__(self) -> TunedKernels:
+        if self.on:
+            torch.backends.cudnn.benchmark = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch.backends.cudnn.benchmark = self._saved
+
+
 class StepRunner:
     """One optimizer step: ``grad_accum`` micro-batches, all-reduced once (``no_sync``)."""
 

@@ -43,7 +43,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from hpc_ddp import collector
 from hpc_ddp.config.elastic import SAMPLE_EXACT
-from hpc_ddp.config.exactness import Exactness, exactness
+from hpc_ddp.config.exactness import Exactness, exactness, total_below_checkpoint
 from hpc_ddp.config.model import JobConfig, TrainConfig
 from hpc_ddp.errors import ConfigError
 from hpc_ddp.runtime.checkpoint import weights_digest
@@ -51,7 +51,13 @@ from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.sampler import mix_seed
 from hpc_ddp.runtime.session import Session
 from hpc_ddp.train.data import build_dataset
-from hpc_ddp.train.loop import DeterministicKernels, Precision, ProgressReport, StepRunner
+from hpc_ddp.train.loop import (
+    DeterministicKernels,
+    Precision,
+    ProgressReport,
+    StepRunner,
+    TunedKernels,
+)
 from hpc_ddp.train.models import build_model
 
 log = logging.getLogger(__name__)
@@ -255,7 +261,8 @@ def run_training(cfg: JobConfig, session: Session) -> TrainResult:
     :class:`~hpc_ddp.runtime.session.RequeueExit`; this function then never returns.
     """
     if not cfg.train.deterministic:
-        return _run_training(cfg, session)
+        with TunedKernels(session.device):
+            return _run_training(cfg, session)
     with DeterministicKernels():
         return _run_training(cfg, session)
 
@@ -288,6 +295,11 @@ def _run_training(cfg: JobConfig, session: Session) -> TrainResult:
     steps_per_epoch = _steps_per_epoch(loader, t, s)
     total = plan_total_steps(t, steps_per_epoch)
     runner = _make_runner(t, s, model, total)
+    if s.progress.step > total:  # resumed with a shorter run: never "finished" at once
+        how = f"train.max_steps={t.max_steps}" if t.max_steps is not None else (
+            f"train.epochs={t.epochs} ({steps_per_epoch} steps each)"
+        )  # fmt: skip
+        raise ConfigError(total_below_checkpoint(s.progress.step, total, how))
     global_batch = t.batch_size * s.world_size * s.grad_accum
     log.info(
         "global batch %d = %d per rank x %d ranks x %d accumulation; %d steps/epoch, steps %d..%d",

@@ -316,6 +316,33 @@ def test_logs_reads_a_ranks_log_and_refuses_a_rank_the_run_has_not(tmp_path: Pat
     assert job.logs(rank=1, stream="out") == "epoch 1\n"
     with pytest.raises(hpc_ddp.TargetError, match="--rank 2: no such rank"):
         job.logs(rank=2)
+    # It used to look for rank--1.err, and read any stream it was given.
+    with pytest.raises(hpc_ddp.TargetError, match=r"--rank -1: no such rank \(ranks are numbered "):
+        job.logs(rank=-1)
+    with pytest.raises(TypeError, match=r"rank='1': expected an int, not str\. HINT"):
+        job.logs(rank="1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"stream='bogus' is not a log stream\. HINT: pass one "
+                       r"of 'err', 'out'"):  # fmt: skip
+        job.logs(rank=1, stream="bogus")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["runs_dir", "site", "config"])
+def test_a_path_argument_of_another_type_is_a_type_error_and_makes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """`runs_dir=123` used to create ./123/ and submit there."""
+    monkeypatch.chdir(tmp_path)
+    args: dict[str, Any] = {"config": QUICKSTART, name: 123}
+    slurm = FakeSlurm()
+    with pytest.raises(TypeError, match=rf"^{name}=123: expected a path \(a str or os\.PathLike"
+                       r"\), not int\. HINT: pass a path such as "):  # fmt: skip
+        hpc_ddp.submit(backend="slurm", slurm=slurm.client(), **args)
+    assert list(tmp_path.iterdir()) == []
+    assert slurm.commands("sbatch") == []
+    with pytest.raises(TypeError, match=r"^runs_dir=123: expected a path"):
+        hpc_ddp.runs(123)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^runs_dir=2\.5: expected a path"):
+        hpc_ddp.submit_sweep(sweep_lr(tmp_path), runs_dir=2.5, slurm=slurm.client())  # type: ignore[arg-type]
 
 
 def test_resume_submits_the_run_again_in_its_directory(tmp_path: Path) -> None:
@@ -425,3 +452,5 @@ def test_results_sort_by_a_metric_nobody_logged_is_the_clis_error(tmp_path: Path
     sweep = hpc_ddp.Sweep.from_dir(write_sweep(tmp_path / "runs"), slurm=FakeSlurm().client())
     with pytest.raises(hpc_ddp.ConfigError, match=r"no task logged a metric 'val_los'.*HINT"):
         sweep.results(sort="val_los")
+    with pytest.raises(ValueError, match=r"mode='up' is not a ranking mode\. HINT: pass 'min'"):
+        sweep.results(mode="up")  # type: ignore[arg-type]

@@ -153,21 +153,27 @@ def test_a_target_that_is_neither_a_dir_nor_a_job_id_is_a_usage_error(
 def test_the_guard_sees_a_real_cancels_signal(
     tmp_path: Path, run_sleeper: Callable[[Path], subprocess.Popen[bytes]]
 ) -> None:
-    """Positive control: with the right identity recorded, the guard records the SIGTERM."""
+    """Positive control: with the right identity recorded, the guard records the SIGTERM, and
+    the SIGKILL after the grace. No signal was really sent, so the process still runs: cancel
+    never says "cancelled" then, but names it and exits 1."""
     run_dir = local_run(tmp_path / "run", "2")
     sleeper = run_sleeper(run_dir)  # its command line names run/submitit, as a controller's
     ident = identify_started(sleeper.pid)
     assert ident is not None
     local_run(run_dir, str(sleeper.pid))
     write_identity(run_dir, ident)
-    done, calls = guarded(tmp_path, "cancel", str(run_dir), "--json")
-    assert done.returncode == 0, done.stderr
-    assert len(calls) == 1
+    done, calls = guarded(tmp_path, "cancel", str(run_dir), "--json", "--kill-wait", "0.5")
+    assert done.returncode == 1, done.stderr
     assert calls[0][0] == "pidfd_send_signal"
     assert calls[0][2] == "15"
+    assert len(calls) > 1
+    assert {tuple(c[::2]) for c in calls[1:]} == {("pidfd_send_signal", "9")}
     [shown] = json.loads(done.stdout)["results"]
-    assert shown["outcome"] == "cancelled"
-    assert f"cancelled local job {sleeper.pid}" in shown["message"]
+    assert shown["outcome"] == "still_running"
+    assert "cancelled" not in shown["message"]
+    assert f"local job {sleeper.pid} still runs after SIGTERM and, 0.5 s later, SIGKILL: " \
+        f"pid {sleeper.pid} (`{sys.executable} -c" in shown["message"]  # fmt: skip
+    assert sleeper.poll() is None
 
 
 def test_a_copied_local_json_signals_nothing_of_the_original_run(
@@ -664,3 +670,79 @@ def test_copy_logs_writes_bytes_with_headers_for_two_streams(tmp_path: Path) -> 
     paths = [tmp_path / "a.err", tmp_path / "b.out"]
     cmd_logs.copy_logs(paths, out, follow=False, poll_s=1.0, deadline=None)
     assert out.getvalue() == b"==> a.err <==\n\x1b[1mA\n\n==> b.out <==\nB\n"
+
+
+# --- logs: constant memory, --tail, job ids --------------------------------------------------
+
+BIG = 200 << 20
+"""A 200 MiB log (sparse: made at once): far more than ``logs`` may hold in memory."""
+
+
+def _max_rss_mib(*args: str) -> tuple[int, float]:
+    """``hpc-ddp ARGS`` with its output thrown away: (exit status, its own peak RSS in MiB),
+    from ``wait4`` (the child's own rusage, not that of every child this test run reaped)."""
+    proc = subprocess.Popen([sys.executable, "-m", "hpc_ddp", *args], cwd=REPO, env=local_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_maxrss / 1024  # ru_maxrss is in KiB on Linux
+
+
+@pytest.mark.parametrize("how", [[], ["-f", "--follow-for", "0"], ["--tail", "2"]])
+def test_logs_copies_a_huge_log_in_constant_memory(tmp_path: Path, how: list[str]) -> None:
+    """A flood of 200 MiB on stderr (then three lines): printing, following and tailing it
+    take the memory of a small Python process, not that of the file."""
+    run_dir = local_run(tmp_path / "run", "2")  # pid 2 is no run's controller: it has ended
+    log = run_dir / "logs" / "rank-0.err"
+    log.parent.mkdir(exist_ok=True)
+    with log.open("wb") as f:
+        f.truncate(BIG)
+        f.seek(BIG)
+        f.write(b"one\ntwo\nthree\n")
+    code, small = _max_rss_mib("logs", str(run_dir / "nope"))  # the same process, no log
+    assert code == 2
+    code, rss = _max_rss_mib("logs", str(run_dir), *how)
+    assert code == 0
+    assert rss < small + 40, (rss, small)  # the file is 200 MiB; the chunks are 64 KiB
+    if how[:1] == ["--tail"]:
+        assert hpc("logs", str(run_dir), *how).stdout == "two\nthree\n"
+
+
+@pytest.mark.parametrize(
+    "text", ["", "\n", "a", "a\n", "a\nb", "a\nb\n", "\n\n\n", "ab\ncd\nef\n", "x\n\ny\n\n"]
+)
+@pytest.mark.parametrize("chunk", [1, 2, 3, 1 << 16])
+def test_tail_start_agrees_with_the_last_lines_of_the_text(text: str, chunk: int) -> None:
+    data = text.encode()
+    for lines in range(5):
+        start = cmd_logs.tail_start(io.BytesIO(data), lines, chunk)
+        expected = "".join(text.splitlines(keepends=True)[-lines:]) if lines else ""
+        assert data[start:].decode() == expected, (text, lines, chunk)
+
+
+def test_logs_tail_prints_the_last_lines_of_each_stream(tmp_path: Path) -> None:
+    run_dir = _logs_run(tmp_path / "run", "p1\np2\np3\n", "s1\ns2\ns3\ns4")
+    assert hpc("logs", str(run_dir), "--tail", "2").stdout == "s3\ns4"
+    assert hpc("logs", str(run_dir), "--tail", "0").stdout == ""
+    assert hpc("logs", str(run_dir), "--tail", "9", "--out").stdout == "p1\np2\np3\n"
+    both = hpc("logs", str(run_dir), "--tail", "1", "--both").stdout
+    assert both == "==> rank-0.err <==\ns4\n==> rank-0.out <==\np3\n"
+    bad = hpc("logs", str(run_dir), "--tail", "-1")
+    assert bad.returncode == 2
+    assert "'-1' is not a number of lines" in bad.stderr
+
+
+def test_logs_finds_a_run_by_its_job_id_under_runs_dir(tmp_path: Path) -> None:
+    """As ``status`` and ``cancel`` do: a job id is looked up among the runs' manifests."""
+    runs = tmp_path / "runs"
+    run_dir = write_run(runs, "mine", job_id="4242")
+    write_run(runs, "other", job_id="4243")
+    (run_dir / "logs" / "rank-0.err").write_text("step 1/9\n")
+    done = hpc("logs", "4242", "--runs-dir", str(runs))
+    assert (done.returncode, done.stdout) == (0, "step 1/9\n"), done.stderr
+    missing = hpc("logs", "4244", "--runs-dir", str(runs))
+    assert missing.returncode == 2
+    assert f"'4244' is neither a run directory nor a job id found under {runs}" in missing.stderr
+    with_task = hpc("logs", "4242", "--task", "1", "--runs-dir", str(runs))
+    assert with_task.returncode == 2
+    assert "--task 1: 4242 is a job id, not a sweep directory" in with_task.stderr

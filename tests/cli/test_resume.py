@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -251,8 +252,6 @@ def test_a_crashed_slurm_run_resumes_after_the_fix_to_the_uninterrupted_weights(
 def _ended_local_run(runs: Path) -> Path:
     """A local run whose job is gone (its pid: the largest Linux has) with a checkpoint at 32
     that looks whole to the login side (a zip archive: only torch could tell its weights)."""
-    import zipfile
-
     from hpc_ddp.config.load import load_job_config
     from hpc_ddp.launch.submission import materialize, prepare, record
 
@@ -264,9 +263,18 @@ def _ended_local_run(runs: Path) -> Path:
     )  # fmt: skip
     record(prepared, job_id="4194304", command=["submitit-local", "4194304"])
     prepared.paths.checkpoints.mkdir(exist_ok=True)
-    with zipfile.ZipFile(prepared.paths.checkpoints / "step-00000032.pt", "w") as z:
-        z.writestr("archive/data.pkl", b"not really weights")
+    _looks_whole(prepared.paths.checkpoints / "step-00000032.pt", 32)
     return prepared.paths.root
+
+
+def _looks_whole(path: Path, step: int) -> None:
+    """A zip archive whose pickle says ``step`` and nothing else: all the login side reads of
+    a checkpoint (only torch could tell its weights)."""
+    import pickle
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", pickle.dumps({"progress": {"step": step}, "meta": {}}))
 
 
 def test_a_local_resume_dry_run_shows_the_local_backend_and_claims_no_verified_step(
@@ -349,8 +357,6 @@ def _trained_slurm_run(
     """A 2-node run (job 77, forgotten by Slurm) whose ledger says it trained with 2 ranks
     (accumulating ``grad_accum``, when given), with a checkpoint at step 32 that looks whole
     to the login side."""
-    import zipfile
-
     from tests.ledgers import record_end, record_start
 
     run_dir = _slurm_run(runs, "77")
@@ -362,8 +368,7 @@ def _trained_slurm_run(
                requeue_requested=False)  # fmt: skip
     if checkpoint:
         (run_dir / "checkpoints").mkdir(exist_ok=True)
-        with zipfile.ZipFile(run_dir / "checkpoints" / "step-00000032.pt", "w") as z:
-            z.writestr("archive/data.pkl", b"not really weights")
+        _looks_whole(run_dir / "checkpoints" / "step-00000032.pt", 32)
     return run_dir
 
 
@@ -543,3 +548,158 @@ def test_the_name_cannot_change_by_override_or_by_hand(tmp_path: Path, how: str)
     if how == "edit":
         assert f"'other' was set in {config}" in err
         assert f"put name: quickstart back in {config}" in err
+
+
+# --- a refused submission leaves the run as it was ---------------------------------------------
+
+
+def _run_files(run_dir: Path) -> dict[str, bytes]:
+    """What a resume may rewrite, and the record that says which job the run is."""
+    names = ("config.yaml", "job.sbatch", "manifest.json")
+    return {name: (run_dir / name).read_bytes() for name in names if (run_dir / name).exists()}
+
+
+def test_a_resume_that_sbatch_refuses_leaves_the_run_as_it_was(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The overrides of a refused resume used to stay in config.yaml and job.sbatch, so the
+    next plain resume trained at them without a `changed:` line."""
+    from hpc_ddp.cli.main import main
+    from hpc_ddp.launch.submission import REWRITE_UNDO
+    from hpc_ddp.slurm.fake import FakeSlurm
+
+    run_dir = _trained_slurm_run(tmp_path)
+    before = _run_files(run_dir)
+    slurm = FakeSlurm()
+    slurm.fail("sbatch", "sbatch: error: invalid partition specified: nosuch")
+    args = ["resume", str(run_dir), "slurm.partition=nosuch", "train.lr=0.3"]
+    assert main(args, slurm=slurm.client()) == 1
+    assert "invalid partition specified: nosuch" in capsys.readouterr().err
+    assert _run_files(run_dir) == before
+    assert not (run_dir / REWRITE_UNDO).exists()
+    code, out, err, _ = _resume_out(run_dir, "--dry-run")
+    assert code == 0, err
+    assert "changed:" not in out
+    assert "nosuch" not in out
+
+
+def test_a_resume_killed_while_it_submits_is_undone_by_the_next_one(tmp_path: Path) -> None:
+    """A process killed between writing the new files and recording the new job leaves both
+    (the state is made here by entering `rewriting` and never leaving it, as a SIGKILL would):
+    the next resume finds the manifest still naming the old job and puts the old files back."""
+    from hpc_ddp.launch.resume import plan_resume
+    from hpc_ddp.launch.submission import REWRITE_UNDO, rewriting, write_run_files
+    from hpc_ddp.slurm.fake import FakeSlurm
+
+    run_dir = _trained_slurm_run(tmp_path)
+    before = _run_files(run_dir)
+    plan = plan_resume(run_dir, ["train.lr=0.3"], FakeSlurm().client())
+    killed = rewriting(plan.prepared.paths, "77")
+    killed.__enter__()
+    write_run_files(plan.prepared)
+    assert "lr: 0.3" in (run_dir / "config.yaml").read_text()  # the half state a kill leaves
+    code, out, err, _ = _resume_out(run_dir, "--dry-run")
+    assert code == 0, err
+    assert "changed:" not in out
+    assert _run_files(run_dir) == before
+    assert not (run_dir / REWRITE_UNDO).exists()
+
+
+def test_a_resume_recorded_before_the_kill_keeps_its_new_files(tmp_path: Path) -> None:
+    """Killed after the manifest named the new job: the new files are that job's, and stay."""
+    from hpc_ddp.launch.resume import plan_resume
+    from hpc_ddp.launch.submission import REWRITE_UNDO, record, rewriting, write_run_files
+    from hpc_ddp.slurm.fake import FakeSlurm
+
+    run_dir = _trained_slurm_run(tmp_path)
+    plan = plan_resume(run_dir, ["train.lr=0.3"], FakeSlurm().client())
+    killed = rewriting(plan.prepared.paths, "77")
+    killed.__enter__()
+    write_run_files(plan.prepared)
+    record(plan.prepared, job_id="78", command=["sbatch"], previous_jobs=["77"])
+    code, _, err, _ = _resume_out(run_dir, "--dry-run")
+    assert code == 0, err
+    assert "lr: 0.3" in (run_dir / "config.yaml").read_text()
+    assert not (run_dir / REWRITE_UNDO).exists()
+
+
+def test_a_local_resume_that_cannot_start_leaves_the_run_as_it_was(tmp_path: Path) -> None:
+    """A real local start that fails (its submitit folder is a file: the executor cannot make
+    it) after the new config was written."""
+    run_dir = _ended_local_run(tmp_path)
+    shutil.rmtree(run_dir / "submitit", ignore_errors=True)
+    (run_dir / "submitit").write_text("in the way\n")
+    before = _run_files(run_dir)
+    done = hpc("resume", str(run_dir), "train.lr=0.3")
+    assert done.returncode != 0, done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
+    assert _run_files(run_dir) == before
+
+
+@pytest.mark.slurm
+def test_a_resume_the_real_sbatch_refuses_leaves_the_run_as_it_was(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """The issue's reproduction on the dev cluster: an invalid partition is refused by sbatch."""
+    job = e2e.submit(slurm_cluster, tmp_path, "jobs/quickstart.yaml", "slurm.time=00:02:00")
+    e2e.hpc(slurm_cluster, "cancel", str(job.run_dir))
+    e2e.wait_done(slurm_cluster, job.job_id)
+    before = _run_files(job.run_dir)
+    refused = e2e.hpc(
+        slurm_cluster, "resume", str(job.run_dir), "slurm.partition=nosuch", "train.lr=0.3",
+        check=False,
+    )  # fmt: skip
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "invalid partition" in refused.stderr.lower()
+    assert _run_files(job.run_dir) == before
+    plain = e2e.hpc(slurm_cluster, "resume", str(job.run_dir), "--dry-run")
+    assert "changed:" not in plain.stdout
+    assert "nosuch" not in plain.stdout
+
+
+@pytest.mark.parametrize("what", ["directory", "symlink"])
+def test_a_lock_file_in_the_way_is_named_not_a_traceback(tmp_path: Path, what: str) -> None:
+    run_dir = _ended_local_run(tmp_path)
+    lock = run_dir / "submit.lock"
+    lock.unlink(missing_ok=True)
+    if what == "directory":
+        lock.mkdir()
+    else:
+        lock.symlink_to(tmp_path / "elsewhere" / "submit.lock")
+    done = hpc("resume", str(run_dir))
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"{lock}: the run directory's lock file is a {what}" in done.stderr
+    assert "HINT: remove it" in done.stderr
+
+
+# --- a resume cannot end a run by surprise (issue 32, item 8) -----------------------------------
+
+
+def test_a_max_steps_below_the_checkpoint_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """It used to log "steps 33..20" and end the run COMPLETED at once."""
+    run_dir = _trained_slurm_run(tmp_path)  # its checkpoint is at step 32
+    before = _run_files(run_dir)
+    code, _, err, sbatch = _resume_out(run_dir, "train.max_steps=20", "--force")
+    assert (code, sbatch) == (2, [])
+    assert "train.max_steps=20 makes the run 20 steps long, but its checkpoint is at step 32" in err
+    assert "HINT: resume with a total of at least 32 steps" in err
+    assert _run_files(run_dir) == before
+    code, _, err, _ = _resume_out(run_dir, "train.max_steps=32", "--dry-run")
+    assert code == 0, err
+
+
+def test_a_resume_that_changes_the_schedule_says_it_is_no_longer_comparable(
+    tmp_path: Path,
+) -> None:
+    run_dir = _trained_slurm_run(tmp_path)
+    code, out, err, _ = _resume_out(run_dir, "train.epochs=7", "--dry-run")
+    assert code == 0, err
+    assert "; not comparable to an uninterrupted run: train.epochs changed, and it shapes the " \
+        "schedule or the data\n" in out  # fmt: skip
+    assert "bit-identical" not in out
+    code, out, err, _ = _resume_out(run_dir, "requeue.max_requeues=9", "--dry-run")
+    assert code == 0, err
+    assert "; bit-identical to an uninterrupted run (CPU)\n" in out

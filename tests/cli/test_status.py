@@ -509,6 +509,30 @@ def test_crash_before_any_attempt_is_failed_with_the_reason_from_the_logs(
     assert "all 2 checkpoint(s) damaged (newest step 10: not a torch zip archive)" in row["note"]
 
 
+def test_a_fifo_named_like_a_checkpoint_is_never_opened(
+    tmp_path: Path, fake: StatusSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 31, item 13: open() on a FIFO named step-00000130.pt blocked `status` of every run
+    (and `resume`, which asks status) for ever."""
+    import threading
+
+    run_dir = make_run(tmp_path, "a", "82", [EndCause.CANCELLED])
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "step-00000120.pt").write_bytes(b"garbage")
+    os.mkfifo(run_dir / "checkpoints" / "step-00000130.pt")
+    fake.sacct = {"82": "CANCELLED"}
+    rows: list[list[dict[str, Any]]] = []
+    worker = threading.Thread(
+        target=lambda: rows.append(status_json(capsys, "--runs-dir", str(tmp_path))), daemon=True
+    )
+    worker.start()
+    worker.join(30)
+    assert rows, "status still blocked after 30 s"
+    [[row]] = rows
+    assert row["checkpoint_step"] is None
+    assert "(newest step 130: not a regular file (a FIFO))" in row["note"]
+
+
 def test_a_job_that_never_wrote_a_log(
     tmp_path: Path, fake: StatusSlurm, capsys: pytest.CaptureFixture[str]
 ) -> None:

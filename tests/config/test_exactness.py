@@ -61,10 +61,33 @@ def job(**sections: Any) -> JobConfig:
             "step- and sample-exact, not bitwise on GPUs, unless your program makes them so",
         ),
         (job(), job(slurm={"nodes": 2}), "not exact: 1 -> 2 ranks reshards the data"),
+        # What is saved, logged or how data is loaded: the same path, as exact as before.
+        (job(), job(train={"keep_last": 9, "log_every": 1, "num_workers": 2}),
+         "bit-identical to an uninterrupted run (CPU)"),
+        (job(), job(requeue={"max_requeues": 9}), "bit-identical to an uninterrupted run (CPU)"),
+        # The case: `resume R train.epochs=1` claimed bit-identical, printing that the
+        # cosine schedule changed.
+        (job(), job(train={"epochs": 3}), "not comparable to an uninterrupted run: train.epochs "
+         "changed, and it shapes the schedule or the data"),
+        (job(), job(train={"lr": 0.3, "seed": 4}), "not comparable to an uninterrupted run: "
+         "train.lr, train.seed changed, and they shape the schedule or the data"),
+        (job(command=["python", "t.py"], params={"lr": 1}),
+         job(command=["python", "t.py"], params={"lr": 2}),
+         "not comparable to an uninterrupted run: params changed, and it shapes the schedule "
+         "or the data"),
     ],
-)
+)  # fmt: skip
 def test_the_resume_clause(before: JobConfig, after: JobConfig, clause: str) -> None:
     assert resume_clause(before, after) == clause
+
+
+def test_an_elastic_resume_rescales_grad_accum_without_leaving_the_path() -> None:
+    from hpc_ddp.config.elastic import Resize
+
+    resize = Resize(2, 1, 1, 2)
+    after = job(train={"grad_accum": 2})
+    assert resume_clause(job(slurm={"nodes": 2}), after, resize).startswith("sample-exact")
+    assert "train.lr" in resume_clause(job(), job(train={"grad_accum": 2, "lr": 1.0}), resize)
 
 
 def test_the_readme_and_the_concepts_guide_state_the_same_promise() -> None:

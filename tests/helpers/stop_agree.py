@@ -1,11 +1,12 @@
 """One rank of the stop-flag test: loop over "steps" with a collective each, agree between them.
 
-Usage: stop_agree.py READY_DIR [cadence]
+Usage: stop_agree.py READY_DIR [cadence|lagged]
 
 Writes READY_DIR/rank-<r> once running, then loops until the ranks agree on a stop, and prints
 ``{"rank", "step", "signal", "agreed_at"}`` as JSON. Rank 1 is slower, so rank 0 is usually
 blocked inside an all-reduce when a signal reaches rank 1. With ``cadence`` the ranks agree
-where an :class:`AgreementCadence` says, as the session's step loop does.
+where an :class:`AgreementCadence` says; with ``lagged`` they also read each agreement one
+agreement later (``launch``/``collect``), as the session's step loop does.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ def main() -> None:
     rank = dist.get_rank()
     flag = StopFlag([signal.SIGUSR2, signal.SIGTERM]).install()
     work = torch.ones(1000)
-    cadence = AgreementCadence(fixed=None if sys.argv[2:] == ["cadence"] else 1)
+    mode = sys.argv[2] if len(sys.argv) > 2 else ""
+    cadence = AgreementCadence(fixed=None if mode in ("cadence", "lagged") else 1)
     agreed_at: list[int] = []
     step = 0
     deadline = time.monotonic() + 30
@@ -43,10 +45,16 @@ def main() -> None:
         if not cadence.due(step):
             continue
         agreed_at.append(step)
-        stop = flag.agree(every=cadence.propose(step)) is not None
+        if mode == "lagged":
+            stop = flag.in_flight and flag.collect() is not None
+            if not stop:
+                flag.launch(every=cadence.propose(step))
+        else:
+            stop = flag.agree(every=cadence.propose(step)) is not None
         cadence.agreed(step, flag.every)
         if stop:
             break
+    flag.settle()
     flag.close()
     result = {"rank": rank, "step": step, "signal": flag.agreed, "agreed_at": agreed_at}
     print(json.dumps(result), flush=True)

@@ -7,6 +7,9 @@ decisions are pinned case by case.
 from __future__ import annotations
 
 import dataclasses
+import os
+import pickle
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -182,8 +185,23 @@ def test_a_launch_directory_is_made_whole_before_any_rank_starts(tmp_path: Path)
         assert path.stat().st_size == BEAT_BYTES
 
 
-def test_the_newest_checkpoint_step_is_read_from_the_names_alone(tmp_path: Path) -> None:
+def _labelled(path: Path, step: int) -> None:
+    """A zip archive whose pickle says ``step``, as a checkpoint's does (no torch needed)."""
+    payload = {"progress": {"step": step}, "meta": {}}
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", pickle.dumps(payload, protocol=2))
+
+
+def test_the_newest_checkpoint_step_is_the_newest_whose_label_says_it(tmp_path: Path) -> None:
+    """Issue 31: a copy named step-00009999.pt, a FIFO or a cut file was taken for the newest
+    checkpoint (the launch said "from step 9999", and no_progress compared with it)."""
     assert newest_checkpoint_step(tmp_path / "none") is None
-    for name in ("step-00000010.pt", "step-00000140.pt", ".tmp-step-00000150.pt", "latest"):
+    for step in (10, 140):
+        _labelled(tmp_path / f"step-{step:08d}.pt", step)
+    for name in (".tmp-step-00000150.pt", "latest"):
         (tmp_path / name).write_text("x")
+    assert newest_checkpoint_step(tmp_path) == 140
+    _labelled(tmp_path / "step-00009999.pt", 140)  # a copy under a newer name
+    os.mkfifo(tmp_path / "step-00000160.pt")  # never opened
+    (tmp_path / "step-00000150.pt").write_bytes((tmp_path / "step-00000140.pt").read_bytes()[:-9])
     assert newest_checkpoint_step(tmp_path) == 140

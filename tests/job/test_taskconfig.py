@@ -27,7 +27,7 @@ import yaml
 
 from hpc_ddp.config.load import dump_job_config
 from hpc_ddp.errors import RunDirError
-from hpc_ddp.job.task import task_run_dir
+from hpc_ddp.job.task import task_run_dir, write_task_config
 from hpc_ddp.job.taskconfig import (
     load_task_config,
     materialise_task_config,
@@ -96,6 +96,8 @@ def test_each_task_writes_its_config_byte_for_byte_as_config_texts_gives_it(
         assert load_task_config(sweep_dir, point.index) == point.config
         env = {"SLURM_ARRAY_TASK_ID": str(point.index)}
         assert task_run_dir(sweep_dir, env) == task.root  # what `hpc-ddp run` calls first
+        assert not task.root.exists()  # it writes nothing: the task may yet be refused
+        write_task_config(sweep_dir, task.root)  # what it calls once it may run
         assert task.config.read_bytes() == text.encode("utf-8")
         assert sorted(p.name for p in task.root.iterdir()) == ["config.yaml"]
         assert task_config_text(sweep_dir, point.index) == text  # now from the file
@@ -212,20 +214,54 @@ def test_a_tasks_own_config_wins_over_its_packed_line(tmp_path: Path) -> None:
 
 
 def test_lines_are_found_by_index_however_the_file_was_rewritten(tmp_path: Path) -> None:
-    texts = [(i, f"name: p{i}\n") for i in (0, 1, 2, 10, 11, 100)]
+    texts = [(i, f"name: p{i}\n") for i in range(12)]
     packed = tmp_path / "task_configs.jsonl"
     packed.write_text(pack_task_configs(texts))
     for index, text in texts:
-        assert packed_config_text(tmp_path, index) == text
-    assert packed_config_text(tmp_path, 3) is None  # "1" is no prefix of "10": no false match
+        assert packed_config_text(tmp_path, index) == text  # "1" is no prefix of "10"
+    assert packed_config_text(tmp_path, 12) is None
     # Another JSON writer's spacing and key order: found by parsing every line.
     packed.write_text(
         "".join(json.dumps({"config": t, "index": i}, indent=None, separators=(",", ":")) + "\n"
-                for i, t in reversed(texts))
+                for i, t in texts)
     )  # fmt: skip
     for index, text in texts:
         assert packed_config_text(tmp_path, index) == text
-    assert packed_config_text(tmp_path, 3) is None
+    assert packed_config_text(tmp_path, 12) is None
+
+
+def _edited(tmp_path: Path, line: int, index: int) -> Path:
+    """Points 0-5, with line ``line`` (0-based) edited to say ``index``."""
+    packed = tmp_path / "task_configs.jsonl"
+    lines = pack_task_configs((i, f"name: p{i}\n") for i in range(6)).splitlines(keepends=True)
+    lines[line] = lines[line].replace(f'"index": {line},', f'"index": {index},')
+    packed.write_text("".join(lines))
+    return packed
+
+
+def test_an_index_claimed_twice_is_refused_naming_both_lines(tmp_path: Path) -> None:
+    """The issue's edit: point 1's line says 4. Point 4 used to run point 1's config (the
+    first line with its prefix won), while `results` showed point 4's values."""
+    packed = _edited(tmp_path, 1, 4)
+    with pytest.raises(RunDirError, match=r"lines 2, 5 all say they are point 4's config.*HINT"):
+        packed_config_text(tmp_path, 4)
+    with pytest.raises(RunDirError, match=r"line 2, point 1's, says index 4\. HINT"):
+        packed_config_text(tmp_path, 1)
+    with pytest.raises(RunDirError, match=str(packed)):
+        materialise_task_config(tmp_path, 4)
+    for index in (1, 4):
+        assert not RunPaths(tmp_path).task(index).root.exists()  # neither runs
+    assert packed_config_text(tmp_path, 2) == "name: p2\n"  # the other points go on
+
+
+def test_a_line_at_another_points_place_is_refused(tmp_path: Path) -> None:
+    """Point 1's line says 4 and point 4's line is gone: still not point 4's config."""
+    packed = tmp_path / "task_configs.jsonl"
+    _edited(tmp_path, 1, 4)
+    lines = packed.read_text().splitlines(keepends=True)
+    packed.write_text("".join(lines[:4] + lines[5:]))
+    with pytest.raises(RunDirError, match=r"line 2 says it is point 4's config, but point 4's "):
+        packed_config_text(tmp_path, 4)
 
 
 def test_a_damaged_line_is_a_run_dir_error_naming_the_file(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -233,6 +234,28 @@ def test_a_sweep_task_runs_only_under_its_points_latest_array(
     if not current:
         assert refusal is not None
         assert f"arrays.json (point {point}) names job " in refusal
+
+
+def test_a_refused_sweep_task_writes_nothing_not_even_its_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A point whose task has not started yet has only its packed line; a task of an array
+    that is not the point's latest is refused before it writes ``tasks/<i>/config.yaml``."""
+    from hpc_ddp.job.taskconfig import pack_task_configs
+
+    sweep = _sweep(tmp_path / "sweep")
+    config = dump_job_config(JobConfig(name="w", command=("python", "-c", "pass")))
+    (sweep / "task_configs.jsonl").write_text(pack_task_configs((i, config) for i in range(6)))
+    shutil.rmtree(sweep / "tasks" / "2")  # point 2's task has not started yet
+    with record_lock(sweep):
+        pass
+    before = _files(sweep)
+    env = {**SLURM_TASK, "SLURM_JOB_ID": "555", "SLURM_ARRAY_JOB_ID": "555",
+           "SLURM_ARRAY_TASK_ID": "2", "PATH": os.environ["PATH"]}  # fmt: skip
+    assert run_job(sweep, env) == NOT_CURRENT_EXIT_CODE
+    assert _files(sweep) == before
+    assert not (sweep / "tasks" / "2").exists()
+    assert "refused: job 555_2 is not the current job" in capsys.readouterr().err
 
 
 def test_a_point_in_no_array_is_refused(tmp_path: Path) -> None:

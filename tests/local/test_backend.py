@@ -8,14 +8,18 @@ imported and checks that ``submit --wait`` fails and names the rank.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shlex
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -38,14 +42,16 @@ from hpc_ddp.local.process import (
     parse_stat,
     read_identity,
     read_rank_identities,
+    session_members,
     signal_if_same,
     unmark_cancelled,
     was_cancelled,
     write_identity,
     write_rank_identity,
 )
-from hpc_ddp.manifest import Manifest, write_manifest
+from hpc_ddp.manifest import Manifest, read_manifest, write_manifest
 from hpc_ddp.runtime.ledger import EndCause, read_ledger
+from tests import e2e_util as e2e
 from tests.conftest import REPO
 
 
@@ -435,3 +441,213 @@ def test_a_local_run_that_fails_before_its_attempt_starts_is_failed_in_status(
     said = r"rank [01] on [^:]+: ConfigError: train\.model: module 'tests\.helpers\.user_code' "
     assert re.search(said + "has no attribute 'Nope'", row["note"]), row["note"]
     assert "command:" not in row["note"]
+
+
+# --- a cancel that must kill: every process of the run, gone --------------------------------
+
+STUBBORN = """
+import signal, sys, time
+for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGHUP):
+    signal.signal(s, signal.SIG_IGN)
+print("ignoring every stop signal", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def _stubborn_job(tmp_path: Path) -> Path:
+    """A ``command:`` job of 2 tasks whose program ignores TERM, USR1, USR2, INT and HUP."""
+    (tmp_path / "stubborn.py").write_text(STUBBORN)
+    job = tmp_path / "stubborn.yaml"
+    job.write_text(
+        "name: stubborn\n"
+        f"command: [python, {tmp_path / 'stubborn.py'}]\n"
+        "slurm: {nodes: 1, tasks_per_node: 2, time: '00:10:00'}\n"
+    )
+    return job
+
+
+def _says(log: Path, text: str) -> bool:
+    return log.is_file() and text in log.read_text()
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _pids_running(needle: str) -> list[int]:
+    """Every process whose command line contains ``needle`` (read from /proc: no code of the
+    package under test decides what is found)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if needle in cmdline and state != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def _hpc(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    return subprocess.run([sys.executable, "-m", "hpc_ddp", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
+
+
+def test_cancel_kills_a_local_job_that_ignores_every_stop_signal(tmp_path: Path) -> None:
+    """SIGTERM changes nothing; after the grace (``--kill-wait``) every process of the run is
+    SIGKILLed (the controller, the supervisor, both ranks and both programs), and only once
+    they are all gone does cancel say "cancelled", and that it killed."""
+    job = _stubborn_job(tmp_path)
+    done = _hpc("submit", str(job), "--backend", "local", "--json", "--runs-dir",
+                str(tmp_path / "runs"))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    run_dir = Path(json.loads(done.stdout)["run_dir"])
+    script = str(tmp_path / "stubborn.py")
+    try:
+        for rank in (0, 1):
+            log = run_dir / "logs" / f"rank-{rank}.out"
+            e2e.wait_for(
+                f"rank {rank} ignoring", partial(_says, log, "ignoring every"), timeout_s=120
+            )
+        programs = _pids_running(script)
+        assert len(programs) == 2
+        ran = _pids_running(str(run_dir))  # controller, supervisor, ranks
+        assert len(ran) >= 4
+        said = _hpc("cancel", str(run_dir), "--kill-wait", "2")
+        assert said.returncode == 0, said.stderr
+        assert said.stdout.startswith(f"cancelled local job {read_manifest(run_dir).job_id} ")
+        assert "; killed after 2 s: " in said.stdout, said.stdout
+        assert "still ran after SIGTERM" in said.stdout
+        assert _pids_running(script) == []
+        assert _pids_running(str(run_dir)) == []
+        row = json.loads(_hpc("status", str(run_dir), "--json").stdout)["runs"][0]
+        assert row["state"] == "CANCELLED"
+        again = _hpc("cancel", str(run_dir))
+        assert "already ended; nothing was signalled" in again.stdout
+    finally:
+        for pid in _pids_running(script) + _pids_running(str(run_dir)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_session_members_are_the_leaders_session_started_since_it(tmp_path: Path) -> None:
+    """A process that left its parent (reparented: no record names it) is still found through
+    the session its controller leads; a process of another session, or a leader recorded
+    before controllers led their own session, finds nothing of it."""
+    pidfile = tmp_path / "orphan.pid"
+    # The leader starts a child that forks an orphan and exits: only the session links them.
+    code = (
+        "import os, subprocess, sys, time\n"
+        "subprocess.run([sys.executable, '-c', 'import os, sys, time\\n"
+        'if os.fork() == 0:\\n    open(sys.argv[1], "w").write(str(os.getpid()))\\n'
+        "    time.sleep(120)\\nos._exit(0)', sys.argv[1]])\n"
+        "time.sleep(120)\n"
+    )
+    leader = subprocess.Popen([sys.executable, "-c", code, str(pidfile)], start_new_session=True)
+    other = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    try:
+        ident = identify_started(leader.pid)
+        assert ident is not None
+        e2e.wait_for("the orphan", lambda: pidfile.exists() and pidfile.read_text())
+        orphan = int(pidfile.read_text())
+        e2e.wait_for("its parent gone", lambda: {i.pid for i in session_members(ident)}
+                     == {leader.pid, orphan})  # fmt: skip
+        assert other.pid not in {i.pid for i in session_members(ident)}
+        # A controller that did not lead its session: its session is its caller's, never swept.
+        me = identify(os.getpid())
+        assert me is not None
+        assert session_members(me) == []
+        # Its pid held by another process than the one recorded: that session is not the run's.
+        assert session_members(replace(ident, start_ticks=ident.start_ticks - 1)) == []
+        # The leader dead (a zombie until reaped, then gone), its session lives on in the
+        # orphan, which is still found.
+        leader.kill()
+        e2e.wait_for("a zombie", lambda: _state(leader.pid) == "Z")
+        assert [i.pid for i in session_members(ident)] == [orphan]
+        leader.wait()
+        assert [i.pid for i in session_members(ident)] == [orphan]
+    finally:
+        for proc in (leader, other):
+            proc.kill()
+            proc.wait()
+        if pidfile.exists() and pidfile.read_text():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+# --- a local submit returns when it has submitted -------------------------------------------
+
+GATED = """
+import os, pathlib, time
+flag = pathlib.Path(os.environ["GATE"])
+print("waiting for", flag, flush=True)
+while not flag.exists():
+    time.sleep(0.1)
+"""
+
+API_CALLER = """
+import sys
+import hpc_ddp
+job = hpc_ddp.submit(sys.argv[1], backend="local", runs_dir=sys.argv[2])
+print(job.run_dir, flush=True)
+"""
+
+
+def _gated_job(tmp_path: Path) -> Path:
+    """A ``command:`` job of 2 tasks that runs until the file ``$GATE`` exists."""
+    (tmp_path / "gated.py").write_text(GATED)
+    job = tmp_path / "gated.yaml"
+    job.write_text(
+        "name: gated\n"
+        f"command: [python, {tmp_path / 'gated.py'}]\n"
+        "slurm: {nodes: 1, tasks_per_node: 2, time: '00:10:00'}\n"
+    )
+    return job
+
+
+@pytest.mark.parametrize("caller", ["capture", "tee", "api"])
+def test_a_local_submit_whose_output_is_read_to_its_end_returns_while_the_run_runs(
+    tmp_path: Path, caller: str
+) -> None:
+    """``x=$(hpc-ddp submit ... --json)``, ``... | tee f`` and a script that calls
+    ``hpc_ddp.submit(backend="local")`` with its output captured: each reads its output to
+    the end, which comes only once no process holds it. The run's processes hold none of
+    it: the caller is back while the run is RUNNING (it waits for a file that only appears
+    after), and the run then ends COMPLETED."""
+    job, runs, gate = _gated_job(tmp_path), tmp_path / "runs", tmp_path / "gate"
+    submit = shlex.join([sys.executable, "-m", "hpc_ddp", "submit", str(job), "--backend",
+                         "local", "--json", "--runs-dir", str(runs)])  # fmt: skip
+    argv = {
+        "capture": ["bash", "-c", f'x=$({submit}) && printf "%s\\n" "$x"'],
+        "tee": ["bash", "-c", f"set -o pipefail; {submit} | tee {tmp_path / 'tee.out'}"],
+        "api": [sys.executable, "-c", API_CALLER, str(job), str(runs)],
+    }[caller]
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM")},
+           "GATE": str(gate), "PYTHONPATH": str(REPO)}  # fmt: skip
+    try:
+        done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=90, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        [run_dir] = runs.iterdir()
+        said = done.stdout.strip()
+        assert said == str(run_dir) if caller == "api" else json.loads(said)["run_dir"]
+        row = json.loads(_hpc("status", str(run_dir), "--json").stdout)["runs"][0]
+        assert row["state"] == "RUNNING", row
+        for rank in (0, 1):
+            log = run_dir / "logs" / f"rank-{rank}.out"
+            e2e.wait_for(f"rank {rank} waiting", partial(_says, log, "waiting for"), timeout_s=120)
+        gate.touch()
+        job_id = read_manifest(run_dir).job_id
+        e2e.wait_for("the run's end", lambda: not local_alive(run_dir, job_id), timeout_s=120)
+        row = json.loads(_hpc("status", str(run_dir), "--json").stdout)["runs"][0]
+        assert row["state"] == "COMPLETED", row
+    finally:
+        gate.touch()
+        for run_dir in runs.iterdir() if runs.is_dir() else []:
+            for pid in _pids_running(str(run_dir)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)

@@ -135,8 +135,8 @@ def test_ranks_that_outlive_their_controller_are_live_until_cancel_stops_them(
     assert sorted(live_ranks(run_dir)) == [0, 1]  # they ran on through all of that
     said = hpc("cancel", str(run_dir))
     assert said.returncode == 0, said.stderr
-    assert said.stdout.strip().endswith("still running: rank 0, 1"), said.stdout
-    e2e.wait_for("the ranks stopped", lambda: not live_ranks(run_dir), timeout_s=60)
+    assert "still running: rank 0, 1; every process ended in " in said.stdout, said.stdout
+    assert not live_ranks(run_dir)  # cancel returned once they had stopped
     assert_stopped_with_a_checkpoint(run_dir)
     assert status_row(run_dir)["state"] == "CANCELLED"
     assert cancel_local(run_dir, job_id).message.endswith("already ended; nothing was signalled")

@@ -907,3 +907,148 @@ def test_verified_load_overhead_is_small(tmp_path: Path) -> None:
 
     plain, verified = best(False), best(True)
     assert verified - plain < max(1.0, 3 * plain), (plain, verified)
+
+
+# --- identity: a file's name, run and config -------------------------------------------------
+
+
+def test_a_copy_under_a_newer_steps_name_is_damaged_and_never_resumed_from(
+    tmp_path: Path,
+) -> None:
+    """Issue 31: `cp step-00000100.pt step-00009999.pt` was listed ok and resumed from, so the
+    newer step 120 was skipped."""
+    save(tmp_path, 100)
+    save(tmp_path, 120)
+    copy = tmp_path / "step-00009999.pt"
+    copy.write_bytes((tmp_path / "step-00000100.pt").read_bytes())
+    found = find_latest(tmp_path)
+    assert found is not None
+    assert found[0].name == "step-00000120.pt"
+    for verify in (False, True):
+        [info] = [i for i in list_checkpoints(tmp_path, verify=verify) if i.step == 9999]
+        assert info.state is CheckpointState.DAMAGED
+        assert info.error == "named step 9999 but holds step 100 (copied or renamed)"
+    with pytest.raises(CheckpointError, match="named step 9999 but holds step 100"):
+        load_checkpoint(copy)
+
+
+def test_keep_last_never_deletes_a_good_file_for_one_named_beyond_it(tmp_path: Path) -> None:
+    save(tmp_path, 100)
+    save(tmp_path, 120)
+    (tmp_path / "step-00009999.pt").write_bytes((tmp_path / "step-00000100.pt").read_bytes())
+    (tmp_path / "step-00000005.pt").mkdir()  # not a file: never pruned, never a crash
+    save(tmp_path, 140, keep_last=2)
+    names = sorted(p.name for p in tmp_path.glob("step-*.pt"))
+    assert names == [
+        "step-00000005.pt",
+        "step-00000120.pt",
+        "step-00000140.pt",
+        "step-00009999.pt",  # kept for inspection, but not counted among the last two
+    ]
+    found = find_latest(tmp_path)
+    assert found is not None
+    assert found[0].name == "step-00000140.pt"
+
+
+def test_another_runs_file_is_a_stranger_and_an_old_one_without_a_run_is_accepted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def write(step: int, run_id: str | None) -> Path:
+        payload = build_payload(
+            model={"w": torch.ones(2)}, progress=Progress(step=step), rng=[], run_id=run_id
+        )
+        return write_checkpoint(tmp_path, payload, 0)
+
+    write(10, None)  # an hpc-ddp before checkpoints recorded their run
+    write(20, "mine-00000001")
+    stranger = write(30, "theirs-0000002")
+    with caplog.at_level(logging.WARNING):
+        found = find_latest(tmp_path, run_id="mine-00000001")
+    assert found is not None
+    assert found[0].name == "step-00000020.pt"
+    why = "written by run theirs-0000002, not by this run (mine-00000001)"
+    assert why in caplog.text
+    with pytest.raises(CheckpointError, match=r"stranger checkpoint: written by run theirs"):
+        load_checkpoint(stranger, run_id="mine-00000001")
+    infos = list_checkpoints(tmp_path, verify=True, run_id="mine-00000001")
+    assert [(i.step, i.state, i.run_id) for i in infos] == [
+        (10, CheckpointState.OK, None),
+        (20, CheckpointState.OK, "mine-00000001"),
+        (30, CheckpointState.STRANGER, None),
+    ]
+    assert infos[2].error == why
+    (tmp_path / "step-00000020.pt").unlink()
+    found = find_latest(tmp_path, run_id="mine-00000001")
+    assert found is not None
+    assert found[0].name == "step-00000010.pt"  # unknown identity: loads
+    assert load_checkpoint(stranger)["meta"]["run_id"] == "theirs-0000002"  # no run: any
+
+
+def test_a_run_id_changed_on_disk_fails_the_meta_digest(tmp_path: Path) -> None:
+    payload = build_payload(
+        model={"w": torch.ones(2)}, progress=Progress(step=3), rng=[], run_id="aaaa-00000001"
+    )
+    path = write_checkpoint(tmp_path, payload, 0)
+    data = path.read_bytes()
+    assert data.count(b"aaaa-00000001") == 1
+    path.write_bytes(data.replace(b"aaaa-00000001", b"bbbb-00000001"))
+    with pytest.raises(CheckpointError, match=r"meta .* does not match its recorded digest"):
+        load_checkpoint(path, run_id="bbbb-00000001")
+
+
+@pytest.mark.parametrize("back", [23, 22, 20, 12, 1])
+def test_a_flipped_bit_in_the_zip_trailer_falls_back_to_the_older_checkpoint(
+    tmp_path: Path, back: int
+) -> None:
+    """Issue 31: bit 4 of byte size-23 (the zip64 end-of-directory locator) made
+    zipfile.is_zipfile raise BadZipFile out of find_latest, `checkpoints` and `--verify`."""
+    save(tmp_path, 100)
+    newest = save(tmp_path, 120)
+    data = bytearray(newest.read_bytes())
+    data[-back] ^= 1 << 4
+    newest.write_bytes(bytes(data))
+    found = find_latest(tmp_path)
+    assert found is not None
+    if found[0] == newest:  # a byte nothing reads: what loads is what was saved
+        assert found[1]["progress"]["step"] == 120
+    else:
+        assert found[0].name == "step-00000100.pt"
+    [info] = [i for i in list_checkpoints(tmp_path, verify=True) if i.step == 120]
+    assert (info.state is CheckpointState.OK) == (found[0] == newest)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        struct.error("unpack requires a buffer of 4 bytes"),
+        OverflowError("Python int too large to convert to C ssize_t"),
+        MemoryError(),
+        UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"),
+        zipfile.BadZipFile("Bad magic number for file header"),
+        EOFError("Ran out of input"),
+        pickle.UnpicklingError("invalid load key, '\\x00'."),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_any_exception_a_reader_raises_makes_the_file_damaged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exc: Exception
+) -> None:
+    """Whatever zipfile raises on a damaged archive (it lets more than BadZipFile out of
+    is_zipfile) is damage, never a crash, and resume takes the older file."""
+    save(tmp_path, 100)
+    save(tmp_path, 120)
+    real = zipfile.is_zipfile
+
+    def is_zipfile(f: Any) -> bool:
+        if Path(getattr(f, "name", f)).name == "step-00000120.pt":
+            raise exc
+        return real(f)
+
+    monkeypatch.setattr(zipfile, "is_zipfile", is_zipfile)
+    found = find_latest(tmp_path)
+    assert found is not None
+    assert found[0].name == "step-00000100.pt"
+    [info] = [i for i in list_checkpoints(tmp_path, verify=True) if i.step == 120]
+    assert info.state is CheckpointState.DAMAGED
+    assert info.error is not None
+    assert info.error.startswith(f"damaged zip archive ({type(exc).__name__}")

@@ -10,7 +10,9 @@ killed them).
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import threading
 from pathlib import Path
 
@@ -193,3 +195,72 @@ def test_a_resume_loads_to_the_cpu_and_leaves_placement_to_load_state_dict(
     expected = {"step": {"cpu"}, "exp_avg": {"meta"}, "exp_avg_sq": {"meta"}}
     assert _optimizer_state_devices(fresh) == expected
     assert _optimizer_state_devices(resumed) == expected
+
+
+# --- identity: the run and config a checkpoint belongs to ------------------------------------
+
+
+def _saved_at(run_dir: Path, steps: list[int], config: JobConfig | None = None) -> str:
+    """A one-rank session in ``run_dir`` that saves at ``steps``; its run id."""
+    with Session(run_dir, config or JobConfig(name="t"), env={}) as s:
+        model = nn.Linear(3, 2)
+        s.restore(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        for step in steps:
+            s.progress.step = step
+            s.checkpoint(wait=True)
+        return s.run_id
+
+
+def _restored(run_dir: Path, config: JobConfig | None = None) -> int:
+    with Session(run_dir, config or JobConfig(name="t"), env={}) as s:
+        model = nn.Linear(3, 2)
+        s.restore(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        return s.progress.step
+
+
+@pytest.mark.usefixtures("own_process")
+def test_every_checkpoint_records_its_run_and_config(tmp_path: Path) -> None:
+    from hpc_ddp.config.load import job_config_to_dict
+    from hpc_ddp.runtime.checkpoint_label import config_digest, read_label
+
+    run_id = _saved_at(tmp_path, [4])
+    [info] = list_checkpoints(tmp_path)
+    label = read_label(info.path)
+    assert (info.run_id, label.run_id, label.step) == (run_id, run_id, 4)
+    assert label.config_digest == config_digest(job_config_to_dict(JobConfig(name="t")))
+
+
+@pytest.mark.usefixtures("own_process")
+def test_another_runs_newer_checkpoint_is_never_restored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    mine = _saved_at(tmp_path / "mine", [10, 20])
+    theirs = _saved_at(tmp_path / "theirs", [30])
+    name = "step-00000030.pt"
+    (tmp_path / "mine/checkpoints" / name).write_bytes(
+        (tmp_path / "theirs/checkpoints" / name).read_bytes()
+    )
+    with caplog.at_level(logging.WARNING, logger="hpc_ddp"):
+        assert _restored(tmp_path / "mine") == 20
+    assert f"written by run {theirs}, not by this run ({mine})" in caplog.text
+    states = {i.step: i.state.value for i in list_checkpoints(tmp_path / "mine", run_id=mine)}
+    assert states == {10: "ok", 20: "ok", 30: "stranger"}
+
+
+@pytest.mark.usefixtures("own_process")
+def test_a_resume_with_a_changed_config_says_what_changed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    before = JobConfig(name="t")
+    _saved_at(tmp_path, [10], before)
+    longer = dataclasses.replace(before.train, max_steps=500, keep_last=9)
+    with caplog.at_level(logging.WARNING, logger="hpc_ddp"):
+        assert _restored(tmp_path, dataclasses.replace(before, train=longer)) == 10
+    assert "changed config" not in caplog.text  # how long it runs shapes no state
+    faster = dataclasses.replace(before.train, lr=0.3, grad_accum=2)
+    with caplog.at_level(logging.WARNING, logger="hpc_ddp"):
+        assert _restored(tmp_path, dataclasses.replace(before, train=faster)) == 10
+    assert (
+        "resuming from step-00000010.pt with a changed config (train.grad_accum: 1 -> 2; "
+        "train.lr: 0.05 -> 0.3)" in caplog.text
+    )

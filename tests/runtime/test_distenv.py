@@ -231,6 +231,11 @@ CASES: list[tuple[str, dict[str, str], dict[str, Any]]] = [
         dict(rank=3, launcher="torchrun", job_id=None, job_ref=None, nodelist=(), node_name=None),
     ),
     (
+        "hpc-ddp's local backend: torchrun's variables, its own launcher named",
+        {**TORCHRUN, "HPC_DDP_LOCAL_JOB": "4242"},
+        dict(rank=3, launcher="local", job_id=None, job_ref=None),
+    ),
+    (
         "torchrun without LOCAL_WORLD_SIZE, MASTER_PORT or GROUP_RANK",
         {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1"},
         dict(

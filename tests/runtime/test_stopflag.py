@@ -148,6 +148,40 @@ def test_with_the_cadence_ranks_agree_at_the_same_sparse_steps(tmp_path: Path) -
     assert len(r0["agreed_at"]) < r0["step"] / 5
 
 
+@pytest.mark.parametrize("delay", [0.0, 0.3, 0.5])
+def test_read_one_agreement_later_ranks_still_stop_at_the_same_step(
+    tmp_path: Path, delay: float
+) -> None:
+    """The step loop's way: each agreement is launched at one boundary and read at the next
+    (so a GPU never waits for it); the ranks still agree at the same steps and stop together,
+    one agreement after the signal at most."""
+
+    def send(pids: list[int]) -> None:
+        time.sleep(delay)
+        os.kill(pids[1], signal.SIGUSR2)
+
+    r0, r1 = _run_pair(tmp_path, send, "lagged")
+    assert r0["agreed_at"] == r1["agreed_at"]
+    assert r0["step"] == r1["step"] == r0["agreed_at"][-1]
+    assert r0["signal"] == r1["signal"] == USR2
+    assert len(r0["agreed_at"]) < r0["step"] / 5
+
+
+def test_an_agreement_in_flight_is_read_later() -> None:
+    """Without a process group the launch carries this rank's record until it is collected;
+    a signal recorded after the launch waits for the next agreement."""
+    flag = StopFlag([])
+    flag.launch(every=5)
+    flag.request(signal.SIGUSR2)
+    assert flag.in_flight
+    assert flag.collect() is None  # launched before the request
+    assert (flag.every, flag.in_flight) == (5, False)
+    flag.launch()
+    assert flag.collect() == USR2
+    flag.launch()  # nothing more is launched once a stop is agreed
+    assert not flag.in_flight
+
+
 @pytest.mark.parametrize(
     ("per_step_s", "expected"),
     [(1.0, 1), (0.1, 1), (0.04, 2), (0.01, 10), (0.00005, 1000), (1e-9, 1000)],
@@ -216,7 +250,16 @@ def test_agree_without_a_device_puts_its_tensor_where_the_backend_wants_it(
 
     monkeypatch.setattr(tdist, "get_backend", lambda group=None: "nccl")
     monkeypatch.setattr(stopflag, "collective_device", device_for)
-    monkeypatch.setattr(tdist, "all_reduce", lambda t, **kw: placed.append(t.device))
+
+    class Done:
+        def wait(self) -> None:
+            pass
+
+    def all_reduce(t: torch.Tensor, **kw: object) -> Done:
+        placed.append(t.device)
+        return Done()
+
+    monkeypatch.setattr(tdist, "all_reduce", all_reduce)
     monkeypatch.setattr(torch.Tensor, "tolist", lambda t: [0, -1])
     try:
         assert StopFlag([]).agree() is None

@@ -63,6 +63,27 @@ def test_a_requeue_wait_is_the_gap_between_slurm_attempts_and_holds_no_node() ->
     assert g.node_s == pytest.approx(3 * 20.0)
 
 
+@pytest.mark.parametrize(
+    ("job", "then"), [(None, None), ("42", "77")], ids=["local", "a new slurm job"]
+)
+def test_a_cancel_and_resume_is_a_resume_not_a_requeue(job: str | None, then: str | None) -> None:
+    """A person cancelled the run and later resumed it: a new job (locally, no job id at all),
+    at restart 0 again. The wait was for the person, not for Slurm: counted apart."""
+    first = attempt(0, started=0.0, ended=10.0, cause=EndCause.CANCELLED, steps_done=10,
+                    job_id=job, job_ref=job)  # fmt: skip
+    second = attempt(
+        1, started=100.0, ended=110.0, cause=EndCause.FINISHED, steps_done=20, restart=0,
+        launch=0, resumed_from_step=10, job_id=then, job_ref=then,
+    )  # fmt: skip
+    g = account([first, second], [], now=200.0)
+    assert (g.requeues, g.requeue_wait_s) == (0, 0.0)
+    assert (g.resumes, g.resume_wait_s) == (1, 90.0)
+    assert g.other_s == pytest.approx(0.0)
+    assert "(2 launches, 0 requeues, 1 resume)" in describe(g)[0]
+    assert "  resume waits        0:01:30   81.8 %" in describe(g)
+    assert total([g, g]).resumes == 2
+
+
 def test_a_launch_that_never_trained_is_start_up_and_a_running_run_ends_now() -> None:
     dead = attempt(0, launched_at=0.0, started=0.0, ended=4.0, cause=EndCause.CRASH, trained=False)
     running = attempt(1, launched_at=5.0, started=8.0)

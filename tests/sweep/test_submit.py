@@ -25,7 +25,7 @@ import yaml
 from hpc_ddp.config.load import dump_job_config, load_resolved_config
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import SubmissionError
-from hpc_ddp.job.task import task_run_dir
+from hpc_ddp.job.task import task_run_dir, write_task_config
 from hpc_ddp.job.taskconfig import load_task_config
 from hpc_ddp.layout import RunPaths
 from hpc_ddp.manifest import read_manifest
@@ -254,6 +254,7 @@ def test_submit_writes_one_sweep_dir_and_calls_sbatch_once(tmp_path: Path) -> No
         assert load_task_config(sweep_dir, point.index) == point.config  # before it starts
         env = {"SLURM_ARRAY_TASK_ID": str(point.index)}
         assert task_run_dir(sweep_dir, env) == task.root
+        write_task_config(sweep_dir, task.root)
         assert sorted(p.name for p in task.root.iterdir()) == ["config.yaml"]
         assert task.config.read_text() == dump_job_config(point.config)
         assert load_resolved_config(task.config) == point.config

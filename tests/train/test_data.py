@@ -292,3 +292,39 @@ def test_an_unset_variable_in_data_root_is_named(monkeypatch: pytest.MonkeyPatch
         ConfigError, match=r"'/d/\$HPC_DDP_TEST_UNSET/x'.*not set on the task.*HINT"
     ):
         build_dataset(cfg, train=True)
+
+
+class _WhoLoads(torch.utils.data.Dataset[tuple[int, int]]):
+    """Sample ``i`` is (i, the pid of the process that loaded it)."""
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        import os
+
+        return index, os.getpid()
+
+
+def test_forever_keeps_its_workers_across_epochs_in_the_per_epoch_order() -> None:
+    """One set of worker processes serves every epoch (none is started at an epoch boundary),
+    and the batches are exactly those of iterating epoch by epoch."""
+    per_epoch = ResumableLoader(_WhoLoads(), Progress(), batch_size=4, num_replicas=2, rank=1,
+                                seed=7, num_workers=0)  # fmt: skip
+    expected = [b[0].tolist() for _ in range(3) for b in per_epoch]  # 3 epochs of 6 batches
+    progress = Progress()
+    endless = ResumableLoader(_WhoLoads(), progress, batch_size=4, num_replicas=2, rank=1,
+                              seed=7, num_workers=2).forever()  # fmt: skip
+    got = [next(endless) for _ in range(len(expected))]
+    assert [b[0].tolist() for b in got] == expected
+    pids = {int(p) for b in got for p in b[1]}
+    assert len(pids) == 2  # the same two workers from the first epoch to the third
+    assert (progress.epoch, progress.batch_in_epoch) == (2, 6)  # counted as handed out
+
+
+def test_iterating_epoch_by_epoch_keeps_the_workers_too() -> None:
+    it = ResumableLoader(_WhoLoads(), Progress(), batch_size=4, num_replicas=2, rank=0, seed=7,
+                         num_workers=2)  # fmt: skip
+    pids = [{int(p) for b in it for p in b[1]} for _ in range(2)]
+    assert pids[0] == pids[1]
+    assert len(pids[0]) == 2

@@ -113,6 +113,23 @@ def test_a_step_accumulates_micro_batches_and_the_window_mean_is_per_batch() -> 
     assert float(runner.loss_sum) == 0.0  # the window starts again
 
 
+@pytest.mark.parametrize(("device", "tuned"), [("cuda", True), ("cpu", False)])
+def test_cudnn_autotunes_on_a_gpu_for_the_block_and_is_restored(device: str, tuned: bool) -> None:
+    """Choosing the device is all it takes (no CUDA call is made), so a CPU runs this too."""
+    import torch
+
+    from hpc_ddp.train.loop import TunedKernels
+
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = False
+    try:
+        with TunedKernels(torch.device(device)):
+            assert torch.backends.cudnn.benchmark is tuned
+        assert torch.backends.cudnn.benchmark is False
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
 def test_deterministic_kernels_are_set_for_the_block_and_restored(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -214,3 +214,21 @@ def test_plan_total_steps(max_steps: int | None, epochs: int | None, expected: i
 def test_plan_total_steps_needs_a_limit() -> None:
     with pytest.raises(ConfigError, match="HINT"):
         plan_total_steps(TrainConfig(max_steps=None, epochs=None), steps_per_epoch=10)
+
+
+def test_a_resume_whose_total_is_below_the_checkpoint_is_refused(tmp_path: Path) -> None:
+    """`resume R train.epochs=1` on a run at step 12 (8 steps per epoch) used to log
+    "steps 13..8" and finish at once; every rank now refuses, naming both numbers."""
+    cfg = {**TRAIN, "max_steps": 12, "eval_every": 0}
+    train(tmp_path, cfg)
+    shorter = {**cfg, "max_steps": None, "epochs": 1}
+    argv = [str(HELPERS / "train_run.py"), str(tmp_path), json.dumps(shorter)]
+    for code, _, err in run_ranks(argv, 2, timeout=120):
+        assert code != 0
+        assert (
+            "ConfigError: train.epochs=1 (8 steps each) makes the run 8 steps long, but its "
+            "checkpoint is at step 12" in err
+        )
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*.pt"))[-1] == (
+        "step-00000012.pt"
+    )  # nothing saved past it, nothing rewound
