@@ -157,7 +157,7 @@ def _finish(job_id: str, env: dict[str, str]) -> str:
 
 def final_weights(run_dir: Path, env: dict[str, str]) -> str:
     """The newest checkpoint's weights digest, as ``hpc-ddp checkpoints`` reports it."""
-    rows = json.loads(_hpc("checkpoints", str(run_dir), "--json", env=env))
+    rows = json.loads(_hpc("checkpoints", str(run_dir), "--json", env=env))["checkpoints"]
     return str(rows[-1]["weights_digest"]) if rows else "none"
 
 

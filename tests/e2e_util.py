@@ -99,7 +99,7 @@ def sweep(
 
 def status(cluster: Cluster, run_dir: Path) -> dict[str, Any]:
     """The one row of ``hpc-ddp status RUN_DIR --json``."""
-    [row] = json.loads(hpc(cluster, "status", str(run_dir), "--json").stdout)
+    [row] = json.loads(hpc(cluster, "status", str(run_dir), "--json").stdout)["runs"]
     result: dict[str, Any] = row
     return result
 
@@ -108,7 +108,7 @@ def checkpoints(cluster: Cluster, run_dir: Path) -> list[dict[str, Any]]:
     """``hpc-ddp checkpoints RUN_DIR --json``: one dict per checkpoint, oldest first."""
     rows: list[dict[str, Any]] = json.loads(
         hpc(cluster, "checkpoints", str(run_dir), "--json").stdout
-    )
+    )["checkpoints"]
     return rows
 
 

@@ -60,11 +60,11 @@ def test_two_nodes_train_and_the_cli_watches(
     assert losses[-1] < 0.8 * losses[0]  # it learns
     # The rendezvous does not change the arithmetic: same weights as the env:// reference.
     assert e2e.final_digest(slurm_cluster, run_dir) == reference
-    [row] = json.loads(e2e.hpc(slurm_cluster, "status", str(run_dir), "--json").stdout)
+    row = e2e.status(slurm_cluster, run_dir)
     assert row["state"] == "COMPLETED"
-    assert row["ckpt step"] == 64
+    assert row["checkpoint_step"] == 64
     assert row["attempts"] == 1
-    assert row["causes"] == "finished"
+    assert row["causes"] == ["finished"]
 
 
 def test_one_node_two_tasks_and_two_jobs_share_a_node(
@@ -104,8 +104,8 @@ def test_interrupted_run_resumes_bit_identical(
     rank0 = (run_dir / "logs" / "rank-0.err").read_text()
     assert f"data loader: {count} worker process(es) per rank" in rank0
     assert "exactness: a resume of this run is bit-identical to an uninterrupted run" in rank0
-    [row] = json.loads(e2e.hpc(slurm_cluster, "status", str(run_dir), "--json").stdout)
-    assert row["causes"] == "time_limit,finished"
+    row = e2e.status(slurm_cluster, run_dir)
+    assert row["causes"] == ["time_limit", "finished"]
     first, second = row["attempt_list"]
     assert first["steps_done"] is not None
     assert first["steps_done"] >= 10

@@ -45,8 +45,9 @@ def test_a_params_sweep_gives_each_task_its_own_lr(slurm_cluster: Cluster, tmp_p
         assert out.splitlines() == [f"[lr={lr}]", f"[{TAG}]", "[{params.lr}]"], out
         assert "uid=" not in out  # the tag was printed, never run as shell
 
-    rows = json.loads(hpc(slurm_cluster, "results", str(sweep_dir), "--format", "json").stdout)
-    assert [row.get("params.lr") for row in rows] == [0.1, 0.003], rows
+    shown = json.loads(hpc(slurm_cluster, "results", str(sweep_dir), "--format", "json").stdout)
+    rows = shown["rows"]
+    assert [row["values"].get("params.lr") for row in rows] == [0.1, 0.003], rows
 
 
 @pytest.mark.torch
@@ -63,8 +64,9 @@ def test_the_byo_example_sweep_runs_as_the_readme_says(
     final = wait_all_done(slurm_cluster, refs, timeout_s=240)
     assert [f["JobState"] for f in final] == ["COMPLETED"] * 3, final
 
-    rows = json.loads(hpc(slurm_cluster, "results", str(sweep_dir), "--format", "json").stdout)
-    assert sorted(row["params.lr"] for row in rows) == [0.001, 0.003, 0.01], rows
+    shown = json.loads(hpc(slurm_cluster, "results", str(sweep_dir), "--format", "json").stdout)
+    rows = shown["rows"]
+    assert sorted(row["values"]["params.lr"] for row in rows) == [0.001, 0.003, 0.01], rows
     best = [row["best"] for row in rows]
     assert best == sorted(best)  # metric: {name: loss, mode: min}: the lowest loss first
     assert len(set(best)) == 3  # three learning rates, three trainings

@@ -49,7 +49,10 @@ class Layer:
 
 
 LAYERS: tuple[Layer, ...] = (
-    Layer(("errors", "version", "exitcodes", "collector"), pure=("errors", "version", "exitcodes")),
+    Layer(
+        ("errors", "version", "exitcodes", "collector", "output"),
+        pure=("errors", "version", "exitcodes", "output"),
+    ),
     Layer(("durable", "layout"), pure=("layout",)),
     Layer(("manifest", "run_id")),
     Layer(("config",), pure=("config.*",), impure=("preflight", "loginnode", "programs", "images")),

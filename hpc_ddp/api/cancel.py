@@ -108,11 +108,11 @@ class CancelResult:
     """The line ``hpc-ddp cancel`` prints for it."""
 
     def to_dict(self) -> dict[str, Any]:
-        """As ``hpc-ddp cancel --json`` prints it."""
+        """As ``hpc-ddp cancel --json`` prints it, one of its ``results``."""
         return {
             "run_dir": str(self.run_dir),
             "backend": self.backend,
-            "jobs": list(self.jobs),
+            "job_ids": list(self.jobs),
             "outcome": self.outcome,
             "message": self.message,
         }
@@ -139,7 +139,12 @@ def cancel_targets(
     check_targets(targets)
     plans = [plan for t in targets for plan in plan_cancel(t, runs_dir)]
     for plan in plans:
-        if plan.local:
+        if plan.local and plan.what == "local sweep":
+            from hpc_ddp.sweep.local import cancel_local_sweep
+
+            done = cancel_local_sweep(plan.where)
+            result = Result(done.outcome, done.message)
+        elif plan.local:
             wait = KILL_WAIT_S if kill_wait_s is None else kill_wait_s
             done = stop_local(plan.where, plan.jobs[0], kill_wait_s=wait)
             result = Result(done.outcome, done.message)
@@ -153,6 +158,9 @@ def plan_cancel(target: str, runs_dir: Path) -> list[Cancel]:
     """What ``target`` cancels; raises (before anything is cancelled) if any id is wrong."""
     path = Path(target)
     task = sweep_task_of(path)  # a task's directory, or the path of one not started yet
+    if task is not None and (path / MANIFEST_FILE).exists():  # a local sweep's point: a run
+        job = read_manifest(path).job_id or ""
+        return [Cancel(path, path / MANIFEST_FILE, (job,), local=True)]
     if task is not None or (not path.is_dir() and "_" in target):
         found = point_task(*task) if task is not None else find_array_task(target, runs_dir)
         where = path if task is not None else found.sweep_dir / "tasks" / str(found.point)
@@ -162,7 +170,8 @@ def plan_cancel(target: str, runs_dir: Path) -> list[Cancel]:
         manifest = read_manifest(run_dir)
         if manifest.backend == "local":
             source = run_dir / MANIFEST_FILE
-            plans.append(Cancel(run_dir, source, (manifest.job_id or "",), local=True))
+            what = "local sweep" if (run_dir / "tasks").is_dir() else "job"
+            plans.append(Cancel(run_dir, source, (manifest.job_id or "",), what, local=True))
             continue
         jobs = manifest_jobs(run_dir, manifest)  # raises for an id that is no job id
         if not jobs:

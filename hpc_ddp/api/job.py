@@ -262,9 +262,9 @@ def _task_status(entry: SweepStatus) -> RunStatus:
     run = str(task.get("run_dir") or Path(entry.sweep, "tasks", str(entry.task)))
     cause = task.get("last_cause")
     return RunStatus(
-        run=run, job=task.get("job"), backend="slurm", state=str(task["state"]), nodes="-",
-        elapsed="-", attempts=task.get("attempts"), causes=cause or "-", ckpt_step=None,
-        loss=task.get("loss"), failed_rank=None, note=None, row=dict(task),
+        run=run, job=task.get("job_id"), backend="slurm", state=str(task["state"]), nodes=None,
+        elapsed_s=None, attempts=task.get("attempts"), causes=(cause,) if cause else (),
+        ckpt_step=None, loss=task.get("loss"), failed_rank=None, note=None,
     )  # fmt: skip
 
 

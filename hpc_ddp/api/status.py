@@ -5,7 +5,7 @@ runs directory when none is given): Slurm is asked once for every run shown, by 
 ``sacct`` once for the jobs the controller no longer holds; :mod:`hpc_ddp.state` weighs that
 against each run's ledger. A run whose manifest or files cannot be read is one ``DAMAGED``
 :class:`RunStatus`, never the end of the list; plain runs come before the sweeps. The ``status``
-verb prints what this returns (``to_dict()`` is its ``--json``), and :func:`hpc_ddp.runs`,
+verb prints what this returns (:func:`status_json` is its ``--json``), and :func:`hpc_ddp.runs`,
 :meth:`hpc_ddp.Job.status` and :meth:`hpc_ddp.Sweep.status` return it, so a script and the
 command line always see the same verdict.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -54,8 +54,9 @@ SUCCEEDED = frozenset({"COMPLETED", TaskState.FINISHED.value})
 class RunStatus:
     """One run as ``hpc-ddp status`` shows it: the row of its table and the lines under it.
 
-    The fields are the keys of ``status --json`` (``ckpt step`` is :attr:`ckpt_step`), and
-    :meth:`to_dict` is that row. For a sweep task (a :class:`~hpc_ddp.api.job.Job` of
+    :meth:`to_dict` is its entry of ``status --json`` (schema ``hpc-ddp.status/1``,
+    :mod:`hpc_ddp.output`): the fields below under the same names, ``run`` as ``run_dir`` and
+    ``job`` as ``job_id``. For a sweep task (a :class:`~hpc_ddp.api.job.Job` of
     :meth:`~hpc_ddp.api.sweep.Sweep.tasks`) :attr:`state` is the sweep table's word for it
     (``finished``, ``failed``, ``running``, ...); :attr:`ended` and :attr:`succeeded` read
     both vocabularies alike.
@@ -70,14 +71,16 @@ class RunStatus:
     state: str
     """The verdict: Slurm's state weighed against the run's ledger (``COMPLETED`` only when
     training finished; ``INCOMPLETE``, ``GONE?``, ``DAMAGED``, ...)."""
-    nodes: str
-    elapsed: str
+    nodes: str | None
+    """Where it runs or last ran (a Slurm nodelist); None when not known."""
+    elapsed_s: float | None
+    """Seconds from its first attempt's start to now (running) or to its last end."""
     attempts: int | None
     """Attempts in the ledger, across every job of the run."""
-    causes: str
-    """Each attempt's end cause, comma-separated (``time_limit,finished``)."""
+    causes: tuple[str, ...]
+    """Each attempt's end cause, oldest first (``running`` for one still going)."""
     ckpt_step: int | None
-    """The newest checkpoint on disk that looks whole."""
+    """The newest checkpoint on disk that looks whole (``checkpoint_step`` in JSON)."""
     loss: float | None
     """The last loss logged."""
     failed_rank: str | None
@@ -87,8 +90,6 @@ class RunStatus:
     reasons: tuple[str, ...] = ()
     """The lines ``status`` prints under its table for this run: the rank that failed first,
     and why the run stands where it does."""
-    row: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
-    """The row as it was read (what :meth:`to_dict` returns)."""
 
     @property
     def run_dir(self) -> Path:
@@ -106,39 +107,45 @@ class RunStatus:
         return self.state in SUCCEEDED
 
     def to_dict(self) -> dict[str, Any]:
-        """The row as ``hpc-ddp status --json`` prints it (a copy)."""
-        return dict(self.row) if self.row else _row_of(self)
+        """The run's entry of ``hpc-ddp status --json`` (``runs`` of schema
+        ``hpc-ddp.status/1``)."""
+        return {
+            "run_dir": self.run, "job_id": self.job, "backend": self.backend,
+            "state": self.state, "nodes": self.nodes, "elapsed_s": self.elapsed_s,
+            "attempts": self.attempts, "causes": list(self.causes),
+            "checkpoint_step": self.ckpt_step, "loss": self.loss,
+            "failed_rank": self.failed_rank, "note": self.note, "reasons": list(self.reasons),
+            "attempt_list": [attempt_json(a) for a in self.attempt_list],
+        }  # fmt: skip
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> RunStatus:
         """A status from one row of :func:`hpc_ddp.state.report.run_status`."""
+        elapsed = row.get("elapsed_s")
         return cls(
             run=str(row["run"]),
             job=row["job"],
             backend=row["backend"],
             state=str(row["state"]),
-            nodes=str(row["nodes"]),
-            elapsed=str(row["elapsed"]),
+            nodes=None if row["nodes"] in (None, "-", "") else str(row["nodes"]),
+            elapsed_s=None if elapsed is None else round(float(elapsed), 3),
             attempts=row["attempts"],
-            causes=str(row["causes"]),
+            causes=tuple(c for c in str(row["causes"]).split(",") if c and c != "-"),
             ckpt_step=row["ckpt step"],
             loss=row["loss"],
             failed_rank=row["failed_rank"],
             note=row["note"],
             attempt_list=tuple(row["attempt_list"]),
             reasons=tuple(reason_lines(dict(row))),
-            row=dict(row),
         )
 
 
-def _row_of(status: RunStatus) -> dict[str, Any]:
-    return {
-        "run": status.run, "job": status.job, "backend": status.backend, "state": status.state,
-        "nodes": status.nodes, "elapsed": status.elapsed, "attempts": status.attempts,
-        "causes": status.causes, "ckpt step": status.ckpt_step, "loss": status.loss,
-        "failed_rank": status.failed_rank, "note": status.note,
-        "attempt_list": [dict(a) for a in status.attempt_list],
-    }  # fmt: skip
+def attempt_json(a: Mapping[str, Any]) -> dict[str, Any]:
+    """One attempt of a run's ``attempt_list`` as ``status --json`` prints it: ``job`` as
+    ``job_id`` and ``world`` as ``world_size``, like everywhere else."""
+    renamed = {"job": "job_id", "world": "world_size"}
+    # An attempt that ran on no Slurm node (a local run) has no nodelist: null, not "".
+    return {renamed.get(k, k): (None if v == "" else v) for k, v in a.items()}
 
 
 @dataclass(frozen=True)
@@ -176,15 +183,29 @@ class SweepStatus:
         return [t for t in self.tasks if t["state"] != TaskState.FINISHED.value]
 
     def to_dict(self) -> dict[str, Any]:
-        """The entry as ``hpc-ddp status --json`` prints it (a copy)."""
-        entry: dict[str, Any] = {
-            "sweep": self.sweep,
+        """The sweep's entry of ``hpc-ddp status --json`` (``sweeps`` of schema
+        ``hpc-ddp.status/1``): each task as a row of ``results --json``; ``task`` is the one
+        task asked for by its directory, else null."""
+        return {
+            "sweep_dir": self.sweep,
             "summary": dict(self.summary),
             "tasks": [dict(t) for t in self.tasks],
+            "task": self.task,
         }
-        if self.task is not None:
-            entry["task"] = self.task
-        return entry
+
+
+def status_json(found: Sequence[RunStatus | SweepStatus]) -> dict[str, Any]:
+    """What ``hpc-ddp status --json`` prints for :func:`collect_status`'s answer: schema
+    ``hpc-ddp.status/1``, the runs (``runs``) and the sweeps (``sweeps``)."""
+    from hpc_ddp.output import STATUS, document
+
+    return document(
+        STATUS,
+        {
+            "runs": [s.to_dict() for s in found if isinstance(s, RunStatus)],
+            "sweeps": [s.to_dict() for s in found if isinstance(s, SweepStatus)],
+        },
+    )
 
 
 def collect_status(

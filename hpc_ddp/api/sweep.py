@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hpc_ddp.api.cancel import CancelResult, cancel_targets
-from hpc_ddp.api.job import Job, Overrides, override_args
+from hpc_ddp.api.job import BackendChoice, Job, Overrides, override_args
 from hpc_ddp.api.status import SweepStatus, collect_status, wait_until_ended
 from hpc_ddp.api.targets import path_arg, require_dir
 from hpc_ddp.errors import (
@@ -37,7 +37,8 @@ from hpc_ddp.errors import (
     SlurmError,
     TargetError,
 )
-from hpc_ddp.layout import RUNS_DIR_ENV
+from hpc_ddp.layout import MANIFEST_FILE, RUNS_DIR_ENV
+from hpc_ddp.manifest import Backend, read_manifest
 from hpc_ddp.slurm.arrayjobs import ArrayRecord, current_refs, format_index_ranges, read_arrays
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.jobstate import AccountingRecord, JobInfo
@@ -69,7 +70,11 @@ class Sweep:
 
     sweep_dir: Path
     array_jobs: tuple[str, ...]
-    """Every array job id submitted for the sweep (``--resubmit-failed`` adds one)."""
+    """Every array job id submitted for the sweep (``--resubmit-failed`` adds one); none for
+    a local sweep."""
+    backend: str = "slurm"
+    """``slurm`` (job arrays) or ``local`` (a sweep controller on this machine starts each
+    point as a local run: :mod:`hpc_ddp.sweep.local`)."""
     slurm: SlurmClient | None = field(default=None, compare=False, repr=False)
     """The Slurm client its methods use (None: the real commands)."""
 
@@ -82,7 +87,10 @@ class Sweep:
         sweep_dir = require_dir(str(path), "sweep directory")
         read_sweep_record(sweep_dir)  # no sweep.yaml: not a sweep, said with a hint
         jobs = tuple(dict.fromkeys(a.job_id for a in read_arrays(sweep_dir)))
-        return cls(sweep_dir, jobs, slurm=slurm)
+        backend = "slurm"
+        if (sweep_dir / MANIFEST_FILE).exists():
+            backend = read_manifest(sweep_dir).backend
+        return cls(sweep_dir, jobs, backend, slurm=slurm)
 
     def record(self) -> SweepRecord:
         """``sweep.yaml``: the points, what each sets, and the metric the sweep ranks by."""
@@ -95,6 +103,8 @@ class Sweep:
     def tasks(self) -> list[Job]:
         """One :class:`~hpc_ddp.api.job.Job` per point, in index order, each with the array
         task that runs it now (its ``job_id``; empty for a point never submitted)."""
+        if self.backend == "local":
+            return [self._local_task(p.index) for p in self.record().points]
         refs = current_refs(read_arrays(self.sweep_dir))
         jobs = []
         for point in self.record().points:
@@ -103,6 +113,12 @@ class Sweep:
             run_dir = self.sweep_dir / "tasks" / str(point.index)
             jobs.append(Job(run_dir, job_id, "slurm", index=point.index, slurm=self.slurm))
         return jobs
+
+    def _local_task(self, index: int) -> Job:
+        run_dir = self.sweep_dir / "tasks" / str(index)
+        started = (run_dir / MANIFEST_FILE).exists()
+        job_id = (read_manifest(run_dir).job_id or "") if started else ""
+        return Job(run_dir, job_id, "local", index=index, slurm=self.slurm)
 
     def status(self) -> SweepStatus:
         """How many tasks are in each state, and each task's row, as ``hpc-ddp status
@@ -126,7 +142,7 @@ class Sweep:
         seconds a :class:`~hpc_ddp.errors.WaitTimeoutError`; the tasks go on.
         """
         done = wait_until_ended(self.status, timeout=timeout, what=str(self.sweep_dir),
-                                poll_s=poll_s)  # fmt: skip
+                                poll_s=poll_s, settled=self._settled)  # fmt: skip
         if check and not done.succeeded:
             lines = tuple(
                 f"task {t['index']}: {t['state']}"
@@ -147,9 +163,10 @@ class Sweep:
     def results(
         self, sort: str | None = None, mode: Literal["min", "max"] | None = None
     ) -> list[dict[str, Any]]:
-        """The rows ``hpc-ddp results SWEEP_DIR --json`` shows, best first, as plain dicts:
-        ``index``, ``state``, each swept key, ``best``/``final``/``best_step`` of the metric,
-        ``loss``, ``steps``, ``attempts``, ``last_cause``, ``job``, ``run_dir``.
+        """The rows ``hpc-ddp results SWEEP_DIR --json`` shows (its ``rows``), best first, as
+        plain dicts: ``index``, ``name``, ``state``, ``values`` (each swept key's value),
+        ``best``/``final``/``best_step`` of the metric, ``loss``, ``steps``, ``attempts``,
+        ``last_cause``, ``job_id``, ``run_dir`` (docs/json.md).
 
         ``sort``: a logged metric (ranked by its best value), a swept key, or one of
         :data:`RESULT_COLUMNS` (default: the sweep's metric); ``mode`` ``min`` or ``max``
@@ -180,6 +197,15 @@ class Sweep:
         resubmit(self.sweep_dir, slurm=self._client())
         return Sweep.from_dir(self.sweep_dir, slurm=self.slurm)
 
+    def _settled(self) -> bool:
+        """True unless a local sweep's controller still runs: every point may read ended a
+        moment before it has reaped the last one and exited."""
+        if self.backend != "local":
+            return True
+        from hpc_ddp.sweep.local import controller_alive
+
+        return not controller_alive(self.sweep_dir)
+
     def _client(self) -> SlurmClient:
         return _client(self.slurm)
 
@@ -188,17 +214,23 @@ class Sweep:
 
 
 def load_sweep_spec(
-    sweep_file: str | Path, overrides: Overrides = (), *, site: str | Path | None = None
+    sweep_file: str | Path,
+    overrides: Overrides = (),
+    *,
+    site: str | Path | None = None,
 ) -> SweepSpec:
     """A sweep file expanded into its points, each checked as a job (and from the login node,
-    as ``submit`` checks a job); ``overrides`` apply to the base job, a swept key wins."""
+    as ``submit`` checks a job); ``overrides`` apply to the base job, a swept key wins. An
+    override whose value lists values (``train.lr=0.1,0.01``) is a grid axis crossed with the
+    file's points; ``sweep_file`` may then be a plain job file."""
     from hpc_ddp.config.load import find_site_profile
     from hpc_ddp.config.preflight import preflight_points
-    from hpc_ddp.sweep.spec import load_sweep
+    from hpc_ddp.sweep.spec import load_sweep, split_sweep_overrides
 
     path = Path(path_arg("sweep_file", sweep_file) or "")
     profile = find_site_profile(path_arg("site", site), os.environ, Path.home())
-    spec = load_sweep(path, override_args(overrides), profile)
+    plain, axes = split_sweep_overrides(override_args(overrides))
+    spec = load_sweep(path, plain, profile, axes=axes)
     preflight_points((f"{path}: point {p.index}", p.config) for p in spec.points)
     return spec
 
@@ -286,6 +318,15 @@ def plan_sweep(
     return SweepPlan(spec, sweep_dir, arrays, note)
 
 
+def choose_sweep_backend(backend: BackendChoice) -> Backend:
+    """``auto``: Slurm when ``sbatch`` is on PATH, else local processes (as for a run)."""
+    import shutil
+
+    from hpc_ddp.launch.submission import choose_backend
+
+    return choose_backend(backend, shutil.which("sbatch") if backend == "auto" else None)
+
+
 def launch_sweep(
     spec: SweepSpec,
     *,
@@ -293,11 +334,28 @@ def launch_sweep(
     runs_dir: Path,
     slurm: SlurmClient | None = None,
     invocation: Sequence[str] = (),
+    backend: Backend = "slurm",
 ) -> Sweep:
     """Write a new sweep directory for ``spec`` under ``runs_dir`` and submit its job array
-    (or as few as ``MaxArraySize`` allows)."""
+    (or as few as ``MaxArraySize`` allows); ``backend="local"``: start its points as local
+    runs, ``max_parallel`` at once (default 1), under a detached sweep controller."""
+    from hpc_ddp.sweep.submit import submit_local_sweep
     from hpc_ddp.sweep.submit import submit_sweep as submit_arrays
 
+    if backend == "local":
+        try:
+            sweep_dir = submit_local_sweep(
+                spec,
+                sweep_file=Path(sweep_file),
+                runs_dir=runs_dir,
+                invocation=list(invocation) or ["hpc_ddp.submit_sweep", str(sweep_file)],
+            )
+        except OSError as exc:
+            raise RunDirError(
+                f"writing the sweep directory under {runs_dir} failed: {exc}. HINT: check the "
+                "space and permissions there, or choose another --runs-dir"
+            ) from None
+        return Sweep(sweep_dir, (), "local", slurm=slurm)
     try:
         submission = submit_arrays(
             spec,
@@ -323,22 +381,27 @@ def submit_sweep(
     runs_dir: str | Path | None = None,
     site: str | Path | None = None,
     slurm: SlurmClient | None = None,
+    backend: BackendChoice = "auto",
 ) -> Sweep:
     """Expand a sweep file and submit every point as one Slurm job array (throttled by its
     ``max_parallel``), as ``hpc-ddp sweep SWEEP_FILE KEY=VALUE ...`` does.
 
     ``overrides`` (``{"train.max_steps": 200}`` or ``["train.max_steps=200"]``) apply to the
-    base job; a swept key wins. ``runs_dir`` and ``site`` as for :func:`hpc_ddp.submit`. A bad
-    sweep file or point is a :class:`~hpc_ddp.errors.ConfigError` naming it, and nothing is
-    submitted.
+    base job; a swept key wins, and a command-line value with a comma (``"train.lr=0.1,0.01"``)
+    is a grid axis (:func:`hpc_ddp.sweep.spec.split_sweep_overrides`). ``backend``: ``auto``
+    (Slurm when ``sbatch`` is on PATH, else local), ``slurm``, or ``local`` (every point a
+    local run on this machine, ``max_parallel`` at once, default 1). ``runs_dir`` and ``site``
+    as for :func:`hpc_ddp.submit`. A bad sweep file or point is a
+    :class:`~hpc_ddp.errors.ConfigError` naming it, and nothing is submitted.
     """
     path_arg("runs_dir", runs_dir)  # before the sweep file is read
+    chosen = choose_sweep_backend(backend)
     spec = load_sweep_spec(sweep_file, overrides, site=site)
     where = sweep_runs_dir(runs_dir)
     args = override_args(overrides)
     invocation = ["hpc_ddp.submit_sweep", str(sweep_file), *args]
     return launch_sweep(spec, sweep_file=sweep_file, runs_dir=where, slurm=slurm,
-                        invocation=invocation)  # fmt: skip
+                        invocation=invocation, backend=chosen)  # fmt: skip
 
 
 def resubmit(
@@ -362,8 +425,20 @@ def resubmit(
         dry_run=dry_run,
     )
     if not result.points and result.live and not dry_run:
+        if read_manifest(sweep_dir).backend == "local":
+            raise _still_running_locally(sweep_dir, result.live)
         raise _still_live(sweep_dir, result.live)
     return result
+
+
+def _still_running_locally(sweep_dir: Path, live: dict[int, str]) -> TargetError:
+    """A local sweep whose controller still runs: it may yet start its points (exit 2)."""
+    return TargetError(
+        f"nothing resubmitted: the local sweep controller of {sweep_dir} still runs (points "
+        f"{format_index_ranges(live)} are running or waiting for it); two processes must never "
+        f"start one point. HINT: `hpc-ddp status {sweep_dir}` follows it; resubmit once it has "
+        f"ended, or `hpc-ddp cancel {sweep_dir}` first."
+    )
 
 
 def _still_live(sweep_dir: Path, live: dict[int, str]) -> TargetError:
@@ -390,6 +465,7 @@ class Results:
     record: SweepRecord
     rows: list[ResultRow]
     """Every point, best first by :attr:`sort_key`; rows without a value last."""
+    sweep_dir: str
     sort_key: str
     metric: str
     """The metric gathered (``best``, ``final``)."""
@@ -421,7 +497,27 @@ def gather(
     rows = sort_rows(gather_results(sweep_dir, live, metric, accounting), sort_key, chosen)
     if metric != record.metric and all(r.best is None for r in rows):
         raise unlogged_metric(record, metric, logged_metrics(rows))
-    return Results(record, rows, sort_key, metric, chosen, live is not None)
+    return Results(record, rows, str(sweep_dir), sort_key, metric, chosen, live is not None)
+
+
+def results_json(found: Results, rows: Sequence[ResultRow] | None = None) -> dict[str, Any]:
+    """What ``hpc-ddp results --json`` prints (schema ``hpc-ddp.results/1``): the sweep, how
+    its rows are ranked, and the rows (``rows``: those shown, default all), each as
+    :meth:`Sweep.results` gives it."""
+    from hpc_ddp.output import RESULTS, document
+    from hpc_ddp.sweep.results import row_dict, sweep_summary
+
+    return document(
+        RESULTS,
+        {
+            "sweep_dir": found.sweep_dir,
+            "metric": {"name": found.metric, "mode": found.mode},
+            "sort_key": found.sort_key,
+            "slurm_answered": found.slurm_answered,
+            "summary": sweep_summary(found.rows),
+            "rows": [row_dict(r) for r in (found.rows if rows is None else rows)],
+        },
+    )
 
 
 def choose_sort(record: SweepRecord, key: str | None, mode: str | None) -> tuple[str, str, str]:

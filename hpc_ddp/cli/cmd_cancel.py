@@ -49,8 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON object per line, one per target, with its outcome (cancelled, "
-        "already_finished, unknown or not_this_run)",
+        help="print one JSON object (docs/json.md) once every target is done: its results, "
+        "one per target, each with its outcome (cancelled, already_finished, unknown or "
+        "not_this_run)",
     )
 
 
@@ -62,19 +63,23 @@ def run(args: argparse.Namespace) -> int:
     a target's job is not that run's (nothing of that target was signalled); 1 when a local
     run's process survived SIGKILL.
     """
+    from hpc_ddp.output import CANCEL, document
+
     runs_dir = runs_dir_from(args.runs_dir, os.environ)
     refused = survived = False
+    shown = []
     results = cancel_targets(
         args.targets, runs_dir=runs_dir, slurm=args.slurm, kill_wait_s=args.kill_wait
     )
     for result in results:
         refused |= result.outcome == "not_this_run"
         survived |= result.outcome == "still_running"
-        if args.json:
-            print(json.dumps(result.to_dict()), flush=True)
-        else:
+        shown.append(result.to_dict())
+        if not args.json:
             bad = result.outcome in ("not_this_run", "still_running")
             print(result.message, file=sys.stderr if bad else sys.stdout, flush=True)
+    if args.json:  # one object once every target is done, as every verb's --json
+        print(json.dumps(document(CANCEL, {"results": shown})))
     return 2 if refused else 1 if survived else 0
 
 

@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("run_dir", help="the run directory (or its checkpoints/ directory)")
-    parser.add_argument("--json", action="store_true", help="print one JSON list")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (docs/json.md)")
     parser.add_argument(
         "--verify",
         action="store_true",
@@ -65,13 +65,15 @@ def run(args: argparse.Namespace) -> int:
     own = run_dir.parent if run_dir.name == "checkpoints" else run_dir
     infos = list_checkpoints(run_dir, verify=args.verify, run_id=recorded_run_id(RunPaths(own)))
     if args.json:
+        from hpc_ddp.output import CHECKPOINTS, document
+
         rows = [
             {
                 "path": str(i.path),
                 "step": i.step,
                 "epoch": i.epoch,
-                "time": i.time,
-                "size": i.size,
+                "saved_at": _iso(i.time),
+                "size_bytes": i.size,
                 "weights_digest": i.weights_digest,
                 "state": i.state.value,
                 "error": i.error,
@@ -81,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
             }
             for i in infos
         ]
-        print(json.dumps(rows, indent=2))
+        shown = {"run_dir": str(run_dir), "checkpoints": rows}
+        print(json.dumps(document(CHECKPOINTS, shown), indent=2))
     else:
         table = [
             [
@@ -115,6 +118,15 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _iso(when: float | None) -> str | None:
+    """Epoch seconds as ISO 8601 (UTC), as every ``--json`` writes a time; None for none."""
+    from datetime import datetime, timezone
+
+    if not when:
+        return None
+    return datetime.fromtimestamp(when, timezone.utc).isoformat(timespec="seconds")
 
 
 def _state(info: CheckpointInfo) -> str:

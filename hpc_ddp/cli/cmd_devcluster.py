@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             _print_json(
                 {"conf": str(result.conf), "started": list(result.started),
-                 "installed": list(result.installed), "seconds": round(result.seconds, 2)}
+                 "installed": list(result.installed), "elapsed_s": round(result.seconds, 2)}
             )  # fmt: skip
             return 0
         started = ", ".join(result.started) or "nothing (already running)"
@@ -122,4 +122,6 @@ def _status(state_dir: Path, *, as_json: bool) -> int:
 
 
 def _print_json(value: dict[str, Any]) -> None:
-    print(json.dumps(value, indent=2))
+    from hpc_ddp.output import DEV_CLUSTER, document
+
+    print(json.dumps(document(DEV_CLUSTER, value), indent=2))

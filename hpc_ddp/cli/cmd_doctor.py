@@ -233,7 +233,10 @@ def _print_table(findings: list[Finding]) -> None:
 
 
 def _as_json(launched: Launched, findings: list[Finding], line: str) -> dict[str, Any]:
+    from hpc_ddp.output import DOCTOR
+
     return {
+        "schema": DOCTOR,
         "ok": all(f.passed for f in findings),
         "summary": line,
         "culprits": {

@@ -3,7 +3,8 @@ Markdown), and optionally a plot. Works while the sweep runs; unfinished tasks a
 The rows are :func:`hpc_ddp.api.sweep.gather`'s (the Python API's ``Sweep.results()``); this
 verb formats them.
 
-Exit codes: 0 shown; 2 usage error (no such sweep directory, ``--sort`` naming no metric that
+Exit codes: 0 shown; 2 usage error (no such sweep directory, a run directory that is no
+sweep, ``--sort`` naming no metric that
 was logged, a ``--plot`` file matplotlib cannot write there, or no matplotlib); 1 unreadable
 sweep.
 """
@@ -20,13 +21,12 @@ from typing import Any
 
 from tabulate import tabulate
 
-from hpc_ddp.api.sweep import RESULT_COLUMNS, Sweep, gather
+from hpc_ddp.api.sweep import RESULT_COLUMNS, Sweep, gather, results_json
 from hpc_ddp.errors import ConfigError
 from hpc_ddp.sweep.results import (
     ResultRow,
     loss_curve,
     read_metrics,
-    row_dict,
     sweep_summary,
 )
 
@@ -81,7 +81,10 @@ def run(args: argparse.Namespace) -> int:
         found.record, found.rows, found.sort_key, found.metric, found.mode
     )  # fmt: skip
     shown = rows[: args.top] if args.top is not None else rows
-    print(format_rows(shown, record.keys, metric, args.format), end="")
+    if args.format == "json":
+        print(json.dumps(results_json(found, shown), indent=1))
+    else:
+        print(format_rows(shown, record.keys, metric, args.format), end="")
     if args.format == "table":
         counts = ", ".join(f"{n} {state}" for state, n in sweep_summary(rows).items() if n)
         print(f"\n{len(rows)} tasks: {counts}; ranked by {sort_key} ({mode})")
@@ -136,9 +139,8 @@ def table_rows(rows: Sequence[ResultRow], keys: Sequence[str]) -> list[list[Any]
 
 
 def format_rows(rows: Sequence[ResultRow], keys: Sequence[str], metric: str, fmt: str) -> str:
-    """The rows in one of :data:`FORMATS` (text ending in a newline)."""
-    if fmt == "json":
-        return json.dumps([row_dict(r) for r in rows], indent=1) + "\n"
+    """The rows as a table, CSV or Markdown (text ending in a newline); JSON is
+    :func:`hpc_ddp.api.sweep.results_json`'s."""
     headers = ["#", "state", *keys, f"best {metric}", f"final {metric}", "loss", "steps",
                "attempts", "job"]  # fmt: skip
     cells = table_rows(rows, keys)

@@ -24,10 +24,11 @@ the run did not finish).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from hpc_ddp.api.job import launch, plan_resume
-from hpc_ddp.launch.resume import start_words
+from hpc_ddp.launch.resume import ResumePlan, start_words
 from hpc_ddp.launch.submission import describe_local_plan, report
 from hpc_ddp.launch.wait import wait_for
 
@@ -77,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
     if plan.skipped:
         print(f"  skipped: {plan.skipped}", file=say)
     prepared = plan.prepared
+    if args.dry_run and args.json:
+        _show_dry_run_json(plan)
+        return 0
     if args.dry_run:
         if prepared.backend == "local":
             print(describe_local_plan(prepared.cfg, plan.run_dir))
@@ -88,3 +92,25 @@ def run(args: argparse.Namespace) -> int:
     assert launched is not None  # started here
     report(launched, args.json)
     return wait_for(launched, client) if args.wait else 0
+
+
+def _show_dry_run_json(plan: ResumePlan) -> None:
+    """``resume --dry-run --json``: what ``submit --dry-run --json`` shows, and where the run
+    stands (schema ``hpc-ddp.submit/1``)."""
+    from hpc_ddp.output import SUBMIT, document
+
+    prepared = plan.prepared
+    shown: dict[str, object] = {
+        "dry_run": True,
+        "backend": prepared.backend,
+        "run_dir": str(plan.run_dir),
+        "state": plan.state,
+        "attempts": plan.attempts,
+        "checkpoint_step": plan.checkpoint_step,
+        "changes": list(plan.changes),
+    }
+    if prepared.backend == "local":
+        shown["plan"] = describe_local_plan(prepared.cfg, plan.run_dir)[2:]
+    else:
+        shown.update(command=list(prepared.sbatch_argv), script=prepared.script)
+    print(json.dumps(document(SUBMIT, shown)))

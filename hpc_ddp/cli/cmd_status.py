@@ -18,15 +18,16 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate
 
-from hpc_ddp.api.status import RunStatus, SweepStatus, collect_status
+from hpc_ddp.api.status import RunStatus, SweepStatus, collect_status, status_json
 from hpc_ddp.launch.submission import runs_dir_from
 from hpc_ddp.layout import RUNS_DIR_ENV
-from hpc_ddp.state.report import DAMAGED, reason_lines
+from hpc_ddp.state.report import DAMAGED, fmt_elapsed
 
 COLUMNS = ["run", "job", "state", "nodes", "elapsed", "attempts", "causes", "ckpt step", "loss"]
 
@@ -37,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--runs-dir", help=f"where to look for runs (default ${RUNS_DIR_ENV} or ./runs)"
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON list")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (docs/json.md)")
     parser.add_argument("--attempts", action="store_true", help="also list every attempt")
     parser.add_argument(
         "--goodput",
@@ -97,22 +98,23 @@ def _watch(args: argparse.Namespace, every: float) -> int:
 def _show(args: argparse.Namespace) -> int:
     runs_dir = runs_dir_from(args.runs_dir, os.environ)
     found = collect_status(args.targets, runs_dir, args.slurm)
-    rows = [s.to_dict() for s in found if isinstance(s, RunStatus)]
-    entries = [s.to_dict() for s in found if isinstance(s, SweepStatus)]
+    statuses = [s for s in found if isinstance(s, RunStatus)]
+    sweeps = [s for s in found if isinstance(s, SweepStatus)]
+    shown = status_json(found)
     if args.goodput:
-        _add_goodput(rows, entries)
+        _add_goodput(shown["runs"], shown["sweeps"])
     # A damaged run is shown beside the others but the exit status says something is wrong.
-    code = 1 if any(r["state"] == DAMAGED for r in rows) else 0
+    code = 1 if any(s.state == DAMAGED for s in statuses) else 0
     if args.json:
-        print(json.dumps([*rows, *entries], indent=2, default=_plain))
+        print(json.dumps(shown, indent=2, default=_plain))
         return code
-    if not rows and not entries:
+    if not statuses and not sweeps:
         print(f"no runs under {runs_dir}", file=sys.stderr)
         return 0
-    _print_runs(rows, attempts=args.attempts)
-    _print_sweeps(entries, attempts=args.attempts)
+    _print_runs(statuses, attempts=args.attempts)
+    _print_sweeps(shown["sweeps"], attempts=args.attempts)
     if args.goodput:
-        _print_goodput(rows, entries)
+        _print_goodput(shown["runs"], shown["sweeps"])
     return code
 
 
@@ -123,7 +125,7 @@ def _add_goodput(rows: list[dict[str, Any]], entries: list[dict[str, Any]]) -> N
 
     for row in rows:
         if row["state"] != DAMAGED:
-            row["goodput"] = run_goodput(Path(row["run"]), running=still_running(row["state"]))
+            row["goodput"] = run_goodput(Path(row["run_dir"]), running=still_running(row["state"]))
     for entry in entries:
         accounts = []
         for task in entry["tasks"]:
@@ -139,10 +141,10 @@ def _print_goodput(rows: list[dict[str, Any]], entries: list[dict[str, Any]]) ->
 
     for row in rows:
         if "goodput" in row:
-            print(f"\n{row['run']}")
+            print(f"\n{row['run_dir']}")
             print("\n".join(describe(row["goodput"])))
     for entry in entries:
-        print(f"\n{entry['sweep']} ({len(entry['tasks'])} tasks)")
+        print(f"\n{entry['sweep_dir']} ({len(entry['tasks'])} tasks)")
         print("\n".join(describe(entry["goodput"])))
         for task in entry["tasks"]:
             g = task["goodput"]
@@ -157,16 +159,23 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def _print_runs(rows: list[dict[str, Any]], *, attempts: bool) -> None:
-    if rows:
-        print(tabulate([[r[c] for c in COLUMNS] for r in rows], headers=COLUMNS))
-    for r in rows:
-        for line in reason_lines(r):
+def _cells(s: RunStatus) -> list[Any]:
+    """A run's row of the table: ``-`` where JSON says null."""
+    return [s.run, s.job or "-", s.state, s.nodes or "-", fmt_elapsed(s.elapsed_s),
+            "-" if s.attempts is None else s.attempts, ",".join(s.causes) or "-",
+            s.ckpt_step, s.loss]  # fmt: skip
+
+
+def _print_runs(statuses: list[RunStatus], *, attempts: bool) -> None:
+    if statuses:
+        print(tabulate([_cells(s) for s in statuses], headers=COLUMNS))
+    for s in statuses:
+        for line in s.reasons:
             print(line)
     if attempts:
-        for r in rows:
-            print(f"\n{r['run']}")
-            print(tabulate([_attempt_cells(a) for a in r["attempt_list"]], headers=ATTEMPT_COLUMNS))
+        for s in statuses:
+            print(f"\n{s.run}")
+            print(tabulate([_attempt_cells(a) for a in s.attempt_list], headers=ATTEMPT_COLUMNS))
 
 
 ATTEMPT_COLUMNS = ["attempt", "job", "restart", "launch", "nodes", "ranks", "cause", "steps",
@@ -175,7 +184,7 @@ ATTEMPT_COLUMNS = ["attempt", "job", "restart", "launch", "nodes", "ranks", "cau
 ``launch`` the supervisor's restarts inside one allocation; the long text comes last."""
 
 
-def _attempt_cells(a: dict[str, Any]) -> list[Any]:
+def _attempt_cells(a: Mapping[str, Any]) -> list[Any]:
     """One ``attempt_list`` entry as a table row: ``ranks`` shows an elastic resume as
     ``2->1``, ``then`` what the supervisor did after a fault (nothing after a finished run),
     ``why`` the blame, or the resize in words."""
@@ -192,12 +201,21 @@ def _attempt_cells(a: dict[str, Any]) -> list[Any]:
 
 def _print_sweeps(entries: list[dict[str, Any]], *, attempts: bool) -> None:
     for entry in entries:
-        if "task" in entry:  # one task asked for by its directory: its row
-            [task] = entry["tasks"] or [{"index": entry["task"], "state": "unknown"}]
-            print(f"{entry['sweep']}: task {task['index']}: {task['state']}")
-            print(tabulate(entry["tasks"], headers="keys"))
+        tasks = [_flat(t) for t in entry["tasks"]]
+        if entry["task"] is not None:  # one task asked for by its directory: its row
+            [task] = tasks or [{"index": entry["task"], "state": "unknown"}]
+            print(f"{entry['sweep_dir']}: task {task['index']}: {task['state']}")
+            print(tabulate(tasks, headers="keys"))
             continue
         counts = ", ".join(f"{n} {state}" for state, n in entry["summary"].items() if n)
-        print(f"{entry['sweep']}: {len(entry['tasks'])} tasks: {counts}")
+        print(f"{entry['sweep_dir']}: {len(entry['tasks'])} tasks: {counts}")
         if attempts:
-            print(tabulate(entry["tasks"], headers="keys"))
+            print(tabulate(tasks, headers="keys"))
+
+
+def _flat(task: dict[str, Any]) -> dict[str, Any]:
+    """A task's row for a table: its swept values as columns of their own."""
+    row = {k: v for k, v in task.items() if k not in ("values", "goodput")}
+    index = list(row).index("state") + 1
+    items = list(row.items())
+    return dict([*items[:index], *task.get("values", {}).items(), *items[index:]])

@@ -86,7 +86,14 @@ def _show_dry_run(prepared: Prepared, as_json: bool) -> int:
     backend = prepared.backend
     local = backend == "local"
     if as_json:
-        shown: dict[str, object] = {"backend": backend, "run_dir": str(prepared.paths.root)}
+        from hpc_ddp.output import SUBMIT
+
+        shown: dict[str, object] = {
+            "schema": SUBMIT,
+            "dry_run": True,
+            "backend": backend,
+            "run_dir": str(prepared.paths.root),
+        }
         if local:  # no sbatch runs: submitit's controller starts the processes
             folder = str(prepared.paths.root / "submitit")
             shown["command"] = [sys.executable, "-m", "submitit.local._local", folder]

@@ -1,7 +1,9 @@
 """``hpc-ddp sweep SWEEP_FILE [KEY=VALUE ...]``: expand, validate, write one sweep directory,
-submit one job array. ``hpc-ddp sweep --resubmit-failed SWEEP_DIR``: submit the failed tasks again.
-Each is :mod:`hpc_ddp.api.sweep`'s (the Python API's ``hpc_ddp.submit_sweep()``); this verb
-prints what it did.
+submit one job array (``--backend local``: run the points as local runs, ``max_parallel`` at
+once). ``hpc-ddp sweep JOB_FILE KEY=A,B ...``: a grid from the command line, as Hydra's
+``--multirun`` reads it. ``hpc-ddp sweep --resubmit-failed SWEEP_DIR``: submit the failed tasks
+again. Each is :mod:`hpc_ddp.api.sweep`'s (the Python API's ``hpc_ddp.submit_sweep()``); this
+verb prints what it did.
 
 Exit codes: 0 submitted (or shown), 2 usage or config error, 1 failed submission. With
 ``--resubmit-failed``: 0 also when nothing is left to resubmit; 2 when nothing was resubmitted
@@ -21,16 +23,19 @@ from typing import Any
 from tabulate import tabulate
 
 from hpc_ddp.api.sweep import (
+    Sweep,
     SweepPlan,
+    choose_sweep_backend,
     launch_sweep,
     load_sweep_spec,
     plan_sweep,
     resubmit,
     sweep_runs_dir,
 )
-from hpc_ddp.cli.options import add_site_option
+from hpc_ddp.cli.options import add_backend_option, add_site_option
 from hpc_ddp.errors import ConfigError
 from hpc_ddp.layout import RUNS_DIR_ENV
+from hpc_ddp.manifest import read_manifest
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.sweep.arrays import PreparedArray, sweep_name
 from hpc_ddp.sweep.spec import SweepSpec
@@ -43,13 +48,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "overrides",
         nargs="*",
         metavar="KEY=VALUE",
-        help="dotted overrides of the base job, e.g. slurm.time=30 (swept keys win)",
+        help="dotted overrides of the base job, e.g. slurm.time=30 (swept keys win); "
+        "KEY=A,B,C is a grid axis (a literal comma: KEY='a,b' or KEY=a\\,b)",
     )
     parser.add_argument(
         "--resubmit-failed",
         metavar="SWEEP_DIR",
         help="submit the failed and cancelled tasks of SWEEP_DIR again, in their directories",
     )
+    add_backend_option(parser)
     add_site_option(parser)
     parser.add_argument(
         "--runs-dir",
@@ -77,9 +84,12 @@ def run(args: argparse.Namespace) -> int:
             "no sweep file given. HINT: hpc-ddp sweep SWEEP_FILE [KEY=VALUE ...] "
             "(see jobs/sweep-lr.yaml), or --resubmit-failed SWEEP_DIR"
         )
+    backend = choose_sweep_backend(args.backend)
     spec = load_sweep_spec(args.sweep_file, args.overrides, site=args.site)
     runs_dir = sweep_runs_dir(args.runs_dir)
     invocation = invocation or ["hpc-ddp", "sweep", args.sweep_file, *args.overrides]
+    if backend == "local":
+        return _local(spec, args, runs_dir, invocation)
     if args.dry_run:
         plan = plan_sweep(spec, sweep_file=args.sweep_file, runs_dir=runs_dir, slurm=client,
                           invocation=invocation)  # fmt: skip
@@ -89,18 +99,7 @@ def run(args: argparse.Namespace) -> int:
     sweep_dir = sweep.sweep_dir
     arrays = sweep.arrays()
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "sweep_dir": str(sweep_dir),
-                    "points": len(spec.points),
-                    "array_jobs": [r.job_id for r in arrays],
-                    "arrays": [
-                        {"job_id": r.job_id, "points": r.points, "array": r.array} for r in arrays
-                    ],
-                }
-            )
-        )
+        print(json.dumps(submitted_json(sweep, len(spec.points))))
         return 0
     print(
         f"submitted sweep {sweep_name(spec)}: {len(spec.points)} points as "
@@ -111,6 +110,46 @@ def run(args: argparse.Namespace) -> int:
     print(f"  watch:     hpc-ddp status {sweep_dir}   (squeue -j {arrays[0].job_id})")
     print(f"  results:   hpc-ddp results {sweep_dir}")
     return 0
+
+
+def _local(spec: SweepSpec, args: argparse.Namespace, runs_dir: Path, invocation: list[str]) -> int:
+    """A local sweep: shown (``--dry-run``), or started under its sweep controller."""
+    from hpc_ddp.launch.submission import new_run_dir, stamp_of
+    from hpc_ddp.sweep.local import local_parallel
+
+    parallel = local_parallel(spec.max_parallel)
+    if args.dry_run:
+        from datetime import datetime, timezone
+
+        sweep_dir = new_run_dir(runs_dir.resolve(), sweep_name(spec),
+                                stamp_of(datetime.now(timezone.utc)))  # fmt: skip
+        if args.json:
+            print(json.dumps(_plan_json(spec, sweep_dir, "local", parallel, [])))
+            return 0
+        print(points_table(spec))
+        print(f"# backend: local; {len(spec.points)} points as local runs, {parallel} at once")
+        print(f"# ranked by {spec.metric} ({spec.mode})")
+        print(f"# sweep directory: {sweep_dir}")
+        return 0
+    sweep = launch_sweep(spec, sweep_file=args.sweep_file, runs_dir=runs_dir, slurm=args.slurm,
+                         invocation=invocation, backend="local")  # fmt: skip
+    if args.json:
+        print(json.dumps(submitted_json(sweep, len(spec.points))))
+        return 0
+    print(
+        f"started sweep {sweep_name(spec)}: {len(spec.points)} points as local runs, "
+        f"{parallel} at once"
+    )
+    _print_where(sweep)
+    return 0
+
+
+def _print_where(sweep: Sweep) -> None:
+    sweep_dir = sweep.sweep_dir
+    print(f"  sweep dir: {sweep_dir}")
+    print(f"  tasks:     {sweep_dir}/tasks/<index>/ (as each starts: config.yaml, logs/, ...)")
+    print(f"  watch:     hpc-ddp status {sweep_dir}")
+    print(f"  results:   hpc-ddp results {sweep_dir}")
 
 
 def points_table(spec: SweepSpec) -> str:
@@ -133,23 +172,57 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def submitted_json(sweep: Sweep, points: int) -> dict[str, Any]:
+    """``sweep --json`` once submitted or started (schema ``hpc-ddp.sweep/1``)."""
+    from hpc_ddp.output import SWEEP, document
+
+    arrays = sweep.arrays()
+    return document(
+        SWEEP,
+        {
+            "dry_run": False,
+            "sweep_dir": str(sweep.sweep_dir),
+            "backend": sweep.backend,
+            "points": points,
+            "job_id": read_manifest(sweep.sweep_dir).job_id,
+            "array_jobs": [r.job_id for r in arrays],
+            "arrays": [{"job_id": r.job_id, "points": r.points, "array": r.array} for r in arrays],
+        },
+    )
+
+
+def _plan_json(
+    spec: SweepSpec, sweep_dir: Path, backend: str, parallel: int | None, arrays: list[Any]
+) -> dict[str, Any]:
+    """``sweep --dry-run --json`` (schema ``hpc-ddp.sweep/1``, ``dry_run`` true)."""
+    from hpc_ddp.output import SWEEP, document
+
+    return document(
+        SWEEP,
+        {
+            "dry_run": True,
+            "sweep_dir": str(sweep_dir),
+            "backend": backend,
+            "metric": {"name": spec.metric, "mode": spec.mode},
+            "max_parallel": parallel,
+            "points": [
+                {"index": p.index, "name": p.config.name, "values": _values(p.overrides)}
+                for p in spec.points
+            ],
+            "arrays": arrays,
+        },
+    )
+
+
+def _values(overrides: Any) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in overrides}
+
+
 def _dry_run(plan: SweepPlan, *, as_json: bool) -> int:
     spec, sweep_dir, arrays, note = plan.spec, plan.sweep_dir, plan.arrays, plan.note
     if as_json:
-        print(
-            json.dumps(
-                {
-                    "sweep_dir": str(sweep_dir),
-                    "metric": {"name": spec.metric, "mode": spec.mode},
-                    "max_parallel": spec.max_parallel,
-                    "points": [
-                        {"index": p.index, "name": p.config.name, "overrides": dict(p.overrides)}
-                        for p in spec.points
-                    ],
-                    "arrays": [_array_json(a) for a in arrays],
-                }
-            )
-        )
+        shown = [_array_json(a) for a in arrays]
+        print(json.dumps(_plan_json(spec, sweep_dir, "slurm", spec.max_parallel, shown)))
         return 0
     print(points_table(spec))
     print()
@@ -185,18 +258,20 @@ def _print_arrays(arrays: list[PreparedArray]) -> None:
 def _resubmit(
     sweep_dir: Path, client: SlurmClient, invocation: list[str], args: argparse.Namespace
 ) -> int:
+    from hpc_ddp.output import SWEEP, document
+
     result = resubmit(sweep_dir, slurm=client, invocation=invocation, dry_run=args.dry_run)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "sweep_dir": str(sweep_dir),
-                    "points": result.points,
-                    "array_jobs": [r.job_id for r in result.records],
-                    "arrays": [_array_json(a) for a in result.arrays] if args.dry_run else [],
-                }
-            )
-        )
+        shown = {
+            "dry_run": bool(args.dry_run),
+            "sweep_dir": str(sweep_dir),
+            "backend": Sweep.from_dir(sweep_dir).backend,
+            "resubmitted": result.points,
+            "job_id": read_manifest(sweep_dir).job_id,
+            "array_jobs": [r.job_id for r in result.records],
+            "arrays": [_array_json(a) for a in result.arrays] if args.dry_run else [],
+        }
+        print(json.dumps(document(SWEEP, shown)))
         return 0
     if not result.points:
         print(f"nothing to resubmit: no task of {sweep_dir} has failed or been cancelled")
@@ -205,6 +280,11 @@ def _resubmit(
     if args.dry_run:
         print(f"# would resubmit {len(result.points)} task(s): {listed}")
         _print_arrays(result.arrays)
+        return 0
+    if not result.records:  # a local sweep: a new sweep controller runs them
+        print(f"started {len(result.points)} task(s) of {sweep_dir} ({listed}) again, locally")
+        print(f"  watch:   hpc-ddp status {sweep_dir}")
+        print(f"  results: hpc-ddp results {sweep_dir}")
         return 0
     jobs = ", ".join(f"array job {r.job_id} (--array={r.array})" for r in result.records)
     print(f"resubmitted {len(result.points)} task(s) of {sweep_dir} ({listed}) as {jobs}")

@@ -488,7 +488,11 @@ def report(launched: Launched, as_json: bool) -> None:
     """Print the job id, the run directory and where its logs go (or one JSON object)."""
     paths, backend = launched.paths, launched.prepared.backend
     if as_json:
+        from hpc_ddp.output import SUBMIT
+
         shown = {
+            "schema": SUBMIT,
+            "dry_run": False,
             "backend": backend,
             "job_id": launched.job_id,
             "run_dir": str(paths.root),

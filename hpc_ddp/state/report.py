@@ -87,7 +87,8 @@ def _said(exc: SlurmError) -> str:
 # --- one row ----------------------------------------------------------------------------------
 
 
-def _fmt_elapsed(seconds: float | None) -> str:
+def fmt_elapsed(seconds: float | None) -> str:
+    """Seconds as ``H:MM:SS`` for a table; ``-`` for none."""
     if seconds is None or not math.isfinite(seconds):
         return "-"
     s = max(0, int(seconds))  # clocks of login and compute nodes may disagree a little
@@ -174,7 +175,8 @@ def damaged_row(run_dir: Path, exc: BaseException) -> dict[str, Any]:
     text = str(exc) if isinstance(exc, RunDirError) else f"{type(exc).__name__}: {exc}"
     return {
         "run": str(run_dir), "job": None, "backend": None, "state": DAMAGED, "nodes": "-",
-        "elapsed": "-", "attempts": None, "causes": "-", "ckpt step": None, "loss": None,
+        "elapsed": "-", "elapsed_s": None, "attempts": None, "causes": "-", "ckpt step": None,
+        "loss": None,
         "failed_rank": None, "note": text, "attempt_list": [],
     }  # fmt: skip
 
@@ -299,7 +301,8 @@ def _row(run_dir: Path, manifest: Manifest, view: SlurmView) -> dict[str, Any]:
         "backend": manifest.backend,
         "state": verdict.state,
         "nodes": nodes,
-        "elapsed": _fmt_elapsed(elapsed),
+        "elapsed": fmt_elapsed(elapsed),
+        "elapsed_s": None if elapsed is None or not math.isfinite(elapsed) else max(0.0, elapsed),
         "attempts": len(attempts),
         "causes": ",".join(a.cause.value if a.cause else "running" for a in attempts) or "-",
         "ckpt step": step,

@@ -106,6 +106,12 @@ def task_state(
     return state
 
 
+def verdict_task_state(word: str) -> TaskState:
+    """The task state for a run verdict's word (``COMPLETED``, ``RUNNING``, ``CANCELLED``,
+    ``FAILED``, ...): a local sweep's point is judged as a run, then shown as a task."""
+    return _WORDS.get(word, TaskState.FAILED)
+
+
 def _from_guess(word: str, last: Attempt | None) -> TaskState:
     """The task state for the verdict's guess from the ledger alone (``RUNNING?``, ``X?``)."""
     if last is None:

@@ -73,6 +73,13 @@ def read_sweep_record(sweep_dir: Path) -> SweepRecord:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
+        if not (sweep_dir / "tasks").is_dir():  # no sweep at all: the argument names none
+            what = "a run directory" if (sweep_dir / "manifest.json").exists() else "no sweep"
+            raise TargetError(
+                f"{sweep_dir}: {what}, not a sweep directory (no {SWEEP_RECORD}). HINT: pass "
+                "the sweep directory printed by `hpc-ddp sweep`; a run's state and metrics are "
+                f"`hpc-ddp status {sweep_dir}` and its metrics.jsonl"
+            ) from None
         raise RunDirError(
             f"{sweep_dir}: no {SWEEP_RECORD}, so not a sweep directory. HINT: pass the sweep "
             "directory printed by `hpc-ddp sweep`"

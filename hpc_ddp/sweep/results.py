@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.errors import RunDirError
-from hpc_ddp.layout import RunPaths
+from hpc_ddp.layout import MANIFEST_FILE, RunPaths
 from hpc_ddp.runtime.ledger import Attempt, read_ledger
 from hpc_ddp.runtime.metrics import NOT_METRICS, drop_replayed
 from hpc_ddp.slurm.arrayjobs import current_refs, live_task, read_arrays
 from hpc_ddp.slurm.jobstate import AccountingRecord, JobInfo, JobState
-from hpc_ddp.state.task import RESUBMITTABLE, TaskState, task_state
+from hpc_ddp.state.task import RESUBMITTABLE, TaskState, task_state, verdict_task_state
 from hpc_ddp.state.verdict import current_attempts
-from hpc_ddp.sweep.records import SweepRecord, read_sweep_record
+from hpc_ddp.sweep.records import SweepPointRecord, SweepRecord, read_sweep_record
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +208,9 @@ def gather_results(
     record = read_sweep_record(sweep_dir)
     key = metric or record.metric
     mode = record.mode if key == record.metric else "min"
+    if _is_local(sweep_dir):
+        return [_row(sweep_dir, point, key, mode, *_local_task(sweep_dir, point.index))
+                for point in record.points]  # fmt: skip
     arrays = read_arrays(sweep_dir)
     refs = current_refs(arrays)
     scripts = {a.job_id: str((sweep_dir / a.script).resolve()) for a in arrays}
@@ -218,33 +221,83 @@ def gather_results(
         attempts = read_ledger(task.ledger)
         ref = refs.get(point.index)
         info = None if live is None or ref is None else live_task(live, *ref)
-        rows = read_metrics(task.metrics)
-        final, best, best_step = metric_summary(rows, key, mode)
-        steps = [s for r in rows if isinstance(s := r.get("step"), int)]
-        steps += [a.steps_done for a in attempts if a.steps_done is not None]
-        last = attempts[-1] if attempts else None
         accounted = None
         if info is None and ref is not None and accounting:
             accounted = _accounted(accounting.get(f"{ref[0]}_{ref[1]}"), scripts[ref[0]])
         state = task_state(current_task_attempts(attempts, ref), info, live is not None, accounted)
-        out.append(
-            ResultRow(
-                index=point.index,
-                name=point.name,
-                values=point.overrides,
-                state=state,
-                final=final,
-                best=best,
-                best_step=best_step,
-                loss=metric_summary(rows, "loss", "min")[0],
-                steps=max(steps) if steps else None,
-                attempts=len(attempts),
-                last_cause=None if last is None or last.cause is None else last.cause.value,
-                job=None if ref is None else f"{ref[0]}_{ref[1]}",
-                run_dir=task.root,
-            )
-        )
+        job = None if ref is None else f"{ref[0]}_{ref[1]}"
+        out.append(_row(sweep_dir, point, key, mode, state, job, attempts))
     return out
+
+
+def _row(
+    sweep_dir: Path,
+    point: SweepPointRecord,
+    key: str,
+    mode: str,
+    state: TaskState,
+    job: str | None,
+    attempts: Sequence[Attempt] | None = None,
+) -> ResultRow:
+    """One point's row: its state and job as given, its metrics and attempts from its files."""
+    task = RunPaths(sweep_dir).task(point.index)
+    attempts = read_ledger(task.ledger) if attempts is None else attempts
+    rows = read_metrics(task.metrics)
+    final, best, best_step = metric_summary(rows, key, mode)
+    steps = [s for r in rows if isinstance(s := r.get("step"), int)]
+    steps += [a.steps_done for a in attempts if a.steps_done is not None]
+    last = attempts[-1] if attempts else None
+    return ResultRow(
+        index=point.index,
+        name=point.name,
+        values=point.overrides,
+        state=state,
+        final=final,
+        best=best,
+        best_step=best_step,
+        loss=metric_summary(rows, "loss", "min")[0],
+        steps=max(steps) if steps else None,
+        attempts=len(attempts),
+        last_cause=None if last is None or last.cause is None else last.cause.value,
+        job=job,
+        run_dir=task.root,
+    )
+
+
+def _is_local(sweep_dir: Path) -> bool:
+    """A sweep run by a local sweep controller (:mod:`hpc_ddp.sweep.local`): its manifest
+    says so. A sweep directory without one reads as Slurm's, as it always did."""
+    from hpc_ddp.manifest import read_manifest
+
+    if not (sweep_dir / MANIFEST_FILE).exists():
+        return False
+    return read_manifest(sweep_dir).backend == "local"
+
+
+def _local_task(sweep_dir: Path, index: int) -> tuple[TaskState, str | None]:
+    """(state, job id) of a local sweep's point: a started point is a local run, judged as
+    ``status`` judges one (its processes stand in for Slurm); one the live controller has yet
+    to start (again) is ``pending``; one never started, once no controller will, is
+    ``cancelled`` (the sweep was) or ``failed`` (the controller died), which
+    ``--resubmit-failed`` starts."""
+    from hpc_ddp.local.process import was_cancelled
+    from hpc_ddp.manifest import read_manifest
+    from hpc_ddp.state.report import run_status
+    from hpc_ddp.state.verdict import SlurmView
+    from hpc_ddp.sweep.local import controller_points
+
+    task = RunPaths(sweep_dir).task(index).root
+    queued = index in (controller_points(sweep_dir) or ())
+    if not (task / MANIFEST_FILE).exists():
+        if queued:
+            return TaskState.PENDING, None
+        return TaskState.CANCELLED if was_cancelled(sweep_dir) else TaskState.FAILED, None
+    job = read_manifest(task).job_id
+    # Started again by a controller that has not come to it yet: its last run is the past.
+    if queued and read_manifest(task).submitted_at < read_manifest(sweep_dir).submitted_at:
+        return TaskState.PENDING, job
+    row = run_status(task, SlurmView({}, accounting={}))
+    return verdict_task_state(str(row["state"])), job
 
 
 def _accounted(record: AccountingRecord | None, script: str) -> JobState | None:
@@ -299,12 +352,14 @@ def sweep_status(
 
 
 def row_dict(row: ResultRow) -> dict[str, Any]:
-    """A row as plain JSON-able data."""
+    """A row as ``results --json`` and ``status --json`` print it (:mod:`hpc_ddp.output`):
+    the swept values under ``values`` (dotted key -> value), never mixed with the row's own
+    keys; ``job_id`` is the array task (``ARRAYJOB_TASK``) or the local run's job id."""
     return {
         "index": row.index,
         "name": row.name,
         "state": row.state.value,
-        **row.values,
+        "values": {k: list(v) if isinstance(v, tuple) else v for k, v in row.values.items()},
         "best": row.best,
         "best_step": row.best_step,
         "final": row.final,
@@ -312,6 +367,6 @@ def row_dict(row: ResultRow) -> dict[str, Any]:
         "steps": row.steps,
         "attempts": row.attempts,
         "last_cause": row.last_cause,
-        "job": row.job,
+        "job_id": row.job,
         "run_dir": str(row.run_dir),
     }

@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
+
 from hpc_ddp.config.load import (
     job_config_from_dict,
     job_configs_from_dicts,
@@ -60,12 +62,24 @@ from hpc_ddp.config.sweepfile import (
     RandomSpec,
     SweepFile,
     SweepSection,
+    freeze,
+    point_counts,
     show,
 )
 from hpc_ddp.config.yaml_dialect import read_yaml
 from hpc_ddp.errors import ConfigError
 
-__all__ = ["MAX_SWEEP_POINTS", "SweepPoint", "SweepSpec", "chunk_array", "load_sweep"]
+__all__ = [
+    "MAX_SWEEP_POINTS",
+    "SweepPoint",
+    "SweepSpec",
+    "chunk_array",
+    "load_sweep",
+    "split_sweep_overrides",
+]
+
+Axis = tuple[str, tuple[Any, ...]]
+"""A grid axis from the command line: a dotted key and its values, in order."""
 
 
 @dataclass(frozen=True)
@@ -95,18 +109,36 @@ _Sampler = Callable[[random.Random], Any]
 
 
 def load_sweep(
-    path: Path, overrides: Sequence[str] = (), site_profile: Path | None = None
+    path: Path,
+    overrides: Sequence[str] = (),
+    site_profile: Path | None = None,
+    *,
+    axes: Sequence[Axis] = (),
 ) -> SweepSpec:
     """Read a sweep file and expand and validate every point.
 
     ``overrides`` (``KEY=VALUE`` from the command line) apply to the base before the sweep's
-    values, so a swept key wins over an override of the same key.
+    values, so a swept key wins over an override of the same key. ``axes`` (the command
+    line's ``KEY=A,B``, :func:`split_sweep_overrides`) are a grid crossed with every point of
+    the file, their values applied last; with axes, ``path`` may be a plain job file (no
+    ``sweep:``), which is then the base of the grid alone.
     """
     src = str(path)
+    raw = read_yaml(path, "sweep file")
+    if _is_job_file(raw):
+        if not axes:
+            raise ConfigError(
+                f"{src}: a job file, not a sweep file (it has no sweep: section). HINT: sweep "
+                f"it from the command line, `hpc-ddp sweep {src} train.lr=0.1,0.01`, or write "
+                "a sweep file with base: and sweep: (see jobs/sweep-lr.yaml)"
+            )
+        return _grid_over_job(path, overrides, site_profile, axes)
     # The whole file's shape and its point count are checked before the base is read.
-    doc: SweepFile = SWEEP_SCHEMA.convert(read_yaml(path, "sweep file"), src)
+    doc: SweepFile = SWEEP_SCHEMA.convert(raw, src)
     sweep = doc.sweep
+    _check_total(point_counts_total(sweep) * _grid_size(axes), src)
     paths = _swept_paths(sweep, src)
+    paths.update(_axis_paths(axes, paths))
     if isinstance(doc.base, str):
         base_path = path.parent / doc.base
         if not base_path.is_file():
@@ -121,18 +153,170 @@ def load_sweep(
         data = load_job_data(doc.base, overrides, site_profile, source=base_source)
     # The points may define the params the base's command names; each point is checked whole.
     base_cfg = job_config_from_dict(data, base_source, placeholders=False)
-    axes = [[(key, value) for value in values] for key, values in sweep.grid or ()]
+    grid = [[(key, value) for value in values] for key, values in sweep.grid or ()]
     assignments: list[Assignment] = [
-        *(itertools.product(*axes) if axes else ()),  # no axes: no points, not one empty one
+        *(itertools.product(*grid) if grid else ()),  # no axes: no points, not one empty one
         *(sweep.list or ()),
         *(_draw(sweep.random) if sweep.random else ()),
     ]
+    assignments = _crossed(assignments, axes)
     return SweepSpec(
         base_source=base_source,
         points=_expand(data, base_cfg.name, assignments, paths, src),
         metric=sweep.metric.name,
         mode=sweep.metric.mode,
         max_parallel=sweep.max_parallel,
+    )
+
+
+# --- a grid from the command line ---------------------------------------------------------------
+
+
+def split_sweep_overrides(args: Sequence[str]) -> tuple[list[str], list[Axis]]:
+    """(plain overrides, grid axes) of the command line's ``KEY=VALUE`` arguments, as Hydra's
+    ``--multirun`` reads them (pure).
+
+    A value with a comma outside brackets, braces and quotes lists the axis's values:
+    ``train.lr=0.1,0.01`` is the axis ``train.lr: [0.1, 0.01]``, each value read as YAML like
+    any override's. A value without such a comma is a plain override, as before
+    (``train.lr=0.1``, ``train.milestones=[10,20]``). A literal comma stays in one value when
+    quoted (``train.tag='a,b'``: the shell needs ``"train.tag='a,b'"``) or escaped with a
+    backslash (``train.tag=a\\,b``: the shell needs ``'train.tag=a\\,b'``); a backslash before a
+    comma is dropped from a plain value too. An axis with an empty value (``k=a,``) or a key
+    given twice is a :class:`ConfigError`.
+    """
+    plain: list[str] = []
+    axes: list[Axis] = []
+    seen: set[str] = set()
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        items = _split_items(value) if sep else [value]
+        if len(items) == 1:
+            plain.append(f"{key}={items[0]}" if sep else arg)
+            continue
+        if key in seen:
+            raise ConfigError(
+                f"{arg}: {key} is swept twice on the command line. HINT: give all its values "
+                f"in one argument, {key}=A,B,C"
+            )
+        seen.add(key)
+        if any(not item.strip() for item in items):
+            raise ConfigError(
+                f"{arg}: an empty value in the list. HINT: {key}=A,B lists the values A and B; "
+                f"a value with a comma of its own is quoted ({key}='a,b') or escaped (a\\,b)"
+            )
+        axes.append((key, tuple(_axis_value(arg, item) for item in items)))
+    return plain, axes
+
+
+_CLOSERS = {"[": "]", "{": "}"}
+
+
+def _split_items(value: str) -> list[str]:
+    """``value`` split at its top-level commas; ``\\,`` is a comma kept in its item."""
+    items: list[str] = []
+    current: list[str] = []
+    depth: list[str] = []
+    quote = ""
+    i = 0
+    while i < len(value):
+        c = value[i]
+        if c == "\\" and value[i + 1 : i + 2] == "," and not quote:
+            current.append(",")
+            i += 2
+            continue
+        if quote:
+            if c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+        elif c in _CLOSERS:
+            depth.append(_CLOSERS[c])
+        elif depth and c == depth[-1]:
+            depth.pop()
+        elif c == "," and not depth:
+            items.append("".join(current))
+            current = []
+            i += 1
+            continue
+        current.append(c)
+        i += 1
+    items.append("".join(current))
+    return items
+
+
+def _axis_value(arg: str, item: str) -> Any:
+    from hpc_ddp.config.yaml_dialect import load_yaml_value
+
+    try:
+        return freeze(load_yaml_value(item.strip()))
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(
+            f"{arg}: {item!r} is not a value ({exc}). HINT: each of the comma-separated values "
+            "is read as YAML, as an override's value is"
+        ) from None
+
+
+def _grid_size(axes: Sequence[Axis]) -> int:
+    return math.prod(len(values) for _, values in axes) if axes else 1
+
+
+def point_counts_total(sweep: SweepSection) -> int:
+    """The points a sweep file gives, counted without making one."""
+    return sum(point_counts(sweep).values())
+
+
+def _check_total(total: int, src: str) -> None:
+    if total > MAX_SWEEP_POINTS:
+        raise ConfigError(
+            f"{src}: {total:,} points with the command line's grid, over hpc-ddp's limit of "
+            f"{MAX_SWEEP_POINTS:,} points per sweep. HINT: sweep fewer values"
+        )
+
+
+def _crossed(assignments: list[Assignment], axes: Sequence[Axis]) -> list[Assignment]:
+    """Every assignment with every combination of the axes' values (the last axis varying
+    fastest), the axes' values applied after the file's."""
+    if not axes:
+        return assignments
+    grid = list(itertools.product(*[[(key, v) for v in values] for key, values in axes]))
+    return [(*a, *combo) for a in assignments for combo in grid]
+
+
+def _axis_paths(axes: Sequence[Axis], known: Mapping[str, tuple[str, ...]]) -> dict[str, Any]:
+    paths: dict[str, tuple[str, ...]] = {}
+    for key, _ in axes:
+        if key == "name":
+            raise ConfigError(
+                f"name={','.join(map(str, dict(axes)['name']))}: cannot be swept; each point is "
+                "named <base name>-<index>. HINT: set name in the job file"
+            )
+        if key not in known:
+            paths[key] = split_key(key, "the command line")
+    return paths
+
+
+def _is_job_file(raw: Any) -> bool:
+    """A mapping with neither ``sweep`` nor ``base``: a job file, not a sweep file."""
+    return isinstance(raw, Mapping) and "sweep" not in raw and "base" not in raw
+
+
+def _grid_over_job(
+    path: Path, overrides: Sequence[str], site_profile: Path | None, axes: Sequence[Axis]
+) -> SweepSpec:
+    """The command line's grid over a plain job file (``hpc-ddp sweep job.yaml k=a,b``)."""
+    src = str(path)
+    _check_total(_grid_size(axes), src)
+    paths = _axis_paths(axes, {})
+    data = load_job_data(path, overrides, site_profile)
+    base_cfg = job_config_from_dict(data, src, placeholders=False)
+    metric = SweepSection().metric
+    return SweepSpec(
+        base_source=src,
+        points=_expand(data, base_cfg.name, _crossed([()], axes), paths, src),
+        metric=metric.name,
+        mode=metric.mode,
+        max_parallel=None,
     )
 
 

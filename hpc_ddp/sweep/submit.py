@@ -35,6 +35,7 @@ from hpc_ddp.slurm.arrayjobs import (
 )
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.jobstate import JobInfo
+from hpc_ddp.state.task import RESUBMITTABLE, TaskState
 from hpc_ddp.sweep.arrays import (
     PreparedArray,
     prepare_arrays,
@@ -171,6 +172,47 @@ def submit_sweep(
     return SweepSubmission(sweep_dir, records)
 
 
+def submit_local_sweep(
+    spec: SweepSpec,
+    *,
+    sweep_file: Path,
+    runs_dir: Path,
+    invocation: Sequence[str],
+    now: datetime | None = None,
+) -> Path:
+    """Write a new sweep directory for ``spec`` and start its points as local runs, at most
+    ``max_parallel`` at once (:mod:`hpc_ddp.sweep.local`); returns the sweep directory."""
+    from hpc_ddp.launch.submission import check_local_job
+    from hpc_ddp.sweep.local import local_parallel, start_controller
+
+    for point in spec.points:  # every point must fit this machine before anything is written
+        check_local_job(point.config)
+    now = now or datetime.now(timezone.utc)
+    name = sweep_name(spec)
+    sweep_dir = create_run_dir(runs_dir.resolve(), name, stamp_of(now))
+    record = sweep_record_text(spec, name, sweep_file.resolve())
+    try:
+        write_sweep_dir(sweep_dir, spec, record)
+        with record_lock(sweep_dir):
+            points = [p.index for p in spec.points]
+            job_id = start_controller(sweep_dir, points, local_parallel(spec.max_parallel))
+            manifest = Manifest(
+                name=name,
+                backend="local",
+                job_id=job_id,
+                submitted_at=now.isoformat(timespec="seconds"),
+                command=list(invocation),
+                config_source=str(sweep_file),
+                run_dir=str(sweep_dir),
+            )
+            write_manifest(RunPaths(sweep_dir), manifest)
+    except BaseException:
+        if not (sweep_dir / MANIFEST_FILE).exists():
+            shutil.rmtree(sweep_dir, ignore_errors=True)  # nothing started: leave no trace
+        raise
+    return sweep_dir
+
+
 def prepare_sweep(
     spec: SweepSpec,
     *,
@@ -229,10 +271,53 @@ def resubmit_failed(
     is held from the choice of the points to the record of the new array: a second
     ``--resubmit-failed`` waits, then finds those tasks live and submits nothing.
     """
+    if read_manifest(sweep_dir).backend == "local":
+        if dry_run:
+            return _resubmit_local(sweep_dir, dry_run)
+        with record_lock(sweep_dir):
+            return _resubmit_local(sweep_dir, dry_run)
     if dry_run:
         return _resubmit_locked(sweep_dir, client, python, invocation, dry_run, now)
     with record_lock(sweep_dir):
         return _resubmit_locked(sweep_dir, client, python, invocation, dry_run, now)
+
+
+def _resubmit_local(sweep_dir: Path, dry_run: bool) -> Resubmission:
+    """A local sweep's failed and cancelled points, started again by a new sweep controller,
+    each going on from its checkpoint in its own directory. Refused (nothing started) while
+    the sweep's controller still runs: it may yet start them, and two processes must never
+    start one point."""
+    from hpc_ddp.sweep.local import controller_alive, local_parallel, start_controller
+    from hpc_ddp.sweep.results import gather_results
+
+    record = read_sweep_record(sweep_dir)
+    rows = gather_results(sweep_dir)
+    points = [r.index for r in rows if r.state in RESUBMITTABLE]
+    running = {r.index: r.job or "" for r in rows if r.state in _LIVE}
+    if not running:  # a controller with nothing left to run is on its way out: let it go
+        _wait_for_exit(sweep_dir)
+    if controller_alive(sweep_dir):
+        # Not one point is started beside a live controller: it may still start them itself.
+        queued = {r.index: "pending" for r in rows if r.state is TaskState.PENDING}
+        return Resubmission([], [], [], {**running, **queued})
+    if not points or dry_run:
+        return Resubmission(points, [], [], running)
+    from hpc_ddp.local.process import unmark_cancelled
+
+    manifest = read_manifest(sweep_dir)
+    unmark_cancelled(sweep_dir)  # the earlier cancel is not this controller's
+    job_id = start_controller(sweep_dir, points, local_parallel(record.max_parallel))
+    previous = [*manifest.previous_jobs, *([manifest.job_id] if manifest.job_id else [])]
+    write_manifest(
+        RunPaths(sweep_dir),
+        dataclasses.replace(
+            manifest,
+            job_id=job_id,
+            previous_jobs=previous,
+            submitted_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        ),
+    )
+    return Resubmission(points, [], [], running)
 
 
 def _resubmit_locked(
@@ -275,6 +360,22 @@ def _resubmit_locked(
         sweep_dir, arrays, client, manifest=manifest, previous=previous, reason="resubmit-failed"
     )
     return Resubmission(points, arrays, records, running)
+
+
+_LIVE = frozenset({TaskState.RUNNING, TaskState.PENDING, TaskState.REQUEUED})
+CONTROLLER_EXIT_S = 15.0
+"""How long ``--resubmit-failed`` waits for a local sweep controller whose points have all
+ended to exit (it notices within a poll, then reaps its last point's processes)."""
+
+
+def _wait_for_exit(sweep_dir: Path) -> None:
+    import time
+
+    from hpc_ddp.sweep.local import controller_alive
+
+    deadline = time.monotonic() + CONTROLLER_EXIT_S
+    while controller_alive(sweep_dir) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def live_points(arrays: Sequence[ArrayRecord], live: Mapping[str, JobInfo]) -> dict[int, str]:

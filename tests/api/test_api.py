@@ -21,6 +21,7 @@ import pytest
 
 import hpc_ddp
 from hpc_ddp.api.job import override_args
+from hpc_ddp.api.status import status_json
 from hpc_ddp.cli.main import main
 from hpc_ddp.config.load import load_resolved_config
 from hpc_ddp.durable import append_line
@@ -171,10 +172,12 @@ def test_status_is_the_row_status_prints(tmp_path: Path) -> None:
     slurm.jobs[job.job_id].state = JobState.FAILED
     ended(job, EndCause.CRASH, 12, "rank 1 on n2: RuntimeError: boom")
     status = job.status()
-    code, [row] = cli_json(slurm, "status", str(job.run_dir), "--json")
+    code, shown = cli_json(slurm, "status", str(job.run_dir), "--json")
     assert code == 0
+    assert shown["schema"] == "hpc-ddp.status/1"
+    [row] = shown["runs"]
     assert status.to_dict() == row
-    assert (status.state, status.attempts, status.causes) == ("FAILED", 1, "crash")
+    assert (status.state, status.attempts, status.causes) == ("FAILED", 1, ("crash",))
     assert (status.ended, status.succeeded) == (True, False)
     assert status.reasons == (
         f"{job.run_dir}: attempt 0 ended 'crash' at step 12 (rank 1 on n2: RuntimeError: boom)",
@@ -302,7 +305,7 @@ def test_cancel_says_what_it_came_to_as_the_cli_does(tmp_path: Path) -> None:
     code, shown = cli_json(slurm, "cancel", str(job.run_dir), "--json")
     assert again.outcome == "already_finished"
     assert code == 0
-    assert again.to_dict() == shown
+    assert [again.to_dict()] == shown["results"]
 
 
 def test_logs_reads_a_ranks_log_and_refuses_a_rank_the_run_has_not(tmp_path: Path) -> None:
@@ -371,7 +374,7 @@ def test_runs_lists_every_run_and_sweep_as_status_does(tmp_path: Path) -> None:
     listed = hpc_ddp.runs(runs, slurm=slurm.client())
     code, shown = cli_json(slurm, "status", "--runs-dir", str(runs), "--json")
     assert code == 1  # the damaged run
-    assert json.loads(json.dumps([s.to_dict() for s in listed])) == shown
+    assert json.loads(json.dumps(status_json(listed))) == shown
     kinds = [(type(s).__name__, s.state if isinstance(s, hpc_ddp.RunStatus) else None)
              for s in listed]  # fmt: skip
     assert sorted(kinds[:3], key=str) == [("RunStatus", "DAMAGED"), ("RunStatus", "PENDING"),
@@ -406,7 +409,7 @@ def test_a_sweep_from_submit_to_results_and_resubmission(tmp_path: Path) -> None
     slurm = FakeSlurm(first_job_id=900)
     runs = tmp_path / "runs"
     sweep = hpc_ddp.submit_sweep(sweep_lr(tmp_path), {"train.max_steps": 8}, runs_dir=runs,
-                                 slurm=slurm.client())  # fmt: skip
+                                 slurm=slurm.client(), backend="slurm")  # fmt: skip
     assert sweep.array_jobs == ("900",)
     assert hpc_ddp.Sweep.from_dir(sweep.sweep_dir) == sweep
     tasks = sweep.tasks()
@@ -428,8 +431,9 @@ def test_a_sweep_from_submit_to_results_and_resubmission(tmp_path: Path) -> None
     rows = sweep.results()
     code, shown = cli_json(slurm, "results", str(sweep.sweep_dir), "--json")
     assert code == 0
-    assert json.loads(json.dumps(rows)) == shown
-    assert [(r["index"], r["train.lr"], r["best"]) for r in rows] == [
+    assert shown["schema"] == "hpc-ddp.results/1"
+    assert json.loads(json.dumps(rows)) == shown["rows"]
+    assert [(r["index"], r["values"]["train.lr"], r["best"]) for r in rows] == [
         (2, 0.001, 0.4), (0, 0.1, 0.7), (1, 0.01, None)
     ]  # fmt: skip
     with pytest.raises(hpc_ddp.RunFailedError, match=r"1 of 3 task\(s\) did not finish") as caught:

@@ -74,7 +74,7 @@ def test_submit_wait_metrics_resume_through_the_api(slurm_cluster: Cluster, tmp_
     assert again.job_id != job.job_id
     done = again.wait(timeout=300)
     assert (done.state, done.attempts, done.causes, done.ckpt_step) == (
-        "COMPLETED", 2, "finished,finished", 50
+        "COMPLETED", 2, ("finished", "finished"), 50
     )  # fmt: skip
     steps = [r["step"] for r in again.metrics() if "loss" in r]
     assert steps[-1] == 50
@@ -153,9 +153,11 @@ def test_the_readme_example_runs_as_written(slurm_cluster: Cluster, tmp_path: Pa
     [sweep_dir] = [p for p in tmp_path.iterdir() if (p / "tasks").is_dir()]
     assert out[0] == f"{run} {read_manifest(run).previous_jobs[0]}"
     assert out[1] == "COMPLETED 40"
-    rows = json.loads(e2e.hpc(slurm_cluster, "results", str(sweep_dir), "--json").stdout)
+    shown = json.loads(e2e.hpc(slurm_cluster, "results", str(sweep_dir), "--json").stdout)
+    rows = shown["rows"]
     assert [r["state"] for r in rows] == ["finished"] * 6
-    assert out[3] == f"{rows[0]['train.lr']} {rows[0]['best']}"  # the best row, as the CLI ranks
+    best = rows[0]  # the best row, as the CLI ranks
+    assert out[3] == f"{best['values']['train.lr']} {best['best']}"
     assert [line.split(",")[0] for line in out[4:-1]] == [  # status lists them so, too
         f"RunStatus(run='{run}'", f"SweepStatus(sweep='{sweep_dir}'"
     ]  # fmt: skip

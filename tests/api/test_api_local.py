@@ -29,11 +29,11 @@ def test_a_local_run_submitted_waited_on_and_read_back(tmp_path: Path) -> None:
     assert job.launched is not None
     assert job.status().state in ("RUNNING", "COMPLETED")
     status = job.wait(timeout=300)
-    assert (status.state, status.ckpt_step, status.causes) == ("COMPLETED", 10, "finished")
+    assert (status.state, status.ckpt_step, status.causes) == ("COMPLETED", 10, ("finished",))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         main(["status", str(job.run_dir), "--json"])
-    assert [status.to_dict()] == json.loads(out.getvalue())
+    assert [status.to_dict()] == json.loads(out.getvalue())["runs"]
     assert [r["step"] for r in job.metrics() if "val_loss" in r] == [10]
     assert "step 10/10" in job.logs()  # rank 0's progress, on its stderr
     stat = Path(f"/proc/{job.job_id}/stat")

@@ -37,7 +37,9 @@ def cancel(slurm: FakeSlurm, *targets: str) -> tuple[int, list[dict[str, Any]]]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = main(["cancel", *targets, "--json"], slurm=slurm.client())
-    return code, [json.loads(line) for line in out.getvalue().splitlines()]
+    shown = json.loads(out.getvalue())
+    assert shown["schema"] == "hpc-ddp.cancel/1"
+    return code, shown["results"]
 
 
 def _status(slurm: FakeSlurm, *runs: Path) -> dict[str, dict[str, Any]]:
@@ -48,7 +50,7 @@ def _status(slurm: FakeSlurm, *runs: Path) -> dict[str, dict[str, Any]]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         main(["status", *map(str, runs), "--json"], slurm=slurm.client())
-    return {Path(row["run"]).name: row for row in json.loads(out.getvalue())}
+    return {Path(row["run_dir"]).name: row for row in json.loads(out.getvalue())["runs"]}
 
 
 @pytest.mark.parametrize("state", ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"])
@@ -215,7 +217,9 @@ def test_real_cancel_of_a_copy_spares_the_original_and_says_what_ended(
         e2e.hpc(slurm_cluster, "cancel", str(job.run_dir), check=False)
     assert e2e.wait_done(slurm_cluster, job.job_id)["JobState"] == "CANCELLED"
     before = e2e.status(slurm_cluster, job.run_dir)
-    again = json.loads(e2e.hpc(slurm_cluster, "cancel", str(job.run_dir), "--json").stdout)
+    [again] = json.loads(e2e.hpc(slurm_cluster, "cancel", str(job.run_dir), "--json").stdout)[
+        "results"
+    ]
     assert again["outcome"] == "already_finished"
     assert (
         f"slurm job {job.job_id} already finished (CANCELLED): nothing was cancelled"
@@ -231,6 +235,6 @@ def test_real_cancel_of_a_copy_spares_the_original_and_says_what_ended(
         )
     )
     never = write_run(runs, "never", job_id="999999")
-    unknown = json.loads(e2e.hpc(slurm_cluster, "cancel", str(never), "--json").stdout)
+    [unknown] = json.loads(e2e.hpc(slurm_cluster, "cancel", str(never), "--json").stdout)["results"]
     assert unknown["outcome"] == "unknown"
     assert "slurm job 999999 is unknown to Slurm (not in its queue; " in unknown["message"]

@@ -168,7 +168,7 @@ def test_the_guard_sees_a_real_cancels_signal(
     assert calls[0][2] == "15"
     assert len(calls) > 1
     assert {tuple(c[::2]) for c in calls[1:]} == {("pidfd_send_signal", "9")}
-    shown = json.loads(done.stdout)
+    [shown] = json.loads(done.stdout)["results"]
     assert shown["outcome"] == "still_running"
     assert "cancelled" not in shown["message"]
     assert f"local job {sleeper.pid} still runs after SIGTERM and, 0.5 s later, SIGKILL: " \
@@ -192,7 +192,7 @@ def test_a_copied_local_json_signals_nothing_of_the_original_run(
     done, calls = guarded(tmp_path, "cancel", str(copy), "--json")
     assert calls == []
     assert done.returncode == 2, done.stderr
-    shown = json.loads(done.stdout)
+    [shown] = json.loads(done.stdout)["results"]
     assert shown["outcome"] == "not_this_run"
     assert f"its process {controller.pid}" in shown["message"]
     assert f"runs {original.resolve()}, not {copy.resolve()}" in shown["message"]
@@ -200,8 +200,8 @@ def test_a_copied_local_json_signals_nothing_of_the_original_run(
     assert not (copy / "local-cancelled").exists()
     assert controller.poll() is None
     # Status agrees: the copy runs nothing, the original runs.
-    states = {Path(r["run"]).name: r["state"] for r in
-              json.loads(hpc("status", str(copy), str(original), "--json").stdout)}  # fmt: skip
+    shown = json.loads(hpc("status", str(copy), str(original), "--json").stdout)
+    states = {Path(r["run_dir"]).name: r["state"] for r in shown["runs"]}
     assert states["a"] == "RUNNING"
     assert states["b"] != "RUNNING"
 
@@ -323,7 +323,7 @@ def test_real_job_survives_cancel_of_a_damaged_manifest_that_names_it(
             assert done.stdout == ""
         assert e2e.job_fields(slurm_cluster, job.job_id)["JobState"] == "RUNNING"
         shown = e2e.hpc(slurm_cluster, "status", "--runs-dir", str(runs), "--json", check=False)
-        states = {Path(r["run"]).name: r["state"] for r in json.loads(shown.stdout)}
+        states = {Path(r["run_dir"]).name: r["state"] for r in json.loads(shown.stdout)["runs"]}
         assert states == {job.run_dir.name: "RUNNING", "listed": "DAMAGED", "ranged": "DAMAGED"}
     finally:
         e2e.hpc(slurm_cluster, "cancel", str(job.run_dir), check=False)

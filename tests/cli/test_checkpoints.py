@@ -84,7 +84,7 @@ def test_bad_newest_file_is_listed_with_its_reason(
         expected_code = 1 if verify else 0
 
         code, out, err = run_cli(capsys, str(run_dir), "--json", *flags)
-        rows = json.loads(out)
+        rows = json.loads(out)["checkpoints"]
         assert [(r["step"], r["state"]) for r in rows] == [
             (10, "ok"),
             (20, "ok"),
@@ -123,7 +123,7 @@ def test_only_the_newest_decides_the_exit_status(
     for argv in ([str(tmp_path), "--verify"], [str(tmp_path), "--verify", "--json"]):
         code, _, err = run_cli(capsys, *argv)
         assert (code, err) == (0, "")
-    rows = json.loads(run_cli(capsys, str(tmp_path), "--json")[1])
+    rows = json.loads(run_cli(capsys, str(tmp_path), "--json")[1])["checkpoints"]
     assert [r["state"] for r in rows] == ["damaged", "ok"]
 
 
@@ -141,7 +141,10 @@ def test_no_good_checkpoint_at_all(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_empty_and_missing_run_dirs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run_cli(capsys, str(tmp_path), "--json", "--verify") == (0, "[]\n", "")
+    code, out, err = run_cli(capsys, str(tmp_path), "--json", "--verify")
+    assert (code, err) == (0, "")
+    shown = json.loads(out)
+    assert (shown["schema"], shown["checkpoints"]) == ("hpc-ddp.checkpoints/1", [])
     code, _, err = run_cli(capsys, str(tmp_path / "nope"), "--json")
     assert code == 2  # a usage error, as for every verb (tests/cli/test_targets.py)
     assert "nope: no such run directory. HINT:" in err
@@ -156,7 +159,7 @@ def test_dangling_latest_pointer_lists_fine(
     (ckpts / LATEST_CHECKPOINT).symlink_to(ckpts / "step-00000099.pt")
     code, out, err = run_cli(capsys, str(tmp_path), "--json", "--verify")
     assert (code, err) == (0, "")
-    assert [(r["step"], r["state"]) for r in json.loads(out)] == [(10, "ok")]
+    assert [(r["step"], r["state"]) for r in json.loads(out)["checkpoints"]] == [(10, "ok")]
 
 
 def test_help_documents_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
@@ -176,7 +179,7 @@ def test_a_format_1_checkpoint_says_what_it_restores_unverified(
     save_v1(ckpts, 10)
     code, out, err = run_cli(capsys, str(tmp_path), "--json", "--verify")
     assert code == 0  # resume can use it
-    [row] = json.loads(out)
+    [row] = json.loads(out)["checkpoints"]
     assert (row["state"], row["version"], row["unverified"]) == ("ok", 1, unverified)
     assert "resume would use step-00000010.pt, a format-1 checkpoint: only its weights" in err
     code, table, err = run_cli(capsys, str(tmp_path), "--verify")
@@ -184,7 +187,8 @@ def test_a_format_1_checkpoint_says_what_it_restores_unverified(
     save(ckpts, 20)  # resume now uses a file with every part digested: nothing to say
     code, out, err = run_cli(capsys, str(tmp_path), "--json", "--verify")
     assert (code, err) == (0, "")
-    assert [(r["version"], r["unverified"]) for r in json.loads(out)] == [(1, unverified), (2, [])]
+    rows = json.loads(out)["checkpoints"]
+    assert [(r["version"], r["unverified"]) for r in rows] == [(1, unverified), (2, [])]
 
 
 def test_real_command_on_every_bad_kind_at_once(tmp_path: Path) -> None:
@@ -203,7 +207,7 @@ def test_real_command_on_every_bad_kind_at_once(tmp_path: Path) -> None:
     )
     assert (table.returncode, table.stderr) == (0, "")
     assert (as_json.returncode, as_json.stderr) == (0, "")
-    rows = json.loads(as_json.stdout)
+    rows = json.loads(as_json.stdout)["checkpoints"]
     assert len(rows) == len(BAD_FILES) + 2
     expected = ["ok", *(state.value for _, state, _ in BAD_FILES.values()), "ok"]
     assert [r["state"] for r in rows] == expected
@@ -260,7 +264,7 @@ def test_damaged_optimizer_state_is_caught_and_the_run_resumes_exactly_from_the_
 
     listed = _local("checkpoints", str(run_dir), "--verify", "--json")
     assert listed.returncode == 1
-    rows = {Path(r["path"]).name: r for r in json.loads(listed.stdout)}
+    rows = {Path(r["path"]).name: r for r in json.loads(listed.stdout)["checkpoints"]}
     assert rows[newest.name]["state"] == "damaged"
     assert "optimizer state does not match its recorded digest" in rows[newest.name]["error"]
     assert f"resume would use {before.name}" in listed.stderr
@@ -275,8 +279,8 @@ def test_damaged_optimizer_state_is_caught_and_the_run_resumes_exactly_from_the_
     assert "optimizer state does not match its recorded digest" in log
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(math.isfinite(r["loss"]) for r in metrics if "loss" in r)  # no nan, as before
-    final = json.loads(_local("checkpoints", str(run_dir), "--json").stdout)[-1]
+    final = json.loads(_local("checkpoints", str(run_dir), "--json").stdout)["checkpoints"][-1]
     [twin_dir] = (tmp_path / "twin").iterdir()
-    reference = json.loads(_local("checkpoints", str(twin_dir), "--json").stdout)[-1]
+    reference = json.loads(_local("checkpoints", str(twin_dir), "--json").stdout)["checkpoints"][-1]
     assert (final["step"], final["weights_digest"]) == (64, reference["weights_digest"])
     assert reference["step"] == 64

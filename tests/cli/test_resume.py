@@ -134,7 +134,7 @@ def test_a_cancelled_local_run_resumes_from_its_checkpoint(tmp_path: Path) -> No
     assert first.cause is EndCause.CANCELLED
     assert (second.resumed_from_step or 0) >= 10
     assert second.cause is EndCause.FINISHED
-    [row] = json.loads(hpc("status", str(run_dir), "--json").stdout)
+    [row] = json.loads(hpc("status", str(run_dir), "--json").stdout)["runs"]
     assert row["state"] == "COMPLETED"
     finished = hpc("resume", str(run_dir))
     assert finished.returncode == 2
@@ -177,10 +177,10 @@ def test_a_cancelled_slurm_run_resumes_to_the_uninterrupted_weights(
         slurm_cluster, ref.run_dir
     )
     row = e2e.status(slurm_cluster, job.run_dir)
-    assert (row["state"], row["job"], row["causes"]) == (
+    assert (row["state"], row["job_id"], row["causes"]) == (
         "COMPLETED",
         again["job_id"],
-        "cancelled,finished",
+        ["cancelled", "finished"],
     )
     second = row["attempt_list"][1]
     assert read_manifest(job.run_dir).previous_jobs == [job.job_id]
@@ -243,7 +243,7 @@ def test_a_crashed_slurm_run_resumes_after_the_fix_to_the_uninterrupted_weights(
     assert e2e.final_digest(slurm_cluster, job.run_dir) == e2e.final_digest(
         slurm_cluster, ref.run_dir
     )
-    assert e2e.status(slurm_cluster, job.run_dir)["causes"] == "crash,finished"
+    assert e2e.status(slurm_cluster, job.run_dir)["causes"] == ["crash", "finished"]
 
 
 # --- a local run's dry run, and what the resume message claims -------------------------------

@@ -273,7 +273,9 @@ def status_json(
     capsys: pytest.CaptureFixture[str], *argv: str, code: int = 0
 ) -> list[dict[str, Any]]:
     assert main(["status", *argv, "--json"]) == code
-    rows: list[dict[str, Any]] = json.loads(capsys.readouterr().out)
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["schema"] == "hpc-ddp.status/1"
+    rows: list[dict[str, Any]] = [*shown["runs"], *shown["sweeps"]]
     return rows
 
 
@@ -296,7 +298,7 @@ def test_one_damaged_run_among_many_is_a_damaged_row_and_the_rest_are_shown(
     fake.rows = {"11": ("COMPLETED", script(good)), "14": ("COMPLETED", script(metrics_dir)),
                  "15": ("RUNNING", script(running))}  # fmt: skip
     rows = {
-        Path(r["run"]).name: r for r in status_json(capsys, "--runs-dir", str(tmp_path), code=1)
+        Path(r["run_dir"]).name: r for r in status_json(capsys, "--runs-dir", str(tmp_path), code=1)
     }
     assert {n: r["state"] for n, r in rows.items()} == {
         "a-good": "COMPLETED",
@@ -327,7 +329,7 @@ def test_job_id_lookup_skips_damaged_manifests_for_status_and_cancel(
     fake.rows = {"22": ("RUNNING", script(target))}
     assert resolve_targets(["22"], tmp_path) == [target]
     [row] = status_json(capsys, "22", "--runs-dir", str(tmp_path))
-    assert (row["run"], row["state"]) == (str(target), "RUNNING")
+    assert (row["run_dir"], row["state"]) == (str(target), "RUNNING")
     assert main(["cancel", "22", "--runs-dir", str(tmp_path)]) == 0
     assert fake.commands("scancel") == [("scancel", "22")]
     with pytest.raises(
@@ -362,7 +364,7 @@ def test_plain_runs_are_shown_beside_sweeps(
     (sweep / "manifest.json").write_text(json.dumps({**data, "array_jobs": ["40"]}))
     fake.rows = {"31": ("COMPLETED", script(plain))}
     out = status_json(capsys, "--runs-dir", str(tmp_path))
-    assert [r.get("run") or r.get("sweep") for r in out] == [str(plain), str(sweep)]
+    assert [r.get("run_dir") or r.get("sweep_dir") for r in out] == [str(plain), str(sweep)]
     assert out[0]["state"] == "COMPLETED"
     assert out[1]["summary"]["failed"] == 1  # left the queue without finishing
     [squeue] = fake.commands("squeue")
@@ -398,7 +400,7 @@ def test_a_sweep_with_a_damaged_arrays_json_is_one_damaged_row(
     sweep = make_sweep(tmp_path, arrays.encode("utf-8", "surrogateescape"))
     fake.rows = {"31": ("COMPLETED", script(plain))}
     rows = status_json(capsys, "--runs-dir", str(tmp_path), code=1)
-    assert [(r["run"], r["state"]) for r in rows] == [
+    assert [(r["run_dir"], r["state"]) for r in rows] == [
         (str(plain), "COMPLETED"), (str(sweep), "DAMAGED")
     ]  # fmt: skip
     assert rows[1]["note"].startswith(f"{sweep / 'arrays.json'}: damaged array record (")
@@ -420,7 +422,7 @@ def test_slurm_forgot_the_job_sacct_decides_or_status_says_it_cannot(
     rows = status_json(capsys, "--runs-dir", str(tmp_path))
     assert [r["state"] for r in rows] == ["COMPLETED", "INCOMPLETE", "NODE_FAIL"]
     assert "asked for a requeue that never ran" in rows[1]["note"]
-    assert rows[2]["elapsed"] == "0:00:05"  # sacct's Elapsed
+    assert rows[2]["elapsed_s"] == 5  # sacct's Elapsed
     [sacct] = fake.commands("sacct")
     assert sacct[-1] == "51,52,53"
     # Without accounting: never "RUNNING?" forever, and never a guess sold as a fact.
@@ -431,7 +433,7 @@ def test_slurm_forgot_the_job_sacct_decides_or_status_says_it_cannot(
     assert "attempt 0 (started" in rows[2]["note"]
     assert rows[2]["nodes"] == "n[1-2]"
     # An open attempt of a job that is gone is not still counting: no elapsed time to now.
-    assert [r["elapsed"] for r in rows] == ["0:00:01", "0:00:00", "-"]
+    assert [r["elapsed_s"] for r in rows] == [1.5, 0.5, None]  # seconds, not "0:00:01"
     del done, unfinished, open_run
 
 
@@ -457,7 +459,7 @@ def test_an_earlier_jobs_crash_never_speaks_for_the_current_job(
     assert row["state"] == shown
     assert "ended 'crash'" not in (row["note"] or "")
     assert "no attempt" in row["note"]
-    assert (row["attempts"], row["causes"]) == (1, "crash")  # the run's history is all shown
+    assert (row["attempts"], row["causes"]) == (1, ["crash"])  # the run's history is all shown
 
 
 def test_a_job_id_that_now_names_another_script_is_not_this_run(
@@ -503,7 +505,7 @@ def test_crash_before_any_attempt_is_failed_with_the_reason_from_the_logs(
         "no attempt started: rank-0.err: hpc-ddp run: error: /r/checkpoints: none of 2"
         in (row["note"])
     )
-    assert row["ckpt step"] is None
+    assert row["checkpoint_step"] is None
     assert "all 2 checkpoint(s) damaged (newest step 10: not a torch zip archive)" in row["note"]
 
 
@@ -527,7 +529,7 @@ def test_a_fifo_named_like_a_checkpoint_is_never_opened(
     worker.join(30)
     assert rows, "status still blocked after 30 s"
     [[row]] = rows
-    assert row["ckpt step"] is None
+    assert row["checkpoint_step"] is None
     assert "(newest step 130: not a regular file (a FIFO))" in row["note"]
 
 
@@ -714,7 +716,7 @@ def test_real_plain_command_jobs_get_their_verdict_from_their_exit_status(
     assert " COMPLETED" in waited.stderr.splitlines()[-1], waited.stderr
     [ok_dir] = runs.iterdir()
     row = e2e.status(slurm_cluster, ok_dir)
-    assert (row["state"], row["causes"], row["note"]) == ("COMPLETED", "finished", None)
+    assert (row["state"], row["causes"], row["note"]) == ("COMPLETED", ["finished"], None)
     # Fails (exit 1), then resumed with the fix: COMPLETED, the old crash quoted nowhere.
     failing = e2e.submit(slurm_cluster, tmp_path / "failing", str(job), "params.code=1")
     assert e2e.wait_done(slurm_cluster, failing.job_id)["JobState"] == "FAILED"
@@ -726,7 +728,7 @@ def test_real_plain_command_jobs_get_their_verdict_from_their_exit_status(
     # as a crash loop (no checkpoint between the two), and resumed: three attempts in all.
     assert (row["state"], row["causes"], row["note"]) == (
         "COMPLETED",
-        "crash,no_progress,finished",
+        ["crash", "no_progress", "finished"],
         None,
     )
     assert [a["attempt"] for a in row["attempt_list"]] == [0, 1, 2]  # across the run's jobs
@@ -738,12 +740,13 @@ def test_real_plain_command_jobs_get_their_verdict_from_their_exit_status(
     [array] = swept["array_jobs"]
     e2e.wait_all_done(slurm_cluster, [f"{array}_{i}" for i in range(3)])
     results = json.loads(e2e.hpc(slurm_cluster, "results", str(sweep_dir), "--json").stdout)
-    assert [r["state"] for r in results] == ["finished"] * 3
-    [entry] = json.loads(e2e.hpc(slurm_cluster, "status", str(sweep_dir), "--json").stdout)
+    assert [r["state"] for r in results["rows"]] == ["finished"] * 3
+    shown = json.loads(e2e.hpc(slurm_cluster, "status", str(sweep_dir), "--json").stdout)
+    [entry] = shown["sweeps"]
     assert entry["summary"]["finished"] == 3
     # Goodput covers sweep tasks too: each task's account, and the sweep's sum of them.
     shown = e2e.hpc(slurm_cluster, "status", str(sweep_dir), "--json", "--goodput").stdout
-    [entry] = json.loads(shown)
+    [entry] = json.loads(shown)["sweeps"]
     tasks = [t["goodput"] for t in entry["tasks"]]
     assert [g["launches"] for g in tasks] == [1, 1, 1]
     assert entry["goodput"]["launches"] == 3
@@ -785,7 +788,7 @@ def test_real_goodput_of_a_running_sweep_task_counts_up_to_now(
 
         def task_goodput() -> dict[str, Any]:
             out = e2e.hpc(slurm_cluster, "status", str(sweep_dir), "--json", "--goodput").stdout
-            [entry] = json.loads(out)
+            [entry] = json.loads(out)["sweeps"]
             [task] = entry["tasks"]
             assert task["state"] == "running", task
             goodput: dict[str, Any] = task["goodput"]
@@ -823,11 +826,11 @@ def test_real_job_dying_before_its_first_attempt_is_failed_with_why(
     row = e2e.status(slurm_cluster, job.run_dir)
     assert row["state"] == "FAILED"
     assert row["attempts"] == 1
-    assert row["causes"] == "crash"
+    assert row["causes"] == ["crash"]
     assert "ended 'crash' at step 0" in row["note"]
     assert "none of 2 checkpoints loads" in row["note"]
     assert "all 2 checkpoint(s) damaged (newest step 8: truncated" in row["note"]
-    assert row["ckpt step"] is None
+    assert row["checkpoint_step"] is None
 
 
 def test_sacct_speaks_only_for_the_runs_own_job_and_never_for_a_lost_one(
@@ -845,7 +848,7 @@ def test_sacct_speaks_only_for_the_runs_own_job_and_never_for_a_lost_one(
                        command=str(lost / "job.sbatch"))  # fmt: skip
     fake.slurm.add_job("63", state=JobState.TIMEOUT, in_queue=False,
                        command=str(mine / "job.sbatch"))  # fmt: skip
-    rows = {Path(r["run"]).name: r for r in status_json(capsys, "--runs-dir", str(tmp_path))}
+    rows = {Path(r["run_dir"]).name: r for r in status_json(capsys, "--runs-dir", str(tmp_path))}
     assert rows["a-reused"]["state"] == "COMPLETED"  # not job 61's FAILED: the ledger's word
     assert rows["b-lost"]["state"] == "GONE?"
     assert "sacct's last record of it says RUNNING and never ended" in rows["b-lost"]["note"]
@@ -862,7 +865,7 @@ def test_real_forgotten_and_reused_job_ids_without_accounting(
     other = e2e.submit(slurm_cluster, tmp_path / "other", str(command_job(tmp_path, "o", "pass\n")))
     reused = make_run(tmp_path, "b-reused", other.job_id, [None])
     out = e2e.hpc(slurm_cluster, "status", "--runs-dir", str(tmp_path), "--json").stdout
-    rows = {Path(r["run"]).name: r for r in json.loads(out)}
+    rows = {Path(r["run_dir"]).name: r for r in json.loads(out)["runs"]}
     assert rows["a-gone"]["state"] == "GONE?"
     assert "no accounting (sacct) to say how it ended" in rows["a-gone"]["note"]
     assert "last ledger entry: attempt 0 (started" in rows["a-gone"]["note"]
@@ -880,7 +883,7 @@ def test_real_cancel_by_job_id_past_a_damaged_run(slurm_cluster: Cluster, tmp_pa
     e2e.wait_state(slurm_cluster, job.job_id, ["RUNNING"])
     shown = e2e.hpc(slurm_cluster, "status", "--runs-dir", str(runs), "--json", check=False)
     assert shown.returncode == 1  # the damaged run is listed, and the exit status says so
-    states = {Path(r["run"]).name: r["state"] for r in json.loads(shown.stdout)}
+    states = {Path(r["run_dir"]).name: r["state"] for r in json.loads(shown.stdout)["runs"]}
     assert states == {job.run_dir.name: "RUNNING", "damaged": "DAMAGED"}
     e2e.hpc(slurm_cluster, "cancel", job.job_id, "--runs-dir", str(runs))
     assert e2e.wait_done(slurm_cluster, job.job_id)["JobState"] == "CANCELLED"

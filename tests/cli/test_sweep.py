@@ -33,6 +33,13 @@ def slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
     the real client answers with it); its job ids start at 501."""
     fake = FakeSlurm(first_job_id=501)
     monkeypatch.setattr(cli_main, "_real_slurm", fake.client)
+    # A login node: `sbatch` on PATH, so that --backend auto means Slurm (never run: the fake
+    # client answers).
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
     monkeypatch.delenv("HPC_DDP_SITE", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.config/hpc-ddp/site.yaml
     return fake
@@ -86,7 +93,8 @@ def test_dry_run_without_slurm_assumes_the_default_limit(
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0
     assert [a["array"] for a in doc["arrays"]] == ["0-5%2"]
-    assert [p["overrides"] for p in doc["points"][:2]] == [
+    assert doc["schema"] == "hpc-ddp.sweep/1"
+    assert [p["values"] for p in doc["points"][:2]] == [
         {"train.lr": 0.1, "train.seed": 0},
         {"train.lr": 0.1, "train.seed": 1},
     ]
@@ -185,7 +193,7 @@ def test_resubmit_failed_from_the_command_line(
     assert main(["sweep", "--resubmit-failed", str(sweep_dir), "--dry-run", "--json"]) == 0
     # The new array is now what squeue would be asked about; it is gone (empty queue), so the
     # same tasks are failed again and would be resubmitted again.
-    assert json.loads(capsys.readouterr().out)["points"] == [3, 4, 5]
+    assert json.loads(capsys.readouterr().out)["resubmitted"] == [3, 4, 5]
 
 
 def test_a_sweep_dir_of_the_old_layout_reads_as_before(
@@ -203,16 +211,16 @@ def test_a_sweep_dir_of_the_old_layout_reads_as_before(
     _fill(sweep_dir, slurm)
     expected = ["finished"] * 3 + ["failed"] * 3
     assert main(["status", str(sweep_dir), "--json"]) == 0
-    [entry] = json.loads(capsys.readouterr().out)
+    [entry] = json.loads(capsys.readouterr().out)["sweeps"]
     assert [task["state"] for task in entry["tasks"]] == expected
     assert main(["results", str(sweep_dir), "--json", "--sort", "index"]) == 0
-    assert [row["state"] for row in json.loads(capsys.readouterr().out)] == expected
+    assert [row["state"] for row in json.loads(capsys.readouterr().out)["rows"]] == expected
     assert main(["logs", str(sweep_dir), "--task", "4", "--rank", "2"]) == 2  # 2 ranks: 0-1
     assert "no such rank (the run has 2 ranks" in capsys.readouterr().err
     assert main(["logs", str(sweep_dir), "--task", "4"]) == 1
     assert "no rank-0.err log yet" in capsys.readouterr().err
     assert main(["sweep", "--resubmit-failed", str(sweep_dir), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["points"] == [3, 4, 5]
+    assert json.loads(capsys.readouterr().out)["resubmitted"] == [3, 4, 5]
     assert "#SBATCH --array=3-5%2\n" in (sweep_dir / "job-1.sbatch").read_text()
 
 
@@ -229,14 +237,14 @@ def test_status_and_results_ask_sacct_how_tasks_the_queue_forgot_ended(
                       in_queue=False, command=ran)  # fmt: skip
     expected = ["finished"] * 3 + ["failed", "cancelled", "failed"]
     assert main(["status", str(sweep_dir), "--json"]) == 0
-    [entry] = json.loads(capsys.readouterr().out)
+    [entry] = json.loads(capsys.readouterr().out)["sweeps"]
     assert [task["state"] for task in entry["tasks"]] == expected
     assert main(["results", str(sweep_dir), "--json", "--sort", "index"]) == 0
-    assert [row["state"] for row in json.loads(capsys.readouterr().out)] == expected
+    assert [row["state"] for row in json.loads(capsys.readouterr().out)["rows"]] == expected
     assert [c.split()[:2] for c in slurm.commands()].count(["sacct", "-n"]) == 2
     slurm.accounting = False  # no slurmdbd: the queue's silence and the ledgers are all there is
     assert main(["status", str(sweep_dir), "--json"]) == 0
-    [entry] = json.loads(capsys.readouterr().out)
+    [entry] = json.loads(capsys.readouterr().out)["sweeps"]
     assert [task["state"] for task in entry["tasks"]][4] == "failed"
 
 
@@ -259,7 +267,7 @@ def test_results_formats_sorting_and_top(
 
     assert main(["results", str(sweep_dir), "--format", "json", "--top", "2"]) == 0
     captured = capsys.readouterr()
-    rows = json.loads(captured.out)
+    rows = json.loads(captured.out)["rows"]
     assert [(r["index"], r["best"], r["state"]) for r in rows] == [
         (1, 0.5, "finished"), (0, 0.8, "finished")
     ]  # fmt: skip
@@ -471,7 +479,7 @@ def test_results_skip_damaged_metric_lines_and_say_so(
     (sweep_dir / "tasks" / "2" / "metrics.jsonl").mkdir()  # unreadable as a file
     with caplog.at_level(logging.WARNING, logger="hpc_ddp.sweep.results"):
         assert main(["results", str(sweep_dir), "--format", "json", "--no-slurm"]) == 0
-    rows = {r["index"]: r for r in json.loads(capsys.readouterr().out)}
+    rows = {r["index"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     assert (rows[1]["best"], rows[1]["steps"]) == (0.5, 30)  # the good rows still count
     assert rows[2]["best"] is None
     warnings = [r.getMessage() for r in caplog.records]
@@ -543,3 +551,72 @@ def test_a_full_disk_while_writing_the_sweep_is_a_failure_with_a_hint(
     err = capsys.readouterr().err
     assert f"writing the sweep directory under {runs} failed: [Errno 28] No space left" in err
     assert "HINT:" in err
+
+
+def test_results_of_a_plain_run_directory_names_nothing_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run directory is no sweep: ``results`` says so and exits 2, like any target that
+    names nothing (a damaged sweep, one with tasks/ but no sweep.yaml, stays exit 1)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "manifest.json").write_text("{}")
+    assert main(["results", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"{run_dir}: a run directory, not a sweep directory (no sweep.yaml)" in err
+    assert f"`hpc-ddp status {run_dir}`" in err
+    assert main(["results", str(tmp_path)]) == 2
+    assert "no sweep, not a sweep directory" in capsys.readouterr().err
+    (run_dir / "tasks").mkdir()
+    assert main(["results", str(run_dir)]) == 1
+    assert "no sweep.yaml, so not a sweep directory" in capsys.readouterr().err
+
+
+def test_the_json_of_every_status_follows_one_convention(
+    tmp_path: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``status --json`` of a run and of a sweep (docs/json.md): a schema, snake_case keys,
+    seconds as numbers, null for none (never "-"), lists as lists."""
+    sweep_dir = submit(tmp_path, capsys)
+    _fill(sweep_dir, slurm)
+    assert main(["status", str(sweep_dir), str(sweep_dir / "tasks" / "0"), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["schema"] == "hpc-ddp.status/1"
+    assert [e["task"] for e in shown["sweeps"]] == [None, 0]
+
+    def walk(value: object, where: str) -> None:
+        assert value not in ("-", ""), f"{where}: {value!r} for none (null is)"
+        if isinstance(value, dict):
+            for key, item in value.items():
+                inside = where.endswith(".values")  # a point's dotted keys are the user's
+                assert inside or (key.replace("_", "").isalnum() and key == key.lower()), key
+                walk(item, f"{where}.{key}")
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                walk(item, f"{where}[{i}]")
+
+    walk(shown, "status")
+    task = shown["sweeps"][0]["tasks"][0]
+    assert task["values"] == {"train.lr": 0.1, "train.seed": 0}
+    assert isinstance(task["attempts"], int)
+
+
+def test_backend_local_is_accepted_and_auto_means_local_without_sbatch(
+    tmp_path: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """The error without Slurm suggests `--backend local`: sweep takes it, and `auto` (the
+    default) is local where `sbatch` is not on PATH, as for submit. A dry run starts nothing."""
+    runs = tmp_path / "runs"
+    argv = ["sweep", str(sweep_file(tmp_path)), "--runs-dir", str(runs), "--dry-run"]
+    assert main([*argv, "--backend", "local"]) == 0
+    out = capsys.readouterr().out
+    assert "# backend: local; 6 points as local runs, 2 at once" in out
+    assert "#SBATCH" not in out
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert main([*argv, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["backend"], shown["max_parallel"], shown["arrays"]) == ("local", 2, [])
+    assert [p["values"] for p in shown["points"][:1]] == [{"train.lr": 0.1, "train.seed": 0}]
+    assert not runs.exists()
+    assert slurm.commands() == []

@@ -116,7 +116,7 @@ def test_cancel_refuses_a_manifest_job_id_that_is_no_job_id(
 
     # status lists it as DAMAGED beside the good run, and never sends its id to Slurm.
     assert cli(slurm, "status", "--runs-dir", str(runs), "--json") == 1
-    rows = {Path(r["run"]).name: r for r in json.loads(capsys.readouterr().out)}
+    rows = {Path(r["run_dir"]).name: r for r in json.loads(capsys.readouterr().out)["runs"]}
     assert rows["b-bad"]["state"] == "DAMAGED"
     assert f"job id {bad_id!r} is not a Slurm job id" in rows["b-bad"]["note"]
     assert rows["a-good"]["state"] == "RUNNING"
@@ -231,9 +231,9 @@ def test_status_of_one_sweep_task_by_its_directory(
     record_end(task2, attempt=0, cause=EndCause.FINISHED, steps_done=9, checkpoint=None,
                requeue_requested=False)  # fmt: skip
     assert cli(slurm, "status", str(sweep / "tasks" / "1"), "--json") == 0
-    [entry] = json.loads(capsys.readouterr().out)
-    assert (entry["sweep"], entry["task"]) == (str(sweep), 1)
-    assert [(t["index"], t["state"], t["job"]) for t in entry["tasks"]] == [
+    [entry] = json.loads(capsys.readouterr().out)["sweeps"]
+    assert (entry["sweep_dir"], entry["task"]) == (str(sweep), 1)
+    assert [(t["index"], t["state"], t["job_id"]) for t in entry["tasks"]] == [
         (1, "running", "1003_1")
     ]
     assert cli(slurm, "status", str(sweep / "tasks" / "2")) == 0

@@ -115,8 +115,8 @@ def test_a_hung_rank_is_found_in_seconds_named_and_restarted_to_the_twins_weight
     assert e2e.final_digest(slurm_cluster, job.run_dir) == twin
     row = json.loads(
         e2e.hpc(slurm_cluster, "status", str(job.run_dir), "--json", "--goodput").stdout
-    )[0]
-    assert (row["state"], row["causes"]) == ("COMPLETED", "hang,finished")
+    )["runs"][0]
+    assert (row["state"], row["causes"]) == ("COMPLETED", ["hang", "finished"])
     assert row["attempt_list"][0]["blame"].startswith("rank 1 on n2: heartbeat stopped")
     goodput = row["goodput"]
     parts = [goodput[f"{p}_s"] for p in ("productive", "startup", "checkpoint_stall", "redone",

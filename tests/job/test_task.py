@@ -399,7 +399,7 @@ def test_a_local_plain_command_gets_one_verdict_from_its_exit_status(
         [sys.executable, "-m", "hpc_ddp", "status", str(run_dir), "--json"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
-    [row] = json.loads(shown.stdout)
+    [row] = json.loads(shown.stdout)["runs"]
     assert row["state"] == state, row
     [attempt] = read_ledger(run_dir / "ledger.jsonl")
     assert attempt.cause is (EndCause.FINISHED if code == 0 else EndCause.CRASH)

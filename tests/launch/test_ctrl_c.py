@@ -163,7 +163,7 @@ def status_row(run_dir: Path) -> dict[str, object]:
         cwd=REPO, env=local_env(), capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    [row] = json.loads(done.stdout)
+    [row] = json.loads(done.stdout)["runs"]
     result: dict[str, object] = row
     return result
 

@@ -304,7 +304,7 @@ def test_cancel_of_a_run_with_a_huge_pid_is_an_error_not_a_traceback(
     # status: one damaged run is a DAMAGED row (exit 1), never the end of the table
     done = subprocess.run([*hpc, "status", str(run_dir), "--json"], cwd=REPO,
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
-    [row] = json.loads(done.stdout)
+    [row] = json.loads(done.stdout)["runs"]
     assert (done.returncode, row["state"]) == (1, "DAMAGED")
     assert "damaged local process record" in row["note"]
 
@@ -435,9 +435,9 @@ def test_a_local_run_that_fails_before_its_attempt_starts_is_failed_in_status(
         [sys.executable, "-m", "hpc_ddp", "status", str(run_dir), "--json"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
-    [row] = json.loads(status.stdout)
+    [row] = json.loads(status.stdout)["runs"]
     # Restarted once in its process tree, then stopped as a crash loop: the same error again.
-    assert (row["state"], row["causes"]) == ("FAILED", "crash,no_progress")
+    assert (row["state"], row["causes"]) == ("FAILED", ["crash", "no_progress"])
     said = r"rank [01] on [^:]+: ConfigError: train\.model: module 'tests\.helpers\.user_code' "
     assert re.search(said + "has no attribute 'Nope'", row["note"]), row["note"]
     assert "command:" not in row["note"]
@@ -524,7 +524,7 @@ def test_cancel_kills_a_local_job_that_ignores_every_stop_signal(tmp_path: Path)
         assert "still ran after SIGTERM" in said.stdout
         assert _pids_running(script) == []
         assert _pids_running(str(run_dir)) == []
-        row = json.loads(_hpc("status", str(run_dir), "--json").stdout)[0]
+        row = json.loads(_hpc("status", str(run_dir), "--json").stdout)["runs"][0]
         assert row["state"] == "CANCELLED"
         again = _hpc("cancel", str(run_dir))
         assert "already ended; nothing was signalled" in again.stdout
@@ -635,7 +635,7 @@ def test_a_local_submit_whose_output_is_read_to_its_end_returns_while_the_run_ru
         [run_dir] = runs.iterdir()
         said = done.stdout.strip()
         assert said == str(run_dir) if caller == "api" else json.loads(said)["run_dir"]
-        row = json.loads(_hpc("status", str(run_dir), "--json").stdout)[0]
+        row = json.loads(_hpc("status", str(run_dir), "--json").stdout)["runs"][0]
         assert row["state"] == "RUNNING", row
         for rank in (0, 1):
             log = run_dir / "logs" / f"rank-{rank}.out"
@@ -643,7 +643,7 @@ def test_a_local_submit_whose_output_is_read_to_its_end_returns_while_the_run_ru
         gate.touch()
         job_id = read_manifest(run_dir).job_id
         e2e.wait_for("the run's end", lambda: not local_alive(run_dir, job_id), timeout_s=120)
-        row = json.loads(_hpc("status", str(run_dir), "--json").stdout)[0]
+        row = json.loads(_hpc("status", str(run_dir), "--json").stdout)["runs"][0]
         assert row["state"] == "COMPLETED", row
     finally:
         gate.touch()

@@ -100,7 +100,7 @@ def assert_stopped_with_a_checkpoint(run_dir: Path) -> None:
 def status_row(run_dir: Path) -> dict[str, object]:
     done = hpc("status", str(run_dir), "--json")
     assert done.returncode == 0, done.stderr
-    [row] = json.loads(done.stdout)
+    [row] = json.loads(done.stdout)["runs"]
     result: dict[str, object] = row
     return result
 
@@ -111,7 +111,7 @@ def test_ranks_stop_and_save_when_their_controller_is_killed(started: Path) -> N
     e2e.wait_for("the ranks stopped", lambda: not live_ranks(run_dir), timeout_s=60)
     assert_stopped_with_a_checkpoint(run_dir)
     row = status_row(run_dir)
-    assert (row["state"], row["causes"]) == ("CANCELLED", "cancelled")
+    assert (row["state"], row["causes"]) == ("CANCELLED", ["cancelled"])
     again = hpc("resume", str(run_dir), "--dry-run")
     assert again.returncode == 0, again.stderr
     assert "# backend: local; would start 2 process(es)" in again.stdout

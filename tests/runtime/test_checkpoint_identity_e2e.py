@@ -75,7 +75,8 @@ def _copy(run_dir: Path, where: Path) -> Path:
 
 def _verify(cluster: Cluster, run_dir: Path) -> tuple[int, dict[int, dict[str, object]], str]:
     out = e2e.hpc(cluster, "checkpoints", str(run_dir), "--verify", "--json", check=False)
-    return out.returncode, {row["step"]: row for row in json.loads(out.stdout)}, out.stderr
+    rows = json.loads(out.stdout)["checkpoints"]
+    return out.returncode, {row["step"]: row for row in rows}, out.stderr
 
 
 def _resumed(cluster: Cluster, run_dir: Path, *overrides: str) -> tuple[str, str]:
@@ -104,7 +105,7 @@ def test_a_copy_named_for_a_newer_step_is_never_resumed_from_nor_prunes_the_newe
     assert rows[9999]["error"] == "named step 9999 but holds step 20 (copied or renamed)"
     assert "resume would use step-00000030.pt" in err
     row = e2e.status(slurm_cluster, run)
-    assert row["ckpt step"] == 30
+    assert row["checkpoint_step"] == 30
     assert "named step 9999 but holds step 20" in row["note"]
 
     said, log = _resumed(slurm_cluster, run, "train.max_steps=50")
@@ -117,7 +118,7 @@ def test_a_copy_named_for_a_newer_step_is_never_resumed_from_nor_prunes_the_newe
     # (for inspection) and never resumed from.
     names = sorted(p.name for p in ckpts.glob("step-*.pt"))
     assert names == ["step-00000040.pt", "step-00000050.pt", "step-00009999.pt"]
-    assert e2e.status(slurm_cluster, run)["ckpt step"] == 50
+    assert e2e.status(slurm_cluster, run)["checkpoint_step"] == 50
 
 
 def test_another_runs_checkpoint_is_refused_naming_both_runs(
@@ -137,7 +138,7 @@ def test_another_runs_checkpoint_is_refused_naming_both_runs(
     assert rows[30]["run_id"] == mine
     assert f"{why}; resume would use step-00000030.pt" in err
     row = e2e.status(slurm_cluster, run)
-    assert row["ckpt step"] == 30
+    assert row["checkpoint_step"] == 30
     assert why in row["note"]
 
     # A forced resume that changes what shapes the state (the learning rate) says so.
@@ -168,7 +169,7 @@ def test_a_flipped_trailer_bit_is_damage_in_every_reader_never_a_traceback(
     code, rows, err = _verify(slurm_cluster, run)
     assert (code, rows[30]["state"], rows[20]["state"]) == (1, "damaged", "ok")
     assert "Traceback" not in err
-    assert e2e.status(slurm_cluster, run)["ckpt step"] == 20
+    assert e2e.status(slurm_cluster, run)["checkpoint_step"] == 20
     every = e2e.hpc(slurm_cluster, "status", "--runs-dir", str(tmp_path), "--json")
     assert "Traceback" not in every.stderr
     dry = e2e.hpc(slurm_cluster, "resume", str(run), "--force", "--dry-run")

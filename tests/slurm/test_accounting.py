@@ -159,7 +159,7 @@ def _latest(cluster: Cluster, jobs: Sequence[str], fields: str = "State") -> dic
 
 def _status(cluster: Cluster, *targets: Path) -> list[dict[str, Any]]:
     out = e2e.hpc(cluster, "status", *map(str, targets), "--json").stdout
-    rows: list[dict[str, Any]] = json.loads(out)
+    rows: list[dict[str, Any]] = json.loads(out)["runs"]
     return rows
 
 
@@ -177,7 +177,7 @@ def test_status_of_jobs_the_controller_forgot_and_of_a_job_id_given_again(
     assert first_job is not None
     _forget(cluster, first / "job.sbatch", [first_job])
     [row] = _status(cluster, first)
-    assert (row["job"], row["state"]) == (first_job, "COMPLETED"), row
+    assert (row["job_id"], row["state"]) == (first_job, "COMPLETED"), row
 
     # The next job gets the first one's id, and fails: the first run is not taken for it,
     # neither while the controller holds the new job nor from sacct once it forgot it too.
@@ -191,8 +191,8 @@ def test_status_of_jobs_the_controller_forgot_and_of_a_job_id_given_again(
             assert _latest(cluster, [first_job])[first_job] == ["FAILED"]
             assert _runs(cluster, first_job, first / "job.sbatch", "-D") == ["COMPLETED"]
         first_row, failed_row = _status(cluster, first, failed.run_dir)
-        assert (first_row["job"], first_row["state"]) == (first_job, "COMPLETED"), first_row
-        assert (failed_row["job"], failed_row["state"]) == (first_job, "FAILED"), failed_row
+        assert (first_row["job_id"], first_row["state"]) == (first_job, "COMPLETED"), first_row
+        assert (failed_row["job_id"], failed_row["state"]) == (first_job, "FAILED"), failed_row
 
 
 def test_a_requeued_job_that_completed_is_completed_after_the_controller_forgot_it(
@@ -234,10 +234,10 @@ def test_a_sweep_whose_tasks_ended_differently_after_the_controller_forgot_them(
     _forget(cluster, sweep_dir / "job.sbatch", refs)
 
     assert _sweep_states(cluster, sweep_dir) == expected
-    table = json.loads(e2e.hpc(cluster, "results", str(sweep_dir), "--json").stdout)
+    table = json.loads(e2e.hpc(cluster, "results", str(sweep_dir), "--json").stdout)["rows"]
     assert [r["state"] for r in sorted(table, key=lambda r: r["index"])] == expected, table
 
 
 def _sweep_states(cluster: Cluster, sweep_dir: Path) -> list[str]:
-    [entry] = json.loads(e2e.hpc(cluster, "status", str(sweep_dir), "--json").stdout)
+    [entry] = json.loads(e2e.hpc(cluster, "status", str(sweep_dir), "--json").stdout)["sweeps"]
     return [task["state"] for task in entry["tasks"]]

@@ -103,7 +103,7 @@ def _hpc(cluster: Cluster, cwd: Path, *args: str) -> dict[str, Any]:
     )  # fmt: skip
     assert done.returncode == 0, f"hpc-ddp {' '.join(args)}: {done.stdout}{done.stderr}"
     out: Any = json.loads(done.stdout)
-    row: dict[str, Any] = out[0] if isinstance(out, list) else out
+    row: dict[str, Any] = out["runs"][0] if "runs" in out else out
     return row
 
 
@@ -137,7 +137,7 @@ def _requeue_failed(cluster: Cluster, work: Path, run_dir: Path, job: str) -> in
     assert f"run `scontrol requeue {job}` where Slurm's commands work" in rank0
     assert f"`hpc-ddp resume {run_dir}` goes on from it" in rank0
     row = _hpc(cluster, work, "status", str(run_dir))
-    assert (row["state"], row["causes"]) == ("FAILED", "unknown,requeue_failed"), row
+    assert (row["state"], row["causes"]) == ("FAILED", ["unknown", "requeue_failed"]), row
     return failed.steps_done
 
 
@@ -191,7 +191,7 @@ def test_a_two_node_run_in_the_image_survives_requeue_failed_requeue_cancel_and_
     assert e2e.wait_done(slurm_cluster, str(host["job_id"]))["JobState"] == "COMPLETED"
 
     row = _hpc(slurm_cluster, work, "status", str(run_dir))
-    assert (row["state"], row["job"]) == ("COMPLETED", third)
+    assert (row["state"], row["job_id"]) == ("COMPLETED", third)
     assert "supervisor: launch 0 (2 node(s)) from step" in e2e.batch_log(run_dir, third)
     attempts = e2e.ledger(run_dir)
     assert [a.job_id for a in attempts] == [first, first, second, third]

@@ -181,8 +181,8 @@ def test_a_slurm_run_that_crashed_before_its_start_is_failed_with_the_ranks_word
     slurm = FakeSlurm()
     slurm.add_job("81", state=JobState.FAILED, command=str(run_dir / "job.sbatch"))
     assert main(["status", str(run_dir), "--json"], slurm=slurm.client()) == 0
-    [row] = json.loads(capsys.readouterr().out)
-    assert (row["state"], row["causes"]) == ("FAILED", "crash")
+    [row] = json.loads(capsys.readouterr().out)["runs"]
+    assert (row["state"], row["causes"]) == ("FAILED", ["crash"])
     assert "attempt 0 ended 'crash' at step 0 (rank 1 on n2: AttributeError" in row["note"]
 
 

@@ -285,7 +285,7 @@ def test_summary_and_sweep_status(tmp_path: Path) -> None:
                        "cancelled": 0, "unknown": 0}  # fmt: skip
     assert sweep_summary([]) == dict.fromkeys(summary, 0)
     assert [r["state"] for r in rows] == ["finished", "finished", "failed", "running", "pending"]
-    assert rows[0]["train.lr"] == 0.1
+    assert rows[0]["values"] == {"train.lr": 0.1, "train.seed": 0}  # under "values", not mixed in
     assert json.loads(json.dumps(rows)) == rows  # plain data
 
 

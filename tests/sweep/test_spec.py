@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from hpc_ddp.config.sweepfile import (
     SweepSection,
 )
 from hpc_ddp.errors import ConfigError, OverrideError
-from hpc_ddp.sweep.spec import SweepSpec, chunk_array, load_sweep
+from hpc_ddp.sweep.spec import SweepSpec, chunk_array, load_sweep, split_sweep_overrides
 
 DATA = Path(__file__).parents[1] / "data" / "config"
 
@@ -414,3 +415,89 @@ def test_a_typo_outside_params_is_still_caught_in_a_sweep(tmp_path: Path) -> Non
         ConfigError, match=r"train\.lrr: unknown key. HINT: did you mean 'train\.lr'"
     ):
         _sweep(tmp_path, {"grid": {"train.lrr": [0.1]}})
+
+
+# --- a grid from the command line (issue 32, item 5) ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "plain", "axes"),
+    [
+        # Hydra's form: a comma lists an axis's values, each read as YAML.
+        (["train.lr=0.1,0.01", "train.seed=0,1"], [],
+         [("train.lr", (0.1, 0.01)), ("train.seed", (0, 1))]),
+        # No comma: a plain override, exactly as before.
+        (["train.lr=0.1", "slurm.time=30"], ["train.lr=0.1", "slurm.time=30"], []),
+        # A comma inside brackets, braces or quotes is no list of values.
+        (["env.modules=[a,b]", "env.vars={A: 1,B: 2}", "train.tag='a,b'", 'x.y="c,d"'],
+         ["env.modules=[a,b]", "env.vars={A: 1,B: 2}", "train.tag='a,b'", 'x.y="c,d"'], []),
+        # An escaped comma stays in its value, in a plain override and in an axis alike.
+        (["train.tag=a\\,b"], ["train.tag=a,b"], []),
+        (["train.tag=a\\,b,c", "env.modules=[a,b],[c]"], [],
+         [("train.tag", ("a,b", "c")), ("env.modules", (("a", "b"), ("c",)))]),
+        # Strings are values too, read as YAML.
+        (["train.optimizer=sgd,adamw"], [], [("train.optimizer", ("sgd", "adamw"))]),
+    ],
+)  # fmt: skip
+def test_command_line_overrides_split_into_plain_ones_and_grid_axes(
+    args: list[str], plain: list[str], axes: list[tuple[str, tuple[Any, ...]]]
+) -> None:
+    assert split_sweep_overrides(args) == (plain, axes)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["train.lr=0.1,"], "an empty value in the list"),
+        (["train.lr=0.1,0.2", "train.lr=0.3,0.4"], "train.lr is swept twice on the command line"),
+        (["train.lr=0.1,[1"], "'[1' is not a value"),
+    ],
+)
+def test_a_bad_command_line_axis_names_the_argument(args: list[str], fragment: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        split_sweep_overrides(args)
+
+
+def test_a_command_line_grid_over_a_plain_job_file(tmp_path: Path) -> None:
+    """``hpc-ddp sweep job.yaml train.lr=0.1,0.01 train.seed=0,1``: the job file is the base
+    of a 2x2 grid (the last key varying fastest), plain overrides apply under it."""
+    job = tmp_path / "job.yaml"
+    job.write_text("name: base\ntrain: {lr: 0.5, max_steps: 10}\nslurm: {partition: p}\n")
+    plain, axes = split_sweep_overrides(
+        ["train.lr=0.1,0.01", "train.seed=0,1", "train.max_steps=3"]
+    )
+    spec = load_sweep(job, plain, axes=axes)
+    assert [p.overrides for p in spec.points] == [
+        (("train.lr", 0.1), ("train.seed", 0)),
+        (("train.lr", 0.1), ("train.seed", 1)),
+        (("train.lr", 0.01), ("train.seed", 0)),
+        (("train.lr", 0.01), ("train.seed", 1)),
+    ]
+    assert [p.config.name for p in spec.points] == ["base-0", "base-1", "base-2", "base-3"]
+    assert {p.config.train.max_steps for p in spec.points} == {3}
+    assert (spec.base_source, spec.metric, spec.mode, spec.max_parallel) == (
+        str(job), "val_loss", "min", None
+    )  # fmt: skip
+
+
+def test_a_command_line_grid_crosses_a_sweep_files_points(tmp_path: Path) -> None:
+    spec = _sweep(tmp_path, {"list": [{"train.lr": 0.3}, {"train.lr": 0.4}]},
+                  axes=[("train.seed", (0, 1))])  # fmt: skip
+    assert [p.overrides for p in spec.points] == [
+        (("train.lr", 0.3), ("train.seed", 0)),
+        (("train.lr", 0.3), ("train.seed", 1)),
+        (("train.lr", 0.4), ("train.seed", 0)),
+        (("train.lr", 0.4), ("train.seed", 1)),
+    ]
+    assert spec.points[3].config.train.seed == 1
+
+
+def test_a_job_file_without_a_grid_is_refused_with_the_command_line_form(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("name: base\n")
+    with pytest.raises(ConfigError, match=r"a job file, not a sweep file .* train\.lr=0\.1,0\.01"):
+        load_sweep(job)
+    with pytest.raises(ConfigError, match="did you mean"):
+        load_sweep(job, axes=[("train.lrr", (0.1, 0.2))])
+    with pytest.raises(ConfigError, match="name=a,b: cannot be swept"):
+        load_sweep(job, axes=[("name", ("a", "b"))])

@@ -72,7 +72,7 @@ def submit_lr_sweep(
 def results(cluster: Cluster, sweep_dir: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = json.loads(
         hpc(cluster, "results", sweep_dir, "--format", "json").stdout
-    )
+    )["rows"]
     return rows
 
 
@@ -140,7 +140,7 @@ def test_resubmit_failed_reruns_exactly_the_failed_task(
     again = json.loads(
         hpc(slurm_cluster, "sweep", "--resubmit-failed", str(sweep_dir), "--json").stdout
     )
-    assert again["points"] == [2]
+    assert again["resubmitted"] == [2]
     assert len(again["array_jobs"]) == 1
     [(ref, _)] = tasks(slurm_cluster, again["array_jobs"])  # 189_2, or 189_[2%1] pending
     job, _, task_ids = ref.partition("_")
@@ -148,7 +148,7 @@ def test_resubmit_failed_reruns_exactly_the_failed_task(
     wait_done(slurm_cluster, again["array_jobs"])
     rows = results(slurm_cluster, str(sweep_dir))
     assert [r["state"] for r in rows] == ["finished"] * 3
-    assert [r["job"].split("_")[0] for r in rows] == [submitted["array_jobs"][0]] * 2 + [
+    assert [r["job_id"].split("_")[0] for r in rows] == [submitted["array_jobs"][0]] * 2 + [
         again["array_jobs"][0]
     ]
     lines = (sweep_dir / "task_configs.jsonl").read_text().splitlines()
@@ -157,7 +157,7 @@ def test_resubmit_failed_reruns_exactly_the_failed_task(
 
 
 def _states(cluster: Cluster, target: Path) -> list[str]:
-    [entry] = json.loads(hpc(cluster, "status", str(target), "--json").stdout)
+    [entry] = json.loads(hpc(cluster, "status", str(target), "--json").stdout)["sweeps"]
     return [task["state"] for task in entry["tasks"]]
 
 
@@ -208,7 +208,7 @@ def test_tasks_that_have_not_started_read_as_pending_and_cancelled_never_missing
         again = json.loads(
             hpc(slurm_cluster, "sweep", "--resubmit-failed", str(sweep_dir), "--json").stdout
         )
-        assert again["points"] == [0, 1, 2]  # configs read from task_configs.jsonl
+        assert again["resubmitted"] == [0, 1, 2]  # configs read from task_configs.jsonl
         [second] = again["array_jobs"]
         jobs.append(second)
         # The configs keep slurm.extra.hold: let task 1 alone run, and write its config.
