@@ -23,7 +23,6 @@ import dataclasses
 import json
 import os
 import shlex
-import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -264,6 +263,8 @@ def rewriting(paths: RunPaths, job_before: str | None) -> Iterator[None]:
     manifest does not name). The manifest write is the commit. The caller holds the run
     directory's record lock.
     """
+    import shutil
+
     settle_rewrite(paths, job_before)
     _stash(paths, job_before)
     try:
@@ -278,6 +279,8 @@ def settle_rewrite(paths: RunPaths, job_now: str | None) -> None:
     """Finish a rewrite that a killed process left (:func:`rewriting`): put the stashed files
     back when the manifest still names the job it named before (``job_now``), else drop the
     stash (the new job was recorded: the new files are its). Under the record lock."""
+    import shutil
+
     undo = paths.root / REWRITE_UNDO
     shutil.rmtree(undo.with_name(f"{REWRITE_UNDO}.tmp"), ignore_errors=True)
     try:
@@ -301,6 +304,8 @@ def _rewritten(paths: RunPaths) -> tuple[Path, ...]:
 
 
 def _stash(paths: RunPaths, job_before: str | None) -> None:
+    import shutil
+
     # Made whole under another name, then renamed: a stash exists complete or not at all
     # (its ``job`` file, written last, is what settle_rewrite trusts).
     tmp = paths.root / f"{REWRITE_UNDO}.tmp"
@@ -417,6 +422,8 @@ def _launch_local(prepared: Prepared, previous_jobs: Sequence[str]) -> Launched:
 def test_only(prepared: Prepared, client: SlurmClient) -> str:
     """``sbatch --test-only``: Slurm's word on whether and when the job would start. The run
     directory is made for it (sbatch reads the script there) and removed again."""
+    import shutil
+
     prepared = materialize(prepared)
     try:
         return client.submit(prepared.paths.script, test_only=True).message
