@@ -13,13 +13,16 @@ samples, only split over other ranks, so every sample of the interrupted epoch i
 once (:func:`remainder_shard`). An epoch is the whole steps that fit in the dataset
 (``len // (world x batch x multiple_of)``), a number that does not depend on the world size
 when the global batch is kept. (2) The DataLoader gets its own generator seeded from (seed,
-epoch, rank): it never draws from the global torch RNG (which a plain DataLoader does once per
-epoch, shifting dropout masks after a resume) and its workers' seeds are reproducible. (3)
-Batches are counted when they are handed to the training loop, not when workers prefetch them.
+the epoch it starts in, rank): it never draws from the global torch RNG (which a plain
+DataLoader does once per epoch, shifting dropout masks after a resume) and its workers' seeds
+are reproducible. (3) Batches are counted when they are handed to the training loop, not when
+workers prefetch them.
 
-Random augmentations inside workers draw from per-worker streams that restart at the resumed
-batch; they are reproducible run to run but not bit-identical to an uninterrupted epoch unless
-they derive their randomness from the sample index.
+The workers are started once and kept across epochs (:meth:`ResumableLoader.forever` also
+prefetches across each boundary). Random augmentations inside them draw from per-worker
+streams that start where the loader starts (a resume, at the resumed batch); they are
+reproducible run to run but not bit-identical to an uninterrupted run unless they derive their
+randomness from the sample index.
 """
 
 from __future__ import annotations
