@@ -258,7 +258,7 @@ class _InFlight:
         up = values.pin_memory()
         on_gpu = up.to(device, non_blocking=True)
         dist.all_reduce(on_gpu, op=dist.ReduceOp.MAX, group=group)
-        down = torch.empty_like(up).pin_memory()
+        down = torch.empty(up.shape, dtype=up.dtype, pin_memory=True)
         down.copy_(on_gpu, non_blocking=True)
         done = torch.cuda.Event()  # type: ignore[no-untyped-call]
         done.record()
