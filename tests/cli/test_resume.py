@@ -99,6 +99,10 @@ def test_a_sweep_is_pointed_at_resubmit_failed(tmp_path: Path) -> None:
         assert f"--resubmit-failed {sweep}" in done.stderr
 
 
+STEPS_PER_EPOCH = 4096 // (64 * 2)
+"""jobs/quickstart.yaml: 4096 samples, batch 64, 2 ranks."""
+
+
 @pytest.mark.torch
 def test_a_cancelled_local_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
@@ -122,11 +126,14 @@ def test_a_cancelled_local_run_resumes_from_its_checkpoint(tmp_path: Path) -> No
         if waiter.poll() is None:
             waiter.kill()
             waiter.wait()
-    # Fewer epochs than asked at first: the resumed attempt finishes soon after its checkpoint.
-    done = hpc("resume", str(run_dir), "train.epochs=1", "--wait")
+    # Fewer epochs than asked at first: the resumed attempt finishes soon after its checkpoint
+    # (the first epoch that ends past it: a total below the checkpoint's step is refused).
+    saved = max(int(p.stem.split("-")[1]) for p in (run_dir / "checkpoints").glob("step-*.pt"))
+    epochs = saved // STEPS_PER_EPOCH + 1
+    done = hpc("resume", str(run_dir), f"train.epochs={epochs}", "--wait")
     assert done.returncode == 0, done.stderr
     assert "from checkpoint step" in done.stdout
-    assert "changed: train.epochs: 50 -> 1" in done.stdout
+    assert f"changed: train.epochs: 50 -> {epochs}" in done.stdout
     manifest = read_manifest(run_dir)
     assert manifest.previous_jobs == [first_job]
     assert manifest.job_id != first_job
