@@ -29,10 +29,16 @@ BATCHES = 8
 
 class Trainer:
     def __init__(
-        self, model: nn.Module, data: DataLoader, save_every: int, snapshot: Path, pace: float
+        self,
+        model: nn.Module,
+        data: DataLoader[tuple[torch.Tensor, ...]],
+        save_every: int,
+        snapshot: Path,
+        pace: float,
     ) -> None:
         self.rank = int(os.environ["RANK"])
         self.model = model
+        self.module = model  # multinode.py reads self.model.module; DDP's is this one
         self.data = data
         self.optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         self.save_every = save_every
@@ -51,7 +57,7 @@ class Trainer:
         print(f"Resuming training from snapshot at epoch {self.epochs_run}", flush=True)
 
     def _save_snapshot(self, epoch: int) -> None:
-        state = {"MODEL_STATE": self.model.module.state_dict(), "EPOCHS_RUN": epoch}
+        state = {"MODEL_STATE": self.module.state_dict(), "EPOCHS_RUN": epoch}
         tmp = self.snapshot.with_suffix(".tmp")
         torch.save(state, tmp)
         os.replace(tmp, self.snapshot)  # multinode.py saves in place; a torn file helps no one
