@@ -42,11 +42,23 @@ _CONTROLLED_FLAGS = {
     "wrap": "use command or entrypoint",
     "parsable": "leave it out: hpc-ddp reads the job id itself",
 }
+# sbatch flags hpc-ddp does not support yet: flag -> why, and what to do instead.
+_UNSUPPORTED_FLAGS = {
+    # sbatch would submit there, but squeue, scontrol (requeue), scancel and sacct would look
+    # on the local cluster: status, cancel and the requeue would act on the wrong job or none.
+    "clusters": (
+        "submits to another cluster, and hpc-ddp does not carry the cluster to squeue, "
+        "scontrol, scancel and sacct: status, cancel and the requeue would look on this one. "
+        "HINT: multi-cluster is not supported yet: leave it out and submit from a login node "
+        "of that cluster"
+    ),
+}
 # Real sbatch flags that happen to be prefixes of a controlled one.
 _PREFIX_FLAGS = frozenset({"gpus"})
 # sbatch accepts unambiguous abbreviations (--outp is --output): every prefix -> its flag.
-_FLAG_OWNERS = {flag[:i]: flag for flag in _CONTROLLED_FLAGS for i in range(1, len(flag))}
-_FLAG_OWNERS.update({flag: flag for flag in _CONTROLLED_FLAGS})
+_REFUSED_FLAGS = (*_CONTROLLED_FLAGS, *_UNSUPPORTED_FLAGS)
+_FLAG_OWNERS = {flag[:i]: flag for flag in _REFUSED_FLAGS for i in range(1, len(flag))}
+_FLAG_OWNERS.update({flag: flag for flag in _REFUSED_FLAGS})
 for _flag in _PREFIX_FLAGS:
     _FLAG_OWNERS.pop(_flag, None)
 _FLAG_RE = re.compile(r"[a-z][a-z0-9-]*")
@@ -106,6 +118,8 @@ def extra_flags(value: Any, key: str) -> tuple[tuple[str, str | None], ...]:
         owner = _FLAG_OWNERS.get(flag)
         if owner is not None:
             short = "" if owner == flag else f"'{flag}' abbreviates --{owner}, and "
+            if owner in _UNSUPPORTED_FLAGS:
+                raise Invalid(where, f"{short}--{owner} {_UNSUPPORTED_FLAGS[owner]}")
             raise Invalid(
                 where,
                 f"{short}--{owner} is set by hpc-ddp itself. HINT: {_CONTROLLED_FLAGS[owner]}",

@@ -28,6 +28,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -58,6 +59,11 @@ if TYPE_CHECKING:
     from hpc_ddp.slurm.client import SlurmClient
 
 log = logging.getLogger(__name__)
+
+COMMAND_STOP_GRACE_S = 30.0
+"""Seconds a ``command`` program without a session has, after the SIGTERM it gets for the
+requeue signal, to end by itself (finish writing its snapshot) before SIGKILL; at most half of
+``requeue.lead_time`` (:func:`command_grace_s`)."""
 
 
 def task_run_dir(run_dir: Path, env: Mapping[str, str]) -> Path:
@@ -179,12 +185,13 @@ def run_command(
     item: there is no shell to split or interpret them. When no stop signal came, how the child
     ended is recorded here (:func:`record_child_end`): a crash (see :func:`child_failure`),
     with ``requeue.on_crash`` requeued (:func:`record_child_crash`), and for a program without
-    a session its exit 0 as well. ``slurm``: the client that asks for the requeue (None: the
-    real one).
+    a session its exit 0 as well. A program without a session gets SIGTERM for the requeue
+    signal, and is requeued from here (:class:`_Forwarder`, :func:`record_plain_stop`).
+    ``slurm``: the client that asks for the requeue (None: the real one).
     """
     from hpc_ddp.runtime.distenv import derive_dist_env
     from hpc_ddp.runtime.procgroup import resolve_master_port
-    from hpc_ddp.runtime.requeue import Coordinator  # now: a crash is handled without delay
+    from hpc_ddp.runtime.requeue import Coordinator, signal_number  # now: no delay at a stop
     from hpc_ddp.runtime.watchdog import current
 
     dist = derive_dist_env(env, port=cfg.dist.port)
@@ -206,7 +213,10 @@ def run_command(
     forwarded = {signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2}
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         forwarded.add(signal.SIGINT)
+    requeue_signum = signal_number(cfg.requeue.signal)
+    grace = command_grace_s(cfg)
     began = time.time()
+    coordinator = Coordinator(dist, paths.ledger, cfg.requeue, slurm, since=began)
     proc = subprocess.Popen(argv, env=child_env)
     if watchdog is not None:
         # No deadline of its own (its steps are not seen from here): it is watched for being
@@ -214,22 +224,92 @@ def run_command(
         watchdog.enter("command")
         watchdog.child = proc.pid
         watchdog.before_exit.append(proc.kill)
-    stops: list[int] = []
-
-    def forward(signum: int, frame: object) -> None:
-        del frame
-        stops.append(signum)
-        proc.send_signal(signum)
-
+    forward = _Forwarder(proc, coordinator, began, requeue_signum, grace)
     for sig in forwarded:
         signal.signal(sig, forward)
     code = proc.wait()
+    forward.cancel()
     # A child that dies after a stop signal (cancel, time limit, preemption, srun ending the
     # step after another rank failed) was stopped, not crashed: Slurm decides what comes next.
-    if not stops:
-        coordinator = Coordinator(dist, paths.ledger, cfg.requeue, slurm, since=began)
+    if not forward.stops:
         record_child_end(coordinator, code, shlex.join(argv[:2]), began)
+        return exit_status(code)
+    if forward.plain and requeue_signum in forward.stops:
+        return record_plain_stop(coordinator, forward.stops[0], shlex.join(argv[:2]), began)
     return exit_status(code)
+
+
+class _Forwarder:
+    """The signal handler that passes this task's stop signals on to its ``command`` child.
+
+    A child with a session gets each signal as it came: its session agrees on the stop and
+    requeues. A program without one (decided at the first signal: no entry of this attempt in
+    the ledger) would die of the requeue signal's default action (USR1/USR2 terminate): it
+    gets SIGTERM instead, the signal a torchrun-ready script expects, once, and ``grace``
+    seconds to end by itself before SIGKILL; :func:`record_plain_stop` then requeues.
+    """
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        coordinator: Coordinator,
+        began: float,
+        requeue_signum: int,
+        grace: float,
+    ) -> None:
+        self.proc = proc
+        self.coordinator = coordinator
+        self.began = began
+        self.requeue_signum = requeue_signum
+        self.grace = grace
+        self.stops: list[int] = []
+        self.plain: bool | None = None
+        self._timer: threading.Timer | None = None
+
+    def __call__(self, signum: int, frame: object) -> None:
+        del frame
+        self.stops.append(signum)
+        if self.plain is None:
+            self.plain = not _attempt_entries(self.coordinator, self.began)
+        if not (self.plain and signum == self.requeue_signum):
+            self.proc.send_signal(signum)
+        elif self._timer is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self._timer = threading.Timer(self.grace, _kill, (self.proc,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def cancel(self) -> None:
+        """The child has ended: no SIGKILL is due."""
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+def command_grace_s(cfg: JobConfig) -> float:
+    """Seconds a ``command`` child without a session has between its SIGTERM and SIGKILL:
+    :data:`COMMAND_STOP_GRACE_S`, at most half of ``requeue.lead_time``, so that the requeue
+    is asked for well before the time limit."""
+    return min(COMMAND_STOP_GRACE_S, cfg.requeue.lead_time / 2)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """End a child that outlived its grace period (it may have ended meanwhile)."""
+    if proc.poll() is None:
+        log.warning("the command did not end %s after SIGTERM: SIGKILL", proc.pid)
+        proc.kill()
+
+
+def record_plain_stop(coordinator: Coordinator, signum: int, program: str, began: float) -> int:
+    """A ``command`` child without a session was stopped for the requeue signal: on rank 0,
+    record the attempt and handle the stop as a session would (ask Slurm why, requeue within
+    ``requeue.max_requeues``), with no step or checkpoint of hpc-ddp's: the program resumes
+    from its own snapshot. Returns this task's exit status (other ranks: 0, rank 0 decides)."""
+    if not coordinator.dist.is_main:
+        return 0
+    coordinator.write_start(resumed_from_step=None, checkpoint=None, now=began)
+    outcome = coordinator.stop(signum, step=None, checkpoint=None)
+    log.info("command `%s` stopped: %s", program, outcome.message)
+    return outcome.exit_code
 
 
 def record_child_end(coordinator: Coordinator, code: int, program: str, began: float) -> None:

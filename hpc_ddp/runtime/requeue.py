@@ -258,7 +258,7 @@ def requeue_failed_message(
     ref: str | None,
     verdict: StopVerdict,
     error: str,
-    step: int,
+    step: int | None,
     checkpoint: str | None,
     code: int,
     run_dir: str,
@@ -279,7 +279,7 @@ def requeue_failed_message(
 def unconfirmed_message(
     ref: str | None,
     verdict: StopVerdict,
-    step: int,
+    step: int | None,
     checkpoint: str | None,
     code: int,
     run_dir: str,
@@ -311,7 +311,9 @@ def slurm_failure_summary(exc: SlurmError) -> str:
     return "; ".join(line for line in lines if line and not line.startswith("command:"))
 
 
-def _kept(step: int, checkpoint: str | None) -> str:
+def _kept(step: int | None, checkpoint: str | None) -> str:
+    if step is None:
+        return "The program has no session: a new attempt resumes from whatever it saved itself."
     if checkpoint is None:
         return (
             f"No checkpoint was saved at step {step} (session.restore() named nothing to save): "
@@ -442,8 +444,9 @@ class Coordinator:
             log.warning("could not ask Slurm about job %s: %s", self.dist.job_ref, exc)
             return None, slurm_failure_summary(exc)
 
-    def stop(self, signum: int, *, step: int, checkpoint: str | None) -> StopOutcome:
-        """Handle an agreed stop on rank 0 (other ranks get a neutral outcome)."""
+    def stop(self, signum: int, *, step: int | None, checkpoint: str | None) -> StopOutcome:
+        """Handle an agreed stop on rank 0 (other ranks get a neutral outcome). ``step`` None:
+        a ``command`` program without a session, which keeps its own snapshot."""
         if not self.dist.is_main:
             return StopOutcome(EndCause.UNKNOWN, False, 0, "")
         requeue_signum = signal_number(self.cfg.signal)
@@ -482,7 +485,9 @@ class Coordinator:
             cause, self.restart, self.cfg.max_requeues, self.cfg.on_crash, self.run_dir
         )
 
-    def _act(self, verdict: StopVerdict, *, step: int, checkpoint: str | None) -> StopOutcome:
+    def _act(
+        self, verdict: StopVerdict, *, step: int | None, checkpoint: str | None
+    ) -> StopOutcome:
         decision = self._decide(verdict.cause)
         if verdict.request_requeue and not decision.requeue:
             message = f"{verdict.cause.value}: {decision.reason}"  # the reason names the budget
@@ -506,7 +511,7 @@ class Coordinator:
         if verdict.request_requeue and not self.under_slurm:
             reason = outside_slurm_message(self.run_dir)
         message = f"{verdict.cause.value}: {verdict.explanation}; {reason}"
-        log.info("stopping at step %d: %s", step, message)
+        log.info("stopping at step %s: %s", step, message)
         self._end(verdict.cause, step, checkpoint, requested, message)
         return StopOutcome(verdict.cause, requested, 0, message)
 
@@ -545,7 +550,7 @@ class Coordinator:
         )
 
     def _requeue_failed(
-        self, verdict: StopVerdict, error: str, step: int, checkpoint: str | None
+        self, verdict: StopVerdict, error: str, step: int | None, checkpoint: str | None
     ) -> StopOutcome:
         """A requeue was needed and could not be had: the job must end FAILED, and say so."""
         message = requeue_failed_message(
@@ -556,7 +561,9 @@ class Coordinator:
         self._end(EndCause.REQUEUE_FAILED, step, checkpoint, False, message)
         return StopOutcome(EndCause.REQUEUE_FAILED, False, REQUEUE_FAILED_EXIT_CODE, message)
 
-    def _unconfirmed(self, verdict: StopVerdict, step: int, checkpoint: str | None) -> StopOutcome:
+    def _unconfirmed(
+        self, verdict: StopVerdict, step: int | None, checkpoint: str | None
+    ) -> StopOutcome:
         """A stop Slurm could not be asked about and no requeue was asked for: exit non-zero."""
         message = unconfirmed_message(
             self.dist.job_ref, verdict, step, checkpoint, REQUEUE_FAILED_EXIT_CODE,

@@ -202,6 +202,10 @@ ERRORS: list[tuple[str, Any, str, str]] = [
     ("slurm.extra", {"job-name": "x"}, "slurm.extra.job-name", "use name"),
     ("slurm.extra", {"time": "10"}, "slurm.extra.time", "use slurm.time"),
     ("slurm.extra", {"outp": "x"}, "slurm.extra.outp", "'outp' abbreviates --output"),
+    ("slurm.extra", {"clusters": "x"}, "slurm.extra.clusters", "multi-cluster is not supp"),
+    ("slurm.extra", {"cluster": "x"}, "slurm.extra.cluster", "login node of that cluster"),
+    ("slurm.extra", {"M": "x"}, "slurm.extra.M", "long option name in lower case"),
+    ("slurm.extra", {"-M": "x"}, "slurm.extra.-M", "without leading dashes"),
     ("slurm.extra", {"gres": True}, "slurm.extra.gres", "null for a bare flag"),
     ("slurm.extra", {"gres": "a\nb"}, "slurm.extra.gres", "line break"),
     ("env.modules", "cuda", "env.modules", "write [cuda]"),
@@ -320,6 +324,12 @@ COMBINATIONS: list[tuple[dict[str, Any], str, str]] = [
         "is 8 for 4 task(s) per node (slurm.tasks_per_node), but the built-in trainer",
     ),
 ]
+
+
+def test_a_flag_that_merely_starts_like_clusters_is_passed_to_sbatch() -> None:
+    extra = {"cluster-constraint": "x"}
+    cfg = job_config_from_dict(_set(BASE, "slurm.extra", extra), "jobs/x.yaml")
+    assert cfg.slurm.extra == (("cluster-constraint", "x"),)
 
 
 @pytest.mark.parametrize("own", [{"command": ["python", "t.py"]}, {"entrypoint": "a.b:c"}])

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from hpc_ddp.config.load import dump_job_config, job_config_from_dict
+from hpc_ddp.config.load import dump_job_config, job_config_from_dict, load_resolved_config
 from hpc_ddp.config.model import ContainerConfig, EnvConfig, JobConfig, RequeueConfig, TrainConfig
 from hpc_ddp.errors import ConfigError, RunDirError
 from hpc_ddp.job.task import (
@@ -318,6 +320,46 @@ def test_a_child_killed_by_a_forwarded_stop_signal_did_not_crash(tmp_path: Path)
     assert run_job(run, env, slurm=slurm.client()) == 128 + signal.SIGTERM
     assert slurm.calls == []
     assert not (run / "ledger.jsonl").exists()
+
+
+def _plain_stop_code(marker: Path, on_term: str) -> str:
+    """A child without a session that handles SIGTERM by ``on_term`` (``exit``: note it in
+    ``marker`` and exit 0; ``ignore``), then sends its parent the requeue signal (USR2)."""
+    handler = (
+        f"lambda *a: (open({str(marker)!r}, 'w').write('TERM'), os._exit(0))"
+        if on_term == "exit"
+        else "signal.SIG_IGN"
+    )
+    return (
+        "import os, signal, time; "
+        f"signal.signal(signal.SIGTERM, {handler}); "
+        "os.kill(os.getppid(), signal.SIGUSR2); "
+        "time.sleep(60)"
+    )
+
+
+@pytest.mark.usefixtures("_own_signal_handlers")
+@pytest.mark.parametrize("on_term", ["exit", "ignore"])
+def test_a_program_without_a_session_gets_sigterm_for_the_warning_and_is_requeued(
+    tmp_path: Path, on_term: str
+) -> None:
+    """Issue 32 item 13: the requeue signal's default action would kill the program unrecorded
+    and unrequeued. It gets SIGTERM (one that ignores it, SIGKILL after the grace: half of a
+    2 s lead time here), and its ``hpc_ddp run`` parent asks Slurm for one requeue."""
+    marker = tmp_path / "termed"
+    run, env, slurm = _command_run(tmp_path, _plain_stop_code(marker, on_term), on_crash=False)
+    cfg = load_resolved_config(run / "config.yaml")
+    lead = dataclasses.replace(cfg, requeue=dataclasses.replace(cfg.requeue, lead_time=2))
+    (run / "config.yaml").write_text(dump_job_config(lead))
+    began = time.monotonic()
+    assert run_job(run, env, slurm=slurm.client()) == 0
+    assert time.monotonic() - began < 30  # never the 60 s the child sleeps
+    assert marker.exists() == (on_term == "exit")
+    assert slurm.commands("scontrol") == [f"scontrol show job -o {REF}", f"scontrol requeue {REF}"]
+    [attempt] = read_ledger(run / "ledger.jsonl")
+    assert (attempt.cause, attempt.requeue_requested) == (EndCause.TIME_LIMIT, True)
+    assert attempt.steps_done is None
+    assert "requeue 1 of 1 (requeue.max_requeues)" in (attempt.message or "")
 
 
 # --- `command:` jobs through the local backend, as a user runs them -----------------------------
