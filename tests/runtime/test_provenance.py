@@ -13,7 +13,16 @@ import pytest
 from hpc_ddp.config.load import job_config_from_dict
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.runtime.ledger import CodeRun, code_change, code_event, read_code_runs
-from hpc_ddp.runtime.provenance import code_file, code_of, file_digest, git_state, record_code
+from hpc_ddp.runtime.provenance import (
+    Code,
+    Provenance,
+    code_file,
+    code_of,
+    file_digest,
+    gather,
+    git_state,
+    record_code,
+)
 from hpc_ddp.state.report import describe_code_change
 
 
@@ -134,3 +143,18 @@ def test_record_code_appends_one_event_from_the_working_directory(
     assert read_code_runs(ledger) == [
         CodeRun(event["time"], "7", str(tmp_path / "train.py"), file_digest(tmp_path / "train.py"))
     ]
+
+
+def test_gather_records_the_repository_and_the_entrypoint_module(tmp_path: Path) -> None:
+    """What the manifest gets at submit, in a git repository: the submit directory, HEAD, the
+    dirty flag, and the entrypoint module's file and digest (found, never imported)."""
+    (tmp_path / "mymod.py").write_text("raise RuntimeError('imported')\n")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", "mymod.py")
+    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    found = gather(_job(entrypoint="mymod:main"), tmp_path, [str(tmp_path)])
+    assert found == Provenance(
+        str(tmp_path), _git(tmp_path, "rev-parse", "HEAD"), False,
+        Code(str(tmp_path / "mymod.py"), file_digest(tmp_path / "mymod.py")),
+    )  # fmt: skip
+    assert "mymod" not in sys.modules
