@@ -384,6 +384,9 @@ def run_job(
     """
     from hpc_ddp.config.load import load_resolved_config
 
+    # Absolute before a command's task moves to its submit directory (`_enter_code`); not
+    # resolved: the path stays the one the run's records name.
+    run_dir = Path(os.path.abspath(run_dir))
     task_dir = task_run_dir(run_dir, env)
     job_id = job_id or env.get(LOCAL_JOB_ENV) or None
     refusal = not_current_refusal(run_dir, task_dir, env, job_id)
