@@ -58,6 +58,16 @@ class Manifest:
     array_jobs: list[str] = field(default_factory=list)
     previous_jobs: list[str] = field(default_factory=list)
     """Earlier job ids of this run, oldest first: ``hpc-ddp resume`` submits it again."""
+    submit_dir: str | None = None
+    """Where the run was submitted from: its ``command:`` runs there, on a resume too."""
+    git_commit: str | None = None
+    """HEAD of the git repository holding ``submit_dir`` at submit; None outside one."""
+    git_dirty: bool | None = None
+    """Whether that repository's tracked files had changes; None outside one."""
+    code_file: str | None = None
+    """The job's own code: a ``command:``'s script, an ``entrypoint:``'s module file."""
+    code_digest: str | None = None
+    """``sha256:<hex>`` of ``code_file`` at submit."""
     version: int = MANIFEST_VERSION
 
     def to_json(self) -> str:
@@ -74,7 +84,9 @@ _MANIFEST_TYPES: dict[str, tuple[type, ...]] = {
     "name": (str,), "backend": (str,), "job_id": (str, type(None)), "submitted_at": (str,),
     "command": (list,), "config_source": (str,), "run_dir": (str,),
     "array": (str, type(None)), "array_jobs": (list,), "previous_jobs": (list,),
-    "version": (int,),
+    "submit_dir": (str, type(None)), "git_commit": (str, type(None)),
+    "git_dirty": (bool, type(None)), "code_file": (str, type(None)),
+    "code_digest": (str, type(None)), "version": (int,),
 }  # fmt: skip
 
 
@@ -98,7 +110,8 @@ def read_manifest(run_dir: Path) -> Manifest:
         raise _damaged(path, f"a JSON {type(data).__name__}, not an object")
     for key, types in _MANIFEST_TYPES.items():
         value = data.get(key)
-        if key in data and (not isinstance(value, types) or isinstance(value, bool)):
+        is_bool = isinstance(value, bool) and bool not in types
+        if key in data and (not isinstance(value, types) or is_bool):
             wanted = " or ".join("null" if t is type(None) else t.__name__ for t in types)
             raise _damaged(path, f"{key} is {value!r:.80}, expected {wanted}")
         if isinstance(value, list) and not all(isinstance(v, str) for v in value):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -28,6 +29,30 @@ def test_manifest_round_trip_and_unknown_keys_from_a_newer_version(tmp_path: Pat
     data = json.loads(paths.manifest.read_text())
     paths.manifest.write_text(json.dumps({**data, "added_later": 1}))
     assert read_manifest(tmp_path).job_id == "42"
+
+
+def test_provenance_round_trips_and_an_older_manifest_has_none(tmp_path: Path) -> None:
+    """The submit directory, git commit, dirty flag and code digest are read back (the dirty
+    flag as a bool, the one bool of the manifest); a manifest written before them reads them
+    as None; a dirty flag that is not a bool is damage."""
+    paths = RunPaths(tmp_path)
+    full = dataclasses.replace(
+        _manifest(), submit_dir="/home/u/p", git_commit="ab" * 20, git_dirty=True,
+        code_file="/home/u/p/train.py", code_digest="sha256:" + "0" * 64,
+    )  # fmt: skip
+    write_manifest(paths, full)
+    assert read_manifest(tmp_path) == full
+    data = json.loads(paths.manifest.read_text())
+    old = {k: v for k, v in data.items() if k not in ("submit_dir", "git_commit", "git_dirty",
+                                                      "code_file", "code_digest")}  # fmt: skip
+    paths.manifest.write_text(json.dumps(old))
+    assert read_manifest(tmp_path) == _manifest()
+    paths.manifest.write_text(json.dumps({**data, "git_dirty": "yes"}))
+    with pytest.raises(RunDirError, match="git_dirty is 'yes', expected bool or null"):
+        read_manifest(tmp_path)
+    paths.manifest.write_text(json.dumps({**data, "code_digest": True}))
+    with pytest.raises(RunDirError, match="code_digest is True, expected str or null"):
+        read_manifest(tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -87,6 +87,9 @@ class RunStatus:
     note: str | None
     attempt_list: tuple[Mapping[str, Any], ...] = ()
     """Every attempt (``status --attempts``)."""
+    code_changed: Mapping[str, Any] | None = None
+    """Set when the latest attempt ran other code than the first (``file``, ``digest``,
+    ``first_file``, ``first_digest``); None when it did not, or nothing recorded it."""
     reasons: tuple[str, ...] = ()
     """The lines ``status`` prints under its table for this run: the rank that failed first,
     and why the run stands where it does."""
@@ -115,6 +118,7 @@ class RunStatus:
             "attempts": self.attempts, "causes": list(self.causes),
             "checkpoint_step": self.ckpt_step, "loss": self.loss,
             "failed_rank": self.failed_rank, "note": self.note, "reasons": list(self.reasons),
+            "code_changed": None if self.code_changed is None else dict(self.code_changed),
             "attempt_list": [attempt_json(a) for a in self.attempt_list],
         }  # fmt: skip
 
@@ -135,6 +139,7 @@ class RunStatus:
             loss=row["loss"],
             failed_rank=row["failed_rank"],
             note=row["note"],
+            code_changed=row.get("code_changed"),
             attempt_list=tuple(row["attempt_list"]),
             reasons=tuple(reason_lines(dict(row))),
         )

@@ -464,6 +464,9 @@ def run_job(
     """
     from hpc_ddp.config.load import load_resolved_config
 
+    # Absolute before a command's task moves to its submit directory (`_enter_code`); not
+    # resolved: the path stays the one the run's records name.
+    run_dir = Path(os.path.abspath(run_dir))
     task_dir = task_run_dir(run_dir, env)
     job_id = job_id or env.get(LOCAL_JOB_ENV) or None
     refusal = not_current_refusal(run_dir, task_dir, env, job_id)
@@ -473,6 +476,7 @@ def run_job(
     write_task_config(run_dir, task_dir)
     paths = RunPaths(task_dir)
     cfg = load_resolved_config(paths.config)
+    _enter_code(cfg, run_dir, paths, env)
     watchdog = _start_watchdog(cfg, paths, env)
     try:
         code = _run(cfg, paths, env, slurm)
@@ -486,6 +490,23 @@ def run_job(
     if watchdog is not None:
         watchdog.exiting(code)
     return code
+
+
+def _enter_code(cfg: JobConfig, run_dir: Path, paths: RunPaths, env: Mapping[str, str]) -> None:
+    """Run a ``command:`` where it was submitted from, and record (rank 0) which code this
+    attempt runs (:mod:`hpc_ddp.runtime.provenance`)."""
+    from hpc_ddp.runtime.distenv import derive_dist_env
+    from hpc_ddp.runtime.provenance import record_code, submit_dir_of
+
+    where = submit_dir_of(cfg, run_dir)
+    if where is not None:
+        os.chdir(where)  # a relative script names the same file on a resume started elsewhere
+    dist = derive_dist_env(env, port=cfg.dist.port)
+    if dist.rank == 0:
+        try:
+            record_code(cfg, paths.ledger, job_id=dist.job_id or env.get(LOCAL_JOB_ENV))
+        except OSError as exc:  # a note of `status`, never a reason not to train
+            log.warning("cannot record which code this attempt runs: %s", exc)
 
 
 def _start_watchdog(cfg: JobConfig, paths: RunPaths, env: Mapping[str, str]) -> Watchdog | None:

@@ -39,6 +39,7 @@ from hpc_ddp.config.load import (
     job_config_to_dict,
     load_resolved_config,
 )
+from hpc_ddp.config.loginnode import LoginNode, this_machine
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.preflight import preflight_job
 from hpc_ddp.errors import ConfigError, TargetError
@@ -118,7 +119,7 @@ def plan_resume(
     paths = RunPaths(run_dir)
     old = load_resolved_config(paths.config)
     cfg = _with_overrides(old, overrides, paths.config, manifest)
-    preflight_job(cfg, str(paths.config))
+    preflight_job(cfg, str(paths.config), _submit_node(manifest))
     if manifest.backend == "local":
         check_local_job(cfg)  # an override may ask for more processes than this machine has
     attempts = read_ledger(paths.ledger)
@@ -315,6 +316,16 @@ def _accum_at(cfg: JobConfig, world: int) -> int:
         return cfg.train.grad_accum
 
 
+def _submit_node(manifest: Manifest) -> LoginNode:
+    """This machine as the job sees it: in the directory the run was submitted from (its
+    ``command:`` runs there), when the manifest records one that still exists."""
+    node = this_machine()
+    where = Path(manifest.submit_dir) if manifest.submit_dir else None
+    if where is None or not where.is_dir():
+        return node
+    return dataclasses.replace(node, cwd=where)
+
+
 def _prepare_in_place(
     cfg: JobConfig,
     manifest: Manifest,
@@ -329,7 +340,9 @@ def _prepare_in_place(
         python=sys.executable,
         invocation=invocation,
     )
-    return dataclasses.replace(relocate(prepared, run_dir), created=True)
+    # The run's code is found where it was first submitted, not where `resume` runs.
+    submit_dir = Path(manifest.submit_dir) if manifest.submit_dir else None
+    return dataclasses.replace(relocate(prepared, run_dir), created=True, submit_dir=submit_dir)
 
 
 def _changes(old: JobConfig, new: JobConfig, resize: Resize | None = None) -> list[str]:

@@ -160,6 +160,9 @@ class Prepared:
     runs_dir: Path
     stamp: str
     created: bool = False
+    submit_dir: Path | None = None
+    """Where the run was submitted from: a resume keeps the first submit's (its ``command:``
+    runs there); None: this process's working directory."""
 
 
 def prepare(
@@ -325,7 +328,14 @@ def record(
     previous_jobs: Sequence[str] = (),
 ) -> Manifest:
     """Write and return the manifest of a started run (``previous_jobs``: a resumed run's
-    earlier job ids, oldest first)."""
+    earlier job ids, oldest first), with its provenance: the submit directory, its git commit
+    and the digest of the job's code there (:mod:`hpc_ddp.runtime.provenance`)."""
+    import sys
+
+    from hpc_ddp.runtime.provenance import gather, search_path
+
+    where = prepared.submit_dir or Path.cwd()
+    found = gather(prepared.cfg, where, search_path(prepared.cfg, where, sys.path))
     manifest = Manifest(
         name=prepared.cfg.name,
         backend=prepared.backend,
@@ -335,6 +345,11 @@ def record(
         config_source=prepared.config_source,
         run_dir=str(prepared.paths.root),
         previous_jobs=list(previous_jobs),
+        submit_dir=found.submit_dir,
+        git_commit=found.git_commit,
+        git_dirty=found.git_dirty,
+        code_file=None if found.code is None else found.code.file,
+        code_digest=None if found.code is None else found.code.digest,
     )
     write_manifest(prepared.paths, manifest)
     return manifest

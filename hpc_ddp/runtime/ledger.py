@@ -864,3 +864,63 @@ def _cause(value: Any) -> EndCause:
 
 def _opt_str(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+# --- which code each attempt ran ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CodeRun:
+    """One ``code`` event: the file of the job's own code and its digest when an attempt
+    started (rank 0's task appends it, :mod:`hpc_ddp.runtime.provenance`)::
+
+        {"event": "code", "time": ..., "job_id": "4242", "file": "/home/u/train.py",
+         "digest": "sha256:..."}
+    """
+
+    time: float
+    job_id: str | None
+    file: str
+    digest: str
+
+
+def code_event(*, job_id: str | None, file: str, digest: str, now: float | None = None) -> str:
+    """The ``code`` line of an attempt that is starting: which file of code it runs."""
+    return _line(
+        {
+            "event": "code",
+            "time": time.time() if now is None else now,
+            "job_id": job_id,
+            "file": file,
+            "digest": digest,
+        }
+    )
+
+
+def read_code_runs(path: Path) -> list[CodeRun]:
+    """Every ``code`` event in the ledger at ``path``, oldest first ([] without a ledger, or
+    when it cannot be read: the code is a note of ``status``, never its verdict)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    runs: list[CodeRun] = []
+    for line in text.splitlines():
+        try:
+            event = json.loads(line)
+            if not isinstance(event, dict) or event.get("event") != "code":
+                continue
+            file, digest = event["file"], event["digest"]
+            if isinstance(file, str) and isinstance(digest, str):
+                job_id = _opt_str(event.get("job_id"))
+                runs.append(CodeRun(_time(event["time"]), job_id, file, digest))
+        except (ValueError, TypeError, KeyError, OverflowError):
+            continue
+    return runs
+
+
+def code_change(runs: list[CodeRun]) -> tuple[CodeRun, CodeRun] | None:
+    """(the first attempt's code, the latest attempt's) when they differ, else None."""
+    if not runs or runs[-1].digest == runs[0].digest:
+        return None
+    return runs[0], runs[-1]

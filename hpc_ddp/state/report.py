@@ -18,7 +18,14 @@ from hpc_ddp.errors import RunDirError, SlurmError
 from hpc_ddp.layout import RunPaths
 from hpc_ddp.local.process import live_controller, live_ranks, was_cancelled
 from hpc_ddp.manifest import Manifest, read_manifest
-from hpc_ddp.runtime.ledger import Attempt, EndCause, read_ledger
+from hpc_ddp.runtime.ledger import (
+    Attempt,
+    CodeRun,
+    EndCause,
+    code_change,
+    read_code_runs,
+    read_ledger,
+)
 from hpc_ddp.runtime.progress_log import read_live_progress
 from hpc_ddp.slurm.client import SlurmClient
 from hpc_ddp.slurm.jobstate import JobState
@@ -177,7 +184,7 @@ def damaged_row(run_dir: Path, exc: BaseException) -> dict[str, Any]:
         "run": str(run_dir), "job": None, "backend": None, "state": DAMAGED, "nodes": "-",
         "elapsed": "-", "elapsed_s": None, "attempts": None, "causes": "-", "ckpt step": None,
         "loss": None,
-        "failed_rank": None, "note": text, "attempt_list": [],
+        "failed_rank": None, "note": text, "code_changed": None, "attempt_list": [],
     }  # fmt: skip
 
 
@@ -292,6 +299,9 @@ def _row(run_dir: Path, manifest: Manifest, view: SlurmView) -> dict[str, Any]:
     step, ckpt_note = newest_checkpoint(paths)
     if ckpt_note:
         notes.append(ckpt_note)
+    changed = code_change(read_code_runs(paths.ledger))
+    if changed is not None:
+        notes.append(describe_code_change(*changed))
     live = read_live_progress(paths.live_progress) if still_running(verdict.state) else None
     if live is not None:  # rank 0's last progress line (a loop that logs rows with a step)
         notes.insert(0, live.describe(time.time()))
@@ -309,6 +319,7 @@ def _row(run_dir: Path, manifest: Manifest, view: SlurmView) -> dict[str, Any]:
         "loss": last_metric(paths, "loss"),
         "failed_rank": _failed_rank(paths, verdict.state, current),
         "note": "; ".join(notes) or None,
+        "code_changed": None if changed is None else code_change_json(*changed),
         "attempt_list": [
             {
                 "attempt": a.attempt,  # numbered across the run's jobs
@@ -329,6 +340,30 @@ def _row(run_dir: Path, manifest: Manifest, view: SlurmView) -> dict[str, Any]:
             for a in attempts
         ],
     }
+
+
+def describe_code_change(first: CodeRun, last: CodeRun) -> str:
+    """The note of a run whose latest attempt ran other code than its first."""
+    name = Path(last.file).name
+    where = "" if last.file == first.file else f" (was {first.file})"
+    return (
+        f"code changed since the first attempt: {name} digest {_short(first.digest)} -> "
+        f"{_short(last.digest)}{where}"
+    )
+
+
+def code_change_json(first: CodeRun, last: CodeRun) -> dict[str, Any]:
+    """``code_changed`` of ``status --json``: the file and the first and latest digests."""
+    return {
+        "file": last.file,
+        "first_file": first.file,
+        "first_digest": first.digest,
+        "digest": last.digest,
+    }
+
+
+def _short(digest: str) -> str:
+    return digest.removeprefix("sha256:")[:12]
 
 
 _STILL_GOING = frozenset(
