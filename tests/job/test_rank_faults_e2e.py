@@ -115,8 +115,8 @@ def test_rank_0_calling_sys_exit_early_is_a_crash_not_finished(tmp_path: Path) -
         [*e2e.HPC_DDP, "status", str(run_dir), "--json"],
         cwd=REPO, env=base_env(), capture_output=True, text=True, check=True,
     )  # fmt: skip
-    row = json.loads(shown.stdout)[0]
-    assert (row["state"], row["causes"]) == ("COMPLETED", "crash,finished"), row
+    [row] = json.loads(shown.stdout)["runs"]
+    assert (row["state"], row["causes"]) == ("COMPLETED", ["crash", "finished"]), row
 
 
 def test_an_early_stop_every_rank_agrees_on_is_no_fault(tmp_path: Path) -> None:
@@ -257,5 +257,5 @@ def test_a_killed_ranks_survivor_is_a_witness_on_slurm(
     fields = e2e.wait_done(slurm_cluster, job.job_id, timeout_s=300)
     assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "0"), fields
     assert_one_verdict(job.run_dir, node="n2")
-    row = json.loads(e2e.hpc(slurm_cluster, "status", str(job.run_dir), "--json").stdout)[0]
+    row = e2e.status(slurm_cluster, job.run_dir)
     assert row["attempt_list"][0]["blame"].startswith("rank 1 on n2")
