@@ -17,8 +17,9 @@ YAML layout (every key optional except where noted)::
     dist:    {backend: auto|gloo|nccl, init_method: env|tcp|file, port, timeout_s}
     train:   {model, dataset, data_root, num_classes, image_size, synthetic_samples,
               max_steps, epochs, batch_size, grad_accum, optimizer, lr, momentum,
-              weight_decay, lr_schedule, warmup_steps, amp, seed, checkpoint_every, keep_last,
-              keep_best: {metric, mode}, eval_every, log_every, num_workers, deterministic}
+              weight_decay, lr_schedule, warmup_steps, compile, amp, seed, checkpoint_every,
+              keep_last, keep_best: {metric, mode}, eval_every, log_every, num_workers,
+              deterministic}
     requeue: {signal, lead_time, max_requeues, on_crash}
     fault:   {enabled, beat_s, stale_s, startup_timeout_s, step_timeout_s, step_timeout_factor,
               warmup_steps, checkpoint_timeout_s, max_restarts, no_progress_limit,
@@ -224,6 +225,12 @@ class TrainConfig:
     step) or ``step`` (x0.1 at 50% and again at 75% of the steps)."""
     warmup_steps: int = 0
     """Optimizer steps of linear warm-up up to ``lr``; 0: none."""
+    compile: bool = False
+    """``torch.compile`` the model after it is wrapped in DDP (the built-in trainer). The first
+    steps of each launch compile it: they run under ``fault.startup_timeout_s``
+    (``fault.warmup_steps``), not the step timeout. Compiled kernels may round differently from
+    eager ones, so changing it on a resume makes the run not comparable to an uninterrupted
+    one. Needs a C compiler on CPU and Triton on GPUs."""
     amp: bool = False
     """Mixed precision on GPUs (bfloat16 on GPUs that compute in it natively, Ampere and newer;
     float16 with a grad scaler on older ones); ignored on CPU, with a warning."""
