@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 # sub-command -> (module under hpc_ddp.cli, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "init": ("cmd_init", "write a commented job file (--byo: and a train.py with a session)"),
     "submit": ("cmd_submit", "validate a job config, render its sbatch script and submit it"),
     "resume": ("cmd_resume", "submit a stopped run again to go on from its newest checkpoint"),
     "status": ("cmd_status", "show runs: state, attempts, last checkpoint and loss"),

@@ -70,7 +70,7 @@ NOT_COMPARABLE = "not comparable to an uninterrupted run"
 
 TRAIN_KEYS_OFF_THE_PATH = frozenset(
     {
-        "checkpoint_every", "keep_last", "log_every", "eval_every", "tensorboard",
+        "checkpoint_every", "keep_last", "keep_best", "log_every", "eval_every", "tensorboard",
         "num_workers", "deterministic",
     }
 )  # fmt: skip

@@ -205,6 +205,24 @@ def _num_workers(value: Any, key: str) -> int | str:
     return count
 
 
+_METRIC = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]*")
+_NOT_METRICS = frozenset({"step", "epoch", "time"})
+"""Keys of a metrics row that say when, never how good."""
+
+
+def _metric_name(value: Any, key: str) -> str:
+    """The name of a metric a ``s.log(...)`` row carries (``val_loss``)."""
+    name = as_str(value, key)
+    if name in _NOT_METRICS or not _METRIC.fullmatch(name):
+        raise Invalid(
+            key,
+            f"{short_repr(name)} is not a metric a checkpoint can be ranked by. HINT: name a "
+            "number your rows log, as in keep_best: {metric: val_loss, mode: min} (the built-in "
+            "trainer logs val_loss and val_acc when train.eval_every is set)",
+        )
+    return name
+
+
 _GPUS_HINT = "leave it out (null) for no GPUs"
 MAX_NODES = 100_000
 """More nodes than any Slurm cluster has (the largest have about 10,000): a larger count is a
@@ -250,6 +268,7 @@ FIELD_CONVERTERS: dict[str, Converter] = {
     "train.seed": bounded(as_int, 0, 2**32 - 1),
     "train.checkpoint_every": bounded(as_int, 0, hint="0 saves only on stop and at the end"),
     "train.keep_last": bounded(as_int, 1, hint="keep at least the newest checkpoint"),
+    "train.keep_best.metric": _metric_name,
     "train.eval_every": bounded(as_int, 0, hint="0 never evaluates during training"),
     "train.log_every": bounded(as_int, 1),
     "train.num_workers": _num_workers,

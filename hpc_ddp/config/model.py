@@ -17,8 +17,9 @@ YAML layout (every key optional except where noted)::
     dist:    {backend: auto|gloo|nccl, init_method: env|tcp|file, port, timeout_s}
     train:   {model, dataset, data_root, num_classes, image_size, synthetic_samples,
               max_steps, epochs, batch_size, grad_accum, optimizer, lr, momentum,
-              weight_decay, lr_schedule, warmup_steps, amp, seed, checkpoint_every, keep_last,
-              eval_every, log_every, num_workers, deterministic}
+              weight_decay, lr_schedule, warmup_steps, compile, amp, seed, checkpoint_every,
+              keep_last, keep_best: {metric, mode}, eval_every, log_every, num_workers,
+              deterministic}
     requeue: {signal, lead_time, max_requeues, on_crash}
     fault:   {enabled, beat_s, stale_s, startup_timeout_s, step_timeout_s, step_timeout_factor,
               warmup_steps, checkpoint_timeout_s, max_restarts, no_progress_limit,
@@ -40,6 +41,7 @@ Backend = Literal["auto", "gloo", "nccl"]
 InitMethod = Literal["env", "tcp", "file"]
 Optimizer = Literal["sgd", "adamw"]
 LrSchedule = Literal["constant", "cosine", "step"]
+MetricMode = Literal["min", "max"]
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,18 @@ class DistConfig:
 
 
 @dataclass(frozen=True)
+class KeepBestConfig:
+    """Which checkpoint is the best one, kept on disk beside the newest ``keep_last``."""
+
+    metric: str
+    """A metric logged in the rows of ``s.log(...)`` (the built-in trainer's evaluation logs
+    ``val_loss`` and ``val_acc``): a checkpoint is scored by the newest value logged at its step
+    or before it."""
+    mode: MetricMode = "min"
+    """``min`` (a loss) or ``max`` (an accuracy): which way is better."""
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """What the built-in trainer runs."""
 
@@ -211,6 +225,12 @@ class TrainConfig:
     step) or ``step`` (x0.1 at 50% and again at 75% of the steps)."""
     warmup_steps: int = 0
     """Optimizer steps of linear warm-up up to ``lr``; 0: none."""
+    compile: bool = False
+    """``torch.compile`` the model after it is wrapped in DDP (the built-in trainer). The first
+    steps of each launch compile it: they run under ``fault.startup_timeout_s``
+    (``fault.warmup_steps``), not the step timeout. Compiled kernels may round differently from
+    eager ones, so changing it on a resume makes the run not comparable to an uninterrupted
+    one. Needs a C compiler on CPU and Triton on GPUs."""
     amp: bool = False
     """Mixed precision on GPUs (bfloat16 on GPUs that compute in it natively, Ampere and newer;
     float16 with a grad scaler on older ones); ignored on CPU, with a warning."""
@@ -220,6 +240,9 @@ class TrainConfig:
     """Optimizer steps between periodic checkpoints; 0 saves only on stop and at the end."""
     keep_last: int = 3
     """Checkpoints kept on disk, newest first; older ones are deleted."""
+    keep_best: KeepBestConfig | None = None
+    """Also keep the checkpoint with the best ``metric`` so far, which pruning never deletes
+    (the newest checkpoint records its step under ``meta.best``). ``None``: only ``keep_last``."""
     eval_every: int = 0
     """Optimizer steps between evaluations on the validation split; 0: none during training."""
     log_every: int = 10
@@ -308,8 +331,8 @@ class JobConfig:
     dist: DistConfig = field(default_factory=DistConfig)
     """How the process group is formed."""
     train: TrainConfig = field(default_factory=TrainConfig)
-    """What the built-in trainer runs; a session in your own script uses only ``keep_last``
-    and ``seed`` (the default seed of ``session().loader``)."""
+    """What the built-in trainer runs; a session in your own script uses only ``keep_last``,
+    ``keep_best`` and ``seed`` (the default seed of ``session().loader``)."""
     requeue: RequeueConfig = field(default_factory=RequeueConfig)
     """Requeue on time limits and preemption."""
     fault: FaultConfig = field(default_factory=FaultConfig)

@@ -184,6 +184,7 @@ JOB_SCHEMA = build_schema(
         "name": "start the file with 'name: my-job'",
         "env.container.runtime": "set env.container.runtime: apptainer, pyxis or charliecloud",
         "env.container.image": "set env.container.image to the image file or name",
+        "train.keep_best.metric": "name the metric, as in keep_best: {metric: val_loss, mode: min}",
     },
     _JOB_SHAPE,
 )

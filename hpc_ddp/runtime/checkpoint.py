@@ -602,11 +602,19 @@ def restore_rng_state(state: Mapping[str, Any], device: torch.device) -> None:
         np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
-def prune_plan(steps: list[int], keep_last: int) -> list[int]:
-    """The steps to delete so that the newest ``keep_last`` remain (``keep_last <= 0``: none)."""
+def prune_plan(steps: list[int], keep_last: int, best: int | None = None) -> list[int]:
+    """The steps to delete so that the newest ``keep_last`` remain (``keep_last <= 0``: none),
+    and the ``best`` step beside them (``train.keep_best``)."""
     if keep_last <= 0:
         return []
-    return sorted(steps)[:-keep_last]
+    return [s for s in sorted(steps)[:-keep_last] if s != best]
+
+
+def best_step(payload: Mapping[str, Any]) -> int | None:
+    """The step of the best checkpoint that ``payload``'s run has written so far, as it
+    records it (``meta.best``, set under ``train.keep_best``); None when it records none."""
+    best = payload["meta"].get("best")
+    return None if not isinstance(best, Mapping) else int(best["step"])
 
 
 def write_checkpoint(
@@ -621,8 +629,9 @@ def write_checkpoint(
     The digests first (unless the payload has them), then: temp file in the same directory ->
     ``torch.save`` -> fsync -> rename -> fsync the directory. The file is durable now, and
     ``on_durable`` is called. Then the ``latest`` pointer, the same way, and only then older
-    checkpoints beyond ``keep_last`` go (deleting a large file takes tens of milliseconds,
-    which a stop waiting for the durable point need not wait for).
+    checkpoints beyond ``keep_last`` go, all but the best one the payload records under
+    ``meta.best`` (``train.keep_best``). (Deleting a large file takes tens of milliseconds,
+    which a stop waiting for the durable point need not wait for.)
     """
     directory.mkdir(parents=True, exist_ok=True)
     step = int(payload["progress"]["step"])
@@ -643,7 +652,7 @@ def write_checkpoint(
         on_durable()
     pointer = directory / f"{CHECKPOINT_TMP_PREFIX}{LATEST_CHECKPOINT}.{os.getpid()}"
     write_text_atomic(directory / LATEST_CHECKPOINT, final.name + "\n", tmp=pointer)
-    _prune(directory, keep_last, keep=final)
+    _prune(directory, keep_last, keep=final, best=best_step(payload))
     return final
 
 
@@ -762,7 +771,7 @@ def _load_start_writeback() -> Callable[[int, int, int], None]:
 _start_writeback = _load_start_writeback()
 
 
-def _prune(directory: Path, keep_last: int, keep: Path) -> None:
+def _prune(directory: Path, keep_last: int, keep: Path, best: int | None = None) -> None:
     written = parse_checkpoint_name(keep.name)
     assert written is not None
     # Only this run's line up to the step just written counts. A file named beyond it is one
@@ -775,7 +784,7 @@ def _prune(directory: Path, keep_last: int, keep: Path) -> None:
         and s <= written
         and not_regular(p) is None
     }
-    for step in prune_plan(list(steps), keep_last):
+    for step in prune_plan(list(steps), keep_last, best):
         if steps[step] != keep:
             steps[step].unlink(missing_ok=True)
     # Temp files of writers that died mid-save (only rank 0 of one job ever writes here).

@@ -53,8 +53,8 @@ _PICKLE = "/data.pkl"
 _NOT_SHAPING = frozenset(
     {
         "train.max_steps", "train.epochs", "train.checkpoint_every", "train.keep_last",
-        "train.eval_every", "train.log_every", "train.tensorboard", "train.num_workers",
-        "train.data_root",
+        "train.keep_best", "train.keep_best.metric", "train.keep_best.mode", "train.eval_every",
+        "train.log_every", "train.tensorboard", "train.num_workers", "train.data_root",
     }
 )  # fmt: skip
 """Keys of ``train`` that say how long, how often or from where, not what is trained: a run

@@ -17,7 +17,9 @@ file format, the writer and the search for the newest good file live in
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +31,7 @@ from torch import nn
 
 from hpc_ddp.config.elastic import Resize, Shape, rescaled_accum
 from hpc_ddp.config.load import job_config_to_dict
-from hpc_ddp.config.model import JobConfig
+from hpc_ddp.config.model import JobConfig, KeepBestConfig
 from hpc_ddp.errors import CheckpointError, ConfigError
 from hpc_ddp.layout import checkpoint_name
 from hpc_ddp.runtime.checkpoint import (
@@ -92,6 +94,43 @@ class Tracked:
                 )
 
 
+@dataclass(frozen=True)
+class Best:
+    """The best checkpoint so far under ``train.keep_best`` (as ``meta.best`` records it)."""
+
+    metric: str
+    mode: str
+    step: int
+    value: float
+
+    def beaten_by(self, value: float) -> bool:
+        """Whether ``value`` is strictly better (a tie keeps the older checkpoint)."""
+        return value < self.value if self.mode == "min" else value > self.value
+
+    @classmethod
+    def recorded(cls, payload: Mapping[str, Any], keep: KeepBestConfig) -> Best | None:
+        """The best ``payload`` records for ``keep``'s metric and mode (None: none, or one
+        ranked by another metric or the other way)."""
+        best = payload["meta"].get("best")
+        if not isinstance(best, Mapping):
+            return None
+        if (best.get("metric"), best.get("mode")) != (keep.metric, keep.mode):
+            return None
+        return cls(keep.metric, keep.mode, int(best["step"]), float(best["value"]))
+
+
+def _metric_value(value: Any) -> float | None:
+    """A logged metric as a number that ranks (None: not a finite number)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if not isinstance(value, (int, float)):
+        return None
+    out = float(value)
+    return out if math.isfinite(out) else None
+
+
 def _stateful(obj: Any) -> Any:
     """``obj``, or the module inside a DDP wrapper (its state without ``module.``)."""
     return unwrap(obj) if isinstance(obj, nn.Module) else obj
@@ -142,9 +181,34 @@ class Checkpointer:
         self.last: CheckpointRecord | None = None
         """The checkpoint resumed from or last saved (None: none yet in this attempt)."""
         self._writer = CheckpointWriter(directory, config.train.keep_last)
+        self._keep_best = config.train.keep_best
+        self._metric: tuple[int, float] | None = None
+        """The newest ``(step, value)`` of ``keep_best``'s metric logged (rank 0)."""
+        self.best: Best | None = None
+        """Rank 0: the best checkpoint so far under ``train.keep_best`` (None: none yet)."""
         self._buffers = SnapshotBuffers()
         self._config = job_config_to_dict(config)  # the same in every checkpoint of an attempt
         self._handoff = handoff
+
+    def observe(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Note a metrics row logged at ``step`` (rank 0): under ``train.keep_best`` a
+        checkpoint is ranked by the newest value of its metric logged at its step or before."""
+        if self._keep_best is None:
+            return
+        value = _metric_value(metrics.get(self._keep_best.metric))
+        if value is not None:
+            self._metric = (step, value)
+
+    def _rank(self, step: int) -> Best | None:
+        """The best checkpoint once one at ``step`` is saved."""
+        keep = self._keep_best
+        if keep is None or self._metric is None or self._metric[0] > step:
+            return self.best
+        value = self._metric[1]
+        if self.best is None or self.best.beaten_by(value):
+            log.info("best %s so far: %.6g, checkpoint of step %d", keep.metric, value, step)
+            return Best(keep.metric, keep.mode, step, value)
+        return self.best
 
     @property
     def writer(self) -> CheckpointWriter:
@@ -212,6 +276,7 @@ class Checkpointer:
         assert payload is not None
         self.resize = self._check_resize(payload, name, elastic)
         self._apply(payload, name, progress)
+        self.best = None if self._keep_best is None else Best.recorded(payload, self._keep_best)
         self.last = CheckpointRecord.at(progress.step)
         return CheckpointRecord(progress.step, name)
 
@@ -373,7 +438,7 @@ class Checkpointer:
             "objects": {k: _stateful(obj).state_dict() for k, obj in t.objects.items()},
         }
         copy = self._buffers.snapshot(state)
-        return build_payload(
+        payload = build_payload(
             model=copy["model"],
             optimizer=copy["optimizer"],
             scheduler=copy["scheduler"],
@@ -385,6 +450,12 @@ class Checkpointer:
             grad_accum=self.grad_accum,
             run_id=self.run_id,
         )
+        self.best = self._rank(progress.step)
+        if self.best is not None:
+            # Recorded in every checkpoint, so that pruning spares it (write_checkpoint) and a
+            # resume goes on ranking against it.
+            payload["meta"]["best"] = dataclasses.asdict(self.best)
+        return payload
 
     def sync_errors(self) -> None:
         """Rank 0 waits for its writer; a failure becomes the same error on every rank (the

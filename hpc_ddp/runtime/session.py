@@ -823,6 +823,11 @@ class Session:
         ``samples_per_s`` in the row), and update what ``hpc-ddp status`` shows of it."""
         if self.is_main:
             self._metrics.write({"time": time.time(), **metrics})
+            if self._checkpointer is not None:  # train.keep_best ranks checkpoints by them
+                step = metrics.get("step")
+                self._checkpointer.observe(
+                    step if isinstance(step, int) else self.progress.step, metrics
+                )
             line = self._progress_log.row(metrics, epoch=self.progress.epoch)
             if line is not None:
                 log.info(line)

@@ -44,7 +44,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from hpc_ddp import collector
 from hpc_ddp.config.elastic import SAMPLE_EXACT
 from hpc_ddp.config.exactness import Exactness, exactness, total_below_checkpoint
-from hpc_ddp.config.model import JobConfig, TrainConfig
+from hpc_ddp.config.model import FaultConfig, JobConfig, TrainConfig
 from hpc_ddp.errors import ConfigError
 from hpc_ddp.runtime.checkpoint import weights_digest
 from hpc_ddp.runtime.procgroup import unwrap
@@ -233,6 +233,24 @@ def _steps_per_epoch(loader: Any, t: TrainConfig, s: Session) -> int:
     return steps
 
 
+def compile_model(model: nn.Module, fault: FaultConfig) -> None:
+    """Compile the module inside ``model``'s DDP wrapper in place (``nn.Module.compile``: its
+    calls run ``torch.compile``'d, its state dict keeps its keys, DDP's gradient hooks stay
+    eager). Compiling DDP's own forward instead leaves the module uncompiled: Dynamo skips
+    DDP's forward and what it calls. Compilation happens in the first step, and again for a
+    new shape, under ``fault.startup_timeout_s`` while the launch is within its first
+    ``fault.warmup_steps`` steps (the watchdog's warm-up)."""
+    if fault.enabled and fault.warmup_steps < 1:
+        log.warning(
+            "train.compile: the first step compiles the model, but fault.warmup_steps is 0, "
+            "so it runs under the step timeout (%d s floor); raise fault.warmup_steps if it "
+            "is taken for a hang",
+            fault.step_timeout_s,
+        )
+    log.info("train.compile: torch.compile of the model; its first steps compile it")
+    unwrap(model).compile()
+
+
 def _make_runner(t: TrainConfig, s: Session, model: nn.Module, total: int) -> StepRunner:
     """Optimizer, LR schedule and precision for ``model``, restored from the newest checkpoint."""
     optimizer = build_optimizer(t, model.parameters())
@@ -280,6 +298,8 @@ def _run_training(cfg: JobConfig, session: Session) -> TrainResult:
     # With 1 or 2 ranks every gradient element is a sum of at most two terms, the same in any
     # bucket layout, so DDP may keep its own order, which overlaps all-reduce with backward.
     model = s.wrap(build_model(t), exact=fixed_buckets(s.world_size, kept))
+    if t.compile:
+        compile_model(model, cfg.fault)
     workers = resolve_num_workers(
         t.num_workers, s.device.type, task_cpus(s.env, s.dist.local_world_size)
     )

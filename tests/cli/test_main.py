@@ -113,7 +113,7 @@ def test_status_of_a_non_run_dir_says_what_to_pass(
 
 
 def test_login_node_commands_import_no_torch_or_submitit(tmp_path: Path) -> None:
-    """submit --dry-run and status must not pay seconds for torch/torchvision/submitit."""
+    """submit --dry-run, status and init must not pay seconds for torch/torchvision/submitit."""
     probe = (
         "import sys\n"
         "from hpc_ddp.cli.main import main\n"
@@ -123,7 +123,8 @@ def test_login_node_commands_import_no_torch_or_submitit(tmp_path: Path) -> None
         "             ['submit', 'jobs/quickstart.yaml', '--dry-run', '--runs-dir', runs,\n"
         "              '--backend', 'local'],\n"
         "             ['status', '--runs-dir', runs],\n"
-        "             ['status', '--runs-dir', runs, '--goodput']):\n"
+        "             ['status', '--runs-dir', runs, '--goodput'],\n"
+        "             ['init', '--byo', runs + '/init']):\n"
         "    assert main(argv) == 0\n"
         "    if argv[0] == 'submit':  # only what a typo or a Slurm call needs is left out\n"
         "        assert not {'subprocess', 'difflib'} & set(sys.modules), argv\n"

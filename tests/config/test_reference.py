@@ -36,7 +36,8 @@ def test_the_reference_has_one_row_per_key_with_its_type_and_default() -> None:
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     fields = sum(len(dataclasses.fields(c)) for c in (
         model.JobConfig, model.SlurmConfig, model.EnvConfig, model.ContainerConfig,
-        model.DistConfig, model.TrainConfig, model.RequeueConfig, model.FaultConfig))  # fmt: skip
+        model.DistConfig, model.TrainConfig, model.KeepBestConfig, model.RequeueConfig,
+        model.FaultConfig))  # fmt: skip
     assert len(rows) == fields
 
 

@@ -101,6 +101,12 @@ def test_prune_plan(steps: list[int], keep: int, delete: list[int]) -> None:
     assert prune_plan(steps, keep) == delete
 
 
+def test_prune_plan_spares_the_best_beside_keep_last() -> None:
+    assert prune_plan([10, 20, 30, 40, 50], 2, best=20) == [10, 30]
+    assert prune_plan([10, 20, 30], 2, best=30) == [10]  # the best among the newest: no extra
+    assert prune_plan([10, 20, 30], 0, best=20) == []
+
+
 def test_save_load_roundtrip_is_weights_only(tmp_path: Path) -> None:
     model = small_model()
     path = save(tmp_path, 7, model)

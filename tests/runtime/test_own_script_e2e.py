@@ -290,3 +290,20 @@ def _watched(run: Path, tty: bool) -> None:
     assert tables >= 2, text
     assert text.count(CLEAR) == (tables if tty else 0)
     assert text.count(f"{run}: at step") >= 2
+
+
+def test_keep_best_survives_pruning_across_a_resume(tmp_path: Path) -> None:
+    """Two ranks, ``keep_last: 2`` and ``keep_best: {metric: val_loss, mode: min}``: the
+    checkpoint of step 10 (the lowest val_loss) outlives the newest two, in the run that saved
+    it and in a second run that resumes it and saves four more."""
+    env = {"HPC_DDP_RUN_DIR": str(tmp_path)}
+    first = run_ranks([str(HELPERS / "keep_best.py"), "20"], 2, env, timeout=120)
+    assert [rc for rc, _, _ in first] == [0, 0], first[0][2][-3000:]
+    assert [c.step for c in list_checkpoints(tmp_path)] == [10, 15, 20]
+    assert "best val_loss so far: 0.5, checkpoint of step 10" in first[0][2]
+    second = run_ranks([str(HELPERS / "keep_best.py"), "30"], 2, env, timeout=120)
+    assert [rc for rc, _, _ in second] == [0, 0], second[0][2][-3000:]
+    assert [c.step for c in list_checkpoints(tmp_path)] == [10, 25, 30]
+    newest = load_checkpoint(list_checkpoints(tmp_path)[-1].path)
+    assert newest["meta"]["best"] == {"metric": "val_loss", "mode": "min", "step": 10,
+                                      "value": 0.5}  # fmt: skip

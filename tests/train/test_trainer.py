@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -232,3 +234,28 @@ def test_a_resume_whose_total_is_below_the_checkpoint_is_refused(tmp_path: Path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*.pt"))[-1] == (
         "step-00000012.pt"
     )  # nothing saved past it, nothing rewound
+
+
+def test_compile_trains_a_compiled_model_with_its_warm_up_covered(tmp_path: Path) -> None:
+    """``train.compile: true`` on 2 CPU ranks: torch.compile runs (Inductor writes its
+    kernels into the cache directory), the run trains to its end and its loss falls."""
+    if shutil.which(os.environ.get("CC", "cc")) is None:  # Inductor builds C++ kernels on CPU
+        message = "torch.compile on CPU needs a C compiler, and this machine has none"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message}: install gcc in .ci/run")
+        pytest.skip(message)
+    cache = tmp_path / "inductor"
+    cfg = {**TRAIN, "compile": True, "max_steps": 8, "eval_every": 0, "checkpoint_every": 4}
+    argv = [str(HELPERS / "train_run.py"), str(tmp_path / "run"), json.dumps(cfg)]
+    ranks = run_ranks(argv, 2, {"TORCHINDUCTOR_CACHE_DIR": str(cache)}, timeout=600)
+    for rank, (code, _, err) in enumerate(ranks):
+        assert code == 0, f"rank {rank} exited {code}:\n{err[-4000:]}"
+    results = [json.loads(out.strip().splitlines()[-1]) for _, out, _ in ranks]
+    assert results[0] == results[1]
+    assert results[0]["step"] == 8
+    assert math.isfinite(results[0]["loss"])
+    assert "train.compile: torch.compile of the model" in ranks[0][2]
+    assert any(cache.rglob("*.py")), "Inductor compiled nothing"
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl")
+              .read_text().splitlines() if "loss" in json.loads(line)]  # fmt: skip
+    assert losses[-1] < losses[0]
