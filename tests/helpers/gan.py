@@ -21,6 +21,7 @@ from torch.utils.data import TensorDataset
 
 import hpc_ddp
 from hpc_ddp.runtime.procgroup import unwrap
+from hpc_ddp.runtime.stopflag import AgreementCadence
 
 
 class Curriculum:
@@ -49,6 +50,9 @@ def main(total: int, stop_at: int) -> None:
         opt_g = torch.optim.Adam(gen.parameters(), lr=1e-2)
         opt_d = torch.optim.Adam(disc.parameters(), lr=1e-2)
         curriculum = Curriculum()
+        # Agree after every step: the stop must come before the run's end however fast the
+        # steps are (an adaptive cadence agrees every ~0.1 s, possibly past step TOTAL).
+        s.cadence = AgreementCadence(fixed=1)
         s.restore(model=gen, optimizer=opt_g, discriminator=disc, opt_d=opt_d, ema=ema,
                   curriculum=curriculum)  # fmt: skip
         data = TensorDataset(torch.randn(96, 2, generator=torch.Generator().manual_seed(1)) + 1)
