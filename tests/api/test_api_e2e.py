@@ -1,5 +1,5 @@
 """The Python API on the real dev cluster (issue 27): submit -> wait -> metrics -> resume with
-real jobs, a failing job's error with the lines ``status`` prints, a cancel, the README's
+real jobs, a failing job's error with the lines ``status`` prints, a cancel, docs/cli.md's
 example exactly as written, and ``examples/api/lr_search.py``.
 
 The API runs in this process against the cluster (the ``slurm_cluster`` fixture points
@@ -127,10 +127,10 @@ def test_cancel_stops_a_running_job_and_wait_says_so(
         slurm_cluster.run("scancel", job.job_id, check=False)
 
 
-def readme_example() -> str:
-    """The first python block of the README's "Python API" section, as written."""
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("\n## Python API\n", 1)[1].split("\n## ", 1)[0]
+def api_doc_example() -> str:
+    """The first python block of docs/cli.md's "Python API" section, as written."""
+    doc = (REPO / "docs" / "cli.md").read_text()
+    section = doc.split("\n## Python API\n", 1)[1].split("\n## ", 1)[0]
     match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
     assert match is not None, "no python example under ## Python API"
     return match.group(1)
@@ -138,8 +138,8 @@ def readme_example() -> str:
 
 @pytest.mark.torch
 @pytest.mark.slow
-def test_the_readme_example_runs_as_written(slurm_cluster: Cluster, tmp_path: Path) -> None:
-    code = readme_example()
+def test_the_api_doc_example_runs_as_written(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    code = api_doc_example()
     assert "hpc_ddp.submit(" in code
     assert "sweep.results()" in code
     assert "hpc_ddp.runs()" in code
