@@ -736,20 +736,17 @@ class Session:
     def _stop_between_steps(self) -> bool:
         """The stop agreement of :meth:`steps`, at a boundary its :attr:`cadence` picked.
 
-        Alone, a rank agrees with itself: no collective, and a stop comes at the very step.
-        A fixed cadence (a test that needs the stop after an exact step) agrees synchronously
-        (:meth:`should_stop`). Otherwise the agreement launched at the last boundary is read
-        and the next one launched (:meth:`StopFlag.launch`): reading an all-reduce the moment
-        it is launched would make a GPU rank wait for every kernel queued before it.
+        Alone (a rank agrees with itself, at the very step) or at a fixed cadence (a test that
+        needs the stop after an exact step) it is :meth:`should_stop`. Otherwise the agreement
+        launched at the last boundary is read and the next one launched
+        (:meth:`StopFlag.launch`): reading an all-reduce the moment it is launched would make a
+        GPU rank wait for every kernel queued before it.
         """
+        if self.world_size == 1 or self.cadence.fixed is not None:
+            return self.should_stop()
         flag = self.stop_flag
         step = self.progress.step
-        if self.world_size == 1:
-            self.cadence.agreed(step, 1)
-            return flag.agree_alone() is not None
-        if self.cadence.fixed is not None:
-            return self.should_stop()
-        stop = flag.collect() is not None if flag.in_flight else False
+        stop = flag.collect() is not None  # None when nothing is in flight yet
         if not stop:
             flag.launch(self.device, every=self.cadence.propose(step))
         self.cadence.agreed(step, flag.every)
