@@ -47,7 +47,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from benchmarks.common import BIN, REPO, Targets
 from hpc_ddp.devcluster import cluster as devcluster
 from hpc_ddp.errors import HpcDdpError
-from hpc_ddp.runtime.ledger import Attempt, read_ledger
+from hpc_ddp.rundir.ledger import Attempt, read_ledger
 
 STATE_DIR_SUFFIX = "-faults"
 """The benchmark's cluster lives beside the default dev cluster, in its own state dir."""

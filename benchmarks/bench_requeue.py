@@ -60,8 +60,8 @@ from benchmarks.cluster import (
     wait_finished,
 )
 from benchmarks.common import REPO, Targets, byte_compile_package
-from hpc_ddp.runtime.ledger import read_ledger
-from hpc_ddp.slurm.jobstate import JobState
+from hpc_ddp.backends.slurm.jobstate import JobState
+from hpc_ddp.rundir.ledger import read_ledger
 from hpc_ddp.sweep.results import read_metrics
 
 SIGNAL_AT_STEP = 20

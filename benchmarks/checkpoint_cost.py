@@ -13,11 +13,11 @@ through :class:`~hpc_ddp.runtime.session.Session` as a training script uses it. 
 Each round, in a rotated order: one checkpoint (the time ``Session.checkpoint()`` blocks the
 training thread: the RNG gather and the snapshot into kept buffers, in wall and CPU time; and
 the time until the file is durable: digests, ``torch.save``, fsync, rename, fsync of the
-directory, from the :class:`~hpc_ddp.runtime.checkpoint.CheckpointWriter`'s own clock), one ``dd
+directory, from the :class:`~hpc_ddp.checkpoint.format.CheckpointWriter`'s own clock), one ``dd
 bs=1M conv=fsync`` of the same bytes (a checkpoint file, read from the page cache) into the same
 directory, and the restart path: the file dropped from the page cache (as on another node), then
 read back without and with the digest check
-(:func:`~hpc_ddp.runtime.checkpoint.load_checkpoint`). Also ``dd if=/dev/zero`` of as many MiB,
+(:func:`~hpc_ddp.checkpoint.format.load_checkpoint`). Also ``dd if=/dev/zero`` of as many MiB,
 for comparison only: this VM's virtual disk writes zeros about 1.5 times as fast as other bytes
 (1 GB: 0.44-0.53 s against 0.62-0.91 s), so zeros would make a reference no real checkpoint
 could meet. Between rounds the weights change, as training would change them. One uncounted
@@ -43,9 +43,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from hpc_ddp.checkpoint.format import load_checkpoint
 from hpc_ddp.config.model import JobConfig, TrainConfig
-from hpc_ddp.layout import checkpoint_name
-from hpc_ddp.runtime.checkpoint import load_checkpoint
+from hpc_ddp.rundir.layout import checkpoint_name
 from hpc_ddp.runtime.session import Session
 from hpc_ddp.train.models import build_model
 

@@ -2,7 +2,7 @@
 
 Where the cluster lives comes from :mod:`hpc_ddp.devcluster.cluster`
 (``$HPC_DDP_DEV_CLUSTER_DIR`` or
-its default); Slurm's commands go through :class:`hpc_ddp.slurm.client.SlurmClient`, which
+its default); Slurm's commands go through :class:`hpc_ddp.backends.slurm.client.SlurmClient`, which
 reads ``SLURM_CONF`` from the environment :func:`use_dev_cluster` sets.
 """
 
@@ -16,10 +16,10 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from benchmarks.common import BIN
+from hpc_ddp.backends.slurm.client import SlurmClient
+from hpc_ddp.backends.slurm.jobstate import JobState, parse_job_state
 from hpc_ddp.devcluster import cluster as devcluster
 from hpc_ddp.devcluster.conf import releasable_early
-from hpc_ddp.slurm.client import SlurmClient
-from hpc_ddp.slurm.jobstate import JobState, parse_job_state
 
 T = TypeVar("T")
 SLURM = SlurmClient()

@@ -43,9 +43,9 @@ _LAZY = {
     "REQUEUE_EXIT_CODE": "hpc_ddp.exitcodes",
     "unwrap": "hpc_ddp.runtime.session",
     "Progress": "hpc_ddp.runtime.progress",
-    "CheckpointInfo": "hpc_ddp.runtime.checkpoint",
-    "list_checkpoints": "hpc_ddp.runtime.checkpoint",
-    "weights_digest": "hpc_ddp.runtime.checkpoint",
+    "CheckpointInfo": "hpc_ddp.checkpoint.format",
+    "list_checkpoints": "hpc_ddp.checkpoint.format",
+    "weights_digest": "hpc_ddp.checkpoint.format",
     "ResumableLoader": "hpc_ddp.runtime.sampler",
     "ResumableSampler": "hpc_ddp.runtime.sampler",
     "run_training": "hpc_ddp.train.trainer",
@@ -111,9 +111,9 @@ if TYPE_CHECKING:
     from hpc_ddp.api.job import Job, resume, submit
     from hpc_ddp.api.status import RunStatus, SweepStatus, runs
     from hpc_ddp.api.sweep import Sweep, submit_sweep
+    from hpc_ddp.checkpoint.format import CheckpointInfo, list_checkpoints, weights_digest
     from hpc_ddp.config.model import JobConfig
     from hpc_ddp.exitcodes import REQUEUE_EXIT_CODE
-    from hpc_ddp.runtime.checkpoint import CheckpointInfo, list_checkpoints, weights_digest
     from hpc_ddp.runtime.procgroup import unwrap
     from hpc_ddp.runtime.progress import Progress
     from hpc_ddp.runtime.sampler import ResumableLoader, ResumableSampler

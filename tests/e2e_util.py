@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from hpc_ddp.backends.slurm.jobstate import parse_scontrol_oneliner
 from hpc_ddp.devcluster.conf import releasable_early
-from hpc_ddp.runtime.ledger import Attempt, read_ledger
-from hpc_ddp.slurm.jobstate import parse_scontrol_oneliner
+from hpc_ddp.rundir.ledger import Attempt, read_ledger
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset
@@ -291,7 +291,7 @@ def wait_checkpoint(
 
 
 def ledger(run_dir: Path) -> list[Attempt]:
-    """The run's attempts as :func:`hpc_ddp.runtime.ledger.read_ledger` folds them."""
+    """The run's attempts as :func:`hpc_ddp.rundir.ledger.read_ledger` folds them."""
     return read_ledger(run_dir / "ledger.jsonl")
 
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from hpc_ddp.layout import RUN_DIR_ENV
+from hpc_ddp.rundir.layout import RUN_DIR_ENV
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset

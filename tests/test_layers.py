@@ -53,38 +53,66 @@ LAYERS: tuple[Layer, ...] = (
         ("errors", "version", "exitcodes", "collector", "output"),
         pure=("errors", "version", "exitcodes", "output"),
     ),
-    Layer(("durable", "layout"), pure=("layout",)),
-    Layer(("manifest", "run_id")),
+    Layer(("durable", "rundir.layout"), pure=("rundir.layout",)),
     Layer(("config",), pure=("config.*",), impure=("preflight", "loginnode", "programs", "images")),
+    Layer(("rundir",), pure=("rundir.ledger", "rundir.live_progress")),
+    Layer(("doctor.judgement",), pure=("doctor.judgement",)),
     Layer(("devcluster",), pure=("devcluster.conf",)),
     Layer(
-        ("slurm",),
-        pure=("slurm.render", "slurm.default_script", "slurm.nodelist", "slurm.jobstate"),
-    ),
-    Layer(
-        ("runtime",),
+        ("backends", "backends.slurm", "backends.local"),
         pure=(
-            "runtime.distenv",
-            "runtime.ledger",
-            "runtime.progress",
-            "runtime.health",
-            "runtime.handoff",
-            "runtime.blame",
+            "backends.slurm.render",
+            "backends.slurm.default_script",
+            "backends.slurm.nodelist",
+            "backends.slurm.jobstate",
         ),
     ),
+    Layer(("runtime",), pure=("runtime.distenv", "runtime.progress", "runtime.handoff")),
+    Layer(("checkpoint",)),
+    Layer(("fault",), pure=("fault.blame",)),
+    Layer(("runtime.session", "runtime.evaluation")),
     Layer(("train",)),
+    Layer(("doctor",)),
     Layer(("job",)),
-    Layer(("local",)),
+    Layer(("backends.local.launcher",)),
+    Layer(("backends.local.backend",)),
     Layer(("state",), pure=("state.verdict", "state.task", "state.resumable", "state.goodput")),
-    Layer(("launch",)),
+    Layer(("submission",)),
     Layer(("sweep",), pure=("sweep.spec",)),
     Layer(("api",)),
     Layer(("cli",)),
     Layer(("__init__", "__main__")),
 )
-"""hpc-ddp from the bottom up: the run directory's contract, config, Slurm, the on-task runtime
-and what runs on the tasks, then the login side that launches runs and reads them back, the Python
-API over it, and the CLI over that."""
+"""hpc-ddp from the bottom up: the shared ground (errors, the run directory, config, the
+backends' common parts), the node side (the rank's runtime, checkpoints, the fault model, the
+trainer, the task), then the login side that submits runs and reads them back, the Python API
+over it, and the CLI over that. A module belongs to the layer of the longest unit that names
+it (``backends.local.backend`` is not ``backends.local``)."""
+
+NODE: tuple[str, ...] = (
+    "runtime",
+    "checkpoint",
+    "fault",
+    "doctor.exam",
+    "train",
+    "job",
+    "backends.local.launcher",
+    "cli.cmd_run",
+    "cli.cmd_supervise",
+)
+"""What runs on the nodes (the tasks, their ranks, the supervisor), and the CLI's node verbs."""
+LOGIN: tuple[str, ...] = ("backends.local.backend", "state", "submission", "sweep", "api", "cli")
+"""What runs on the login node. It shares only the run directory, config and the backends'
+common parts with the node side: it never imports the node side (:data:`CROSSINGS` aside)."""
+CROSSINGS: dict[tuple[str, str], str] = {
+    ("backends.local.backend", "backends.local.launcher"): (
+        "submitit pickles the node face's entries by name and runs them in the tasks"
+    ),
+    ("cli.cmd_checkpoints", "checkpoint.format"): (
+        "`hpc-ddp checkpoints` reads the files with torch on purpose, after its argument checks"
+    ),
+}
+"""The login->node imports allowed, each inside a function and each with its reason."""
 
 PREFLIGHT = (
     "hpc_ddp.config.preflight",
@@ -108,13 +136,31 @@ def _all_modules() -> list[str]:
 MODULES = _all_modules()
 
 
+def _unit_of(module: str, units: dict[str, int]) -> str | None:
+    rest = module.removeprefix("hpc_ddp").removeprefix(".") or "__init__"
+    found = [u for u in units if rest == u or rest.startswith(u + ".")]
+    return max(found, key=len) if found else None
+
+
+_UNITS = {unit: index for index, layer in enumerate(LAYERS) for unit in layer.units}
+
+
 def layer_of(module: str) -> int:
     """The index in :data:`LAYERS` of the layer that holds ``module``."""
-    rest = module.removeprefix("hpc_ddp").removeprefix(".") or "__init__"
-    for index, layer in enumerate(LAYERS):
-        if any(rest == unit or rest.startswith(unit + ".") for unit in layer.units):
-            return index
-    raise AssertionError(f"{module} is in no layer: add it to LAYERS in tests/test_layers.py")
+    unit = _unit_of(module, _UNITS)
+    if unit is None:
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS in tests/test_layers.py")
+    return _UNITS[unit]
+
+
+_SIDES = {**dict.fromkeys(LOGIN, "login"), **dict.fromkeys(NODE, "node")}
+
+
+def side_of(module: str) -> str:
+    """``login``, ``node`` or ``shared``: the longest unit of :data:`NODE` or :data:`LOGIN`
+    that names ``module`` decides."""
+    unit = _unit_of(module, dict.fromkeys(_SIDES, 0))
+    return "shared" if unit is None else _SIDES[unit]
 
 
 def _is_pure(module: str) -> bool:
@@ -155,7 +201,7 @@ def _imports(module: str) -> list[tuple[str, int]]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             if not node.module.startswith("hpc_ddp"):
                 continue
-            for alias in node.names:  # `from hpc_ddp.launch import wait` imports a module
+            for alias in node.names:  # `from hpc_ddp.submission import wait` imports a module
                 sub = f"{node.module}.{alias.name}"
                 out.append((sub if sub in MODULES else node.module, node.lineno))
     return out
@@ -183,6 +229,61 @@ def test_the_direction_check_sees_an_arrow_up() -> None:
     assert _imports("hpc_ddp.cli.cmd_run")  # it imports the job's entry, below it
 
 
+def login_to_node_imports(module: str) -> list[str]:
+    """Every import in a login-side ``module`` of a node-side module, function-level ones
+    included, but the declared :data:`CROSSINGS`."""
+    if side_of(module) != "login":
+        return []
+    short = module.removeprefix("hpc_ddp.")
+    return [
+        f"{module}:{line} imports {target} (node side)"
+        for target, line in _imports(module)
+        if target in MODULES
+        and side_of(target) == "node"
+        and (short, target.removeprefix("hpc_ddp.")) not in CROSSINGS
+    ]
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_the_login_side_never_imports_the_node_side(module: str) -> None:
+    assert login_to_node_imports(module) == []
+
+
+def test_the_sides_are_what_the_layers_say() -> None:
+    assert side_of("hpc_ddp.backends.local.backend") == "login"
+    assert side_of("hpc_ddp.backends.local.launcher") == "node"
+    assert side_of("hpc_ddp.backends.local.process") == "shared"
+    assert side_of("hpc_ddp.cli.cmd_run") == "node"
+    assert side_of("hpc_ddp.cli.cmd_status") == "login"
+    assert side_of("hpc_ddp.rundir.ledger") == "shared"
+    assert side_of("hpc_ddp.doctor.exam") == "node"
+    assert side_of("hpc_ddp.doctor.judgement") == "shared"
+    # Every declared crossing is still one: a stale entry would hide the next real one.
+    for source, target in CROSSINGS:
+        imported = [t for t, _ in _imports(f"hpc_ddp.{source}")]
+        assert f"hpc_ddp.{target}" in imported, (source, target)
+        assert side_of(f"hpc_ddp.{source}") == "login"
+        assert side_of(f"hpc_ddp.{target}") == "node"
+    # The node side sits below the login side, so no arrow may point up from it either.
+    node_top = max(layer_of(m) for m in MODULES if side_of(m) == "node" and ".cli." not in m)
+    login_bottom = min(layer_of(m) for m in MODULES if side_of(m) == "login")
+    assert node_top < login_bottom
+
+
+def test_importing_the_login_side_loads_nothing_of_the_node_side() -> None:
+    """What the import statements say, checked by what importing every login module loads."""
+    login = [m for m in MODULES if side_of(m) == "login"]
+    code = (
+        "import importlib, json, sys\n"
+        f"for m in {login!r}: importlib.import_module(m)\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('hpc_ddp'))))"
+    )
+    loaded = json.loads(_run(code))
+    assert [m for m in loaded if side_of(m) == "node"] == []
+    assert "hpc_ddp.state.report" in loaded
+    assert "hpc_ddp.rundir.ledger" in loaded
+
+
 def _run(code: str) -> str:
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=ROOT
@@ -200,7 +301,14 @@ def _loaded_by(module: str) -> dict[str, list[str]]:
     return json.loads(_run(code))  # type: ignore[no-any-return]
 
 
-PACKAGES = {"hpc_ddp", *(f"hpc_ddp.{p.name}" for p in PACKAGE.iterdir() if p.is_dir())}
+PACKAGES = {
+    "hpc_ddp",
+    *(
+        "hpc_ddp." + ".".join(p.parent.relative_to(PACKAGE).parts)
+        for p in PACKAGE.rglob("__init__.py")
+        if p.parent != PACKAGE
+    ),
+}
 
 
 @pytest.mark.parametrize("module", PURE_MODULES)
@@ -367,3 +475,11 @@ def test_every_package_ships_in_the_wheel() -> None:
         tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     )
     assert {p for p in PACKAGES if (ROOT / p.replace(".", "/") / "__init__.py").is_file()} <= listed
+
+
+def test_no_package_shadows_a_public_name() -> None:
+    """``hpc_ddp.submit`` is the API's function: a subpackage of that name would replace it
+    with a module as soon as anything imported the subpackage."""
+    top = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    top |= {p.stem for p in PACKAGE.glob("*.py")}
+    assert top & set(hpc_ddp.__all__) == set()

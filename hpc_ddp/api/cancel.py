@@ -14,8 +14,8 @@ already ended, or that Slurm does not know, is not cancelled either, and is said
 (``already_finished`` with its state, ``unknown``): ``scancel`` would return 0 for both.
 
 A local run's job id is a pid, and pids are reused: it is signalled only while
-:mod:`hpc_ddp.local.process` proves the process under it is still that run's own, and that its
-command line names this run directory. A local cancel returns once every process of the run
+:mod:`hpc_ddp.backends.local.process` proves the process under it is still that run's own, and that
+its command line names this run directory. A local cancel returns once every process of the run
 has ended: what ignores the SIGTERM is SIGKILLed after a grace (Slurm's ``KillWait``).
 
 ``hpc-ddp cancel``, :meth:`hpc_ddp.Job.cancel` and :meth:`hpc_ddp.Sweep.cancel` all cancel
@@ -37,13 +37,13 @@ from hpc_ddp.api.targets import (
     resolve_targets,
     sweep_task_of,
 )
+from hpc_ddp.backends.local.process import KILL_WAIT_S
+from hpc_ddp.backends.slurm.arrayjobs import live_task
+from hpc_ddp.backends.slurm.client import SlurmClient
+from hpc_ddp.backends.slurm.jobstate import AccountingRecord, JobInfo, is_job_ref
 from hpc_ddp.errors import RunDirError, SlurmError, TargetError
-from hpc_ddp.layout import MANIFEST_FILE
-from hpc_ddp.local.process import KILL_WAIT_S
-from hpc_ddp.manifest import Backend, read_manifest
-from hpc_ddp.slurm.arrayjobs import live_task
-from hpc_ddp.slurm.client import SlurmClient
-from hpc_ddp.slurm.jobstate import AccountingRecord, JobInfo, is_job_ref
+from hpc_ddp.rundir.layout import MANIFEST_FILE
+from hpc_ddp.rundir.manifest import Backend, read_manifest
 
 
 def check_targets(targets: Sequence[str]) -> None:
@@ -132,9 +132,9 @@ def cancel_targets(
     wrong target raises (:class:`TargetError`, :class:`RunDirError`) and nothing is cancelled.
     ``runs_dir`` is where job ids are looked up. A local run is waited for until every
     process of it has ended, SIGKILLed after ``kill_wait_s`` (default
-    :data:`~hpc_ddp.local.process.KILL_WAIT_S`, as Slurm's ``KillWait``).
+    :data:`~hpc_ddp.backends.local.process.KILL_WAIT_S`, as Slurm's ``KillWait``).
     """
-    from hpc_ddp.local.backend import stop_local
+    from hpc_ddp.backends.local.backend import stop_local
 
     check_targets(targets)
     plans = [plan for t in targets for plan in plan_cancel(t, runs_dir)]

@@ -16,9 +16,9 @@ new process (a notebook restarted, another login node) is the same job. The ``su
 with the same hints. Nothing here imports torch, torchvision or submitit on a login node (a
 local run's processes import what they need).
 
-Every function takes ``slurm=``, the :class:`~hpc_ddp.slurm.client.SlurmClient` to talk to
+Every function takes ``slurm=``, the :class:`~hpc_ddp.backends.slurm.client.SlurmClient` to talk to
 Slurm through (None: the real commands on PATH); tests pass one over
-:class:`~hpc_ddp.slurm.fake.FakeSlurm`, as ``hpc_ddp.cli.main.main(argv, slurm=)`` does.
+:class:`~hpc_ddp.backends.slurm.fake.FakeSlurm`, as ``hpc_ddp.cli.main.main(argv, slurm=)`` does.
 """
 
 from __future__ import annotations
@@ -33,15 +33,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import ConfigError, OverrideError, RunFailedError, TargetError
-from hpc_ddp.launch.submission import Launched, Prepared
-from hpc_ddp.layout import MANIFEST_FILE, RunPaths
-from hpc_ddp.manifest import read_manifest
+from hpc_ddp.rundir.layout import MANIFEST_FILE, RunPaths
+from hpc_ddp.rundir.manifest import read_manifest
+from hpc_ddp.submission.submit import Launched, Prepared
 
 if TYPE_CHECKING:
     from hpc_ddp.api.cancel import CancelResult
     from hpc_ddp.api.status import RunStatus, SweepStatus
-    from hpc_ddp.launch.resume import ResumePlan
-    from hpc_ddp.slurm.client import SlurmClient
+    from hpc_ddp.backends.slurm.client import SlurmClient
+    from hpc_ddp.submission.resume import ResumePlan
 
 # Reading runs back (api.status, api.targets, api.cancel, api.logs) and resuming them are
 # imported where they are used: a submit, on a login node, pays for none of it.
@@ -60,7 +60,7 @@ def _client(slurm: SlurmClient | None) -> SlurmClient:
     if slurm is not None:
         return slurm
     # Imported here: planning asks Slurm nothing, so a dry run never loads the client.
-    from hpc_ddp.slurm.client import SlurmClient
+    from hpc_ddp.backends.slurm.client import SlurmClient
 
     return SlurmClient()
 
@@ -210,7 +210,7 @@ class Job:
         finished a moment before its processes have exited, and the wait waits for those."""
         if self.backend != "local":
             return True
-        from hpc_ddp.local.process import local_alive
+        from hpc_ddp.backends.local.process import local_alive
 
         return not local_alive(self.run_dir, self.job_id)
 
@@ -308,7 +308,7 @@ def plan_submit(
     """
     from hpc_ddp.api.targets import path_arg
     from hpc_ddp.config.preflight import preflight_job
-    from hpc_ddp.launch.submission import choose_backend, prepare, runs_dir_from
+    from hpc_ddp.submission.submit import choose_backend, prepare, runs_dir_from
 
     runs_dir = path_arg("runs_dir", runs_dir)  # checked first: nothing is read before
     args = override_args(overrides)
@@ -363,11 +363,11 @@ def launch(planned: Prepared | ResumePlan, *, slurm: SlurmClient | None = None) 
     another submission holds) and the job started on its backend and recorded."""
     client = _client(slurm)
     if isinstance(planned, Prepared):
-        from hpc_ddp.launch.submission import launch as launch_prepared
+        from hpc_ddp.submission.submit import launch as launch_prepared
 
         launched = launch_prepared(planned, client)
     else:
-        from hpc_ddp.launch.resume import resume as resume_planned
+        from hpc_ddp.submission.resume import resume as resume_planned
 
         launched = resume_planned(planned, client)
     backend = launched.prepared.backend
@@ -377,7 +377,7 @@ def launch(planned: Prepared | ResumePlan, *, slurm: SlurmClient | None = None) 
 def sbatch_test_only(prepared: Prepared, *, slurm: SlurmClient | None = None) -> str:
     """``sbatch --test-only`` for a planned submission: Slurm's word on whether and when it
     would start. Nothing is submitted (the run directory sbatch reads is removed again)."""
-    from hpc_ddp.launch.submission import test_only as ask
+    from hpc_ddp.submission.submit import test_only as ask
 
     return ask(prepared, _client(slurm))
 
@@ -424,7 +424,7 @@ def plan_resume(
     nothing is written or submitted (``hpc-ddp resume --dry-run``). The plan says where the
     run stands (``.state``, ``.attempts``), the checkpoint it would go on from
     (``.checkpoint_step``) and what the overrides change (``.changes``)."""
-    from hpc_ddp.launch.resume import plan_resume as plan
+    from hpc_ddp.submission.resume import plan_resume as plan
 
     args = override_args(overrides)
     shown = str(run_dir)

@@ -4,7 +4,7 @@ On Slurm srun puts rank N's stderr in ``logs/rank-N.err`` and its stdout in ``lo
 (the local backend does the same); hpc-ddp's own progress (steps, loss, checkpoints, stops,
 errors) is Python logging, which writes to stderr. The batch script's own log is
 ``logs/batch-<job>.{out,err}`` (a sweep task's: the sweep's
-``logs/batch-<array job>_<task id>``, see :func:`~hpc_ddp.slurm.arrayjobs.batch_logs`).
+``logs/batch-<array job>_<task id>``, see :func:`~hpc_ddp.backends.slurm.arrayjobs.batch_logs`).
 ``hpc-ddp logs`` and :meth:`hpc_ddp.Job.logs` find them here.
 """
 
@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Literal
 
 from hpc_ddp.api.targets import find_array_task, require_dir, resolve_targets, sweep_task_of
+from hpc_ddp.backends.slurm.arrayjobs import batch_logs, format_index_ranges
+from hpc_ddp.backends.slurm.jobstate import is_job_ref
 from hpc_ddp.errors import HpcDdpError, RunDirError, TargetError
-from hpc_ddp.layout import RunPaths
-from hpc_ddp.slurm.arrayjobs import batch_logs, format_index_ranges
-from hpc_ddp.slurm.jobstate import is_job_ref
+from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.sweep.records import read_sweep_record
 
 LOG_STREAMS = ("err", "out")
@@ -88,7 +88,7 @@ def check_rank(paths: RunPaths, rank: int) -> None:
     says how many it has (``nodes x tasks_per_node``); a run without a readable config is not
     checked (its logs say what there is)."""
     from hpc_ddp.config.load import load_resolved_config
-    from hpc_ddp.job.taskconfig import load_task_config
+    from hpc_ddp.rundir.taskconfig import load_task_config
 
     if isinstance(rank, bool) or not isinstance(rank, int):
         raise TypeError(

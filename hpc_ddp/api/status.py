@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hpc_ddp.api.targets import manifest_jobs, path_arg, resolve_targets, sweep_task_of
+from hpc_ddp.backends.slurm.client import SlurmClient
+from hpc_ddp.backends.slurm.jobstate import JobState
 from hpc_ddp.errors import RunDirError
-from hpc_ddp.layout import MANIFEST_FILE
-from hpc_ddp.manifest import Manifest, read_manifest
-from hpc_ddp.slurm.client import SlurmClient
-from hpc_ddp.slurm.jobstate import JobState
+from hpc_ddp.rundir.layout import MANIFEST_FILE
+from hpc_ddp.rundir.manifest import Manifest, read_manifest
 from hpc_ddp.state.report import (
     DAMAGED,
     ask_slurm,
@@ -249,7 +249,7 @@ def runs(
     (``slurm``: the client to ask through; None: the real commands)."""
     import os
 
-    from hpc_ddp.launch.submission import runs_dir_from
+    from hpc_ddp.submission.submit import runs_dir_from
 
     base = runs_dir_from(path_arg("runs_dir", runs_dir), os.environ)
     return collect_status([], base, slurm if slurm is not None else SlurmClient())

@@ -29,6 +29,14 @@ from hpc_ddp.api.cancel import CancelResult, cancel_targets
 from hpc_ddp.api.job import BackendChoice, Job, Overrides, override_args
 from hpc_ddp.api.status import SweepStatus, collect_status, wait_until_ended
 from hpc_ddp.api.targets import path_arg, require_dir
+from hpc_ddp.backends.slurm.arrayjobs import (
+    ArrayRecord,
+    current_refs,
+    format_index_ranges,
+    read_arrays,
+)
+from hpc_ddp.backends.slurm.client import SlurmClient
+from hpc_ddp.backends.slurm.jobstate import AccountingRecord, JobInfo
 from hpc_ddp.errors import (
     ConfigError,
     RunDirError,
@@ -37,11 +45,8 @@ from hpc_ddp.errors import (
     SlurmError,
     TargetError,
 )
-from hpc_ddp.layout import MANIFEST_FILE, RUNS_DIR_ENV
-from hpc_ddp.manifest import Backend, read_manifest
-from hpc_ddp.slurm.arrayjobs import ArrayRecord, current_refs, format_index_ranges, read_arrays
-from hpc_ddp.slurm.client import SlurmClient
-from hpc_ddp.slurm.jobstate import AccountingRecord, JobInfo
+from hpc_ddp.rundir.layout import MANIFEST_FILE, RUNS_DIR_ENV
+from hpc_ddp.rundir.manifest import Backend, read_manifest
 from hpc_ddp.sweep.arrays import PreparedArray
 from hpc_ddp.sweep.records import SweepRecord, read_sweep_record
 from hpc_ddp.sweep.results import ResultRow
@@ -238,7 +243,7 @@ def load_sweep_spec(
 def sweep_runs_dir(runs_dir: str | Path | None) -> Path:
     """Where a sweep directory goes: ``runs_dir``, else ``$HPC_DDP_RUNS_DIR``, else ``./runs``,
     refused (:class:`RunsDirError`) when it is a file, lies under one, or cannot be written."""
-    from hpc_ddp.launch.submission import runs_dir_from
+    from hpc_ddp.submission.submit import runs_dir_from
 
     path = runs_dir_from(path_arg("runs_dir", runs_dir), os.environ)
     origin = (
@@ -293,7 +298,7 @@ def plan_sweep(
     invocation: Sequence[str] = (),
 ) -> SweepPlan:
     """The arrays :func:`launch_sweep` would submit for ``spec``, rendered, and where."""
-    from hpc_ddp.launch.submission import new_run_dir, stamp_of
+    from hpc_ddp.submission.submit import new_run_dir, stamp_of
     from hpc_ddp.sweep.arrays import SLURM_DEFAULT_MAX_ARRAY_SIZE, sweep_name
     from hpc_ddp.sweep.submit import prepare_sweep
 
@@ -322,7 +327,7 @@ def choose_sweep_backend(backend: BackendChoice) -> Backend:
     """``auto``: Slurm when ``sbatch`` is on PATH, else local processes (as for a run)."""
     import shutil
 
-    from hpc_ddp.launch.submission import choose_backend
+    from hpc_ddp.submission.submit import choose_backend
 
     return choose_backend(backend, shutil.which("sbatch") if backend == "auto" else None)
 

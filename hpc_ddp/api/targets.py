@@ -13,18 +13,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc_ddp.errors import RunDirError, RunsDirError, TargetError
-from hpc_ddp.launch.submission import check_runs_dir
-from hpc_ddp.layout import MANIFEST_FILE
-from hpc_ddp.manifest import Manifest, read_manifest
-from hpc_ddp.slurm.arrayjobs import (
+from hpc_ddp.backends.slurm.arrayjobs import (
     ARRAYS_RECORD,
     current_refs,
     format_index_ranges,
     parse_index_ranges,
     read_arrays,
 )
-from hpc_ddp.slurm.jobstate import check_job_ref, is_job_ref
+from hpc_ddp.backends.slurm.jobstate import check_job_ref, is_job_ref
+from hpc_ddp.errors import RunDirError, RunsDirError, TargetError
+from hpc_ddp.rundir.layout import MANIFEST_FILE
+from hpc_ddp.rundir.manifest import Manifest, read_manifest
+from hpc_ddp.submission.submit import check_runs_dir
 from hpc_ddp.sweep.records import SWEEP_RECORD, read_sweep_record
 
 LIST_HINT = "`hpc-ddp status` lists the runs under --runs-dir (default $HPC_DDP_RUNS_DIR or ./runs)"

@@ -24,9 +24,9 @@ import os
 import sys
 
 from hpc_ddp.api.cancel import cancel_targets
-from hpc_ddp.launch.submission import runs_dir_from
-from hpc_ddp.layout import RUNS_DIR_ENV
-from hpc_ddp.local.process import KILL_WAIT_S
+from hpc_ddp.backends.local.process import KILL_WAIT_S
+from hpc_ddp.rundir.layout import RUNS_DIR_ENV
+from hpc_ddp.submission.submit import runs_dir_from
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 from tabulate import tabulate
 
 from hpc_ddp.api.targets import require_dir, sweep_task_of
-from hpc_ddp.layout import RunPaths
+from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.state.artifacts import recorded_run_id
 
 if TYPE_CHECKING:
-    from hpc_ddp.runtime.checkpoint import CheckpointInfo
+    from hpc_ddp.checkpoint.format import CheckpointInfo
 
 EPILOG = """\
 A file resume cannot use is listed, never fatal: "damaged" (empty, torn, unreadable, not a
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if run_dir.exists() or sweep_task_of(run_dir) is None:  # a task not started has none yet
         run_dir = require_dir(args.run_dir)  # before torch is imported: a typo fails at once
-    from hpc_ddp.runtime.checkpoint import CheckpointState, list_checkpoints
+    from hpc_ddp.checkpoint.format import CheckpointState, list_checkpoints
 
     own = run_dir.parent if run_dir.name == "checkpoints" else run_dir
     infos = list_checkpoints(run_dir, verify=args.verify, run_id=recorded_run_id(RunPaths(own)))

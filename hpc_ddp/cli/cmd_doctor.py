@@ -4,7 +4,7 @@ A short job on the resources a job would get (its partition, account, GPUs, task
 modules, setup lines and container: from CONFIG, your site profile and the overrides, else the
 built-in defaults) in which every task reports what it would really run with and the nodes
 test each other: the master port, the clock, the run directory's file system and the
-all-reduce bandwidth (:mod:`hpc_ddp.job.doctor` on the tasks, :mod:`hpc_ddp.runtime.health`
+all-reduce bandwidth (:mod:`hpc_ddp.doctor.exam` on the tasks, :mod:`hpc_ddp.doctor.judgement`
 judging). It prints one table (node, rank, check, value, verdict), the notes behind each verdict
 and a line that names the slow or broken node.
 
@@ -33,6 +33,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from hpc_ddp.backends.slurm.client import SlurmClient
 from hpc_ddp.cli.options import add_backend_option, add_site_option
 from hpc_ddp.config.load import (
     find_site_profile,
@@ -44,10 +45,11 @@ from hpc_ddp.config.load import (
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.units import format_slurm_time
 from hpc_ddp.config.values import MAX_NAME_CHARS
+from hpc_ddp.doctor.judgement import TOKEN_FILE, Finding, culprits, evaluate, read_reports, summary
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import ConfigError, HpcDdpError
-from hpc_ddp.job.doctor import TOKEN_FILE, read_reports
-from hpc_ddp.launch.submission import (
+from hpc_ddp.rundir.layout import RUNS_DIR_ENV
+from hpc_ddp.submission.submit import (
     Launched,
     choose_backend,
     launch,
@@ -55,12 +57,9 @@ from hpc_ddp.launch.submission import (
     prepare,
     runs_dir_from,
 )
-from hpc_ddp.launch.wait import wait_for_jobs
-from hpc_ddp.layout import RUNS_DIR_ENV
-from hpc_ddp.runtime.health import Finding, culprits, evaluate, summary
-from hpc_ddp.slurm.client import SlurmClient
+from hpc_ddp.submission.wait import wait_for_jobs
 
-ENTRYPOINT = "hpc_ddp.job.doctor:main"
+ENTRYPOINT = "hpc_ddp.doctor.exam:main"
 DOCTOR_DIR = "doctor"
 """Doctor runs go to ``RUNS_DIR/doctor/``, out of the way of ``status``."""
 DOCTOR_TIME_S = 600
@@ -188,7 +187,7 @@ def _wait(launched: Launched, client: SlurmClient, cfg: JobConfig) -> dict[int, 
 
 
 def _wait_local(launched: Launched) -> dict[int, tuple[str, str]]:
-    from hpc_ddp.local.backend import wait_local
+    from hpc_ddp.backends.local.backend import wait_local
 
     result = wait_local(launched.local)
     host = socket.gethostname()
@@ -200,8 +199,8 @@ def _slurm_missing(
 ) -> dict[int, tuple[str, str]]:
     """Where each rank ran (the job's nodes, block distribution), and srun's word on the first
     task that failed."""
-    from hpc_ddp.slurm.nodelist import parse_nodelist
-    from hpc_ddp.slurm.postmortem import failed_rank
+    from hpc_ddp.backends.slurm.nodelist import parse_nodelist
+    from hpc_ddp.backends.slurm.postmortem import failed_rank
 
     nodes: list[str] = []
     with contextlib.suppress(HpcDdpError):  # best effort: only adds detail

@@ -34,14 +34,14 @@ from typing import BinaryIO
 
 from hpc_ddp.api.logs import check_rank, log_paths, log_target, missing_logs, run_paths
 from hpc_ddp.api.targets import point_task, sweep_task_of
+from hpc_ddp.backends.local.process import local_alive
+from hpc_ddp.backends.slurm.arrayjobs import live_task
+from hpc_ddp.backends.slurm.client import SlurmClient
+from hpc_ddp.backends.slurm.jobstate import check_job_ref
 from hpc_ddp.errors import RunDirError, SlurmError
-from hpc_ddp.launch.submission import runs_dir_from
-from hpc_ddp.layout import RUNS_DIR_ENV, RunPaths
-from hpc_ddp.local.process import local_alive
-from hpc_ddp.manifest import read_manifest
-from hpc_ddp.slurm.arrayjobs import live_task
-from hpc_ddp.slurm.client import SlurmClient
-from hpc_ddp.slurm.jobstate import check_job_ref
+from hpc_ddp.rundir.layout import RUNS_DIR_ENV, RunPaths
+from hpc_ddp.rundir.manifest import read_manifest
+from hpc_ddp.submission.submit import runs_dir_from
 
 EPILOG = """\
 streams:

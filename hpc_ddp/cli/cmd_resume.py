@@ -28,9 +28,9 @@ import json
 import sys
 
 from hpc_ddp.api.job import launch, plan_resume
-from hpc_ddp.launch.resume import ResumePlan, start_words
-from hpc_ddp.launch.submission import describe_local_plan, report
-from hpc_ddp.launch.wait import wait_for
+from hpc_ddp.submission.resume import ResumePlan, start_words
+from hpc_ddp.submission.submit import describe_local_plan, report
+from hpc_ddp.submission.wait import wait_for
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -25,9 +25,9 @@ from typing import Any
 from tabulate import tabulate
 
 from hpc_ddp.api.status import RunStatus, SweepStatus, collect_status, status_json
-from hpc_ddp.launch.submission import runs_dir_from
-from hpc_ddp.layout import RUNS_DIR_ENV
+from hpc_ddp.rundir.layout import RUNS_DIR_ENV
 from hpc_ddp.state.report import DAMAGED, fmt_elapsed
+from hpc_ddp.submission.submit import runs_dir_from
 
 COLUMNS = ["run", "job", "state", "nodes", "elapsed", "attempts", "causes", "ckpt step", "loss"]
 

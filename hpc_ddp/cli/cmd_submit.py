@@ -15,8 +15,8 @@ import sys
 from hpc_ddp.api.job import launch, plan_submit, sbatch_test_only
 from hpc_ddp.cli.options import add_backend_option, add_site_option
 from hpc_ddp.errors import ConfigError
-from hpc_ddp.launch.submission import Prepared, describe_local_plan, report
-from hpc_ddp.layout import RUNS_DIR_ENV
+from hpc_ddp.rundir.layout import RUNS_DIR_ENV
+from hpc_ddp.submission.submit import Prepared, describe_local_plan, report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     report(launched, args.json)
     if not args.wait:
         return 0
-    from hpc_ddp.launch.wait import wait_for  # the run's state: not needed to submit it
+    from hpc_ddp.submission.wait import wait_for  # the run's state: not needed to submit it
 
     return wait_for(launched, client)
 

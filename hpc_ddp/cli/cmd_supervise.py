@@ -1,9 +1,9 @@
 """``hpc-ddp supervise RUN_DIR -- srun ...``: the batch script's supervisor (``fault:``).
 
 The rendered ``job.sbatch`` ``exec``s it with the step's srun command after ``--``; it runs that
-command as one launch after another (:class:`~hpc_ddp.job.supervisor.Supervisor`), each an srun
-step of this allocation (:class:`~hpc_ddp.slurm.step.SrunLauncher`). Not for people to type.
-"""
+command as one launch after another (:class:`~hpc_ddp.fault.supervisor.Supervisor`), each an srun
+step of this allocation (:class:`~hpc_ddp.backends.slurm.step.SrunLauncher`). Not for people to
+type."""
 
 from __future__ import annotations
 
@@ -26,13 +26,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Supervise this attempt of the job; its exit status is the job's."""
+    from hpc_ddp.backends.slurm.nodelist import parse_nodelist
+    from hpc_ddp.backends.slurm.step import SrunLauncher
     from hpc_ddp.config.load import load_resolved_config
-    from hpc_ddp.job.supervisor import Identity, Supervisor
+    from hpc_ddp.fault.supervisor import Identity, Supervisor
     from hpc_ddp.job.task import not_current_refusal, task_run_dir, this_job, write_task_config
-    from hpc_ddp.layout import RunPaths
+    from hpc_ddp.rundir.layout import RunPaths
     from hpc_ddp.runtime.distenv import env_int
-    from hpc_ddp.slurm.nodelist import parse_nodelist
-    from hpc_ddp.slurm.step import SrunLauncher
 
     env = os.environ
     argv = list(args.srun_argv)

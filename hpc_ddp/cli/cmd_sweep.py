@@ -32,11 +32,11 @@ from hpc_ddp.api.sweep import (
     resubmit,
     sweep_runs_dir,
 )
+from hpc_ddp.backends.slurm.client import SlurmClient
 from hpc_ddp.cli.options import add_backend_option, add_site_option
 from hpc_ddp.errors import ConfigError
-from hpc_ddp.layout import RUNS_DIR_ENV
-from hpc_ddp.manifest import read_manifest
-from hpc_ddp.slurm.client import SlurmClient
+from hpc_ddp.rundir.layout import RUNS_DIR_ENV
+from hpc_ddp.rundir.manifest import read_manifest
 from hpc_ddp.sweep.arrays import PreparedArray, sweep_name
 from hpc_ddp.sweep.spec import SweepSpec
 
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _local(spec: SweepSpec, args: argparse.Namespace, runs_dir: Path, invocation: list[str]) -> int:
     """A local sweep: shown (``--dry-run``), or started under its sweep controller."""
-    from hpc_ddp.launch.submission import new_run_dir, stamp_of
+    from hpc_ddp.submission.submit import new_run_dir, stamp_of
     from hpc_ddp.sweep.local import local_parallel
 
     parallel = local_parallel(spec.max_parallel)

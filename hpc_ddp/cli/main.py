@@ -19,7 +19,7 @@ from hpc_ddp.errors import HpcDdpError
 from hpc_ddp.version import __version__
 
 if TYPE_CHECKING:
-    from hpc_ddp.slurm.client import SlurmClient
+    from hpc_ddp.backends.slurm.client import SlurmClient
 
 # sub-command -> (module under hpc_ddp.cli, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None, *, slurm: SlurmClient | None = None) -> 
     """Run the CLI on ``argv`` and return the exit code (2: usage/config, 1: failure).
 
     ``slurm`` is the client every handler talks to Slurm through (``args.slurm``); None: the
-    real one. Tests pass one over :class:`~hpc_ddp.slurm.fake.FakeSlurm`.
+    real one. Tests pass one over :class:`~hpc_ddp.backends.slurm.fake.FakeSlurm`.
     """
     argv = sys.argv[1:] if argv is None else argv
     # Build only the parser of the sub-command asked for: importing every handler would pull
@@ -150,7 +150,7 @@ def _reader_gone() -> int:
 
 def _real_slurm() -> SlurmClient:
     # Imported here: building the parser must not pull in the Slurm client for --help.
-    from hpc_ddp.slurm.client import SlurmClient
+    from hpc_ddp.backends.slurm.client import SlurmClient
 
     return SlurmClient()
 

@@ -34,7 +34,7 @@ from hpc_ddp.config.yaml_dialect import (
     read_yaml,
 )
 from hpc_ddp.errors import ConfigError, OverrideError, RunDirError
-from hpc_ddp.layout import SITE_ENV
+from hpc_ddp.rundir.layout import SITE_ENV
 
 SITE_ENV_VAR = SITE_ENV
 """Environment variable naming the site profile (after ``--site``, before the default path)."""

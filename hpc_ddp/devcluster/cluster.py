@@ -45,7 +45,7 @@ from hpc_ddp.devcluster.conf import (
 )
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import DevClusterError
-from hpc_ddp.layout import DEV_CLUSTER_DIR_ENV
+from hpc_ddp.rundir.layout import DEV_CLUSTER_DIR_ENV
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """What every task runs: ``hpc-ddp run RUN_DIR`` (under srun, or as a local process).
 
 It finds this task's run directory (a sweep task's own under ``tasks/<index>``, whose
-``config.yaml`` it first writes from the sweep's packed configs: :mod:`hpc_ddp.job.taskconfig`),
+``config.yaml`` it first writes from the sweep's packed configs: :mod:`hpc_ddp.rundir.taskconfig`),
 reads the resolved config, and hands over to the job: the built-in trainer, a Python entry
 point, or a user command. All three go through the same session for signals, checkpoints and
 requeue; for a command, this process stays its parent: it forwards stop signals, and a child
@@ -9,7 +9,7 @@ that crashes (killed by a signal, or a non-zero exit that is not one of hpc-ddp'
 the session's crash path from here, ``requeue.on_crash`` included. A command that opened no
 session is judged by its exit status, which this process records in the ledger for it.
 
-With ``fault.enabled`` the rank's watchdog (:mod:`hpc_ddp.runtime.watchdog`) starts here,
+With ``fault.enabled`` the rank's watchdog (:mod:`hpc_ddp.fault.watchdog`) starts here,
 before torch is imported, so that a rank stuck in its imports or its rendezvous is seen too;
 its last beat says how the task left. For a ``command:`` this process beats for its child.
 
@@ -35,12 +35,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpc_ddp import collector
+from hpc_ddp.backends.slurm.arrayjobs import ARRAYS_RECORD, current_refs, read_arrays
 from hpc_ddp.config.exactness import DETERMINISTIC_ENV
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.params import PYTHON_NAMES, resolve_command
 from hpc_ddp.errors import ConfigError, RunDirError
 from hpc_ddp.exitcodes import BUDGET_EXIT_CODE, NOT_CURRENT_EXIT_CODE, REQUEUE_FAILED_EXIT_CODE
-from hpc_ddp.layout import (
+from hpc_ddp.rundir.layout import (
     LOCAL_JOB_ENV,
     MANIFEST_FILE,
     RUN_DIR_ENV,
@@ -48,15 +49,14 @@ from hpc_ddp.layout import (
     WATCHDOG_OWNER_ENV,
     RunPaths,
 )
-from hpc_ddp.manifest import read_manifest, record_lock
-from hpc_ddp.run_id import read_run_id
-from hpc_ddp.slurm.arrayjobs import ARRAYS_RECORD, current_refs, read_arrays
+from hpc_ddp.rundir.manifest import read_manifest, record_lock
+from hpc_ddp.rundir.run_id import read_run_id
 
 if TYPE_CHECKING:
-    from hpc_ddp.runtime.ledger import Attempt
-    from hpc_ddp.runtime.requeue import Coordinator
-    from hpc_ddp.runtime.watchdog import Watchdog
-    from hpc_ddp.slurm.client import SlurmClient
+    from hpc_ddp.backends.slurm.client import SlurmClient
+    from hpc_ddp.fault.requeue import Coordinator
+    from hpc_ddp.fault.watchdog import Watchdog
+    from hpc_ddp.rundir.ledger import Attempt
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def task_run_dir(run_dir: Path, env: Mapping[str, str]) -> Path:
     once the task knows that it may run (:func:`not_current_refusal`), so that a refused task
     leaves no trace but its reason in its log. A point with no config at all is refused here.
     """
-    from hpc_ddp.job.taskconfig import task_config_text
+    from hpc_ddp.rundir.taskconfig import task_config_text
     from hpc_ddp.runtime.distenv import array_task_index
 
     index = array_task_index(env)  # a DistEnvError names a variable that is not a number
@@ -95,12 +95,12 @@ def task_run_dir(run_dir: Path, env: Mapping[str, str]) -> Path:
 
 def write_task_config(run_dir: Path, task_dir: Path) -> None:
     """A sweep task's ``config.yaml``, written from the sweep's ``task_configs.jsonl`` the first
-    time the task starts (:func:`~hpc_ddp.job.taskconfig.materialise_task_config`); nothing
+    time the task starts (:func:`~hpc_ddp.rundir.taskconfig.materialise_task_config`); nothing
     for a plain run. ``hpc-ddp run`` and ``hpc-ddp supervise`` call it after the task's
     :func:`not_current_refusal` and before they read the config."""
     if task_dir == run_dir:
         return
-    from hpc_ddp.job.taskconfig import materialise_task_config
+    from hpc_ddp.rundir.taskconfig import materialise_task_config
 
     if materialise_task_config(run_dir, int(task_dir.name)) is None:
         raise RunDirError(
@@ -189,10 +189,10 @@ def run_command(
     signal, and is requeued from here (:class:`_Forwarder`, :func:`record_plain_stop`).
     ``slurm``: the client that asks for the requeue (None: the real one).
     """
+    from hpc_ddp.fault.requeue import Coordinator, signal_number  # now: no delay at a stop
+    from hpc_ddp.fault.watchdog import current
     from hpc_ddp.runtime.distenv import derive_dist_env
     from hpc_ddp.runtime.procgroup import resolve_master_port
-    from hpc_ddp.runtime.requeue import Coordinator, signal_number  # now: no delay at a stop
-    from hpc_ddp.runtime.watchdog import current
 
     dist = derive_dist_env(env, port=cfg.dist.port)
     port = resolve_master_port(dist, paths.rendezvous, timeout_s=cfg.dist.timeout_s)
@@ -335,7 +335,7 @@ def record_child_end(coordinator: Coordinator, code: int, program: str, began: f
 def _attempt_entries(coordinator: Coordinator, began: float) -> list[Attempt]:
     """This attempt's ledger entries: its job's at its restart count (outside Slurm, where there
     is no job id, those that started since the task started its child at ``began``)."""
-    from hpc_ddp.runtime.ledger import read_ledger
+    from hpc_ddp.rundir.ledger import read_ledger
 
     dist = coordinator.dist
     return [
@@ -359,7 +359,7 @@ def record_child_crash(coordinator: Coordinator, failure: str, began: float) -> 
     the attempt. ``began``: when this task started its child (outside Slurm, where there is
     no job id and nothing to claim, an entry of this attempt is one that started since).
     """
-    from hpc_ddp.runtime.requeue import claim_crash_requeue
+    from hpc_ddp.fault.requeue import claim_crash_requeue
 
     dist = coordinator.dist
     # Outside Slurm nothing is requeued, and a claim named "local" would outlive the run.
@@ -494,9 +494,9 @@ def run_job(
 
 def _enter_code(cfg: JobConfig, run_dir: Path, paths: RunPaths, env: Mapping[str, str]) -> None:
     """Run a ``command:`` where it was submitted from, and record (rank 0) which code this
-    attempt runs (:mod:`hpc_ddp.runtime.provenance`)."""
+    attempt runs (:mod:`hpc_ddp.rundir.provenance`)."""
+    from hpc_ddp.rundir.provenance import record_code, submit_dir_of
     from hpc_ddp.runtime.distenv import derive_dist_env
-    from hpc_ddp.runtime.provenance import record_code, submit_dir_of
 
     where = submit_dir_of(cfg, run_dir)
     if where is not None:
@@ -511,8 +511,8 @@ def _enter_code(cfg: JobConfig, run_dir: Path, paths: RunPaths, env: Mapping[str
 
 def _start_watchdog(cfg: JobConfig, paths: RunPaths, env: Mapping[str, str]) -> Watchdog | None:
     """The rank's watchdog, started before anything slow (see the module docstring)."""
+    from hpc_ddp.fault.watchdog import start_watchdog
     from hpc_ddp.runtime.distenv import derive_dist_env
-    from hpc_ddp.runtime.watchdog import start_watchdog
 
     dist = derive_dist_env(env, port=cfg.dist.port)
     watchdog, _ = start_watchdog(cfg.fault, paths.root, env, dist)

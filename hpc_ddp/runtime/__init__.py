@@ -1,3 +1,3 @@
-"""On each task: SLURM_* to dist env, process group, stop flag, checkpoints, requeue, the session
-API.
+"""The rank's own library: SLURM_* to dist env, the process group, the stop flag, the handoff,
+the resumable sampler, metrics and progress, and the session API.
 """

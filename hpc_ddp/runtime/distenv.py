@@ -27,9 +27,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from hpc_ddp.backends.slurm.nodelist import parse_nodelist, parse_tasks_per_node
 from hpc_ddp.errors import DistEnvError
-from hpc_ddp.layout import ARRAY_OFFSET_ENV, LAUNCH_ENV, LOCAL_JOB_ENV, SUPERVISED_ENV
-from hpc_ddp.slurm.nodelist import parse_nodelist, parse_tasks_per_node
+from hpc_ddp.rundir.layout import ARRAY_OFFSET_ENV, LAUNCH_ENV, LOCAL_JOB_ENV, SUPERVISED_ENV
 
 Launcher = Literal["slurm", "torchrun", "local", "single"]
 PortSource = Literal["derived", "config", "launcher"]

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 from hpc_ddp.config.model import DistConfig
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import DistEnvError
-from hpc_ddp.layout import LOCAL_GPUS_ENV, LOCAL_GPUS_PER_TASK_ENV
+from hpc_ddp.rundir.layout import LOCAL_GPUS_ENV, LOCAL_GPUS_PER_TASK_ENV
 from hpc_ddp.runtime.distenv import DistEnv, derive_master_port
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ class GpuGrant:
 def gpu_grant(dist: DistEnv, env: Mapping[str, str]) -> GpuGrant:
     """What GPUs this task was given, from its environment (pure).
 
-    The local backend says it in :data:`~hpc_ddp.layout.LOCAL_GPUS_ENV`; a Slurm task has
+    The local backend says it in :data:`~hpc_ddp.rundir.layout.LOCAL_GPUS_ENV`; a Slurm task has
     :data:`SLURM_GPU_VARS` exactly when its job was allocated GPUs. A Slurm task has GPUs of its
     own when ``SLURM_GPUS_PER_TASK`` says so (set in a batch job's steps), or when it sees
     fewer than ``SLURM_GPUS_ON_NODE`` (a bare ``srun --gpus-per-task`` binds each task to its

@@ -3,7 +3,7 @@
 A plain dataclass with no torch, no file I/O and no environment, so that code which only reads
 or reports progress (the sampler's position, a summary on the login side) need not import the
 checkpoint format, which imports torch. It was defined in
-:mod:`hpc_ddp.runtime.checkpoint`; :mod:`hpc_ddp.runtime.checkpoint` re-exports it.
+:mod:`hpc_ddp.checkpoint.format`; :mod:`hpc_ddp.checkpoint.format` re-exports it.
 """
 
 from __future__ import annotations

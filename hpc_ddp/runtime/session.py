@@ -34,7 +34,7 @@ resume RUN slurm.nodes=1 --elastic``) a loop keeps the run's global batch by run
 new ranks by global sample index (sample-exact, not bit-exact). A loop that does not say so is
 refused a world size other than its checkpoint's.
 
-With ``fault.enabled`` the rank's watchdog (:mod:`hpc_ddp.runtime.watchdog`) is told where the
+With ``fault.enabled`` the rank's watchdog (:mod:`hpc_ddp.fault.watchdog`) is told where the
 session is: start-up, each step boundary, checkpoints, and any long work wrapped in
 :meth:`Session.section` (an evaluation), each against its own deadline. A step that runs past
 its deadline, or a peer that stops beating, ends the launch; under a supervisor a new launch
@@ -60,30 +60,30 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hpc_ddp.backends.slurm.client import SlurmClient
+from hpc_ddp.checkpoint.checkpointer import Checkpointer, Tracked, broadcast_object
 from hpc_ddp.config.elastic import Resize, planned_accum
 from hpc_ddp.config.load import load_resolved_config
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.params import Params
 from hpc_ddp.errors import ConfigError, HpcDdpError
 from hpc_ddp.exitcodes import REQUEUE_EXIT_CODE
-from hpc_ddp.layout import PER_RANK_LOGS_ENV, RUN_DIR_ENV, RunPaths
-from hpc_ddp.run_id import read_run_id
-from hpc_ddp.runtime.blame import ExitNote
-from hpc_ddp.runtime.checkpointer import Checkpointer, Tracked, broadcast_object
+from hpc_ddp.fault.blame import ExitNote
+from hpc_ddp.fault.requeue import Coordinator, signal_number
+from hpc_ddp.fault.watchdog import Watchdog, exit_note_path, start_watchdog, write_exit_note
+from hpc_ddp.rundir.layout import PER_RANK_LOGS_ENV, RUN_DIR_ENV, RunPaths
+from hpc_ddp.rundir.ledger import EndCause
+from hpc_ddp.rundir.numbering import DefaultRunDir, pick_default_run_dir
+from hpc_ddp.rundir.run_id import read_run_id
 from hpc_ddp.runtime.distenv import DistEnv, derive_dist_env
 from hpc_ddp.runtime.evaluation import EvalLoader
 from hpc_ddp.runtime.handoff import MAIN_FIRST_PREFIX, MAIN_FIRST_TIMEOUT_S, Turn, leader_first
-from hpc_ddp.runtime.ledger import EndCause
 from hpc_ddp.runtime.metrics import MetricsWriter, setup_rank_logging
 from hpc_ddp.runtime.procgroup import destroy_process_group, init_process_group, wrap_model
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.progress_log import ProgressLog
-from hpc_ddp.runtime.requeue import Coordinator, signal_number
-from hpc_ddp.runtime.rundir import DefaultRunDir, pick_default_run_dir
 from hpc_ddp.runtime.sampler import ResumableLoader
 from hpc_ddp.runtime.stopflag import AgreementCadence, StopFlag
-from hpc_ddp.runtime.watchdog import Watchdog, exit_note_path, start_watchdog, write_exit_note
-from hpc_ddp.slurm.client import SlurmClient
 
 log = logging.getLogger("hpc_ddp")
 
@@ -351,7 +351,7 @@ class Session:
             self._note_exit(total=None if left is None else left[1])
 
     def _note_exit(self, *, total: int | None = None, error: str | None = None) -> None:
-        """This rank's exit note (see :class:`~hpc_ddp.runtime.blame.ExitNote`): the
+        """This rank's exit note (see :class:`~hpc_ddp.fault.blame.ExitNote`): the
         supervisor ends a launch whose rank left its loop while its peers train on."""
         if self._exit_note is None:
             return
@@ -758,7 +758,7 @@ class Session:
         First the tracked objects are checkpointed (if :meth:`restore` named any) and the file
         is made durable. Then rank 0 asks ``scontrol show job`` why the stop came and asks
         Slurm to requeue the job (``scontrol requeue``) unless Slurm is already requeueing or
-        cancelling it (:class:`hpc_ddp.runtime.requeue.Coordinator`).
+        cancelling it (:class:`hpc_ddp.fault.requeue.Coordinator`).
         All ranks leave the process group
         and raise :class:`RequeueExit`, with a non-zero code when the job will not come back
         (budget spent, requeue request failed). Signals arriving meanwhile (Slurm's SIGTERM
@@ -852,9 +852,9 @@ def session(
 
     ``run_dir``: this argument, else ``$HPC_DDP_RUN_DIR``, else ``./hpc-ddp-run`` or, once a run
     there finished, the next of ``./hpc-ddp-run-2``, ``-3``, ...
-    (:mod:`hpc_ddp.runtime.rundir`). ``config``:
+    (:mod:`hpc_ddp.rundir.numbering`). ``config``:
     this argument, else ``RUN_DIR/config.yaml`` when present, else the defaults. ``slurm``:
     the client that asks Slurm for requeues (tests pass one over
-    :class:`~hpc_ddp.slurm.fake.FakeSlurm`).
+    :class:`~hpc_ddp.backends.slurm.fake.FakeSlurm`).
     """
     return Session(run_dir, config, slurm=slurm).start()

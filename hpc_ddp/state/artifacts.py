@@ -2,7 +2,7 @@
 
 A checkpoint's first bytes and its zip directory (a few kilobytes) tell a torn, empty or
 overwritten file from a whole one, and its pickle, read without running anything
-(:mod:`hpc_ddp.runtime.checkpoint_label`), the step and run it holds: a file named for another
+(:mod:`hpc_ddp.rundir.checkpoint_label`), the step and run it holds: a file named for another
 step or written by another run is never the newest checkpoint. Its content (every part has a
 digest: weights, optimizer, RNG states, progress, ...) needs torch to check (``hpc-ddp
 checkpoints --verify``, and the runtime on every resume).
@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.errors import RunDirError
-from hpc_ddp.layout import RunPaths, parse_checkpoint_name
-from hpc_ddp.runtime.checkpoint_label import label_problem, not_regular
-from hpc_ddp.runtime.metrics import drop_replayed
+from hpc_ddp.rundir.checkpoint_label import label_problem, not_regular
+from hpc_ddp.rundir.layout import RunPaths, parse_checkpoint_name
+from hpc_ddp.rundir.metrics import drop_replayed
 
 __all__ = ["checkpoint_steps", "damaged_checkpoint", "last_metric", "recorded_run_id"]
 
@@ -37,7 +37,7 @@ def checkpoint_steps(paths: RunPaths) -> list[int]:
 
 def recorded_run_id(paths: RunPaths) -> str | None:
     """The run's id as ``RUN_DIR/run_id`` holds it (None: no such file, or not readable);
-    never creates one, unlike :func:`hpc_ddp.run_id.read_run_id` (status writes nothing)."""
+    never creates one, unlike :func:`hpc_ddp.rundir.run_id.read_run_id` (status writes nothing)."""
     try:
         text = paths.run_id_file.read_text(encoding="utf-8", errors="replace").strip()
     except OSError:
@@ -136,7 +136,7 @@ def step_times(paths: RunPaths) -> list[tuple[float, int]]:
 def last_metric(paths: RunPaths, key: str) -> Any:
     """The last value logged for ``key`` in ``metrics.jsonl`` (None if never logged), among
     the rows that count: a row a later attempt logged again is not the last word
-    (:func:`~hpc_ddp.runtime.metrics.drop_replayed`, as ``results`` reads them).
+    (:func:`~hpc_ddp.rundir.metrics.drop_replayed`, as ``results`` reads them).
 
     Lines that are not JSON objects (a torn last line from a killed writer, binary garbage, a
     bare number or list) are skipped. A metrics file that cannot be read at all is a

@@ -35,8 +35,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hpc_ddp.runtime.ledger import Attempt, EndCause
-from hpc_ddp.slurm.nodelist import parse_nodelist
+from hpc_ddp.backends.slurm.nodelist import parse_nodelist
+from hpc_ddp.rundir.ledger import Attempt, EndCause
 
 PARTS = (
     ("productive", "productive"),
@@ -148,7 +148,7 @@ def account(
     running: bool = False,
 ) -> Goodput:
     """The account of a run (see the module docstring). ``attempts`` as
-    :func:`~hpc_ddp.runtime.ledger.read_ledger` gives them; ``steps``: (time, step) of every
+    :func:`~hpc_ddp.rundir.ledger.read_ledger` gives them; ``steps``: (time, step) of every
     logged metrics row, replayed ones included; ``running``: the last attempt still runs (its
     end is ``now``)."""
     ordered = sorted(attempts, key=_launched)

@@ -14,11 +14,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.backends.local.process import live_controller, live_ranks, was_cancelled
+from hpc_ddp.backends.slurm.client import SlurmClient
+from hpc_ddp.backends.slurm.jobstate import JobState
+from hpc_ddp.backends.slurm.postmortem import failed_rank, has_logs, startup_failure
 from hpc_ddp.errors import RunDirError, SlurmError
-from hpc_ddp.layout import RunPaths
-from hpc_ddp.local.process import live_controller, live_ranks, was_cancelled
-from hpc_ddp.manifest import Manifest, read_manifest
-from hpc_ddp.runtime.ledger import (
+from hpc_ddp.rundir.layout import RunPaths
+from hpc_ddp.rundir.ledger import (
     Attempt,
     CodeRun,
     EndCause,
@@ -26,10 +28,8 @@ from hpc_ddp.runtime.ledger import (
     read_code_runs,
     read_ledger,
 )
-from hpc_ddp.runtime.progress_log import read_live_progress
-from hpc_ddp.slurm.client import SlurmClient
-from hpc_ddp.slurm.jobstate import JobState
-from hpc_ddp.slurm.postmortem import failed_rank, has_logs, startup_failure
+from hpc_ddp.rundir.live_progress import read_live_progress
+from hpc_ddp.rundir.manifest import Manifest, read_manifest
 from hpc_ddp.state.artifacts import (
     checkpoint_steps,
     damaged_checkpoint,
@@ -236,7 +236,7 @@ def _startup(run_dir: Path, manifest: Manifest, paths: RunPaths) -> Callable[[],
     if manifest.backend == "local" and job:
         # Imported here: the local backend (ctypes, pickle, sockets) is no part of a Slurm
         # user's `hpc-ddp status`, which runs on the login node.
-        from hpc_ddp.local.backend import local_failure
+        from hpc_ddp.backends.local.backend import local_failure
 
         return lambda: local_failure(run_dir, job) or startup_failure(paths.logs)
     return lambda: startup_failure(paths.logs)

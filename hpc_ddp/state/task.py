@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import Enum
 
-from hpc_ddp.runtime.ledger import Attempt, EndCause
-from hpc_ddp.slurm.jobstate import JobInfo, JobState
+from hpc_ddp.backends.slurm.jobstate import JobInfo, JobState
+from hpc_ddp.rundir.ledger import Attempt, EndCause
 from hpc_ddp.state.verdict import Source, judge, ledger_word
 
 

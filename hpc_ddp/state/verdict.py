@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from hpc_ddp.runtime.ledger import Attempt, EndCause
-from hpc_ddp.slurm.jobstate import AccountingRecord, JobInfo, JobState
+from hpc_ddp.backends.slurm.jobstate import AccountingRecord, JobInfo, JobState
+from hpc_ddp.rundir.ledger import Attempt, EndCause
 
 FAILURES = frozenset({EndCause.CRASH, EndCause.HANG, EndCause.NODE_FAIL, EndCause.NO_PROGRESS})
 """Causes that end a run in failure by themselves: the ledger says why, as a crash does."""

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from hpc_ddp.backends.slurm.arrayjobs import format_index_ranges
+from hpc_ddp.backends.slurm.client import SlurmClient
+from hpc_ddp.backends.slurm.render import RenderContext, load_template, render_sbatch
 from hpc_ddp.config.model import JobConfig
-from hpc_ddp.slurm.arrayjobs import format_index_ranges
-from hpc_ddp.slurm.client import SlurmClient
-from hpc_ddp.slurm.render import RenderContext, load_template, render_sbatch
 from hpc_ddp.sweep.spec import SweepSpec
 from hpc_ddp.version import __version__
 

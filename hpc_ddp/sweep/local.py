@@ -5,12 +5,12 @@ The sweep directory is the one a Slurm sweep writes (``sweep.yaml``, ``task_conf
 alike. What stands in for the job array is the *sweep controller*: one process, started here
 and detached from the caller (it holds no terminal and none of the caller's pipes: a script's
 ``$(hpc-ddp sweep ... --json)`` returns at once), that starts each point as a local run in its
-task directory with the local backend's own launch (:func:`hpc_ddp.launch.submission.start`,
+task directory with the local backend's own launch (:func:`hpc_ddp.submission.submit.start`,
 so each point is what ``submit --backend local`` would start: its ranks, their identities, its
 ``manifest.json``), waits for it, and starts the next.
 
-Its identity goes to ``SWEEP_DIR/local.json`` (:mod:`hpc_ddp.local.process`), its command line
-naming its points, so that a point it has yet to start reads ``pending`` while it lives, and
+Its identity goes to ``SWEEP_DIR/local.json`` (:mod:`hpc_ddp.backends.local.process`), its command
+line naming its points, so that a point it has yet to start reads ``pending`` while it lives, and
 ``cancelled`` or ``failed`` (never started) once it has gone; its own log is
 ``SWEEP_DIR/logs/local-sweep.log``. A SIGTERM (a cancel) starts no further point and cancels
 the running ones, each stopping at an agreed step with a checkpoint, as a local run's cancel
@@ -38,13 +38,13 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from hpc_ddp.backends.local.process import identify, identify_started, read_identity, write_identity
 from hpc_ddp.errors import HpcDdpError
-from hpc_ddp.layout import RunPaths
-from hpc_ddp.local.process import identify, identify_started, read_identity, write_identity
+from hpc_ddp.rundir.layout import RunPaths
 
 if TYPE_CHECKING:
-    from hpc_ddp.local.backend import LocalJob
-    from hpc_ddp.local.process import LocalCancel
+    from hpc_ddp.backends.local.backend import LocalJob
+    from hpc_ddp.backends.local.process import LocalCancel
 
 log = logging.getLogger(__name__)
 
@@ -126,12 +126,12 @@ def cancel_local_sweep(sweep_dir: Path) -> LocalCancel:
     """Cancel a local sweep and wait until it has stopped, as a local run's cancel waits.
 
     Its controller, while it runs as recorded, gets the SIGTERM: it starts no further point and
-    stops the running ones (:func:`~hpc_ddp.local.backend.stop_local`: each at an agreed step
-    with a checkpoint, SIGKILLed after the grace), then exits; a controller still there past
+    stops the running ones (:func:`~hpc_ddp.backends.local.backend.stop_local`: each at an agreed
+    step with a checkpoint, SIGKILLed after the grace), then exits; a controller still there past
     :func:`_stop_deadline_s` is SIGKILLed. Any point still running without it is stopped the
     same way. Points not started are then ``cancelled`` (``--resubmit-failed`` starts them).
     """
-    from hpc_ddp.local.process import LocalCancel, mark_cancelled, signal_if_same
+    from hpc_ddp.backends.local.process import LocalCancel, mark_cancelled, signal_if_same
 
     expected = read_identity(sweep_dir)
     live = expected is not None and identify(expected.pid) == expected
@@ -164,17 +164,17 @@ def cancel_local_sweep(sweep_dir: Path) -> LocalCancel:
 
 def _stop_deadline_s() -> float:
     """How long a cancel waits for the sweep controller: its points' grace and then some."""
-    from hpc_ddp.local.backend import GONE_WAIT_S
-    from hpc_ddp.local.process import KILL_WAIT_S
+    from hpc_ddp.backends.local.backend import GONE_WAIT_S
+    from hpc_ddp.backends.local.process import KILL_WAIT_S
 
     return KILL_WAIT_S + GONE_WAIT_S + 10.0
 
 
 def _stop_points(sweep_dir: Path) -> tuple[list[str], list[str]]:
     """Stop every point of the sweep still running (:func:`stop_local`); (stopped, left)."""
-    from hpc_ddp.local.backend import stop_local
-    from hpc_ddp.local.process import local_alive
-    from hpc_ddp.manifest import read_manifest
+    from hpc_ddp.backends.local.backend import stop_local
+    from hpc_ddp.backends.local.process import local_alive
+    from hpc_ddp.rundir.manifest import read_manifest
 
     stopped: list[str] = []
     left: list[str] = []
@@ -197,13 +197,13 @@ def start_point(sweep_dir: Path, index: int) -> LocalJob:
     """Start point ``index`` as a local run in ``tasks/<index>``: its config written from the
     packed configs the first time, then the local backend's launch, which records the run's
     ``manifest.json`` (a point started again keeps its earlier job ids)."""
+    from hpc_ddp.backends.slurm.client import SlurmClient
     from hpc_ddp.config.load import load_resolved_config
     from hpc_ddp.errors import RunDirError
-    from hpc_ddp.job.taskconfig import materialise_task_config
-    from hpc_ddp.launch.submission import Prepared, make_run_dir, stamp_of, start
-    from hpc_ddp.layout import MANIFEST_FILE
-    from hpc_ddp.manifest import read_manifest, record_lock
-    from hpc_ddp.slurm.client import SlurmClient
+    from hpc_ddp.rundir.layout import MANIFEST_FILE
+    from hpc_ddp.rundir.manifest import read_manifest, record_lock
+    from hpc_ddp.rundir.taskconfig import materialise_task_config
+    from hpc_ddp.submission.submit import Prepared, make_run_dir, stamp_of, start
 
     task = RunPaths(sweep_dir).task(index)
     task.root.mkdir(parents=True, exist_ok=True)
@@ -233,7 +233,7 @@ def start_point(sweep_dir: Path, index: int) -> LocalJob:
 def run_points(sweep_dir: Path, points: Sequence[int], parallel: int) -> int:
     """Run ``points`` in order, ``parallel`` at once, until each has ended; 0 once all ran
     (a point that failed is the sweep's to show, not the controller's to fail on)."""
-    from hpc_ddp.local.backend import stop_local
+    from hpc_ddp.backends.local.backend import stop_local
 
     stopping: list[int] = []
 

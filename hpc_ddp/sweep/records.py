@@ -1,5 +1,5 @@
 """A sweep directory's record of its points: ``sweep.yaml`` (its job arrays, ``arrays.json``,
-are :mod:`hpc_ddp.slurm.arrayjobs`: each array task reads that record when it starts).
+are :mod:`hpc_ddp.backends.slurm.arrayjobs`: each array task reads that record when it starts).
 
 A sweep directory (written by :mod:`hpc_ddp.sweep.submit`)::
 
@@ -12,7 +12,7 @@ A sweep directory (written by :mod:`hpc_ddp.sweep.submit`)::
       logs/            each array task's batch log (``batch-<array job>_<task id>.out/.err``)
       tasks/<i>/       point i's run directory (config.yaml, logs/, ledger.jsonl, metrics.jsonl,
                        ...), made when its task starts: a point not started yet has none
-                       (:mod:`hpc_ddp.job.taskconfig` reads its config from task_configs.jsonl)
+                       (:mod:`hpc_ddp.rundir.taskconfig` reads its config from task_configs.jsonl)
 
 Everything here reads files only. Login-node side: standard library, PyYAML and the pure core.
 """

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.backends.slurm.arrayjobs import current_refs, live_task, read_arrays
+from hpc_ddp.backends.slurm.jobstate import AccountingRecord, JobInfo, JobState
 from hpc_ddp.errors import RunDirError
-from hpc_ddp.layout import MANIFEST_FILE, RunPaths
-from hpc_ddp.runtime.ledger import Attempt, read_ledger
-from hpc_ddp.runtime.metrics import NOT_METRICS, drop_replayed
-from hpc_ddp.slurm.arrayjobs import current_refs, live_task, read_arrays
-from hpc_ddp.slurm.jobstate import AccountingRecord, JobInfo, JobState
+from hpc_ddp.rundir.layout import MANIFEST_FILE, RunPaths
+from hpc_ddp.rundir.ledger import Attempt, read_ledger
+from hpc_ddp.rundir.metrics import NOT_METRICS, drop_replayed
 from hpc_ddp.state.task import RESUBMITTABLE, TaskState, task_state, verdict_task_state
 from hpc_ddp.state.verdict import current_attempts
 from hpc_ddp.sweep.records import SweepPointRecord, SweepRecord, read_sweep_record
@@ -69,7 +69,7 @@ def current_task_attempts(
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """Every whole row of a ``metrics.jsonl`` that counts (rows a later attempt logged again
-    are left out, and the resume markers: :func:`~hpc_ddp.runtime.metrics.drop_replayed`);
+    are left out, and the resume markers: :func:`~hpc_ddp.rundir.metrics.drop_replayed`);
     never fails.
 
     A torn last line (the task is writing it) is skipped silently. Other lines that are not
@@ -267,7 +267,7 @@ def _row(
 def _is_local(sweep_dir: Path) -> bool:
     """A sweep run by a local sweep controller (:mod:`hpc_ddp.sweep.local`): its manifest
     says so. A sweep directory without one reads as Slurm's, as it always did."""
-    from hpc_ddp.manifest import read_manifest
+    from hpc_ddp.rundir.manifest import read_manifest
 
     if not (sweep_dir / MANIFEST_FILE).exists():
         return False
@@ -280,8 +280,8 @@ def _local_task(sweep_dir: Path, index: int) -> tuple[TaskState, str | None]:
     to start (again) is ``pending``; one never started, once no controller will, is
     ``cancelled`` (the sweep was) or ``failed`` (the controller died), which
     ``--resubmit-failed`` starts."""
-    from hpc_ddp.local.process import was_cancelled
-    from hpc_ddp.manifest import read_manifest
+    from hpc_ddp.backends.local.process import was_cancelled
+    from hpc_ddp.rundir.manifest import read_manifest
     from hpc_ddp.state.report import run_status
     from hpc_ddp.state.verdict import SlurmView
     from hpc_ddp.sweep.local import controller_points

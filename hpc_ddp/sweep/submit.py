@@ -1,12 +1,12 @@
 """Submitting a sweep: one sweep directory, one job array (or as few as Slurm allows).
 
-Like :mod:`hpc_ddp.launch.submission`: planning and rendering are pure
+Like :mod:`hpc_ddp.submission.submit`: planning and rendering are pure
 (:mod:`hpc_ddp.sweep.arrays`: the dry run shows them), :mod:`hpc_ddp.sweep.sweepdir` writes the
 sweep directory, and :func:`schedule_arrays` is the one place that calls ``sbatch``.
 
 Speed matters here (a 1,000-point sweep should submit as fast as submitit's ``map_array``), so
 the configs are dumped through :mod:`hpc_ddp.sweep.configtext` and written into one file, each
-task writing its own ``config.yaml`` from it when it starts (:mod:`hpc_ddp.job.taskconfig`).
+task writing its own ``config.yaml`` from it when it starts (:mod:`hpc_ddp.rundir.taskconfig`).
 The names of the split-out modules are re-exported here.
 """
 
@@ -20,22 +20,22 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hpc_ddp.durable import write_text_atomic
-from hpc_ddp.errors import SlurmError, SubmissionError
-from hpc_ddp.job.taskconfig import load_task_config
-from hpc_ddp.launch.submission import create_run_dir, stamp_of
-from hpc_ddp.layout import MANIFEST_FILE, RunPaths
-from hpc_ddp.manifest import Manifest, read_manifest, record_lock, write_manifest
-from hpc_ddp.slurm.arrayjobs import (
+from hpc_ddp.backends.slurm.arrayjobs import (
     ArrayRecord,
     current_refs,
     format_index_ranges,
     live_task,
     read_arrays,
 )
-from hpc_ddp.slurm.client import SlurmClient
-from hpc_ddp.slurm.jobstate import JobInfo
+from hpc_ddp.backends.slurm.client import SlurmClient
+from hpc_ddp.backends.slurm.jobstate import JobInfo
+from hpc_ddp.durable import write_text_atomic
+from hpc_ddp.errors import SlurmError, SubmissionError
+from hpc_ddp.rundir.layout import MANIFEST_FILE, RunPaths
+from hpc_ddp.rundir.manifest import Manifest, read_manifest, record_lock, write_manifest
+from hpc_ddp.rundir.taskconfig import load_task_config
 from hpc_ddp.state.task import RESUBMITTABLE, TaskState
+from hpc_ddp.submission.submit import create_run_dir, stamp_of
 from hpc_ddp.sweep.arrays import (
     PreparedArray,
     prepare_arrays,
@@ -182,7 +182,7 @@ def submit_local_sweep(
 ) -> Path:
     """Write a new sweep directory for ``spec`` and start its points as local runs, at most
     ``max_parallel`` at once (:mod:`hpc_ddp.sweep.local`); returns the sweep directory."""
-    from hpc_ddp.launch.submission import check_local_job
+    from hpc_ddp.submission.submit import check_local_job
     from hpc_ddp.sweep.local import local_parallel, start_controller
 
     for point in spec.points:  # every point must fit this machine before anything is written
@@ -302,7 +302,7 @@ def _resubmit_local(sweep_dir: Path, dry_run: bool) -> Resubmission:
         return Resubmission([], [], [], {**running, **queued})
     if not points or dry_run:
         return Resubmission(points, [], [], running)
-    from hpc_ddp.local.process import unmark_cancelled
+    from hpc_ddp.backends.local.process import unmark_cancelled
 
     manifest = read_manifest(sweep_dir)
     unmark_cancelled(sweep_dir)  # the earlier cancel is not this controller's

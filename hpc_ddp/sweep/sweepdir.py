@@ -15,11 +15,11 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from hpc_ddp.backends.slurm.arrayjobs import ARRAYS_RECORD, ArrayRecord
 from hpc_ddp.config.yaml_dialect import dump_yaml
 from hpc_ddp.durable import fsync_dir, write_text_atomic
-from hpc_ddp.job.taskconfig import pack_task_configs
-from hpc_ddp.layout import RunPaths
-from hpc_ddp.slurm.arrayjobs import ARRAYS_RECORD, ArrayRecord
+from hpc_ddp.rundir.layout import RunPaths
+from hpc_ddp.rundir.taskconfig import pack_task_configs
 from hpc_ddp.sweep.arrays import ArrayPlan
 from hpc_ddp.sweep.configtext import config_texts
 from hpc_ddp.sweep.records import SWEEP_RECORD
@@ -56,7 +56,7 @@ def write_sweep_dir(sweep_dir: Path, spec: SweepSpec, record: str) -> None:
     atomically with one fsync; nothing is written per point. Each task makes its own
     ``tasks/<i>/`` when it starts: the batch script its ``logs/`` (for the rank logs) before
     ``srun``, and ``hpc-ddp run`` (or the supervisor) its ``config.yaml`` from that file
-    (:func:`~hpc_ddp.job.taskconfig.materialise_task_config`). A directory and a file per
+    (:func:`~hpc_ddp.rundir.taskconfig.materialise_task_config`). A directory and a file per
     point were two thousand file-system operations for 1,000 points, most of the submit time.
     ``checkpoints/`` and ``rendezvous/`` are made by the runtime on first use. Slurm opens the
     batch logs before the script runs, so they go to the sweep's ``logs/``.

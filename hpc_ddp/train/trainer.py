@@ -42,11 +42,11 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from hpc_ddp import collector
+from hpc_ddp.checkpoint.format import weights_digest
 from hpc_ddp.config.elastic import SAMPLE_EXACT
 from hpc_ddp.config.exactness import Exactness, exactness, total_below_checkpoint
 from hpc_ddp.config.model import FaultConfig, JobConfig, TrainConfig
 from hpc_ddp.errors import ConfigError
-from hpc_ddp.runtime.checkpoint import weights_digest
 from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.sampler import mix_seed
 from hpc_ddp.runtime.session import Session

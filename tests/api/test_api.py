@@ -22,16 +22,16 @@ import pytest
 import hpc_ddp
 from hpc_ddp.api.job import override_args
 from hpc_ddp.api.status import status_json
+from hpc_ddp.backends.slurm.fake import FakeSlurm
+from hpc_ddp.backends.slurm.jobstate import CompletedCommand, JobState
 from hpc_ddp.cli.main import main
 from hpc_ddp.config.load import load_resolved_config
 from hpc_ddp.durable import append_line
-from hpc_ddp.job.taskconfig import load_task_config
-from hpc_ddp.layout import RunPaths
-from hpc_ddp.manifest import read_manifest
-from hpc_ddp.runtime.ledger import EndCause
-from hpc_ddp.runtime.metrics import metrics_line, resume_marker
-from hpc_ddp.slurm.fake import FakeSlurm
-from hpc_ddp.slurm.jobstate import CompletedCommand, JobState
+from hpc_ddp.rundir.layout import RunPaths
+from hpc_ddp.rundir.ledger import EndCause
+from hpc_ddp.rundir.manifest import read_manifest
+from hpc_ddp.rundir.metrics import metrics_line, resume_marker
+from hpc_ddp.rundir.taskconfig import load_task_config
 from tests.cli.test_targets import write_sweep
 from tests.ledgers import record_end, record_start
 

@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 import hpc_ddp
-from hpc_ddp.manifest import read_manifest
-from hpc_ddp.runtime.ledger import read_ledger
+from hpc_ddp.rundir.ledger import read_ledger
+from hpc_ddp.rundir.manifest import read_manifest
 from tests import e2e_util as e2e
 
 if TYPE_CHECKING:

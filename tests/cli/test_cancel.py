@@ -7,8 +7,8 @@
 * A job that already ended, or that Slurm does not know, is not cancelled either, and is said
   to be so (``scancel`` returns 0 for both): ``already_finished`` with its state, ``unknown``.
 
-Over :class:`~hpc_ddp.slurm.fake.FakeSlurm` here; on the dev cluster at the end (a real copied
-run beside its live original, and a real finished job).
+Over :class:`~hpc_ddp.backends.slurm.fake.FakeSlurm` here; on the dev cluster at the end (a real
+copied run beside its live original, and a real finished job).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
+from hpc_ddp.backends.slurm.fake import FakeSlurm
+from hpc_ddp.backends.slurm.jobstate import JobState
 from hpc_ddp.cli.main import main
-from hpc_ddp.slurm.fake import FakeSlurm
-from hpc_ddp.slurm.jobstate import JobState
 from tests import e2e_util as e2e
 from tests.cli.test_status import command_job
 from tests.cli.test_targets import write_run, write_sweep

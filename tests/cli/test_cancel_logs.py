@@ -25,15 +25,15 @@ from pathlib import Path
 
 import pytest
 
+from hpc_ddp.backends.local.process import identify_started, write_identity
+from hpc_ddp.backends.slurm.fake import FakeSlurm
+from hpc_ddp.backends.slurm.jobstate import JobState, parse_scontrol_oneliner
 from hpc_ddp.cli import cmd_logs
 from hpc_ddp.cli.main import main
-from hpc_ddp.launch.submission import make_run_dir
-from hpc_ddp.layout import RunPaths
-from hpc_ddp.local.process import identify_started, write_identity
-from hpc_ddp.manifest import Manifest, write_manifest
-from hpc_ddp.runtime.ledger import EndCause, read_ledger
-from hpc_ddp.slurm.fake import FakeSlurm
-from hpc_ddp.slurm.jobstate import JobState, parse_scontrol_oneliner
+from hpc_ddp.rundir.layout import RunPaths
+from hpc_ddp.rundir.ledger import EndCause, read_ledger
+from hpc_ddp.rundir.manifest import Manifest, write_manifest
+from hpc_ddp.submission.submit import make_run_dir
 from tests import e2e_util as e2e
 from tests.cli.test_status import command_job
 from tests.cli.test_targets import write_run, write_sweep

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from hpc_ddp.checkpoint.format import CheckpointState
 from hpc_ddp.cli.main import main
-from hpc_ddp.layout import LATEST_CHECKPOINT, checkpoint_name
-from hpc_ddp.runtime.checkpoint import CheckpointState
+from hpc_ddp.rundir.layout import LATEST_CHECKPOINT, checkpoint_name
 from tests import e2e_util as e2e
+from tests.checkpoint.test_format import BAD_FILES, DAMAGE, flip_tensor_bytes, save, save_v1
 from tests.helpers.launch import REPO, base_env
-from tests.runtime.test_checkpoint import BAD_FILES, DAMAGE, flip_tensor_bytes, save, save_v1
 
 pytestmark = pytest.mark.torch
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hpc_ddp.backends.slurm.fake import FakeSlurm
+from hpc_ddp.backends.slurm.jobstate import CompletedCommand, JobState
 from hpc_ddp.cli.main import main
-from hpc_ddp.job.doctor import TOKEN_FILE, report_path
-from hpc_ddp.slurm.fake import FakeSlurm
-from hpc_ddp.slurm.jobstate import CompletedCommand, JobState
+from hpc_ddp.doctor.judgement import TOKEN_FILE, report_path
 from tests.helpers.launch import REPO
 
 
@@ -56,7 +56,7 @@ def test_the_doctor_job_is_the_jobs_resources_with_the_checks_instead(
     run_dir = Path(result["run_dir"])
     assert run_dir.parent == tmp_path / "doctor"
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert config["entrypoint"] == "hpc_ddp.job.doctor:main"
+    assert config["entrypoint"] == "hpc_ddp.doctor.exam:main"
     assert config["command"] is None
     assert config["name"] == "doctor-quickstart"
     assert (config["slurm"]["nodes"], config["slurm"]["partition"]) == (2, "gpu")

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from hpc_ddp.checkpoint.format import list_checkpoints
 from hpc_ddp.cli.main import main
-from hpc_ddp.runtime.checkpoint import list_checkpoints
-from hpc_ddp.runtime.ledger import EndCause, read_ledger
+from hpc_ddp.rundir.ledger import EndCause, read_ledger
 
 
 def _submit_local(directory: Path, *overrides: str) -> Path:

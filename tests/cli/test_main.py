@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.cli.main import main
-from hpc_ddp.launch.submission import choose_backend
+from hpc_ddp.submission.submit import choose_backend
 
 REPO = Path(__file__).parents[2]
 
@@ -143,7 +143,7 @@ def test_login_node_commands_import_no_torch_or_submitit(tmp_path: Path) -> None
 
 
 def test_a_default_dry_run_imports_no_jinja2_and_no_shutil(tmp_path: Path) -> None:
-    """The default script is written without Jinja2 (hpc_ddp.slurm.default_script), and the
+    """The default script is written without Jinja2 (hpc_ddp.backends.slurm.default_script), and the
     help formatter finds the terminal's width without shutil: each was milliseconds of every
     submit. A user's own slurm.template still renders through Jinja2."""
     probe = (
@@ -176,7 +176,7 @@ def test_the_python_api_on_a_login_node_imports_no_torch_or_submitit(tmp_path: P
         "import sys\n"
         "import hpc_ddp\n"
         "from hpc_ddp.api.job import plan_submit\n"
-        "from hpc_ddp.slurm.fake import FakeSlurm\n"
+        "from hpc_ddp.backends.slurm.fake import FakeSlurm\n"
         "runs = sys.argv[-1]\n"
         "slurm = FakeSlurm().client()\n"
         "for backend in ('slurm', 'local'):  # what --dry-run shows\n"
@@ -216,8 +216,8 @@ def test_a_reader_that_went_away_ends_every_verb_with_141_and_no_traceback(
 ) -> None:
     """``hpc-ddp status --attempts | head -1``: the reader closes the pipe. Here it is closed
     before hpc-ddp writes at all, so the very first write finds it gone, every time."""
-    from hpc_ddp.layout import RunPaths
-    from hpc_ddp.manifest import Manifest, write_manifest
+    from hpc_ddp.rundir.layout import RunPaths
+    from hpc_ddp.rundir.manifest import Manifest, write_manifest
 
     run = tmp_path / "runs" / "a"
     paths = RunPaths(run)

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from hpc_ddp.manifest import read_manifest
-from hpc_ddp.runtime.ledger import EndCause
+from hpc_ddp.rundir.ledger import EndCause
+from hpc_ddp.rundir.manifest import read_manifest
 from hpc_ddp.state.resumable import ENDED_UNFINISHED, check_resumable
 from tests import e2e_util as e2e
 from tests.conftest import REPO, Cluster
@@ -260,7 +260,7 @@ def _ended_local_run(runs: Path) -> Path:
     """A local run whose job is gone (its pid: the largest Linux has) with a checkpoint at 32
     that looks whole to the login side (a zip archive: only torch could tell its weights)."""
     from hpc_ddp.config.load import load_job_config
-    from hpc_ddp.launch.submission import materialize, prepare, record
+    from hpc_ddp.submission.submit import materialize, prepare, record
 
     config = REPO / "jobs" / "quickstart.yaml"
     cfg = load_job_config(config, [], site_profile=None)
@@ -309,7 +309,7 @@ def test_a_local_resume_dry_run_shows_the_local_backend_and_claims_no_verified_s
 def _slurm_run(runs: Path, job_id: str) -> Path:
     """A run submitted to (fake) Slurm as job ``job_id``."""
     from hpc_ddp.config.load import load_job_config
-    from hpc_ddp.launch.submission import materialize, prepare, record
+    from hpc_ddp.submission.submit import materialize, prepare, record
 
     config = REPO / "jobs" / "quickstart.yaml"
     cfg = load_job_config(config, [], site_profile=None)
@@ -325,9 +325,9 @@ def _slurm_run(runs: Path, job_id: str) -> Path:
 def test_a_live_slurm_run_is_never_submitted_again(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], state: str
 ) -> None:
+    from hpc_ddp.backends.slurm.fake import FakeSlurm
+    from hpc_ddp.backends.slurm.jobstate import JobState
     from hpc_ddp.cli.main import main
-    from hpc_ddp.slurm.fake import FakeSlurm
-    from hpc_ddp.slurm.jobstate import JobState
 
     run_dir = _slurm_run(tmp_path, "77")
     slurm = FakeSlurm()
@@ -341,8 +341,8 @@ def test_a_live_slurm_run_is_never_submitted_again(
 def test_a_slurm_run_slurm_forgot_is_resubmitted_and_keeps_its_history(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from hpc_ddp.backends.slurm.fake import FakeSlurm
     from hpc_ddp.cli.main import main
-    from hpc_ddp.slurm.fake import FakeSlurm
 
     run_dir = _slurm_run(tmp_path, "77")
     slurm = FakeSlurm()  # job 77 is known to no squeue, and there is no accounting
@@ -384,8 +384,8 @@ def _resume_here(run_dir: Path, *args: str) -> tuple[int, str, list[str]]:
     import contextlib
     import io
 
+    from hpc_ddp.backends.slurm.fake import FakeSlurm
     from hpc_ddp.cli.main import main
-    from hpc_ddp.slurm.fake import FakeSlurm
 
     slurm = FakeSlurm()
     err, out = io.StringIO(), io.StringIO()
@@ -444,8 +444,8 @@ def _resume_out(run_dir: Path, *args: str) -> tuple[int, str, str, list[str]]:
     import contextlib
     import io
 
+    from hpc_ddp.backends.slurm.fake import FakeSlurm
     from hpc_ddp.cli.main import main
-    from hpc_ddp.slurm.fake import FakeSlurm
 
     slurm = FakeSlurm()
     err, out = io.StringIO(), io.StringIO()
@@ -571,9 +571,9 @@ def test_a_resume_that_sbatch_refuses_leaves_the_run_as_it_was(
 ) -> None:
     """The overrides of a refused resume used to stay in config.yaml and job.sbatch, so the
     next plain resume trained at them without a `changed:` line."""
+    from hpc_ddp.backends.slurm.fake import FakeSlurm
     from hpc_ddp.cli.main import main
-    from hpc_ddp.launch.submission import REWRITE_UNDO
-    from hpc_ddp.slurm.fake import FakeSlurm
+    from hpc_ddp.submission.submit import REWRITE_UNDO
 
     run_dir = _trained_slurm_run(tmp_path)
     before = _run_files(run_dir)
@@ -594,9 +594,9 @@ def test_a_resume_killed_while_it_submits_is_undone_by_the_next_one(tmp_path: Pa
     """A process killed between writing the new files and recording the new job leaves both
     (the state is made here by entering `rewriting` and never leaving it, as a SIGKILL would):
     the next resume finds the manifest still naming the old job and puts the old files back."""
-    from hpc_ddp.launch.resume import plan_resume
-    from hpc_ddp.launch.submission import REWRITE_UNDO, rewriting, write_run_files
-    from hpc_ddp.slurm.fake import FakeSlurm
+    from hpc_ddp.backends.slurm.fake import FakeSlurm
+    from hpc_ddp.submission.resume import plan_resume
+    from hpc_ddp.submission.submit import REWRITE_UNDO, rewriting, write_run_files
 
     run_dir = _trained_slurm_run(tmp_path)
     before = _run_files(run_dir)
@@ -614,9 +614,9 @@ def test_a_resume_killed_while_it_submits_is_undone_by_the_next_one(tmp_path: Pa
 
 def test_a_resume_recorded_before_the_kill_keeps_its_new_files(tmp_path: Path) -> None:
     """Killed after the manifest named the new job: the new files are that job's, and stay."""
-    from hpc_ddp.launch.resume import plan_resume
-    from hpc_ddp.launch.submission import REWRITE_UNDO, record, rewriting, write_run_files
-    from hpc_ddp.slurm.fake import FakeSlurm
+    from hpc_ddp.backends.slurm.fake import FakeSlurm
+    from hpc_ddp.submission.resume import plan_resume
+    from hpc_ddp.submission.submit import REWRITE_UNDO, record, rewriting, write_run_files
 
     run_dir = _trained_slurm_run(tmp_path)
     plan = plan_resume(run_dir, ["train.lr=0.3"], FakeSlurm().client())

@@ -22,19 +22,19 @@ import pytest
 
 import hpc_ddp.cli.main as cli_main
 from hpc_ddp.api.targets import resolve_targets
+from hpc_ddp.backends.local.process import identify, identify_started, write_identity
+from hpc_ddp.backends.slurm.client import SlurmClient
+from hpc_ddp.backends.slurm.fake import FakeSlurm
+from hpc_ddp.backends.slurm.jobstate import CompletedCommand, JobState, parse_job_state
+from hpc_ddp.backends.slurm.postmortem import has_logs, startup_failure
 from hpc_ddp.cli.main import main
 from hpc_ddp.errors import RunDirError
-from hpc_ddp.launch import wait
-from hpc_ddp.launch.wait import wait_for_jobs
-from hpc_ddp.layout import RunPaths
-from hpc_ddp.local.process import identify, identify_started, write_identity
-from hpc_ddp.manifest import Manifest, write_manifest
-from hpc_ddp.runtime.ledger import Attempt, EndCause
-from hpc_ddp.slurm.client import SlurmClient
-from hpc_ddp.slurm.fake import FakeSlurm
-from hpc_ddp.slurm.jobstate import CompletedCommand, JobState, parse_job_state
-from hpc_ddp.slurm.postmortem import has_logs, startup_failure
+from hpc_ddp.rundir.layout import RunPaths
+from hpc_ddp.rundir.ledger import Attempt, EndCause
+from hpc_ddp.rundir.manifest import Manifest, write_manifest
 from hpc_ddp.state.verdict import Source, judge
+from hpc_ddp.submission import wait
+from hpc_ddp.submission.wait import wait_for_jobs
 from tests import e2e_util as e2e
 from tests.conftest import Cluster
 from tests.ledgers import record_end, record_start
@@ -202,7 +202,7 @@ def test_startup_failure_table(tmp_path: Path, logs: dict[str, str], expected: s
 
 
 class StatusSlurm:
-    """The package's :class:`~hpc_ddp.slurm.fake.FakeSlurm` with this file's shorthands:
+    """The package's :class:`~hpc_ddp.backends.slurm.fake.FakeSlurm` with this file's shorthands:
     ``rows`` (ref -> (state, script)) in squeue, ``sacct`` (ref -> state, purged from the
     queue; None: accounting disabled), ``squeue_fails``; ``commands(name)`` as argv tuples."""
 
@@ -655,7 +655,7 @@ ASKED_FOR_REQUEUE = """\
 import os
 from pathlib import Path
 from hpc_ddp.durable import append_line
-from hpc_ddp.runtime.ledger import EndCause, end_event, start_event
+from hpc_ddp.rundir.ledger import EndCause, end_event, start_event
 ledger = Path(os.environ["HPC_DDP_RUN_DIR"]) / "ledger.jsonl"
 job = os.environ["SLURM_JOB_ID"]
 append_line(ledger, start_event(attempt=0, job_id=job, job_ref=job, world_size=1,

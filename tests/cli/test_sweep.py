@@ -1,6 +1,6 @@
 """``hpc-ddp sweep`` and ``hpc-ddp results`` end to end through ``main()``, against a
-:class:`~hpc_ddp.slurm.fake.FakeSlurm` (the real dev cluster runs them in test_sweep_e2e), and
-a check that neither command imports torch or submitit."""
+:class:`~hpc_ddp.backends.slurm.fake.FakeSlurm` (the real dev cluster runs them in test_sweep_e2e),
+and a check that neither command imports torch or submitit."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 import hpc_ddp.cli.main as cli_main
+from hpc_ddp.backends.slurm.arrayjobs import read_arrays
+from hpc_ddp.backends.slurm.fake import FakeSlurm
+from hpc_ddp.backends.slurm.jobstate import JobState
 from hpc_ddp.cli.main import main
 from hpc_ddp.errors import SlurmUnavailableError
-from hpc_ddp.runtime.ledger import EndCause
-from hpc_ddp.slurm.arrayjobs import read_arrays
-from hpc_ddp.slurm.fake import FakeSlurm
-from hpc_ddp.slurm.jobstate import JobState
+from hpc_ddp.rundir.ledger import EndCause
 from tests.ledgers import record_end, record_start
 
 REPO = Path(__file__).resolve().parents[2]
@@ -202,7 +202,7 @@ def test_a_sweep_dir_of_the_old_layout_reads_as_before(
     """Sweeps written before task_configs.jsonl (every tasks/<i>/config.yaml written at submit,
     no packed file) are on users' disks: status, results, logs and --resubmit-failed read them
     as before."""
-    from hpc_ddp.job.taskconfig import materialise_task_config
+    from hpc_ddp.rundir.taskconfig import materialise_task_config
 
     sweep_dir = submit(tmp_path, capsys)
     for index in range(6):
@@ -410,7 +410,7 @@ def test_sweep_and_results_do_not_import_torch_or_submitit(tmp_path: Path) -> No
     path = sweep_file(tmp_path)
     code = (
         "import sys\nfrom hpc_ddp.cli.main import main\n"
-        "from hpc_ddp.slurm.fake import FakeSlurm\nslurm = FakeSlurm().client()\n"
+        "from hpc_ddp.backends.slurm.fake import FakeSlurm\nslurm = FakeSlurm().client()\n"
         f"assert main(['sweep', {str(path)!r}, '--runs-dir', {str(tmp_path / 'r')!r}], "
         "slurm=slurm) == 0\n"
         f"import pathlib; [d] = pathlib.Path({str(tmp_path / 'r')!r}).iterdir()\n"

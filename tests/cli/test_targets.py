@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
+from hpc_ddp.backends.slurm.fake import FakeJob, FakeSlurm
+from hpc_ddp.backends.slurm.jobstate import JobState
 from hpc_ddp.cli.main import main
-from hpc_ddp.launch.submission import make_run_dir
-from hpc_ddp.layout import RunPaths
-from hpc_ddp.manifest import Manifest, write_manifest
-from hpc_ddp.runtime.ledger import EndCause
-from hpc_ddp.slurm.fake import FakeJob, FakeSlurm
-from hpc_ddp.slurm.jobstate import JobState
+from hpc_ddp.rundir.layout import RunPaths
+from hpc_ddp.rundir.ledger import EndCause
+from hpc_ddp.rundir.manifest import Manifest, write_manifest
+from hpc_ddp.submission.submit import make_run_dir
 
 
 def write_run(runs: Path, name: str, **fields: Any) -> Path:

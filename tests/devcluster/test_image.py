@@ -1,7 +1,7 @@
 """The Charliecloud image's pure parts: what names a cached layer, which files it holds, and the
 command line a task runs it with is hpc-ddp's own (``env.container.runtime: charliecloud``,
-tests/slurm/test_render.py). Building it for real: tests/slurm/test_container_charliecloud.py.
-"""
+tests/backends/slurm/test_render.py). Building it for real:
+tests/backends/slurm/test_container_charliecloud.py."""
 
 from __future__ import annotations
 

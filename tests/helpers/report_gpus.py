@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.errors import DistEnvError
-from hpc_ddp.layout import LOCAL_GPUS_ENV, LOCAL_GPUS_PER_TASK_ENV, RUN_DIR_ENV
+from hpc_ddp.rundir.layout import LOCAL_GPUS_ENV, LOCAL_GPUS_PER_TASK_ENV, RUN_DIR_ENV
 from hpc_ddp.runtime.distenv import derive_dist_env
 from hpc_ddp.runtime.procgroup import choose_device, gpu_grant
 

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
-import hpc_ddp.runtime.checkpoint as checkpoint_module
+import hpc_ddp.checkpoint.format as checkpoint_module
+from hpc_ddp.checkpoint.format import weights_digest
 from hpc_ddp.config.model import DistConfig, FaultConfig, JobConfig, TrainConfig
-from hpc_ddp.runtime.checkpoint import weights_digest
 from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.session import Session
 

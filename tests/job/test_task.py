@@ -14,9 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from hpc_ddp.backends.slurm.fake import FakeSlurm
+from hpc_ddp.backends.slurm.jobstate import JobState
 from hpc_ddp.config.load import dump_job_config, job_config_from_dict, load_resolved_config
 from hpc_ddp.config.model import ContainerConfig, EnvConfig, JobConfig, RequeueConfig, TrainConfig
 from hpc_ddp.errors import ConfigError, RunDirError
+from hpc_ddp.fault.requeue import Coordinator
 from hpc_ddp.job.task import (
     child_failure,
     command_argv,
@@ -27,11 +30,8 @@ from hpc_ddp.job.task import (
     task_interpreter,
     task_run_dir,
 )
+from hpc_ddp.rundir.ledger import EndCause, read_ledger
 from hpc_ddp.runtime.distenv import derive_dist_env
-from hpc_ddp.runtime.ledger import EndCause, read_ledger
-from hpc_ddp.runtime.requeue import Coordinator
-from hpc_ddp.slurm.fake import FakeSlurm
-from hpc_ddp.slurm.jobstate import JobState
 from tests.conftest import REPO
 from tests.ledgers import record_end, record_start
 from tests.runtime.array_task import REF, TASK
@@ -261,7 +261,7 @@ def test_a_crash_the_childs_session_handled_is_not_handled_twice(tmp_path: Path)
 
 SESSION_START = (
     "import os, pathlib; from hpc_ddp.durable import append_line; "
-    "from hpc_ddp.runtime.ledger import start_event; "
+    "from hpc_ddp.rundir.ledger import start_event; "
     "append_line(pathlib.Path(os.environ['HPC_DDP_RUN_DIR']) / 'ledger.jsonl', start_event("
     "attempt=0, restart=0, job_id='78', job_ref='77_3', nodelist='n1', world_size=1, "
     "resumed_from_step=None, checkpoint=None)); "

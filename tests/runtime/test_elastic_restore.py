@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch import nn
 
+from hpc_ddp.checkpoint.format import build_payload, capture_rng_state, snapshot, write_checkpoint
 from hpc_ddp.config.elastic import Resize
 from hpc_ddp.config.model import JobConfig, SlurmConfig, TrainConfig
 from hpc_ddp.errors import ConfigError
-from hpc_ddp.runtime.checkpoint import build_payload, capture_rng_state, snapshot, write_checkpoint
-from hpc_ddp.runtime.ledger import read_ledger
+from hpc_ddp.rundir.ledger import read_ledger
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.sampler import reseed_rng
 from hpc_ddp.runtime.session import Session

@@ -19,8 +19,8 @@ from tensorboard.backend.event_processing.event_accumulator import (  # type: ig
     EventAccumulator,
 )
 
-from hpc_ddp.layout import RunPaths
-from hpc_ddp.run_id import read_run_id
+from hpc_ddp.rundir.layout import RunPaths
+from hpc_ddp.rundir.run_id import read_run_id
 from hpc_ddp.sweep.results import read_metrics
 from tests import e2e_util as e2e
 from tests.conftest import Cluster

@@ -20,14 +20,9 @@ from tensorboard.backend.event_processing.event_accumulator import (  # type: ig
     EventAccumulator,
 )
 
-from hpc_ddp.layout import RunPaths
-from hpc_ddp.runtime.metrics import (
-    TENSORBOARD_HINT,
-    MetricsWriter,
-    drop_replayed,
-    metrics_line,
-    tensorboard_scalars,
-)
+from hpc_ddp.rundir.layout import RunPaths
+from hpc_ddp.rundir.metrics import drop_replayed, metrics_line
+from hpc_ddp.runtime.metrics import TENSORBOARD_HINT, MetricsWriter, tensorboard_scalars
 from hpc_ddp.state.artifacts import last_metric
 from hpc_ddp.sweep.results import read_metrics
 from tests.conftest import REPO

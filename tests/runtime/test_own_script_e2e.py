@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
+from hpc_ddp.checkpoint.format import list_checkpoints, load_checkpoint
 from hpc_ddp.cli.cmd_status import CLEAR
-from hpc_ddp.runtime.checkpoint import list_checkpoints, load_checkpoint
-from hpc_ddp.runtime.ledger import EndCause, end_event, read_ledger, start_event
-from hpc_ddp.runtime.rundir import DEFAULT_RUN_DIR, pick_default_run_dir
+from hpc_ddp.rundir.ledger import EndCause, end_event, read_ledger, start_event
+from hpc_ddp.rundir.numbering import DEFAULT_RUN_DIR, pick_default_run_dir
 from tests.helpers.launch import HELPERS, REPO, base_env, run_ranks
 
 pytestmark = pytest.mark.torch

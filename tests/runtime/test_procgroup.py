@@ -19,7 +19,7 @@ import pytest
 
 from hpc_ddp.config.model import DistConfig
 from hpc_ddp.errors import DistEnvError
-from hpc_ddp.layout import LOCAL_GPUS_ENV, LOCAL_GPUS_PER_TASK_ENV
+from hpc_ddp.rundir.layout import LOCAL_GPUS_ENV, LOCAL_GPUS_PER_TASK_ENV
 from hpc_ddp.runtime.distenv import DistEnv, derive_dist_env, derive_master_port
 from hpc_ddp.runtime.procgroup import (
     ProcessGroupInfo,

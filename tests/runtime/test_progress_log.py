@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpc_ddp.runtime.progress_log import ProgressLog, read_live_progress
+from hpc_ddp.rundir.live_progress import read_live_progress
+from hpc_ddp.runtime.progress_log import ProgressLog
 
 
 def _lines(log: ProgressLog, steps: range) -> list[int]:

@@ -18,18 +18,18 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from hpc_ddp.backends.slurm.fake import FakeSlurm
+from hpc_ddp.backends.slurm.jobstate import JobState
+from hpc_ddp.checkpoint.format import list_checkpoints, weights_digest
 from hpc_ddp.config.load import dump_job_config, load_job_config
 from hpc_ddp.config.model import JobConfig, RequeueConfig, TrainConfig
 from hpc_ddp.errors import CheckpointError, ConfigError, HpcDdpError
 from hpc_ddp.exitcodes import REQUEUE_FAILED_EXIT_CODE
-from hpc_ddp.layout import RUN_DIR_ENV
-from hpc_ddp.runtime.checkpoint import list_checkpoints, weights_digest
-from hpc_ddp.runtime.ledger import EndCause, read_ledger
+from hpc_ddp.rundir.layout import RUN_DIR_ENV
+from hpc_ddp.rundir.ledger import EndCause, read_ledger
+from hpc_ddp.rundir.numbering import DEFAULT_RUN_DIR
 from hpc_ddp.runtime.procgroup import unwrap
-from hpc_ddp.runtime.rundir import DEFAULT_RUN_DIR
 from hpc_ddp.runtime.session import Phase, RequeueExit, Session
-from hpc_ddp.slurm.fake import FakeSlurm
-from hpc_ddp.slurm.jobstate import JobState
 from tests.helpers.launch import REPO, base_env, free_port
 from tests.runtime.array_task import TASK
 
@@ -313,8 +313,8 @@ def test_a_crash_in_the_loop_reaches_the_coordinator(tmp_path: Path, on_crash: b
 
 
 def _exit_note(run_dir: Path) -> object:
-    from hpc_ddp.layout import RunPaths
-    from hpc_ddp.runtime.blame import parse_exit_note
+    from hpc_ddp.fault.blame import parse_exit_note
+    from hpc_ddp.rundir.layout import RunPaths
 
     path = RunPaths(run_dir).launch("local.0.0").exit_note(0)
     return parse_exit_note(path.read_bytes()) if path.exists() else None
@@ -327,7 +327,7 @@ def test_a_loop_left_before_its_end_says_so_at_once(tmp_path: Path, how: str) ->
     moment it leaves, before anything after the loop can block it; rank 0 does not call that
     `training finished`. An exception is a crash (its note names the error), and a loop run to
     its end writes no note at all."""
-    from hpc_ddp.runtime.blame import ExitNote
+    from hpc_ddp.fault.blame import ExitNote
 
     s = Session(tmp_path, JobConfig(name="t"), env={})
     expected = {"exit": pytest.raises(SystemExit), "raise": pytest.raises(ValueError, match="boom")}

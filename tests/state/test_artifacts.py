@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.errors import RunDirError
-from hpc_ddp.layout import RunPaths
+from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.state.artifacts import damaged_checkpoint, last_metric
 
 STAMP = "20260101-120000"
@@ -118,7 +118,7 @@ def test_a_real_torch_checkpoint_looks_whole_and_a_cut_one_does_not(tmp_path: Pa
 def test_a_checkpoint_hpc_ddp_writes_looks_whole_without_torch(tmp_path: Path) -> None:
     """The writer's own archive (format 2, written through its file sink) passes the login
     side's checks, and a record cut off at the end of the file does not."""
-    from tests.runtime.test_checkpoint import save
+    from tests.checkpoint.test_format import save
 
     path = save(tmp_path, 7)
     assert damaged_checkpoint(path) is None
@@ -179,7 +179,7 @@ def test_a_fifo_or_socket_named_like_a_checkpoint_is_never_opened(tmp_path: Path
 def test_a_flipped_bit_in_the_zip_trailer_is_damage_not_a_crash(tmp_path: Path, back: int) -> None:
     """Bit 4 of byte size-23 (the zip64 end-of-directory locator) made zipfile.is_zipfile
     raise BadZipFile, which crashed status for every run."""
-    from tests.runtime.test_checkpoint import save
+    from tests.checkpoint.test_format import save
 
     path = save(tmp_path, 120)
     data = bytearray(path.read_bytes())

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from hpc_ddp.runtime.ledger import Attempt, Blame, EndCause, Save
+from hpc_ddp.rundir.ledger import Attempt, Blame, EndCause, Save
 from hpc_ddp.state.goodput import PARTS, account, describe, total
 
 

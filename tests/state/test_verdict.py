@@ -3,7 +3,7 @@ start (for local runs also read from the tasks' result files), a local run cance
 attempt, a local run whose ranks outlived their controller, and ledger times no clock shows.
 
 Run directories are built by hand; processes are real (``sleep`` stands in for a rank), Slurm
-is the shipped :class:`~hpc_ddp.slurm.fake.FakeSlurm`.
+is the shipped :class:`~hpc_ddp.backends.slurm.fake.FakeSlurm`.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
+from hpc_ddp.backends.local.process import identify_started, mark_cancelled, write_rank_identity
+from hpc_ddp.backends.slurm.fake import FakeSlurm
+from hpc_ddp.backends.slurm.jobstate import JobState
 from hpc_ddp.cli.main import main
-from hpc_ddp.layout import RunPaths
-from hpc_ddp.local.process import identify_started, mark_cancelled, write_rank_identity
-from hpc_ddp.manifest import Backend, Manifest, write_manifest
-from hpc_ddp.runtime.ledger import Attempt, EndCause
-from hpc_ddp.slurm.fake import FakeSlurm
-from hpc_ddp.slurm.jobstate import JobState
+from hpc_ddp.rundir.layout import RunPaths
+from hpc_ddp.rundir.ledger import Attempt, EndCause
+from hpc_ddp.rundir.manifest import Backend, Manifest, write_manifest
 from hpc_ddp.state.report import reason_lines, run_status
 from hpc_ddp.state.resumable import check_resumable
 from hpc_ddp.state.verdict import SlurmView, Source, current_attempts, describe_attempt, judge

@@ -11,9 +11,7 @@ from typing import Any
 
 import pytest
 
-from hpc_ddp.errors import RunDirError, TargetError
-from hpc_ddp.runtime.ledger import Attempt, EndCause
-from hpc_ddp.slurm.arrayjobs import (
+from hpc_ddp.backends.slurm.arrayjobs import (
     ArrayRecord,
     current_refs,
     format_index_ranges,
@@ -21,7 +19,9 @@ from hpc_ddp.slurm.arrayjobs import (
     parse_index_ranges,
     read_arrays,
 )
-from hpc_ddp.slurm.jobstate import JobInfo, JobState
+from hpc_ddp.backends.slurm.jobstate import JobInfo, JobState
+from hpc_ddp.errors import RunDirError, TargetError
+from hpc_ddp.rundir.ledger import Attempt, EndCause
 from hpc_ddp.state.task import TaskState, task_state
 from hpc_ddp.sweep.records import read_sweep_record
 from hpc_ddp.sweep.results import (

@@ -2,7 +2,7 @@
 the fast config dump (compared with ``dump_job_config``), one sbatch per array through a fake
 Slurm, and ``--resubmit-failed``'s choice of tasks.
 
-The fake Slurm is the package's :class:`~hpc_ddp.slurm.fake.FakeSlurm` (sbatch, ``scontrol
+The fake Slurm is the package's :class:`~hpc_ddp.backends.slurm.fake.FakeSlurm` (sbatch, ``scontrol
 show config`` and ``squeue -h -O`` as 22.05 prints them; every argv recorded); scripts with an array
 offset are also run under real bash to check the run directory and log paths they give each task.
 """
@@ -22,17 +22,17 @@ from typing import Any
 import pytest
 import yaml
 
+from hpc_ddp.backends.slurm.arrayjobs import current_refs, read_arrays
+from hpc_ddp.backends.slurm.fake import FakeSlurm
+from hpc_ddp.backends.slurm.jobstate import JobState
 from hpc_ddp.config.load import dump_job_config, load_resolved_config
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import SubmissionError
 from hpc_ddp.job.task import task_run_dir, write_task_config
-from hpc_ddp.job.taskconfig import load_task_config
-from hpc_ddp.layout import RunPaths
-from hpc_ddp.manifest import read_manifest
-from hpc_ddp.runtime.ledger import EndCause
-from hpc_ddp.slurm.arrayjobs import current_refs, read_arrays
-from hpc_ddp.slurm.fake import FakeSlurm
-from hpc_ddp.slurm.jobstate import JobState
+from hpc_ddp.rundir.layout import RunPaths
+from hpc_ddp.rundir.ledger import EndCause
+from hpc_ddp.rundir.manifest import read_manifest
+from hpc_ddp.rundir.taskconfig import load_task_config
 from hpc_ddp.sweep.arrays import ArrayPlan, plan_arrays, script_groups
 from hpc_ddp.sweep.configtext import ConfigTexts
 from hpc_ddp.sweep.records import read_sweep_record

@@ -1,0 +1,3 @@
+"""Where a run runs: one interface with a login face and a node face, one package per backend
+(:mod:`hpc_ddp.backends.slurm`, :mod:`hpc_ddp.backends.local`).
+"""

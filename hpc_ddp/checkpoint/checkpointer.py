@@ -1,0 +1,480 @@
+"""The session's checkpoints: restore the newest good one, save the tracked objects.
+
+Every rank calls :meth:`Checkpointer.restore` and :meth:`Checkpointer.save` at the same point:
+rank 0 picks, reads and writes the files (the writing on a background thread), the others get
+its choice and its errors, so every rank resumes from the same step or fails with the same
+error. While rank 0 does file I/O the others wait on the rendezvous store
+(:class:`~hpc_ddp.runtime.handoff.Handoff`, bounded by ``fault.checkpoint_timeout_s``), never in
+a collective: a collective's timeout (``dist.timeout_s``, and under NCCL the watchdog) would
+otherwise end them while a large checkpoint is read or written on a slow file system.
+
+Every rank loads the checkpoint to the CPU and lets ``load_state_dict`` place it: the model's
+weights are copied into its parameters wherever they live, the optimizer moves its state to
+each parameter's device and keeps its ``step`` counters on the CPU, as a fresh run does. The
+file format, the writer and the search for the newest good file live in
+:mod:`hpc_ddp.checkpoint.format`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hpc_ddp.checkpoint.format import (
+    CheckpointWriter,
+    SnapshotBuffers,
+    build_payload,
+    capture_rng_state,
+    find_latest,
+    load_checkpoint,
+    restore_rng_state,
+    unverified_sections,
+)
+from hpc_ddp.config.elastic import Resize, Shape, rescaled_accum
+from hpc_ddp.config.load import job_config_to_dict
+from hpc_ddp.config.model import JobConfig, KeepBestConfig
+from hpc_ddp.errors import CheckpointError, ConfigError
+from hpc_ddp.rundir.checkpoint_label import config_digest, shaping_config
+from hpc_ddp.rundir.layout import checkpoint_name
+from hpc_ddp.runtime.handoff import Handoff
+from hpc_ddp.runtime.procgroup import unwrap
+from hpc_ddp.runtime.progress import Progress
+from hpc_ddp.runtime.sampler import reseed_rng
+
+log = logging.getLogger("hpc_ddp")
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """A checkpoint of this run: the one resumed from, or the last one saved."""
+
+    step: int
+    name: str
+    """File name in ``RUN_DIR/checkpoints`` (``step-00000120.pt``), as the ledger records it."""
+
+    @classmethod
+    def at(cls, step: int) -> CheckpointRecord:
+        """The record of the checkpoint saved at ``step``."""
+        return cls(step, checkpoint_name(step))
+
+
+@dataclass(frozen=True)
+class Tracked:
+    """The objects a checkpoint saves (named once, by ``session.restore``)."""
+
+    model: nn.Module
+    optimizer: Any = None
+    scheduler: Any = None
+    scaler: Any = None
+    objects: Mapping[str, Any] = field(default_factory=dict)
+    """Any more, by name: each has ``state_dict()`` and ``load_state_dict()`` (torch DCP's
+    ``Stateful``), e.g. an EMA model, a second optimizer, a curriculum. A module is saved
+    unwrapped (no DDP ``module.`` prefix)."""
+
+    def __post_init__(self) -> None:
+        for name, obj in self.objects.items():
+            if not (
+                callable(getattr(obj, "state_dict", None))
+                and callable(getattr(obj, "load_state_dict", None))
+            ):
+                raise ConfigError(
+                    f"restore() got {name}={type(obj).__name__}, which has no state_dict() "
+                    "and load_state_dict(). HINT: pass objects whose state a checkpoint can "
+                    "save (modules, optimizers, schedulers, or a class of yours with those two "
+                    "methods); keep small plain values in `s.progress.extra`."
+                )
+
+
+@dataclass(frozen=True)
+class Best:
+    """The best checkpoint so far under ``train.keep_best`` (as ``meta.best`` records it)."""
+
+    metric: str
+    mode: str
+    step: int
+    value: float
+
+    def beaten_by(self, value: float) -> bool:
+        """Whether ``value`` is strictly better (a tie keeps the older checkpoint)."""
+        return value < self.value if self.mode == "min" else value > self.value
+
+    @classmethod
+    def recorded(cls, payload: Mapping[str, Any], keep: KeepBestConfig) -> Best | None:
+        """The best ``payload`` records for ``keep``'s metric and mode (None: none, or one
+        ranked by another metric or the other way)."""
+        best = payload["meta"].get("best")
+        if not isinstance(best, Mapping):
+            return None
+        if (best.get("metric"), best.get("mode")) != (keep.metric, keep.mode):
+            return None
+        return cls(keep.metric, keep.mode, int(best["step"]), float(best["value"]))
+
+
+def _metric_value(value: Any) -> float | None:
+    """A logged metric as a number that ranks (None: not a finite number)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if not isinstance(value, (int, float)):
+        return None
+    out = float(value)
+    return out if math.isfinite(out) else None
+
+
+def _stateful(obj: Any) -> Any:
+    """``obj``, or the module inside a DDP wrapper (its state without ``module.``)."""
+    return unwrap(obj) if isinstance(obj, nn.Module) else obj
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (a small picklable value; collective)."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class Checkpointer:
+    """One process's side of the run's checkpoints (see the module docstring).
+
+    ``handoff``: how rank 0's results reach the others; by default over the default process
+    group's store (made on first use, so the group must exist by then). ``run_id``: the run
+    (``RUN_DIR/run_id``) its checkpoints are recorded as; another run's are never restored
+    (None: neither recorded nor checked).
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        config: JobConfig,
+        *,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        handoff: Handoff | None = None,
+        grad_accum: int = 1,
+        run_id: str | None = None,
+    ) -> None:
+        self.directory = directory
+        self.run_id = run_id
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        """This rank's device: only its CUDA RNG state is restored there (loads go to the CPU)."""
+        self.is_main = rank == 0
+        self.grad_accum = grad_accum
+        """Micro-batches each rank accumulates per step in this run (saved with each
+        checkpoint; a resume at another world size checks it keeps the global batch)."""
+        self.resize: Resize | None = None
+        """Set by :meth:`restore` when the checkpoint was written at another world size."""
+        self.tracked: Tracked | None = None
+        self.last: CheckpointRecord | None = None
+        """The checkpoint resumed from or last saved (None: none yet in this attempt)."""
+        self._writer = CheckpointWriter(directory, config.train.keep_last)
+        self._keep_best = config.train.keep_best
+        self._metric: tuple[int, float] | None = None
+        """The newest ``(step, value)`` of ``keep_best``'s metric logged (rank 0)."""
+        self.best: Best | None = None
+        """Rank 0: the best checkpoint so far under ``train.keep_best`` (None: none yet)."""
+        self._buffers = SnapshotBuffers()
+        self._config = job_config_to_dict(config)  # the same in every checkpoint of an attempt
+        self._handoff = handoff
+
+    def observe(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Note a metrics row logged at ``step`` (rank 0): under ``train.keep_best`` a
+        checkpoint is ranked by the newest value of its metric logged at its step or before."""
+        if self._keep_best is None:
+            return
+        value = _metric_value(metrics.get(self._keep_best.metric))
+        if value is not None:
+            self._metric = (step, value)
+
+    def _rank(self, step: int) -> Best | None:
+        """The best checkpoint once one at ``step`` is saved."""
+        keep = self._keep_best
+        if keep is None or self._metric is None or self._metric[0] > step:
+            return self.best
+        value = self._metric[1]
+        if self.best is None or self.best.beaten_by(value):
+            log.info("best %s so far: %.6g, checkpoint of step %d", keep.metric, value, step)
+            return Best(keep.metric, keep.mode, step, value)
+        return self.best
+
+    @property
+    def writer(self) -> CheckpointWriter:
+        """Rank 0's background writer (its :attr:`~CheckpointWriter.durable_at` times saves)."""
+        return self._writer
+
+    @property
+    def handoff(self) -> Handoff:
+        """How rank 0's word reaches the others, bounded by ``fault.checkpoint_timeout_s``."""
+        if self._handoff is None:
+            timeout = self.config.fault.checkpoint_timeout_s
+            if self.world_size == 1:
+                self._handoff = Handoff(None, rank=0, world_size=1, timeout_s=timeout)
+            else:
+                # Private but stable since torch 1.8: the store the default group was formed on.
+                store = dist.distributed_c10d._get_default_store()
+                self._handoff = Handoff(
+                    store, rank=self.rank, world_size=self.world_size, timeout_s=timeout
+                )
+        return self._handoff
+
+    def restore(
+        self, tracked: Tracked, progress: Progress, *, elastic: bool = False
+    ) -> CheckpointRecord | None:
+        """Track ``tracked`` and load the newest good checkpoint into it and ``progress``.
+
+        Returns the checkpoint loaded, None when there is none. Every rank calls it: rank 0
+        finds and verifies the file, then every other rank reads and verifies that same file,
+        and nothing is applied until all of them hold it (a rank that cannot read it fails
+        every rank, with its error).
+
+        A checkpoint written at another world size is restored only with ``elastic`` (the
+        caller's loop runs :attr:`grad_accum` micro-batches per step and takes its data from a
+        :class:`~hpc_ddp.runtime.sampler.ResumableLoader`), and only if this run's
+        accumulation keeps its global batch; then the RNG states are reseeded
+        (:func:`reseed_rng`) and :attr:`resize` says so. Otherwise a :class:`ConfigError`,
+        the same on every rank.
+        """
+        self.tracked = tracked
+        name: str | None = None
+        error: str | None = None
+        payload: dict[str, Any] | None = None
+        if self.is_main:
+            try:
+                found = find_latest(self.directory, run_id=self.run_id)
+            except CheckpointError as exc:
+                error = str(exc)
+            else:
+                if found is not None:
+                    name, payload = found[0].name, found[1]
+        name, error = self.handoff.share("rank 0's choice of checkpoint", [name, error])
+        if error is not None:
+            raise CheckpointError(error)
+        if name is None:
+            return None
+        if payload is None:
+            try:
+                payload = load_checkpoint(self.directory / name, run_id=self.run_id)
+            except CheckpointError as exc:
+                error = str(exc)
+        # Nobody applies anything until every rank holds a verified copy of the same file.
+        error = self.handoff.meet(f"every rank's read of {name}", error)
+        if error is not None:
+            raise CheckpointError(error)
+        assert payload is not None
+        self.resize = self._check_resize(payload, name, elastic)
+        self._apply(payload, name, progress)
+        self.best = None if self._keep_best is None else Best.recorded(payload, self._keep_best)
+        self.last = CheckpointRecord.at(progress.step)
+        return CheckpointRecord(progress.step, name)
+
+    def _apply(self, payload: dict[str, Any], name: str, progress: Progress) -> None:
+        assert self.tracked is not None
+        t = self.tracked
+        saved = payload.get("objects") or {}
+        missing = sorted(set(t.objects) - set(saved))
+        if missing:
+            raise ConfigError(
+                f"{name} holds no state for {', '.join(map(repr, missing))} (it holds "
+                f"{', '.join(map(repr, sorted(saved))) or 'no named objects'}): restoring it "
+                "would leave them as they are now, not as they were at its step. HINT: pass "
+                "restore() the names the run saved them under; to add an object to a run, "
+                "start a new run (another run directory)."
+            )
+        for left in sorted(set(saved) - set(t.objects)):
+            log.warning("%s holds the state of %r, which restore() was not given: not restored",
+                        name, left)  # fmt: skip
+        unwrap(t.model).load_state_dict(payload["model"])
+        for obj, key in (
+            (t.optimizer, "optimizer"),
+            (t.scheduler, "scheduler"),
+            (t.scaler, "scaler"),
+        ):
+            if obj is not None and payload.get(key) is not None:
+                obj.load_state_dict(payload[key])
+        for key, obj in t.objects.items():
+            _stateful(obj).load_state_dict(saved[key])
+        progress.update_from(payload["progress"], payload.get("extra") or {})
+        if self.resize is None:
+            restore_rng_state(payload["rng"][self.rank], self.device)
+        else:
+            # One world's per-rank streams cannot map onto another's: a fresh, reproducible
+            # stream per (seed, step, rank), the same whichever attempt resumes here.
+            reseed_rng(self.config.train.seed, progress.step, self.rank)
+            log.warning(
+                "elastic resume from %s: %s; the data goes on at sample %d of epoch %d, the "
+                "rest of the epoch dealt out over %d rank(s)",
+                name,
+                self.resize.describe(),
+                progress.samples_in_epoch or 0,
+                progress.epoch,
+                self.world_size,
+            )
+        self._say_config_changes(payload, name)
+        unverified = unverified_sections(payload)
+        if unverified:
+            log.warning(
+                "%s is a format-%d checkpoint: only its weights have a digest; its %s were "
+                "restored unverified",
+                name,
+                payload["version"],
+                ", ".join(unverified),
+            )
+        where = (
+            f"batch {progress.batch_in_epoch}"
+            if progress.samples_in_epoch is None
+            else f"sample {progress.samples_in_epoch}"
+        )
+        log.info(
+            "resumed from %s: step %d, epoch %d, %s of the epoch",
+            name,
+            progress.step,
+            progress.epoch,
+            where,
+        )
+
+    def _say_config_changes(self, payload: dict[str, Any], name: str) -> None:
+        """Log which config keys that shape the state differ from those ``name`` was written
+        with (an elastic resume's accumulation, a forced resume's overrides): the resume goes
+        on, but it is no longer the uninterrupted run. A file without a recorded config
+        digest (an older hpc-ddp) is not compared."""
+        recorded = payload["meta"].get("config_digest")
+        if recorded is None or recorded == config_digest(self._config):
+            return
+        before = shaping_config(payload.get("config") or {})
+        after = shaping_config(self._config)
+        changed = [
+            f"{k}: {before.get(k)!r} -> {after.get(k)!r}"
+            for k in sorted(before.keys() | after.keys())
+            if before.get(k) != after.get(k)
+        ]
+        log.warning(
+            "resuming from %s with a changed config (%s): it goes on from that state, but it "
+            "is no longer the run that wrote it",
+            name,
+            "; ".join(changed) or "the config the file recorded is not readable",
+        )
+
+    def _check_resize(self, payload: dict[str, Any], name: str, elastic: bool) -> Resize | None:
+        """None at the checkpoint's world size; else the :class:`Resize`, once it is certain
+        that it can carry over (a :class:`ConfigError` with a hint otherwise)."""
+        meta, progress = payload["meta"], payload["progress"]
+        before = int(meta["world_size"])
+        if before == self.world_size:
+            return None
+        world = self.world_size
+        if not elastic:
+            raise ConfigError(
+                f"{name} was written by {before} ranks and this run has {world}, but this "
+                "training loop did not say it can go on at another world size: its global batch "
+                "and data order would change. HINT: run `s.grad_accum` micro-batches per "
+                "optimizer step, take the data from `s.loader(...)` and pass `elastic=True` to "
+                f"`s.restore(...)` (sample-exact, not bit-exact); or go on with {before} ranks."
+            )
+        if progress.get("samples_in_epoch") is None and progress["batch_in_epoch"]:
+            raise ConfigError(
+                f"{name} was written by an hpc-ddp that counted the data position in batches of "
+                f"{before} ranks, which cannot be dealt out over {world}. HINT: go on with "
+                f"{before} ranks until the next checkpoint, then change the world size."
+            )
+        accum = meta.get("grad_accum")
+        if accum is not None:
+            needed = rescaled_accum(Shape(before, int(accum)), world)
+            if needed != self.grad_accum:
+                raise ConfigError(
+                    f"{name} was trained with a global batch of "
+                    f"{Shape(before, int(accum)).describe()}, which needs accumulation {needed} "
+                    f"at {world} ranks, but this run accumulates {self.grad_accum} "
+                    f"(train.grad_accum {self.config.train.grad_accum}): the global batch would "
+                    "change. HINT: resume with `hpc-ddp resume RUN_DIR slurm.nodes=N --elastic`, "
+                    "which sets train.grad_accum; a script of your own that sets its own config "
+                    f"sets train.grad_accum so that `s.grad_accum` is {needed}."
+                )
+        return Resize(before, None if accum is None else int(accum), world, self.grad_accum)
+
+    def save(self, progress: Progress, *, wait: bool = False) -> Path | None:
+        """Save the tracked objects at ``progress.step`` (every rank calls it; rank 0 writes).
+
+        A second call at the same step saves nothing. ``wait=True`` returns once the file is
+        durable. Returns the path on rank 0.
+        """
+        t = self.tracked
+        assert t is not None, "restore() names what to save"
+        record = CheckpointRecord.at(progress.step)
+        if self.last is None or self.last.step != record.step:
+            rng = capture_rng_state(self.device)
+            gathered: list[Any] | None = [rng] if self.world_size == 1 else None
+            if self.world_size > 1:
+                gathered = [None] * self.world_size if self.is_main else None
+                dist.gather_object(rng, gathered, dst=0)
+            # The previous background write, before its snapshot buffers are reused.
+            self.sync_errors()
+            if self.is_main:
+                assert gathered is not None
+                self._writer.submit(self._payload(t, gathered, progress))
+            self.last = record
+        if wait:
+            self.sync_errors()
+        return self.directory / record.name if self.is_main else None
+
+    def _payload(self, t: Tracked, rng: list[Any], progress: Progress) -> dict[str, Any]:
+        state = {
+            "model": unwrap(t.model).state_dict(),
+            "optimizer": None if t.optimizer is None else t.optimizer.state_dict(),
+            "scheduler": None if t.scheduler is None else t.scheduler.state_dict(),
+            "scaler": None if t.scaler is None else t.scaler.state_dict(),
+            "objects": {k: _stateful(obj).state_dict() for k, obj in t.objects.items()},
+        }
+        copy = self._buffers.snapshot(state)
+        payload = build_payload(
+            model=copy["model"],
+            optimizer=copy["optimizer"],
+            scheduler=copy["scheduler"],
+            scaler=copy["scaler"],
+            objects=copy["objects"] or None,
+            progress=progress,
+            rng=rng,
+            config=self._config,
+            grad_accum=self.grad_accum,
+            run_id=self.run_id,
+        )
+        self.best = self._rank(progress.step)
+        if self.best is not None:
+            # Recorded in every checkpoint, so that pruning spares it (write_checkpoint) and a
+            # resume goes on ranking against it.
+            payload["meta"]["best"] = dataclasses.asdict(self.best)
+        return payload
+
+    def sync_errors(self) -> None:
+        """Rank 0 waits for its writer; a failure becomes the same error on every rank (the
+        others wait for rank 0's word on the store, not in a collective)."""
+        error = None
+        if self.is_main:
+            try:
+                self._writer.wait()
+            except CheckpointError as exc:
+                error = str(exc)
+        error = self.handoff.share("rank 0's checkpoint write", error)
+        if error is not None:
+            raise CheckpointError(error)
+
+    def wait(self, *, together: bool = False) -> None:
+        """Wait for the write in flight (at close). ``together``: every rank calls this now and
+        gets rank 0's write error, if any, as from :meth:`sync_errors`; otherwise (after an
+        error, when a peer may be gone) only rank 0 waits, for its own writer."""
+        if together:
+            self.sync_errors()
+        elif self.is_main:
+            self._writer.wait()

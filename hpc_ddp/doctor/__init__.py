@@ -1,0 +1,1 @@
+"""``hpc-ddp doctor``: the exam each task runs, and the judgement over what the tasks saw."""

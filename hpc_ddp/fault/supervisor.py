@@ -1,0 +1,1271 @@
+"""The supervisor: runs each attempt as launches, ends a failed one, and decides what follows.
+
+Under ``fault.enabled`` the batch script ``exec``s ``hpc-ddp supervise`` (the local backend
+runs it as its controller's one task). It runs the job's ranks as a *launch* (an srun step of
+the allocation it already holds, or a set of local processes), watches it, and when a launch
+fails (a rank crashed, hung or died, a node was lost) it
+
+1. makes every rank leave: it declares the fault in its own beat (every rank's watchdog reads
+   it within one beat and exits, NCCL or not), wakes frozen ranks and asks each for its stacks
+   (SIGCONT, then :data:`~hpc_ddp.fault.watchdog.DUMP_SIGNAL`), then ends the step;
+2. names the rank(s) and node(s) to blame from every beat, the fault record, srun's (or
+   ``waitpid``'s) account of each task and the nodes' state
+   (:func:`~hpc_ddp.fault.blame.assign_blame`) and records it in the ledger (``launch_end``);
+3. decides (:func:`decide_next`): restart in the same allocation from the newest checkpoint,
+   on healthy nodes (``slurm.spare_nodes``), within ``fault.max_restarts``; requeue through
+   Slurm, asking it to avoid the bad nodes, when too few healthy nodes are left (or, past the
+   restart budget, with ``requeue.on_crash``); or stop: ``no_progress`` after
+   ``fault.no_progress_limit`` launches in a row that died without a newer checkpoint.
+
+A launch that ends on purpose (finished, or a stop the ranks agreed on and requeued) ends the
+supervisor with the ranks' own exit status: preemption, time limits and cancels stay the
+ranks' and Slurm's business, as without a supervisor.
+
+The policy (:func:`decide_next`, :func:`no_progress_streak`, :func:`exclusion`) is pure; the
+launches themselves come from a :class:`Launcher` (srun steps: :mod:`hpc_ddp.backends.slurm.step`;
+local processes: :mod:`hpc_ddp.backends.local.launcher`), chosen by the caller. Never imports torch:
+with a container, the supervisor runs on the batch host with the interpreter that submitted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import FrameType
+from typing import Protocol
+
+from hpc_ddp.config.elastic import nodes_for_launch
+from hpc_ddp.config.model import FaultConfig, JobConfig, RequeueConfig
+from hpc_ddp.durable import append_line, write_text_atomic
+from hpc_ddp.errors import RunDirError, SlurmError
+from hpc_ddp.exitcodes import (
+    NO_PROGRESS_EXIT_CODE,
+    NOT_CURRENT_EXIT_CODE,
+    OWN_OUTCOMES,
+)
+from hpc_ddp.fault.blame import (
+    BEAT_BYTES,
+    EARLY_EXIT_GRACE_S,
+    Beat,
+    ExitNote,
+    FaultRecord,
+    Finding,
+    StaleWatch,
+    TaskEnd,
+    assign_blame,
+    early_exit_why,
+    left_early,
+)
+from hpc_ddp.fault.watchdog import (
+    claim_fault,
+    read_beats,
+    read_exit_notes,
+    read_fault,
+    write_beat,
+)
+from hpc_ddp.rundir.checkpoint_label import label_problem
+from hpc_ddp.rundir.layout import (
+    LAUNCH_DIR_ENV,
+    LAUNCH_ENV,
+    SUPERVISED_ENV,
+    LaunchPaths,
+    RunPaths,
+    launch_key,
+    parse_checkpoint_name,
+)
+from hpc_ddp.rundir.ledger import (
+    FAULT_CAUSES,
+    Attempt,
+    Blame,
+    EndCause,
+    attempt_number,
+    launch_end_event,
+    launch_event,
+    node_fail_event,
+    read_ledger,
+)
+
+log = logging.getLogger("hpc_ddp.supervisor")
+
+POLL_S = 0.25
+"""How often the supervisor looks at srun's words, the fault record and the step."""
+DUMP_GRACE_S = 2.0
+"""After a fault: how long the ranks have to write their stacks and leave by themselves."""
+KILL_SETTLE_S = 1.0
+"""Once every rank is accounted for and the step was told to end: how long srun may take to
+return before the next launch starts beside it (``--overlap``)."""
+STEP_GRACE_S = 10.0
+"""Then: how long srun may take to end the step once told to, before the supervisor stops
+waiting for it (a lost node's tasks are never reported; Slurm settles them later)."""
+SILENT_GRACE_BEATS = 3
+"""A rank that has not beaten for this many beats once its peers are gone is silent."""
+COMPLAINT_GRACE_BEATS = SILENT_GRACE_BEATS + 2
+"""After a rank left complaining of a peer (a lost connection, a wait it gave up), how many
+beats the supervisor waits for word of the peer's own end (srun's, a beat, silence) before it
+blames the peers that still run: the ones that rank waited for."""
+
+
+# --- what a launch runs on -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One launch: where it runs."""
+
+    launch: int
+    nodes: int
+    """Nodes the step uses (``slurm.nodes``; with ``slurm.min_nodes`` as many healthy ones as
+    the allocation has, up to ``slurm.nodes``)."""
+    tasks_per_node: int
+    exclude: tuple[str, ...] = ()
+    """Nodes of the allocation it must not use (found bad)."""
+    overlap: bool = False
+    """Share resources with a step that has not ended yet (its lost node still holds them)."""
+
+
+class Ended(Protocol):
+    """A task that ended badly, as a launcher saw it (srun's line, ``waitpid``)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def node(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def exit_code(self) -> int | None: ...
+
+
+class Step(Protocol):
+    """The processes of one running launch (an srun step, or local rank processes)."""
+
+    def poll(self) -> int | None:
+        """The launch's exit status once every process is gone (srun's), else None."""
+        ...
+
+    def task_ends(self) -> Sequence[Ended]:
+        """Tasks that ended badly so far, in the order they were seen."""
+        ...
+
+    def node_failures(self) -> list[tuple[str, str]]:
+        """(node, evidence) of nodes lost under the step, so far."""
+        ...
+
+    def refused(self) -> str | None:
+        """Why the step could not start at all (no task ran), if so."""
+        ...
+
+    def signal(self, name: str, beats: Mapping[int, Beat | None]) -> None:
+        """Send signal ``name`` (``CONT``, ``URG``) to every task; never blocks for long."""
+        ...
+
+    def kill(self, beats: Mapping[int, Beat | None]) -> None:
+        """End every task now (in the background: a lost node may keep Slurm busy)."""
+        ...
+
+    def forward(self, signum: int) -> None:
+        """Pass a stop signal the supervisor got on to the ranks (local), or not (Slurm
+        signals its steps itself)."""
+        ...
+
+    def abandon(self) -> None:
+        """Stop waiting for a step that cannot end (a lost node); reaped at exit."""
+        ...
+
+
+class Launcher(Protocol):
+    """Starts launches and knows the allocation they run in."""
+
+    def start(self, plan: Plan, env: Mapping[str, str]) -> Step:
+        """Start ``plan`` with ``env`` added to each task's environment."""
+        ...
+
+    def nodes(self) -> tuple[str, ...]:
+        """The allocation's nodes now (a node Slurm removed after a failure is gone)."""
+        ...
+
+    def down(self, nodes: Sequence[str]) -> dict[str, str]:
+        """Of ``nodes``, those Slurm holds down or not responding, with their state."""
+        ...
+
+    def requeue(self, exclude: Sequence[str]) -> str | None:
+        """Ask Slurm to requeue the job, avoiding ``exclude``; None, or why it failed."""
+        ...
+
+
+# --- the policy (pure) ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Launch again in this allocation, leaving out ``exclude``."""
+
+    exclude: tuple[str, ...]
+    message: str
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """Give the allocation back: Slurm queues the job again, avoiding ``exclude``."""
+
+    cause: EndCause
+    exclude: tuple[str, ...]
+    message: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    """End the job with ``exit_code``."""
+
+    cause: EndCause
+    exit_code: int
+    message: str
+
+
+Next = Restart | Requeue | Stop
+
+
+def no_progress_streak(history: Sequence[Attempt]) -> list[Attempt]:
+    """The launches at the end of ``history`` that, one after another, ended in a fault
+    (crash, hang, lost node) with no checkpoint newer than the one they started from."""
+    streak: list[Attempt] = []
+    for a in reversed(history):
+        if a.cause not in FAULT_CAUSES:
+            break
+        start = a.from_step if a.from_step is not None else -1
+        end = a.checkpoint_step if a.checkpoint_step is not None else -1
+        if end > start:
+            break
+        streak.append(a)
+    return list(reversed(streak))
+
+
+def restarts_used(history: Sequence[Attempt]) -> int:
+    """In-job restarts the submission has had (``launch_end`` said ``restart``)."""
+    return sum(1 for a in history if a.next == "restart")
+
+
+def exclusion(
+    finding: Finding,
+    *,
+    own_error: bool,
+    spare: bool,
+    previous: Blame | None,
+    enabled: bool,
+) -> tuple[str, ...]:
+    """The nodes a fault makes bad for the rest of the submission.
+
+    A lost node, a hardware error, or a node blamed in the previous launch too: always (with
+    ``fault.exclude_bad_nodes``). A rank that hung or died on a node while a spare node is
+    free (``spare``): that node, since leaving it out costs nothing. A Python exception
+    (``own_error``: the program's own fault) never. Otherwise the launch is retried in place:
+    without spares, leaving a node out would mean giving the whole allocation back.
+    """
+    blame = finding.blame
+    if not enabled or not blame.nodes:
+        return ()
+    if blame.node_level or finding.cause is EndCause.NODE_FAIL:
+        return blame.nodes
+    if own_error and finding.cause is EndCause.CRASH:
+        return ()
+    again = tuple(n for n in blame.nodes if previous is not None and n in previous.nodes)
+    if again:
+        return again
+    return blame.nodes if spare else ()
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What the submission may still spend."""
+
+    fault: FaultConfig
+    requeue: RequeueConfig
+    restart_count: int
+    """Slurm's restart count of this attempt (what ``requeue.max_requeues`` counts)."""
+    under_slurm: bool
+
+
+def no_progress_message(streak: Sequence[Attempt], limit: int, run_dir: str) -> str:
+    """The ``no_progress`` verdict: the error, the step it dies at, what to do."""
+    last = streak[-1]
+    steps = sorted({a.steps_done for a in streak if a.steps_done is not None})
+    at = f"at step {steps[-1]}" if len(steps) == 1 else f"at steps {', '.join(map(str, steps))}"
+    ckpt = last.from_step
+    since = f"a checkpoint newer than step {ckpt}" if ckpt is not None else "any checkpoint"
+    who = last.blame.describe() if last.blame is not None else (last.message or "no word")
+    log_hint = (
+        f"logs/rank-{last.blame.ranks[0]}.err" if last.blame and last.blame.ranks else "logs/"
+    )
+    resume_from = f"from step {ckpt}" if ckpt is not None else "from the start"
+    return (
+        f"no_progress: {len(streak)} launches in a row died {at} without {since} "
+        f"(fault.no_progress_limit={limit}); last error: {who}. HINT: fix the error "
+        f"({log_hint}), then `hpc-ddp resume {run_dir}` goes on {resume_from}."
+    )
+
+
+def decide_next(
+    finding: Finding,
+    history: Sequence[Attempt],
+    *,
+    healthy: int,
+    needed: int,
+    bad: Sequence[str],
+    budget: Budget,
+    run_dir: str,
+) -> Next:
+    """What follows a launch that ended in ``finding`` (pure). ``history``: the submission's
+    launches, this one last (with its ``from_step``/``checkpoint_step``); ``healthy``: usable
+    nodes of the allocation once ``bad`` are left out; ``needed``: nodes a launch uses."""
+    f, rq = budget.fault, budget.requeue
+    what = f"{finding.cause.value}: {finding.blame.describe()}"
+    streak = no_progress_streak(history)
+    if f.no_progress_limit and len(streak) >= f.no_progress_limit:
+        message = no_progress_message(streak, f.no_progress_limit, run_dir)
+        return Stop(EndCause.NO_PROGRESS, NO_PROGRESS_EXIT_CODE, message)
+    requeues_left = budget.under_slurm and budget.restart_count < rq.max_requeues
+    if healthy < needed:
+        why = (
+            f"{what}; {healthy} healthy node(s) left of the {needed} a launch needs "
+            f"(bad: {', '.join(bad) or 'none'})"
+        )
+        if requeues_left:
+            return Requeue(
+                EndCause.NODE_FAIL,
+                tuple(bad),
+                f"{why}; requeued, asking Slurm to avoid {', '.join(bad) or 'no node'} "
+                f"(requeue {budget.restart_count + 1} of {rq.max_requeues})",
+            )
+        return Stop(finding.cause, 1, f"{why}; no requeue left. HINT: `hpc-ddp resume {run_dir}`")
+    used = restarts_used(history[:-1])
+    if used < f.max_restarts:
+        where = f" without {', '.join(bad)}" if bad else ""
+        return Restart(
+            tuple(bad),
+            f"{what}; restart {used + 1} of {f.max_restarts} (fault.max_restarts) in this "
+            f"allocation{where}, from the newest checkpoint",
+        )
+    spent = f"{what}; fault.max_restarts={f.max_restarts} in-job restarts spent"
+    if rq.on_crash and requeues_left:
+        return Requeue(
+            finding.cause,
+            tuple(bad),
+            f"{spent}; requeue.on_crash: requeue {budget.restart_count + 1} of {rq.max_requeues}",
+        )
+    return Stop(
+        finding.cause,
+        1,
+        f"{spent}. HINT: fix the error in the rank logs, then `hpc-ddp resume {run_dir}` goes "
+        "on from the newest checkpoint; or raise fault.max_restarts, or set "
+        "requeue.on_crash=true to requeue after the in-job restarts.",
+    )
+
+
+# --- files -----------------------------------------------------------------------------------
+
+
+def newest_checkpoint_step(checkpoints: Path) -> int | None:
+    """The step of the newest ``step-*.pt`` (renamed in only once whole) whose label says that
+    step, without torch: a copy under a newer name, a file whose label cannot be read or
+    something that is not a regular file is passed over, as the ranks' resume passes it."""
+    try:
+        names = os.listdir(checkpoints)
+    except OSError:
+        return None
+    steps = sorted((s, n) for n in names if (s := parse_checkpoint_name(n)) is not None)
+    for step, name in reversed(steps):
+        if label_problem(checkpoints / name) is None:
+            return step
+    return None
+
+
+def read_bad_nodes(paths: RunPaths, job: str | None) -> dict[str, str]:
+    """The nodes found bad in this job so far (node -> evidence); {} for another job's file."""
+    try:
+        data = json.loads(paths.bad_nodes.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("job") != job:
+        return {}
+    nodes = data.get("nodes")
+    return {str(k): str(v) for k, v in nodes.items()} if isinstance(nodes, dict) else {}
+
+
+def write_bad_nodes(paths: RunPaths, job: str | None, nodes: Mapping[str, str]) -> None:
+    """Remember the bad nodes of this job (a requeued attempt avoids them too)."""
+    paths.launches.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(paths.bad_nodes, json.dumps({"job": job, "nodes": dict(nodes)}) + "\n")
+
+
+def prepare_launch(launch: LaunchPaths, world: int) -> None:
+    """Make the launch directory and every beat file before any rank starts: every later
+    read is of a file that exists (an NFS client caches "no such file" for a while)."""
+    launch.root.mkdir(parents=True, exist_ok=True)
+    launch.fault.unlink(missing_ok=True)  # a key reused (a run directory copied back): no claim
+    blank = b" " * (BEAT_BYTES - 1) + b"\n"
+    notes = [launch.exit_note(r) for r in range(world)]
+    for path in [launch.supervisor, *(launch.beat(r) for r in range(world)), *notes]:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, blank)
+        finally:
+            os.close(fd)
+
+
+def _with_own_words(finding: Finding, entry: Attempt | None) -> Finding:
+    """A crash blamed on the rank that recorded it (a ``command:`` child's exception, seen by
+    srun only as an exit code): its own words are the better evidence."""
+    blame = finding.blame
+    said = entry.message if entry is not None else None
+    if finding.cause is not EndCause.CRASH or len(blame.ranks) != 1 or not said:
+        return finding
+    prefix = f"rank {blame.ranks[0]} on "
+    if not said.startswith(prefix) or ": " not in said:
+        return finding
+    words = said.split(": ", 1)[1]
+    return Finding(
+        finding.cause,
+        Blame(blame.ranks, blame.nodes, words, blame.node_level, blame.detected_at,
+              blame.last_progress_at),
+    )  # fmt: skip
+
+
+def _on(beats: Mapping[int, Beat | None], rank: int, nodes: set[str]) -> bool:
+    """Rank ``rank`` ran on one of ``nodes`` (by its beat)."""
+    beat = beats.get(rank)
+    return beat is not None and beat.node in nodes
+
+
+def _complains(beat: Beat | None, note: ExitNote | None) -> bool:
+    """The rank left with a survivor's complaint about a peer (by its beat, or its session's
+    exit note when a ``command:`` child ran the session): not a fault of its own."""
+    if beat is not None and beat.exited and beat.lost_a_peer:
+        return True
+    return note is not None and note.lost_a_peer
+
+
+def _task_ends(step: Step) -> list[TaskEnd]:
+    return [
+        e if isinstance(e, TaskEnd) else TaskEnd(e.rank, e.node, e.reason, e.exit_code)
+        for e in step.task_ends()
+    ]
+
+
+# --- the supervisor --------------------------------------------------------------------------
+
+
+@dataclass
+class _Watch:
+    """What the supervisor saw of one launch."""
+
+    fault: FaultRecord | None = None
+    fault_at: float | None = None
+    signalled: bool = False
+    killed_at: float | None = None
+    abandoned: bool = False
+    silent: list[int] = field(default_factory=list)
+    code: int | None = None
+    left_seen: float | None = None
+    """When (monotonic) a rank was first seen to have left its loop while others went on."""
+    complaint_seen: float | None = None
+    """When (monotonic) a rank was first seen gone complaining of a peer."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The job the supervisor runs."""
+
+    job_id: str | None
+    job_ref: str | None
+    restart: int
+    tag: str | None = None
+    """What names the launch directories when the job has no Slurm id (the local backend's
+    ``local-<controller pid>``), so that a resumed run never meets an earlier job's files."""
+
+
+class Supervisor:
+    """Runs one job attempt as launches (see the module docstring)."""
+
+    def __init__(
+        self,
+        paths: RunPaths,
+        cfg: JobConfig,
+        launcher: Launcher,
+        me: Identity,
+        *,
+        env: Mapping[str, str],
+        cancelled: Callable[[], bool] = lambda: False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.paths = paths
+        self.cfg = cfg
+        self.launcher = launcher
+        self.me = me
+        self.env = dict(env)
+        self.cancelled = cancelled
+        """True once a person cancelled the run (the local backend's note): start nothing."""
+        self._clock = clock
+        self.began = clock()
+        self._from_steps: dict[int, int | None] = {}
+        self._abandoned: list[tuple[int, Step, set[str]]] = []
+        """Steps left running (a lost node): srun may still say late which node failed."""
+        self.world = cfg.slurm.ntasks
+        self.stopping = False
+        self._requeueing = False
+        self._step: Step | None = None
+        self._lock = threading.Lock()
+
+    # --- signals ---------------------------------------------------------------------------
+
+    def install_signals(self) -> None:
+        """TERM and INT: stop launching (passed on to local ranks); USR1/USR2: passed on to
+        local ranks, ignored on Slurm (Slurm signals the step itself). Caught, not ignored, so
+        srun and the ranks start with Slurm's defaults."""
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
+            if signal.getsignal(sig) is signal.SIG_IGN and sig is signal.SIGINT:
+                continue  # started with Ctrl-C ignored: whoever started it answers it
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        del frame
+        if self._requeueing:
+            return  # our own requeue's SIGTERM
+        if signum in (signal.SIGTERM, signal.SIGINT):
+            self.stopping = True
+        step = self._step
+        if step is not None:
+            step.forward(signum)
+
+    # --- the loop --------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Launch until the job ends; the job's exit status."""
+        bad = read_bad_nodes(self.paths, self.me.job_ref)
+        launch = 0
+        overlap = False
+        while True:
+            if self.stopping or self.cancelled():
+                log.info("supervisor: stopping; no new launch")
+                return 0
+            alloc = self.launcher.nodes()
+            # A slurm.min_nodes allocation may hold fewer nodes than slurm.nodes: train on them.
+            nodes = nodes_for_launch(self.cfg.slurm, len([n for n in alloc if n not in bad]))
+            self.world = nodes * self.cfg.slurm.tasks_per_node
+            plan = Plan(
+                launch,
+                nodes,
+                self.cfg.slurm.tasks_per_node,
+                tuple(n for n in bad if n in alloc),
+                overlap,
+            )
+            watch, launched_at, lpaths = self._run_launch(plan)
+            nxt = self._conclude(plan, watch, launched_at, lpaths, bad)
+            if nxt is None:
+                self._late_words()
+                return watch.code if watch.code is not None else 0
+            if isinstance(nxt, Restart):
+                launch += 1
+                # Slurm keeps a failed step's record (and its hold on the CPUs) until the lost
+                # node is declared down, though its tasks are gone: the next step shares them.
+                overlap = True
+                continue
+            if isinstance(nxt, Requeue):
+                return self._requeue(nxt)
+            return nxt.exit_code
+
+    def _run_launch(self, plan: Plan) -> tuple[_Watch, float, LaunchPaths]:
+        key = launch_key(self.me.tag or self.me.job_ref, self.me.restart, plan.launch)
+        lpaths = self.paths.launch(key)
+        prepare_launch(lpaths, self.world)
+        from_step = newest_checkpoint_step(self.paths.checkpoints)
+        self._from_steps[plan.launch] = from_step
+        launched_at = self._clock()
+        alloc = self.launcher.nodes()
+        self._append(
+            launch_event(
+                job_id=self.me.job_id,
+                job_ref=self.me.job_ref,
+                restart=self.me.restart,
+                launch=plan.launch,
+                nodes=",".join(n for n in alloc if n not in plan.exclude),
+                alloc_nodes=len(alloc) or None,
+                excluded=list(plan.exclude),
+                world_size=self.world,
+                from_step=from_step,
+                now=launched_at,
+            )
+        )
+        env = {
+            **self.env,
+            LAUNCH_ENV: str(plan.launch),
+            SUPERVISED_ENV: "1",
+            LAUNCH_DIR_ENV: str(lpaths.root),
+        }
+        log.info(
+            "supervisor: launch %d (%d node(s)%s) from %s",
+            plan.launch,
+            plan.nodes,
+            f", without {','.join(plan.exclude)}" if plan.exclude else "",
+            f"step {from_step}" if from_step is not None else "the start",
+        )
+        with self._lock:
+            self._step = self.launcher.start(plan, env)
+        watch = self._watch(self._step, lpaths)
+        return watch, launched_at, lpaths
+
+    def _watch(self, step: Step, lpaths: LaunchPaths) -> _Watch:
+        """Follow the launch until it is over; end it once a fault is known."""
+        watch = _Watch()
+        seen_ends = 0
+        quiet = StaleWatch()
+        beats: dict[int, Beat | None] = {}
+        notes: dict[int, ExitNote | None] = {}
+        next_read = 0.0
+        began = time.monotonic()
+        while True:
+            code = step.poll()
+            if code is not None:
+                watch.code = code
+                self._gone(watch, lpaths)
+                return watch
+            if step.refused() is not None:
+                time.sleep(POLL_S)
+                continue
+            now, mono = self._clock(), time.monotonic()
+            if mono >= next_read:  # every rank's beat, once a beat
+                beats = read_beats(lpaths, self.world)
+                notes = read_exit_notes(lpaths, self.world)
+                for rank, beat in beats.items():
+                    quiet.observe(rank, beat, mono)
+                next_read = mono + self.cfg.fault.beat_s
+            ends = _task_ends(step)
+            if watch.fault is None and not self.stopping:
+                watch.fault = (
+                    self._fault_from(step, ends[seen_ends:], lpaths)
+                    or self._silence(beats, quiet, mono, ends, lpaths)
+                    or self._never_started(beats, mono - began, lpaths)
+                    or self._early_exit(watch, beats, notes, mono, lpaths)
+                    or self._complaint(watch, beats, notes, ends, quiet, mono, lpaths)
+                )
+                seen_ends = len(ends)
+                if watch.fault is not None:
+                    watch.fault_at = now
+                    self._declare(lpaths, watch.fault)
+            if watch.fault is None:
+                self._late_words()
+                time.sleep(POLL_S)
+                continue
+            if self._ended_step(step, watch, beats, ends, now, lpaths):
+                return watch
+            time.sleep(POLL_S)
+
+    def _ended_step(
+        self,
+        step: Step,
+        watch: _Watch,
+        beats: Mapping[int, Beat | None],
+        ends: Sequence[TaskEnd],
+        now: float,
+        lpaths: LaunchPaths,
+    ) -> bool:
+        """After a fault: wake and dump, end the step, and say when to stop waiting for it."""
+        if not watch.signalled:
+            # A frozen rank must be woken to act on anything, its stack dump included.
+            step.signal("CONT", beats)
+            step.signal("URG", beats)
+            watch.signalled = True
+        assert watch.fault_at is not None
+        waited = now - watch.fault_at
+        lost = {n for n, _ in step.node_failures()}
+        if watch.fault is not None and watch.fault.kind == "node_fail":
+            lost |= set(watch.fault.nodes)
+        left = self._unaccounted(beats, ends, lost)
+        if (waited >= DUMP_GRACE_S or not left) and watch.killed_at is None:
+            step.kill(beats)  # every rank that could write its stacks has
+            watch.killed_at = now
+        if not self._done_waiting(watch, left, waited, now):
+            return False
+        watch.silent = [r for r in range(self.world) if r in left or _on(beats, r, lost)]
+        step.abandon()
+        watch.abandoned = True
+        reported = {n for n, _ in step.node_failures()}
+        self._abandoned.append((self._launch_of(lpaths), step, reported))
+        return True
+
+    def _done_waiting(self, watch: _Watch, left: Sequence[int], waited: float, now: float) -> bool:
+        """Whether to stop waiting for srun: every rank is accounted for (srun may still wait
+        for Slurm to settle a lost node), only silent ranks are left (gone with a node nobody
+        reported yet), or srun took too long."""
+        if watch.killed_at is None:
+            return False
+        if not left:
+            return now - watch.killed_at >= KILL_SETTLE_S
+        beat_s = self.cfg.fault.beat_s
+        return waited >= DUMP_GRACE_S + STEP_GRACE_S or self._only_silent_left(left, waited, beat_s)
+
+    def _unaccounted(
+        self, beats: Mapping[int, Beat | None], ends: Sequence[TaskEnd], lost: set[str]
+    ) -> list[int]:
+        """Ranks neither known gone (their last beat, srun's word of a death by signal, their
+        node lost) nor accounted for: still running, frozen, or silent with a lost node."""
+        dead = {e.rank for e in ends if e.exit_code is None}
+        return [
+            r
+            for r in range(self.world)
+            if r not in dead
+            and not _on(beats, r, lost)
+            and not ((b := beats.get(r)) is not None and b.exited)
+        ]
+
+    def _only_silent_left(self, left: Sequence[int], waited: float, beat_s: float) -> bool:
+        """Every rank has left but some that went silent (gone with a lost node): srun may wait
+        for Slurm to notice the node (SlurmdTimeout); the supervisor need not."""
+        gone = len(left) < self.world
+        return gone and bool(left) and waited >= DUMP_GRACE_S + SILENT_GRACE_BEATS * beat_s
+
+    def _never_started(
+        self, beats: Mapping[int, Beat | None], waited: float, lpaths: LaunchPaths
+    ) -> FaultRecord | None:
+        """Ranks that never beat within ``fault.startup_timeout_s`` (stuck before Python ran,
+        or srun waiting for resources that never come): a backstop, a launch needs them all."""
+        if waited < self.cfg.fault.startup_timeout_s:
+            return None
+        missing = tuple(r for r in range(self.world) if beats.get(r) is None)
+        if not missing:
+            return None
+        why = (
+            f"never started within fault.startup_timeout_s={self.cfg.fault.startup_timeout_s} s "
+            "(no heartbeat: stuck before its watchdog ran, or its task never launched)"
+        )
+        record = FaultRecord("startup", "supervisor", self._clock(), missing, (), why, False)
+        return record if claim_fault(lpaths.fault, record) else read_fault(lpaths.fault)
+
+    def _silence(
+        self,
+        beats: Mapping[int, Beat | None],
+        quiet: StaleWatch,
+        mono: float,
+        ends: Sequence[TaskEnd],
+        lpaths: LaunchPaths,
+    ) -> FaultRecord | None:
+        """Ranks that stopped beating with nobody left to see it: silent while their peers
+        lost the connection to them (and no word of their end came from their node: gone with
+        it), or quiet for ``fault.stale_s`` (a backstop for the ranks' own watchdogs)."""
+        fault = self.cfg.fault
+        reported = {e.rank for e in ends}
+        exited = {r for r, b in beats.items() if b is not None and b.exited}
+        candidates = [r for r in range(self.world) if r not in exited | reported]
+        now = self._clock()
+        peers_lost = any(b is not None and b.exited and b.lost_a_peer for b in beats.values())
+        gone = quiet.stale(candidates, mono, SILENT_GRACE_BEATS * fault.beat_s)
+        if peers_lost and gone:
+            nodes = tuple(dict.fromkeys(b.node for r in gone if (b := beats.get(r)) is not None))
+            why = (
+                "went silent while its peers lost their connection to it, and its node never "
+                "reported its end: gone with its node"
+            )
+            last = max((b.since for r in gone if (b := beats.get(r)) is not None), default=None)
+            record = FaultRecord(
+                "node_fail", "supervisor", now, tuple(gone), nodes, why, True, last
+            )
+            return record if claim_fault(lpaths.fault, record) else read_fault(lpaths.fault)
+        stale = quiet.stale(candidates, mono, fault.stale_s)
+        if not stale:
+            return None
+        nodes = tuple(dict.fromkeys(b.node for r in stale if (b := beats.get(r)) is not None))
+        age = max(quiet.quiet_for(r, mono) or 0.0 for r in stale)
+        last = max((b.since for r in stale if (b := beats.get(r)) is not None), default=None)
+        why = f"heartbeat stopped {age:.1f} s ago (seen by the supervisor)"
+        record = FaultRecord("hang", "supervisor", now, tuple(stale), nodes, why, False, last)
+        return record if claim_fault(lpaths.fault, record) else read_fault(lpaths.fault)
+
+    def _fault_from(
+        self, step: Step, new_ends: Sequence[TaskEnd], lpaths: LaunchPaths
+    ) -> FaultRecord | None:
+        """A fault this launch now has: a rank's claim, a node srun lost, a task that ended
+        badly on its own account (not a survivor's lost connection, not a declared fault)."""
+        claimed = read_fault(lpaths.fault)
+        if claimed is not None:
+            return claimed
+        now = self._clock()
+        lost = step.node_failures()
+        if lost:
+            node, why = lost[0]
+            record = FaultRecord("node_fail", "supervisor", now, (), (node,), why, True)
+            return record if claim_fault(lpaths.fault, record) else read_fault(lpaths.fault)
+        if not new_ends:
+            return None
+        beats = read_beats(lpaths, self.world)
+        notes = read_exit_notes(lpaths, self.world)
+        for end in new_ends:
+            if end.exit_code in OWN_OUTCOMES:
+                continue
+            beat = beats.get(end.rank)
+            note = notes.get(end.rank)
+            if _complains(beat, note):
+                continue  # a survivor's word: see _complaint
+            said = beat.error if beat is not None and beat.error else None
+            said = said or (note.error if note is not None else None)
+            why = end.reason if not said else f"{said} ({end.reason})"
+            record = FaultRecord(
+                "task_failed", "supervisor", now, (end.rank,), (end.node,), why, False,
+                beat.since if beat is not None else None,
+            )  # fmt: skip
+            return record if claim_fault(lpaths.fault, record) else read_fault(lpaths.fault)
+        return None
+
+    def _gone(self, watch: _Watch, lpaths: LaunchPaths) -> None:
+        """Every process of the launch is gone without a fault found: one that left its loop
+        early left the others nothing to train with, however they ended."""
+        if watch.fault is not None or self.stopping:
+            return
+        beats = read_beats(lpaths, self.world)
+        notes = read_exit_notes(lpaths, self.world)
+        watch.fault = self._early_exit(watch, beats, notes, None, lpaths)
+        if watch.fault is not None:
+            watch.fault_at = self._clock()
+
+    def _early_exit(
+        self,
+        watch: _Watch,
+        beats: Mapping[int, Beat | None],
+        notes: Mapping[int, ExitNote | None],
+        mono: float | None,
+        lpaths: LaunchPaths,
+    ) -> FaultRecord | None:
+        """A rank that left its training loop before its end (its exit note says so) while
+        its peers went on: a fault of that rank, found at once rather than after
+        ``dist.timeout_s`` (the others wait for it in their next collective). ``mono``: now,
+        by the monotonic clock; None once every process is gone (no grace left to give)."""
+        left, behind = left_early(self.world, beats, notes)
+        if not left:
+            watch.left_seen = None
+            return None
+        if mono is not None:
+            if watch.left_seen is None:
+                watch.left_seen = mono
+            grace = max(EARLY_EXIT_GRACE_S, SILENT_GRACE_BEATS * self.cfg.fault.beat_s)
+            running = [r for r in behind if not ((b := beats.get(r)) is not None and b.exited)]
+            if running and mono - watch.left_seen < grace:
+                return None
+        nodes = tuple(dict.fromkeys(n.node for r in left if (n := notes.get(r)) is not None))
+        last = max((n.time for r in left if (n := notes.get(r)) is not None), default=None)
+        why = early_exit_why(left, behind, notes)
+        now = self._clock()
+        record = FaultRecord("early_exit", "supervisor", now, left, nodes, why, False, last)
+        return record if claim_fault(lpaths.fault, record) else read_fault(lpaths.fault)
+
+    def _complaint(
+        self,
+        watch: _Watch,
+        beats: Mapping[int, Beat | None],
+        notes: Mapping[int, ExitNote | None],
+        ends: Sequence[TaskEnd],
+        quiet: StaleWatch,
+        mono: float,
+        lpaths: LaunchPaths,
+    ) -> FaultRecord | None:
+        """A rank gone complaining of a peer (it gave up waiting for rank 0's checkpoint
+        write, its connection was reset), and no word of any peer's own end for
+        :data:`COMPLAINT_GRACE_BEATS` beats: the peers still running are the ones it waited
+        for (hung, or stuck in work of their own), not the rank that complained."""
+        ended = {e.rank for e in ends}
+        gone = [
+            r
+            for r in range(self.world)
+            if _complains(beats.get(r), notes.get(r))
+            and (r in ended or ((b := beats.get(r)) is not None and b.exited))
+        ]
+        if not gone:
+            watch.complaint_seen = None
+            return None
+        if watch.complaint_seen is None:
+            watch.complaint_seen = mono
+        beat_s = self.cfg.fault.beat_s
+        if mono - watch.complaint_seen < COMPLAINT_GRACE_BEATS * beat_s:
+            return None
+        # Still beating (a silent rank is _silence's: gone with its node), not gone itself.
+        live = tuple(
+            r
+            for r in range(self.world)
+            if r not in ended
+            and (b := beats.get(r)) is not None
+            and not b.exited
+            and (q := quiet.quiet_for(r, mono)) is not None
+            and q < SILENT_GRACE_BEATS * beat_s
+        )
+        if not live:
+            return None
+        first = gone[0]
+        beat, note = beats.get(first), notes.get(first)
+        said = (beat.error if beat is not None and beat.error else None) or (
+            note.error if note is not None else None
+        )
+        said = (said or "no word").split(" HINT:")[0][:300]
+        waited = mono - watch.complaint_seen
+        where = [
+            f"in its {b.phase} phase at step {b.step}"
+            for r in live
+            if (b := beats.get(r)) is not None and b.phase not in ("command", "step")
+        ]
+        why = (
+            f"still running {waited:.0f} s after rank {first} gave up on it"
+            f"{' (' + where[0] + ')' if where else ''}: rank {first}: {said}"
+        )
+        nodes = tuple(dict.fromkeys(b.node for r in live if (b := beats.get(r)) is not None))
+        last = max((b.since for r in live if (b := beats.get(r)) is not None), default=None)
+        record = FaultRecord("hang", "supervisor", self._clock(), live, nodes, why, False, last)
+        return record if claim_fault(lpaths.fault, record) else read_fault(lpaths.fault)
+
+    def _declare(self, lpaths: LaunchPaths, record: FaultRecord) -> None:
+        """Put the fault in the supervisor's beat: every rank adopts it at its next beat."""
+        log.error(
+            "supervisor: %s in launch %s: %s (%s)",
+            record.kind,
+            lpaths.root.name,
+            ", ".join(f"rank {r}" for r in record.ranks) or ",".join(record.nodes),
+            record.why,
+        )
+        beat = Beat(rank=-1, node="supervisor", pid=os.getpid(), seq=1, time=self._clock())
+        with contextlib.suppress(OSError):
+            write_beat(lpaths.supervisor, replace(beat, fault=record))
+
+    # --- after the launch --------------------------------------------------------------------
+
+    def _conclude(
+        self,
+        plan: Plan,
+        watch: _Watch,
+        launched_at: float,
+        lpaths: LaunchPaths,
+        bad: dict[str, str],
+    ) -> Next | None:
+        """Record how the launch ended; what follows (None: the job ends with its code)."""
+        attempts = self._attempts()
+        mine = [a for a in attempts if self._is_mine(a, plan.launch, launched_at)]
+        entry = mine[-1] if mine else None
+        code = watch.code
+        refused = self._step.refused() if self._step is not None else None
+        beats = read_beats(lpaths, self.world)
+        # A command: child's steps are in its session's exit note, not its parent's beat.
+        notes = read_exit_notes(lpaths, self.world).values()
+        steps = [b.step for b in [*beats.values(), *notes] if b is not None]
+        reached = max(steps) if steps else None
+        ckpt_step = newest_checkpoint_step(self.paths.checkpoints)
+        clean = watch.fault is None and (
+            code in OWN_OUTCOMES
+            or code == NOT_CURRENT_EXIT_CODE
+            or (entry is not None and entry.cause is not None and entry.cause not in FAULT_CAUSES)
+        )
+        if clean or (self.stopping and watch.fault is None):
+            cause = entry.cause if entry is not None and entry.cause is not None else None
+            said = entry.message if entry is not None else None
+            message = said or f"the launch ended with exit status {code}"
+            self._end(
+                plan, launched_at, cause or EndCause.UNKNOWN, None, reached, ckpt_step, "stop",
+                message,
+            )  # fmt: skip
+            return None
+        if refused is not None:
+            return self._refused(plan, launched_at, refused, reached, ckpt_step, bad)
+        finding = self._blame(watch, beats, lpaths, entry)
+        own_error = self._own_error(watch, finding)
+        previous = self._previous_blame(attempts, plan.launch)
+        alloc = self.launcher.nodes()
+        spare = len([n for n in alloc if n not in bad]) - len(finding.blame.nodes) >= plan.nodes
+        newly = exclusion(
+            finding,
+            own_error=own_error,
+            spare=spare,
+            previous=previous,
+            enabled=self.cfg.fault.exclude_bad_nodes,
+        )
+        for node in newly:
+            bad.setdefault(node, finding.blame.evidence)
+        if newly:
+            write_bad_nodes(self.paths, self.me.job_ref, bad)
+        history = self._history(attempts, entry, plan, launched_at, finding, reached, ckpt_step)
+        healthy = len([n for n in alloc if n not in bad]) if alloc else plan.nodes
+        budget = Budget(
+            self.cfg.fault, self.cfg.requeue, self.me.restart, self.me.job_id is not None
+        )
+        nxt = decide_next(
+            finding,
+            history,
+            healthy=healthy,
+            needed=self.cfg.slurm.min_nodes or plan.nodes,
+            bad=[n for n in bad if not alloc or n in alloc],
+            budget=budget,
+            run_dir=str(self.paths.root),
+        )
+        word = (
+            "restart"
+            if isinstance(nxt, Restart)
+            else "requeue"
+            if isinstance(nxt, Requeue)
+            else "stop"
+        )
+        cause = (
+            nxt.cause
+            if isinstance(nxt, Stop) and nxt.cause is EndCause.NO_PROGRESS
+            else finding.cause
+        )
+        self._end(plan, launched_at, cause, finding.blame, reached, ckpt_step, word, nxt.message)
+        log.error("supervisor: %s", nxt.message)
+        return nxt
+
+    def _own_error(self, watch: _Watch, finding: Finding) -> bool:
+        """The program failed on its own (an exception, a non-zero exit): not its node's
+        fault, unlike a death by signal or a hang."""
+        if finding.cause is not EndCause.CRASH:
+            return False
+        if watch.fault is not None and watch.fault.kind in ("crash", "early_exit"):
+            return True
+        step = self._step
+        ends = _task_ends(step) if step is not None else []
+        blamed = set(finding.blame.ranks)
+        return any(e.rank in blamed and e.exit_code is not None for e in ends)
+
+    def _blame(
+        self,
+        watch: _Watch,
+        beats: Mapping[int, Beat | None],
+        lpaths: LaunchPaths,
+        entry: Attempt | None,
+    ) -> Finding:
+        step = self._step
+        ends = _task_ends(step) if step is not None else []
+        lost = list(step.node_failures()) if step is not None else []
+        fault = watch.fault or read_fault(lpaths.fault)
+        silent = [r for r in watch.silent if (b := beats.get(r)) is None or not b.exited]
+        finding = assign_blame(
+            self.world,
+            beats,
+            silent=silent,
+            task_ends=ends,
+            node_failures=lost,
+            fault=fault,
+            settled=True,
+            now=self._clock(),
+        )
+        if finding.cause is not EndCause.NODE_FAIL and finding.blame.nodes:
+            try:
+                down = self.launcher.down(finding.blame.nodes)
+            except SlurmError as exc:
+                log.warning("supervisor: could not ask Slurm about the nodes: %s", exc)
+                down = {}
+            if down:
+                said = ", ".join(f"{n} is {s}" for n, s in down.items())
+                blame = finding.blame
+                finding = Finding(
+                    EndCause.NODE_FAIL,
+                    Blame(
+                        blame.ranks,
+                        blame.nodes,
+                        f"{blame.evidence}; Slurm: {said}",
+                        True,
+                        blame.detected_at,
+                        blame.last_progress_at,
+                    ),
+                )
+        finding = _with_own_words(finding, entry)
+        if finding.blame.detected_at is None or watch.fault_at is not None:
+            blame = finding.blame
+            detected = watch.fault.time if watch.fault is not None else watch.fault_at
+            finding = Finding(
+                finding.cause,
+                Blame(
+                    blame.ranks,
+                    blame.nodes,
+                    blame.evidence,
+                    blame.node_level,
+                    detected,
+                    blame.last_progress_at,
+                ),
+            )
+        return finding
+
+    def _refused(
+        self,
+        plan: Plan,
+        launched_at: float,
+        why: str,
+        reached: int | None,
+        ckpt_step: int | None,
+        bad: Mapping[str, str],
+    ) -> Next:
+        """srun could not create the step: too few usable nodes left means a requeue."""
+        blame = Blame((), tuple(bad), f"srun could not start the step: {why}", True, self._clock())
+        too_few = "node configuration is not available" in why
+        under_slurm = self.me.job_id is not None
+        left = self.me.restart < self.cfg.requeue.max_requeues
+        nxt: Next
+        if too_few and under_slurm and left:
+            nxt = Requeue(EndCause.NODE_FAIL, tuple(bad), f"node_fail: {blame.evidence}; requeued")
+        else:
+            nxt = Stop(EndCause.CRASH, 1, f"crash: {blame.evidence}")
+        word = "requeue" if isinstance(nxt, Requeue) else "stop"
+        self._end(plan, launched_at, nxt.cause, blame, reached, ckpt_step, word, nxt.message)
+        return nxt
+
+    def _requeue(self, nxt: Requeue) -> int:
+        """Requeue the job (its own SIGTERM ignored) and ask Slurm to avoid the bad nodes."""
+        self._requeueing = True
+        error = self.launcher.requeue(nxt.exclude)
+        if error is not None:
+            log.error("supervisor: could not requeue: %s", error)
+            return 1
+        log.info(
+            "supervisor: requeued%s", f", avoiding {','.join(nxt.exclude)}" if nxt.exclude else ""
+        )
+        # Slurm ends this batch script now (SIGTERM ignored, then SIGKILL after KillWait).
+        return 0
+
+    # --- ledger ----------------------------------------------------------------------------
+
+    def _attempts(self) -> list[Attempt]:
+        try:
+            return read_ledger(self.paths.ledger)
+        except RunDirError as exc:
+            log.warning("%s", exc)
+            return []
+
+    def _is_mine(self, a: Attempt, launch: int, launched_at: float) -> bool:
+        job = a.job_ref or a.job_id
+        if (job, a.restart, a.launch) != (self.me.job_ref, self.me.restart, launch):
+            return False
+        return self.me.job_ref is not None or a.started >= launched_at - 5.0
+
+    def _previous_blame(self, attempts: Sequence[Attempt], launch: int) -> Blame | None:
+        if launch == 0:
+            return None
+        before = [a for a in attempts if self._is_mine(a, launch - 1, 0.0)]
+        return before[-1].blame if before else None
+
+    def _history(
+        self,
+        attempts: Sequence[Attempt],
+        entry: Attempt | None,
+        plan: Plan,
+        launched_at: float,
+        finding: Finding,
+        reached: int | None,
+        ckpt_step: int | None,
+    ) -> list[Attempt]:
+        """The submission's launches, this one (as it ends now) last."""
+        job = self.me.job_ref
+        earlier = [
+            a
+            for a in attempts
+            if (a.job_ref or a.job_id) == job
+            and (job is not None or a.started >= self.began - 5.0)
+            and not self._is_mine(a, plan.launch, launched_at)
+        ]
+        base = entry or Attempt(
+            attempt=len(attempts), started=launched_at, ended=None, cause=None, steps_done=None,
+            checkpoint=None, nodelist="", job_ref=job, resumed_from_step=None,
+            job_id=self.me.job_id, restart=self.me.restart, launch=plan.launch,
+        )  # fmt: skip
+        from_step = self._from_steps.get(plan.launch)
+        now = replace(
+            base,
+            cause=finding.cause,
+            blame=finding.blame,
+            steps_done=base.steps_done if base.steps_done is not None else reached,
+            from_step=from_step,
+            checkpoint_step=ckpt_step,
+        )
+        return [*earlier, now]
+
+    def _end(
+        self,
+        plan: Plan,
+        launched_at: float,
+        cause: EndCause,
+        blame: Blame | None,
+        reached: int | None,
+        ckpt_step: int | None,
+        next_step: str,
+        message: str | None,
+    ) -> None:
+        attempts = self._attempts()
+        number = attempt_number(
+            attempts, job_id=self.me.job_id, restart=self.me.restart, launch=plan.launch,
+            since=launched_at - 5.0,
+        )  # fmt: skip
+        self._append(
+            launch_end_event(
+                attempt=number,
+                job_id=self.me.job_id,
+                job_ref=self.me.job_ref,
+                restart=self.me.restart,
+                launch=plan.launch,
+                launched_at=launched_at,
+                cause=cause,
+                blame=blame,
+                steps_reached=reached,
+                checkpoint_step=ckpt_step,
+                next_step=next_step,
+                requeue_requested=next_step == "requeue",
+                message=message or "",
+            )
+        )
+
+    @staticmethod
+    def _launch_of(lpaths: LaunchPaths) -> int:
+        return int(lpaths.root.name.rsplit(".", 1)[-1])
+
+    def _late_words(self) -> None:
+        """srun's late word on the nodes lost under abandoned steps (SlurmdTimeout after the
+        node went silent): each becomes a ``node_fail`` event on its launch."""
+        for launch, step, reported in self._abandoned:
+            for node, why in step.node_failures():
+                if node not in reported:
+                    reported.add(node)
+                    self.note_node_failure(launch, node, why)
+
+    def note_node_failure(self, launch: int, node: str, evidence: str) -> None:
+        """srun's late word on a node lost under an earlier launch: the cause becomes it."""
+        self._append(
+            node_fail_event(
+                job_id=self.me.job_id,
+                job_ref=self.me.job_ref,
+                restart=self.me.restart,
+                launch=launch,
+                node=node,
+                evidence=evidence,
+            )
+        )
+
+    def _append(self, line: str) -> None:
+        self.paths.ledger.parent.mkdir(parents=True, exist_ok=True)
+        append_line(self.paths.ledger, line)
+
+
+__all__ = [
+    "Budget",
+    "Identity",
+    "Launcher",
+    "Next",
+    "Plan",
+    "Requeue",
+    "Restart",
+    "Step",
+    "Stop",
+    "Supervisor",
+    "decide_next",
+    "exclusion",
+    "newest_checkpoint_step",
+    "no_progress_streak",
+    "prepare_launch",
+    "read_bad_nodes",
+    "restarts_used",
+]

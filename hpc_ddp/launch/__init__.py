@@ -1,1 +1,0 @@
-"""Launching runs, whatever the backend: prepare, start on Slurm or locally, wait, resume."""

@@ -1,0 +1,926 @@
+"""The attempt ledger: ``RUN_DIR/ledger.jsonl``, one JSON line per attempt event. Pure.
+
+Every attempt of a run (the first start and each requeue) appends an ``attempt_start`` line
+when it begins and an ``attempt_end`` line when it stops on purpose::
+
+    {"event": "attempt_start", "attempt": 0, "restart": 0, "time": 1718000000.0,
+     "job_id": "4242", "job_ref": "4242", "nodelist": "n[1-2]", "world_size": 4,
+     "resumed_from_step": null, "checkpoint": null, "grad_accum": 1}
+    {"event": "attempt_end", "attempt": 0, "restart": 0, "job_id": "4242",
+     "job_ref": "4242", "time": 1718003600.0, "cause": "time_limit", "steps_done": 1200,
+     "checkpoint": "checkpoints/step-00001200.pt", "requeue_requested": true,
+     "message": "time-limit warning signal"}
+
+``attempt`` numbers the run's attempts from 0 across all its jobs (Slurm's requeues and
+``hpc-ddp resume`` alike); ``restart`` is the attempt's ``SLURM_RESTART_COUNT`` within its job,
+which the requeue budget counts. Ledgers written before ``restart`` existed numbered each job's
+attempts from 0 again: :func:`read_ledger` numbers every attempt by its place in the run, so
+old and new ledgers read the same, and an old event's ``attempt`` is read as its ``restart``.
+
+Under ``fault:`` a supervisor runs each attempt as one or more *launches* (srun steps, or
+local process sets): the ranks' events then carry ``launch``, and the supervisor adds its own,
+keyed by (job, restart, launch) rather than by number::
+
+    {"event": "launch", "job_id": "4242", "job_ref": "4242", "restart": 0, "launch": 1,
+     "time": ..., "nodes": "n[1,3]", "alloc_nodes": 3, "excluded": ["n2"], "world_size": 2,
+     "from_step": 140}
+    {"event": "launch_end", "job_id": "4242", "job_ref": "4242", "restart": 0, "launch": 0,
+     "attempt": 0, "time": ..., "launched_at": ..., "cause": "hang", "ranks": [1],
+     "nodes": ["n2"], "evidence": "heartbeat stopped ...", "node_level": false,
+     "detected": ..., "last_progress": ..., "checkpoint_step": 140, "next": "restart",
+     "message": "hang: rank 1 on n2 ...; restart 1 of 3 (fault.max_restarts)"}
+    {"event": "node_fail", ..., "launch": 0, "time": ..., "node": "n2", "evidence": "..."}
+    {"event": "checkpoint", ..., "launch": 1, "time": ..., "step": 160, "stall_s": 0.012}
+
+A ``launch_end`` closes its launch's attempt when no rank could (a rank killed, frozen, or
+lost with its node), and its fault verdict replaces a rank's own ``crash`` (a survivor's
+"connection reset" names the wrong rank); a launch whose ranks wrote nothing becomes an attempt
+of its own. ``node_fail`` (srun's late word on a lost node) upgrades the cause; ``checkpoint``
+is rank 0's record of each save and how long it held training up (for the goodput account).
+
+``requeue_requested`` is true only when hpc-ddp asked ``scontrol requeue`` and Slurm accepted;
+a request that failed is recorded as the cause ``requeue_failed`` with ``requeue_requested``
+false, and the ``message`` says what failed, which checkpoint is kept and how to go on.
+
+This module is the ledger's format: the events (:func:`start_event`, :func:`end_event`, each one
+JSON line), what they fold into (:class:`Attempt`, :class:`EndCause`) and reading them back
+(:func:`read_ledger`). It writes nothing: the requeue coordinator appends each line with
+:func:`hpc_ddp.durable.append_line` (one ``write`` of one whole line to a file opened
+``O_APPEND``, then fsynced), so the login side (``status``, ``results``) imports the same
+module without torch. A crash can still leave a torn last line; readers skip any line that does
+not parse, and writers start on a fresh line after one. An attempt with a start and no end is
+still running, or died without a word (SIGKILL, node failure): :func:`read_ledger` reports it
+with ``ended=None``. An end with no start is an attempt that failed before rank 0 wrote its
+start (every rank records its own crash): it is reported as an attempt that started when it
+ended. Why a stop came and whether another attempt follows is the requeue coordinator's to say
+(:mod:`hpc_ddp.fault.requeue`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, replace
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp.config.elastic import RESEEDED, SAMPLE_EXACT, Resize
+from hpc_ddp.errors import RunDirError
+from hpc_ddp.rundir.layout import checkpoint_name
+
+log = logging.getLogger(__name__)
+
+
+class EndCause(str, Enum):
+    """Why an attempt ended.
+
+    Only ``time_limit``, ``preempted`` and ``manual_requeue`` are followed by another attempt
+    (when ``requeue_requested`` is true, or Slurm was requeueing the job itself). The run is
+    over, unfinished, after ``crash``, ``budget_exhausted``, ``requeue_failed`` (a requeue was
+    needed and ``scontrol requeue`` failed: the job ends FAILED with the checkpoint kept) and
+    ``cancelled``; after ``unknown`` it is over unless Slurm itself brings the job back.
+    """
+
+    FINISHED = "finished"
+    TIME_LIMIT = "time_limit"
+    PREEMPTED = "preempted"
+    MANUAL_REQUEUE = "manual_requeue"
+    CRASH = "crash"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    REQUEUE_FAILED = "requeue_failed"
+    CANCELLED = "cancelled"
+    UNKNOWN = "unknown"
+    HANG = "hang"
+    """A rank stopped beating or overran its phase's deadline; the step was ended."""
+    NODE_FAIL = "node_fail"
+    """A node of the step was lost (srun's ``Node failure``, the node down in Slurm)."""
+    NO_PROGRESS = "no_progress"
+    """A crash loop: launches kept ending in a fault without a newer checkpoint; stopped."""
+
+
+FAULT_CAUSES = frozenset({EndCause.CRASH, EndCause.HANG, EndCause.NODE_FAIL})
+"""The causes a supervisor answers with an in-job restart (within ``fault.max_restarts``)."""
+
+
+@dataclass(frozen=True)
+class Blame:
+    """Whom a fault points to, and on what evidence (the supervisor's or a watchdog's word)."""
+
+    ranks: tuple[int, ...]
+    nodes: tuple[str, ...]
+    evidence: str
+    node_level: bool = False
+    """The evidence speaks against the node itself (it was lost, or a hardware error)."""
+    detected_at: float | None = None
+    """When the fault was seen (a watchdog's declaration, srun's first word of it)."""
+    last_progress_at: float | None = None
+    """The last time the blamed ranks were seen making progress (a step, a phase change)."""
+
+    def describe(self) -> str:
+        """``rank 1 on n2: heartbeat stopped 10.1 s ago``."""
+        who = ", ".join(f"rank {r}" for r in self.ranks) or "no rank"
+        where = f" on {','.join(self.nodes)}" if self.nodes else ""
+        return f"{who}{where}: {self.evidence}"
+
+
+@dataclass(frozen=True)
+class Save:
+    """One checkpoint saved by rank 0 (a ``checkpoint`` event)."""
+
+    time: float
+    step: int
+    stall_s: float
+    """How long training waited for it (snapshot, gather, the previous write)."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt folded from its ledger events."""
+
+    attempt: int
+    """The attempt's number in the run, from 0: its place among all the run's attempts (every
+    job's, requeues and resumes alike), as :func:`read_ledger` found them."""
+    started: float
+    ended: float | None
+    """``None``: still running, or died without writing its end (killed, node lost)."""
+    cause: EndCause | None
+    steps_done: int | None
+    """Global optimizer step reached when it ended."""
+    checkpoint: str | None
+    """The last checkpoint known: the one saved at the end, else the one resumed from."""
+    nodelist: str
+    job_ref: str | None
+    resumed_from_step: int | None
+    job_id: str | None = None
+    world_size: int | None = None
+    resumed_from: str | None = None
+    """The checkpoint this attempt started from."""
+    requeue_requested: bool | None = None
+    message: str | None = None
+    restart: int | None = None
+    """``SLURM_RESTART_COUNT`` of the attempt within its job (what the requeue budget counts);
+    in a ledger from before run-wide numbering, the number the event was written with."""
+    launch: int = 0
+    """Which launch of its Slurm attempt (in-job restarts count 1, 2, ...)."""
+    launched_at: float | None = None
+    """When the supervisor started its launch (start-up runs from here to ``started``)."""
+    alloc_nodes: int | None = None
+    """Nodes the allocation held while it ran (spares included), for node-seconds."""
+    from_step: int | None = None
+    """The newest checkpoint's step on disk when its launch started (None: none)."""
+    checkpoint_step: int | None = None
+    """The newest checkpoint's step on disk when its launch ended."""
+    blame: Blame | None = None
+    """Whom the fault that ended it points to (the supervisor's word), if one did."""
+    next: str | None = None
+    """What the supervisor did next: ``restart``, ``requeue`` or ``stop``."""
+    saves: tuple[Save, ...] = ()
+    """The checkpoints rank 0 saved in it."""
+    trained: bool = True
+    """False for a launch whose ranks never started training (the supervisor alone wrote it):
+    its whole span was start-up."""
+    launch_ended: float | None = None
+    """When the supervisor was done with its launch (the step ended, the fault recorded)."""
+    grad_accum: int | None = None
+    """Micro-batches each rank accumulated per optimizer step (None: not recorded)."""
+    resize: Resize | None = None
+    """Set when it went on from a checkpoint of another world size (an elastic resume):
+    how steps were made before and now, and that it is sample-exact, not bit-exact."""
+    witnesses: tuple[str, ...] = ()
+    """What ranks that only lost a peer said of its end (``"witness": true`` ends: "rank 0 on
+    n1: ... Connection reset by peer"): the fault's witnesses, never its blame."""
+
+    @property
+    def stall_s(self) -> float:
+        """Seconds training waited for its checkpoints."""
+        return sum(s.stall_s for s in self.saves)
+
+    @property
+    def is_open(self) -> bool:
+        """True while no end has been recorded."""
+        return self.ended is None
+
+    @property
+    def duration_s(self) -> float | None:
+        """Seconds from start to end (None while open)."""
+        return None if self.ended is None else self.ended - self.started
+
+
+def start_event(
+    *,
+    attempt: int,
+    restart: int | None = None,
+    launch: int = 0,
+    job_id: str | None,
+    job_ref: str | None,
+    nodelist: str,
+    world_size: int,
+    resumed_from_step: int | None,
+    checkpoint: str | None,
+    now: float | None = None,
+    grad_accum: int | None = None,
+    resize: Resize | None = None,
+) -> str:
+    """The ``attempt_start`` line of an attempt (rank 0 appends it): ``attempt`` its number in
+    the run (:func:`attempt_number`), ``restart`` its ``SLURM_RESTART_COUNT``; ``grad_accum``
+    and ``resize`` (an elastic resume) when a session knows them."""
+    return _line(
+        {
+            "event": "attempt_start",
+            "attempt": attempt,
+            "restart": attempt if restart is None else restart,
+            **({"launch": launch} if launch else {}),
+            "time": time.time() if now is None else now,
+            "job_id": job_id,
+            "job_ref": job_ref,
+            "nodelist": nodelist,
+            "world_size": world_size,
+            "resumed_from_step": resumed_from_step,
+            "checkpoint": checkpoint,
+            **({} if grad_accum is None else {"grad_accum": grad_accum}),
+            **({} if resize is None else {"resize": resize.to_dict()}),
+        }
+    )
+
+
+def end_event(
+    *,
+    attempt: int,
+    restart: int | None = None,
+    launch: int = 0,
+    job_id: str | None = None,
+    job_ref: str | None = None,
+    cause: EndCause,
+    steps_done: int | None,
+    checkpoint: str | None,
+    requeue_requested: bool,
+    message: str = "",
+    now: float | None = None,
+    witness: bool = False,
+) -> str:
+    """The ``attempt_end`` line of an attempt. ``job_id``, ``job_ref`` and ``restart`` say whose
+    end it is when no start was written (a rank that failed before rank 0 wrote it).
+    ``witness``: the rank only lost a peer (a survivor of another rank's fault, under a
+    supervisor whose ``launch_end`` gives the launch's one verdict): its word is kept as a
+    witness's, never as the attempt's cause or blame."""
+    return _line(
+        {
+            "event": "attempt_end",
+            "attempt": attempt,
+            "restart": attempt if restart is None else restart,
+            **({"launch": launch} if launch else {}),
+            "job_id": job_id,
+            "job_ref": job_ref,
+            "time": time.time() if now is None else now,
+            "cause": EndCause(cause).value,
+            "steps_done": steps_done,
+            "checkpoint": checkpoint,
+            "requeue_requested": requeue_requested,
+            "message": message,
+            **({"witness": True} if witness else {}),
+        }
+    )
+
+
+def _line(event: dict[str, Any]) -> str:
+    return json.dumps(event, sort_keys=True) + "\n"
+
+
+def read_ledger(path: Path, *, since: float | None = None) -> list[Attempt]:
+    """The attempts recorded in ``path``, in the order they started; [] if there is no file.
+
+    Lines that do not parse (a torn last line) or are not ledger events are skipped, never fatal,
+    and so is an event whose attempt number or time is not a sane number (negative, not finite,
+    out of any clock's range); an optional number that is not (a negative step, a world size of
+    0) is read as unknown. A ledger that cannot be read at all (a directory in its place, no
+    permission) is a :class:`~hpc_ddp.errors.RunDirError` with a hint, not a traceback.
+
+    A second start of the same attempt number (the same step relaunched) opens a new entry; an
+    end closes the latest open entry of its attempt. An end with no open entry is the end of an
+    attempt that failed before rank 0 recorded its start (a model that cannot be built, a bad
+    checkpoint): it becomes an attempt of its own, started when it ended, unless the attempt
+    has ended already (every rank of a crashed attempt writes its end; the first written wins).
+    ``since``: when the run's current job was submitted (its manifest's ``submitted_at``), to
+    tell the ends of a resumed run's new job from old ones in a ledger written before attempts
+    were numbered across the run (each job's counted from 0 again); only for runs whose old
+    processes had all ended by then (the local backend's). Each attempt returned has its
+    number in the run: its place in the list.
+    """
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return []
+    except OSError as exc:  # IsADirectoryError, PermissionError, EIO...
+        raise RunDirError(
+            f"{path}: unreadable ledger ({exc.strerror or exc}). HINT: ledger.jsonl must be a "
+            "readable file; check its permissions, or move whatever is in its place aside "
+            "(the next attempt starts a new ledger)."
+        ) from None
+    attempts: list[Attempt] = []
+    launched: _Launched = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+            _fold(attempts, event, since, launched)
+        except (ValueError, TypeError, KeyError, OverflowError) as exc:
+            log.warning("%s:%d: skipping an unreadable ledger line (%s)", path, number, exc)
+    attempts = [_with_launch(a, launched) for a in attempts]
+    # Events pair up by the number they were written with; the run numbers them by place.
+    return [replace(a, attempt=index) for index, a in enumerate(attempts)]
+
+
+def attempt_number(
+    attempts: list[Attempt],
+    *,
+    job_id: str | None,
+    restart: int,
+    since: float | None = None,
+    launch: int = 0,
+) -> int:
+    """The number a process of job ``job_id`` at ``restart`` (and ``launch``) writes its
+    attempt's end with: that of the newest entry of the same job, restart and launch (one
+    started since ``since``, for a run with no job ids: the local backend's), else the next
+    number (a new attempt's start, or the end of one whose start was never written).
+    ``attempts`` as :func:`read_ledger` returns them; pure.
+    """
+    for a in reversed(attempts):
+        if (a.job_id, a.restart, a.launch) != (job_id, restart, launch):
+            continue
+        if job_id is None and since is not None and a.started < since:
+            break  # an earlier local job's: this job's attempt has no entry yet
+        return a.attempt
+    return len(attempts)
+
+
+_Key = tuple[str | None, int | None, int]
+_Launched = dict[_Key, list[Any]]
+"""``launch`` events by their key, in the order written."""
+_SKEW_S = 5.0
+"""Slack between the clocks of the batch host and rank 0's node when a launch's events are
+matched to a run's attempts by time (only runs without a job id need it: the local backend's,
+on one machine)."""
+
+
+def launch_event(
+    *,
+    job_id: str | None,
+    job_ref: str | None,
+    restart: int,
+    launch: int,
+    nodes: str,
+    alloc_nodes: int | None,
+    excluded: list[str],
+    world_size: int,
+    from_step: int | None,
+    now: float | None = None,
+) -> str:
+    """The supervisor's ``launch`` line: a launch (srun step, local process set) starts."""
+    return _launch_line(
+        "launch",
+        (job_id, job_ref, restart, launch, now),
+        nodes=nodes,
+        alloc_nodes=alloc_nodes,
+        excluded=excluded,
+        world_size=world_size,
+        from_step=from_step,
+    )
+
+
+def _launch_line(
+    kind: str,
+    key: tuple[str | None, str | None, int, int, float | None],
+    **fields: Any,
+) -> str:
+    """One line of the events that belong to a launch: ``kind``, the launch's key (job id,
+    job ref, restart, launch number; and ``now``, the time, default the clock's), ``fields``."""
+    job_id, job_ref, restart, launch, now = key
+    head = {"event": kind, "job_id": job_id, "job_ref": job_ref, "restart": restart}
+    time_now = time.time() if now is None else now
+    return _line({**head, "launch": launch, "time": time_now, **fields})
+
+
+def launch_end_event(
+    *,
+    attempt: int,
+    job_id: str | None,
+    job_ref: str | None,
+    restart: int,
+    launch: int,
+    launched_at: float,
+    cause: EndCause,
+    blame: Blame | None,
+    steps_reached: int | None,
+    checkpoint_step: int | None,
+    next_step: str,
+    requeue_requested: bool = False,
+    message: str = "",
+    now: float | None = None,
+) -> str:
+    """The supervisor's ``launch_end`` line: how a launch ended, whom a fault points to, and
+    what follows (``next_step``: ``restart``, ``requeue`` or ``stop``)."""
+    event: dict[str, Any] = {
+        "attempt": attempt,
+        "launched_at": launched_at,
+        "cause": EndCause(cause).value,
+        "steps_reached": steps_reached,
+        "checkpoint_step": checkpoint_step,
+        "checkpoint": None if checkpoint_step is None else checkpoint_name(checkpoint_step),
+        "next": next_step,
+        "requeue_requested": requeue_requested,
+        "message": message,
+    }
+    if blame is not None:
+        event.update(
+            ranks=list(blame.ranks),
+            nodes=list(blame.nodes),
+            evidence=blame.evidence,
+            node_level=blame.node_level,
+            detected=blame.detected_at,
+            last_progress=blame.last_progress_at,
+        )
+    return _launch_line("launch_end", (job_id, job_ref, restart, launch, now), **event)
+
+
+def node_fail_event(
+    *,
+    job_id: str | None,
+    job_ref: str | None,
+    restart: int,
+    launch: int,
+    node: str,
+    evidence: str,
+    now: float | None = None,
+) -> str:
+    """The supervisor's ``node_fail`` line: srun (or Slurm) said late that a node was lost."""
+    key = (job_id, job_ref, restart, launch, now)
+    return _launch_line("node_fail", key, node=node, evidence=evidence)
+
+
+def checkpoint_event(
+    *,
+    job_id: str | None,
+    job_ref: str | None,
+    restart: int,
+    launch: int,
+    step: int,
+    stall_s: float,
+    now: float | None = None,
+) -> str:
+    """Rank 0's ``checkpoint`` line: a save at ``step`` held training up ``stall_s``."""
+    key = (job_id, job_ref, restart, launch, now)
+    return _launch_line("checkpoint", key, step=step, stall_s=round(stall_s, 6))
+
+
+def _fold(attempts: list[Attempt], event: Any, since: float | None, launched: _Launched) -> None:
+    kind = event["event"]
+    if kind in _SUPERVISED:
+        _SUPERVISED[kind](attempts, event, launched)
+        return
+    if kind == "attempt_start":
+        checkpoint = _opt_str(event.get("checkpoint"))
+        attempts.append(
+            Attempt(
+                attempt=_count(event["attempt"], "attempt"),
+                started=_time(event["time"]),
+                ended=None,
+                cause=None,
+                steps_done=None,
+                checkpoint=checkpoint,
+                nodelist=str(event.get("nodelist") or ""),
+                job_ref=_opt_str(event.get("job_ref")),
+                resumed_from_step=_opt_count(event.get("resumed_from_step"), "resumed_from_step"),
+                job_id=_opt_str(event.get("job_id")),
+                world_size=_opt_count(event.get("world_size"), "world_size", low=1),
+                resumed_from=checkpoint,
+                restart=_restart(event),
+                launch=_launch(event),
+                grad_accum=_opt_count(event.get("grad_accum"), "grad_accum", low=1),
+                resize=_resize(event.get("resize")),
+            )
+        )
+    elif kind == "attempt_end":
+        _fold_end(attempts, event, since)
+    # Events of a later hpc-ddp are skipped without a word: they add, never change, attempts.
+
+
+def _resize(value: Any) -> Resize | None:
+    """An ``attempt_start``'s ``resize``, or None (absent, or not one this code reads)."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        return Resize(
+            before_world=_count(value["from_world_size"], "from_world_size", low=1),
+            before_accum=_opt_count(value.get("from_grad_accum"), "from_grad_accum", low=1),
+            world=_count(value["world_size"], "world_size", low=1),
+            accum=_count(value["grad_accum"], "grad_accum", low=1),
+            exactness=str(value.get("exactness") or SAMPLE_EXACT),
+            rng=str(value.get("rng") or RESEEDED),
+        )
+    except (KeyError, ValueError, OverflowError) as exc:
+        log.warning(
+            "ledger: an attempt's resize %r is unreadable (%s); read as unknown", value, exc
+        )
+        return None
+
+
+def _launch(event: Any) -> int:
+    return _opt_count(event.get("launch"), "launch") or 0
+
+
+def _event_key(event: Any) -> _Key:
+    job = _opt_str(event.get("job_ref")) or _opt_str(event.get("job_id"))
+    return job, _opt_count(event.get("restart"), "restart"), _launch(event)
+
+
+def _entry_key(a: Attempt) -> _Key:
+    return a.job_ref or a.job_id, a.restart, a.launch
+
+
+def _find(attempts: list[Attempt], key: _Key, launched_at: float | None) -> int | None:
+    """The newest attempt of launch ``key``; without a job id to tell jobs apart (the local
+    backend's), only one that started after ``launched_at``."""
+    for index in range(len(attempts) - 1, -1, -1):
+        a = attempts[index]
+        if _entry_key(a) != key:
+            continue
+        if key[0] is None and launched_at is not None and a.started < launched_at - _SKEW_S:
+            return None
+        return index
+    return None
+
+
+def _fold_launch(attempts: list[Attempt], event: Any, launched: _Launched) -> None:
+    _time(event["time"])
+    launched.setdefault(_event_key(event), []).append(event)
+
+
+def _launch_of(launched: _Launched, key: _Key, started: float) -> Any:
+    """The ``launch`` event of the launch an attempt of ``key`` that started at ``started``
+    belongs to: the newest one written before it started (clock skew allowed)."""
+    found = None
+    for event in launched.get(key, []):
+        if _time(event["time"]) <= started + _SKEW_S:
+            found = event
+    return found
+
+
+def _with_launch(a: Attempt, launched: _Launched) -> Attempt:
+    """``a`` with what its ``launch`` event says (when the supervisor wrote one)."""
+    event = _launch_of(launched, _entry_key(a), a.started)
+    if event is None:
+        return a
+    launched_at = _time(event["time"])
+    return replace(
+        a,
+        launched_at=a.launched_at if a.launched_at is not None else launched_at,
+        alloc_nodes=_opt_count(event.get("alloc_nodes"), "alloc_nodes", low=1),
+        from_step=_opt_count(event.get("from_step"), "from_step"),
+        nodelist=a.nodelist or str(event.get("nodes") or ""),
+        world_size=a.world_size or _opt_count(event.get("world_size"), "world_size", low=1),
+    )
+
+
+def _blame(event: Any) -> Blame | None:
+    evidence = event.get("evidence")
+    if evidence is None:
+        return None
+    return Blame(
+        ranks=tuple(_count(r, "rank") for r in event.get("ranks") or ()),
+        nodes=tuple(str(n) for n in event.get("nodes") or ()),
+        evidence=str(evidence),
+        node_level=bool(event.get("node_level")),
+        detected_at=_opt_time(event.get("detected")),
+        last_progress_at=_opt_time(event.get("last_progress")),
+    )
+
+
+def _opt_time(value: Any) -> float | None:
+    return None if value is None else _time(value)
+
+
+_OVERRIDDEN = frozenset({*FAULT_CAUSES, EndCause.UNKNOWN})
+"""The causes srun's late word of a lost node (``node_fail``) refines."""
+
+
+def _fold_launch_end(attempts: list[Attempt], event: Any, launched: _Launched) -> None:
+    """Close (or refine) the launch's attempt with the supervisor's word; a launch that left
+    no attempt (its ranks died before rank 0 wrote a start) becomes one."""
+    key = _event_key(event)
+    ended = _time(event["time"])
+    launched_at = _opt_time(event.get("launched_at"))
+    cause = _cause(event.get("cause"))
+    fault = cause in FAULT_CAUSES or cause is EndCause.NO_PROGRESS
+    said: dict[str, Any] = {
+        "blame": _blame(event),
+        "next": _opt_str(event.get("next")),
+        "checkpoint_step": _opt_count(event.get("checkpoint_step"), "checkpoint_step"),
+        "launched_at": launched_at,
+        "launch_ended": ended,
+    }
+    requested = bool(event.get("requeue_requested"))
+    message = _opt_str(event.get("message"))
+    index = _find(attempts, key, launched_at)
+    if index is None:
+        attempts.append(
+            Attempt(
+                attempt=_number_or(event.get("attempt"), len(attempts)),
+                started=launched_at if launched_at is not None else ended,
+                ended=ended,
+                cause=cause,
+                steps_done=_opt_count(event.get("steps_reached"), "steps_reached"),
+                checkpoint=_opt_str(event.get("checkpoint")),
+                nodelist="",
+                job_ref=_opt_str(event.get("job_ref")),
+                resumed_from_step=None,
+                job_id=_opt_str(event.get("job_id")),
+                requeue_requested=requested,
+                message=message,
+                restart=key[1],
+                launch=key[2],
+                trained=False,
+                **said,
+            )
+        )
+        return
+    entry = attempts[index]
+    if entry.is_open:
+        steps = entry.steps_done
+        if steps is None:
+            steps = _opt_count(event.get("steps_reached"), "steps_reached")
+        attempts[index] = replace(
+            entry,
+            ended=ended,
+            cause=cause,
+            steps_done=steps,
+            checkpoint=_opt_str(event.get("checkpoint")) or entry.checkpoint,
+            requeue_requested=requested,
+            message=message,
+            **said,
+        )
+    elif fault:
+        # The supervisor's fault verdict is the launch's one verdict, over any rank's own word:
+        # a survivor's crash, or a "finished" from a rank that left its loop early while its
+        # peers trained on. Its checkpoint is the newest one on disk when the launch ended.
+        attempts[index] = replace(
+            entry,
+            cause=cause,
+            requeue_requested=requested or bool(entry.requeue_requested),
+            message=message,
+            checkpoint=_opt_str(event.get("checkpoint")) or entry.checkpoint,
+            **said,
+        )
+    else:
+        attempts[index] = replace(entry, **said)
+
+
+def _number_or(value: Any, default: int) -> int:
+    number = _opt_count(value, "attempt")
+    return default if number is None else number
+
+
+def _fold_node_fail(attempts: list[Attempt], event: Any, launched: _Launched) -> None:
+    """srun's late word that a node was lost: the launch's fault was the node's."""
+    index = _find(attempts, _event_key(event), None)
+    if index is None:
+        return
+    entry = attempts[index]
+    if entry.cause not in _OVERRIDDEN:
+        return
+    node = str(event["node"])
+    old = entry.blame
+    blame = Blame(
+        ranks=old.ranks if old else (),
+        nodes=tuple(dict.fromkeys([*(old.nodes if old else ()), node])),
+        evidence=str(event.get("evidence") or f"node {node} failed"),
+        node_level=True,
+        detected_at=old.detected_at if old else _time(event["time"]),
+        last_progress_at=old.last_progress_at if old else None,
+    )
+    attempts[index] = replace(entry, cause=EndCause.NODE_FAIL, blame=blame)
+
+
+def _fold_checkpoint(attempts: list[Attempt], event: Any, launched: _Launched) -> None:
+    index = _find(attempts, _event_key(event), None)
+    if index is None:
+        return
+    save = Save(
+        _time(event["time"]),
+        _count(event["step"], "step"),
+        max(0.0, float(event.get("stall_s") or 0.0)),
+    )
+    entry = attempts[index]
+    attempts[index] = replace(entry, saves=(*entry.saves, save))
+
+
+_SUPERVISED = {
+    "launch": _fold_launch,
+    "launch_end": _fold_launch_end,
+    "node_fail": _fold_node_fail,
+    "checkpoint": _fold_checkpoint,
+}
+"""The events of launches (the supervisor's, and rank 0's checkpoints), folded by their key."""
+
+
+def _fold_end(attempts: list[Attempt], event: Any, since: float | None) -> None:
+    number = _count(event["attempt"], "attempt")
+    ended = _time(event["time"])
+    cause = _cause(event.get("cause"))
+    steps = _opt_count(event.get("steps_done"), "steps_done")
+    checkpoint = _opt_str(event.get("checkpoint"))
+    requested = bool(event.get("requeue_requested"))
+    message = _opt_str(event.get("message"))
+    witness = event.get("witness") is True
+    said = (message,) if witness and message else ()
+    for index in range(len(attempts) - 1, -1, -1):
+        entry = attempts[index]
+        if entry.attempt != number:
+            continue
+        if entry.is_open or (_witnessed_only(entry) and not witness):
+            # A witness's end closes the attempt until its verdict (the supervisor's, or the
+            # failing rank's own end written after it) comes; it never is the verdict.
+            attempts[index] = replace(
+                entry,
+                ended=entry.ended if not entry.is_open else ended,
+                cause=cause,
+                steps_done=steps if steps is not None or entry.is_open else entry.steps_done,
+                checkpoint=checkpoint or entry.checkpoint,
+                requeue_requested=requested,
+                message=message,
+                witnesses=(*entry.witnesses, *said),
+            )
+            return
+        if witness:
+            attempts[index] = replace(entry, witnesses=(*entry.witnesses, *said))
+            return
+    if not _starts_an_attempt(attempts, number, ended, since):
+        return  # a peer's late word on an attempt already ended: the first end wins
+    attempts.append(
+        Attempt(
+            attempt=number,
+            started=ended,  # never recorded: it failed before its start was written
+            ended=ended,
+            cause=cause,
+            steps_done=steps,
+            checkpoint=checkpoint,
+            nodelist="",
+            job_ref=_opt_str(event.get("job_ref")),
+            resumed_from_step=None,
+            job_id=_opt_str(event.get("job_id")),
+            requeue_requested=requested,
+            message=message,
+            restart=_restart(event),
+            launch=_launch(event),
+            witnesses=said,
+        )
+    )
+
+
+def _witnessed_only(entry: Attempt) -> bool:
+    """The attempt was closed by a witness's end alone: no verdict on it yet."""
+    return (
+        not entry.is_open
+        and entry.blame is None
+        and bool(entry.witnesses)
+        and entry.message == entry.witnesses[-1]
+    )
+
+
+def _restart(event: Any) -> int | None:
+    """An event's ``restart``; an event from before it existed has its ``attempt`` there."""
+    if event.get("restart") is None:
+        return _count(event["attempt"], "attempt")
+    return _opt_count(event.get("restart"), "restart")
+
+
+def _starts_an_attempt(
+    attempts: list[Attempt], number: int, ended: float, since: float | None
+) -> bool:
+    """Whether an end with no open entry is an attempt of its own (one that failed before its
+    start was written), not a repeat of an end already recorded for the attempt.
+
+    Every rank of a crashed attempt writes its end, so an end after an ended entry of the same
+    number is normally such a repeat. In ledgers from before run-wide numbering, attempt
+    numbers start again at 0 in a resumed run's new job, though: with ``since`` (when the
+    run's current job was submitted), an end from that job after an entry that ended before
+    it is the new job's own.
+    """
+    earlier = [a for a in attempts if a.attempt == number]
+    if not earlier:
+        return True
+    last_end = earlier[-1].ended
+    return since is not None and ended >= since and last_end is not None and last_end < since
+
+
+_LATEST_TIME = 253402300799.0
+"""9999-12-31T23:59:59Z: the latest time every platform's clock functions can show."""
+_LARGEST_COUNT = (1 << 63) - 1
+
+
+def _time(value: Any) -> float:
+    """A ledger time (seconds since the epoch); ValueError unless finite and in 0..9999 AD."""
+    if isinstance(value, bool):
+        raise ValueError(f"time {value!r} is not a number")
+    t = float(value)
+    if not (math.isfinite(t) and 0.0 <= t <= _LATEST_TIME):
+        raise ValueError(f"time {value!r} is out of range")
+    return t
+
+
+def _count(value: Any, name: str, low: int = 0) -> int:
+    """A whole number of at least ``low`` (an attempt, a step); ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{name} {value!r} is not a whole number")
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise ValueError(f"{name} {value!r} is not a whole number")
+    number = int(value)
+    if not low <= number <= _LARGEST_COUNT:
+        raise ValueError(f"{name} {number} is out of range")
+    return number
+
+
+def _opt_count(value: Any, name: str, low: int = 0) -> int | None:
+    """:func:`_count` for an optional field: None when absent, or (with a warning) when not a
+    sane number, so one bad field never hides the rest of its event."""
+    if value is None:
+        return None
+    try:
+        return _count(value, name, low)
+    except (ValueError, OverflowError) as exc:
+        log.warning("ledger: %s; read as unknown", exc)
+        return None
+
+
+def _cause(value: Any) -> EndCause:
+    try:
+        return EndCause(value)
+    except ValueError:
+        return EndCause.UNKNOWN  # written by a newer hpc-ddp
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+# --- which code each attempt ran ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CodeRun:
+    """One ``code`` event: the file of the job's own code and its digest when an attempt
+    started (rank 0's task appends it, :mod:`hpc_ddp.rundir.provenance`)::
+
+        {"event": "code", "time": ..., "job_id": "4242", "file": "/home/u/train.py",
+         "digest": "sha256:..."}
+    """
+
+    time: float
+    job_id: str | None
+    file: str
+    digest: str
+
+
+def code_event(*, job_id: str | None, file: str, digest: str, now: float | None = None) -> str:
+    """The ``code`` line of an attempt that is starting: which file of code it runs."""
+    return _line(
+        {
+            "event": "code",
+            "time": time.time() if now is None else now,
+            "job_id": job_id,
+            "file": file,
+            "digest": digest,
+        }
+    )
+
+
+def read_code_runs(path: Path) -> list[CodeRun]:
+    """Every ``code`` event in the ledger at ``path``, oldest first ([] without a ledger, or
+    when it cannot be read: the code is a note of ``status``, never its verdict)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    runs: list[CodeRun] = []
+    for line in text.splitlines():
+        try:
+            event = json.loads(line)
+            if not isinstance(event, dict) or event.get("event") != "code":
+                continue
+            file, digest = event["file"], event["digest"]
+            if isinstance(file, str) and isinstance(digest, str):
+                job_id = _opt_str(event.get("job_id"))
+                runs.append(CodeRun(_time(event["time"]), job_id, file, digest))
+        except (ValueError, TypeError, KeyError, OverflowError):
+            continue
+    return runs
+
+
+def code_change(runs: list[CodeRun]) -> tuple[CodeRun, CodeRun] | None:
+    """(the first attempt's code, the latest attempt's) when they differ, else None."""
+    if not runs or runs[-1].digest == runs[0].digest:
+        return None
+    return runs[0], runs[-1]

@@ -1,0 +1,192 @@
+"""Which code a run runs: the submit directory, its git commit, and a digest of the job's code.
+
+At submit (login side, never importing torch nor the job's own code) :func:`gather` finds what
+goes into the manifest: where the run was submitted from, the git commit and whether the tree
+was dirty (``git`` with a short timeout; no git, or no repository: None, never an error), and
+the file of the job's code with its digest: for ``command:`` the script it names (``python
+train.py``: ``train.py``; ``./run.sh``: ``run.sh``; ``python -m pkg.mod``: the module's file),
+for ``entrypoint:`` the module's file. Modules are found, never imported
+(:func:`importlib.machinery.PathFinder`), so a package's heavy dependencies stay unloaded.
+
+On each attempt the task computes the same digest (:func:`code_of`) where the job runs, and
+rank 0 appends it to the ledger as a ``code`` event (:func:`hpc_ddp.rundir.ledger.code_event`):
+``status`` says when a requeued or resumed attempt ran other code than the first.
+
+A ``command:`` runs in the directory it was submitted from (:func:`submit_dir_of`): a relative
+script path means the same file on a resume started elsewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpc_ddp.config.model import JobConfig
+from hpc_ddp.config.params import resolve_command
+
+__all__ = ["GIT_TIMEOUT_S", "Code", "Provenance", "code_of", "file_digest", "gather", "git_state"]
+
+GIT_TIMEOUT_S = 3.0
+"""How long a submit waits for each ``git`` call: a hung network file system must not hang it."""
+_PYTHON_OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "-Q"})
+
+
+@dataclass(frozen=True)
+class Code:
+    """The file of a job's code and its digest (``sha256:<hex>``)."""
+
+    file: str
+    digest: str
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What the manifest records of where a run was submitted from and which code it runs."""
+
+    submit_dir: str
+    git_commit: str | None
+    git_dirty: bool | None
+    code: Code | None
+
+
+def file_digest(path: Path) -> str:
+    """``sha256:<hex>`` of the file's bytes."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return f"sha256:{h.hexdigest()}"
+
+
+def code_file(cfg: JobConfig, base: Path, search: Sequence[str]) -> Path | None:
+    """The file of the job's own code, relative paths taken from ``base``; ``search`` is where
+    its Python finds modules. None for the built-in trainer, ``python -c``, a program on PATH,
+    or a file that is not there."""
+    if cfg.entrypoint:
+        return _module_file(cfg.entrypoint.partition(":")[0], search)
+    if not cfg.command:
+        return None
+    program, *args = resolve_command(cfg.command, cfg.params)
+    if "/" in program:  # a path: the program itself is the code
+        found = base / program
+        return found if found.is_file() else None
+    if not Path(program).name.startswith("python"):
+        return None  # a program found on PATH (torchrun, bash ...): its first file argument
+    it = iter(args)
+    for arg in it:
+        if arg == "-m":
+            module = next(it, None)
+            return None if module is None else _module_file(module, search)
+        if arg in ("-c", "-"):
+            return None
+        if arg in _PYTHON_OPTIONS_WITH_VALUE:
+            next(it, None)
+        elif not arg.startswith("-"):
+            script = base / arg
+            return script if script.is_file() else None
+    return None
+
+
+def _module_file(name: str, search: Sequence[str]) -> Path | None:
+    """The file of module ``name`` (dotted) on ``search``, found without importing anything."""
+    top, *rest = name.split(".")
+    spec = importlib.machinery.PathFinder.find_spec(top, list(search))
+    for part in rest:
+        locations = None if spec is None else spec.submodule_search_locations
+        if locations is None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(part, list(locations))
+    if spec is None or not spec.origin or not spec.has_location:
+        return None
+    origin = Path(spec.origin)
+    return origin if origin.is_file() else None
+
+
+def code_of(cfg: JobConfig, base: Path, search: Sequence[str]) -> Code | None:
+    """:func:`code_file` and its digest; None when there is none, or it cannot be read."""
+    path = code_file(cfg, base, search)
+    if path is None:
+        return None
+    try:
+        return Code(str(path.resolve()), file_digest(path))
+    except OSError:
+        return None
+
+
+def git_state(directory: Path, timeout_s: float = GIT_TIMEOUT_S) -> tuple[str | None, bool | None]:
+    """(HEAD's commit, whether the work tree has changes) of the repository holding
+    ``directory``; (None, None) outside one, without git, or when git does not answer."""
+    commit = _git(directory, ["rev-parse", "HEAD"], timeout_s)
+    if not commit:
+        return None, None
+    status = _git(directory, ["status", "--porcelain", "--untracked-files=no"], timeout_s)
+    return commit.strip(), None if status is None else bool(status.strip())
+
+
+def _git(directory: Path, args: list[str], timeout_s: float) -> str | None:
+    import subprocess  # a real submit only: a dry run never asks git
+
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(directory), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+            env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"},  # status must not take index.lock
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def gather(cfg: JobConfig, submit_dir: Path, search: Sequence[str]) -> Provenance:
+    """Everything :class:`Provenance` records, for a job submitted from ``submit_dir``."""
+    commit, dirty = git_state(submit_dir)
+    return Provenance(str(submit_dir), commit, dirty, code_of(cfg, submit_dir, search))
+
+
+def search_path(cfg: JobConfig, base: Path, python_path: Sequence[str]) -> list[str]:
+    """Where the job's Python finds modules: ``base``, the job's PYTHONPATH, then
+    ``python_path`` (this interpreter's ``sys.path``)."""
+    job_path = dict(cfg.env.vars).get("PYTHONPATH", "")
+    extra = [str(base / p) for p in job_path.split(os.pathsep) if p]
+    return [str(base), *extra, *python_path]
+
+
+def submit_dir_of(cfg: JobConfig, run_dir: Path) -> Path | None:
+    """Where a task of the run in ``run_dir`` runs its ``command:``: the directory it was
+    submitted from, as its manifest records it (a resume started elsewhere runs the same
+    relative script). None when the job is not a command, sets its own ``slurm.extra.chdir``,
+    or the manifest names no directory that exists here."""
+    from hpc_ddp.errors import RunDirError
+    from hpc_ddp.rundir.manifest import read_manifest
+
+    if not cfg.command or "chdir" in dict(cfg.slurm.extra):
+        return None
+    try:
+        recorded = read_manifest(run_dir).submit_dir
+    except RunDirError:
+        return None
+    where = Path(recorded) if recorded else None
+    return where if where is not None and where.is_dir() else None
+
+
+def record_code(cfg: JobConfig, ledger: Path, *, job_id: str | None) -> Code | None:
+    """Append this attempt's ``code`` event (the job's code, found from this process's working
+    directory and ``sys.path``) to ``ledger``; rank 0's task calls it once per start."""
+    import sys
+
+    from hpc_ddp.durable import append_line
+    from hpc_ddp.rundir.ledger import code_event
+
+    here = Path.cwd()
+    code = code_of(cfg, here, search_path(cfg, here, sys.path))
+    if code is not None:
+        ledger.parent.mkdir(parents=True, exist_ok=True)
+        append_line(ledger, code_event(job_id=job_id, file=code.file, digest=code.digest))
+    return code

@@ -1,0 +1,1 @@
+"""Submitting runs, whatever the backend: prepare, start on Slurm or locally, wait, resume."""

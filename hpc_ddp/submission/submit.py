@@ -1,0 +1,534 @@
+"""Launching a run: claim its directory, prepare it, start it on a backend, record it.
+
+Like torchx: :func:`prepare` builds everything that will be written and run, so ``--dry-run``
+can show it without touching Slurm or the disk; :func:`launch` writes the run directory
+(:func:`materialize`), starts it on its backend (``sbatch --parsable`` through the injected
+Slurm client, or the local backend's processes) and records the job in ``manifest.json``
+(:func:`record`), holding the run directory's record lock
+(:func:`~hpc_ddp.rundir.manifest.record_lock`)
+from the submission to the record, so that the job's tasks read the record that names their
+job (:mod:`hpc_ddp.job.task`). A local run has no script: nothing renders or writes a
+``job.sbatch`` it would never use.
+
+Run directories live under the runs directory (``--runs-dir``, ``$HPC_DDP_RUNS_DIR``, default
+``./runs``), one per submission, ``<name>-<stamp>[-N]``; what goes inside is declared by
+:mod:`hpc_ddp.rundir.layout`. A prepared run's path is only a forecast until :func:`materialize`
+claims it with :func:`create_run_dir`: another submit of the same job in the same second may
+take the name first, and the run then moves to the next free suffix (``-2``, ``-3`` ...), its
+script rendered again for the path it really got.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpc_ddp.backends.slurm.render import (
+    RenderContext,
+    load_template,
+    render_sbatch,
+    sbatch_command,
+)
+from hpc_ddp.config.load import dump_job_config
+from hpc_ddp.config.model import JobConfig
+from hpc_ddp.durable import write_text_atomic
+from hpc_ddp.errors import ConfigError, RunDirError, RunsDirError
+from hpc_ddp.rundir.layout import RUNS_DIR_ENV, STAMP_FORMAT, RunPaths, run_dir_name
+from hpc_ddp.rundir.manifest import BACKENDS, Backend, Manifest, record_lock, write_manifest
+from hpc_ddp.rundir.run_id import ensure_run_id
+from hpc_ddp.version import __version__
+
+if TYPE_CHECKING:  # a dry run never loads the client (nor jobstate): ~2.5 ms of every submit
+    from hpc_ddp.backends.slurm.client import SlurmClient
+
+
+def runs_dir_from(arg: str | None, env: Mapping[str, str]) -> Path:
+    """``--runs-dir``, else ``$HPC_DDP_RUNS_DIR``, else ``./runs``."""
+    return Path(arg or env.get(RUNS_DIR_ENV) or "runs")
+
+
+def stamp_of(now: datetime) -> str:
+    """The stamp of a run directory submitted at ``now`` (UTC)."""
+    return now.strftime(STAMP_FORMAT)
+
+
+def check_runs_dir(base: Path, *, write: bool) -> None:
+    """Refuse a runs directory that is a file, or unreadable (``write``: unwritable).
+
+    A missing one is fine (nothing to read; created on the first submit). Raises
+    :class:`RunsDirError` (exit 2), naming the path and what to pass instead.
+    """
+    hint = "HINT: pass an existing, writable directory with --runs-dir (or $HPC_DDP_RUNS_DIR)"
+    if not base.exists():
+        if base.is_symlink():
+            raise RunsDirError(f"--runs-dir {str(base)!r} is a dangling symlink. {hint}.")
+        return
+    if not base.is_dir():
+        raise RunsDirError(f"--runs-dir {str(base)!r} is a file, not a directory. {hint}.")
+    mode = os.R_OK | os.X_OK | (os.W_OK if write else 0)
+    if not os.access(base, mode):
+        what = "writable" if write else "readable"
+        raise RunsDirError(f"--runs-dir {str(base)!r} is not {what} by this user. {hint}.")
+
+
+def new_run_dir(base: Path, name: str, stamp: str) -> Path:
+    """The path :func:`create_run_dir` would take now (for a dry run; creates nothing).
+
+    A ``base`` that could not hold it (a file, unwritable) is a :class:`RunsDirError` already.
+    """
+    check_runs_dir(base, write=True)
+    candidate = base / run_dir_name(name, stamp)
+    n = 1
+    while candidate.exists() or candidate.is_symlink():
+        n += 1
+        candidate = base / run_dir_name(name, stamp, n)
+    return candidate
+
+
+def create_run_dir(base: Path, name: str, stamp: str) -> Path:
+    """Create and return a fresh run directory ``base/<name>-<stamp>[-N]``.
+
+    ``mkdir`` without ``exist_ok`` is the claim: of several submits in the same second (threads,
+    processes, or login nodes sharing the file system) exactly one creates each name, and the
+    others go on to the next suffix, so no two runs ever share a directory. ``base`` is created
+    if missing; a file or an unwritable directory there is a :class:`RunsDirError`.
+    """
+    check_runs_dir(base, write=True)
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunsDirError(
+            f"cannot create --runs-dir {str(base)!r}: {exc.strerror or exc}. HINT: pass a "
+            "directory you can write to with --runs-dir (or $HPC_DDP_RUNS_DIR)."
+        ) from None
+    n = 1
+    while True:
+        candidate = base / run_dir_name(name, stamp, n)
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            n += 1
+            continue
+        except OSError as exc:
+            raise RunsDirError(
+                f"cannot create run directory {str(candidate)!r}: {exc.strerror or exc}. HINT: "
+                "pass a directory you can write to with --runs-dir (or $HPC_DDP_RUNS_DIR)."
+            ) from None
+        return candidate
+
+
+def make_run_dir(paths: RunPaths) -> None:
+    """Create the directory, its sub-directories (logs must exist before sbatch) and the run
+    id (kept if there is one: a resubmitted run keeps its id)."""
+    for d in (paths.root, paths.logs, paths.checkpoints, paths.rendezvous):
+        d.mkdir(parents=True, exist_ok=True)
+    ensure_run_id(paths.root)
+
+
+def choose_backend(requested: str, sbatch_path: str | None) -> Backend:
+    """``auto`` means Slurm when ``sbatch`` is on PATH (``sbatch_path``), else local."""
+    if requested == "auto":
+        return "slurm" if sbatch_path else "local"
+    if requested not in BACKENDS:
+        raise ConfigError(
+            f"backend {requested!r} is not one of auto, {', '.join(BACKENDS)}. HINT: use auto."
+        )
+    return "slurm" if requested == "slurm" else "local"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A run ready to be written and started; nothing has touched the disk or Slurm yet.
+
+    ``paths`` is where the run would go now; :func:`materialize` returns the copy that names
+    the directory it created (``created``), which is the one to start and report. A local run
+    has no ``script``, ``sbatch_argv`` or ``context``; ``template`` is the text of the job's
+    ``slurm.template``, None for the default template.
+    """
+
+    cfg: JobConfig
+    backend: Backend
+    paths: RunPaths
+    script: str | None
+    sbatch_argv: tuple[str, ...]
+    invocation: str
+    config_source: str
+    context: RenderContext | None
+    template: str | None
+    runs_dir: Path
+    stamp: str
+    created: bool = False
+    submit_dir: Path | None = None
+    """Where the run was submitted from: a resume keeps the first submit's (its ``command:``
+    runs there); None: this process's working directory."""
+
+
+def prepare(
+    cfg: JobConfig,
+    *,
+    backend: Backend,
+    config_path: Path,
+    runs_dir: Path,
+    python: str,
+    invocation: Sequence[str],
+    now: datetime | None = None,
+) -> Prepared:
+    """Everything a run of ``cfg`` on ``backend`` will write and run, for a new run directory
+    path: on Slurm the script and the sbatch command; locally, only the checks that the
+    machine can run it (:func:`check_local_job`). Asks Slurm nothing (a dry run needs no
+    Slurm client)."""
+    now = now or datetime.now(timezone.utc)
+    base = runs_dir.resolve()
+    stamp = stamp_of(now)
+    paths = RunPaths(new_run_dir(base, cfg.name, stamp))
+    invocation_text = shlex.join(invocation)
+    if backend == "local":
+        check_local_job(cfg)  # a dry run says so too, rather than show a job that cannot start
+        return Prepared(
+            cfg, backend, paths, None, (), invocation_text, str(config_path), None, None, base,
+            stamp,
+        )  # fmt: skip
+    argv = tuple(sbatch_command(paths.script))
+    ctx = RenderContext(
+        run_dir=str(paths.root),
+        python=python,
+        config_source=str(config_path),
+        submit_command=f"{invocation_text}  ->  {shlex.join(argv)}",
+        generated_at=now.isoformat(timespec="seconds"),
+        version=__version__,
+    )
+    template = load_template(cfg, config_path.parent)
+    script = render_sbatch(cfg, ctx, template_text=template)
+    return Prepared(
+        cfg, backend, paths, script, argv, invocation_text, str(config_path), ctx, template,
+        base, stamp,
+    )  # fmt: skip
+
+
+def relocate(prepared: Prepared, run_dir: Path) -> Prepared:
+    """``prepared`` for another run directory: the paths, the sbatch argv and the script."""
+    paths = RunPaths(run_dir)
+    if prepared.context is None:  # local: nothing was rendered
+        return dataclasses.replace(prepared, paths=paths)
+    old_script = str(prepared.paths.script)
+    argv = tuple(str(paths.script) if a == old_script else a for a in prepared.sbatch_argv)
+    ctx = dataclasses.replace(
+        prepared.context,
+        run_dir=str(run_dir),
+        submit_command=f"{prepared.invocation}  ->  {shlex.join(argv)}",
+    )
+    script = render_sbatch(prepared.cfg, ctx, template_text=prepared.template)
+    return dataclasses.replace(prepared, paths=paths, script=script, sbatch_argv=argv, context=ctx)
+
+
+def materialize(prepared: Prepared) -> Prepared:
+    """Create the run directory (atomically, never one another submit holds) and write the
+    resolved config, the script (Slurm) and the log directories; returns the run as created.
+    """
+    if prepared.created:
+        raise ValueError(f"{prepared.paths.root} was already materialized")
+    root = create_run_dir(prepared.runs_dir, prepared.cfg.name, prepared.stamp)
+    if root != prepared.paths.root:
+        prepared = relocate(prepared, root)
+    prepared = dataclasses.replace(prepared, created=True)
+    write_run_files(prepared)
+    return prepared
+
+
+def write_run_files(prepared: Prepared) -> None:
+    """Write the run directory's sub-directories, its resolved config and (Slurm) its script
+    into ``prepared.paths``, which exists: a fresh claim, or a run going on in place."""
+    make_run_dir(prepared.paths)
+    write_text_atomic(prepared.paths.config, dump_job_config(prepared.cfg))
+    if prepared.script is not None:
+        write_text_atomic(prepared.paths.script, prepared.script)
+
+
+REWRITE_UNDO = ".rewrite-undo"
+"""A run directory's copy of the files a resume rewrites (``config.yaml``, ``job.sbatch``) and
+of the job its manifest named, kept while the new job is submitted: see :func:`rewriting`."""
+
+
+@contextmanager
+def rewriting(paths: RunPaths, job_before: str | None) -> Iterator[None]:
+    """Rewrite a run's files in the ``with`` block (a resume's new config and script) so that
+    they stay only if the block records a new job in the manifest.
+
+    sbatch must read the new script at its own path (Slurm knows a job by its script's path,
+    and ``status`` finds the job by it), so the new files cannot wait under other names until
+    the submission succeeds. Instead the old ones are copied into ``RUN_DIR/.rewrite-undo/``
+    first, with the job the manifest named (``job_before``): a refused submission (or any
+    error) puts them back before it propagates, and if this process is killed in between, the
+    next :func:`settle_rewrite` does (the manifest still names ``job_before``: nothing was
+    recorded, so the job that sbatch may have accepted refuses to start, as any job the
+    manifest does not name). The manifest write is the commit. The caller holds the run
+    directory's record lock.
+    """
+    import shutil
+
+    settle_rewrite(paths, job_before)
+    _stash(paths, job_before)
+    try:
+        yield
+    except BaseException:
+        settle_rewrite(paths, job_before)
+        raise
+    shutil.rmtree(paths.root / REWRITE_UNDO, ignore_errors=True)
+
+
+def settle_rewrite(paths: RunPaths, job_now: str | None) -> None:
+    """Finish a rewrite that a killed process left (:func:`rewriting`): put the stashed files
+    back when the manifest still names the job it named before (``job_now``), else drop the
+    stash (the new job was recorded: the new files are its). Under the record lock."""
+    import shutil
+
+    undo = paths.root / REWRITE_UNDO
+    shutil.rmtree(undo.with_name(f"{REWRITE_UNDO}.tmp"), ignore_errors=True)
+    try:
+        before = (undo / "job").read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if undo.exists() or undo.is_symlink():
+            shutil.rmtree(undo, ignore_errors=True)  # half made: nothing was rewritten yet
+        return
+    if before == (job_now or ""):
+        for path in _rewritten(paths):
+            kept = undo / path.name
+            if kept.is_file():
+                write_text_atomic(path, kept.read_text(encoding="utf-8"))
+            else:
+                path.unlink(missing_ok=True)
+    shutil.rmtree(undo, ignore_errors=True)
+
+
+def _rewritten(paths: RunPaths) -> tuple[Path, ...]:
+    return (paths.config, paths.script)
+
+
+def _stash(paths: RunPaths, job_before: str | None) -> None:
+    import shutil
+
+    # Made whole under another name, then renamed: a stash exists complete or not at all
+    # (its ``job`` file, written last, is what settle_rewrite trusts).
+    tmp = paths.root / f"{REWRITE_UNDO}.tmp"
+    tmp.mkdir()
+    for path in _rewritten(paths):
+        if path.is_file():
+            shutil.copyfile(path, tmp / path.name)
+    write_text_atomic(tmp / "job", job_before or "")
+    os.rename(tmp, paths.root / REWRITE_UNDO)
+
+
+def record(
+    prepared: Prepared,
+    *,
+    job_id: str | None,
+    command: Sequence[str],
+    previous_jobs: Sequence[str] = (),
+) -> Manifest:
+    """Write and return the manifest of a started run (``previous_jobs``: a resumed run's
+    earlier job ids, oldest first), with its provenance: the submit directory, its git commit
+    and the digest of the job's code there (:mod:`hpc_ddp.rundir.provenance`)."""
+    import sys
+
+    from hpc_ddp.rundir.provenance import gather, search_path
+
+    where = prepared.submit_dir or Path.cwd()
+    found = gather(prepared.cfg, where, search_path(prepared.cfg, where, sys.path))
+    manifest = Manifest(
+        name=prepared.cfg.name,
+        backend=prepared.backend,
+        job_id=job_id,
+        submitted_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        command=list(command),
+        config_source=prepared.config_source,
+        run_dir=str(prepared.paths.root),
+        previous_jobs=list(previous_jobs),
+        submit_dir=found.submit_dir,
+        git_commit=found.git_commit,
+        git_dirty=found.git_dirty,
+        code_file=None if found.code is None else found.code.file,
+        code_digest=None if found.code is None else found.code.digest,
+    )
+    write_manifest(prepared.paths, manifest)
+    return manifest
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A run that was started: where it went, its job id and its manifest."""
+
+    prepared: Prepared
+    job_id: str
+    manifest: Manifest
+    local: Any = None
+    """The local backend's job handle (:class:`hpc_ddp.backends.local.backend.LocalJob`); None on
+    Slurm."""
+    follow_from: int = 0
+    """Local: where rank 0's log ended before the start (``--wait`` follows it from there)."""
+
+    @property
+    def paths(self) -> RunPaths:
+        """The run directory the run really went to."""
+        return self.prepared.paths
+
+
+def launch(prepared: Prepared, client: SlurmClient) -> Launched:
+    """Write the run directory (unless it was already) and start the run on its backend:
+    ``sbatch --parsable`` through ``client``, or the local backend's processes. The manifest
+    records the job id.
+
+    The run directory's record lock (:func:`~hpc_ddp.rundir.manifest.record_lock`) is held from the
+    submission to the record, so that the job's tasks, should they start at once, wait for the
+    record that names their job before they check it.
+    """
+    if not prepared.created:
+        prepared = materialize(prepared)
+    with record_lock(prepared.paths.root):
+        return start(prepared, client)
+
+
+def start(
+    prepared: Prepared, client: SlurmClient, *, previous_jobs: Sequence[str] = ()
+) -> Launched:
+    """Start a written run on its backend and record its job in ``manifest.json``;
+    ``previous_jobs`` are the run's earlier job ids (a resumed run).
+
+    The caller holds the run directory's :func:`~hpc_ddp.rundir.manifest.record_lock` and has
+    decided, under it, that no other job of the run is live: one job per run directory.
+    """
+    if prepared.backend == "local":
+        return _launch_local(prepared, previous_jobs)
+    result = client.submit(prepared.paths.script)
+    job_id = result.job_id or ""
+    manifest = record(
+        prepared, job_id=job_id, command=prepared.sbatch_argv, previous_jobs=previous_jobs
+    )
+    return Launched(prepared, job_id, manifest)
+
+
+def _launch_local(prepared: Prepared, previous_jobs: Sequence[str]) -> Launched:
+    from hpc_ddp.backends.local.backend import submit_local
+    from hpc_ddp.backends.local.process import unmark_cancelled
+
+    check_local_job(prepared.cfg)
+    unmark_cancelled(prepared.paths.root)  # a resumed run's earlier cancel is not this one's
+    log = prepared.paths.rank_log(0, "err")
+    # Rank 0's progress goes to its stderr (logging), as on Slurm; a resumed run appends to it.
+    follow_from = log.stat().st_size if log.exists() else 0
+    try:
+        job = submit_local(prepared.cfg, prepared.paths)
+    except OSError as exc:  # e.g. its submitit folder cannot be made: nothing started
+        raise RunDirError(
+            f"{prepared.paths.root}: the local job could not start: {exc}. HINT: the run "
+            "directory must be writable, with no file where it keeps its sub-directories "
+            "(submitit/, logs/); fix that and submit (or resume) again."
+        ) from None
+    manifest = record(
+        prepared,
+        job_id=job.job_id,
+        command=["submitit-local", job.job_id],
+        previous_jobs=previous_jobs,
+    )
+    return Launched(prepared, job.job_id, manifest, local=job, follow_from=follow_from)
+
+
+def test_only(prepared: Prepared, client: SlurmClient) -> str:
+    """``sbatch --test-only``: Slurm's word on whether and when the job would start. The run
+    directory is made for it (sbatch reads the script there) and removed again."""
+    import shutil
+
+    prepared = materialize(prepared)
+    try:
+        return client.submit(prepared.paths.script, test_only=True).message
+    finally:
+        shutil.rmtree(prepared.paths.root, ignore_errors=True)
+
+
+LOCAL_CPU_FACTOR = 4
+"""A local job may start this many processes per CPU this process may run on, at most ..."""
+LOCAL_MAX_PROCESSES = 256
+"""... and never more than this: each is a whole Python process with torch loaded."""
+
+
+def check_local_size(ntasks: int, cpus: int) -> None:
+    """Refuse a local job with more processes than this machine can sensibly run (``cpus``:
+    the CPUs this process may run on)."""
+    limit = min(LOCAL_MAX_PROCESSES, max(1, cpus) * LOCAL_CPU_FACTOR)
+    if ntasks <= limit:
+        return
+    why = (
+        f"the hard cap of {LOCAL_MAX_PROCESSES}"
+        if limit == LOCAL_MAX_PROCESSES
+        else f"{LOCAL_CPU_FACTOR} per CPU this process may use: {cpus} CPUs"
+    )
+    raise ConfigError(
+        f"slurm.nodes x slurm.tasks_per_node = {ntasks} local processes, more than {limit} "
+        f"({why}); nothing was created. HINT: lower slurm.nodes or slurm.tasks_per_node "
+        "(e.g. slurm.nodes=1 slurm.tasks_per_node=2), or submit it to Slurm (--backend slurm)."
+    )
+
+
+def check_local_job(cfg: JobConfig) -> None:
+    """:func:`check_local_size` for ``cfg`` on this machine (its CPU affinity, which a
+    container or ``taskset`` may keep below the machine's count)."""
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux; a dry run may be elsewhere
+    cpus = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+    check_local_size(cfg.slurm.ntasks, cpus)
+    _local_gpus(cfg)  # the GPUs asked for are listed here, before anything is written
+
+
+def _local_gpus(cfg: JobConfig) -> list[str]:
+    from hpc_ddp.backends.local.backend import local_gpu_plan
+
+    return local_gpu_plan(cfg.slurm, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def describe_local_plan(cfg: JobConfig, run_dir: Path) -> str:
+    """What a local submit would do, for ``--dry-run`` (no sbatch runs, so none is shown)."""
+    n = cfg.slurm.ntasks
+    minutes = max(1, cfg.slurm.time_s // 60)
+    how = "with submitit's local executor"
+    if cfg.fault.enabled:
+        how = "under a supervisor (the local executor's one task) that restarts them on a fault"
+    return (
+        f"# backend: local; would start {n} process(es) on this machine (ranks 0-{n - 1}, "
+        f"MASTER_ADDR=127.0.0.1) {how} in {run_dir}/submitit, each "
+        f"running the job as `hpc-ddp run {run_dir}` does on a Slurm task; time limit "
+        f"{minutes} min, USR2 {cfg.requeue.lead_time} s before it"
+    ) + _gpu_words(_local_gpus(cfg))
+
+
+def _gpu_words(gpus: list[str]) -> str:
+    if not any(gpus):
+        return ""
+    return "; CUDA_VISIBLE_DEVICES by rank: " + " | ".join(gpus)
+
+
+def report(launched: Launched, as_json: bool) -> None:
+    """Print the job id, the run directory and where its logs go (or one JSON object)."""
+    paths, backend = launched.paths, launched.prepared.backend
+    if as_json:
+        from hpc_ddp.output import SUBMIT
+
+        shown = {
+            "schema": SUBMIT,
+            "dry_run": False,
+            "backend": backend,
+            "job_id": launched.job_id,
+            "run_dir": str(paths.root),
+            "logs": str(paths.logs),
+        }
+        print(json.dumps(shown))
+        return
+    print(f"submitted {launched.prepared.cfg.name} as {backend} job {launched.job_id}")
+    print(f"  run dir: {paths.root}")
+    print(f"  logs:    {paths.logs}/ (rank-N.out, rank-N.err)")
+    print(f"  watch:   hpc-ddp status {paths.root}")
