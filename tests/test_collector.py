@@ -14,7 +14,8 @@ from hpc_ddp.cli.main import main
 from hpc_ddp.config.load import dump_job_config
 from hpc_ddp.config.model import JobConfig, TrainConfig
 from hpc_ddp.job.task import run_job
-from hpc_ddp.rundir.ledger import EndCause, read_ledger
+from hpc_ddp.rundir.endcause import EndCause
+from hpc_ddp.rundir.ledger import read_ledger
 
 _seen: dict[str, Any] = {}
 

@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from hpc_ddp.exitcodes import FAULT_EXIT_CODE, OWN_OUTCOMES, PEER_FAULT_EXIT_CODE
-from hpc_ddp.rundir.ledger import Blame, EndCause
+from hpc_ddp.rundir.endcause import EndCause
+from hpc_ddp.rundir.ledger import Blame
 
 BEAT_BYTES = 1024
 """Every beat is exactly this long (JSON padded with spaces, then a newline), rewritten in

@@ -77,10 +77,10 @@ from hpc_ddp.durable import append_line
 from hpc_ddp.errors import DistEnvError, RunDirError, SlurmError
 from hpc_ddp.exitcodes import BUDGET_EXIT_CODE, REQUEUE_FAILED_EXIT_CODE
 from hpc_ddp.fault.blame import PEER_ERROR
+from hpc_ddp.rundir.endcause import EndCause, RequeueRule, meaning
 from hpc_ddp.rundir.layout import RunPaths, parse_checkpoint_name
 from hpc_ddp.rundir.ledger import (
     Attempt,
-    EndCause,
     attempt_number,
     checkpoint_event,
     end_event,
@@ -208,6 +208,17 @@ class RequeueDecision:
     reason: str
 
 
+_NOT_REQUEUED = {
+    EndCause.FINISHED: "finished: nothing left to do",
+    EndCause.CANCELLED: "cancelled: a cancelled job is not brought back",
+    EndCause.REQUEUE_FAILED: "the requeue request failed: nothing brings the job back",
+    EndCause.UNKNOWN: "stopped for an unknown reason: not requeued",
+    EndCause.NO_PROGRESS: "no progress: a crash loop is not requeued",
+}
+"""Why an attempt that ended so is never requeued (the table's ``requeue: never``; the
+budget's own words say why for ``budget_exhausted``)."""
+
+
 def decide_requeue(
     cause: EndCause,
     attempts_so_far: int,
@@ -218,22 +229,16 @@ def decide_requeue(
     """Decide whether an attempt that ended with ``cause`` is followed by another.
 
     ``attempts_so_far`` is the number of requeues already spent (this attempt's
-    ``SLURM_RESTART_COUNT``). Time limits, preemptions and manual requeues go on while fewer
-    than ``max_requeues`` were spent; a crash too, only with ``on_crash``; a finished,
-    cancelled, failed-to-requeue or unexplained stop never. ``run_dir`` is named in the hints
-    (``hpc-ddp resume RUN_DIR``).
+    ``SLURM_RESTART_COUNT``). Each cause's ``requeue`` in
+    :data:`~hpc_ddp.rundir.endcause.END_CAUSES` says which go on: time limits, preemptions,
+    manual requeues and lost nodes while fewer than ``max_requeues`` were spent; a crash or a
+    hang too, only with ``on_crash``; a finished, cancelled, failed-to-requeue or unexplained
+    stop never. ``run_dir`` is named in the hints (``hpc-ddp resume RUN_DIR``).
     """
-    if cause is EndCause.FINISHED:
-        return RequeueDecision(False, "finished: nothing left to do")
-    if cause is EndCause.CANCELLED:
-        return RequeueDecision(False, "cancelled: a cancelled job is not brought back")
-    if cause is EndCause.REQUEUE_FAILED:
-        return RequeueDecision(False, "the requeue request failed: nothing brings the job back")
-    if cause is EndCause.UNKNOWN:
-        return RequeueDecision(False, "stopped for an unknown reason: not requeued")
-    if cause is EndCause.NO_PROGRESS:
-        return RequeueDecision(False, "no progress: a crash loop is not requeued")
-    if cause in (EndCause.CRASH, EndCause.HANG) and not on_crash:
+    rule = meaning(cause).requeue
+    if rule is RequeueRule.NEVER and cause is not EndCause.BUDGET_EXHAUSTED:
+        return RequeueDecision(False, _NOT_REQUEUED.get(cause, f"{cause.value}: not requeued"))
+    if rule is RequeueRule.ON_CRASH and not on_crash:
         return RequeueDecision(
             False,
             "crashed: not requeued (a crash is not a preemption). HINT: fix the error in the "

@@ -72,6 +72,7 @@ from hpc_ddp.fault.watchdog import (
     write_beat,
 )
 from hpc_ddp.rundir.checkpoint_label import label_problem
+from hpc_ddp.rundir.endcause import EndCause, is_restartable
 from hpc_ddp.rundir.layout import (
     LAUNCH_DIR_ENV,
     LAUNCH_ENV,
@@ -82,10 +83,8 @@ from hpc_ddp.rundir.layout import (
     parse_checkpoint_name,
 )
 from hpc_ddp.rundir.ledger import (
-    FAULT_CAUSES,
     Attempt,
     Blame,
-    EndCause,
     attempt_number,
     launch_end_event,
     launch_event,
@@ -238,7 +237,7 @@ def no_progress_streak(history: Sequence[Attempt]) -> list[Attempt]:
     (crash, hang, lost node) with no checkpoint newer than the one they started from."""
     streak: list[Attempt] = []
     for a in reversed(history):
-        if a.cause not in FAULT_CAUSES:
+        if not is_restartable(a.cause):
             break
         start = a.from_step if a.from_step is not None else -1
         end = a.checkpoint_step if a.checkpoint_step is not None else -1
@@ -963,7 +962,7 @@ class Supervisor:
         clean = watch.fault is None and (
             code in OWN_OUTCOMES
             or code == NOT_CURRENT_EXIT_CODE
-            or (entry is not None and entry.cause is not None and entry.cause not in FAULT_CAUSES)
+            or (entry is not None and entry.cause is not None and not is_restartable(entry.cause))
         )
         if clean or (self.stopping and watch.fault is None):
             cause = entry.cause if entry is not None and entry.cause is not None else None

@@ -43,8 +43,9 @@ a request that failed is recorded as the cause ``requeue_failed`` with ``requeue
 false, and the ``message`` says what failed, which checkpoint is kept and how to go on.
 
 This module is the ledger's format: the events (:func:`start_event`, :func:`end_event`, each one
-JSON line), what they fold into (:class:`Attempt`, :class:`EndCause`) and reading them back
-(:func:`read_ledger`). It writes nothing: the requeue coordinator appends each line with
+JSON line), what they fold into (:class:`Attempt`, with its
+:class:`~hpc_ddp.rundir.endcause.EndCause`) and reading them back (:func:`read_ledger`). It
+writes nothing: the requeue coordinator appends each line with
 :func:`hpc_ddp.durable.append_line` (one ``write`` of one whole line to a file opened
 ``O_APPEND``, then fsynced), so the login side (``status``, ``results``) imports the same
 module without torch. A crash can still leave a torn last line; readers skip any line that does
@@ -63,46 +64,15 @@ import logging
 import math
 import time
 from dataclasses import dataclass, replace
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from hpc_ddp.config.elastic import RESEEDED, SAMPLE_EXACT, Resize
 from hpc_ddp.errors import RunDirError
+from hpc_ddp.rundir.endcause import EndCause, is_fault, is_restartable
 from hpc_ddp.rundir.layout import checkpoint_name
 
 log = logging.getLogger(__name__)
-
-
-class EndCause(str, Enum):
-    """Why an attempt ended.
-
-    Only ``time_limit``, ``preempted`` and ``manual_requeue`` are followed by another attempt
-    (when ``requeue_requested`` is true, or Slurm was requeueing the job itself). The run is
-    over, unfinished, after ``crash``, ``budget_exhausted``, ``requeue_failed`` (a requeue was
-    needed and ``scontrol requeue`` failed: the job ends FAILED with the checkpoint kept) and
-    ``cancelled``; after ``unknown`` it is over unless Slurm itself brings the job back.
-    """
-
-    FINISHED = "finished"
-    TIME_LIMIT = "time_limit"
-    PREEMPTED = "preempted"
-    MANUAL_REQUEUE = "manual_requeue"
-    CRASH = "crash"
-    BUDGET_EXHAUSTED = "budget_exhausted"
-    REQUEUE_FAILED = "requeue_failed"
-    CANCELLED = "cancelled"
-    UNKNOWN = "unknown"
-    HANG = "hang"
-    """A rank stopped beating or overran its phase's deadline; the step was ended."""
-    NODE_FAIL = "node_fail"
-    """A node of the step was lost (srun's ``Node failure``, the node down in Slurm)."""
-    NO_PROGRESS = "no_progress"
-    """A crash loop: launches kept ending in a fault without a newer checkpoint; stopped."""
-
-
-FAULT_CAUSES = frozenset({EndCause.CRASH, EndCause.HANG, EndCause.NODE_FAIL})
-"""The causes a supervisor answers with an in-job restart (within ``fault.max_restarts``)."""
 
 
 @dataclass(frozen=True)
@@ -603,8 +573,10 @@ def _opt_time(value: Any) -> float | None:
     return None if value is None else _time(value)
 
 
-_OVERRIDDEN = frozenset({*FAULT_CAUSES, EndCause.UNKNOWN})
-"""The causes srun's late word of a lost node (``node_fail``) refines."""
+def _refined_by_node_fail(cause: EndCause | None) -> bool:
+    """srun's late word of a lost node (``node_fail``) refines a restartable fault's cause, or
+    an unknown one."""
+    return cause is EndCause.UNKNOWN or is_restartable(cause)
 
 
 def _fold_launch_end(attempts: list[Attempt], event: Any, launched: _Launched) -> None:
@@ -614,7 +586,7 @@ def _fold_launch_end(attempts: list[Attempt], event: Any, launched: _Launched) -
     ended = _time(event["time"])
     launched_at = _opt_time(event.get("launched_at"))
     cause = _cause(event.get("cause"))
-    fault = cause in FAULT_CAUSES or cause is EndCause.NO_PROGRESS
+    fault = is_fault(cause)
     said: dict[str, Any] = {
         "blame": _blame(event),
         "next": _opt_str(event.get("next")),
@@ -689,7 +661,7 @@ def _fold_node_fail(attempts: list[Attempt], event: Any, launched: _Launched) ->
     if index is None:
         return
     entry = attempts[index]
-    if entry.cause not in _OVERRIDDEN:
+    if not _refined_by_node_fail(entry.cause):
         return
     node = str(event["node"])
     old = entry.blame

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_ddp.errors import HpcDdpError
+from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.ledger import EndCause, read_ledger
+from hpc_ddp.rundir.ledger import read_ledger
 
 __all__ = ["DEFAULT_RUN_DIR", "DefaultRunDir", "pick_default_run_dir"]
 

@@ -71,8 +71,8 @@ from hpc_ddp.exitcodes import REQUEUE_EXIT_CODE
 from hpc_ddp.fault.blame import ExitNote
 from hpc_ddp.fault.requeue import Coordinator, signal_number
 from hpc_ddp.fault.watchdog import Watchdog, exit_note_path, start_watchdog, write_exit_note
+from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import PER_RANK_LOGS_ENV, RUN_DIR_ENV, RunPaths
-from hpc_ddp.rundir.ledger import EndCause
 from hpc_ddp.rundir.numbering import DefaultRunDir, pick_default_run_dir
 from hpc_ddp.rundir.run_id import read_run_id
 from hpc_ddp.runtime.distenv import DistEnv, derive_dist_env

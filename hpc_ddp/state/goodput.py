@@ -36,7 +36,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hpc_ddp.backends.slurm.nodelist import parse_nodelist
-from hpc_ddp.rundir.ledger import Attempt, EndCause
+from hpc_ddp.rundir.endcause import Bucket, meaning
+from hpc_ddp.rundir.ledger import Attempt
 
 PARTS = (
     ("productive", "productive"),
@@ -211,7 +212,8 @@ def _one(
         return
     first = max(a.started, launched)
     sums.startup += first - launched
-    fault = a.cause in (EndCause.HANG, EndCause.NODE_FAIL, EndCause.CRASH, EndCause.NO_PROGRESS)
+    bucket = Bucket.PRODUCTIVE if a.cause is None else meaning(a.cause).goodput
+    fault = bucket is not Bucket.PRODUCTIVE
     blame = a.blame
     last = end
     if fault:
@@ -220,7 +222,7 @@ def _one(
         last = seen if known is None else known
         last = min(max(last, first), end)
     detected = blame.detected_at if blame is not None else None
-    if fault and detected is not None and a.cause in (EndCause.HANG, EndCause.NODE_FAIL):
+    if bucket is Bucket.HANG_UNDETECTED and detected is not None:
         detected = min(max(detected, last), end)
         sums.hang_undetected += detected - last
         sums.recovery += end - detected

@@ -19,15 +19,9 @@ from hpc_ddp.backends.slurm.client import SlurmClient
 from hpc_ddp.backends.slurm.jobstate import JobState
 from hpc_ddp.backends.slurm.postmortem import failed_rank, has_logs, startup_failure
 from hpc_ddp.errors import RunDirError, SlurmError
+from hpc_ddp.rundir.endcause import EndCause, is_failure
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.ledger import (
-    Attempt,
-    CodeRun,
-    EndCause,
-    code_change,
-    read_code_runs,
-    read_ledger,
-)
+from hpc_ddp.rundir.ledger import Attempt, CodeRun, code_change, read_code_runs, read_ledger
 from hpc_ddp.rundir.live_progress import read_live_progress
 from hpc_ddp.rundir.manifest import Manifest, read_manifest
 from hpc_ddp.state.artifacts import (
@@ -40,7 +34,6 @@ from hpc_ddp.state.artifacts import (
 from hpc_ddp.state.goodput import Goodput, account
 from hpc_ddp.state.task import TaskState
 from hpc_ddp.state.verdict import (
-    FAILURES,
     SlurmView,
     Source,
     Verdict,
@@ -50,7 +43,7 @@ from hpc_ddp.state.verdict import (
 )
 
 DAMAGED = "DAMAGED"
-_CAUSE_WORDS = frozenset(c.value for c in FAILURES)
+_CAUSE_WORDS = frozenset(c.value for c in EndCause if is_failure(c))
 
 
 def ask_slurm(client: SlurmClient, job_ids: Sequence[str], plain: Sequence[str]) -> SlurmView:
@@ -116,7 +109,7 @@ def _failed_rank(paths: RunPaths, state: str, attempts: list[Attempt]) -> str | 
     nodes' state) and srun's log name the right one.
     """
     last = attempts[-1] if attempts else None
-    if last is not None and last.blame is not None and last.cause in FAILURES:
+    if last is not None and last.blame is not None and is_failure(last.cause):
         return f"{last.cause.value}: {last.blame.describe()}"
     crashed = last is not None and last.cause in (None, EndCause.CRASH)
     if state not in _FAILED_STATES or not crashed:
@@ -219,7 +212,7 @@ def _notes(
     """What the row's note says beside the verdict's own word."""
     notes = [verdict.note] if verdict.note else []
     last = attempts[-1] if attempts else None
-    if not notes and verdict.state == "FAILED" and last is not None and last.cause in FAILURES:
+    if not notes and verdict.state == "FAILED" and last is not None and is_failure(last.cause):
         notes.append(describe_attempt(last))  # Slurm's FAILED stands; the ledger says why
     if source is Source.GONE_NO_ACCOUNTING and view.error:
         notes.append(view.error)

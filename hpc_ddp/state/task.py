@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from enum import Enum
 
 from hpc_ddp.backends.slurm.jobstate import JobInfo, JobState
-from hpc_ddp.rundir.ledger import Attempt, EndCause
+from hpc_ddp.rundir.endcause import END_CAUSES, EndCause
+from hpc_ddp.rundir.ledger import Attempt
 from hpc_ddp.state.verdict import Source, judge, ledger_word
 
 
@@ -60,9 +61,7 @@ _WORDS = {
 """Verdict words with a task state of their own; every other word (a finished Slurm state,
 ``INCOMPLETE``, ``GONE?``) means the task ended without finishing: ``failed``."""
 
-_REQUEUE_GUESSES = frozenset(
-    ledger_word(c) + "?" for c in (EndCause.TIME_LIMIT, EndCause.PREEMPTED, EndCause.MANUAL_REQUEUE)
-)
+_REQUEUE_GUESSES = frozenset(ledger_word(c) + "?" for c, m in END_CAUSES.items() if m.signalled)
 """The verdict's guesses, without Slurm's word, for attempts that stopped to be requeued."""
 
 

@@ -12,7 +12,8 @@ witness alone:
 - A job that died before its first attempt leaves no ledger entry: its logs say why.
 - Without an answer from Slurm at all, the ledger's guess is shown with a ``?``.
 
-Any end cause the ledger may hold is read by its value, so causes added later need no change.
+What an end cause means (a failure? which state word?) is read from the one table of
+:data:`~hpc_ddp.rundir.endcause.END_CAUSES`, so a cause added later changes nothing here.
 """
 
 from __future__ import annotations
@@ -24,10 +25,8 @@ from enum import Enum
 from typing import Any
 
 from hpc_ddp.backends.slurm.jobstate import AccountingRecord, JobInfo, JobState
-from hpc_ddp.rundir.ledger import Attempt, EndCause
-
-FAILURES = frozenset({EndCause.CRASH, EndCause.HANG, EndCause.NODE_FAIL, EndCause.NO_PROGRESS})
-"""Causes that end a run in failure by themselves: the ledger says why, as a crash does."""
+from hpc_ddp.rundir.endcause import EndCause, is_failure, meaning
+from hpc_ddp.rundir.ledger import Attempt
 
 
 class Source(str, Enum):
@@ -132,7 +131,7 @@ def describe_attempt(a: Attempt) -> str:
         text += f" at step {a.steps_done}"
     if (
         a.blame is not None
-        and a.cause in FAILURES
+        and is_failure(a.cause)
         and not (a.message or "").startswith(a.cause.value)
     ):
         text += f": {a.blame.describe()}"
@@ -179,7 +178,7 @@ def _with_slurm(
     if slurm is JobState.COMPLETED:
         return _not_finished("Slurm says COMPLETED, but", last, startup, "INCOMPLETE")
     # FAILED, CANCELLED, TIMEOUT, NODE_FAIL, ...
-    if cause in FAILURES or cause is EndCause.CANCELLED or slurm is JobState.CANCELLED:
+    if is_failure(cause) or cause is EndCause.CANCELLED or slurm is JobState.CANCELLED:
         return Verdict(slurm.value)  # the ledger or the cancel itself says why
     why = startup()
     if last is None:
@@ -211,9 +210,8 @@ def _gone(
             "never ended: the controller lost it (its state was wiped), and it will not run again"
         )
     cause = last.cause if last is not None else None
-    if cause in FAILURES:
-        state = "NODE_FAIL" if cause is EndCause.NODE_FAIL else "FAILED"
-        return Verdict(state, f"{gone}; {describe_attempt(last)}" if last else gone)
+    if is_failure(cause):
+        return Verdict(meaning(cause).status, f"{gone}; {describe_attempt(last)}" if last else gone)
     if cause is EndCause.CANCELLED:
         return Verdict("CANCELLED")
     return _not_finished(f"{gone}; last ledger entry:", last, startup, "GONE?")
@@ -223,9 +221,8 @@ def _not_finished(
     lead: str, last: Attempt | None, startup: Callable[[], str | None], state: str
 ) -> Verdict:
     """A job that ended while its ledger does not say finished: why, as far as anyone knows."""
-    if last is not None and last.cause in FAILURES:
-        state = "NODE_FAIL" if last.cause is EndCause.NODE_FAIL else "FAILED"
-        return Verdict(state, f"{lead} {describe_attempt(last)}")
+    if last is not None and is_failure(last.cause):
+        return Verdict(meaning(last.cause).status, f"{lead} {describe_attempt(last)}")
     if last is not None and last.cause is EndCause.CANCELLED:
         return Verdict("CANCELLED", f"{lead} {describe_attempt(last)}")
     why = startup()
@@ -243,7 +240,4 @@ def _not_finished(
 def ledger_word(cause: EndCause | None) -> str:
     """The state the ledger alone suggests for a run that is not running: its last attempt's
     end ``cause`` in Slurm's words (``UNKNOWN`` without one)."""
-    if cause is None:
-        return "UNKNOWN"
-    words = {"crash": "FAILED", "hang": "FAILED", "no_progress": "FAILED", "cancelled": "CANCELLED"}
-    return words.get(cause.value, cause.value.upper())
+    return "UNKNOWN" if cause is None else meaning(cause).status

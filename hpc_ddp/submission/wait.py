@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from hpc_ddp.backends.slurm.client import SlurmClient
 from hpc_ddp.backends.slurm.jobstate import JobInfo, JobState
 from hpc_ddp.errors import SlurmError
-from hpc_ddp.rundir.ledger import EndCause, read_ledger
+from hpc_ddp.rundir.endcause import EndCause
+from hpc_ddp.rundir.ledger import read_ledger
 from hpc_ddp.state.report import reason_lines, run_status
 from hpc_ddp.state.verdict import SlurmView, current_attempts, describe_attempt
 

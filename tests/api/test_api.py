@@ -27,8 +27,8 @@ from hpc_ddp.backends.slurm.jobstate import CompletedCommand, JobState
 from hpc_ddp.cli.main import main
 from hpc_ddp.config.load import load_resolved_config
 from hpc_ddp.durable import append_line
+from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.ledger import EndCause
 from hpc_ddp.rundir.manifest import read_manifest
 from hpc_ddp.rundir.metrics import metrics_line, resume_marker
 from hpc_ddp.rundir.taskconfig import load_task_config

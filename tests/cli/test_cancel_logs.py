@@ -30,8 +30,9 @@ from hpc_ddp.backends.slurm.fake import FakeSlurm
 from hpc_ddp.backends.slurm.jobstate import JobState, parse_scontrol_oneliner
 from hpc_ddp.cli import cmd_logs
 from hpc_ddp.cli.main import main
+from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.ledger import EndCause, read_ledger
+from hpc_ddp.rundir.ledger import read_ledger
 from hpc_ddp.rundir.manifest import Manifest, write_manifest
 from hpc_ddp.submission.submit import make_run_dir
 from tests import e2e_util as e2e

@@ -12,7 +12,8 @@ import pytest
 
 from hpc_ddp.checkpoint.format import list_checkpoints
 from hpc_ddp.cli.main import main
-from hpc_ddp.rundir.ledger import EndCause, read_ledger
+from hpc_ddp.rundir.endcause import EndCause
+from hpc_ddp.rundir.ledger import read_ledger
 
 
 def _submit_local(directory: Path, *overrides: str) -> Path:

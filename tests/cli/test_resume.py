@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from hpc_ddp.rundir.ledger import EndCause
+from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.manifest import read_manifest
 from hpc_ddp.state.resumable import ENDED_UNFINISHED, check_resumable
 from tests import e2e_util as e2e

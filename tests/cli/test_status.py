@@ -29,8 +29,9 @@ from hpc_ddp.backends.slurm.jobstate import CompletedCommand, JobState, parse_jo
 from hpc_ddp.backends.slurm.postmortem import has_logs, startup_failure
 from hpc_ddp.cli.main import main
 from hpc_ddp.errors import RunDirError
+from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.ledger import Attempt, EndCause
+from hpc_ddp.rundir.ledger import Attempt
 from hpc_ddp.rundir.manifest import Manifest, write_manifest
 from hpc_ddp.state.verdict import Source, judge
 from hpc_ddp.submission import wait
@@ -655,7 +656,8 @@ ASKED_FOR_REQUEUE = """\
 import os
 from pathlib import Path
 from hpc_ddp.durable import append_line
-from hpc_ddp.rundir.ledger import EndCause, end_event, start_event
+from hpc_ddp.rundir.endcause import EndCause
+from hpc_ddp.rundir.ledger import end_event, start_event
 ledger = Path(os.environ["HPC_DDP_RUN_DIR"]) / "ledger.jsonl"
 job = os.environ["SLURM_JOB_ID"]
 append_line(ledger, start_event(attempt=0, job_id=job, job_ref=job, world_size=1,

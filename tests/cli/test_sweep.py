@@ -21,7 +21,7 @@ from hpc_ddp.backends.slurm.fake import FakeSlurm
 from hpc_ddp.backends.slurm.jobstate import JobState
 from hpc_ddp.cli.main import main
 from hpc_ddp.errors import SlurmUnavailableError
-from hpc_ddp.rundir.ledger import EndCause
+from hpc_ddp.rundir.endcause import EndCause
 from tests.ledgers import record_end, record_start
 
 REPO = Path(__file__).resolve().parents[2]

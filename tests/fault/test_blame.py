@@ -24,7 +24,7 @@ from hpc_ddp.fault.blame import (
     parse_beat,
     parse_fault,
 )
-from hpc_ddp.rundir.ledger import EndCause
+from hpc_ddp.rundir.endcause import EndCause
 
 RESET = (
     "RuntimeError: [../gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:23973: "

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp.rundir.ledger import EndCause
+from hpc_ddp.rundir.endcause import EndCause
 from tests import e2e_util as e2e
 from tests.conftest import Cluster
 

@@ -29,9 +29,11 @@ from hpc_ddp.fault.requeue import (
     Coordinator,
     classify_stop,
     classify_unanswered_stop,
+    decide_requeue,
     signal_number,
 )
-from hpc_ddp.rundir.ledger import Attempt, EndCause, read_ledger
+from hpc_ddp.rundir.endcause import EndCause
+from hpc_ddp.rundir.ledger import Attempt, read_ledger
 from hpc_ddp.runtime.distenv import derive_dist_env
 from tests.runtime.array_task import REF, TASK
 
@@ -552,3 +554,30 @@ def test_a_supervised_survivors_crash_is_a_witness_and_names_only_a_checkpoint_o
     assert (first["witness"], first["checkpoint"]) == (True, "step-00000020.pt")
     assert "witness" not in second
     assert second["checkpoint"] == "step-00000020.pt"
+
+
+_OLD_DECISIONS = {
+    # cause: (requeued without requeue.on_crash, with it, the start of the reason without it)
+    EndCause.FINISHED: (False, False, "finished: nothing left to do"),
+    EndCause.TIME_LIMIT: (True, True, "time_limit: requeue 1 of 5"),
+    EndCause.PREEMPTED: (True, True, "preempted: requeue 1 of 5"),
+    EndCause.MANUAL_REQUEUE: (True, True, "manual_requeue: requeue 1 of 5"),
+    EndCause.CRASH: (False, True, "crashed: not requeued"),
+    EndCause.BUDGET_EXHAUSTED: (False, False, "requeue budget exhausted: 0 of"),
+    EndCause.REQUEUE_FAILED: (False, False, "the requeue request failed: nothing brings"),
+    EndCause.CANCELLED: (False, False, "cancelled: a cancelled job is not brought back"),
+    EndCause.UNKNOWN: (False, False, "stopped for an unknown reason: not requeued"),
+    EndCause.HANG: (False, True, "crashed: not requeued"),
+    EndCause.NODE_FAIL: (True, True, "node_fail: requeue 1 of 5"),
+    EndCause.NO_PROGRESS: (False, False, "no progress: a crash loop is not requeued"),
+}
+"""What :func:`decide_requeue` answered for each cause before the end-cause table decided."""
+
+
+@pytest.mark.parametrize("cause", list(EndCause), ids=[c.value for c in EndCause])
+def test_every_cause_is_requeued_as_it_was_before_the_table(cause: EndCause) -> None:
+    plain, on_crash, reason = _OLD_DECISIONS[cause]
+    decision = decide_requeue(cause, 0, 5, on_crash=False)
+    assert decision.requeue is plain
+    assert decision.reason.startswith(reason)
+    assert decide_requeue(cause, 0, 5, on_crash=True).requeue is on_crash

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.exitcodes import BUDGET_EXIT_CODE, REQUEUE_FAILED_EXIT_CODE
-from hpc_ddp.rundir.ledger import EndCause
+from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.taskconfig import load_task_config
 from tests import e2e_util as e2e
 from tests.conftest import Cluster

@@ -30,8 +30,9 @@ from hpc_ddp.fault.supervisor import (
     read_bad_nodes,
     write_bad_nodes,
 )
+from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.ledger import Attempt, Blame, EndCause
+from hpc_ddp.rundir.ledger import Attempt, Blame
 
 RUN = "/runs/r"
 

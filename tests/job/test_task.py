@@ -30,7 +30,8 @@ from hpc_ddp.job.task import (
     task_interpreter,
     task_run_dir,
 )
-from hpc_ddp.rundir.ledger import EndCause, read_ledger
+from hpc_ddp.rundir.endcause import EndCause
+from hpc_ddp.rundir.ledger import read_ledger
 from hpc_ddp.runtime.distenv import derive_dist_env
 from tests.conftest import REPO
 from tests.ledgers import record_end, record_start

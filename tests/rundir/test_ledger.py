@@ -13,7 +13,8 @@ import pytest
 
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.fault.requeue import RequeueDecision, decide_requeue
-from hpc_ddp.rundir.ledger import Attempt, EndCause, attempt_number, read_ledger
+from hpc_ddp.rundir.endcause import EndCause
+from hpc_ddp.rundir.ledger import Attempt, attempt_number, read_ledger
 from tests.ledgers import record_end, record_start
 
 

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from hpc_ddp.errors import PeerError
-from hpc_ddp.rundir.ledger import EndCause, read_ledger
+from hpc_ddp.rundir.endcause import EndCause
+from hpc_ddp.rundir.ledger import read_ledger
 from hpc_ddp.runtime.handoff import Turn, leader_first
 from tests.helpers.launch import HELPERS, run_ranks, start_ranks
 

@@ -25,8 +25,9 @@ from hpc_ddp.config.load import dump_job_config, load_job_config
 from hpc_ddp.config.model import JobConfig, RequeueConfig, TrainConfig
 from hpc_ddp.errors import CheckpointError, ConfigError, HpcDdpError
 from hpc_ddp.exitcodes import REQUEUE_FAILED_EXIT_CODE
+from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RUN_DIR_ENV
-from hpc_ddp.rundir.ledger import EndCause, read_ledger
+from hpc_ddp.rundir.ledger import read_ledger
 from hpc_ddp.rundir.numbering import DEFAULT_RUN_DIR
 from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.session import Phase, RequeueExit, Session

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from hpc_ddp.rundir.ledger import Attempt, Blame, EndCause, Save
+from hpc_ddp.rundir.endcause import EndCause
+from hpc_ddp.rundir.ledger import Attempt, Blame, Save
 from hpc_ddp.state.goodput import PARTS, account, describe, total
 
 

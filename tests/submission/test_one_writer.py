@@ -37,8 +37,8 @@ from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import RunDirError, TargetError
 from hpc_ddp.exitcodes import NOT_CURRENT_EXIT_CODE
 from hpc_ddp.job.task import not_current_refusal, run_job
+from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.ledger import EndCause
 from hpc_ddp.rundir.manifest import Backend, Manifest, read_manifest, record_lock, write_manifest
 from hpc_ddp.submission.resume import plan_resume, resume
 from tests import e2e_util as e2e

@@ -15,8 +15,8 @@ import pytest
 from hpc_ddp.backends.slurm.fake import FakeSlurm
 from hpc_ddp.backends.slurm.jobstate import JobState
 from hpc_ddp.cli.main import main
+from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.ledger import EndCause
 from hpc_ddp.rundir.manifest import Manifest, write_manifest
 from hpc_ddp.submission.wait import wait_for_jobs
 from tests import e2e_util as e2e

@@ -29,8 +29,8 @@ from hpc_ddp.config.load import dump_job_config, load_resolved_config
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import SubmissionError
 from hpc_ddp.job.task import task_run_dir, write_task_config
+from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.ledger import EndCause
 from hpc_ddp.rundir.manifest import read_manifest
 from hpc_ddp.rundir.taskconfig import load_task_config
 from hpc_ddp.sweep.arrays import ArrayPlan, plan_arrays, script_groups

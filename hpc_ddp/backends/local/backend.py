@@ -53,12 +53,13 @@ from hpc_ddp.backends.local.process import (
 from hpc_ddp.config.model import JobConfig, SlurmConfig
 from hpc_ddp.durable import append_line
 from hpc_ddp.errors import ConfigError, RunDirError
+from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import (
     RunPaths,
     checkpoint_name,
     parse_checkpoint_name,
 )
-from hpc_ddp.rundir.ledger import EndCause, end_event, read_ledger
+from hpc_ddp.rundir.ledger import end_event, read_ledger
 from hpc_ddp.rundir.metrics import drop_replayed
 
 if TYPE_CHECKING:

@@ -47,8 +47,9 @@ from hpc_ddp.backends.local.process import (
 )
 from hpc_ddp.cli.main import main
 from hpc_ddp.errors import ConfigError, RunDirError, TargetError
+from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.ledger import EndCause, read_ledger
+from hpc_ddp.rundir.ledger import read_ledger
 from hpc_ddp.rundir.manifest import Manifest, read_manifest, write_manifest
 from hpc_ddp.submission.submit import check_local_size
 from tests import e2e_util as e2e

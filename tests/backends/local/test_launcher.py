@@ -7,7 +7,7 @@ import subprocess
 from hpc_ddp.backends.local.launcher import LOCAL_LAUNCHER, LocalStep
 from hpc_ddp.fault.blame import assign_blame
 from hpc_ddp.fault.supervisor import _task_ends
-from hpc_ddp.rundir.ledger import EndCause
+from hpc_ddp.rundir.endcause import EndCause
 
 
 def test_a_killed_local_rank_is_blamed_in_the_local_launchers_words_not_srun() -> None:

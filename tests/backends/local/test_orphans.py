@@ -29,8 +29,8 @@ from hpc_ddp.backends.local.process import (
     read_rank_identities,
     signal_if_same,
 )
+from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import NO_PDEATHSIG_ENV
-from hpc_ddp.rundir.ledger import EndCause
 from hpc_ddp.rundir.manifest import read_manifest
 from tests import e2e_util as e2e
 from tests.conftest import REPO
