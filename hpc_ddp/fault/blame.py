@@ -29,6 +29,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
+from types import MappingProxyType
 from typing import Any
 
 from hpc_ddp.exitcodes import FAULT_EXIT_CODE, OWN_OUTCOMES, PEER_FAULT_EXIT_CODE
@@ -42,11 +43,22 @@ place and never truncated, so a reader never sees an empty file or a shorter rec
 STARTING, ALIVE, FAULT, EXITED = "starting", "alive", "fault", "exited"
 """A beat's ``state``: before the first step, training, declared a fault, gone."""
 
-FAULT_KINDS = ("hang", "startup", "crash", "task_failed", "node_fail", "early_exit")
-"""What a fault record says happened: a rank stopped beating or overran its phase (``hang``),
-start-up overran (``startup``), a rank raised (``crash``), srun or ``waitpid`` saw a task end
-badly (``task_failed``), a node was lost (``node_fail``), a rank left its training loop before
-its end while its peers trained on (``early_exit``)."""
+FAULT_KINDS: Mapping[str, EndCause] = MappingProxyType(
+    {
+        "hang": EndCause.HANG,
+        "startup": EndCause.HANG,
+        "crash": EndCause.CRASH,
+        "task_failed": EndCause.CRASH,
+        "node_fail": EndCause.NODE_FAIL,
+        "early_exit": EndCause.CRASH,
+    }
+)
+"""The kinds of fault a record may name, each with the end cause it gives its attempt, in the
+supervisor's ``launch_end`` and in a rank's own end alike (:func:`fault_cause`): a rank stopped
+beating or overran its phase (``hang``), start-up overran (``startup``), a rank raised
+(``crash``), srun or ``waitpid`` saw a task end badly (``task_failed``), a node was lost
+(``node_fail``), a rank left its training loop before its end while its peers trained on
+(``early_exit``)."""
 
 PEER_ERROR = re.compile(
     r"Connection (?:reset|closed) by peer|Broken pipe|Connection refused|"
@@ -368,17 +380,19 @@ def _task_end_is_secondary(end: TaskEnd, beat: Beat | None) -> bool:
     return beat is not None and beat.exited and beat.lost_a_peer
 
 
+def fault_cause(kind: str) -> EndCause:
+    """The end cause of a fault of ``kind`` (:data:`FAULT_KINDS`); a kind this hpc-ddp does
+    not know (a newer one wrote the record) is a crash."""
+    return FAULT_KINDS.get(kind, EndCause.CRASH)
+
+
 def _fault_finding(
     fault: FaultRecord, beats: Mapping[int, Beat | None], now: float
 ) -> Finding | None:
     """Step 2: the launch's fault record, unless its culprit only lost a peer."""
     if fault.kind == "crash" and PEER_ERROR.search(fault.why):
         return None
-    cause = {
-        "hang": EndCause.HANG,
-        "startup": EndCause.HANG,
-        "node_fail": EndCause.NODE_FAIL,
-    }.get(fault.kind, EndCause.CRASH)
+    cause = fault_cause(fault.kind)
     node_level = fault.node_level or bool(HARDWARE_ERROR.search(fault.why))
     blame = Blame(
         fault.ranks,

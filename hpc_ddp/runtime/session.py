@@ -68,10 +68,9 @@ from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.params import Params
 from hpc_ddp.errors import ConfigError, HpcDdpError
 from hpc_ddp.exitcodes import REQUEUE_EXIT_CODE
-from hpc_ddp.fault.blame import ExitNote
+from hpc_ddp.fault.blame import ExitNote, fault_cause
 from hpc_ddp.fault.requeue import Coordinator, signal_number
 from hpc_ddp.fault.watchdog import Watchdog, exit_note_path, start_watchdog, write_exit_note
-from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import PER_RANK_LOGS_ENV, RUN_DIR_ENV, RunPaths
 from hpc_ddp.rundir.numbering import DefaultRunDir, pick_default_run_dir
 from hpc_ddp.rundir.run_id import read_run_id
@@ -383,7 +382,7 @@ class Session:
         """The watchdog declared a fault (on its thread): the attempt ends with it."""
         if self._coordinator is None:
             return
-        cause = EndCause.HANG if record.kind in ("hang", "startup") else EndCause.CRASH
+        cause = fault_cause(record.kind)
         where = ", ".join(f"rank {r}" for r in record.ranks) or "no rank"
         nodes = f" on {','.join(record.nodes)}" if record.nodes else ""
         self._coordinator.fault(

@@ -14,6 +14,7 @@ from hpc_ddp.exitcodes import FAULT_EXIT_CODE, PEER_FAULT_EXIT_CODE
 from hpc_ddp.fault.blame import (
     BEAT_BYTES,
     EXITED,
+    FAULT_KINDS,
     Beat,
     FaultRecord,
     StaleWatch,
@@ -21,6 +22,7 @@ from hpc_ddp.fault.blame import (
     assign_blame,
     encode_beat,
     encode_fault,
+    fault_cause,
     parse_beat,
     parse_fault,
 )
@@ -173,6 +175,30 @@ def test_the_fault_record_speaks_first_unless_its_culprit_only_lost_a_peer() -> 
         False,
     )
     assert assign_blame(2, beats, fault=hw, now=9.0).blame.node_level
+
+
+KIND_CAUSES = {
+    "hang": EndCause.HANG,
+    "startup": EndCause.HANG,
+    "crash": EndCause.CRASH,
+    "task_failed": EndCause.CRASH,
+    "node_fail": EndCause.NODE_FAIL,
+    "early_exit": EndCause.CRASH,
+}
+
+
+@pytest.mark.parametrize(("kind", "cause"), list(KIND_CAUSES.items()))
+def test_every_fault_kind_has_one_cause_for_the_supervisor_and_the_rank(
+    kind: str, cause: EndCause
+) -> None:
+    """One map: the supervisor's verdict on a fault record and a rank's own end for it (the
+    session's) never disagree on what a kind is."""
+    assert set(FAULT_KINDS) == set(KIND_CAUSES)
+    assert fault_cause(kind) is cause
+    record = FaultRecord(kind, "supervisor", 5.0, (1,), ("n2",), "it went", False)
+    beats = {0: beat(0, "n1"), 1: beat(1, "n2")}
+    assert assign_blame(2, beats, fault=record, now=9.0).cause is cause
+    assert fault_cause("from_a_newer_hpc_ddp") is EndCause.CRASH
 
 
 def test_a_rank_behind_the_others_is_the_hang_and_all_alike_name_every_rank() -> None:

@@ -22,11 +22,12 @@ from hpc_ddp.backends.slurm.fake import FakeSlurm
 from hpc_ddp.backends.slurm.jobstate import JobState
 from hpc_ddp.checkpoint.format import list_checkpoints, weights_digest
 from hpc_ddp.config.load import dump_job_config, load_job_config
-from hpc_ddp.config.model import JobConfig, RequeueConfig, TrainConfig
+from hpc_ddp.config.model import FaultConfig, JobConfig, RequeueConfig, TrainConfig
 from hpc_ddp.errors import CheckpointError, ConfigError, HpcDdpError
-from hpc_ddp.exitcodes import REQUEUE_FAILED_EXIT_CODE
+from hpc_ddp.exitcodes import FAULT_EXIT_CODE, REQUEUE_FAILED_EXIT_CODE
+from hpc_ddp.fault.watchdog import Identity, Watchdog
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.layout import RUN_DIR_ENV
+from hpc_ddp.rundir.layout import RUN_DIR_ENV, LaunchPaths
 from hpc_ddp.rundir.ledger import read_ledger
 from hpc_ddp.rundir.numbering import DEFAULT_RUN_DIR
 from hpc_ddp.runtime.procgroup import unwrap
@@ -311,6 +312,33 @@ def test_a_crash_in_the_loop_reaches_the_coordinator(tmp_path: Path, on_crash: b
     [attempt] = read_ledger(tmp_path / "ledger.jsonl")
     assert (attempt.cause, attempt.requeue_requested) == (EndCause.CRASH, on_crash)
     assert (attempt.steps_done, attempt.checkpoint) == (5, "step-00000004.pt")
+
+
+@pytest.mark.usefixtures("own_process")
+@pytest.mark.parametrize(
+    ("kind", "cause"),
+    [("node_fail", EndCause.NODE_FAIL), ("startup", EndCause.HANG), ("crash", EndCause.CRASH)],
+)
+def test_a_fault_this_ranks_watchdog_declares_ends_the_attempt_with_its_cause(
+    tmp_path: Path, kind: str, cause: EndCause
+) -> None:
+    """The session writes the cause the supervisor would give the same fault kind (one map,
+    :func:`~hpc_ddp.fault.blame.fault_cause`): a lost node is ``node_fail``, not a crash."""
+    exits: list[int] = []
+    launch = LaunchPaths(tmp_path / "launch")
+    dog = Watchdog(
+        FaultConfig(enabled=True), launch, Identity(0, 1, "n1"), supervised=True,
+        exit=exits.append,  # type: ignore[arg-type]
+    ).start()  # fmt: skip
+    try:
+        with Session(tmp_path, JobConfig(name="t"), env=TASK, slurm=FakeSlurm().client()):
+            dog.declare(kind, "node n1 stopped answering", own=True)  # this rank leaves
+    finally:
+        dog.stop()
+    assert exits == [FAULT_EXIT_CODE]
+    [attempt] = read_ledger(tmp_path / "ledger.jsonl")
+    assert attempt.cause is cause
+    assert (attempt.message or "").startswith(f"{cause.value}: rank 0 on n1: node n1 stopped")
 
 
 def _exit_note(run_dir: Path) -> object:
