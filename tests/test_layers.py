@@ -69,7 +69,7 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(("runtime",), pure=("runtime.distenv", "runtime.progress", "runtime.handoff")),
     Layer(("checkpoint",)),
-    Layer(("fault",), pure=("fault.blame",)),
+    Layer(("fault",), pure=("fault.blame", "fault.plan")),
     Layer(("runtime.session", "runtime.evaluation")),
     Layer(("train",)),
     Layer(("doctor",)),

@@ -11,20 +11,20 @@ fails (a rank crashed, hung or died, a node was lost) it
 2. names the rank(s) and node(s) to blame from every beat, the fault record, srun's (or
    ``waitpid``'s) account of each task and the nodes' state
    (:func:`~hpc_ddp.fault.blame.assign_blame`) and records it in the ledger (``launch_end``);
-3. decides (:func:`decide_next`): restart in the same allocation from the newest checkpoint,
-   on healthy nodes (``slurm.spare_nodes``), within ``fault.max_restarts``; requeue through
-   Slurm, asking it to avoid the bad nodes, when too few healthy nodes are left (or, past the
-   restart budget, with ``requeue.on_crash``); or stop: ``no_progress`` after
-   ``fault.no_progress_limit`` launches in a row that died without a newer checkpoint.
+3. asks the plan what follows (:func:`~hpc_ddp.fault.plan.decide_next`): restart in the same
+   allocation from the newest checkpoint, on healthy nodes, within ``fault.max_restarts``;
+   requeue through Slurm, asking it to avoid the bad nodes; or stop (a crash loop:
+   ``no_progress``), and does it.
 
 A launch that ends on purpose (finished, or a stop the ranks agreed on and requeued) ends the
 supervisor with the ranks' own exit status: preemption, time limits and cancels stay the
 ranks' and Slurm's business, as without a supervisor.
 
-The policy (:func:`decide_next`, :func:`no_progress_streak`, :func:`exclusion`) is pure; the
-launches themselves come from a :class:`Launcher` (srun steps: :mod:`hpc_ddp.backends.slurm.step`;
-local processes: :mod:`hpc_ddp.backends.local.launcher`), chosen by the caller. Never imports torch:
-with a container, the supervisor runs on the batch host with the interpreter that submitted.
+The policy is :mod:`hpc_ddp.fault.plan` (pure); this module is the loop that watches the
+launches, reads the run directory and acts. The launches themselves come from a
+:class:`Launcher` (srun steps: :mod:`hpc_ddp.backends.slurm.step`; local processes:
+:mod:`hpc_ddp.backends.local.launcher`), chosen by the caller. Never imports torch: with a
+container, the supervisor runs on the batch host with the interpreter that submitted.
 """
 
 from __future__ import annotations
@@ -43,14 +43,10 @@ from types import FrameType
 from typing import Protocol
 
 from hpc_ddp.config.elastic import nodes_for_launch
-from hpc_ddp.config.model import FaultConfig, JobConfig, RequeueConfig
+from hpc_ddp.config.model import JobConfig
 from hpc_ddp.durable import append_line, write_text_atomic
 from hpc_ddp.errors import RunDirError, SlurmError
-from hpc_ddp.exitcodes import (
-    NO_PROGRESS_EXIT_CODE,
-    NOT_CURRENT_EXIT_CODE,
-    OWN_OUTCOMES,
-)
+from hpc_ddp.exitcodes import OWN_OUTCOMES
 from hpc_ddp.fault.blame import (
     BEAT_BYTES,
     EARLY_EXIT_GRACE_S,
@@ -64,6 +60,18 @@ from hpc_ddp.fault.blame import (
     early_exit_why,
     left_early,
 )
+from hpc_ddp.fault.plan import (
+    Budget,
+    Next,
+    Requeue,
+    Restart,
+    decide_next,
+    decide_refused,
+    ended_on_purpose,
+    exclusion,
+    recorded_cause,
+    with_own_words,
+)
 from hpc_ddp.fault.watchdog import (
     claim_fault,
     read_beats,
@@ -72,7 +80,7 @@ from hpc_ddp.fault.watchdog import (
     write_beat,
 )
 from hpc_ddp.rundir.checkpoint_label import label_problem
-from hpc_ddp.rundir.endcause import EndCause, is_restartable
+from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import (
     LAUNCH_DIR_ENV,
     LAUNCH_ENV,
@@ -200,174 +208,6 @@ class Launcher(Protocol):
         ...
 
 
-# --- the policy (pure) ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Restart:
-    """Launch again in this allocation, leaving out ``exclude``."""
-
-    exclude: tuple[str, ...]
-    message: str
-
-
-@dataclass(frozen=True)
-class Requeue:
-    """Give the allocation back: Slurm queues the job again, avoiding ``exclude``."""
-
-    cause: EndCause
-    exclude: tuple[str, ...]
-    message: str
-
-
-@dataclass(frozen=True)
-class Stop:
-    """End the job with ``exit_code``."""
-
-    cause: EndCause
-    exit_code: int
-    message: str
-
-
-Next = Restart | Requeue | Stop
-
-
-def no_progress_streak(history: Sequence[Attempt]) -> list[Attempt]:
-    """The launches at the end of ``history`` that, one after another, ended in a fault
-    (crash, hang, lost node) with no checkpoint newer than the one they started from."""
-    streak: list[Attempt] = []
-    for a in reversed(history):
-        if not is_restartable(a.cause):
-            break
-        start = a.from_step if a.from_step is not None else -1
-        end = a.checkpoint_step if a.checkpoint_step is not None else -1
-        if end > start:
-            break
-        streak.append(a)
-    return list(reversed(streak))
-
-
-def restarts_used(history: Sequence[Attempt]) -> int:
-    """In-job restarts the submission has had (``launch_end`` said ``restart``)."""
-    return sum(1 for a in history if a.next == "restart")
-
-
-def exclusion(
-    finding: Finding,
-    *,
-    own_error: bool,
-    spare: bool,
-    previous: Blame | None,
-    enabled: bool,
-) -> tuple[str, ...]:
-    """The nodes a fault makes bad for the rest of the submission.
-
-    A lost node, a hardware error, or a node blamed in the previous launch too: always (with
-    ``fault.exclude_bad_nodes``). A rank that hung or died on a node while a spare node is
-    free (``spare``): that node, since leaving it out costs nothing. A Python exception
-    (``own_error``: the program's own fault) never. Otherwise the launch is retried in place:
-    without spares, leaving a node out would mean giving the whole allocation back.
-    """
-    blame = finding.blame
-    if not enabled or not blame.nodes:
-        return ()
-    if blame.node_level or finding.cause is EndCause.NODE_FAIL:
-        return blame.nodes
-    if own_error and finding.cause is EndCause.CRASH:
-        return ()
-    again = tuple(n for n in blame.nodes if previous is not None and n in previous.nodes)
-    if again:
-        return again
-    return blame.nodes if spare else ()
-
-
-@dataclass(frozen=True)
-class Budget:
-    """What the submission may still spend."""
-
-    fault: FaultConfig
-    requeue: RequeueConfig
-    restart_count: int
-    """Slurm's restart count of this attempt (what ``requeue.max_requeues`` counts)."""
-    under_slurm: bool
-
-
-def no_progress_message(streak: Sequence[Attempt], limit: int, run_dir: str) -> str:
-    """The ``no_progress`` verdict: the error, the step it dies at, what to do."""
-    last = streak[-1]
-    steps = sorted({a.steps_done for a in streak if a.steps_done is not None})
-    at = f"at step {steps[-1]}" if len(steps) == 1 else f"at steps {', '.join(map(str, steps))}"
-    ckpt = last.from_step
-    since = f"a checkpoint newer than step {ckpt}" if ckpt is not None else "any checkpoint"
-    who = last.blame.describe() if last.blame is not None else (last.message or "no word")
-    log_hint = (
-        f"logs/rank-{last.blame.ranks[0]}.err" if last.blame and last.blame.ranks else "logs/"
-    )
-    resume_from = f"from step {ckpt}" if ckpt is not None else "from the start"
-    return (
-        f"no_progress: {len(streak)} launches in a row died {at} without {since} "
-        f"(fault.no_progress_limit={limit}); last error: {who}. HINT: fix the error "
-        f"({log_hint}), then `hpc-ddp resume {run_dir}` goes on {resume_from}."
-    )
-
-
-def decide_next(
-    finding: Finding,
-    history: Sequence[Attempt],
-    *,
-    healthy: int,
-    needed: int,
-    bad: Sequence[str],
-    budget: Budget,
-    run_dir: str,
-) -> Next:
-    """What follows a launch that ended in ``finding`` (pure). ``history``: the submission's
-    launches, this one last (with its ``from_step``/``checkpoint_step``); ``healthy``: usable
-    nodes of the allocation once ``bad`` are left out; ``needed``: nodes a launch uses."""
-    f, rq = budget.fault, budget.requeue
-    what = f"{finding.cause.value}: {finding.blame.describe()}"
-    streak = no_progress_streak(history)
-    if f.no_progress_limit and len(streak) >= f.no_progress_limit:
-        message = no_progress_message(streak, f.no_progress_limit, run_dir)
-        return Stop(EndCause.NO_PROGRESS, NO_PROGRESS_EXIT_CODE, message)
-    requeues_left = budget.under_slurm and budget.restart_count < rq.max_requeues
-    if healthy < needed:
-        why = (
-            f"{what}; {healthy} healthy node(s) left of the {needed} a launch needs "
-            f"(bad: {', '.join(bad) or 'none'})"
-        )
-        if requeues_left:
-            return Requeue(
-                EndCause.NODE_FAIL,
-                tuple(bad),
-                f"{why}; requeued, asking Slurm to avoid {', '.join(bad) or 'no node'} "
-                f"(requeue {budget.restart_count + 1} of {rq.max_requeues})",
-            )
-        return Stop(finding.cause, 1, f"{why}; no requeue left. HINT: `hpc-ddp resume {run_dir}`")
-    used = restarts_used(history[:-1])
-    if used < f.max_restarts:
-        where = f" without {', '.join(bad)}" if bad else ""
-        return Restart(
-            tuple(bad),
-            f"{what}; restart {used + 1} of {f.max_restarts} (fault.max_restarts) in this "
-            f"allocation{where}, from the newest checkpoint",
-        )
-    spent = f"{what}; fault.max_restarts={f.max_restarts} in-job restarts spent"
-    if rq.on_crash and requeues_left:
-        return Requeue(
-            finding.cause,
-            tuple(bad),
-            f"{spent}; requeue.on_crash: requeue {budget.restart_count + 1} of {rq.max_requeues}",
-        )
-    return Stop(
-        finding.cause,
-        1,
-        f"{spent}. HINT: fix the error in the rank logs, then `hpc-ddp resume {run_dir}` goes "
-        "on from the newest checkpoint; or raise fault.max_restarts, or set "
-        "requeue.on_crash=true to requeue after the in-job restarts.",
-    )
-
-
 # --- files -----------------------------------------------------------------------------------
 
 
@@ -417,24 +257,6 @@ def prepare_launch(launch: LaunchPaths, world: int) -> None:
             os.write(fd, blank)
         finally:
             os.close(fd)
-
-
-def _with_own_words(finding: Finding, entry: Attempt | None) -> Finding:
-    """A crash blamed on the rank that recorded it (a ``command:`` child's exception, seen by
-    srun only as an exit code): its own words are the better evidence."""
-    blame = finding.blame
-    said = entry.message if entry is not None else None
-    if finding.cause is not EndCause.CRASH or len(blame.ranks) != 1 or not said:
-        return finding
-    prefix = f"rank {blame.ranks[0]} on "
-    if not said.startswith(prefix) or ": " not in said:
-        return finding
-    words = said.split(": ", 1)[1]
-    return Finding(
-        finding.cause,
-        Blame(blame.ranks, blame.nodes, words, blame.node_level, blame.detected_at,
-              blame.last_progress_at),
-    )  # fmt: skip
 
 
 def _on(beats: Mapping[int, Beat | None], rank: int, nodes: set[str]) -> bool:
@@ -959,11 +781,7 @@ class Supervisor:
         steps = [b.step for b in [*beats.values(), *notes] if b is not None]
         reached = max(steps) if steps else None
         ckpt_step = newest_checkpoint_step(self.paths.checkpoints)
-        clean = watch.fault is None and (
-            code in OWN_OUTCOMES
-            or code == NOT_CURRENT_EXIT_CODE
-            or (entry is not None and entry.cause is not None and not is_restartable(entry.cause))
-        )
+        clean = watch.fault is None and ended_on_purpose(code, entry)
         if clean or (self.stopping and watch.fault is None):
             cause = entry.cause if entry is not None and entry.cause is not None else None
             said = entry.message if entry is not None else None
@@ -1005,19 +823,10 @@ class Supervisor:
             budget=budget,
             run_dir=str(self.paths.root),
         )
-        word = (
-            "restart"
-            if isinstance(nxt, Restart)
-            else "requeue"
-            if isinstance(nxt, Requeue)
-            else "stop"
+        cause = recorded_cause(nxt, finding)
+        self._end(
+            plan, launched_at, cause, finding.blame, reached, ckpt_step, nxt.word, nxt.message
         )
-        cause = (
-            nxt.cause
-            if isinstance(nxt, Stop) and nxt.cause is EndCause.NO_PROGRESS
-            else finding.cause
-        )
-        self._end(plan, launched_at, cause, finding.blame, reached, ckpt_step, word, nxt.message)
         log.error("supervisor: %s", nxt.message)
         return nxt
 
@@ -1075,7 +884,7 @@ class Supervisor:
                         blame.last_progress_at,
                     ),
                 )
-        finding = _with_own_words(finding, entry)
+        finding = with_own_words(finding, entry)
         if finding.blame.detected_at is None or watch.fault_at is not None:
             blame = finding.blame
             detected = watch.fault.time if watch.fault is not None else watch.fault_at
@@ -1101,18 +910,15 @@ class Supervisor:
         ckpt_step: int | None,
         bad: Mapping[str, str],
     ) -> Next:
-        """srun could not create the step: too few usable nodes left means a requeue."""
-        blame = Blame((), tuple(bad), f"srun could not start the step: {why}", True, self._clock())
-        too_few = "node configuration is not available" in why
-        under_slurm = self.me.job_id is not None
-        left = self.me.restart < self.cfg.requeue.max_requeues
-        nxt: Next
-        if too_few and under_slurm and left:
-            nxt = Requeue(EndCause.NODE_FAIL, tuple(bad), f"node_fail: {blame.evidence}; requeued")
-        else:
-            nxt = Stop(EndCause.CRASH, 1, f"crash: {blame.evidence}")
-        word = "requeue" if isinstance(nxt, Requeue) else "stop"
-        self._end(plan, launched_at, nxt.cause, blame, reached, ckpt_step, word, nxt.message)
+        """srun could not create the step (:func:`~hpc_ddp.fault.plan.decide_refused`)."""
+        nxt, blame = decide_refused(
+            why,
+            tuple(bad),
+            under_slurm=self.me.job_id is not None,
+            requeues_left=self.me.restart < self.cfg.requeue.max_requeues,
+            now=self._clock(),
+        )
+        self._end(plan, launched_at, nxt.cause, blame, reached, ckpt_step, nxt.word, nxt.message)
         return nxt
 
     def _requeue(self, nxt: Requeue) -> int:
@@ -1250,21 +1056,12 @@ class Supervisor:
 
 
 __all__ = [
-    "Budget",
     "Identity",
     "Launcher",
-    "Next",
     "Plan",
-    "Requeue",
-    "Restart",
     "Step",
-    "Stop",
     "Supervisor",
-    "decide_next",
-    "exclusion",
     "newest_checkpoint_step",
-    "no_progress_streak",
     "prepare_launch",
     "read_bad_nodes",
-    "restarts_used",
 ]
