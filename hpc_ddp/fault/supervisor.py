@@ -38,7 +38,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
@@ -71,7 +70,7 @@ from hpc_ddp.fault.watchdog import (
     read_fault,
     write_beat,
 )
-from hpc_ddp.rundir.checkpoint_label import label_problem
+from hpc_ddp.rundir.checkpoints import newest_step
 from hpc_ddp.rundir.layout import (
     LAUNCH_DIR_ENV,
     LAUNCH_ENV,
@@ -79,7 +78,6 @@ from hpc_ddp.rundir.layout import (
     LaunchPaths,
     RunPaths,
     launch_key,
-    parse_checkpoint_name,
 )
 from hpc_ddp.rundir.ledger import (
     FAULT_CAUSES,
@@ -372,21 +370,6 @@ def decide_next(
 # --- files -----------------------------------------------------------------------------------
 
 
-def newest_checkpoint_step(checkpoints: Path) -> int | None:
-    """The step of the newest ``step-*.pt`` (renamed in only once whole) whose label says that
-    step, without torch: a copy under a newer name, a file whose label cannot be read or
-    something that is not a regular file is passed over, as the ranks' resume passes it."""
-    try:
-        names = os.listdir(checkpoints)
-    except OSError:
-        return None
-    steps = sorted((s, n) for n in names if (s := parse_checkpoint_name(n)) is not None)
-    for step, name in reversed(steps):
-        if label_problem(checkpoints / name) is None:
-            return step
-    return None
-
-
 def read_bad_nodes(paths: RunPaths, job: str | None) -> dict[str, str]:
     """The nodes found bad in this job so far (node -> evidence); {} for another job's file."""
     try:
@@ -585,7 +568,7 @@ class Supervisor:
         key = launch_key(self.me.tag or self.me.job_ref, self.me.restart, plan.launch)
         lpaths = self.paths.launch(key)
         prepare_launch(lpaths, self.world)
-        from_step = newest_checkpoint_step(self.paths.checkpoints)
+        from_step = newest_step(self.paths.checkpoints)
         self._from_steps[plan.launch] = from_step
         launched_at = self._clock()
         alloc = self.launcher.nodes()
@@ -959,7 +942,7 @@ class Supervisor:
         notes = read_exit_notes(lpaths, self.world).values()
         steps = [b.step for b in [*beats.values(), *notes] if b is not None]
         reached = max(steps) if steps else None
-        ckpt_step = newest_checkpoint_step(self.paths.checkpoints)
+        ckpt_step = newest_step(self.paths.checkpoints)
         clean = watch.fault is None and (
             code in OWN_OUTCOMES
             or code == NOT_CURRENT_EXIT_CODE
@@ -1263,7 +1246,6 @@ __all__ = [
     "Supervisor",
     "decide_next",
     "exclusion",
-    "newest_checkpoint_step",
     "no_progress_streak",
     "prepare_launch",
     "read_bad_nodes",
