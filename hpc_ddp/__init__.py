@@ -41,7 +41,7 @@ _LAZY = {
     "Session": "hpc_ddp.runtime.session",
     "RequeueExit": "hpc_ddp.runtime.session",
     "REQUEUE_EXIT_CODE": "hpc_ddp.exitcodes",
-    "unwrap": "hpc_ddp.runtime.session",
+    "unwrap": "hpc_ddp.runtime.procgroup",
     "Progress": "hpc_ddp.runtime.progress",
     "CheckpointInfo": "hpc_ddp.checkpoint.format",
     "list_checkpoints": "hpc_ddp.checkpoint.format",
