@@ -13,7 +13,7 @@ through :class:`~hpc_ddp.runtime.session.Session` as a training script uses it. 
 Each round, in a rotated order: one checkpoint (the time ``Session.checkpoint()`` blocks the
 training thread: the RNG gather and the snapshot into kept buffers, in wall and CPU time; and
 the time until the file is durable: digests, ``torch.save``, fsync, rename, fsync of the
-directory, from the :class:`~hpc_ddp.checkpoint.format.CheckpointWriter`'s own clock), one ``dd
+directory, from the :class:`~hpc_ddp.checkpoint.writer.CheckpointWriter`'s own clock), one ``dd
 bs=1M conv=fsync`` of the same bytes (a checkpoint file, read from the page cache) into the same
 directory, and the restart path: the file dropped from the page cache (as on another node), then
 read back without and with the digest check

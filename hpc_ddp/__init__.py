@@ -41,11 +41,11 @@ _LAZY = {
     "Session": "hpc_ddp.runtime.session",
     "RequeueExit": "hpc_ddp.runtime.session",
     "REQUEUE_EXIT_CODE": "hpc_ddp.exitcodes",
-    "unwrap": "hpc_ddp.runtime.session",
+    "unwrap": "hpc_ddp.runtime.procgroup",
     "Progress": "hpc_ddp.runtime.progress",
     "CheckpointInfo": "hpc_ddp.checkpoint.format",
     "list_checkpoints": "hpc_ddp.checkpoint.format",
-    "weights_digest": "hpc_ddp.checkpoint.format",
+    "weights_digest": "hpc_ddp.checkpoint.digest",
     "ResumableLoader": "hpc_ddp.runtime.sampler",
     "ResumableSampler": "hpc_ddp.runtime.sampler",
     "run_training": "hpc_ddp.train.trainer",
@@ -111,7 +111,8 @@ if TYPE_CHECKING:
     from hpc_ddp.api.job import Job, resume, submit
     from hpc_ddp.api.status import RunStatus, SweepStatus, runs
     from hpc_ddp.api.sweep import Sweep, submit_sweep
-    from hpc_ddp.checkpoint.format import CheckpointInfo, list_checkpoints, weights_digest
+    from hpc_ddp.checkpoint.digest import weights_digest
+    from hpc_ddp.checkpoint.format import CheckpointInfo, list_checkpoints
     from hpc_ddp.config.model import JobConfig
     from hpc_ddp.exitcodes import REQUEUE_EXIT_CODE
     from hpc_ddp.runtime.procgroup import unwrap

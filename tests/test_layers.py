@@ -461,6 +461,21 @@ def test_job_config_is_the_config_model_one() -> None:
     assert hpc_ddp.JobConfig is JobConfig
 
 
+def test_every_public_name_comes_from_the_module_that_defines_it() -> None:
+    """``hpc_ddp.unwrap`` was looked up in the session module, which had stopped importing it
+    (an AttributeError): each lazy name is found in its one home, never through a re-export."""
+    code = (
+        "import json, hpc_ddp\n"
+        "names = {n: getattr(hpc_ddp, n) for n in hpc_ddp.__all__}\n"
+        "print(json.dumps({n: [hpc_ddp._LAZY.get(n), getattr(v, '__module__', None)]\n"
+        "                  for n, v in names.items() if callable(v)}))"
+    )
+    homes = json.loads(_run(code))
+    assert homes["unwrap"] == ["hpc_ddp.runtime.procgroup", "hpc_ddp.runtime.procgroup"]
+    for name, (declared, defined) in homes.items():
+        assert declared in (None, defined), name
+
+
 def test_the_version_agrees_with_pyproject() -> None:
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]

@@ -1,3 +1,5 @@
-"""Checkpoints on the node side: the file's format and digests, the background writer, and the
-session's cross-rank checkpointer. The listing a login node reads lives in :mod:`hpc_ddp.rundir`.
+"""Checkpoints on the node side: the file's format (``format``), its digests (``digest``), the
+snapshot into host buffers (``snapshot``), the durable background writer (``writer``) and the
+session's cross-rank checkpointer (``checkpointer``). The listing both sides read, without
+torch, lives in :mod:`hpc_ddp.rundir.checkpoints`.
 """

@@ -11,8 +11,9 @@ otherwise end them while a large checkpoint is read or written on a slow file sy
 Every rank loads the checkpoint to the CPU and lets ``load_state_dict`` place it: the model's
 weights are copied into its parameters wherever they live, the optimizer moves its state to
 each parameter's device and keeps its ``step`` counters on the CPU, as a fresh run does. The
-file format, the writer and the search for the newest good file live in
-:mod:`hpc_ddp.checkpoint.format`.
+file format and the search for the newest good file live in :mod:`hpc_ddp.checkpoint.format`,
+the snapshot and the writer in :mod:`hpc_ddp.checkpoint.snapshot` and
+:mod:`hpc_ddp.checkpoint.writer`.
 """
 
 from __future__ import annotations
@@ -30,8 +31,6 @@ import torch.distributed as dist
 from torch import nn
 
 from hpc_ddp.checkpoint.format import (
-    CheckpointWriter,
-    SnapshotBuffers,
     build_payload,
     capture_rng_state,
     find_latest,
@@ -39,6 +38,8 @@ from hpc_ddp.checkpoint.format import (
     restore_rng_state,
     unverified_sections,
 )
+from hpc_ddp.checkpoint.snapshot import SnapshotBuffers
+from hpc_ddp.checkpoint.writer import CheckpointWriter
 from hpc_ddp.config.elastic import Resize, Shape, rescaled_accum
 from hpc_ddp.config.load import job_config_to_dict
 from hpc_ddp.config.model import JobConfig, KeepBestConfig

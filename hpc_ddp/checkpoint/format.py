@@ -1,10 +1,11 @@
-"""The checkpoint file: its format, its digests, writing it durably, reading and checking it.
+"""The checkpoint file: its format, building a payload, and reading and checking one.
 
 Layout of ``RUN_DIR/checkpoints/`` (names in :mod:`hpc_ddp.rundir.layout`): ``step-00000120.pt`` per
 save, plus a ``latest`` text file naming the newest one. ``latest`` is a hint for people and
 tools; loading scans the ``step-*.pt`` files newest first and takes the first that loads, so a
 stale, missing or dangling pointer never matters. Temporary files (``.tmp-*``) of a writer that
-was killed mid-save never match ``step-*.pt`` and are never read.
+was killed mid-save never match ``step-*.pt`` and are never read (the listing, without torch:
+:mod:`hpc_ddp.rundir.checkpoints`; the writing: :mod:`hpc_ddp.checkpoint.writer`).
 
 Format version 2 is a plain dict that ``torch.load(..., weights_only=True)`` accepts::
 
@@ -28,13 +29,10 @@ Format version 2 is a plain dict that ``torch.load(..., weights_only=True)`` acc
 ``meta.digests`` holds one digest for each section above and one for ``meta`` itself (less the
 digests): everything a resume restores is covered, so a changed byte in the optimizer state, an
 RNG state or the data position is caught as surely as one in the weights, and the error names the
-section. A digest is xxh3-128 over a canonical walk of the section (every key, type, length,
-plain value, and every tensor's dtype, shape and bytes), so it does not depend on devices or
-memory layout: the ``model`` digest of a checkpoint equals :func:`weights_digest` of the live
-model it was saved from. xxh3 and not sha256: the digests guard against silent corruption (bit
-rot, a torn copy, a bad disk), not against an adversary, and a weights-only load already refuses
-to run code; xxh3 hashes at about 15-30 GB/s here against sha256's 1-2, so digesting a whole
-1 GB state costs tens of milliseconds, not half a second.
+section. Each is a :func:`~hpc_ddp.checkpoint.digest.canonical_digest` (xxh3-128, independent
+of devices and memory layout: :mod:`hpc_ddp.checkpoint.digest`), so the ``model`` digest of a
+checkpoint equals :func:`~hpc_ddp.checkpoint.digest.weights_digest` of the live model it was
+saved from.
 
 Format version 1 (hpc-ddp before the digests of everything) has ``meta.weights_digest``, a
 sha256 of the model tensors, and nothing else digested. Such files still load, so that a run
@@ -68,56 +66,39 @@ would strand every run across the upgrade, and its digests still prove it whole.
 log says when the config that shapes the state changed since the file was written (an elastic
 resume's accumulation, a forced resume's overrides).
 
-Writing (:class:`SnapshotBuffers`, :func:`write_checkpoint`, :class:`CheckpointWriter`): on the
-training thread only a copy of the state into host buffers kept from the previous save (no fresh
-memory to fault in); on a background thread the digests, then ``torch.save`` into a file whose
-``write`` hands the tensor storages straight to ``os.write`` (few large writes, the disk started
-on them while later ones are copied), one ``fsync`` of the file, the rename and an ``fsync`` of
-the directory. The collective side (which rank reads, writes and tells the others) is
-:mod:`hpc_ddp.checkpoint.checkpointer`.
+Writing a payload (:mod:`hpc_ddp.checkpoint.snapshot`, then
+:mod:`hpc_ddp.checkpoint.writer`): on the training thread only a copy of the state into host
+buffers; the digests and a durable write on a background thread. The collective side (which
+rank reads, writes and tells the others) is :mod:`hpc_ddp.checkpoint.checkpointer`.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import ctypes
-import ctypes.util
 import enum
-import hashlib
 import logging
-import numbers
-import os
-import queue
 import random
 import re
-import threading
 import time
 import warnings
-import weakref
 import zipfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import Any
 
 import torch
-import xxhash
 
 try:
     import numpy as np
 except ImportError:  # torch runs without numpy
     np = None  # type: ignore[assignment]
 
-from hpc_ddp.durable import fsync_dir, write_text_atomic
+from hpc_ddp.checkpoint.digest import DIGEST_ALGORITHM, canonical_digest, sha256_weights
+from hpc_ddp.checkpoint.snapshot import snapshot
 from hpc_ddp.errors import CheckpointError
 from hpc_ddp.rundir.checkpoint_label import config_digest, misnamed, not_regular, stranger
-from hpc_ddp.rundir.layout import (
-    CHECKPOINT_TMP_PREFIX,
-    LATEST_CHECKPOINT,
-    checkpoint_name,
-    parse_checkpoint_name,
-)
+from hpc_ddp.rundir.checkpoints import checkpoint_files
+from hpc_ddp.rundir.layout import parse_checkpoint_name
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.version import __version__
 
@@ -126,7 +107,6 @@ log = logging.getLogger(__name__)
 FORMAT = "hpc-ddp-checkpoint"
 FORMAT_VERSION = 2
 """The version this code writes; it reads this one and version 1."""
-DIGEST_ALGORITHM = "xxh3-128"
 SECTIONS = ("model", "optimizer", "scheduler", "scaler", "progress", "extra", "rng", "config")
 """The parts of a payload that a resume restores, each with its own digest (and ``meta``)."""
 V1_UNVERIFIED = ("optimizer", "scheduler", "scaler", "progress", "extra", "rng", "config")
@@ -192,29 +172,18 @@ class Rejected(Exception):
         self.reason = reason
 
 
-# --- digests --------------------------------------------------------------------------------
-
-
-def weights_digest(state_dict: Mapping[str, Any]) -> str:
-    """The digest of a state dict: xxh3-128 over its keys (sorted), values, and every tensor's
-    dtype, shape and bytes.
-
-    Device and storage layout do not matter, so the digest of a model equals the digest of its
-    saved and reloaded state (the ``model`` digest its checkpoint records): two runs with equal
-    digests hold bit-identical weights.
-    """
-    return _digest(state_dict)
+# --- the digest of each section --------------------------------------------------------------
 
 
 def state_digests(payload: Mapping[str, Any]) -> dict[str, str]:
     """One digest per section of a format-2 payload, one per named object
     (``objects.NAME``), and one of ``meta`` less its digests."""
-    out = {key: _digest(payload.get(key)) for key in SECTIONS}
+    out = {key: canonical_digest(payload.get(key)) for key in SECTIONS}
     for name, state in _named(payload).items():
-        out[f"{OBJECTS}.{name}"] = _digest(state)
+        out[f"{OBJECTS}.{name}"] = canonical_digest(state)
     meta = payload.get("meta")
     if isinstance(meta, Mapping):
-        out["meta"] = _digest({k: v for k, v in meta.items() if k != "digests"})
+        out["meta"] = canonical_digest({k: v for k, v in meta.items() if k != "digests"})
     return out
 
 
@@ -222,151 +191,6 @@ def _named(payload: Mapping[str, Any]) -> Mapping[str, Any]:
     """The payload's named objects (none in a file written without any)."""
     objects = payload.get(OBJECTS)
     return objects if isinstance(objects, Mapping) else {}
-
-
-def _digest(obj: Any) -> str:
-    h = xxhash.xxh3_128()
-    _feed(h, obj)
-    return h.hexdigest()
-
-
-def _feed(h: xxhash.xxh3_128, obj: Any) -> None:
-    """A canonical walk: type tags and lengths keep ``(1, [2])`` apart from ``([1], 2)``."""
-    if isinstance(obj, torch.Tensor):
-        t = obj.detach()
-        if t.device.type != "cpu" or not t.is_contiguous():
-            t = t.to("cpu").contiguous()
-        h.update(f"T{t.dtype}{tuple(t.shape)}|".encode())
-        h.update(tensor_bytes(t))  # xxhash lets go of the GIL while it hashes
-    elif isinstance(obj, Mapping):
-        h.update(f"D{len(obj)}|".encode())
-        for key in sorted(obj, key=repr):
-            h.update(f"K{key!r}|".encode())
-            _feed(h, obj[key])
-    elif isinstance(obj, list | tuple):
-        h.update(f"{'L' if isinstance(obj, list) else 'U'}{len(obj)}|".encode())
-        for value in obj:
-            _feed(h, value)
-    else:  # float repr round-trips exactly; ints, strings, bytes, None, dtypes, devices
-        h.update(f"V{type(obj).__name__}:{obj!r}|".encode())
-
-
-def tensor_bytes(t: torch.Tensor) -> memoryview:
-    """The bytes of a contiguous CPU tensor, without a copy (and without numpy)."""
-    n = t.numel() * t.element_size()
-    if n == 0:
-        return memoryview(b"")
-    return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
-
-
-def _sha256_weights(state_dict: Mapping[str, Any]) -> str:
-    """Format 1's ``meta.weights_digest``: sha256 over the tensors only, keys sorted."""
-    h = hashlib.sha256()
-    for key in sorted(state_dict):
-        value = state_dict[key]
-        if not isinstance(value, torch.Tensor):
-            continue
-        t = value.detach().to("cpu").contiguous()
-        h.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(tensor_bytes(t))
-    return h.hexdigest()
-
-
-# --- snapshots: what the training thread pays for ---------------------------------------------
-
-_PLAIN = (bytes, type(None), torch.dtype, torch.device)
-_EXACT = frozenset((int, float, str, bool, bytes, type(None)))
-
-
-def snapshot(obj: Any, where: str = "checkpoint") -> Any:
-    """A deep copy with tensors copied to CPU, in only the types a weights-only load accepts.
-
-    Training can go on changing the original while the copy is written. Anything a
-    ``weights_only`` load would refuse raises here, at save time, rather than at resume time.
-    """
-    return SnapshotBuffers(keep=False).snapshot(obj, where)
-
-
-class SnapshotBuffers:
-    """Host buffers for snapshots, kept from one snapshot to the next.
-
-    Copying into fresh memory runs at about 1 GB/s here (the kernel zeroes and maps every page
-    on first touch); into buffers already mapped it runs at memory speed, 5-15 GB/s. So rank 0
-    keeps one host copy of the state between checkpoints, and a checkpoint blocks training for a
-    memory copy only. A snapshot's tensors are overwritten by the next snapshot: write it first
-    (the :class:`~hpc_ddp.checkpoint.checkpointer.Checkpointer` waits for the write in flight
-    before it takes the next snapshot). Tensors on a GPU are copied into pinned buffers,
-    asynchronously, with one wait at the end.
-    """
-
-    def __init__(self, *, keep: bool = True) -> None:
-        self.keep = keep
-        self._buffers: dict[str, torch.Tensor] = {}
-        self._seen: set[str] = set()
-        self._gpus: set[torch.device] = set()
-
-    def snapshot(self, obj: Any, where: str = "checkpoint") -> Any:
-        """A copy of ``obj`` (see :func:`snapshot`), its tensors in this object's buffers."""
-        self._seen = set()
-        self._gpus = set()
-        out = self._walk(obj, where)
-        for device in self._gpus:
-            torch.cuda.synchronize(device)  # the device-to-host copies are done: now it is ours
-        for path in [p for p in self._buffers if p not in self._seen]:
-            del self._buffers[path]  # a tensor that is gone (a param group removed)
-        return out
-
-    def _tensor(self, t: torch.Tensor, where: str) -> torch.Tensor:
-        t = t.detach()
-        gpu = t.device.type == "cuda"
-        buf = self._buffers.get(where)
-        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-            buf = _host_buffer(t, pinned=gpu)
-            if self.keep:
-                self._buffers[where] = buf
-        self._seen.add(where)
-        if gpu and buf.is_pinned():
-            self._gpus.add(t.device)
-            return buf.copy_(t, non_blocking=True)
-        return buf.copy_(t)
-
-    def _walk(self, obj: Any, where: str) -> Any:
-        if type(obj) in _EXACT:  # the common case first: an optimizer's state is mostly these
-            return obj
-        if isinstance(obj, torch.Tensor):
-            return self._tensor(obj, where)
-        # Subclasses (torch's TorchVersion, enums, numpy scalars) would not load: plain values.
-        if isinstance(obj, str):
-            return str.__str__(obj)
-        if isinstance(obj, bool):
-            return bool(obj)
-        if isinstance(obj, numbers.Integral):
-            return int(obj)
-        if isinstance(obj, numbers.Real):
-            return float(obj)
-        if isinstance(obj, _PLAIN):
-            return obj
-        if isinstance(obj, Mapping):
-            return {k: self._walk(v, f"{where}[{k!r}]") for k, v in obj.items()}
-        if isinstance(obj, list | tuple):
-            items = [self._walk(v, f"{where}[{i}]") for i, v in enumerate(obj)]
-            return items if isinstance(obj, list) else tuple(items)
-        raise CheckpointError(
-            f"{where} holds a {type(obj).__module__}.{type(obj).__qualname__}, which a "
-            "weights-only load cannot read. HINT: store plain numbers, strings, lists, dicts or "
-            "tensors."
-        )
-
-
-def _host_buffer(t: torch.Tensor, *, pinned: bool) -> torch.Tensor:
-    """Host memory for a copy of ``t``: page-locked for a GPU tensor (the copy then runs at the
-    link's speed, asynchronously), plain if the node refuses to lock that much."""
-    if pinned:
-        try:
-            return torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
-        except RuntimeError as exc:
-            log.warning("no page-locked memory for a checkpoint snapshot (%s): copying slower", exc)
-    return torch.empty(t.shape, dtype=t.dtype, device="cpu")
 
 
 # --- the payload and its structure ------------------------------------------------------------
@@ -602,14 +426,6 @@ def restore_rng_state(state: Mapping[str, Any], device: torch.device) -> None:
         np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
-def prune_plan(steps: list[int], keep_last: int, best: int | None = None) -> list[int]:
-    """The steps to delete so that the newest ``keep_last`` remain (``keep_last <= 0``: none),
-    and the ``best`` step beside them (``train.keep_best``)."""
-    if keep_last <= 0:
-        return []
-    return [s for s in sorted(steps)[:-keep_last] if s != best]
-
-
 def best_step(payload: Mapping[str, Any]) -> int | None:
     """The step of the best checkpoint that ``payload``'s run has written so far, as it
     records it (``meta.best``, set under ``train.keep_best``); None when it records none."""
@@ -617,305 +433,7 @@ def best_step(payload: Mapping[str, Any]) -> int | None:
     return None if not isinstance(best, Mapping) else int(best["step"])
 
 
-def write_checkpoint(
-    directory: Path,
-    payload: dict[str, Any],
-    keep_last: int,
-    *,
-    on_durable: Callable[[], None] | None = None,
-) -> Path:
-    """Write ``payload`` as ``step-N.pt`` so that a crash at any moment leaves it whole or absent.
-
-    The digests first (unless the payload has them), then: temp file in the same directory ->
-    ``torch.save`` -> fsync -> rename -> fsync the directory. The file is durable now, and
-    ``on_durable`` is called. Then the ``latest`` pointer, the same way, and only then older
-    checkpoints beyond ``keep_last`` go, all but the best one the payload records under
-    ``meta.best`` (``train.keep_best``). (Deleting a large file takes tens of milliseconds,
-    which a stop waiting for the durable point need not wait for.)
-    """
-    directory.mkdir(parents=True, exist_ok=True)
-    step = int(payload["progress"]["step"])
-    final = directory / checkpoint_name(step)
-    if payload["meta"].get("digests") is None:
-        payload["meta"]["digests"] = state_digests(payload)
-    # The temp names start with CHECKPOINT_TMP_PREFIX so that they never match step-*.pt and
-    # _prune can sweep up those of a writer killed mid-save.
-    tmp = directory / f"{CHECKPOINT_TMP_PREFIX}{final.name}.{os.getpid()}"
-    try:
-        _save_durably(payload, tmp)
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(directory)
-    if on_durable is not None:
-        on_durable()
-    pointer = directory / f"{CHECKPOINT_TMP_PREFIX}{LATEST_CHECKPOINT}.{os.getpid()}"
-    write_text_atomic(directory / LATEST_CHECKPOINT, final.name + "\n", tmp=pointer)
-    _prune(directory, keep_last, keep=final, best=best_step(payload))
-    return final
-
-
-def _save_durably(payload: dict[str, Any], tmp: Path) -> None:
-    """``torch.save`` into ``tmp`` (created or truncated), then fsync it once."""
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        sink = _FileSink(fd)
-        with _no_zip_crc32():
-            # torch.save needs only write (and tell): the sink is file-like enough.
-            torch.save(payload, cast(IO[bytes], sink))
-        sink.flush()
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-_crc32_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def _no_zip_crc32() -> Iterator[None]:
-    """``torch.save`` without the zip's CRC-32 of each record: ``torch.load`` never checks them,
-    the digests cover every byte that matters, and they are most of what ``torch.save`` itself
-    costs (15 ms of CPU per 96 MB, 6 GB/s: a third of the time this VM's disk takes to write the
-    same bytes, which is the whole budget of a durable checkpoint).
-
-    The switch is torch's global one: a ``torch.save`` of the user's own on another thread
-    meanwhile also writes no CRCs, which nothing that reads it with torch notices (``unzip -t``
-    would).
-    """
-    get = getattr(torch.serialization, "get_crc32_options", None)
-    set_ = getattr(torch.serialization, "set_crc32_options", None)
-    if get is None or set_ is None:  # torch < 2.4: CRCs as always
-        yield
-        return
-    with _crc32_lock:
-        before = get()
-        set_(False)
-        try:
-            yield
-        finally:
-            set_(before)
-
-
-class _FileSink:
-    """What ``torch.save`` writes into: its zip writer hands ``write`` memoryviews of each
-    record, the tensor storages included, and they go straight to ``os.write`` (no copy into a
-    Python buffer). Small writes (zip headers, padding, the pickle) are gathered into one write
-    per 64 KiB. Large ones go out 1 MiB at a time, and after each the kernel is asked to start
-    writing that MiB to disk, so that the disk works while later ones are copied and the final
-    ``fsync`` finds little left. Measured on this VM for 1 GB: 0.37-0.53 s with 1 MiB, about
-    0.55-0.64 s with no such requests, and 1.5 s with 8 or 16 MiB ones (the kernel then
-    submits, and waits on, more than the device's 4 MiB requests at once)."""
-
-    _SMALL = 1 << 16
-    _WRITEBACK = 1 << 20
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.pos = 0
-        self._small = bytearray()
-        self._written = 0
-        self._started = 0
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        n = len(view)
-        if n < self._SMALL:
-            self._small += view
-            if len(self._small) >= self._SMALL:
-                self.flush()
-        else:
-            self.flush()
-            self._write_all(view)
-        self.pos += n
-        return n
-
-    def flush(self) -> None:
-        if self._small:
-            self._write_all(memoryview(self._small))
-            self._small = bytearray()
-
-    def tell(self) -> int:
-        return self.pos
-
-    def _write_all(self, view: memoryview) -> None:
-        while view:
-            # One stride per call, so that a large tensor's first part is on its way to the disk
-            # while its later parts are still being copied.
-            n = os.write(self.fd, view[: self._WRITEBACK])
-            view = view[n:]
-            self._written += n
-            if self._written - self._started >= self._WRITEBACK:
-                _start_writeback(self.fd, self._started, self._written - self._started)
-                self._started = self._written
-
-
-def _load_start_writeback() -> Callable[[int, int, int], None]:
-    """``sync_file_range(fd, offset, n, SYNC_FILE_RANGE_WRITE)``: start writing a range back to
-    disk without waiting for it (Linux). Elsewhere a no-op: the final fsync does all of it."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        call = libc.sync_file_range
-    except (OSError, AttributeError):
-        return lambda fd, offset, n: None
-    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    write = 2  # SYNC_FILE_RANGE_WRITE
-
-    def start(fd: int, offset: int, n: int) -> None:
-        call(fd, offset, n, write)  # a hint only: its errors are the final fsync's to report
-
-    return start
-
-
-_start_writeback = _load_start_writeback()
-
-
-def _prune(directory: Path, keep_last: int, keep: Path, best: int | None = None) -> None:
-    written = parse_checkpoint_name(keep.name)
-    assert written is not None
-    # Only this run's line up to the step just written counts. A file named beyond it is one
-    # resume fell back past (damaged, misnamed, another run's): it must neither push good
-    # files out of keep_last nor be deleted unread. What is not a regular file is never ours.
-    steps = {
-        s: p
-        for p in directory.iterdir()
-        if (s := parse_checkpoint_name(p.name)) is not None
-        and s <= written
-        and not_regular(p) is None
-    }
-    for step in prune_plan(list(steps), keep_last, best):
-        if steps[step] != keep:
-            steps[step].unlink(missing_ok=True)
-    # Temp files of writers that died mid-save (only rank 0 of one job ever writes here).
-    mine = f".{os.getpid()}"
-    for p in directory.glob(f"{CHECKPOINT_TMP_PREFIX}*"):
-        if not p.name.endswith(mine):
-            p.unlink(missing_ok=True)
-
-
-class CheckpointWriter:
-    """Writes checkpoints one at a time, on a background thread when ``background`` is set.
-
-    :meth:`submit` takes a payload that is already a CPU snapshot (the training thread pays for
-    that copy only) and returns at once: it hands the payload to a writer thread that lives as
-    long as the writer (starting a thread per save would make the training thread wait until
-    the new thread runs, milliseconds on a busy node). It first waits for the previous write,
-    so at most one is in flight. :meth:`wait` blocks until the last write is done and raises
-    the :class:`CheckpointError` of a failed one; the stop path calls it before asking for a
-    requeue. A write still in flight when the interpreter exits is finished first, and so is
-    what :meth:`then` queued after it.
-    """
-
-    def __init__(self, directory: Path, keep_last: int, *, background: bool = True) -> None:
-        self.directory = directory
-        self.keep_last = keep_last
-        self.background = background
-        self._jobs: queue.SimpleQueue[dict[str, Any] | Callable[[], None]] = queue.SimpleQueue()
-        self._idle = threading.Event()
-        self._idle.set()
-        self._pending = 0  # jobs queued or running; _idle is set when none (under _lock)
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self.last_path: Path | None = None
-        self.last_seconds: float = 0.0
-        self.durable_at: float | None = None
-        """``time.perf_counter()`` when the last write became durable (for measurements)."""
-
-    def submit(self, payload: dict[str, Any]) -> None:
-        """Start writing ``payload`` (after the previous write has finished)."""
-        self.wait()
-        self.durable_at = None
-        if not self.background:
-            self._write(payload)
-            self.wait()
-            return
-        if self._thread is None:
-            # A daemon, so that a writer nobody closes never keeps a process alive; the exit
-            # hook finishes a write in flight (it runs before daemon threads are stopped).
-            self._thread = threading.Thread(target=self._run, name="hpc-ddp-checkpoint")
-            self._thread.daemon = True
-            self._thread.start()
-            atexit.register(_finish_at_exit, weakref.ref(self))
-        self._queue(payload)
-
-    def _queue(self, job: dict[str, Any] | Callable[[], None]) -> None:
-        with self._lock:
-            self._pending += 1
-            self._idle.clear()
-        self._jobs.put(job)
-
-    def then(self, after: Callable[[], None]) -> None:
-        """Run ``after`` once the write in flight (if any) is durable, on the writer thread, so
-        that the training thread does not wait for it (rank 0 records a save in the ledger
-        this way: a directory check and an fsync'd append). Skipped when that write failed;
-        an error of ``after`` itself is logged, never raised: it is bookkeeping, and the
-        checkpoint it follows is safe."""
-        if not self.background:
-            self._after(after)
-            return
-        if self._thread is None:  # nothing was ever submitted: nothing to wait for
-            self._after(after)
-            return
-        self._queue(after)
-
-    def _after(self, after: Callable[[], None]) -> None:
-        if self._error is not None:
-            return
-        try:
-            after()
-        except Exception:
-            log.warning("after checkpoint %s: bookkeeping failed", self.last_path, exc_info=True)
-
-    def wait(self) -> None:
-        """Block until no write is in flight; raise if the last one failed."""
-        self._idle.wait()
-        if self._error is not None:
-            exc, self._error = self._error, None
-            if isinstance(exc, CheckpointError):
-                raise exc
-            raise CheckpointError(
-                f"writing a checkpoint to {self.directory} failed ({type(exc).__name__}: {exc}). "
-                "HINT: check free space and permissions of the run directory."
-            ) from exc
-
-    def _run(self) -> None:
-        while True:
-            job = self._jobs.get()
-            try:
-                if callable(job):
-                    self._after(job)
-                else:
-                    self._write(job)
-            finally:
-                del job  # the snapshot's buffers belong to the next one
-                with self._lock:
-                    self._pending -= 1
-                    if self._pending == 0:
-                        self._idle.set()
-
-    def _write(self, payload: dict[str, Any]) -> None:
-        start = time.perf_counter()
-        try:
-            self.last_path = write_checkpoint(
-                self.directory, payload, self.keep_last, on_durable=self._durable
-            )
-        except BaseException as exc:
-            self._error = exc
-            return
-        self.last_seconds = time.perf_counter() - start
-        log.debug("checkpoint %s written in %.3f s", self.last_path.name, self.last_seconds)
-
-    def _durable(self) -> None:
-        self.durable_at = time.perf_counter()
-
-
-def _finish_at_exit(ref: weakref.ref[CheckpointWriter]) -> None:
-    writer = ref()
-    if writer is not None:
-        writer._idle.wait()
-
+# --- reading and checking a file ----------------------------------------------------------------
 
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive (since torch 1.6)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -942,16 +460,6 @@ class CheckpointInfo:
     weights)."""
     run_id: str | None = None
     """The run that wrote it (None: unreadable, or written before runs were recorded)."""
-
-
-def checkpoint_files(directory: Path) -> list[tuple[int, Path]]:
-    """``(step, path)`` of every ``step-*.pt`` in ``directory``, newest first."""
-    if not directory.is_dir():
-        return []
-    found = [
-        (s, p) for p in directory.iterdir() if (s := parse_checkpoint_name(p.name)) is not None
-    ]
-    return sorted(found, reverse=True)
 
 
 def _first_sentence(exc: BaseException) -> str:
@@ -1013,7 +521,7 @@ def _check_digests(data: dict[str, Any]) -> None:
     try:
         if data["version"] == 1:
             recorded = {"model": data["meta"]["weights_digest"]}
-            actual = {"model": _sha256_weights(data["model"])}
+            actual = {"model": sha256_weights(data["model"])}
         else:
             recorded = data["meta"]["digests"]
             actual = state_digests(data)

@@ -6,8 +6,6 @@ two, so a key of one is never valid in the other. Converting a mapping walks it 
 section: unknown keys get a did-you-mean hint, each value goes through its key's converter,
 required keys are checked on a whole config (not on a single layer), and a whole config is then
 checked for combinations no single key can catch.
-
-Over 300 lines: the job config's whole-config checks (combinations, size) share its walk.
 """
 
 from __future__ import annotations

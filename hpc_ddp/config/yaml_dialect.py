@@ -19,8 +19,7 @@ nested aliases that expand to billions of values):
 The expansion is measured on the composed node graph, where each anchor is one node however
 often it is used, so measuring costs as much as the file is long, never as much as it expands.
 
-Imports only the standard library, PyYAML and :mod:`hpc_ddp.errors`. Over 300 lines because
-reading, measuring and writing must agree on one dialect; they are kept side by side.
+Imports only the standard library, PyYAML and :mod:`hpc_ddp.errors`.
 """
 
 from __future__ import annotations

@@ -38,7 +38,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
@@ -79,7 +78,7 @@ from hpc_ddp.fault.watchdog import (
     read_fault,
     write_beat,
 )
-from hpc_ddp.rundir.checkpoint_label import label_problem
+from hpc_ddp.rundir.checkpoints import newest_step
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import (
     LAUNCH_DIR_ENV,
@@ -88,7 +87,6 @@ from hpc_ddp.rundir.layout import (
     LaunchPaths,
     RunPaths,
     launch_key,
-    parse_checkpoint_name,
 )
 from hpc_ddp.rundir.ledger import (
     Attempt,
@@ -209,21 +207,6 @@ class Launcher(Protocol):
 
 
 # --- files -----------------------------------------------------------------------------------
-
-
-def newest_checkpoint_step(checkpoints: Path) -> int | None:
-    """The step of the newest ``step-*.pt`` (renamed in only once whole) whose label says that
-    step, without torch: a copy under a newer name, a file whose label cannot be read or
-    something that is not a regular file is passed over, as the ranks' resume passes it."""
-    try:
-        names = os.listdir(checkpoints)
-    except OSError:
-        return None
-    steps = sorted((s, n) for n in names if (s := parse_checkpoint_name(n)) is not None)
-    for step, name in reversed(steps):
-        if label_problem(checkpoints / name) is None:
-            return step
-    return None
 
 
 def read_bad_nodes(paths: RunPaths, job: str | None) -> dict[str, str]:
@@ -406,7 +389,7 @@ class Supervisor:
         key = launch_key(self.me.tag or self.me.job_ref, self.me.restart, plan.launch)
         lpaths = self.paths.launch(key)
         prepare_launch(lpaths, self.world)
-        from_step = newest_checkpoint_step(self.paths.checkpoints)
+        from_step = newest_step(self.paths.checkpoints)
         self._from_steps[plan.launch] = from_step
         launched_at = self._clock()
         alloc = self.launcher.nodes()
@@ -780,7 +763,7 @@ class Supervisor:
         notes = read_exit_notes(lpaths, self.world).values()
         steps = [b.step for b in [*beats.values(), *notes] if b is not None]
         reached = max(steps) if steps else None
-        ckpt_step = newest_checkpoint_step(self.paths.checkpoints)
+        ckpt_step = newest_step(self.paths.checkpoints)
         clean = watch.fault is None and ended_on_purpose(code, entry)
         if clean or (self.stopping and watch.fault is None):
             cause = entry.cause if entry is not None and entry.cause is not None else None
@@ -1061,7 +1044,6 @@ __all__ = [
     "Plan",
     "Step",
     "Supervisor",
-    "newest_checkpoint_step",
     "prepare_launch",
     "read_bad_nodes",
 ]

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from hpc_ddp.fault.requeue import Coordinator
     from hpc_ddp.fault.watchdog import Watchdog
     from hpc_ddp.rundir.ledger import Attempt
+    from hpc_ddp.runtime.distenv import DistEnv
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +175,12 @@ def exit_status(code: int) -> int:
 
 
 def run_command(
-    cfg: JobConfig, paths: RunPaths, env: Mapping[str, str], *, slurm: SlurmClient | None = None
+    cfg: JobConfig,
+    paths: RunPaths,
+    env: Mapping[str, str],
+    dist: DistEnv,
+    *,
+    slurm: SlurmClient | None = None,
 ) -> int:
     """Run the user's ``command`` on this task with the distributed variables set.
 
@@ -187,14 +193,13 @@ def run_command(
     with ``requeue.on_crash`` requeued (:func:`record_child_crash`), and for a program without
     a session its exit 0 as well. A program without a session gets SIGTERM for the requeue
     signal, and is requeued from here (:class:`_Forwarder`, :func:`record_plain_stop`).
-    ``slurm``: the client that asks for the requeue (None: the real one).
+    ``dist``: this task's place, derived from ``env`` (:func:`run_job`); ``slurm``: the
+    client that asks for the requeue (None: the real one).
     """
     from hpc_ddp.fault.requeue import Coordinator, signal_number  # now: no delay at a stop
     from hpc_ddp.fault.watchdog import current
-    from hpc_ddp.runtime.distenv import derive_dist_env
     from hpc_ddp.runtime.procgroup import resolve_master_port
 
-    dist = derive_dist_env(env, port=cfg.dist.port)
     port = resolve_master_port(dist, paths.rendezvous, timeout_s=cfg.dist.timeout_s)
     child_env = {
         **env,
@@ -463,6 +468,7 @@ def run_job(
     :data:`NOT_CURRENT_EXIT_CODE` (:func:`not_current_refusal`).
     """
     from hpc_ddp.config.load import load_resolved_config
+    from hpc_ddp.runtime.distenv import derive_dist_env
 
     # Absolute before a command's task moves to its submit directory (`_enter_code`); not
     # resolved: the path stays the one the run's records name.
@@ -476,10 +482,11 @@ def run_job(
     write_task_config(run_dir, task_dir)
     paths = RunPaths(task_dir)
     cfg = load_resolved_config(paths.config)
-    _enter_code(cfg, run_dir, paths, env)
-    watchdog = _start_watchdog(cfg, paths, env)
+    dist = derive_dist_env(env, port=cfg.dist.port)  # once: everything below is given it
+    _enter_code(cfg, run_dir, paths, env, dist)
+    watchdog = _start_watchdog(cfg, paths, env, dist)
     try:
-        code = _run(cfg, paths, env, slurm)
+        code = _run(cfg, paths, env, dist, slurm)
     except BaseException as exc:
         if watchdog is not None:
             if isinstance(exc, SystemExit):
@@ -492,16 +499,16 @@ def run_job(
     return code
 
 
-def _enter_code(cfg: JobConfig, run_dir: Path, paths: RunPaths, env: Mapping[str, str]) -> None:
+def _enter_code(
+    cfg: JobConfig, run_dir: Path, paths: RunPaths, env: Mapping[str, str], dist: DistEnv
+) -> None:
     """Run a ``command:`` where it was submitted from, and record (rank 0) which code this
     attempt runs (:mod:`hpc_ddp.rundir.provenance`)."""
     from hpc_ddp.rundir.provenance import record_code, submit_dir_of
-    from hpc_ddp.runtime.distenv import derive_dist_env
 
     where = submit_dir_of(cfg, run_dir)
     if where is not None:
         os.chdir(where)  # a relative script names the same file on a resume started elsewhere
-    dist = derive_dist_env(env, port=cfg.dist.port)
     if dist.rank == 0:
         try:
             record_code(cfg, paths.ledger, job_id=dist.job_id or env.get(LOCAL_JOB_ENV))
@@ -509,17 +516,23 @@ def _enter_code(cfg: JobConfig, run_dir: Path, paths: RunPaths, env: Mapping[str
             log.warning("cannot record which code this attempt runs: %s", exc)
 
 
-def _start_watchdog(cfg: JobConfig, paths: RunPaths, env: Mapping[str, str]) -> Watchdog | None:
+def _start_watchdog(
+    cfg: JobConfig, paths: RunPaths, env: Mapping[str, str], dist: DistEnv
+) -> Watchdog | None:
     """The rank's watchdog, started before anything slow (see the module docstring)."""
     from hpc_ddp.fault.watchdog import start_watchdog
-    from hpc_ddp.runtime.distenv import derive_dist_env
 
-    dist = derive_dist_env(env, port=cfg.dist.port)
     watchdog, _ = start_watchdog(cfg.fault, paths.root, env, dist)
     return watchdog
 
 
-def _run(cfg: JobConfig, paths: RunPaths, env: Mapping[str, str], slurm: SlurmClient | None) -> int:
+def _run(
+    cfg: JobConfig,
+    paths: RunPaths,
+    env: Mapping[str, str],
+    dist: DistEnv,
+    slurm: SlurmClient | None,
+) -> int:
     """The job itself: a command, an entry point or the built-in trainer."""
     # Before torch is imported: one intra-op thread per CPU Slurm gave this task, not one per
     # core of the node (which oversubscribes a shared node and slows every rank).
@@ -529,14 +542,14 @@ def _run(cfg: JobConfig, paths: RunPaths, env: Mapping[str, str], slurm: SlurmCl
             os.environ.setdefault(name, value)
     if cfg.command:
         collector.release()  # this process only waits on the command from here
-        return run_command(cfg, paths, env, slurm=slurm)
+        return run_command(cfg, paths, env, dist, slurm=slurm)
     from hpc_ddp.runtime.session import RequeueExit
 
     try:
         if cfg.entrypoint:
             collector.release()  # the job's own code runs with a collector, as it expects
-            return run_entrypoint(cfg.entrypoint, paths)
-        return run_builtin_trainer(cfg, paths, env)
+            return run_entrypoint(cfg.entrypoint, paths, cfg)
+        return run_builtin_trainer(cfg, paths, env, dist)
     except RequeueExit as stop:
         code = int(stop.code or 0)
         if code:
@@ -547,21 +560,27 @@ def _run(cfg: JobConfig, paths: RunPaths, env: Mapping[str, str], slurm: SlurmCl
         return code
 
 
-def run_entrypoint(spec: str, paths: RunPaths) -> int:
-    """Call the job's ``pkg.mod:fn`` with the run directory and id in the environment."""
+def run_entrypoint(spec: str, paths: RunPaths, cfg: JobConfig) -> int:
+    """Call the job's ``pkg.mod:fn`` with the run directory and id in the environment; a
+    session it opens on the run takes ``cfg`` (this task loaded it) rather than load it again."""
+    from hpc_ddp.runtime.session import handed_config
+
     fn = resolve_entrypoint(spec)
     os.environ[RUN_DIR_ENV] = str(paths.root)
     os.environ[RUN_ID_ENV] = read_run_id(paths)
-    result = fn()  # type: ignore[operator]
+    with handed_config(paths.root, cfg):
+        result = fn()  # type: ignore[operator]
     return int(result) if isinstance(result, int) else 0
 
 
-def run_builtin_trainer(cfg: JobConfig, paths: RunPaths, env: Mapping[str, str]) -> int:
-    """Train ``cfg.train`` in a session on ``paths.root``."""
+def run_builtin_trainer(
+    cfg: JobConfig, paths: RunPaths, env: Mapping[str, str], dist: DistEnv
+) -> int:
+    """Train ``cfg.train`` in a session on ``paths.root``, at this task's place ``dist``."""
     from hpc_ddp.runtime.session import Session
     from hpc_ddp.train.trainer import run_training
 
-    with Session(paths.root, cfg, {**env, RUN_DIR_ENV: str(paths.root)}) as session:
+    with Session(paths.root, cfg, {**env, RUN_DIR_ENV: str(paths.root)}, dist=dist) as session:
         run_training(cfg, session)
     return 0
 

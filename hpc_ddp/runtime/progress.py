@@ -2,8 +2,7 @@
 
 A plain dataclass with no torch, no file I/O and no environment, so that code which only reads
 or reports progress (the sampler's position, a summary on the login side) need not import the
-checkpoint format, which imports torch. It was defined in
-:mod:`hpc_ddp.checkpoint.format`; :mod:`hpc_ddp.checkpoint.format` re-exports it.
+checkpoint format (:mod:`hpc_ddp.checkpoint.format`), which imports torch.
 """
 
 from __future__ import annotations

@@ -155,6 +155,23 @@ def end_attempt(
     return bool(asked), int(code)
 
 
+_handed: tuple[Path, JobConfig] | None = None
+"""The run directory (resolved) and config the task handed to its entry point's sessions."""
+
+
+@contextlib.contextmanager
+def handed_config(run_dir: Path, config: JobConfig) -> Iterator[None]:
+    """While the task (``hpc-ddp run``) calls a job's entry point: a session it opens on
+    ``run_dir`` without a config takes ``config``, which the task loaded from that run's
+    ``config.yaml`` a moment before, rather than load and check the file again."""
+    global _handed
+    before, _handed = _handed, (Path(run_dir).resolve(), config)
+    try:
+        yield
+    finally:
+        _handed = before
+
+
 class Session:
     """One process's view of a distributed run; see the module docstring."""
 
@@ -175,8 +192,10 @@ class Session:
         env: Mapping[str, str] | None = None,
         *,
         slurm: SlurmClient | None = None,
+        dist: DistEnv | None = None,
     ) -> None:
         self.env: Mapping[str, str] = dict(os.environ if env is None else env)
+        self._given_dist = dist  # the task's, derived from this env (None: derived at start)
         named = run_dir or self.env.get(RUN_DIR_ENV)
         self._picked: DefaultRunDir | None = None
         if named:
@@ -216,6 +235,8 @@ class Session:
         self._left: tuple[int, int] | None = None  # (step, total) of a steps loop left early
 
     def _load_config(self) -> JobConfig:
+        if _handed is not None and _handed[0] == self.run_dir:
+            return _handed[1]  # the task's entry point: it loaded this run's config already
         if self.paths.config.is_file():
             return load_resolved_config(self.paths.config)
         return JobConfig(name=self.run_dir.name)
@@ -224,7 +245,10 @@ class Session:
 
     def start(self) -> Session:
         """Catch stop signals, join the process group, pick the device."""
-        self.dist = derive_dist_env(self.env, port=self.config.dist.port)
+        given = self._given_dist
+        self.dist = (
+            given if given is not None else derive_dist_env(self.env, port=self.config.dist.port)
+        )
         self.grad_accum = planned_accum(self.config, self.dist.world_size)
         self._watchdog, self._own_watchdog = start_watchdog(
             self.config.fault, self.run_dir, self.env, self.dist

@@ -1,38 +1,18 @@
-"""A run's files as ``status`` judges them without torch: checkpoint files, the last metric.
+"""A run's files as ``status`` reads them without torch: the recorded run id, metrics lines.
 
-A checkpoint's first bytes and its zip directory (a few kilobytes) tell a torn, empty or
-overwritten file from a whole one, and its pickle, read without running anything
-(:mod:`hpc_ddp.rundir.checkpoint_label`), the step and run it holds: a file named for another
-step or written by another run is never the newest checkpoint. Its content (every part has a
-digest: weights, optimizer, RNG states, progress, ...) needs torch to check (``hpc-ddp
-checkpoints --verify``, and the runtime on every resume).
+The checkpoint files are judged in :mod:`hpc_ddp.rundir.checkpoints`, which the node side shares.
 """
 
 from __future__ import annotations
 
 import json
-import zipfile
-from pathlib import Path
 from typing import Any
 
 from hpc_ddp.errors import RunDirError
-from hpc_ddp.rundir.checkpoint_label import label_problem, not_regular
-from hpc_ddp.rundir.layout import RunPaths, parse_checkpoint_name
+from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.metrics import drop_replayed
 
-__all__ = ["checkpoint_steps", "damaged_checkpoint", "last_metric", "recorded_run_id"]
-
-_ZIP_MAGIC = b"PK\x03\x04"
-_PICKLE = "/data.pkl"
-"""The record every ``torch.save`` archive holds: the pickle (``<archive>/data.pkl``)."""
-
-
-def checkpoint_steps(paths: RunPaths) -> list[int]:
-    """Steps of the checkpoints in a run, ascending, by file name alone (no torch import)."""
-    if not paths.checkpoints.is_dir():
-        return []
-    names = (parse_checkpoint_name(p.name) for p in paths.checkpoints.iterdir())
-    return sorted(step for step in names if step is not None)
+__all__ = ["last_metric", "recorded_run_id", "step_times"]
 
 
 def recorded_run_id(paths: RunPaths) -> str | None:
@@ -43,61 +23,6 @@ def recorded_run_id(paths: RunPaths) -> str | None:
     except OSError:
         return None
     return text or None
-
-
-def damaged_checkpoint(path: Path, run_id: str | None = None) -> str | None:
-    """Why ``path`` cannot be a whole checkpoint of run ``run_id`` (None: of any run), judged
-    without torch; None if it looks whole.
-
-    ``torch.save`` writes a zip archive: it starts with ``PK\\x03\\x04`` and ends with the
-    archive's central directory, which lists the pickle (``data.pkl``) and one record per
-    tensor. So an empty, torn (cut short), overwritten or spliced file shows here at the cost of
-    reading the first bytes and the directory; the pickle says the step it holds (which its
-    name must say) and the run that wrote it. A file that passes may still fail to load, or
-    hold content that changed on disk (``hpc-ddp checkpoints --verify`` loads each one and
-    checks every digest). Never opens what is not a regular file (a FIFO would block), and
-    never raises for a damaged file: whatever reading it raises is the reason.
-    """
-    kind = not_regular(path)
-    if kind is not None:
-        return kind
-    try:
-        with path.open("rb") as f:
-            head = f.read(4)
-        if not head:
-            return "empty file"
-        if head != _ZIP_MAGIC:
-            return "not a torch zip archive"
-        if not zipfile.is_zipfile(path):
-            return "truncated: the zip archive has no end"
-        return _damaged_directory(path) or label_problem(path, run_id)
-    except OSError as exc:
-        return f"unreadable: {exc.strerror or exc}"
-    except Exception as exc:  # is_zipfile lets BadZipFile out of a damaged zip64 locator
-        return f"damaged zip archive ({type(exc).__name__}: {exc})"
-
-
-def _damaged_directory(path: Path) -> str | None:
-    """What is wrong with the archive's directory: unreadable, no pickle, or records that are
-    not where it says (bytes cut out of the file or added to it before the directory)."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            records = archive.infolist()
-    except OSError:
-        raise  # the caller says unreadable
-    except Exception as exc:  # BadZipFile, ValueError, EOFError, struct.error, ...
-        return f"damaged zip directory ({exc})"
-    if not any(r.filename.endswith(_PICKLE) for r in records):
-        return "not a torch archive: no data.pkl record"
-    # zipfile shifts every offset by the difference between where the directory is and where
-    # it says it is (to read self-extracting archives), so bytes cut out before the directory
-    # move the records' offsets: the first and the last record's header no longer start there.
-    with path.open("rb") as f:
-        for record in {id(r): r for r in (records[0], records[-1])}.values():
-            f.seek(max(record.header_offset, 0))
-            if record.header_offset < 0 or f.read(4) != _ZIP_MAGIC:
-                return f"spliced or torn: record {record.filename} is not where the directory says"
-    return None
 
 
 def _metric_rows(paths: RunPaths) -> list[dict[str, Any]]:

@@ -19,18 +19,13 @@ from hpc_ddp.backends.slurm.client import SlurmClient
 from hpc_ddp.backends.slurm.jobstate import JobState
 from hpc_ddp.backends.slurm.postmortem import failed_rank, has_logs, startup_failure
 from hpc_ddp.errors import RunDirError, SlurmError
+from hpc_ddp.rundir.checkpoints import newest_step
 from hpc_ddp.rundir.endcause import EndCause, is_failure
 from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.ledger import Attempt, CodeRun, code_change, read_code_runs, read_ledger
 from hpc_ddp.rundir.live_progress import read_live_progress
 from hpc_ddp.rundir.manifest import Manifest, read_manifest
-from hpc_ddp.state.artifacts import (
-    checkpoint_steps,
-    damaged_checkpoint,
-    last_metric,
-    recorded_run_id,
-    step_times,
-)
+from hpc_ddp.state.artifacts import last_metric, recorded_run_id, step_times
 from hpc_ddp.state.goodput import Goodput, account
 from hpc_ddp.state.task import TaskState
 from hpc_ddp.state.verdict import (
@@ -121,26 +116,26 @@ def _failed_rank(paths: RunPaths, state: str, attempts: list[Attempt]) -> str | 
 def newest_checkpoint(paths: RunPaths) -> tuple[int | None, str | None]:
     """(newest step whose file looks whole and is this run's, a note on the newer ones that
     are not: damaged, misnamed, another run's)."""
-    steps = checkpoint_steps(paths)
-    run_id = recorded_run_id(paths)
     damaged: list[tuple[int, str]] = []
-    for step in reversed(steps):
-        why = damaged_checkpoint(paths.checkpoints / f"step-{step:08d}.pt", run_id)
-        if why is None:
-            return step, _damage_note(damaged, len(steps))
-        damaged.append((step, why))
-    return None, _damage_note(damaged, len(steps))
+    step = newest_step(
+        paths.checkpoints,
+        run_id=recorded_run_id(paths),
+        on_skip=lambda s, why: damaged.append((s, why)),
+        unlistable_ok=False,
+    )
+    return step, _damage_note(damaged, every=step is None)
 
 
-def _damage_note(damaged: list[tuple[int, str]], total: int) -> str | None:
+def _damage_note(damaged: list[tuple[int, str]], *, every: bool) -> str | None:
+    """What the newer files passed over say (``every``: no file was whole)."""
     if not damaged:
         return None
     step, why = damaged[0]
-    if len(damaged) == total:
+    if every:
         return (
-            f"all {total} checkpoint(s) damaged (newest step {step}: {why}): a requeue cannot "
-            "resume. HINT: `hpc-ddp checkpoints RUN_DIR` says more; move checkpoints/ aside to "
-            "start over"
+            f"all {len(damaged)} checkpoint(s) damaged (newest step {step}: {why}): a requeue "
+            "cannot resume. HINT: `hpc-ddp checkpoints RUN_DIR` says more; move checkpoints/ "
+            "aside to start over"
         )
     return f"{len(damaged)} newest checkpoint(s) damaged (step {step}: {why}); resume skips them"
 

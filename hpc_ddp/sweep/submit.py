@@ -7,7 +7,6 @@ sweep directory, and :func:`schedule_arrays` is the one place that calls ``sbatc
 Speed matters here (a 1,000-point sweep should submit as fast as submitit's ``map_array``), so
 the configs are dumped through :mod:`hpc_ddp.sweep.configtext` and written into one file, each
 task writing its own ``config.yaml`` from it when it starts (:mod:`hpc_ddp.rundir.taskconfig`).
-The names of the split-out modules are re-exported here.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from hpc_ddp import collector
-from hpc_ddp.checkpoint.format import weights_digest
+from hpc_ddp.checkpoint.digest import weights_digest
 from hpc_ddp.config.elastic import SAMPLE_EXACT
 from hpc_ddp.config.exactness import Exactness, exactness, total_below_checkpoint
 from hpc_ddp.config.model import FaultConfig, JobConfig, TrainConfig

@@ -1,21 +1,16 @@
-"""Checkpoint format and atomic I/O: kills mid-write, corrupt files, pruning, digests, RNG;
-damaged and foreign files listed with a reason and skipped on resume, the digest of every
-section (weights, optimizer, scheduler, scaler, RNG, progress, extra values, config, meta)
-checked on every load; format-1 files load with only their weights verified, and say so."""
+"""The checkpoint format: the payload, its RNG states, reading and checking a file; damaged and
+foreign files listed with a reason and skipped on resume, the digest of every section (weights,
+optimizer, scheduler, scaler, RNG, progress, extra values, config, meta) checked on every load;
+format-1 files load with only their weights verified, and say so; another run's file refused.
+(Writing: test_writer.py; snapshots: test_snapshot.py; digests: test_digest.py.)"""
 
 from __future__ import annotations
 
-import enum
 import hashlib
-import json
 import logging
-import os
 import pickle
 import random
 import struct
-import subprocess
-import sys
-import threading
 import time
 import zipfile
 from collections.abc import Callable
@@ -26,31 +21,27 @@ import pytest
 import torch
 from torch import nn
 
+from hpc_ddp.checkpoint.digest import weights_digest
 from hpc_ddp.checkpoint.format import (
     SECTIONS,
     V1_UNVERIFIED,
     CheckpointState,
-    CheckpointWriter,
-    SnapshotBuffers,
     build_payload,
     capture_rng_state,
     find_latest,
     list_checkpoints,
     load_checkpoint,
-    prune_plan,
     restore_rng_state,
-    snapshot,
     state_digests,
-    weights_digest,
-    write_checkpoint,
 )
+from hpc_ddp.checkpoint.snapshot import snapshot
+from hpc_ddp.checkpoint.writer import write_checkpoint
 from hpc_ddp.config.model import JobConfig, TrainConfig
 from hpc_ddp.errors import CheckpointError
 from hpc_ddp.rundir.layout import LATEST_CHECKPOINT, checkpoint_name, parse_checkpoint_name
 from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.session import Session
-from tests.helpers.launch import HELPERS, base_env
 
 pytestmark = pytest.mark.torch
 
@@ -93,20 +84,6 @@ def test_checkpoint_name_sorts_like_steps() -> None:
     assert names == sorted(names)
 
 
-@pytest.mark.parametrize(
-    ("steps", "keep", "delete"),
-    [([1, 2, 3, 4], 2, [1, 2]), ([4, 1, 3], 3, []), ([1, 2], 0, []), ([5], 1, [])],
-)
-def test_prune_plan(steps: list[int], keep: int, delete: list[int]) -> None:
-    assert prune_plan(steps, keep) == delete
-
-
-def test_prune_plan_spares_the_best_beside_keep_last() -> None:
-    assert prune_plan([10, 20, 30, 40, 50], 2, best=20) == [10, 30]
-    assert prune_plan([10, 20, 30], 2, best=30) == [10]  # the best among the newest: no extra
-    assert prune_plan([10, 20, 30], 0, best=20) == []
-
-
 def test_save_load_roundtrip_is_weights_only(tmp_path: Path) -> None:
     model = small_model()
     path = save(tmp_path, 7, model)
@@ -123,63 +100,6 @@ def test_save_load_roundtrip_is_weights_only(tmp_path: Path) -> None:
     assert raw["meta"]["digests"]["model"] == weights_digest(model.state_dict())
     assert raw["optimizer"]["state"][0]["momentum_buffer"].shape == (16, 8)
     assert list(tmp_path.glob(".tmp-*")) == []
-
-
-def test_a_save_that_fails_midway_leaves_the_old_state_and_no_temp_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-
-    old = save(tmp_path, 10)
-
-    def torn_save(obj: Any, f: Any) -> None:
-        f.write(b"PK\x03\x04 half a checkpoint")
-        raise OSError(28, "No space left on device")
-
-    with monkeypatch.context() as m:
-        m.setattr(torch, "save", torn_save)
-        with pytest.raises(OSError, match="No space left"):
-            save(tmp_path, 20)
-    with monkeypatch.context() as m:
-
-        def refuse(*args: Any) -> None:
-            raise OSError(5, "Input/output error")
-
-        m.setattr(os, "replace", refuse)
-        with pytest.raises(OSError, match="Input/output"):
-            save(tmp_path, 30)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [LATEST_CHECKPOINT, old.name]
-    assert (tmp_path / LATEST_CHECKPOINT).read_text().strip() == old.name
-    assert find_latest(tmp_path) is not None
-
-
-def test_digest_stable_across_save_load_and_layout(tmp_path: Path) -> None:
-    model = small_model()
-    loaded = load_checkpoint(save(tmp_path, 1, model))  # save() trains one step first
-    digest = weights_digest(model.state_dict())
-    assert weights_digest(loaded["model"]) == digest
-    assert loaded["meta"]["digests"]["model"] == digest
-    # same values in a non-contiguous tensor: same digest
-    sd = {k: v.clone() for k, v in model.state_dict().items()}
-    sd["0.weight"] = sd["0.weight"].t().contiguous().t()
-    assert not sd["0.weight"].is_contiguous()
-    assert weights_digest(sd) == digest
-    # one ulp anywhere changes it
-    bumped = dict(sd)
-    bumped["2.bias"] = torch.nextafter(sd["2.bias"], torch.tensor(1.0))
-    assert weights_digest(bumped) != digest
-    # so does a renamed key or a dtype change
-    assert weights_digest({"x" + k: v for k, v in sd.items()}) != digest
-    assert weights_digest({k: v.double() for k, v in sd.items()}) != digest
-
-
-def test_keep_last_prunes_only_after_new_one_is_durable(tmp_path: Path) -> None:
-    for step in (10, 20, 30, 40):
-        save(tmp_path, step, keep_last=2)
-    assert [p.name for p in sorted(tmp_path.glob("step-*.pt"))] == [
-        "step-00000030.pt",
-        "step-00000040.pt",
-    ]
-    assert (tmp_path / LATEST_CHECKPOINT).read_text().strip() == "step-00000040.pt"
 
 
 def test_corrupt_newest_falls_back_to_previous(
@@ -243,235 +163,6 @@ def test_rng_state_roundtrip_through_file(tmp_path: Path) -> None:
     torch.save(state, path)
     restore_rng_state(torch.load(path, weights_only=True), CPU)
     assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == expected
-
-
-def test_snapshot_is_a_copy() -> None:
-    t = torch.zeros(3)
-    snap = snapshot({"a": [t, (t, 1)], "b": "x"})
-    t.add_(1)
-    assert snap["a"][0].sum() == 0
-    assert snap["a"][1][0].sum() == 0
-    assert snap["a"][1][1] == 1
-    assert snap["b"] == "x"
-
-
-def test_snapshot_makes_values_weights_only_loadable(tmp_path: Path) -> None:
-    """Subclasses of plain types (numpy scalars, enums, torch's version string) are saved as
-    the plain type; anything else fails at save time, not at resume time."""
-    np = pytest.importorskip("numpy")
-
-    class Color(str, enum.Enum):
-        RED = "red"
-
-    progress = Progress(step=1, extra={"best": np.float64(0.5), "n": np.int64(3), "c": Color.RED})
-    payload = build_payload(model={}, progress=progress, rng=[], config={"v": torch.__version__})
-    path = tmp_path / "step-00000001.pt"
-    torch.save(payload, path)
-    loaded = torch.load(path, weights_only=True)
-    assert loaded["extra"] == {"best": 0.5, "n": 3, "c": "red"}
-    assert type(loaded["extra"]["c"]) is str
-    with pytest.raises(CheckpointError, match=r"progress\.extra\['bad'\] holds a .*HINT"):
-        build_payload(model={}, progress=Progress(extra={"bad": object()}), rng=[])
-
-
-def test_snapshot_buffers_are_kept_and_overwritten_by_the_next_snapshot() -> None:
-    """The training thread copies into memory it already has: the same buffers each time
-    (no fresh pages to fault in), new ones only for tensors that changed shape or dtype."""
-    state: dict[str, Any] = {"w": torch.zeros(4, 3), "opt": {"m": [torch.ones(5)]}, "n": 3}
-    buffers = SnapshotBuffers()
-    first = buffers.snapshot(state)
-    assert first["n"] == 3
-    assert first["w"].data_ptr() != state["w"].data_ptr()
-    state["w"].add_(2)
-    second = buffers.snapshot(state)
-    assert second["w"].data_ptr() == first["w"].data_ptr()  # the same buffer, refilled
-    assert second["opt"]["m"][0].data_ptr() == first["opt"]["m"][0].data_ptr()
-    assert bool((second["w"] == 2).all())
-    state["w"] = torch.zeros(2, 2, dtype=torch.float64)
-    third = buffers.snapshot(state)
-    assert third["w"].dtype == torch.float64
-    assert third["w"].data_ptr() != first["w"].data_ptr()
-    one_off = snapshot(state)  # the function: fresh memory, kept by no one
-    assert one_off["w"].data_ptr() != third["w"].data_ptr()
-    with pytest.raises(CheckpointError, match=r"checkpoint\['bad'\] holds a builtins.object"):
-        buffers.snapshot({"bad": object()})
-
-
-def test_a_write_goes_out_in_few_large_writes_and_leaves_torchs_options_alone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Tensor storages go to os.write as they are; torch's many small zip records are
-    gathered. The zip CRC switch is torch's global one: it is back as it was afterwards."""
-    payload = build_payload(
-        model={f"w{i}": torch.randn(256, 256) for i in range(8)}  # 8 x 256 KiB
-        | {f"b{i}": torch.randn(3) for i in range(200)},  # 200 tiny records
-        progress=Progress(step=1),
-        rng=[capture_rng_state(CPU)],
-    )
-    writes: list[int] = []
-    real_write = os.write
-
-    def counting_write(fd: int, data: Any) -> int:
-        writes.append(len(data))
-        return real_write(fd, data)
-
-    before = torch.serialization.get_crc32_options()
-    with monkeypatch.context() as m:
-        m.setattr(os, "write", counting_write)
-        path = write_checkpoint(tmp_path, payload, keep_last=0)
-    assert torch.serialization.get_crc32_options() == before
-    size = path.stat().st_size
-    assert sum(writes) >= size  # the latest pointer is written too
-    assert len(writes) < 8 + 20, writes  # not one write per record
-    assert load_checkpoint(path)["model"]["w3"].shape == (256, 256)
-
-
-def test_the_file_is_durable_before_the_pointer_moves_and_old_files_go(tmp_path: Path) -> None:
-    save(tmp_path, 10, keep_last=1)
-    seen: list[tuple[list[str], str]] = []
-
-    def on_durable() -> None:
-        names = sorted(p.name for p in tmp_path.glob("step-*.pt"))
-        seen.append((names, (tmp_path / LATEST_CHECKPOINT).read_text().strip()))
-
-    write_checkpoint(tmp_path, real_payload(20), keep_last=1, on_durable=on_durable)
-    assert seen == [(["step-00000010.pt", "step-00000020.pt"], "step-00000010.pt")]
-    assert sorted(p.name for p in tmp_path.glob("step-*.pt")) == ["step-00000020.pt"]
-
-
-def test_writer_background_and_error(tmp_path: Path) -> None:
-    writer = CheckpointWriter(tmp_path / "ckpt", keep_last=2)
-    model = small_model()
-    for step in (1, 2, 3):
-        writer.submit(
-            build_payload(
-                model=snapshot(model.state_dict()),
-                progress=Progress(step=step),
-                rng=[capture_rng_state(CPU)],
-            )
-        )
-    writer.wait()
-    assert sorted(p.name for p in (tmp_path / "ckpt").glob("step-*")) == [
-        "step-00000002.pt",
-        "step-00000003.pt",
-    ]
-    blocked = tmp_path / "file"
-    blocked.write_text("")
-    bad = CheckpointWriter(blocked / "ckpt", keep_last=2)  # a directory under a file
-    bad.submit(build_payload(model={}, progress=Progress(step=1), rng=[]))
-    with pytest.raises(CheckpointError, match="HINT"):
-        bad.wait()
-    bad.wait()  # the error is reported once
-
-
-def _slow_writes(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
-    import hpc_ddp.checkpoint.format as c
-
-    write = c.write_checkpoint
-
-    def slow(*args: Any, **kwargs: Any) -> Path:
-        time.sleep(seconds)
-        return write(*args, **kwargs)
-
-    monkeypatch.setattr(c, "write_checkpoint", slow)
-
-
-def test_what_follows_a_write_runs_on_the_writer_once_it_is_durable_never_after_a_failure(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`then` hands bookkeeping to the writer thread: the caller does not wait for the write,
-    the callback sees the file on disk, and a failed write skips it."""
-    _slow_writes(monkeypatch, 0.5)
-    writer = CheckpointWriter(tmp_path / "ckpt", keep_last=2)
-    seen: list[tuple[str, bool]] = []
-    file = tmp_path / "ckpt" / checkpoint_name(4)
-    writer.submit(build_payload(model={}, progress=Progress(step=4), rng=[]))
-    began = time.perf_counter()
-    writer.then(lambda: seen.append((threading.current_thread().name, file.exists())))
-    assert time.perf_counter() - began < 0.3  # the 0.5 s write is not waited for
-    assert seen == []
-    writer.wait()
-    assert seen == [("hpc-ddp-checkpoint", True)]
-    blocked = tmp_path / "file"
-    blocked.write_text("")
-    bad = CheckpointWriter(blocked / "ckpt", keep_last=2)  # a directory under a file
-    bad.submit(build_payload(model={}, progress=Progress(step=1), rng=[]))
-    bad.then(lambda: seen.append(("after a failure", False)))
-    with pytest.raises(CheckpointError, match="HINT"):
-        bad.wait()
-    assert len(seen) == 1
-
-
-@pytest.mark.usefixtures("own_process")
-def test_a_sessions_checkpoint_is_recorded_in_the_ledger_by_the_writer_not_the_trainer(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Rank 0's `checkpoint` ledger line (an fsync'd append, ~4 ms here) held the training
-    thread at every save, longer than the snapshot of a small model: it is now written once
-    the file is durable, stamped with the time of the save and the stall training saw."""
-    _slow_writes(monkeypatch, 0.5)
-    model = small_model()
-    with Session(tmp_path, JobConfig(name="t"), env={}) as s:
-        s.restore(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
-        s.progress.step = 3
-        saved_at = time.time()
-        s.checkpoint()
-        events = [json.loads(line)["event"] for line in s.paths.ledger.read_text().splitlines()]
-        assert "checkpoint" not in events  # the file is still being written
-        s.checkpoint(wait=True)
-        lines = [json.loads(line) for line in s.paths.ledger.read_text().splitlines()]
-    [record] = [e for e in lines if e["event"] == "checkpoint"]
-    assert record["step"] == 3
-    assert saved_at <= record["time"] < saved_at + 0.4  # when it was saved, not written
-    assert 0.0 <= record["stall_s"] < 0.4
-
-
-def test_a_write_in_flight_is_finished_when_the_process_exits(tmp_path: Path) -> None:
-    """The writer thread is a daemon (a writer nobody closes never keeps a process alive), yet
-    a script that returns while its last checkpoint is being written still gets the file."""
-    script = f"""
-import time, torch
-import hpc_ddp.checkpoint.format as c
-write = c.write_checkpoint
-def slow(*args, **kwargs):
-    time.sleep(1.0)
-    return write(*args, **kwargs)
-c.write_checkpoint = slow
-writer = c.CheckpointWriter(c.Path({str(tmp_path)!r}), keep_last=2)
-writer.submit(c.build_payload(model={{"w": torch.ones(3)}}, progress=c.Progress(step=5),
-                              rng=[c.capture_rng_state(torch.device("cpu"))]))
-print("returning", flush=True)
-"""
-    done = subprocess.run(
-        [sys.executable, "-c", script], env=base_env(), capture_output=True, text=True,
-        timeout=120, check=False,
-    )  # fmt: skip
-    assert (done.returncode, done.stdout) == (0, "returning\n"), done.stderr
-    assert load_checkpoint(tmp_path / checkpoint_name(5))["model"]["w"].sum() == 3
-
-
-def test_sigkill_during_saves_always_leaves_a_loadable_checkpoint(tmp_path: Path) -> None:
-    """30 SIGKILLs at random moments of a save loop: the newest complete file always loads."""
-    kills = 30
-    proc = subprocess.run(
-        [sys.executable, str(HELPERS / "ckpt_killer.py"), str(tmp_path), str(kills), "1234"],
-        env=base_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    rounds = json.loads(proc.stdout)
-    assert len(rounds) == kills
-    assert all(r["step"] is not None and r["intact"] for r in rounds), rounds
-    steps = [r["step"] for r in rounds]
-    assert steps == sorted(steps)  # never went back to an older checkpoint
-    assert steps[-1] > kills // 2  # the writers made progress between kills
-    assert sum(r["torn"] for r in rounds) >= 5  # many kills did land in the middle of a write
-    found = find_latest(tmp_path)
-    assert found is not None
-    assert found[1]["progress"]["step"] == steps[-1]
-    assert torch.load(found[0], weights_only=True)["meta"]["digests"]["model"]
 
 
 # --- damaged and foreign files: listed with a reason, skipped on resume ---------------------
@@ -964,24 +655,6 @@ def test_a_copy_under_a_newer_steps_name_is_damaged_and_never_resumed_from(
         assert info.error == "named step 9999 but holds step 100 (copied or renamed)"
     with pytest.raises(CheckpointError, match="named step 9999 but holds step 100"):
         load_checkpoint(copy)
-
-
-def test_keep_last_never_deletes_a_good_file_for_one_named_beyond_it(tmp_path: Path) -> None:
-    save(tmp_path, 100)
-    save(tmp_path, 120)
-    (tmp_path / "step-00009999.pt").write_bytes((tmp_path / "step-00000100.pt").read_bytes())
-    (tmp_path / "step-00000005.pt").mkdir()  # not a file: never pruned, never a crash
-    save(tmp_path, 140, keep_last=2)
-    names = sorted(p.name for p in tmp_path.glob("step-*.pt"))
-    assert names == [
-        "step-00000005.pt",
-        "step-00000120.pt",
-        "step-00000140.pt",
-        "step-00009999.pt",  # kept for inspection, but not counted among the last two
-    ]
-    found = find_latest(tmp_path)
-    assert found is not None
-    assert found[0].name == "step-00000140.pt"
 
 
 def test_another_runs_file_is_a_stranger_and_an_old_one_without_a_run_is_accepted(

@@ -21,18 +21,18 @@ import pytest
 import torch
 from torch import nn
 
+from hpc_ddp.checkpoint.digest import weights_digest
 from hpc_ddp.checkpoint.format import (
     CheckpointState,
     build_payload,
     capture_rng_state,
     find_latest,
     list_checkpoints,
-    snapshot,
-    weights_digest,
-    write_checkpoint,
 )
+from hpc_ddp.checkpoint.snapshot import snapshot
+from hpc_ddp.checkpoint.writer import write_checkpoint
+from hpc_ddp.rundir.checkpoints import damaged_checkpoint
 from hpc_ddp.runtime.progress import Progress
-from hpc_ddp.state.artifacts import damaged_checkpoint
 
 pytestmark = pytest.mark.torch
 

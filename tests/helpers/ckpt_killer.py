@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from hpc_ddp.checkpoint.format import build_payload, capture_rng_state, find_latest
-from hpc_ddp.checkpoint.format import write_checkpoint as write
+from hpc_ddp.checkpoint.writer import write_checkpoint as write
 from hpc_ddp.runtime.progress import Progress
 
 _CPU = torch.device("cpu")

@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import hpc_ddp
-import hpc_ddp.checkpoint.format as checkpoint_module
+import hpc_ddp.checkpoint.writer as checkpoint_module
 
 STEP_PAUSE_S = 0.05
 

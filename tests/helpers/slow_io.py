@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-import hpc_ddp.checkpoint.format as checkpoint_module
-from hpc_ddp.checkpoint.format import weights_digest
+import hpc_ddp.checkpoint.writer as checkpoint_module
+from hpc_ddp.checkpoint.digest import weights_digest
 from hpc_ddp.config.model import DistConfig, FaultConfig, JobConfig, TrainConfig
 from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.session import Session

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,6 +103,70 @@ def test_single_process_run_trains_and_records_the_attempt(tmp_path: Path) -> No
     assert attempt.steps_done == 12
     assert (run / "checkpoints" / "step-00000012.pt").exists()
     assert (run / "checkpoints" / "step-00000010.pt").exists()
+
+
+def _counted(monkeypatch: pytest.MonkeyPatch, name: str, *modules: str) -> list[object]:
+    """Every call of the real ``name`` (as ``modules`` import it) from here on, by its result."""
+    import importlib
+
+    real = getattr(importlib.import_module(modules[0]), name)
+    calls: list[object] = []
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(result := real(*args, **kwargs))
+        return result
+
+    for module in modules:
+        monkeypatch.setattr(importlib.import_module(module), name, counting)
+    return calls
+
+
+def test_a_task_derives_its_dist_env_once_and_passes_it_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The code record, the watchdog and the built-in trainer's session each derived it again
+    from the environment (three times per rank)."""
+    derived = _counted(
+        monkeypatch, "derive_dist_env", "hpc_ddp.runtime.distenv", "hpc_ddp.runtime.session"
+    )
+    train = TrainConfig(epochs=None, max_steps=2, batch_size=16, synthetic_samples=64)
+    cfg = JobConfig(name="once", train=train)
+    run = _run_dir(tmp_path / "once", cfg)
+    assert run_job(run, {"PATH": "/usr/bin:/bin"}) == 0
+    assert len(derived) == 1
+    assert read_ledger(run / "ledger.jsonl")[0].cause is EndCause.FINISHED
+
+
+SESSION_CONFIGS: list[JobConfig] = []
+
+
+def entry_opening_a_session() -> int:
+    """A job's entry point (``entrypoint: tests.job.test_task:entry_opening_a_session``)."""
+    import hpc_ddp
+
+    with hpc_ddp.session() as s:
+        SESSION_CONFIGS.append(s.config)
+    return 0
+
+
+def test_an_entry_points_session_takes_the_config_the_task_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The task loaded and checked RUN_DIR/config.yaml, then the entry point's session loaded
+    it again; a session opened later, outside the task, loads it itself."""
+    loaded = _counted(
+        monkeypatch, "load_resolved_config", "hpc_ddp.config.load", "hpc_ddp.runtime.session"
+    )
+    cfg = JobConfig(name="entry", entrypoint="tests.job.test_task:entry_opening_a_session")
+    run = _run_dir(tmp_path / "entry", cfg)
+    SESSION_CONFIGS.clear()
+    assert run_job(run, {"PATH": "/usr/bin:/bin"}) == 0
+    assert len(loaded) == 1
+    assert [c is loaded[0] for c in SESSION_CONFIGS] == [True]
+    monkeypatch.setenv("HPC_DDP_RUN_DIR", str(run))
+    entry_opening_a_session()  # not under the task: its own load
+    assert len(loaded) == 2
+    assert SESSION_CONFIGS[1] == loaded[1]
 
 
 # --- `command:` jobs: the interpreter, and the parent of a child that crashes -------------------

@@ -10,7 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from hpc_ddp.checkpoint.format import build_payload, capture_rng_state, snapshot, write_checkpoint
+from hpc_ddp.checkpoint.format import build_payload, capture_rng_state
+from hpc_ddp.checkpoint.snapshot import snapshot
+from hpc_ddp.checkpoint.writer import write_checkpoint
 from hpc_ddp.config.elastic import Resize
 from hpc_ddp.config.model import JobConfig, SlurmConfig, TrainConfig
 from hpc_ddp.errors import ConfigError

@@ -20,7 +20,8 @@ from torch.utils.data import TensorDataset
 
 from hpc_ddp.backends.slurm.fake import FakeSlurm
 from hpc_ddp.backends.slurm.jobstate import JobState
-from hpc_ddp.checkpoint.format import list_checkpoints, weights_digest
+from hpc_ddp.checkpoint.digest import weights_digest
+from hpc_ddp.checkpoint.format import list_checkpoints
 from hpc_ddp.config.load import dump_job_config, load_job_config
 from hpc_ddp.config.model import FaultConfig, JobConfig, RequeueConfig, TrainConfig
 from hpc_ddp.errors import CheckpointError, ConfigError, HpcDdpError

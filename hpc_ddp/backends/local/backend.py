@@ -53,12 +53,9 @@ from hpc_ddp.backends.local.process import (
 from hpc_ddp.config.model import JobConfig, SlurmConfig
 from hpc_ddp.durable import append_line
 from hpc_ddp.errors import ConfigError, RunDirError
+from hpc_ddp.rundir.checkpoints import newest_step
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.layout import (
-    RunPaths,
-    checkpoint_name,
-    parse_checkpoint_name,
-)
+from hpc_ddp.rundir.layout import RunPaths, checkpoint_name
 from hpc_ddp.rundir.ledger import end_event, read_ledger
 from hpc_ddp.rundir.metrics import drop_replayed
 
@@ -269,7 +266,8 @@ class ForcedStop:
     reached: int | None
     """The last step training logged (``metrics.jsonl``); None when it logged none."""
     checkpoint: int | None
-    """The newest checkpoint's step on disk: the run goes on from there."""
+    """The step of the newest checkpoint on disk that looks whole
+    (:func:`~hpc_ddp.rundir.checkpoints.newest_step`): the run goes on from there."""
 
     def lost(self) -> str:
         """What was lost, in words: the steps since the newest checkpoint."""
@@ -305,9 +303,8 @@ def _kill_all(run_dir: Path, job_id: str | None) -> ForcedStop:
     for ident in run_processes(run_dir, job_id):
         signal_if_same(ident, signal.SIGKILL)
     paths = RunPaths(run_dir)
-    steps = [s for p in _listing(paths.checkpoints) if (s := parse_checkpoint_name(p.name))]
     logged = [r["step"] for r in _metric_rows(paths.metrics) if isinstance(r.get("step"), int)]
-    return ForcedStop(ranks, max(logged) if logged else None, max(steps) if steps else None)
+    return ForcedStop(ranks, max(logged) if logged else None, newest_step(paths.checkpoints))
 
 
 GONE_WAIT_S = 10.0
@@ -376,13 +373,6 @@ def _job_started(run_dir: Path) -> float:
         return (run_dir / IDENTITY_FILE).stat().st_mtime
     except OSError:
         return 0.0
-
-
-def _listing(folder: Path) -> list[Path]:
-    try:
-        return list(folder.iterdir())
-    except OSError:
-        return []
 
 
 def _metric_rows(path: Path) -> list[dict[str, Any]]:

@@ -16,8 +16,6 @@ Two parsers read the script, and each value is made safe for the one that reads 
 
 A line break or NUL in any rendered value would end a comment or a quoted word and let the rest
 run as shell, so every such value is refused (the config loader refuses them too).
-
-Over 300 lines because every quoting rule sits beside the one place that applies it.
 """
 
 from __future__ import annotations
