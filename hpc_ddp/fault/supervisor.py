@@ -22,9 +22,10 @@ supervisor with the ranks' own exit status: preemption, time limits and cancels 
 ranks' and Slurm's business, as without a supervisor.
 
 The policy (:func:`decide_next`, :func:`no_progress_streak`, :func:`exclusion`) is pure; the
-launches themselves come from a :class:`Launcher` (srun steps: :mod:`hpc_ddp.backends.slurm.step`;
-local processes: :mod:`hpc_ddp.backends.local.launcher`), chosen by the caller. Never imports torch:
-with a container, the supervisor runs on the batch host with the interpreter that submitted.
+launches themselves come from a :class:`~hpc_ddp.backends.base.Launcher` (srun steps:
+:mod:`hpc_ddp.backends.slurm.step`; local processes: :mod:`hpc_ddp.backends.local.launcher`),
+chosen by the caller. Never imports torch: with a container, the supervisor runs on the batch
+host with the interpreter that submitted.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
+from hpc_ddp.backends.base import Launcher
 from hpc_ddp.config.elastic import nodes_for_launch
 from hpc_ddp.config.model import FaultConfig, JobConfig, RequeueConfig
 from hpc_ddp.durable import append_line, write_text_atomic
@@ -178,26 +180,6 @@ class Step(Protocol):
 
     def abandon(self) -> None:
         """Stop waiting for a step that cannot end (a lost node); reaped at exit."""
-        ...
-
-
-class Launcher(Protocol):
-    """Starts launches and knows the allocation they run in."""
-
-    def start(self, plan: Plan, env: Mapping[str, str]) -> Step:
-        """Start ``plan`` with ``env`` added to each task's environment."""
-        ...
-
-    def nodes(self) -> tuple[str, ...]:
-        """The allocation's nodes now (a node Slurm removed after a failure is gone)."""
-        ...
-
-    def down(self, nodes: Sequence[str]) -> dict[str, str]:
-        """Of ``nodes``, those Slurm holds down or not responding, with their state."""
-        ...
-
-    def requeue(self, exclude: Sequence[str]) -> str | None:
-        """Ask Slurm to requeue the job, avoiding ``exclude``; None, or why it failed."""
         ...
 
 
@@ -498,7 +480,7 @@ class Supervisor:
         self,
         paths: RunPaths,
         cfg: JobConfig,
-        launcher: Launcher,
+        launcher: Launcher[Step],
         me: Identity,
         *,
         env: Mapping[str, str],
@@ -1253,7 +1235,6 @@ class Supervisor:
 __all__ = [
     "Budget",
     "Identity",
-    "Launcher",
     "Next",
     "Plan",
     "Requeue",
