@@ -19,11 +19,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.manifest import Backend as BackendName
+from hpc_ddp.rundir.manifest import Manifest
+
+if TYPE_CHECKING:  # a queue's rows, in the shape Slurm's parsers give them
+    from hpc_ddp.backends.slurm.jobstate import AccountingRecord, JobInfo
 
 # --- the login face ---------------------------------------------------------------------------
 
@@ -84,6 +88,39 @@ class Word:
     """What the status row should say besides (ranks left running without a controller)."""
 
 
+@dataclass(frozen=True)
+class Cancel:
+    """What one target cancels: job ids read from ``source`` (a local run: its controller's
+    pid), on the backend ``backend``."""
+
+    where: Path
+    """The run, sweep or sweep task directory (for the message)."""
+    source: Path
+    """The file the job ids were read from: ``manifest.json`` or a sweep's ``arrays.json``."""
+    jobs: tuple[str, ...]
+    what: str = "job"
+    """``job``, ``job array``, ``array task``, or ``sweep`` (a local sweep's controller)."""
+    backend: BackendName = "slurm"
+
+    @property
+    def home(self) -> Path:
+        """The directory whose script the jobs must run: the run's, or the sweep's (which
+        holds the record, ``arrays.json`` or ``manifest.json``)."""
+        return self.source.parent
+
+
+Outcome = Literal["cancelled", "already_finished", "unknown", "not_this_run", "still_running"]
+"""What cancelling one target came to (``cancel --json``'s ``outcome``)."""
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """What was done for one target, and a line saying it."""
+
+    outcome: Outcome
+    message: str
+
+
 class Backend(Protocol):
     """The login face of a backend: what the login side asks of where a run's job goes."""
 
@@ -94,8 +131,10 @@ class Backend(Protocol):
 
     @property
     def ledger_since_submit(self) -> bool:
-        """A new job's ranks start only once the earlier job's have provably ended, so the
-        ledger's entries from before its submission are none of its business."""
+        """The current job's ledger entries are those written since its submission (a new
+        job starts only once the earlier job's ranks have provably ended), rather than those
+        that name its job id (on Slurm a rank may write its end after Slurm has called the job
+        ended, so a job's entries are told by its id)."""
         ...
 
     def plan(self, cfg: JobConfig, paths: RunPaths, request: PlanRequest) -> LaunchPlan:
@@ -118,6 +157,32 @@ class Backend(Protocol):
     def test_only(self, paths: RunPaths) -> str:
         """The backend's word on whether and when the written run would start; starts
         nothing."""
+        ...
+
+    def job_refs(self, run_dir: Path, manifest: Manifest) -> list[str]:
+        """The ids a scheduler knows the run's jobs by (raises
+        :class:`~hpc_ddp.errors.RunDirError` for a recorded one that is none); [] where no
+        scheduler holds them."""
+        ...
+
+    def states(self, job_ids: Sequence[str]) -> dict[str, JobInfo]:
+        """The scheduler's rows of the jobs it still holds, keyed by job id."""
+        ...
+
+    def accounting(self, job_ids: Sequence[str]) -> dict[str, AccountingRecord] | None:
+        """The scheduler's records of ended jobs it no longer holds; None without any."""
+        ...
+
+    def cancel_ids(self, run_dir: Path, manifest: Manifest) -> list[str]:
+        """The ids a cancel of the run acts on, each checked (raises
+        :class:`~hpc_ddp.errors.RunDirError`, before anything is cancelled, for one that is
+        none, or when there is none)."""
+        ...
+
+    def cancel(self, plan: Cancel, *, kill_wait_s: float | None = None) -> Cancelled:
+        """Cancel the jobs of ``plan``, never one that is not the run's; a cancelled job is
+        never requeued by hpc-ddp. ``kill_wait_s``: how long a job that runs here gets after
+        the stop signal before it is killed (None: the backend's own default)."""
         ...
 
     def word(self, run_dir: Path, job_id: str) -> Word | None:

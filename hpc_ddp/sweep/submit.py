@@ -182,11 +182,12 @@ def submit_local_sweep(
 ) -> Path:
     """Write a new sweep directory for ``spec`` and start its points as local runs, at most
     ``max_parallel`` at once (:mod:`hpc_ddp.sweep.local`); returns the sweep directory."""
-    from hpc_ddp.submission.submit import check_local_job
+    from hpc_ddp.backends.registry import backend_for
     from hpc_ddp.sweep.local import local_parallel, start_controller
 
+    backend = backend_for("local")
     for point in spec.points:  # every point must fit this machine before anything is written
-        check_local_job(point.config)
+        backend.check(point.config)
     now = now or datetime.now(timezone.utc)
     name = sweep_name(spec)
     sweep_dir = create_run_dir(runs_dir.resolve(), name, stamp_of(now))
