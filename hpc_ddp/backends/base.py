@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.manifest import Backend as BackendName
-from hpc_ddp.rundir.manifest import Manifest
 
-if TYPE_CHECKING:  # a queue's rows, in the shape Slurm's parsers give them
+if TYPE_CHECKING:  # types only: loading this module loads no reader of files, nor Slurm's parsers
     from hpc_ddp.backends.slurm.jobstate import AccountingRecord, JobInfo
+    from hpc_ddp.rundir.manifest import Backend as BackendName
+    from hpc_ddp.rundir.manifest import Manifest
 
 # --- the login face ---------------------------------------------------------------------------
 

@@ -188,7 +188,6 @@ def _gpu_words(gpus: list[str]) -> str:
     return "; CUDA_VISIBLE_DEVICES by rank: " + " | ".join(gpus)
 
 
-
 def submit_local(cfg: JobConfig, paths: RunPaths) -> LocalJob:
     """Start the job's tasks as local processes; returns at once.
 
