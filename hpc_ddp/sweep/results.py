@@ -199,7 +199,7 @@ def gather_results(
 ) -> list[ResultRow]:
     """One row per point of the sweep, in index order; none is ever left out.
 
-    ``live`` is squeue's view (``SlurmClient.job_states`` of the sweep's array jobs); ``None``
+    ``live`` is squeue's view (the Slurm backend's ``states`` of the sweep's array jobs); ``None``
     when Slurm could not be asked, and states then come from the ledgers alone. ``accounting``
     is sacct's records of the tasks squeue no longer holds (of :func:`unheld_arrays`), where
     there is accounting. ``metric`` defaults to the sweep's. Works while the sweep runs:
@@ -343,7 +343,7 @@ def sweep_status(
 ) -> tuple[dict[str, int], list[dict[str, Any]]]:
     """For ``hpc-ddp status SWEEP_DIR``: the count per state and one plain dict per task.
 
-    ``live_states`` is what ``SlurmClient.job_states(manifest.array_jobs)`` returned. When
+    ``live_states`` is what the Slurm backend's ``states(manifest.array_jobs)`` returned. When
     Slurm could not be asked, call :func:`gather_results` with ``live=None`` instead, so that
     the states come from the ledgers alone rather than from an empty queue.
     """
