@@ -43,6 +43,7 @@ from hpc_ddp.sweep.arrays import (
 )
 from hpc_ddp.sweep.records import read_sweep_record
 from hpc_ddp.sweep.results import failed_points
+from hpc_ddp.sweep.runner import runner_for
 from hpc_ddp.sweep.spec import SweepSpec
 from hpc_ddp.sweep.sweepdir import (
     link_offset_tasks,
@@ -272,15 +273,33 @@ def resubmit_failed(
     is held from the choice of the points to the record of the new array: a second
     ``--resubmit-failed`` waits, then finds those tasks live and submits nothing.
     """
-    if read_manifest(sweep_dir).backend == "local":
-        if dry_run:
-            return _resubmit_local(sweep_dir, dry_run)
-        with record_lock(sweep_dir):
-            return _resubmit_local(sweep_dir, dry_run)
+    runner = runner_for(sweep_dir)  # job arrays, or a local sweep's controller
+    return runner.resubmit(
+        sweep_dir, client=client, python=python, invocation=invocation, dry_run=dry_run, now=now
+    )
+
+
+def resubmit_arrays(
+    sweep_dir: Path,
+    client: SlurmClient,
+    python: str,
+    invocation: Sequence[str],
+    dry_run: bool,
+    now: datetime | None,
+) -> Resubmission:
+    """:func:`resubmit_failed` for a Slurm sweep: one new array over exactly those points."""
     if dry_run:
         return _resubmit_locked(sweep_dir, client, python, invocation, dry_run, now)
     with record_lock(sweep_dir):
         return _resubmit_locked(sweep_dir, client, python, invocation, dry_run, now)
+
+
+def resubmit_local(sweep_dir: Path, dry_run: bool) -> Resubmission:
+    """:func:`resubmit_failed` for a local sweep: a new sweep controller over those points."""
+    if dry_run:
+        return _resubmit_local(sweep_dir, dry_run)
+    with record_lock(sweep_dir):
+        return _resubmit_local(sweep_dir, dry_run)
 
 
 def _resubmit_local(sweep_dir: Path, dry_run: bool) -> Resubmission:
