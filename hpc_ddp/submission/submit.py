@@ -169,8 +169,9 @@ class Prepared:
 
     @property
     def sbatch_argv(self) -> tuple[str, ...]:
-        """The command a start runs: ``sbatch --parsable RUN_DIR/job.sbatch`` on Slurm."""
-        return self.plan.command
+        """The command that submits :attr:`script` (``sbatch --parsable RUN_DIR/job.sbatch``);
+        () where there is no script (``plan.command`` then says what a start runs)."""
+        return self.plan.command if self.plan.script is not None else ()
 
 
 def prepare(
