@@ -59,8 +59,9 @@ LAYERS: tuple[Layer, ...] = (
     Layer(("doctor.judgement",), pure=("doctor.judgement",)),
     Layer(("devcluster",), pure=("devcluster.conf",)),
     Layer(
-        ("backends", "backends.slurm", "backends.local"),
+        ("backends", "backends.base", "backends.slurm", "backends.local"),
         pure=(
+            "backends.base",
             "backends.slurm.render",
             "backends.slurm.default_script",
             "backends.slurm.nodelist",
@@ -75,7 +76,14 @@ LAYERS: tuple[Layer, ...] = (
     Layer(("doctor",)),
     Layer(("job",)),
     Layer(("backends.local.launcher",)),
-    Layer(("backends.local.backend",)),
+    Layer(
+        (
+            "backends.local.backend",
+            "backends.slurm.backend",
+            "backends.slurm.cancel",
+            "backends.registry",
+        )
+    ),
     Layer(("state",), pure=("state.verdict", "state.task", "state.resumable", "state.goodput")),
     Layer(("submission",)),
     Layer(("sweep",), pure=("sweep.spec",)),
@@ -101,7 +109,17 @@ NODE: tuple[str, ...] = (
     "cli.cmd_supervise",
 )
 """What runs on the nodes (the tasks, their ranks, the supervisor), and the CLI's node verbs."""
-LOGIN: tuple[str, ...] = ("backends.local.backend", "state", "submission", "sweep", "api", "cli")
+LOGIN: tuple[str, ...] = (
+    "backends.local.backend",
+    "backends.slurm.backend",
+    "backends.slurm.cancel",
+    "backends.registry",
+    "state",
+    "submission",
+    "sweep",
+    "api",
+    "cli",
+)
 """What runs on the login node. It shares only the run directory, config and the backends'
 common parts with the node side: it never imports the node side (:data:`CROSSINGS` aside)."""
 CROSSINGS: dict[tuple[str, str], str] = {
@@ -253,6 +271,8 @@ def test_the_sides_are_what_the_layers_say() -> None:
     assert side_of("hpc_ddp.backends.local.backend") == "login"
     assert side_of("hpc_ddp.backends.local.launcher") == "node"
     assert side_of("hpc_ddp.backends.local.process") == "shared"
+    assert side_of("hpc_ddp.backends.base") == "shared"  # both faces' types
+    assert side_of("hpc_ddp.backends.slurm.backend") == "login"
     assert side_of("hpc_ddp.cli.cmd_run") == "node"
     assert side_of("hpc_ddp.cli.cmd_status") == "login"
     assert side_of("hpc_ddp.rundir.ledger") == "shared"

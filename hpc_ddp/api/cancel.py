@@ -24,26 +24,26 @@ through :func:`cancel_targets`.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.api.targets import (
     find_array_task,
-    manifest_jobs,
     point_task,
     resolve_targets,
     sweep_task_of,
 )
-from hpc_ddp.backends.local.process import KILL_WAIT_S
-from hpc_ddp.backends.slurm.arrayjobs import live_task
-from hpc_ddp.backends.slurm.client import SlurmClient
-from hpc_ddp.backends.slurm.jobstate import AccountingRecord, JobInfo, is_job_ref
-from hpc_ddp.errors import RunDirError, SlurmError, TargetError
+from hpc_ddp.backends.base import Cancel, Cancelled, Outcome
+from hpc_ddp.backends.registry import backend_for
+from hpc_ddp.backends.slurm.jobstate import is_job_ref
+from hpc_ddp.errors import TargetError
 from hpc_ddp.rundir.layout import MANIFEST_FILE
 from hpc_ddp.rundir.manifest import Backend, read_manifest
+
+if TYPE_CHECKING:
+    from hpc_ddp.backends.slurm.client import SlurmClient
 
 
 def check_targets(targets: Sequence[str]) -> None:
@@ -57,38 +57,6 @@ def check_targets(targets: Sequence[str]) -> None:
                 "or `hpc-ddp sweep`, or its job id (a positive integer, e.g. 1234); "
                 "`hpc-ddp status` lists the runs."
             )
-
-
-@dataclass(frozen=True)
-class Cancel:
-    """What one target cancels: Slurm job ids read from ``source``, or a local run."""
-
-    where: Path
-    """The run, sweep or sweep task directory (for the message)."""
-    source: Path
-    """The file the job ids were read from: ``manifest.json`` or a sweep's ``arrays.json``."""
-    jobs: tuple[str, ...]
-    what: str = "job"
-    local: bool = False
-    """A local run: ``jobs`` is its controller's pid, checked by :func:`cancel_local`."""
-
-    @property
-    def home(self) -> Path:
-        """The directory whose script the jobs must run: the run's, or the sweep's (which
-        holds the record, ``arrays.json`` or ``manifest.json``)."""
-        return self.source.parent
-
-
-Outcome = Literal["cancelled", "already_finished", "unknown", "not_this_run", "still_running"]
-"""What cancelling one target came to (``cancel --json``'s ``outcome``)."""
-
-
-@dataclass(frozen=True)
-class Result:
-    """What was done for one target, and a line saying it."""
-
-    outcome: Outcome
-    message: str
 
 
 @dataclass(frozen=True)
@@ -122,7 +90,7 @@ def cancel_targets(
     targets: Sequence[str],
     *,
     runs_dir: Path,
-    slurm: SlurmClient,
+    slurm: SlurmClient | None,
     kill_wait_s: float | None = None,
 ) -> Iterator[CancelResult]:
     """Cancel every target (run, sweep or sweep task directories, job ids, ``ARRAYJOB_TASK``),
@@ -130,28 +98,23 @@ def cancel_targets(
 
     Every target is resolved, and every job id checked, before the first is cancelled: a
     wrong target raises (:class:`TargetError`, :class:`RunDirError`) and nothing is cancelled.
-    ``runs_dir`` is where job ids are looked up. A local run is waited for until every
-    process of it has ended, SIGKILLed after ``kill_wait_s`` (default
-    :data:`~hpc_ddp.backends.local.process.KILL_WAIT_S`, as Slurm's ``KillWait``).
+    ``runs_dir`` is where job ids are looked up. Each run's backend cancels it
+    (:meth:`~hpc_ddp.backends.base.Backend.cancel`; ``slurm``: the client Slurm's runs through,
+    None: the real commands): a local run is waited for until every process of it has ended,
+    SIGKILLed after ``kill_wait_s`` (default :data:`~hpc_ddp.backends.local.process.KILL_WAIT_S`,
+    as Slurm's ``KillWait``).
     """
-    from hpc_ddp.backends.local.backend import stop_local
-
     check_targets(targets)
     plans = [plan for t in targets for plan in plan_cancel(t, runs_dir)]
     for plan in plans:
-        if plan.local and plan.what == "local sweep":
+        if plan.what == "sweep":  # a local sweep's controller, which starts its points
             from hpc_ddp.sweep.local import cancel_local_sweep
 
             done = cancel_local_sweep(plan.where)
-            result = Result(done.outcome, done.message)
-        elif plan.local:
-            wait = KILL_WAIT_S if kill_wait_s is None else kill_wait_s
-            done = stop_local(plan.where, plan.jobs[0], kill_wait_s=wait)
-            result = Result(done.outcome, done.message)
+            result = Cancelled(done.outcome, done.message)
         else:
-            result = cancel_slurm(slurm, plan)
-        backend: Backend = "local" if plan.local else "slurm"
-        yield CancelResult(plan.where, backend, plan.jobs, result.outcome, result.message)
+            result = backend_for(plan.backend, slurm=slurm).cancel(plan, kill_wait_s=kill_wait_s)
+        yield CancelResult(plan.where, plan.backend, plan.jobs, result.outcome, result.message)
 
 
 def plan_cancel(target: str, runs_dir: Path) -> list[Cancel]:
@@ -159,8 +122,8 @@ def plan_cancel(target: str, runs_dir: Path) -> list[Cancel]:
     path = Path(target)
     task = sweep_task_of(path)  # a task's directory, or the path of one not started yet
     if task is not None and (path / MANIFEST_FILE).exists():  # a local sweep's point: a run
-        job = read_manifest(path).job_id or ""
-        return [Cancel(path, path / MANIFEST_FILE, (job,), local=True)]
+        manifest = read_manifest(path)
+        return [Cancel(path, path / MANIFEST_FILE, (manifest.job_id or "",), "job", "local")]
     if task is not None or (not path.is_dir() and "_" in target):
         found = point_task(*task) if task is not None else find_array_task(target, runs_dir)
         where = path if task is not None else found.sweep_dir / "tasks" / str(found.point)
@@ -168,134 +131,9 @@ def plan_cancel(target: str, runs_dir: Path) -> list[Cancel]:
     plans = []
     for run_dir in resolve_targets([target], runs_dir):
         manifest = read_manifest(run_dir)
-        if manifest.backend == "local":
-            source = run_dir / MANIFEST_FILE
-            what = "local sweep" if (run_dir / "tasks").is_dir() else "job"
-            plans.append(Cancel(run_dir, source, (manifest.job_id or "",), what, local=True))
-            continue
-        jobs = manifest_jobs(run_dir, manifest)  # raises for an id that is no job id
-        if not jobs:
-            raise RunDirError(
-                f"{run_dir}: the manifest has no job id; nothing to cancel. HINT: the job was "
-                "never submitted; check `hpc-ddp status` or submit it again."
-            )
-        what = "job array" if manifest.array_jobs else "job"
-        plans.append(Cancel(run_dir, run_dir / MANIFEST_FILE, tuple(jobs), what))
+        jobs = backend_for(manifest).cancel_ids(run_dir, manifest)  # each checked
+        # A sweep no job array runs is run by a sweep controller (a Slurm sweep has arrays).
+        sweep = (run_dir / "tasks").is_dir() and not manifest.array_jobs
+        what = "job array" if manifest.array_jobs else "sweep" if sweep else "job"
+        plans.append(Cancel(run_dir, run_dir / MANIFEST_FILE, tuple(jobs), what, manifest.backend))
     return plans
-
-
-def cancel_slurm(client: SlurmClient, plan: Cancel) -> Result:
-    """``scancel`` each live job of ``plan`` (every array of a sweep, even when one of them
-    cannot be cancelled) once squeue shows that every job of it runs a script of this run.
-
-    A job squeue holds as finished is ``already_finished``; one squeue no longer holds is
-    looked up in sacct (where there is accounting), else ``unknown``. Nothing is signalled for
-    a plan with a job that is not this run's.
-    """
-    rows = client.job_states([_array_of(job) for job in plan.jobs])
-    seen = {job: _rows_of(rows, job) for job in plan.jobs}
-    for job, found in seen.items():
-        foreign = next((r for r in found if not _runs_here(r.command, plan.home)), None)
-        if foreign is not None:
-            return _not_this_run(plan, job, foreign.command)
-    live = [job for job, found in seen.items() if any(not r.state.finished for r in found)]
-    failed: list[SlurmError] = []
-    for job in live:
-        try:
-            client.cancel(job, source=str(plan.source))
-        except SlurmError as exc:
-            failed.append(exc)
-    if failed:
-        raise failed[0]
-    ended = {job: _state(found) for job, found in seen.items() if found and job not in live}
-    gone = [job for job, found in seen.items() if not found]
-    accounting, lacking = _accounting(client, gone)
-    ended |= {j: s for j in gone if (s := _accounted(accounting, j)) is not None}
-    return _said(plan, live, ended, [j for j in gone if j not in ended], lacking)
-
-
-def _array_of(job: str) -> str:
-    """What to ask squeue for: an array task's whole array (a pending task is only listed as
-    part of its array's pending range)."""
-    return job.partition("_")[0]
-
-
-def _rows_of(rows: Mapping[str, JobInfo], job: str) -> list[JobInfo]:
-    """squeue's rows of one job: a plain job, every task of an array, or one array task."""
-    array, _, task = job.partition("_")
-    if task:
-        info = live_task(rows, array, int(task))
-        return [] if info is None else [info]
-    return [r for r in rows.values() if array in (r.job_id, r.array_job_id)]
-
-
-def _runs_here(command: str, home: Path) -> bool:
-    """True when a job's batch script (squeue's ``Command``) is a script hpc-ddp wrote into
-    ``home`` (``job.sbatch``, a sweep's ``job-N.sbatch``); compared as files, so a symlinked
-    runs directory is the same place and a copy of the run directory is not."""
-    script = Path(command)
-    if not command or not script.is_absolute() or not script.name.startswith("job"):
-        return False
-    try:
-        return script.suffix == ".sbatch" and os.path.samefile(script.parent, home)
-    except OSError:
-        return False
-
-
-def _state(found: list[JobInfo]) -> str:
-    return ", ".join(dict.fromkeys(r.state.value for r in found))
-
-
-def _accounting(client: SlurmClient, gone: list[str]) -> tuple[Mapping[str, AccountingRecord], str]:
-    """sacct's records of the jobs squeue no longer holds, and why one may have none."""
-    if not gone:
-        return {}, ""
-    try:
-        records = client.sacct_states(gone)
-    except SlurmError as exc:
-        return {}, f"sacct could not be asked: {str(exc).splitlines()[0].rstrip('.')}"
-    if records is None:
-        return {}, "no accounting to ask"
-    return records, "sacct has no record of it"
-
-
-def _accounted(accounting: Mapping[str, AccountingRecord], job: str) -> str | None:
-    """sacct's final state of a job squeue no longer holds (an array: of its tasks), or None."""
-    mine = [r for key, r in accounting.items() if key == job or _task_of(key, job)]
-    states = [r.state.value for r in mine]
-    return ", ".join(dict.fromkeys(states)) or None
-
-
-def _task_of(key: str, array: str) -> bool:
-    """True for sacct's record of a task of ``array`` (``123_4``, not a step ``123_4.batch``)."""
-    return key.startswith(f"{array}_") and "." not in key
-
-
-def _not_this_run(plan: Cancel, job: str, command: str) -> Result:
-    runs = f"runs {command}" if command else "does not say which script it runs"
-    return Result(
-        "not_this_run",
-        f"{plan.where}: slurm {plan.what} {job} is not this run's: it {runs}, not a script of "
-        f"{plan.home.resolve()}; nothing was cancelled. HINT: a copied run directory (cp -r) "
-        f"keeps the original's {plan.source.name}, and a hand-edited one may name any job; "
-        "cancel the original run by its own directory (`hpc-ddp status` lists the runs), or "
-        f"`scancel {job}` if you are sure that job is the one to stop.",
-    )
-
-
-def _said(
-    plan: Cancel, live: list[str], ended: dict[str, str], unknown: list[str], lacking: str
-) -> Result:
-    """The line for a plan whose live jobs were cancelled, and what the others were
-    (``lacking``: why the unknown ones have no accounting record)."""
-    words = []
-    for job, state in ended.items():
-        words.append(f"slurm {plan.what} {job} already finished ({state})")
-    for job in unknown:
-        words.append(f"slurm {plan.what} {job} is unknown to Slurm (not in its queue; {lacking})")
-    if live:
-        plural = "s" * (len(live) > 1)
-        head = f"cancelled slurm {plan.what}{plural} {', '.join(live)} ({plan.where})"
-        return Result("cancelled", "; ".join([head, *words]))
-    outcome: Outcome = "already_finished" if ended else "unknown"
-    return Result(outcome, f"{'; '.join(words)}: nothing was cancelled ({plan.where})")

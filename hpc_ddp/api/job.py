@@ -31,10 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from hpc_ddp.backends.registry import backend_for
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import ConfigError, OverrideError, RunFailedError, TargetError
 from hpc_ddp.rundir.layout import MANIFEST_FILE, RunPaths
-from hpc_ddp.rundir.manifest import read_manifest
+from hpc_ddp.rundir.manifest import Backend, read_manifest
 from hpc_ddp.submission.submit import Launched, Prepared
 
 if TYPE_CHECKING:
@@ -54,15 +55,6 @@ BackendChoice = Literal["auto", "slurm", "local"]
 PYTHON_CONFIG = "<JobConfig from Python>"
 """What a run submitted from a :class:`JobConfig` object records as its config's source; a
 relative ``slurm.template`` is then looked up from the working directory."""
-
-
-def _client(slurm: SlurmClient | None) -> SlurmClient:
-    if slurm is not None:
-        return slurm
-    # Imported here: planning asks Slurm nothing, so a dry run never loads the client.
-    from hpc_ddp.backends.slurm.client import SlurmClient
-
-    return SlurmClient()
 
 
 def override_args(overrides: Overrides) -> list[str]:
@@ -129,7 +121,7 @@ class Job:
     job_id: str
     """The Slurm job id (a local run: its controller's pid; a sweep task: ``ARRAYJOB_TASK``;
     empty for a sweep point never submitted)."""
-    backend: str
+    backend: Backend
     """``slurm`` or ``local``."""
     index: int | None = None
     """The sweep point, for a task of a :class:`~hpc_ddp.api.sweep.Sweep`."""
@@ -173,7 +165,7 @@ class Job:
         of the sweep's table, ``state`` ``finished``, ``failed``, ``running`` ...)."""
         from hpc_ddp.api.status import RunStatus, collect_status
 
-        [found] = collect_status([str(self.run_dir)], self.run_dir.parent, _client(self.slurm))
+        [found] = collect_status([str(self.run_dir)], self.run_dir.parent, self.slurm)
         return found if isinstance(found, RunStatus) else _task_status(found)
 
     def wait(
@@ -208,11 +200,7 @@ class Job:
     def _exited(self) -> bool:
         """True unless a local run's controller or a rank still runs: its ledger may say
         finished a moment before its processes have exited, and the wait waits for those."""
-        if self.backend != "local":
-            return True
-        from hpc_ddp.backends.local.process import local_alive
-
-        return not local_alive(self.run_dir, self.job_id)
+        return backend_for(self.backend, slurm=self.slurm).settled(self.run_dir, self.job_id)
 
     def metrics(self) -> list[dict[str, Any]]:
         """The rows of ``metrics.jsonl`` that count, in order: a step logged again after a
@@ -241,7 +229,7 @@ class Job:
         from hpc_ddp.api.cancel import cancel_targets
 
         [result] = cancel_targets(
-            [str(self.run_dir)], runs_dir=self.run_dir.parent, slurm=_client(self.slurm)
+            [str(self.run_dir)], runs_dir=self.run_dir.parent, slurm=self.slurm
         )
         return result
 
@@ -361,15 +349,14 @@ def launch(planned: Prepared | ResumePlan, *, slurm: SlurmClient | None = None) 
     """Start a planned submission (:func:`plan_submit`) or resume (:func:`plan_resume`) and
     return its job: the run directory is written (a new one is claimed atomically, never one
     another submission holds) and the job started on its backend and recorded."""
-    client = _client(slurm)
     if isinstance(planned, Prepared):
         from hpc_ddp.submission.submit import launch as launch_prepared
 
-        launched = launch_prepared(planned, client)
+        launched = launch_prepared(planned, slurm)
     else:
         from hpc_ddp.submission.resume import resume as resume_planned
 
-        launched = resume_planned(planned, client)
+        launched = resume_planned(planned, slurm)
     backend = launched.prepared.backend
     return Job(launched.paths.root, launched.job_id, backend, slurm=slurm, launched=launched)
 
@@ -379,7 +366,7 @@ def sbatch_test_only(prepared: Prepared, *, slurm: SlurmClient | None = None) ->
     would start. Nothing is submitted (the run directory sbatch reads is removed again)."""
     from hpc_ddp.submission.submit import test_only as ask
 
-    return ask(prepared, _client(slurm))
+    return ask(prepared, slurm)
 
 
 def submit(
@@ -431,7 +418,7 @@ def plan_resume(
     return plan(
         Path(run_dir),
         tuple(args),
-        _client(slurm),
+        slurm,
         force=force,
         elastic=elastic,
         invocation=invocation or ["hpc_ddp.resume", shown, *args],

@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from hpc_ddp.api.targets import manifest_jobs, path_arg, resolve_targets, sweep_task_of
-from hpc_ddp.backends.slurm.client import SlurmClient
+from hpc_ddp.api.targets import path_arg, resolve_targets, sweep_task_of
+from hpc_ddp.backends.registry import backend_for
 from hpc_ddp.backends.slurm.jobstate import JobState
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.rundir.layout import MANIFEST_FILE
@@ -36,6 +36,9 @@ from hpc_ddp.state.report import (
 )
 from hpc_ddp.state.task import TaskState
 from hpc_ddp.state.verdict import SlurmView
+
+if TYPE_CHECKING:
+    from hpc_ddp.backends.slurm.client import SlurmClient
 
 RUN_ENDED = frozenset({*(s.value for s in JobState if s.finished), "INCOMPLETE", "GONE?", DAMAGED})
 """A run's verdicts after which it does not go on by itself: Slurm's final states, a job that
@@ -214,13 +217,14 @@ def status_json(found: Sequence[RunStatus | SweepStatus]) -> dict[str, Any]:
 
 
 def collect_status(
-    targets: Sequence[str], runs_dir: Path, slurm: SlurmClient
+    targets: Sequence[str], runs_dir: Path, slurm: SlurmClient | None
 ) -> list[RunStatus | SweepStatus]:
     """What ``hpc-ddp status TARGETS`` shows: one :class:`RunStatus` per plain or damaged run,
     then one :class:`SweepStatus` per sweep, then one per sweep task asked for by its
     directory (``SWEEP_DIR/tasks/N``). No targets: every run and sweep under ``runs_dir``.
 
     A target that names nothing is a :class:`~hpc_ddp.errors.TargetError` with a hint.
+    ``slurm``: the client Slurm is asked through (None: the real commands).
     """
     tasks = {t: found for t in targets if (found := _sweep_task(t)) is not None}
     others = [t for t in targets if t not in tasks]
@@ -228,13 +232,14 @@ def collect_status(
     manifests = _read_manifests(dirs)
     good = {d: m for d, m in manifests.items() if isinstance(m, Manifest)}
     sweeps = [d for d in good if (d / "tasks").is_dir()]
-    plain = [
-        m.job_id for d, m in good.items() if d not in sweeps and m.backend != "local" and m.job_id
-    ]
+    # The ids a queue holds (a local run's are pids, which no queue knows), asked all at once
+    # of the one queue there is, Slurm's.
+    plain = [j for d, m in good.items() if d not in sweeps for j in backend_for(m).job_refs(d, m)]
     arrays = [j for d in sweeps for j in good[d].array_jobs]
     arrays += [j for sweep, _ in tasks.values() for j in read_manifest(sweep).array_jobs]
-    view = ask_slurm(slurm, list(dict.fromkeys([*plain, *arrays])), plain)
-    view = with_accounting(slurm, view, _unheld(sweeps, tasks, view))
+    queue = backend_for("slurm", slurm=slurm)
+    view = ask_slurm(queue, list(dict.fromkeys([*plain, *arrays])), plain)
+    view = with_accounting(queue, view, _unheld(sweeps, tasks, view))
     rows, entries = _collect(dirs, manifests, sweeps, view)
     entries += [_task_entry(sweep, index, view) for sweep, index in tasks.values()]
     return [*(RunStatus.from_row(r) for r in rows), *(SweepStatus(**e) for e in entries)]
@@ -252,7 +257,7 @@ def runs(
     from hpc_ddp.submission.submit import runs_dir_from
 
     base = runs_dir_from(path_arg("runs_dir", runs_dir), os.environ)
-    return collect_status([], base, slurm if slurm is not None else SlurmClient())
+    return collect_status([], base, slurm)
 
 
 def _sweep_entry(sweep_dir: Path, view: SlurmView) -> dict[str, Any]:
@@ -306,8 +311,7 @@ def _read_manifests(dirs: list[Path]) -> dict[Path, Manifest | RunDirError]:
     for d in dirs:
         try:
             manifest = read_manifest(d)
-            if manifest.backend != "local":
-                manifest_jobs(d, manifest)  # raises for an id that is no job id
+            backend_for(manifest).job_refs(d, manifest)  # raises for an id that is no job id
             manifests[d] = manifest
         except RunDirError as exc:
             manifests[d] = exc

@@ -31,8 +31,6 @@ from hpc_ddp.api.status import SweepStatus, collect_status, wait_until_ended
 from hpc_ddp.api.targets import path_arg, require_dir
 from hpc_ddp.backends.slurm.arrayjobs import (
     ArrayRecord,
-    current_refs,
-    format_index_ranges,
     read_arrays,
 )
 from hpc_ddp.backends.slurm.client import SlurmClient
@@ -43,13 +41,13 @@ from hpc_ddp.errors import (
     RunFailedError,
     RunsDirError,
     SlurmError,
-    TargetError,
 )
 from hpc_ddp.rundir.layout import MANIFEST_FILE, RUNS_DIR_ENV
 from hpc_ddp.rundir.manifest import Backend, read_manifest
 from hpc_ddp.sweep.arrays import PreparedArray
 from hpc_ddp.sweep.records import SweepRecord, read_sweep_record
 from hpc_ddp.sweep.results import ResultRow
+from hpc_ddp.sweep.runner import runner_for
 from hpc_ddp.sweep.spec import SweepSpec
 from hpc_ddp.sweep.submit import Resubmission
 
@@ -108,22 +106,14 @@ class Sweep:
     def tasks(self) -> list[Job]:
         """One :class:`~hpc_ddp.api.job.Job` per point, in index order, each with the array
         task that runs it now (its ``job_id``; empty for a point never submitted)."""
-        if self.backend == "local":
-            return [self._local_task(p.index) for p in self.record().points]
-        refs = current_refs(read_arrays(self.sweep_dir))
-        jobs = []
-        for point in self.record().points:
-            ref = refs.get(point.index)
-            job_id = "" if ref is None else f"{ref[0]}_{ref[1]}"
-            run_dir = self.sweep_dir / "tasks" / str(point.index)
-            jobs.append(Job(run_dir, job_id, "slurm", index=point.index, slurm=self.slurm))
-        return jobs
-
-    def _local_task(self, index: int) -> Job:
-        run_dir = self.sweep_dir / "tasks" / str(index)
-        started = (run_dir / MANIFEST_FILE).exists()
-        job_id = (read_manifest(run_dir).job_id or "") if started else ""
-        return Job(run_dir, job_id, "local", index=index, slurm=self.slurm)
+        runner = runner_for(self.sweep_dir)
+        points = [p.index for p in self.record().points]
+        jobs = runner.task_jobs(self.sweep_dir, points)
+        return [
+            Job(self.sweep_dir / "tasks" / str(i), jobs.get(i, ""), runner.backend, index=i,
+                slurm=self.slurm)
+            for i in points
+        ]  # fmt: skip
 
     def status(self) -> SweepStatus:
         """How many tasks are in each state, and each task's row, as ``hpc-ddp status
@@ -205,11 +195,7 @@ class Sweep:
     def _settled(self) -> bool:
         """True unless a local sweep's controller still runs: every point may read ended a
         moment before it has reaped the last one and exited."""
-        if self.backend != "local":
-            return True
-        from hpc_ddp.sweep.local import controller_alive
-
-        return not controller_alive(self.sweep_dir)
+        return runner_for(self.sweep_dir).settled(self.sweep_dir)
 
     def _client(self) -> SlurmClient:
         return _client(self.slurm)
@@ -430,34 +416,8 @@ def resubmit(
         dry_run=dry_run,
     )
     if not result.points and result.live and not dry_run:
-        if read_manifest(sweep_dir).backend == "local":
-            raise _still_running_locally(sweep_dir, result.live)
-        raise _still_live(sweep_dir, result.live)
+        raise runner_for(sweep_dir).busy(sweep_dir, result.live)
     return result
-
-
-def _still_running_locally(sweep_dir: Path, live: dict[int, str]) -> TargetError:
-    """A local sweep whose controller still runs: it may yet start its points (exit 2)."""
-    return TargetError(
-        f"nothing resubmitted: the local sweep controller of {sweep_dir} still runs (points "
-        f"{format_index_ranges(live)} are running or waiting for it); two processes must never "
-        f"start one point. HINT: `hpc-ddp status {sweep_dir}` follows it; resubmit once it has "
-        f"ended, or `hpc-ddp cancel {sweep_dir}` first."
-    )
-
-
-def _still_live(sweep_dir: Path, live: dict[int, str]) -> TargetError:
-    """Nothing to resubmit while tasks run: the refusal naming their arrays (exit 2)."""
-    arrays = ", ".join(dict.fromkeys(ref.split("_", 1)[0] for ref in live.values()))
-    shown = ", ".join(list(dict.fromkeys(live.values()))[:8])
-    more = " ..." if len(set(live.values())) > 8 else ""
-    return TargetError(
-        f"nothing resubmitted: {len(live)} task(s) of {sweep_dir} (points "
-        f"{format_index_ranges(live)}) are still queued or running in array job(s) {arrays} "
-        f"({shown}{more}), and no task has failed; two jobs must never write one task "
-        f"directory. HINT: `hpc-ddp status {sweep_dir}` follows them; resubmit once they have "
-        f"ended, or `hpc-ddp cancel {sweep_dir}` first."
-    )
 
 
 # --- results ------------------------------------------------------------------------------------

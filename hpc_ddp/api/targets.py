@@ -20,10 +20,10 @@ from hpc_ddp.backends.slurm.arrayjobs import (
     parse_index_ranges,
     read_arrays,
 )
-from hpc_ddp.backends.slurm.jobstate import check_job_ref, is_job_ref
+from hpc_ddp.backends.slurm.jobstate import is_job_ref
 from hpc_ddp.errors import RunDirError, RunsDirError, TargetError
 from hpc_ddp.rundir.layout import MANIFEST_FILE
-from hpc_ddp.rundir.manifest import Manifest, read_manifest
+from hpc_ddp.rundir.manifest import read_manifest
 from hpc_ddp.submission.submit import check_runs_dir
 from hpc_ddp.sweep.records import SWEEP_RECORD, read_sweep_record
 
@@ -127,17 +127,6 @@ def _skipped(damaged: list[str]) -> str:
         f" ({len(damaged)} run(s) with a damaged manifest were skipped: "
         f"{', '.join(damaged[:5])}{more})"
     )
-
-
-def manifest_jobs(run_dir: Path, manifest: Manifest) -> list[str]:
-    """Every Slurm job of a run: its job id, and for a sweep each of its job arrays.
-
-    Each must be a job id (``123``): anything else is a :class:`RunDirError` naming the
-    manifest, which is damaged; no Slurm command may ever be run with it.
-    """
-    jobs = [manifest.job_id] if manifest.job_id is not None else []
-    source = str(run_dir / MANIFEST_FILE)
-    return [check_job_ref(j, source) for j in dict.fromkeys([*jobs, *manifest.array_jobs])]
 
 
 # --- sweep tasks --------------------------------------------------------------------------------

@@ -30,18 +30,19 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from hpc_ddp.api.logs import check_rank, log_paths, log_target, missing_logs, run_paths
 from hpc_ddp.api.targets import point_task, sweep_task_of
-from hpc_ddp.backends.local.process import local_alive
+from hpc_ddp.backends.registry import backend_for
 from hpc_ddp.backends.slurm.arrayjobs import live_task
-from hpc_ddp.backends.slurm.client import SlurmClient
-from hpc_ddp.backends.slurm.jobstate import check_job_ref
 from hpc_ddp.errors import RunDirError, SlurmError
 from hpc_ddp.rundir.layout import RUNS_DIR_ENV, RunPaths
 from hpc_ddp.rundir.manifest import read_manifest
 from hpc_ddp.submission.submit import runs_dir_from
+
+if TYPE_CHECKING:
+    from hpc_ddp.backends.slurm.client import SlurmClient
 
 EPILOG = """\
 streams:
@@ -268,7 +269,9 @@ def wait_for_logs(
                 return find()  # it may have written the log just before it ended
 
 
-def job_waiting(client: SlurmClient, target: Path, task: int | None, paths: RunPaths) -> str | None:
+def job_waiting(
+    client: SlurmClient | None, target: Path, task: int | None, paths: RunPaths
+) -> str | None:
     """``job 12 is PENDING`` while the job that writes ``paths``' logs is queued or running;
     None once it has ended, or when that cannot be told (no job id, Slurm not answering)."""
     live, said = job_liveness(client, target, task, paths)
@@ -276,7 +279,7 @@ def job_waiting(client: SlurmClient, target: Path, task: int | None, paths: RunP
 
 
 def job_liveness(
-    client: SlurmClient, target: Path, task: int | None, paths: RunPaths
+    client: SlurmClient | None, target: Path, task: int | None, paths: RunPaths
 ) -> tuple[bool | None, str]:
     """Whether the job that writes ``paths``' logs is queued or running: (True, ``job 12 is
     PENDING``), (False, "") once it has ended (squeue no longer holds it, or holds it in a
@@ -287,14 +290,11 @@ def job_liveness(
         if sweep is not None:
             ref = point_task(*sweep).ref
             job, _, index = ref.partition("_")
-            info = live_task(client.job_states([job]), job, int(index))
+            info = live_task(backend_for("slurm", slurm=client).states([job]), job, int(index))
         else:
             manifest = read_manifest(paths.root)
-            if manifest.backend == "local":
-                alive = local_alive(paths.root, manifest.job_id)
-                return alive, f"local job {manifest.job_id} is running" if alive else ""
-            ref = check_job_ref(manifest.job_id, str(paths.manifest))
-            info = client.job_states([ref]).get(ref)
+            backend = backend_for(manifest, slurm=client)
+            return backend.running(paths.root, manifest.job_id, str(paths.manifest))
     except (RunDirError, SlurmError):
         return None, ""
     if info is None or info.state.finished:

@@ -29,7 +29,7 @@ import sys
 
 from hpc_ddp.api.job import launch, plan_resume
 from hpc_ddp.submission.resume import ResumePlan, start_words
-from hpc_ddp.submission.submit import describe_local_plan, report
+from hpc_ddp.submission.submit import report
 from hpc_ddp.submission.wait import wait_for
 
 
@@ -82,11 +82,8 @@ def run(args: argparse.Namespace) -> int:
         _show_dry_run_json(plan)
         return 0
     if args.dry_run:
-        if prepared.backend == "local":
-            print(describe_local_plan(prepared.cfg, plan.run_dir))
-        else:
-            print(prepared.script or "", end="")
-            print(f"# backend: slurm; would run: {' '.join(prepared.sbatch_argv)}")
+        print(prepared.plan.script or "", end="")
+        print(prepared.plan.summary)
         return 0
     launched = launch(plan, slurm=client).launched
     assert launched is not None  # started here
@@ -109,8 +106,9 @@ def _show_dry_run_json(plan: ResumePlan) -> None:
         "checkpoint_step": plan.checkpoint_step,
         "changes": list(plan.changes),
     }
-    if prepared.backend == "local":
-        shown["plan"] = describe_local_plan(prepared.cfg, plan.run_dir)[2:]
+    launch_plan = prepared.plan
+    if launch_plan.script is None:  # nothing rendered: the plan in words
+        shown["plan"] = launch_plan.summary.removeprefix("# ")
     else:
-        shown.update(command=list(prepared.sbatch_argv), script=prepared.script)
+        shown.update(command=list(launch_plan.command), script=launch_plan.script)
     print(json.dumps(document(SUBMIT, shown)))

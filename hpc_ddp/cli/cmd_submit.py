@@ -16,7 +16,7 @@ from hpc_ddp.api.job import launch, plan_submit, sbatch_test_only
 from hpc_ddp.cli.options import add_backend_option, add_site_option
 from hpc_ddp.errors import ConfigError
 from hpc_ddp.rundir.layout import RUNS_DIR_ENV
-from hpc_ddp.submission.submit import Prepared, describe_local_plan, report
+from hpc_ddp.submission.submit import Prepared, report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,29 +83,26 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _show_dry_run(prepared: Prepared, as_json: bool) -> int:
-    backend = prepared.backend
-    local = backend == "local"
+    """The backend's plan (:class:`~hpc_ddp.backends.base.LaunchPlan`): the script it would
+    write, if any, and the command it would run, else its plan in words."""
+    plan = prepared.plan
     if as_json:
         from hpc_ddp.output import SUBMIT
 
         shown: dict[str, object] = {
             "schema": SUBMIT,
             "dry_run": True,
-            "backend": backend,
+            "backend": prepared.backend,
             "run_dir": str(prepared.paths.root),
+            "command": list(plan.command),
         }
-        if local:  # no sbatch runs: submitit's controller starts the processes
-            folder = str(prepared.paths.root / "submitit")
-            shown["command"] = [sys.executable, "-m", "submitit.local._local", folder]
-            shown["plan"] = describe_local_plan(prepared.cfg, prepared.paths.root)[2:]
+        if plan.script is None:  # nothing rendered: the plan in words
+            shown["plan"] = plan.summary.removeprefix("# ")
         else:
-            shown.update(command=list(prepared.sbatch_argv), script=prepared.script)
+            shown["script"] = plan.script
         print(json.dumps(shown))
-    elif local:
-        print(describe_local_plan(prepared.cfg, prepared.paths.root))
-        print(f"# run directory: {prepared.paths.root}")
-    else:
-        print(prepared.script or "", end="")
-        print(f"# backend: {backend}; would run: {' '.join(prepared.sbatch_argv)}")
-        print(f"# run directory: {prepared.paths.root}")
+        return 0
+    print(plan.script or "", end="")
+    print(plan.summary)
+    print(f"# run directory: {prepared.paths.root}")
     return 0

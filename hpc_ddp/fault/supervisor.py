@@ -22,9 +22,10 @@ ranks' and Slurm's business, as without a supervisor.
 
 The policy is :mod:`hpc_ddp.fault.plan` (pure); this module is the loop that watches the
 launches, reads the run directory and acts. The launches themselves come from a
-:class:`Launcher` (srun steps: :mod:`hpc_ddp.backends.slurm.step`; local processes:
-:mod:`hpc_ddp.backends.local.launcher`), chosen by the caller. Never imports torch: with a
-container, the supervisor runs on the batch host with the interpreter that submitted.
+:class:`~hpc_ddp.backends.base.Launcher` (srun steps: :mod:`hpc_ddp.backends.slurm.step`;
+local processes: :mod:`hpc_ddp.backends.local.launcher`), chosen by the caller. Never imports
+torch: with a container, the supervisor runs on the batch host with the interpreter that
+submitted.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import Protocol
 
+from hpc_ddp.backends.base import Launcher
 from hpc_ddp.config.elastic import nodes_for_launch
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.durable import append_line, write_text_atomic
@@ -186,26 +188,6 @@ class Step(Protocol):
         ...
 
 
-class Launcher(Protocol):
-    """Starts launches and knows the allocation they run in."""
-
-    def start(self, plan: Plan, env: Mapping[str, str]) -> Step:
-        """Start ``plan`` with ``env`` added to each task's environment."""
-        ...
-
-    def nodes(self) -> tuple[str, ...]:
-        """The allocation's nodes now (a node Slurm removed after a failure is gone)."""
-        ...
-
-    def down(self, nodes: Sequence[str]) -> dict[str, str]:
-        """Of ``nodes``, those Slurm holds down or not responding, with their state."""
-        ...
-
-    def requeue(self, exclude: Sequence[str]) -> str | None:
-        """Ask Slurm to requeue the job, avoiding ``exclude``; None, or why it failed."""
-        ...
-
-
 # --- files -----------------------------------------------------------------------------------
 
 
@@ -302,7 +284,7 @@ class Supervisor:
         self,
         paths: RunPaths,
         cfg: JobConfig,
-        launcher: Launcher,
+        launcher: Launcher[Step],
         me: Identity,
         *,
         env: Mapping[str, str],
@@ -1040,7 +1022,6 @@ class Supervisor:
 
 __all__ = [
     "Identity",
-    "Launcher",
     "Plan",
     "Step",
     "Supervisor",

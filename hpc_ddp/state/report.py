@@ -14,10 +14,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.backends.local.process import live_controller, live_ranks, was_cancelled
-from hpc_ddp.backends.slurm.client import SlurmClient
+from hpc_ddp.backends.base import Backend
+from hpc_ddp.backends.registry import backend_for
 from hpc_ddp.backends.slurm.jobstate import JobState
-from hpc_ddp.backends.slurm.postmortem import failed_rank, has_logs, startup_failure
+from hpc_ddp.backends.slurm.postmortem import failed_rank, has_logs
 from hpc_ddp.errors import RunDirError, SlurmError
 from hpc_ddp.rundir.checkpoints import newest_step
 from hpc_ddp.rundir.endcause import EndCause, is_failure
@@ -41,30 +41,32 @@ DAMAGED = "DAMAGED"
 _CAUSE_WORDS = frozenset(c.value for c in EndCause if is_failure(c))
 
 
-def ask_slurm(client: SlurmClient, job_ids: Sequence[str], plain: Sequence[str]) -> SlurmView:
-    """squeue for every job id; sacct (once) for the ``plain`` run jobs squeue no longer holds."""
+def ask_slurm(backend: Backend, job_ids: Sequence[str], plain: Sequence[str]) -> SlurmView:
+    """The queue (squeue) for every job id; accounting (sacct, once) for the ``plain`` run jobs
+    the queue no longer holds: :meth:`~hpc_ddp.backends.base.Backend.states` and
+    :meth:`~hpc_ddp.backends.base.Backend.accounting` of ``backend``."""
     try:
-        live = client.job_states(job_ids) if job_ids else {}
+        live = backend.states(job_ids) if job_ids else {}
     except SlurmError as exc:
         return SlurmView(None, _said(exc))
     gone = [j for j in plain if j not in live]
     if not gone:
         return SlurmView(live, accounting={})
     try:
-        accounting = client.sacct_states(gone)
+        accounting = backend.accounting(gone)
     except SlurmError as exc:
         return SlurmView(live, _said(exc), None)
     return SlurmView(live, accounting=accounting)
 
 
-def with_accounting(client: SlurmClient, view: SlurmView, job_ids: Sequence[str]) -> SlurmView:
+def with_accounting(backend: Backend, view: SlurmView, job_ids: Sequence[str]) -> SlurmView:
     """``view`` with sacct's records of ``job_ids`` too (the array jobs of sweep tasks squeue no
     longer holds), in one more sacct call; unchanged when there is nothing to ask, or no
     accounting to ask (``view.accounting`` None: sacct said so, or failed)."""
     if not job_ids or view.live is None or view.accounting is None:
         return view
     try:
-        more = client.sacct_states(job_ids)
+        more = backend.accounting(job_ids)
     except SlurmError as exc:
         return SlurmView(view.live, view.error or _said(exc), view.accounting)
     if more is None:
@@ -140,23 +142,6 @@ def _damage_note(damaged: list[tuple[int, str]], *, every: bool) -> str | None:
     return f"{len(damaged)} newest checkpoint(s) damaged (step {step}: {why}); resume skips them"
 
 
-def _local_word(run_dir: Path, job_id: str) -> tuple[JobState | None, Source, str | None]:
-    """A local run's stand-in for Slurm's word: running while its controller or any of its
-    rank processes is (each proven against its record, never a bare pid), CANCELLED once a
-    person cancelled it and everything has stopped; and a note for ranks left orphaned."""
-    controller = live_controller(run_dir, job_id)
-    ranks = live_ranks(run_dir)
-    if controller is None and ranks:
-        listed = ", ".join(str(r) for r in sorted(ranks))
-        orphans = f"the local controller has exited, but rank {listed} still run: "
-        return None, Source.LOCAL_RUNNING, orphans + f"`hpc-ddp cancel {run_dir}` stops them"
-    if controller is not None:
-        return None, Source.LOCAL_RUNNING, None
-    if was_cancelled(run_dir):
-        return JobState.CANCELLED, Source.LOCAL_ENDED, None
-    return None, Source.LOCAL_ENDED, None
-
-
 def run_status(run_dir: Path, view: SlurmView) -> dict[str, Any]:
     """One status row (a plain dict) for ``run_dir``; a damaged run is a DAMAGED row."""
     try:
@@ -177,14 +162,17 @@ def damaged_row(run_dir: Path, exc: BaseException) -> dict[str, Any]:
 
 
 def _slurm_word(
-    run_dir: Path, manifest: Manifest, paths: RunPaths, view: SlurmView
-) -> tuple[JobState | None, Source, Any]:
-    """(Slurm's state, its source, squeue's row or sacct's record) for the run's Slurm job; a
-    local run's processes stand in for Slurm (the third item is then a note, or None)."""
+    run_dir: Path, manifest: Manifest, paths: RunPaths, view: SlurmView, backend: Backend
+) -> tuple[JobState | None, Source, Any, str | None]:
+    """(Slurm's state, its source, squeue's row or sacct's record, a note) for the run's job:
+    the view's word, unless the backend speaks for the job itself
+    (:meth:`~hpc_ddp.backends.base.Backend.word`: a local run's processes)."""
     job = manifest.job_id or ""
-    if manifest.backend == "local":
-        return _local_word(run_dir, job)
-    return view.of(job, _scripts(run_dir, manifest, paths))
+    word = backend.word(run_dir, job)
+    if word is None:
+        return (*view.of(job, _scripts(run_dir, manifest, paths)), None)
+    state = JobState.CANCELLED if word.cancelled else None
+    return state, Source.LOCAL_RUNNING if word.running else Source.LOCAL_ENDED, None, word.note
 
 
 def _scripts(run_dir: Path, manifest: Manifest, paths: RunPaths) -> list[str]:
@@ -217,17 +205,10 @@ def _notes(
     return notes
 
 
-def _startup(run_dir: Path, manifest: Manifest, paths: RunPaths) -> Callable[[], str | None]:
-    """Why a job ended without a word in its ledger: a local job's tasks reported it in their
-    result files (exactly, per rank); else the logs say what they can."""
-    job = manifest.job_id
-    if manifest.backend == "local" and job:
-        # Imported here: the local backend (ctypes, pickle, sockets) is no part of a Slurm
-        # user's `hpc-ddp status`, which runs on the login node.
-        from hpc_ddp.backends.local.backend import local_failure
-
-        return lambda: local_failure(run_dir, job) or startup_failure(paths.logs)
-    return lambda: startup_failure(paths.logs)
+def _startup(run_dir: Path, manifest: Manifest, backend: Backend) -> Callable[[], str | None]:
+    """Why a job ended without a word in its ledger, as its backend tells it
+    (:meth:`~hpc_ddp.backends.base.Backend.startup_failure`), asked only when needed."""
+    return lambda: backend.startup_failure(run_dir, manifest.job_id)
 
 
 def _nodes_and_elapsed(
@@ -266,23 +247,23 @@ def _row(run_dir: Path, manifest: Manifest, view: SlurmView) -> dict[str, Any]:
     # A resumed local job's early crash is told from the old job's ends by its submit time: its
     # old ranks were provably gone before the resume. Not so on Slurm: a rank may still write
     # its end a moment after Slurm has called the job FAILED (seen on 22.05).
+    backend = backend_for(manifest)  # asks nothing itself: the view holds the queue's word
     submitted = _submitted(manifest)
-    since = submitted if manifest.backend == "local" else None
+    since = submitted if backend.ledger_since_submit else None
     attempts = read_ledger(paths.ledger, since=since)
     # The verdict is the current job's: an earlier job's crash never speaks for a later one.
-    local = manifest.backend == "local"
-    job = None if local else manifest.job_id
+    job = None if backend.ledger_since_submit else manifest.job_id
     current = current_attempts(attempts, job_id=job, job_ref=job, since=submitted)
-    slurm_state, source, record = _slurm_word(run_dir, manifest, paths, view)
+    slurm_state, source, record, word_note = _slurm_word(run_dir, manifest, paths, view, backend)
     detail = view.error if source is Source.UNREACHABLE else ""
     if source is Source.REUSED:
         detail = f"script {record.command}"
     elif source is Source.LOST:
         detail = record.raw_state
-    verdict = judge(slurm_state, source, current, _startup(run_dir, manifest, paths), detail)
+    verdict = judge(slurm_state, source, current, _startup(run_dir, manifest, backend), detail)
     notes = _notes(verdict, source, view, current, paths)
-    if manifest.backend == "local" and record:
-        notes.append(record)
+    if word_note:
+        notes.append(word_note)
     nodes, elapsed = _nodes_and_elapsed(source, record, attempts)
     step, ckpt_note = newest_checkpoint(paths)
     if ckpt_note:

@@ -20,9 +20,10 @@ import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hpc_ddp.backends.slurm.client import SlurmClient
+from hpc_ddp.backends.base import Backend
+from hpc_ddp.backends.registry import backend_for
 from hpc_ddp.config.elastic import (
     RESEEDED,
     SAMPLE_EXACT,
@@ -54,7 +55,6 @@ from hpc_ddp.submission.submit import (
     REWRITE_UNDO,
     Launched,
     Prepared,
-    check_local_job,
     prepare,
     relocate,
     rewriting,
@@ -62,6 +62,9 @@ from hpc_ddp.submission.submit import (
     start,
     write_run_files,
 )
+
+if TYPE_CHECKING:
+    from hpc_ddp.backends.slurm.client import SlurmClient
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +95,7 @@ class ResumePlan:
 def plan_resume(
     run_dir: Path,
     overrides: Sequence[str],
-    client: SlurmClient,
+    client: SlurmClient | None = None,
     *,
     force: bool = False,
     elastic: bool = False,
@@ -104,7 +107,8 @@ def plan_resume(
     finished one, or one whose state Slurm could not confirm, needs ``force``. Overrides apply
     over the run's resolved config; the name cannot change, nor the world size without
     ``elastic`` (:func:`fit_world_size`). Raises :class:`TargetError` or
-    :class:`ConfigError` with a hint; writes nothing.
+    :class:`ConfigError` with a hint; writes nothing. ``client``: what the Slurm backend runs
+    its commands through (None: the real ones).
     """
     shown = run_dir
     run_dir = run_dir.resolve()
@@ -112,7 +116,8 @@ def plan_resume(
     if (run_dir / REWRITE_UNDO).exists():  # a resume killed while it submitted: undo it first
         with record_lock(run_dir):
             settle_rewrite(RunPaths(run_dir), _manifest_of(run_dir).job_id)
-    row = run_status(run_dir, _view(client, manifest))
+    backend = backend_for(manifest, slurm=client)
+    row = run_status(run_dir, _view(backend, manifest))
     check = check_resumable(row["state"], str(shown), manifest.job_id, force=force)
     if check.refusal is not None:
         raise TargetError(check.refusal)
@@ -120,8 +125,7 @@ def plan_resume(
     old = load_resolved_config(paths.config)
     cfg = _with_overrides(old, overrides, paths.config, manifest)
     preflight_job(cfg, str(paths.config), _submit_node(manifest))
-    if manifest.backend == "local":
-        check_local_job(cfg)  # an override may ask for more processes than this machine has
+    backend.check(cfg)  # an override may ask for more processes than this machine has
     attempts = read_ledger(paths.ledger)
     cfg, resize = fit_world_size(cfg, old, attempts, row["ckpt step"], shown, elastic=elastic)
     _check_total(cfg, row["ckpt step"])
@@ -134,8 +138,9 @@ def plan_resume(
     )  # fmt: skip
 
 
-def resume(plan: ResumePlan, client: SlurmClient) -> Launched:
-    """Write the run's new config (and script) and launch its job again in its run directory;
+def resume(plan: ResumePlan, client: SlurmClient | None = None) -> Launched:
+    """Write the run's new config (and script) and launch its job again in its run directory
+    (on its own backend; ``client``: what Slurm's commands run through, None: the real ones);
     the manifest keeps the earlier job ids.
 
     The decision is taken again under the run directory's record lock, and the lock is held
@@ -143,19 +148,20 @@ def resume(plan: ResumePlan, client: SlurmClient) -> Launched:
     and every later one finds its job and submits nothing (:class:`TargetError`, exit 2,
     naming that job), whatever the timing.
     """
+    backend = backend_for(plan.prepared.backend, slurm=client)
     with record_lock(plan.run_dir):
-        manifest = _recheck(plan, client)
+        manifest = _recheck(plan, backend)
         # The new config and script stay only if the new job is recorded (a refused sbatch
         # leaves the run as it was, and so does a kill in between: see `rewriting`).
         with rewriting(plan.prepared.paths, manifest.job_id):
             write_run_files(plan.prepared)
-            return start(plan.prepared, client, previous_jobs=_job_ids(manifest))
+            return start(plan.prepared, backend, previous_jobs=_job_ids(manifest))
 
 
-def _recheck(plan: ResumePlan, client: SlurmClient) -> Manifest:
+def _recheck(plan: ResumePlan, backend: Backend) -> Manifest:
     """The run's manifest now, once it is certain (under the lock) that it may be resumed."""
     manifest = _manifest_of(plan.run_dir)
-    row = run_status(plan.run_dir, _view(client, manifest))
+    row = run_status(plan.run_dir, _view(backend, manifest))
     if manifest.job_id != plan.manifest.job_id:
         raise TargetError(
             f"{plan.run_dir}: job {manifest.job_id} ({row['state']}) was submitted into this run "
@@ -211,10 +217,10 @@ def _manifest_of(run_dir: Path) -> Manifest:
     return read_manifest(run_dir)
 
 
-def _view(client: SlurmClient, manifest: Manifest) -> SlurmView:
-    if manifest.backend == "local" or not manifest.job_id:
-        return SlurmView({}, accounting={})
-    return ask_slurm(client, [manifest.job_id], [manifest.job_id])
+def _view(backend: Backend, manifest: Manifest) -> SlurmView:
+    """What the run's backend says of its job (nothing, where no queue holds it)."""
+    jobs = [manifest.job_id] if manifest.job_id else []
+    return ask_slurm(backend, jobs, jobs)
 
 
 def _with_overrides(
@@ -334,7 +340,7 @@ def _prepare_in_place(
 ) -> Prepared:
     prepared = prepare(
         cfg,
-        backend="local" if manifest.backend == "local" else "slurm",
+        backend=manifest.backend,
         config_path=Path(manifest.config_source),
         runs_dir=run_dir.parent,
         python=sys.executable,

@@ -2,8 +2,8 @@
 
 Like torchx: :func:`prepare` builds everything that will be written and run, so ``--dry-run``
 can show it without touching Slurm or the disk; :func:`launch` writes the run directory
-(:func:`materialize`), starts it on its backend (``sbatch --parsable`` through the injected
-Slurm client, or the local backend's processes) and records the job in ``manifest.json``
+(:func:`materialize`), starts it on its backend (:mod:`hpc_ddp.backends`: ``sbatch
+--parsable``, or the local backend's processes) and records the job in ``manifest.json``
 (:func:`record`), holding the run directory's record lock
 (:func:`~hpc_ddp.rundir.manifest.record_lock`)
 from the submission to the record, so that the job's tasks read the record that names their
@@ -31,20 +31,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpc_ddp.backends.slurm.render import (
-    RenderContext,
-    load_template,
-    render_sbatch,
-    sbatch_command,
-)
+from hpc_ddp.backends.base import Backend, LaunchPlan, PlanRequest
+from hpc_ddp.backends.registry import backend_for
 from hpc_ddp.config.load import dump_job_config
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.durable import write_text_atomic
-from hpc_ddp.errors import ConfigError, RunDirError, RunsDirError
+from hpc_ddp.errors import ConfigError, RunsDirError
 from hpc_ddp.rundir.layout import RUNS_DIR_ENV, STAMP_FORMAT, RunPaths, run_dir_name
-from hpc_ddp.rundir.manifest import BACKENDS, Backend, Manifest, record_lock, write_manifest
+from hpc_ddp.rundir.manifest import BACKENDS, Manifest, record_lock, write_manifest
+from hpc_ddp.rundir.manifest import Backend as BackendName
 from hpc_ddp.rundir.run_id import ensure_run_id
-from hpc_ddp.version import __version__
 
 if TYPE_CHECKING:  # a dry run never loads the client (nor jobstate): ~2.5 ms of every submit
     from hpc_ddp.backends.slurm.client import SlurmClient
@@ -133,7 +129,7 @@ def make_run_dir(paths: RunPaths) -> None:
     ensure_run_id(paths.root)
 
 
-def choose_backend(requested: str, sbatch_path: str | None) -> Backend:
+def choose_backend(requested: str, sbatch_path: str | None) -> BackendName:
     """``auto`` means Slurm when ``sbatch`` is on PATH (``sbatch_path``), else local."""
     if requested == "auto":
         return "slurm" if sbatch_path else "local"
@@ -149,20 +145,16 @@ class Prepared:
     """A run ready to be written and started; nothing has touched the disk or Slurm yet.
 
     ``paths`` is where the run would go now; :func:`materialize` returns the copy that names
-    the directory it created (``created``), which is the one to start and report. A local run
-    has no ``script``, ``sbatch_argv`` or ``context``; ``template`` is the text of the job's
-    ``slurm.template``, None for the default template.
+    the directory it created (``created``), which is the one to start and report. ``plan`` is
+    what its backend will write and run there (a local run has no script).
     """
 
     cfg: JobConfig
-    backend: Backend
+    backend: BackendName
     paths: RunPaths
-    script: str | None
-    sbatch_argv: tuple[str, ...]
+    plan: LaunchPlan
     invocation: str
     config_source: str
-    context: RenderContext | None
-    template: str | None
     runs_dir: Path
     stamp: str
     created: bool = False
@@ -170,11 +162,22 @@ class Prepared:
     """Where the run was submitted from: a resume keeps the first submit's (its ``command:``
     runs there); None: this process's working directory."""
 
+    @property
+    def script(self) -> str | None:
+        """The batch script the run's backend renders (Slurm's ``job.sbatch``), else None."""
+        return self.plan.script
+
+    @property
+    def sbatch_argv(self) -> tuple[str, ...]:
+        """The command that submits :attr:`script` (``sbatch --parsable RUN_DIR/job.sbatch``);
+        () where there is no script (``plan.command`` then says what a start runs)."""
+        return self.plan.command if self.plan.script is not None else ()
+
 
 def prepare(
     cfg: JobConfig,
     *,
-    backend: Backend,
+    backend: BackendName,
     config_path: Path,
     runs_dir: Path,
     python: str,
@@ -182,51 +185,24 @@ def prepare(
     now: datetime | None = None,
 ) -> Prepared:
     """Everything a run of ``cfg`` on ``backend`` will write and run, for a new run directory
-    path: on Slurm the script and the sbatch command; locally, only the checks that the
-    machine can run it (:func:`check_local_job`). Asks Slurm nothing (a dry run needs no
-    Slurm client)."""
+    path (:meth:`~hpc_ddp.backends.base.Backend.plan`: on Slurm the script and the sbatch
+    command; locally, only the checks that the machine can run it). Asks Slurm nothing (a dry
+    run needs no Slurm client)."""
     now = now or datetime.now(timezone.utc)
     base = runs_dir.resolve()
     stamp = stamp_of(now)
     paths = RunPaths(new_run_dir(base, cfg.name, stamp))
     invocation_text = shlex.join(invocation)
-    if backend == "local":
-        check_local_job(cfg)  # a dry run says so too, rather than show a job that cannot start
-        return Prepared(
-            cfg, backend, paths, None, (), invocation_text, str(config_path), None, None, base,
-            stamp,
-        )  # fmt: skip
-    argv = tuple(sbatch_command(paths.script))
-    ctx = RenderContext(
-        run_dir=str(paths.root),
-        python=python,
-        config_source=str(config_path),
-        submit_command=f"{invocation_text}  ->  {shlex.join(argv)}",
-        generated_at=now.isoformat(timespec="seconds"),
-        version=__version__,
-    )
-    template = load_template(cfg, config_path.parent)
-    script = render_sbatch(cfg, ctx, template_text=template)
-    return Prepared(
-        cfg, backend, paths, script, argv, invocation_text, str(config_path), ctx, template,
-        base, stamp,
-    )  # fmt: skip
+    request = PlanRequest(python, config_path, invocation_text, now.isoformat(timespec="seconds"))
+    plan = backend_for(backend).plan(cfg, paths, request)
+    return Prepared(cfg, backend, paths, plan, invocation_text, str(config_path), base, stamp)
 
 
 def relocate(prepared: Prepared, run_dir: Path) -> Prepared:
-    """``prepared`` for another run directory: the paths, the sbatch argv and the script."""
+    """``prepared`` for another run directory: the paths, and its backend's plan for them."""
     paths = RunPaths(run_dir)
-    if prepared.context is None:  # local: nothing was rendered
-        return dataclasses.replace(prepared, paths=paths)
-    old_script = str(prepared.paths.script)
-    argv = tuple(str(paths.script) if a == old_script else a for a in prepared.sbatch_argv)
-    ctx = dataclasses.replace(
-        prepared.context,
-        run_dir=str(run_dir),
-        submit_command=f"{prepared.invocation}  ->  {shlex.join(argv)}",
-    )
-    script = render_sbatch(prepared.cfg, ctx, template_text=prepared.template)
-    return dataclasses.replace(prepared, paths=paths, script=script, sbatch_argv=argv, context=ctx)
+    plan = backend_for(prepared.backend).moved(prepared.plan, prepared.cfg, paths)
+    return dataclasses.replace(prepared, paths=paths, plan=plan)
 
 
 def materialize(prepared: Prepared) -> Prepared:
@@ -380,10 +356,10 @@ class Launched:
         return self.prepared.paths
 
 
-def launch(prepared: Prepared, client: SlurmClient) -> Launched:
-    """Write the run directory (unless it was already) and start the run on its backend:
-    ``sbatch --parsable`` through ``client``, or the local backend's processes. The manifest
-    records the job id.
+def launch(prepared: Prepared, client: SlurmClient | None = None) -> Launched:
+    """Write the run directory (unless it was already) and start the run on its backend
+    (``sbatch --parsable`` through ``client``, None: the real command; or the local backend's
+    processes). The manifest records the job id.
 
     The run directory's record lock (:func:`~hpc_ddp.rundir.manifest.record_lock`) is held from the
     submission to the record, so that the job's tasks, should they start at once, wait for the
@@ -392,124 +368,36 @@ def launch(prepared: Prepared, client: SlurmClient) -> Launched:
     if not prepared.created:
         prepared = materialize(prepared)
     with record_lock(prepared.paths.root):
-        return start(prepared, client)
+        return start(prepared, backend_for(prepared.backend, slurm=client))
 
 
-def start(
-    prepared: Prepared, client: SlurmClient, *, previous_jobs: Sequence[str] = ()
-) -> Launched:
-    """Start a written run on its backend and record its job in ``manifest.json``;
-    ``previous_jobs`` are the run's earlier job ids (a resumed run).
+def start(prepared: Prepared, backend: Backend, *, previous_jobs: Sequence[str] = ()) -> Launched:
+    """Start a written run on ``backend`` (the one ``prepared`` was planned for) and record its
+    job in ``manifest.json``; ``previous_jobs`` are the run's earlier job ids (a resumed run).
 
     The caller holds the run directory's :func:`~hpc_ddp.rundir.manifest.record_lock` and has
     decided, under it, that no other job of the run is live: one job per run directory.
     """
-    if prepared.backend == "local":
-        return _launch_local(prepared, previous_jobs)
-    result = client.submit(prepared.paths.script)
-    job_id = result.job_id or ""
+    started = backend.start(prepared.cfg, prepared.paths)
     manifest = record(
-        prepared, job_id=job_id, command=prepared.sbatch_argv, previous_jobs=previous_jobs
+        prepared, job_id=started.job_id, command=started.command, previous_jobs=previous_jobs
     )
-    return Launched(prepared, job_id, manifest)
-
-
-def _launch_local(prepared: Prepared, previous_jobs: Sequence[str]) -> Launched:
-    from hpc_ddp.backends.local.backend import submit_local
-    from hpc_ddp.backends.local.process import unmark_cancelled
-
-    check_local_job(prepared.cfg)
-    unmark_cancelled(prepared.paths.root)  # a resumed run's earlier cancel is not this one's
-    log = prepared.paths.rank_log(0, "err")
-    # Rank 0's progress goes to its stderr (logging), as on Slurm; a resumed run appends to it.
-    follow_from = log.stat().st_size if log.exists() else 0
-    try:
-        job = submit_local(prepared.cfg, prepared.paths)
-    except OSError as exc:  # e.g. its submitit folder cannot be made: nothing started
-        raise RunDirError(
-            f"{prepared.paths.root}: the local job could not start: {exc}. HINT: the run "
-            "directory must be writable, with no file where it keeps its sub-directories "
-            "(submitit/, logs/); fix that and submit (or resume) again."
-        ) from None
-    manifest = record(
-        prepared,
-        job_id=job.job_id,
-        command=["submitit-local", job.job_id],
-        previous_jobs=previous_jobs,
+    return Launched(
+        prepared, started.job_id, manifest, local=started.handle, follow_from=started.follow_from
     )
-    return Launched(prepared, job.job_id, manifest, local=job, follow_from=follow_from)
 
 
-def test_only(prepared: Prepared, client: SlurmClient) -> str:
-    """``sbatch --test-only``: Slurm's word on whether and when the job would start. The run
-    directory is made for it (sbatch reads the script there) and removed again."""
+def test_only(prepared: Prepared, client: SlurmClient | None) -> str:
+    """``sbatch --test-only`` (through ``client``): Slurm's word on whether and when the job
+    would start. The run directory is made for it (sbatch reads the script there) and removed
+    again."""
     import shutil
 
     prepared = materialize(prepared)
     try:
-        return client.submit(prepared.paths.script, test_only=True).message
+        return backend_for(prepared.backend, slurm=client).test_only(prepared.paths)
     finally:
         shutil.rmtree(prepared.paths.root, ignore_errors=True)
-
-
-LOCAL_CPU_FACTOR = 4
-"""A local job may start this many processes per CPU this process may run on, at most ..."""
-LOCAL_MAX_PROCESSES = 256
-"""... and never more than this: each is a whole Python process with torch loaded."""
-
-
-def check_local_size(ntasks: int, cpus: int) -> None:
-    """Refuse a local job with more processes than this machine can sensibly run (``cpus``:
-    the CPUs this process may run on)."""
-    limit = min(LOCAL_MAX_PROCESSES, max(1, cpus) * LOCAL_CPU_FACTOR)
-    if ntasks <= limit:
-        return
-    why = (
-        f"the hard cap of {LOCAL_MAX_PROCESSES}"
-        if limit == LOCAL_MAX_PROCESSES
-        else f"{LOCAL_CPU_FACTOR} per CPU this process may use: {cpus} CPUs"
-    )
-    raise ConfigError(
-        f"slurm.nodes x slurm.tasks_per_node = {ntasks} local processes, more than {limit} "
-        f"({why}); nothing was created. HINT: lower slurm.nodes or slurm.tasks_per_node "
-        "(e.g. slurm.nodes=1 slurm.tasks_per_node=2), or submit it to Slurm (--backend slurm)."
-    )
-
-
-def check_local_job(cfg: JobConfig) -> None:
-    """:func:`check_local_size` for ``cfg`` on this machine (its CPU affinity, which a
-    container or ``taskset`` may keep below the machine's count)."""
-    affinity = getattr(os, "sched_getaffinity", None)  # Linux; a dry run may be elsewhere
-    cpus = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
-    check_local_size(cfg.slurm.ntasks, cpus)
-    _local_gpus(cfg)  # the GPUs asked for are listed here, before anything is written
-
-
-def _local_gpus(cfg: JobConfig) -> list[str]:
-    from hpc_ddp.backends.local.backend import local_gpu_plan
-
-    return local_gpu_plan(cfg.slurm, os.environ.get("CUDA_VISIBLE_DEVICES"))
-
-
-def describe_local_plan(cfg: JobConfig, run_dir: Path) -> str:
-    """What a local submit would do, for ``--dry-run`` (no sbatch runs, so none is shown)."""
-    n = cfg.slurm.ntasks
-    minutes = max(1, cfg.slurm.time_s // 60)
-    how = "with submitit's local executor"
-    if cfg.fault.enabled:
-        how = "under a supervisor (the local executor's one task) that restarts them on a fault"
-    return (
-        f"# backend: local; would start {n} process(es) on this machine (ranks 0-{n - 1}, "
-        f"MASTER_ADDR=127.0.0.1) {how} in {run_dir}/submitit, each "
-        f"running the job as `hpc-ddp run {run_dir}` does on a Slurm task; time limit "
-        f"{minutes} min, USR2 {cfg.requeue.lead_time} s before it"
-    ) + _gpu_words(_local_gpus(cfg))
-
-
-def _gpu_words(gpus: list[str]) -> str:
-    if not any(gpus):
-        return ""
-    return "; CUDA_VISIBLE_DEVICES by rank: " + " | ".join(gpus)
 
 
 def report(launched: Launched, as_json: bool) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from hpc_ddp.backends.slurm.client import SlurmClient
+from hpc_ddp.backends.registry import backend_for
 from hpc_ddp.backends.slurm.jobstate import JobInfo, JobState
 from hpc_ddp.errors import SlurmError
 from hpc_ddp.rundir.endcause import EndCause
@@ -27,6 +27,7 @@ from hpc_ddp.state.verdict import SlurmView, current_attempts, describe_attempt
 
 if TYPE_CHECKING:
     from hpc_ddp.backends.local.backend import ForcedStop
+    from hpc_ddp.backends.slurm.client import SlurmClient
     from hpc_ddp.submission.submit import Launched
 
 FIRST_POLL_S = 0.5
@@ -45,7 +46,7 @@ def job_state_of(live: dict[str, JobInfo], job_id: str) -> JobState | None:
 
 
 def wait_for_jobs(
-    client: SlurmClient,
+    client: SlurmClient | None,
     job_ids: Sequence[str],
     *,
     run_dirs: Sequence[Path] = (),
@@ -53,23 +54,25 @@ def wait_for_jobs(
     max_poll_s: float = MAX_POLL_S,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
-    """Wait until every job has finished; 0 when all completed.
+    """Wait until every Slurm job has finished (``client``: what Slurm is asked through, None:
+    the real commands); 0 when all completed.
 
     With ``run_dirs`` (one per job), "completed" also needs the run's ledger to say finished,
     and the state printed is the one ``status`` shows, followed by the lines ``status`` prints
     under its table: the rank that failed first and why.
     """
+    queue = backend_for("slurm", slurm=client)
     # squeue keeps finished jobs listed for MinJobAge: wait for a finished state, not absence.
     delay = first_poll_s
     while True:
-        live = client.job_states(job_ids)
+        live = queue.states(job_ids)
         if all(info.state.finished for info in live.values()):
             break
         sleep(delay)
         delay = min(max_poll_s, delay * 1.5)
     missing = [j for j in job_ids if job_state_of(live, j) is None]
     try:
-        accounting = client.sacct_states(missing) if missing else {}
+        accounting = queue.accounting(missing) if missing else {}
     except SlurmError:
         accounting = None
     view = SlurmView(live, accounting=accounting)
@@ -93,9 +96,9 @@ def wait_for_jobs(
     return 0 if all(s == "COMPLETED" for s in states) else 1
 
 
-def wait_for(launched: Launched, client: SlurmClient) -> int:
+def wait_for(launched: Launched, client: SlurmClient | None) -> int:
     """Wait until the launched run has ended; 0 when it completed, else 1 (with the reason
-    lines ``status`` prints).
+    lines ``status`` prints). ``client``: what Slurm is asked through (None: the real one).
 
     Ctrl-C on a local run stops it as ``hpc-ddp cancel`` does (the ranks agree on a step, rank
     0 saves a checkpoint, the run ends CANCELLED), says where it stopped and returns 130; a

@@ -197,7 +197,8 @@ def start_point(sweep_dir: Path, index: int) -> LocalJob:
     """Start point ``index`` as a local run in ``tasks/<index>``: its config written from the
     packed configs the first time, then the local backend's launch, which records the run's
     ``manifest.json`` (a point started again keeps its earlier job ids)."""
-    from hpc_ddp.backends.slurm.client import SlurmClient
+    from hpc_ddp.backends.base import PlanRequest
+    from hpc_ddp.backends.registry import backend_for
     from hpc_ddp.config.load import load_resolved_config
     from hpc_ddp.errors import RunDirError
     from hpc_ddp.rundir.layout import MANIFEST_FILE
@@ -218,13 +219,16 @@ def start_point(sweep_dir: Path, index: int) -> LocalJob:
     if (task.root / MANIFEST_FILE).exists():
         earlier = read_manifest(task.root)
         previous = [*earlier.previous_jobs, *([earlier.job_id] if earlier.job_id else [])]
+    backend = backend_for("local")
+    now = datetime.now(timezone.utc)
+    invocation = f"hpc-ddp sweep (local): point {index}"
+    request = PlanRequest(sys.executable, sweep_dir, invocation, now.isoformat(timespec="seconds"))
     prepared = Prepared(
-        cfg, "local", task, None, (), f"hpc-ddp sweep (local): point {index}",
-        str(sweep_dir), None, None, sweep_dir,
-        stamp_of(datetime.now(timezone.utc)), created=True,
+        cfg, "local", task, backend.plan(cfg, task, request), invocation, str(sweep_dir),
+        sweep_dir, stamp_of(now), created=True,
     )  # fmt: skip
     with record_lock(task.root):
-        launched = start(prepared, SlurmClient(), previous_jobs=previous)
+        launched = start(prepared, backend, previous_jobs=previous)
     assert launched.local is not None  # a local start
     job: LocalJob = launched.local
     return job

@@ -28,6 +28,7 @@ from hpc_ddp.rundir.metrics import NOT_METRICS, drop_replayed
 from hpc_ddp.state.task import RESUBMITTABLE, TaskState, task_state, verdict_task_state
 from hpc_ddp.state.verdict import current_attempts
 from hpc_ddp.sweep.records import SweepPointRecord, SweepRecord, read_sweep_record
+from hpc_ddp.sweep.runner import runner_for
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +200,7 @@ def gather_results(
 ) -> list[ResultRow]:
     """One row per point of the sweep, in index order; none is ever left out.
 
-    ``live`` is squeue's view (``SlurmClient.job_states`` of the sweep's array jobs); ``None``
+    ``live`` is squeue's view (the Slurm backend's ``states`` of the sweep's array jobs); ``None``
     when Slurm could not be asked, and states then come from the ledgers alone. ``accounting``
     is sacct's records of the tasks squeue no longer holds (of :func:`unheld_arrays`), where
     there is accounting. ``metric`` defaults to the sweep's. Works while the sweep runs:
@@ -208,25 +209,38 @@ def gather_results(
     record = read_sweep_record(sweep_dir)
     key = metric or record.metric
     mode = record.mode if key == record.metric else "min"
-    if _is_local(sweep_dir):
-        return [_row(sweep_dir, point, key, mode, *_local_task(sweep_dir, point.index))
-                for point in record.points]  # fmt: skip
+    points = [p.index for p in record.points]
+    words = runner_for(sweep_dir).task_words(sweep_dir, points, live, accounting)
+    return [
+        _row(sweep_dir, point, key, mode, state, job, attempts)
+        for point, (state, job, attempts) in zip(record.points, words, strict=True)
+    ]
+
+
+def array_task_words(
+    sweep_dir: Path,
+    points: Sequence[int],
+    live: Mapping[str, JobInfo] | None,
+    accounting: Mapping[str, AccountingRecord] | None,
+) -> list[tuple[TaskState, str | None, list[Attempt] | None]]:
+    """(state, array task, ledger) of each point of a Slurm sweep: its task's ledger weighed
+    against squeue's row of the array task that runs it now, else sacct's record."""
     arrays = read_arrays(sweep_dir)
     refs = current_refs(arrays)
     scripts = {a.job_id: str((sweep_dir / a.script).resolve()) for a in arrays}
     paths = RunPaths(sweep_dir)
-    out = []
-    for point in record.points:
-        task = paths.task(point.index)
+    out: list[tuple[TaskState, str | None, list[Attempt] | None]] = []
+    for index in points:
+        task = paths.task(index)
         attempts = read_ledger(task.ledger)
-        ref = refs.get(point.index)
+        ref = refs.get(index)
         info = None if live is None or ref is None else live_task(live, *ref)
         accounted = None
         if info is None and ref is not None and accounting:
             accounted = _accounted(accounting.get(f"{ref[0]}_{ref[1]}"), scripts[ref[0]])
         state = task_state(current_task_attempts(attempts, ref), info, live is not None, accounted)
         job = None if ref is None else f"{ref[0]}_{ref[1]}"
-        out.append(_row(sweep_dir, point, key, mode, state, job, attempts))
+        out.append((state, job, attempts))
     return out
 
 
@@ -264,17 +278,7 @@ def _row(
     )
 
 
-def _is_local(sweep_dir: Path) -> bool:
-    """A sweep run by a local sweep controller (:mod:`hpc_ddp.sweep.local`): its manifest
-    says so. A sweep directory without one reads as Slurm's, as it always did."""
-    from hpc_ddp.rundir.manifest import read_manifest
-
-    if not (sweep_dir / MANIFEST_FILE).exists():
-        return False
-    return read_manifest(sweep_dir).backend == "local"
-
-
-def _local_task(sweep_dir: Path, index: int) -> tuple[TaskState, str | None]:
+def local_task_word(sweep_dir: Path, index: int) -> tuple[TaskState, str | None]:
     """(state, job id) of a local sweep's point: a started point is a local run, judged as
     ``status`` judges one (its processes stand in for Slurm); one the live controller has yet
     to start (again) is ``pending``; one never started, once no controller will, is
@@ -343,7 +347,7 @@ def sweep_status(
 ) -> tuple[dict[str, int], list[dict[str, Any]]]:
     """For ``hpc-ddp status SWEEP_DIR``: the count per state and one plain dict per task.
 
-    ``live_states`` is what ``SlurmClient.job_states(manifest.array_jobs)`` returned. When
+    ``live_states`` is what the Slurm backend's ``states(manifest.array_jobs)`` returned. When
     Slurm could not be asked, call :func:`gather_results` with ``live=None`` instead, so that
     the states come from the ledgers alone rather than from an empty queue.
     """

@@ -42,6 +42,7 @@ from hpc_ddp.sweep.arrays import (
 )
 from hpc_ddp.sweep.records import read_sweep_record
 from hpc_ddp.sweep.results import failed_points
+from hpc_ddp.sweep.runner import runner_for
 from hpc_ddp.sweep.spec import SweepSpec
 from hpc_ddp.sweep.sweepdir import (
     link_offset_tasks,
@@ -181,11 +182,12 @@ def submit_local_sweep(
 ) -> Path:
     """Write a new sweep directory for ``spec`` and start its points as local runs, at most
     ``max_parallel`` at once (:mod:`hpc_ddp.sweep.local`); returns the sweep directory."""
-    from hpc_ddp.submission.submit import check_local_job
+    from hpc_ddp.backends.registry import backend_for
     from hpc_ddp.sweep.local import local_parallel, start_controller
 
+    backend = backend_for("local")
     for point in spec.points:  # every point must fit this machine before anything is written
-        check_local_job(point.config)
+        backend.check(point.config)
     now = now or datetime.now(timezone.utc)
     name = sweep_name(spec)
     sweep_dir = create_run_dir(runs_dir.resolve(), name, stamp_of(now))
@@ -270,15 +272,33 @@ def resubmit_failed(
     is held from the choice of the points to the record of the new array: a second
     ``--resubmit-failed`` waits, then finds those tasks live and submits nothing.
     """
-    if read_manifest(sweep_dir).backend == "local":
-        if dry_run:
-            return _resubmit_local(sweep_dir, dry_run)
-        with record_lock(sweep_dir):
-            return _resubmit_local(sweep_dir, dry_run)
+    runner = runner_for(sweep_dir)  # job arrays, or a local sweep's controller
+    return runner.resubmit(
+        sweep_dir, client=client, python=python, invocation=invocation, dry_run=dry_run, now=now
+    )
+
+
+def resubmit_arrays(
+    sweep_dir: Path,
+    client: SlurmClient,
+    python: str,
+    invocation: Sequence[str],
+    dry_run: bool,
+    now: datetime | None,
+) -> Resubmission:
+    """:func:`resubmit_failed` for a Slurm sweep: one new array over exactly those points."""
     if dry_run:
         return _resubmit_locked(sweep_dir, client, python, invocation, dry_run, now)
     with record_lock(sweep_dir):
         return _resubmit_locked(sweep_dir, client, python, invocation, dry_run, now)
+
+
+def resubmit_local(sweep_dir: Path, dry_run: bool) -> Resubmission:
+    """:func:`resubmit_failed` for a local sweep: a new sweep controller over those points."""
+    if dry_run:
+        return _resubmit_local(sweep_dir, dry_run)
+    with record_lock(sweep_dir):
+        return _resubmit_local(sweep_dir, dry_run)
 
 
 def _resubmit_local(sweep_dir: Path, dry_run: bool) -> Resubmission:

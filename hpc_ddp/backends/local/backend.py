@@ -30,11 +30,12 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpc_ddp.backends.base import Cancel, Cancelled, LaunchPlan, PlanRequest, Started, Word
 from hpc_ddp.backends.local.process import (
     IDENTITY_FILE,
     KILL_WAIT_S,
@@ -45,9 +46,13 @@ from hpc_ddp.backends.local.process import (
     clear_rank_identities,
     describe_processes,
     identify_started,
+    live_controller,
     live_ranks,
+    local_alive,
     run_processes,
     signal_if_same,
+    unmark_cancelled,
+    was_cancelled,
     write_identity,
 )
 from hpc_ddp.config.model import JobConfig, SlurmConfig
@@ -57,10 +62,14 @@ from hpc_ddp.rundir.checkpoints import newest_step
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths, checkpoint_name
 from hpc_ddp.rundir.ledger import end_event, read_ledger
+from hpc_ddp.rundir.manifest import Backend as BackendName
+from hpc_ddp.rundir.manifest import Manifest
 from hpc_ddp.rundir.metrics import drop_replayed
 
 if TYPE_CHECKING:
     import subprocess
+
+    from hpc_ddp.backends.slurm.jobstate import AccountingRecord, JobInfo
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +126,64 @@ def local_gpu_plan(slurm: SlurmConfig, parent_visible: str | None) -> list[str]:
     if per_task:
         return [",".join(pool[r * per_task : (r + 1) * per_task]) for r in range(ntasks)]
     return [",".join(pool[:needed])] * ntasks
+
+
+LOCAL_CPU_FACTOR = 4
+"""A local job may start this many processes per CPU this process may run on, at most ..."""
+LOCAL_MAX_PROCESSES = 256
+"""... and never more than this: each is a whole Python process with torch loaded."""
+
+
+def check_local_size(ntasks: int, cpus: int) -> None:
+    """Refuse a local job with more processes than this machine can sensibly run (``cpus``:
+    the CPUs this process may run on)."""
+    limit = min(LOCAL_MAX_PROCESSES, max(1, cpus) * LOCAL_CPU_FACTOR)
+    if ntasks <= limit:
+        return
+    why = (
+        f"the hard cap of {LOCAL_MAX_PROCESSES}"
+        if limit == LOCAL_MAX_PROCESSES
+        else f"{LOCAL_CPU_FACTOR} per CPU this process may use: {cpus} CPUs"
+    )
+    raise ConfigError(
+        f"slurm.nodes x slurm.tasks_per_node = {ntasks} local processes, more than {limit} "
+        f"({why}); nothing was created. HINT: lower slurm.nodes or slurm.tasks_per_node "
+        "(e.g. slurm.nodes=1 slurm.tasks_per_node=2), or submit it to Slurm (--backend slurm)."
+    )
+
+
+def check_local_job(cfg: JobConfig) -> None:
+    """:func:`check_local_size` for ``cfg`` on this machine (its CPU affinity, which a
+    container or ``taskset`` may keep below the machine's count)."""
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux; a dry run may be elsewhere
+    cpus = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+    check_local_size(cfg.slurm.ntasks, cpus)
+    _local_gpus(cfg)  # the GPUs asked for are listed here, before anything is written
+
+
+def _local_gpus(cfg: JobConfig) -> list[str]:
+    return local_gpu_plan(cfg.slurm, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def describe_local_plan(cfg: JobConfig, run_dir: Path) -> str:
+    """What a local start would do, for ``--dry-run`` (no sbatch runs, so none is shown)."""
+    n = cfg.slurm.ntasks
+    minutes = max(1, cfg.slurm.time_s // 60)
+    how = "with submitit's local executor"
+    if cfg.fault.enabled:
+        how = "under a supervisor (the local executor's one task) that restarts them on a fault"
+    return (
+        f"# backend: local; would start {n} process(es) on this machine (ranks 0-{n - 1}, "
+        f"MASTER_ADDR=127.0.0.1) {how} in {run_dir}/submitit, each "
+        f"running the job as `hpc-ddp run {run_dir}` does on a Slurm task; time limit "
+        f"{minutes} min, USR2 {cfg.requeue.lead_time} s before it"
+    ) + _gpu_words(_local_gpus(cfg))
+
+
+def _gpu_words(gpus: list[str]) -> str:
+    if not any(gpus):
+        return ""
+    return "; CUDA_VISIBLE_DEVICES by rank: " + " | ".join(gpus)
 
 
 def submit_local(cfg: JobConfig, paths: RunPaths) -> LocalJob:
@@ -567,3 +634,119 @@ def wait_local(
     controller = str(job.handle.state)
     outcomes = task_outcomes(job.folder, job.job_id, job.ntasks)
     return LocalResult(job.job_id, controller, outcomes, job.supervised)
+
+
+# --- the login face ------------------------------------------------------------------------
+
+
+class LocalBackend:
+    """Runs go to processes of this machine (:class:`~hpc_ddp.backends.base.Backend`): no
+    queue holds them; their processes, proven against what they recorded, say what they do."""
+
+    @property
+    def name(self) -> BackendName:
+        """``local``."""
+        return "local"
+
+    @property
+    def ledger_since_submit(self) -> bool:
+        """True: a resumed local job starts only once its old ranks are provably gone."""
+        return True
+
+    def plan(self, cfg: JobConfig, paths: RunPaths, request: PlanRequest) -> LaunchPlan:
+        """No script: submitit's controller starts the processes. Checks that this machine
+        can run them (a dry run says so too, rather than show a job that cannot start)."""
+        check_local_job(cfg)
+        command = (sys.executable, "-m", "submitit.local._local", str(paths.root / "submitit"))
+        return LaunchPlan(None, command, describe_local_plan(cfg, paths.root), request)
+
+    def moved(self, plan: LaunchPlan, cfg: JobConfig, paths: RunPaths) -> LaunchPlan:
+        """The plan for ``paths``: nothing was rendered, so it is made again."""
+        return self.plan(cfg, paths, plan.request)
+
+    def check(self, cfg: JobConfig) -> None:
+        """:func:`check_local_job`."""
+        check_local_job(cfg)
+
+    def start(self, cfg: JobConfig, paths: RunPaths) -> Started:
+        """:func:`submit_local`, after the checks, with an earlier cancel's mark cleared."""
+        check_local_job(cfg)
+        unmark_cancelled(paths.root)  # a resumed run's earlier cancel is not this one's
+        log = paths.rank_log(0, "err")
+        # Rank 0's progress goes to its stderr (logging), as on Slurm; a resumed run appends.
+        follow_from = log.stat().st_size if log.exists() else 0
+        try:
+            job = submit_local(cfg, paths)
+        except OSError as exc:  # e.g. its submitit folder cannot be made: nothing started
+            raise RunDirError(
+                f"{paths.root}: the local job could not start: {exc}. HINT: the run "
+                "directory must be writable, with no file where it keeps its sub-directories "
+                "(submitit/, logs/); fix that and submit (or resume) again."
+            ) from None
+        command = ("submitit-local", job.job_id)
+        return Started(job.job_id, command, handle=job, follow_from=follow_from)
+
+    def test_only(self, paths: RunPaths) -> str:
+        """Refused: only Slurm answers whether a job would start."""
+        del paths
+        raise ConfigError("--test-only asks Slurm; HINT: use --backend slurm on a Slurm cluster.")
+
+    def job_refs(self, run_dir: Path, manifest: Manifest) -> list[str]:
+        """None: a local job id is its controller's pid, which no scheduler knows."""
+        del run_dir, manifest
+        return []
+
+    def states(self, job_ids: Sequence[str]) -> dict[str, JobInfo]:
+        """None: no queue holds a local job (:meth:`word` says what its processes do)."""
+        del job_ids
+        return {}
+
+    def accounting(self, job_ids: Sequence[str]) -> dict[str, AccountingRecord] | None:
+        """Nothing to account for ({}, not None: no record is missing): no scheduler ran it."""
+        del job_ids
+        return {}
+
+    def cancel_ids(self, run_dir: Path, manifest: Manifest) -> list[str]:
+        """The controller's pid (checked against the run's records by the cancel itself)."""
+        del run_dir
+        return [manifest.job_id or ""]
+
+    def cancel(self, plan: Cancel, *, kill_wait_s: float | None = None) -> Cancelled:
+        """:func:`stop_local`: returns once every process of the run has ended (SIGKILLed
+        after ``kill_wait_s``, default :data:`KILL_WAIT_S`, as Slurm's ``KillWait``)."""
+        wait = KILL_WAIT_S if kill_wait_s is None else kill_wait_s
+        done = stop_local(plan.where, plan.jobs[0], kill_wait_s=wait)
+        return Cancelled(done.outcome, done.message)
+
+    def word(self, run_dir: Path, job_id: str) -> Word:
+        """Running while its controller or any of its rank processes is (each proven against
+        its record, never a bare pid), cancelled once a person cancelled it and everything has
+        stopped; and a note for ranks left orphaned."""
+        controller = live_controller(run_dir, job_id)
+        ranks = live_ranks(run_dir)
+        if controller is None and ranks:
+            listed = ", ".join(str(r) for r in sorted(ranks))
+            orphans = f"the local controller has exited, but rank {listed} still run: "
+            return Word(True, False, orphans + f"`hpc-ddp cancel {run_dir}` stops them")
+        if controller is not None:
+            return Word(True, False)
+        return Word(False, was_cancelled(run_dir))
+
+    def settled(self, run_dir: Path, job_id: str) -> bool:
+        """True once neither its controller nor a rank runs: its ledger may say finished a
+        moment before its processes have exited."""
+        return not local_alive(run_dir, job_id)
+
+    def startup_failure(self, run_dir: Path, job_id: str | None) -> str | None:
+        """What its tasks reported in their result files (exactly, per rank), else what the
+        logs say."""
+        from hpc_ddp.backends.slurm.postmortem import startup_failure
+
+        found = local_failure(run_dir, job_id) if job_id else None
+        return found or startup_failure(RunPaths(run_dir).logs)
+
+    def running(self, run_dir: Path, job_id: str | None, source: str) -> tuple[bool, str]:
+        """(True, ``local job 123 is running``) while its controller or a rank runs."""
+        del source
+        alive = local_alive(run_dir, job_id)
+        return alive, f"local job {job_id} is running" if alive else ""

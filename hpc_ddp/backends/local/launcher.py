@@ -28,6 +28,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from hpc_ddp.backends.base import LaunchShape
 from hpc_ddp.backends.local.process import identify, identify_started, write_rank_identity
 from hpc_ddp.fault.blame import TaskEnd
 from hpc_ddp.rundir.layout import (
@@ -133,7 +134,8 @@ class LocalStep:
 
 
 class LocalLauncher:
-    """Starts each launch's ranks on this machine."""
+    """Starts each launch's ranks on this machine: the local backend's node face
+    (:class:`~hpc_ddp.backends.base.Launcher`)."""
 
     def __init__(
         self,
@@ -175,7 +177,7 @@ class LocalLauncher:
                 out[LOCAL_GPUS_PER_TASK_ENV] = str(self.per_task)
         return out
 
-    def start(self, plan: Any, env: Mapping[str, str]) -> LocalStep:
+    def start(self, plan: LaunchShape, env: Mapping[str, str]) -> LocalStep:
         """Start every rank of ``plan`` (on this machine: ``exclude`` does not apply)."""
         del plan
         port = free_port()

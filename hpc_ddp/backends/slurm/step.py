@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from hpc_ddp.backends.base import LaunchShape
 from hpc_ddp.backends.slurm.client import SlurmClient
 from hpc_ddp.backends.slurm.jobstate import DOWN_STATES
 from hpc_ddp.backends.slurm.nodelist import parse_nodelist
@@ -203,7 +204,8 @@ def _background(target: Any, *args: Any) -> None:
 
 
 class SrunLauncher:
-    """Starts launches as srun steps of the batch script's allocation."""
+    """Starts launches as srun steps of the batch script's allocation: the Slurm backend's
+    node face (:class:`~hpc_ddp.backends.base.Launcher`)."""
 
     def __init__(
         self,
@@ -226,7 +228,7 @@ class SrunLauncher:
         self._nodes = tuple(nodes)
         self._steps: list[SrunStep] = []
 
-    def start(self, plan: Any, env: Mapping[str, str]) -> SrunStep:
+    def start(self, plan: LaunchShape, env: Mapping[str, str]) -> SrunStep:
         """``srun`` with the launch's shape inserted right after the command name."""
         shape = [
             f"--nodes={plan.nodes}",

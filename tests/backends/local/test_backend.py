@@ -24,7 +24,13 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp.backends.local.backend import LocalResult, TaskOutcome, first_failure, task_outcomes
+from hpc_ddp.backends.local.backend import (
+    LocalResult,
+    TaskOutcome,
+    check_local_size,
+    first_failure,
+    task_outcomes,
+)
 from hpc_ddp.backends.local.process import (
     cancel_local,
     clear_rank_identities,
@@ -51,7 +57,6 @@ from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.ledger import read_ledger
 from hpc_ddp.rundir.manifest import Manifest, read_manifest, write_manifest
-from hpc_ddp.submission.submit import check_local_size
 from tests import e2e_util as e2e
 from tests.conftest import REPO
 

@@ -1,0 +1,246 @@
+"""A backend, where a run's job goes, in its two faces (as submitit's ``core`` and torchx's
+``Scheduler``): one package per backend implements both.
+
+* The login face, :class:`Backend`: what ``submit``, ``resume``, ``status``, ``cancel`` and
+  ``logs`` ask of the place a run's job goes: the plan (the dry run, pure), the start, what the
+  backend says of a job, the cancel. :mod:`hpc_ddp.backends.slurm.backend` (a batch script
+  through ``sbatch``) and :mod:`hpc_ddp.backends.local.backend` (processes of this machine)
+  implement it; :func:`hpc_ddp.backends.registry.backend_for` picks one for a run.
+* The node face, :class:`Launcher`: how the supervisor starts each launch (one set of ranks)
+  inside the allocation it holds: :class:`hpc_ddp.backends.slurm.step.SrunLauncher` (srun
+  steps), :class:`hpc_ddp.backends.local.launcher.LocalLauncher` (local processes).
+
+Only types live here, so both sides import it: the login side never reaches the node side
+through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+
+from hpc_ddp.config.model import JobConfig
+from hpc_ddp.rundir.layout import RunPaths
+
+if TYPE_CHECKING:  # types only: loading this module loads no reader of files, nor Slurm's parsers
+    from hpc_ddp.backends.slurm.jobstate import AccountingRecord, JobInfo
+    from hpc_ddp.rundir.manifest import Backend as BackendName
+    from hpc_ddp.rundir.manifest import Manifest
+
+# --- the login face ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What a plan is made from besides the config and the run directory."""
+
+    python: str
+    """The interpreter the job's tasks run hpc-ddp with."""
+    config_path: Path
+    """The job file (its directory holds a relative ``slurm.template``)."""
+    invocation: str
+    """The command that asked for the run, as one line (shown in a batch script's header)."""
+    generated_at: str
+    """When the plan was made (ISO 8601)."""
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What a start would write and run: made without running or writing anything (the dry
+    run shows it)."""
+
+    script: str | None
+    """The batch script to write at ``RUN_DIR/job.sbatch``; None where none is run."""
+    command: tuple[str, ...]
+    """The command a start runs (``sbatch --parsable RUN_DIR/job.sbatch``)."""
+    summary: str
+    """The dry run's line: ``# backend: slurm; would run: ...``."""
+    request: PlanRequest
+    template: str | None = None
+    """The batch template's text, read once (None: the default one, or no script)."""
+
+
+@dataclass(frozen=True)
+class Started:
+    """A job a backend started."""
+
+    job_id: str
+    command: tuple[str, ...]
+    """What the manifest records as the command that started it."""
+    handle: Any = None
+    """The backend's own handle on a job this process started
+    (:class:`hpc_ddp.backends.local.backend.LocalJob`); None where there is none."""
+    follow_from: int = 0
+    """Where rank 0's log ended before the start (``--wait`` follows it from there)."""
+
+
+@dataclass(frozen=True)
+class Word:
+    """What a backend that holds a job on this machine says of it (no scheduler to ask)."""
+
+    running: bool
+    """Its processes still run."""
+    cancelled: bool
+    """A person cancelled it (and it has ended)."""
+    note: str | None = None
+    """What the status row should say besides (ranks left running without a controller)."""
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """What one target cancels: job ids read from ``source`` (a local run: its controller's
+    pid), on the backend ``backend``."""
+
+    where: Path
+    """The run, sweep or sweep task directory (for the message)."""
+    source: Path
+    """The file the job ids were read from: ``manifest.json`` or a sweep's ``arrays.json``."""
+    jobs: tuple[str, ...]
+    what: str = "job"
+    """``job``, ``job array``, ``array task``, or ``sweep`` (a local sweep's controller)."""
+    backend: BackendName = "slurm"
+
+    @property
+    def home(self) -> Path:
+        """The directory whose script the jobs must run: the run's, or the sweep's (which
+        holds the record, ``arrays.json`` or ``manifest.json``)."""
+        return self.source.parent
+
+
+Outcome = Literal["cancelled", "already_finished", "unknown", "not_this_run", "still_running"]
+"""What cancelling one target came to (``cancel --json``'s ``outcome``)."""
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """What was done for one target, and a line saying it."""
+
+    outcome: Outcome
+    message: str
+
+
+class Backend(Protocol):
+    """The login face of a backend: what the login side asks of where a run's job goes."""
+
+    @property
+    def name(self) -> BackendName:
+        """The backend's name, as the manifest records it."""
+        ...
+
+    @property
+    def ledger_since_submit(self) -> bool:
+        """The current job's ledger entries are those written since its submission (a new
+        job starts only once the earlier job's ranks have provably ended), rather than those
+        that name its job id (on Slurm a rank may write its end after Slurm has called the job
+        ended, so a job's entries are told by its id)."""
+        ...
+
+    def plan(self, cfg: JobConfig, paths: RunPaths, request: PlanRequest) -> LaunchPlan:
+        """What a start of ``cfg`` in ``paths`` would write and run; runs and writes nothing
+        (raises :class:`~hpc_ddp.errors.ConfigError` for a job this backend cannot run)."""
+        ...
+
+    def moved(self, plan: LaunchPlan, cfg: JobConfig, paths: RunPaths) -> LaunchPlan:
+        """``plan`` for another run directory (a name another submit took first)."""
+        ...
+
+    def check(self, cfg: JobConfig) -> None:
+        """Refuse (:class:`~hpc_ddp.errors.ConfigError`) a job this backend cannot run."""
+        ...
+
+    def start(self, cfg: JobConfig, paths: RunPaths) -> Started:
+        """Start the written run in ``paths``; returns once it is queued or started."""
+        ...
+
+    def test_only(self, paths: RunPaths) -> str:
+        """The backend's word on whether and when the written run would start; starts
+        nothing."""
+        ...
+
+    def job_refs(self, run_dir: Path, manifest: Manifest) -> list[str]:
+        """The ids a scheduler knows the run's jobs by (raises
+        :class:`~hpc_ddp.errors.RunDirError` for a recorded one that is none); [] where no
+        scheduler holds them."""
+        ...
+
+    def states(self, job_ids: Sequence[str]) -> dict[str, JobInfo]:
+        """The scheduler's rows of the jobs it still holds, keyed by job id."""
+        ...
+
+    def accounting(self, job_ids: Sequence[str]) -> dict[str, AccountingRecord] | None:
+        """The scheduler's records of ended jobs it no longer holds; None without any."""
+        ...
+
+    def cancel_ids(self, run_dir: Path, manifest: Manifest) -> list[str]:
+        """The ids a cancel of the run acts on, each checked (raises
+        :class:`~hpc_ddp.errors.RunDirError`, before anything is cancelled, for one that is
+        none, or when there is none)."""
+        ...
+
+    def cancel(self, plan: Cancel, *, kill_wait_s: float | None = None) -> Cancelled:
+        """Cancel the jobs of ``plan``, never one that is not the run's; a cancelled job is
+        never requeued by hpc-ddp. ``kill_wait_s``: how long a job that runs here gets after
+        the stop signal before it is killed (None: the backend's own default)."""
+        ...
+
+    def word(self, run_dir: Path, job_id: str) -> Word | None:
+        """What the backend says of the run's job by itself; None where a scheduler holds it,
+        whose word for many runs at once is asked by the status view."""
+        ...
+
+    def settled(self, run_dir: Path, job_id: str) -> bool:
+        """Nothing of an ended job still runs (a local run's ledger may say finished a moment
+        before its processes exit); a scheduler's ended state says so by itself."""
+        ...
+
+    def startup_failure(self, run_dir: Path, job_id: str | None) -> str | None:
+        """Why a job ended without a word in its ledger, as far as the backend can tell."""
+        ...
+
+    def running(self, run_dir: Path, job_id: str | None, source: str) -> tuple[bool | None, str]:
+        """Whether the run's job is queued or running: (True, what it is doing), (False, "")
+        once it has ended, (None, "") when that cannot be told. ``source`` names the file the
+        job id was read from (for the error when it is no job id)."""
+        ...
+
+
+# --- the node face ----------------------------------------------------------------------------
+
+
+class LaunchShape(Protocol):
+    """What a launcher reads of one launch's plan (:class:`hpc_ddp.fault.supervisor.Plan`)."""
+
+    @property
+    def nodes(self) -> int: ...
+    @property
+    def tasks_per_node(self) -> int: ...
+    @property
+    def exclude(self) -> tuple[str, ...]: ...
+    @property
+    def overlap(self) -> bool: ...
+
+
+StepT_co = TypeVar("StepT_co", covariant=True)
+"""The launcher's running launch (the supervisor's :class:`~hpc_ddp.fault.supervisor.Step`)."""
+
+
+class Launcher(Protocol[StepT_co]):
+    """Starts launches and knows the allocation they run in."""
+
+    def start(self, plan: LaunchShape, env: Mapping[str, str]) -> StepT_co:
+        """Start ``plan`` with ``env`` added to each task's environment."""
+        ...
+
+    def nodes(self) -> tuple[str, ...]:
+        """The allocation's nodes now (a node Slurm removed after a failure is gone)."""
+        ...
+
+    def down(self, nodes: Sequence[str]) -> dict[str, str]:
+        """Of ``nodes``, those Slurm holds down or not responding, with their state."""
+        ...
+
+    def requeue(self, exclude: Sequence[str]) -> str | None:
+        """Ask Slurm to requeue the job, avoiding ``exclude``; None, or why it failed."""
+        ...

@@ -1,0 +1,66 @@
+"""The sweep layer's face of each backend: job arrays on Slurm, a sweep controller locally."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+
+from hpc_ddp.rundir.layout import RunPaths
+from hpc_ddp.rundir.manifest import Manifest, write_manifest
+from hpc_ddp.state.task import TaskState
+from hpc_ddp.sweep.runner import ArraySweeps, ControllerSweeps, SweepRunner, runner_for
+from tests.sweep.test_results import fabricate
+
+
+def _manifest(path: Path, backend: str, job_id: str | None) -> None:
+    write_manifest(
+        RunPaths(path),
+        Manifest(name="demo", backend=backend, job_id=job_id, submitted_at="2026-01-01T00:00:00",  # type: ignore[arg-type]
+                 command=[], config_source="/x/sweep.yaml", run_dir=str(path)),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("runner", [ArraySweeps, ControllerSweeps])
+def test_each_runner_implements_every_member(runner: type) -> None:
+    for name, member in vars(SweepRunner).items():
+        if name.startswith("_") or not (callable(member) or isinstance(member, property)):
+            continue
+        mine = inspect.getattr_static(runner, name)
+        if isinstance(member, property):
+            assert isinstance(mine, property), name
+            continue
+        assert list(inspect.signature(mine).parameters) == list(
+            inspect.signature(member).parameters
+        ), name
+
+
+def test_runner_for_reads_the_sweeps_manifest(tmp_path: Path) -> None:
+    sweep = fabricate(tmp_path)
+    assert isinstance(runner_for(sweep), ArraySweeps)  # no manifest: Slurm's, as always
+    _manifest(sweep, "slurm", None)
+    assert isinstance(runner_for(sweep), ArraySweeps)
+    _manifest(sweep, "local", "4711")
+    assert isinstance(runner_for(sweep), ControllerSweeps)
+    assert runner_for(sweep).backend == "local"
+
+
+def test_the_job_of_each_point(tmp_path: Path) -> None:
+    """An array task from arrays.json; a local run's job id from its own manifest."""
+    sweep = fabricate(tmp_path, n=3)
+    assert ArraySweeps().task_jobs(sweep, [0, 1, 2]) == {0: "10_0", 1: "10_1", 2: "10_2"}
+    _manifest(sweep / "tasks" / "1", "local", "99")
+    assert ControllerSweeps().task_jobs(sweep, [0, 1, 2]) == {1: "99"}
+
+
+def test_a_local_sweeps_points_are_judged_without_a_queue(tmp_path: Path) -> None:
+    """No controller runs, nothing was cancelled: a point never started failed (the controller
+    died), whatever squeue says of array job 10."""
+    sweep = fabricate(tmp_path, n=2)
+    _manifest(sweep, "local", "4711")
+    words = ControllerSweeps().task_words(sweep, [0, 1], {}, {})
+    assert words == [(TaskState.FAILED, None, None), (TaskState.FAILED, None, None)]
+    assert ControllerSweeps().settled(sweep)
+    assert "local sweep controller" in str(ControllerSweeps().busy(sweep, {0: "1"}))
+    assert "array job(s) 10" in str(ArraySweeps().busy(sweep, {0: "10_0"}))
