@@ -290,6 +290,95 @@ def test_the_sides_are_what_the_layers_say() -> None:
     assert node_top < login_bottom
 
 
+CLI_OWN_WAY: dict[str, str] = {
+    "cli.cmd_run": "a node verb: the task on each node",
+    "cli.cmd_supervise": "a node verb: the supervisor in the allocation",
+    "cli.cmd_devcluster": "the dev cluster is a tool of its own, not a login-side verb",
+    "cli.cmd_checkpoints": "reads checkpoint files with torch on purpose (see CROSSINGS)",
+}
+"""The CLI modules that may reach below :mod:`hpc_ddp.api`, each with its reason."""
+CLI_BASE = ("hpc_ddp.api", "hpc_ddp.cli", "hpc_ddp.errors", "hpc_ddp.output",
+            "hpc_ddp.version", "hpc_ddp.collector", "hpc_ddp.exitcodes")  # fmt: skip
+"""What every other CLI module imports from hpc-ddp: the API, the CLI itself, and the ground."""
+CLI_DATA: dict[tuple[str, str], tuple[str, str]] = {
+    ("*", "hpc_ddp.rundir.layout.RUNS_DIR_ENV"): ("data", "the variable's name, in --help"),
+    ("cli.cmd_cancel", "hpc_ddp.backends.local.process.KILL_WAIT_S"): (
+        "data",
+        "--kill-wait's default, a number shown in --help",
+    ),
+    ("cli.main", "hpc_ddp.backends.slurm.client.SlurmClient"): (
+        "injection point",
+        "main(argv, slurm=) takes the client tests pass; it makes the real one",
+    ),
+}
+"""Names a CLI module may import from below the API: plain data (a constant), or the
+injection point of the Slurm client."""
+
+
+def _imported_names(tree: ast.Module) -> list[tuple[str, int]]:
+    """``(hpc_ddp.x.y.Name, line)`` for each name ``from hpc_ddp.x.y import Name`` binds, and
+    ``(hpc_ddp.x.y, line)`` for each ``import hpc_ddp.x.y``; function-level and
+    ``TYPE_CHECKING`` imports included."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names if a.name.startswith("hpc_ddp")]
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and node.module
+            and (node.module == "hpc_ddp" or node.module.startswith("hpc_ddp."))
+        ):
+            out += [(f"{node.module}.{a.name}", node.lineno) for a in node.names]
+    return sorted(out, key=lambda found: found[1])
+
+
+def cli_reaches_below_the_api(module: str, tree: ast.Module | None = None) -> list[str]:
+    """Every import of a CLI ``module`` (but :data:`CLI_OWN_WAY`'s) of something other than
+    :data:`CLI_BASE` and the declared :data:`CLI_DATA`; ``tree``: its source (default: read)."""
+    short = module.removeprefix("hpc_ddp.")
+    if not short.startswith("cli.") or short in CLI_OWN_WAY:
+        return []
+    return [
+        f"{module}:{line} imports {name}"
+        for name, line in _imported_names(tree or _source(module))
+        if not any(name == base or name.startswith(base + ".") for base in CLI_BASE)
+        and (short, name) not in CLI_DATA
+        and ("*", name) not in CLI_DATA
+    ]
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if m.startswith("hpc_ddp.cli.")])
+def test_a_cli_handler_reaches_only_the_api(module: str) -> None:
+    """A verb parses its arguments, calls :mod:`hpc_ddp.api` and prints what it returns:
+    what it does lives in the API, once, for the CLI and for Python alike."""
+    assert cli_reaches_below_the_api(module) == []
+
+
+def test_the_cli_check_sees_a_handler_that_reaches_past_the_api() -> None:
+    tree = ast.parse(
+        "from hpc_ddp.api.status import collect_status\n"
+        "from hpc_ddp.rundir.layout import RUNS_DIR_ENV, RunPaths\n"
+        "def run():\n    from hpc_ddp.submission.submit import runs_dir_from\n"
+        "if TYPE_CHECKING:\n    from hpc_ddp.backends.slurm.client import SlurmClient\n"
+        "import hpc_ddp.state.report\n"
+    )
+    assert cli_reaches_below_the_api("hpc_ddp.cli.cmd_status", tree) == [
+        "hpc_ddp.cli.cmd_status:2 imports hpc_ddp.rundir.layout.RunPaths",
+        "hpc_ddp.cli.cmd_status:4 imports hpc_ddp.submission.submit.runs_dir_from",
+        "hpc_ddp.cli.cmd_status:6 imports hpc_ddp.backends.slurm.client.SlurmClient",
+        "hpc_ddp.cli.cmd_status:7 imports hpc_ddp.state.report",
+    ]
+    assert cli_reaches_below_the_api("hpc_ddp.cli.cmd_supervise", tree) == []  # a node verb
+    # Every declared name is still imported where it is allowed: a stale entry hides nothing.
+    for source, name in CLI_DATA:
+        where = [m for m in MODULES if m.startswith("hpc_ddp.cli.")] if source == "*" else []
+        where = where or [f"hpc_ddp.{source}"]
+        assert any(name in dict(_imported_names(_source(m))) for m in where), (source, name)
+    for module in CLI_OWN_WAY:
+        assert f"hpc_ddp.{module}" in MODULES, module
+
+
 def test_importing_the_login_side_loads_nothing_of_the_node_side() -> None:
     """What the import statements say, checked by what importing every login module loads."""
     login = [m for m in MODULES if side_of(m) == "login"]

@@ -4,8 +4,9 @@
 :class:`Sweep`, :class:`RunStatus` and :class:`SweepStatus` objects (all exported by
 ``hpc_ddp``, loaded on first use); the CLI verbs parse their arguments, call the same
 functions and print what they return, so there is one implementation of each. Modules:
-``job`` (one run), ``sweep`` (a job array of points, and its results), ``status`` (what
-``hpc-ddp status`` shows, typed, and waiting for it to settle), ``cancel`` (what a target
-cancels, and whether it is provably that target's), ``logs`` and ``targets`` (which runs a
+``job`` (one run), ``sweep`` (a job array of points, and its results), ``results`` (the
+results table and plot), ``status`` (what ``hpc-ddp status`` shows, typed, and waiting for it
+to settle), ``cancel`` (what a target cancels, and whether it is provably that target's),
+``logs``, ``doctor`` (the checks as a job, and their findings) and ``targets`` (which runs a
 command-line target means). Never imports torch, torchvision or submitit.
 """

@@ -369,6 +369,53 @@ def sbatch_test_only(prepared: Prepared, *, slurm: SlurmClient | None = None) ->
     return ask(prepared, slurm)
 
 
+def follow(job: Job) -> int:
+    """What ``--wait`` does after a submit or resume this process started: print the job's
+    state as it changes until the run has ended; its exit code (0 when it completed)."""
+    from hpc_ddp.submission.wait import wait_for  # the run's state: not needed to submit it
+
+    assert job.launched is not None, "follow() a job this process started"
+    return wait_for(job.launched, job.slurm)
+
+
+def dry_run_json(planned: Prepared | ResumePlan) -> dict[str, object]:
+    """``submit --dry-run --json`` (and ``resume``'s, which adds where the run stands): the
+    backend's plan (:class:`~hpc_ddp.backends.base.LaunchPlan`), the script it would write
+    and the command it would run, else its plan in words (schema ``hpc-ddp.submit/1``)."""
+    from hpc_ddp.output import SUBMIT, document
+
+    if isinstance(planned, Prepared):
+        plan = planned.plan
+        shown: dict[str, object] = {
+            "schema": SUBMIT,
+            "dry_run": True,
+            "backend": planned.backend,
+            "run_dir": str(planned.paths.root),
+            "command": list(plan.command),
+        }
+        if plan.script is None:  # nothing rendered: the plan in words
+            shown["plan"] = plan.summary.removeprefix("# ")
+        else:
+            shown["script"] = plan.script
+        return shown
+    prepared = planned.prepared
+    shown = {
+        "dry_run": True,
+        "backend": prepared.backend,
+        "run_dir": str(planned.run_dir),
+        "state": planned.state,
+        "attempts": planned.attempts,
+        "checkpoint_step": planned.checkpoint_step,
+        "changes": list(planned.changes),
+    }
+    launch_plan = prepared.plan
+    if launch_plan.script is None:  # nothing rendered: the plan in words
+        shown["plan"] = launch_plan.summary.removeprefix("# ")
+    else:
+        shown.update(command=list(launch_plan.command), script=launch_plan.script)
+    return document(SUBMIT, shown)
+
+
 def submit(
     config: str | Path | JobConfig,
     overrides: Overrides = (),

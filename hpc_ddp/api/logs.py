@@ -11,14 +11,25 @@ errors) is Python logging, which writes to stderr. The batch script's own log is
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from hpc_ddp.api.targets import find_array_task, require_dir, resolve_targets, sweep_task_of
-from hpc_ddp.backends.slurm.arrayjobs import batch_logs, format_index_ranges
+from hpc_ddp.api.targets import (
+    find_array_task,
+    point_task,
+    require_dir,
+    resolve_targets,
+    sweep_task_of,
+)
+from hpc_ddp.backends.registry import backend_for
+from hpc_ddp.backends.slurm.arrayjobs import batch_logs, format_index_ranges, live_task
 from hpc_ddp.backends.slurm.jobstate import is_job_ref
-from hpc_ddp.errors import HpcDdpError, RunDirError, TargetError
+from hpc_ddp.errors import HpcDdpError, RunDirError, SlurmError, TargetError
 from hpc_ddp.rundir.layout import RunPaths
+from hpc_ddp.rundir.manifest import read_manifest
 from hpc_ddp.sweep.records import read_sweep_record
+
+if TYPE_CHECKING:
+    from hpc_ddp.backends.slurm.client import SlurmClient
 
 LOG_STREAMS = ("err", "out")
 """The streams a log is read from: a rank's (or the batch script's) stderr and stdout."""
@@ -191,3 +202,36 @@ def read_log(paths: RunPaths, *, rank: int = 0, stream: Literal["err", "out"] = 
         raise RunDirError(
             f"{found[0]}: cannot read it ({exc.strerror or exc}). HINT: check its permissions."
         ) from None
+
+
+def job_waiting(
+    client: SlurmClient | None, target: Path, task: int | None, paths: RunPaths
+) -> str | None:
+    """``job 12 is PENDING`` while the job that writes ``paths``' logs is queued or running;
+    None once it has ended, or when that cannot be told (no job id, Slurm not answering)."""
+    live, said = job_liveness(client, target, task, paths)
+    return said if live else None
+
+
+def job_liveness(
+    client: SlurmClient | None, target: Path, task: int | None, paths: RunPaths
+) -> tuple[bool | None, str]:
+    """Whether the job that writes ``paths``' logs is queued or running: (True, ``job 12 is
+    PENDING``), (False, "") once it has ended (squeue no longer holds it, or holds it in a
+    finished state; a local run's processes are gone), (None, "") when that cannot be told
+    (no job id, Slurm not answering)."""
+    sweep = (target, task) if task is not None else sweep_task_of(target)
+    try:
+        if sweep is not None:
+            ref = point_task(*sweep).ref
+            job, _, index = ref.partition("_")
+            info = live_task(backend_for("slurm", slurm=client).states([job]), job, int(index))
+        else:
+            manifest = read_manifest(paths.root)
+            backend = backend_for(manifest, slurm=client)
+            return backend.running(paths.root, manifest.job_id, str(paths.manifest))
+    except (RunDirError, SlurmError):
+        return None, ""
+    if info is None or info.state.finished:
+        return False, ""
+    return True, f"job {ref} is {info.state.value}"

@@ -30,6 +30,7 @@ from hpc_ddp.state.report import (
     DAMAGED,
     ask_slurm,
     damaged_row,
+    fmt_elapsed,
     reason_lines,
     run_status,
     with_accounting,
@@ -111,6 +112,16 @@ class RunStatus:
     def succeeded(self) -> bool:
         """True when training finished (``COMPLETED``; a sweep task: ``finished``)."""
         return self.state in SUCCEEDED
+
+    @property
+    def damaged(self) -> bool:
+        """True when the run's manifest or files cannot be read (``DAMAGED``)."""
+        return self.state == DAMAGED
+
+    @property
+    def elapsed(self) -> str:
+        """:attr:`elapsed_s` as ``H:MM:SS`` for a table; ``-`` for none."""
+        return fmt_elapsed(self.elapsed_s)
 
     def to_dict(self) -> dict[str, Any]:
         """The run's entry of ``hpc-ddp status --json`` (``runs`` of schema
@@ -214,6 +225,44 @@ def status_json(found: Sequence[RunStatus | SweepStatus]) -> dict[str, Any]:
             "sweeps": [s.to_dict() for s in found if isinstance(s, SweepStatus)],
         },
     )
+
+
+def add_goodput(shown: dict[str, Any]) -> None:
+    """``status --goodput``: add each run's (and sweep task's) goodput account to
+    :func:`status_json`'s document, and each sweep's sum, as ``goodput``."""
+    from hpc_ddp.state.goodput import total
+    from hpc_ddp.state.report import run_goodput, still_running
+
+    for row in shown["runs"]:
+        if row["state"] != DAMAGED:
+            row["goodput"] = run_goodput(Path(row["run_dir"]), running=still_running(row["state"]))
+    for entry in shown["sweeps"]:
+        accounts = []
+        for task in entry["tasks"]:
+            # A task's state is a TaskState ("running"), a run's Slurm's word ("RUNNING").
+            g = run_goodput(Path(task["run_dir"]), running=still_running(task["state"]))
+            task["goodput"] = g
+            accounts.append(g)
+        entry["goodput"] = total(accounts)
+
+
+def goodput_lines(shown: dict[str, Any]) -> list[str]:
+    """The lines ``status --goodput`` prints for the accounts :func:`add_goodput` added: each
+    run's, each sweep's sum and a line per task."""
+    from hpc_ddp.state.goodput import describe
+
+    lines = []
+    for row in shown["runs"]:
+        if "goodput" in row:
+            lines.append(f"\n{row['run_dir']}")
+            lines.append("\n".join(describe(row["goodput"])))
+    for entry in shown["sweeps"]:
+        lines.append(f"\n{entry['sweep_dir']} ({len(entry['tasks'])} tasks)")
+        lines.append("\n".join(describe(entry["goodput"])))
+        for task in entry["tasks"]:
+            g = task["goodput"]
+            lines.append(f"  task {task['index']}: ETTR {g.ettr:.2f} of {g.wall_s:.0f} s")
+    return lines
 
 
 def collect_status(

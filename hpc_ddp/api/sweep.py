@@ -17,7 +17,9 @@ the functions here return; nothing here imports torch.
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,10 +31,12 @@ from hpc_ddp.api.cancel import CancelResult, cancel_targets
 from hpc_ddp.api.job import BackendChoice, Job, Overrides, override_args
 from hpc_ddp.api.status import SweepStatus, collect_status, wait_until_ended
 from hpc_ddp.api.targets import path_arg, require_dir
+from hpc_ddp.backends.slurm.array_sweep import PreparedArray
 from hpc_ddp.backends.slurm.arrayjobs import (
     ArrayRecord,
     read_arrays,
 )
+from hpc_ddp.backends.slurm.backend import SlurmBackend
 from hpc_ddp.backends.slurm.client import SlurmClient
 from hpc_ddp.backends.slurm.jobstate import AccountingRecord, JobInfo
 from hpc_ddp.errors import (
@@ -44,7 +48,6 @@ from hpc_ddp.errors import (
 )
 from hpc_ddp.rundir.layout import MANIFEST_FILE, RUNS_DIR_ENV
 from hpc_ddp.rundir.manifest import Backend, read_manifest
-from hpc_ddp.sweep.arrays import PreparedArray
 from hpc_ddp.sweep.records import SweepRecord, read_sweep_record
 from hpc_ddp.sweep.results import ResultRow
 from hpc_ddp.sweep.runner import runner_for
@@ -273,6 +276,19 @@ class SweepPlan:
     """Each job array: its points, ``--array`` range, script and sbatch command."""
     note: str = ""
     """Set when Slurm could not be asked for ``MaxArraySize`` (its default was assumed)."""
+    backend: Backend = "slurm"
+    at_once: int | None = None
+    """How many points would run at once (:func:`at_once`)."""
+
+
+def at_once(spec: SweepSpec, backend: Backend) -> int | None:
+    """How many points of a sweep run at once: Slurm's array throttle, ``max_parallel``
+    (None: no limit); a local sweep's controller, ``max_parallel`` or its default."""
+    if backend == "local":
+        from hpc_ddp.sweep.local import local_parallel
+
+        return local_parallel(spec.max_parallel)
+    return spec.max_parallel
 
 
 def plan_sweep(
@@ -284,15 +300,15 @@ def plan_sweep(
     invocation: Sequence[str] = (),
 ) -> SweepPlan:
     """The arrays :func:`launch_sweep` would submit for ``spec``, rendered, and where."""
+    from hpc_ddp.backends.slurm.array_sweep import SLURM_DEFAULT_MAX_ARRAY_SIZE
     from hpc_ddp.submission.submit import new_run_dir, stamp_of
-    from hpc_ddp.sweep.arrays import SLURM_DEFAULT_MAX_ARRAY_SIZE, sweep_name
     from hpc_ddp.sweep.submit import prepare_sweep
 
     client = _client(slurm)
     now = datetime.now(timezone.utc)
-    sweep_dir = new_run_dir(runs_dir.resolve(), sweep_name(spec), stamp_of(now))
+    sweep_dir = new_run_dir(runs_dir.resolve(), spec.name, stamp_of(now))
     try:
-        max_array_size, note = client.max_array_size(), ""
+        max_array_size, note = SlurmBackend(client).max_array_size(), ""
     except SlurmError:
         max_array_size = SLURM_DEFAULT_MAX_ARRAY_SIZE
         note = f"# Slurm not reachable: assumed MaxArraySize={max_array_size} (Slurm's default)"
@@ -306,7 +322,126 @@ def plan_sweep(
         client=client,
         now=now,
     )
-    return SweepPlan(spec, sweep_dir, arrays, note)
+    return SweepPlan(spec, sweep_dir, arrays, note, at_once=at_once(spec, "slurm"))
+
+
+def plan_local_sweep(spec: SweepSpec, *, runs_dir: Path) -> SweepPlan:
+    """Where :func:`launch_sweep` would put a local sweep of ``spec`` now, and how many of its
+    points would run at once; it writes and starts nothing."""
+    from hpc_ddp.submission.submit import new_run_dir, stamp_of
+
+    sweep_dir = new_run_dir(runs_dir.resolve(), spec.name, stamp_of(datetime.now(timezone.utc)))
+    return SweepPlan(spec, sweep_dir, [], backend="local", at_once=at_once(spec, "local"))
+
+
+# --- what the verbs show ------------------------------------------------------------------------
+
+
+def points_table(spec: SweepSpec) -> str:
+    """The points as a table: index, name and each swept key (blank where a point leaves it)."""
+    from tabulate import tabulate
+
+    keys = list(dict.fromkeys(k for p in spec.points for k, _ in p.overrides))
+    rows = []
+    for p in spec.points:
+        values = dict(p.overrides)
+        rows.append(
+            [p.index, p.config.name, *(_cell(values[k]) if k in values else "" for k in keys)]
+        )
+    return tabulate(rows, headers=["#", "name", *keys], disable_numparse=True)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, tuple):
+        return json.dumps(list(value))
+    return str(value)
+
+
+def arrays_text(arrays: Sequence[PreparedArray]) -> str:
+    """Each array's script and the command that would submit it (a dry run), headed by its
+    script's name and task range when there are several."""
+    text = ""
+    for a in arrays:
+        if len(arrays) > 1:
+            offset = a.plan.offset
+            text += f"# ---- {a.script_name}: --array={a.array}, task t runs point t+{offset}\n"
+        text += a.script
+        text += f"# would run: {shlex.join(a.argv)}\n"
+    return text
+
+
+def submitted_json(sweep: Sweep, points: int) -> dict[str, Any]:
+    """``sweep --json`` once submitted or started (schema ``hpc-ddp.sweep/1``)."""
+    from hpc_ddp.output import SWEEP, document
+
+    arrays = sweep.arrays()
+    return document(
+        SWEEP,
+        {
+            "dry_run": False,
+            "sweep_dir": str(sweep.sweep_dir),
+            "backend": sweep.backend,
+            "points": points,
+            "job_id": read_manifest(sweep.sweep_dir).job_id,
+            "array_jobs": [r.job_id for r in arrays],
+            "arrays": [{"job_id": r.job_id, "points": r.points, "array": r.array} for r in arrays],
+        },
+    )
+
+
+def plan_json(plan: SweepPlan) -> dict[str, Any]:
+    """``sweep --dry-run --json`` (schema ``hpc-ddp.sweep/1``, ``dry_run`` true)."""
+    from hpc_ddp.output import SWEEP, document
+
+    spec = plan.spec
+    return document(
+        SWEEP,
+        {
+            "dry_run": True,
+            "sweep_dir": str(plan.sweep_dir),
+            "backend": plan.backend,
+            "metric": {"name": spec.metric, "mode": spec.mode},
+            "max_parallel": plan.at_once,
+            "points": [
+                {"index": p.index, "name": p.config.name, "values": _values(p.overrides)}
+                for p in spec.points
+            ],
+            "arrays": [_array_json(a) for a in plan.arrays],
+        },
+    )
+
+
+def _values(overrides: Any) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in overrides}
+
+
+def _array_json(a: PreparedArray) -> dict[str, Any]:
+    return {
+        "points": list(a.plan.points),
+        "offset": a.plan.offset,
+        "array": a.array,
+        "script_name": a.script_name,
+        "script": a.script,
+        "command": list(a.argv),
+    }
+
+
+def resubmission_json(sweep_dir: Path, result: Resubmission, *, dry_run: bool) -> dict[str, Any]:
+    """``sweep --resubmit-failed --json`` (schema ``hpc-ddp.sweep/1``)."""
+    from hpc_ddp.output import SWEEP, document
+
+    shown = {
+        "dry_run": dry_run,
+        "sweep_dir": str(sweep_dir),
+        "backend": Sweep.from_dir(sweep_dir).backend,
+        "resubmitted": result.points,
+        "job_id": read_manifest(sweep_dir).job_id,
+        "array_jobs": [r.job_id for r in result.records],
+        "arrays": [_array_json(a) for a in result.arrays] if dry_run else [],
+    }
+    return document(SWEEP, shown)
 
 
 def choose_sweep_backend(backend: BackendChoice) -> Backend:
@@ -512,7 +647,7 @@ def unlogged_metric(record: SweepRecord, metric: str, logged: list[str]) -> Conf
 def _live(sweep_dir: Path, client: SlurmClient) -> dict[str, JobInfo] | None:
     job_ids = list(dict.fromkeys(a.job_id for a in read_arrays(sweep_dir)))
     try:
-        return client.job_states(job_ids) if job_ids else {}
+        return SlurmBackend(client).states(job_ids) if job_ids else {}
     except SlurmError:
         return None
 
@@ -525,6 +660,6 @@ def _accounting(
 
     unheld = unheld_arrays(sweep_dir, live)
     try:
-        return client.sacct_states(unheld) if unheld else None
+        return SlurmBackend(client).accounting(unheld) if unheld else None
     except SlurmError:
         return None

@@ -24,7 +24,7 @@ from hpc_ddp.backends.slurm.jobstate import is_job_ref
 from hpc_ddp.errors import RunDirError, RunsDirError, TargetError
 from hpc_ddp.rundir.layout import MANIFEST_FILE
 from hpc_ddp.rundir.manifest import read_manifest
-from hpc_ddp.submission.submit import check_runs_dir
+from hpc_ddp.submission.submit import check_runs_dir, runs_dir_from
 from hpc_ddp.sweep.records import SWEEP_RECORD, read_sweep_record
 
 LIST_HINT = "`hpc-ddp status` lists the runs under --runs-dir (default $HPC_DDP_RUNS_DIR or ./runs)"
@@ -49,6 +49,12 @@ def path_arg(name: str, value: object) -> str | None:
         f"{type(value).__name__}. HINT: pass a path such as {name}={example!r} or "
         f"{name}=pathlib.Path({example!r})."
     )
+
+
+def runs_dir_of(arg: str | None) -> Path:
+    """Where the runs are: ``--runs-dir`` (``arg``), else ``$HPC_DDP_RUNS_DIR``, else
+    ``./runs``."""
+    return runs_dir_from(arg, os.environ)
 
 
 def require_dir(target: str, what: str = "run directory") -> Path:

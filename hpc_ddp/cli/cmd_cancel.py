@@ -20,13 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 
 from hpc_ddp.api.cancel import cancel_targets
+from hpc_ddp.api.targets import runs_dir_of
 from hpc_ddp.backends.local.process import KILL_WAIT_S
 from hpc_ddp.rundir.layout import RUNS_DIR_ENV
-from hpc_ddp.submission.submit import runs_dir_from
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     """
     from hpc_ddp.output import CANCEL, document
 
-    runs_dir = runs_dir_from(args.runs_dir, os.environ)
+    runs_dir = runs_dir_of(args.runs_dir)
     refused = survived = False
     shown = []
     results = cancel_targets(

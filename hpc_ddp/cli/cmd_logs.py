@@ -30,19 +30,20 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
-from hpc_ddp.api.logs import check_rank, log_paths, log_target, missing_logs, run_paths
-from hpc_ddp.api.targets import point_task, sweep_task_of
-from hpc_ddp.backends.registry import backend_for
-from hpc_ddp.backends.slurm.arrayjobs import live_task
-from hpc_ddp.errors import RunDirError, SlurmError
-from hpc_ddp.rundir.layout import RUNS_DIR_ENV, RunPaths
-from hpc_ddp.rundir.manifest import read_manifest
-from hpc_ddp.submission.submit import runs_dir_from
-
-if TYPE_CHECKING:
-    from hpc_ddp.backends.slurm.client import SlurmClient
+from hpc_ddp.api.logs import (
+    check_rank,
+    job_liveness,
+    job_waiting,
+    log_paths,
+    log_target,
+    missing_logs,
+    run_paths,
+)
+from hpc_ddp.api.targets import runs_dir_of
+from hpc_ddp.errors import RunDirError
+from hpc_ddp.rundir.layout import RUNS_DIR_ENV
 
 EPILOG = """\
 streams:
@@ -269,42 +270,9 @@ def wait_for_logs(
                 return find()  # it may have written the log just before it ended
 
 
-def job_waiting(
-    client: SlurmClient | None, target: Path, task: int | None, paths: RunPaths
-) -> str | None:
-    """``job 12 is PENDING`` while the job that writes ``paths``' logs is queued or running;
-    None once it has ended, or when that cannot be told (no job id, Slurm not answering)."""
-    live, said = job_liveness(client, target, task, paths)
-    return said if live else None
-
-
-def job_liveness(
-    client: SlurmClient | None, target: Path, task: int | None, paths: RunPaths
-) -> tuple[bool | None, str]:
-    """Whether the job that writes ``paths``' logs is queued or running: (True, ``job 12 is
-    PENDING``), (False, "") once it has ended (squeue no longer holds it, or holds it in a
-    finished state; a local run's processes are gone), (None, "") when that cannot be told
-    (no job id, Slurm not answering)."""
-    sweep = (target, task) if task is not None else sweep_task_of(target)
-    try:
-        if sweep is not None:
-            ref = point_task(*sweep).ref
-            job, _, index = ref.partition("_")
-            info = live_task(backend_for("slurm", slurm=client).states([job]), job, int(index))
-        else:
-            manifest = read_manifest(paths.root)
-            backend = backend_for(manifest, slurm=client)
-            return backend.running(paths.root, manifest.job_id, str(paths.manifest))
-    except (RunDirError, SlurmError):
-        return None, ""
-    if info is None or info.state.finished:
-        return False, ""
-    return True, f"job {ref} is {info.state.value}"
-
-
 def run(args: argparse.Namespace) -> int:
     """Print the log(s), then follow them if asked."""
-    target, task = log_target(args.run_dir, args.task, runs_dir_from(args.runs_dir, os.environ))
+    target, task = log_target(args.run_dir, args.task, runs_dir_of(args.runs_dir))
     paths = run_paths(target, task)
     if not args.batch:
         check_rank(paths, args.rank)

@@ -27,10 +27,8 @@ import argparse
 import json
 import sys
 
-from hpc_ddp.api.job import launch, plan_resume
-from hpc_ddp.submission.resume import ResumePlan, start_words
-from hpc_ddp.submission.submit import report
-from hpc_ddp.submission.wait import wait_for
+from hpc_ddp.api.job import dry_run_json, follow, launch, plan_resume
+from hpc_ddp.cli.cmd_submit import report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,8 +67,7 @@ def run(args: argparse.Namespace) -> int:
     )
     say = sys.stderr if args.json else sys.stdout
     print(
-        f"resuming {plan.run_dir} ({plan.state}, {plan.attempts} attempt(s)) "
-        f"{start_words(plan.checkpoint_step, plan)}",
+        f"resuming {plan.run_dir} ({plan.state}, {plan.attempts} attempt(s)) {plan.start_words()}",
         file=say,
     )
     for line in plan.changes:
@@ -78,37 +75,13 @@ def run(args: argparse.Namespace) -> int:
     if plan.skipped:
         print(f"  skipped: {plan.skipped}", file=say)
     prepared = plan.prepared
-    if args.dry_run and args.json:
-        _show_dry_run_json(plan)
+    if args.dry_run and args.json:  # and where the run stands
+        print(json.dumps(dry_run_json(plan)))
         return 0
     if args.dry_run:
         print(prepared.plan.script or "", end="")
         print(prepared.plan.summary)
         return 0
-    launched = launch(plan, slurm=client).launched
-    assert launched is not None  # started here
-    report(launched, args.json)
-    return wait_for(launched, client) if args.wait else 0
-
-
-def _show_dry_run_json(plan: ResumePlan) -> None:
-    """``resume --dry-run --json``: what ``submit --dry-run --json`` shows, and where the run
-    stands (schema ``hpc-ddp.submit/1``)."""
-    from hpc_ddp.output import SUBMIT, document
-
-    prepared = plan.prepared
-    shown: dict[str, object] = {
-        "dry_run": True,
-        "backend": prepared.backend,
-        "run_dir": str(plan.run_dir),
-        "state": plan.state,
-        "attempts": plan.attempts,
-        "checkpoint_step": plan.checkpoint_step,
-        "changes": list(plan.changes),
-    }
-    launch_plan = prepared.plan
-    if launch_plan.script is None:  # nothing rendered: the plan in words
-        shown["plan"] = launch_plan.summary.removeprefix("# ")
-    else:
-        shown.update(command=list(launch_plan.command), script=launch_plan.script)
-    print(json.dumps(document(SUBMIT, shown)))
+    job = launch(plan, slurm=client)
+    report(job, args.json)
+    return follow(job) if args.wait else 0

@@ -15,19 +15,23 @@ import argparse
 import contextlib
 import io
 import json
-import os
 import sys
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate
 
-from hpc_ddp.api.status import RunStatus, SweepStatus, collect_status, status_json
+from hpc_ddp.api.status import (
+    RunStatus,
+    SweepStatus,
+    add_goodput,
+    collect_status,
+    goodput_lines,
+    status_json,
+)
+from hpc_ddp.api.targets import runs_dir_of
 from hpc_ddp.rundir.layout import RUNS_DIR_ENV
-from hpc_ddp.state.report import DAMAGED, fmt_elapsed
-from hpc_ddp.submission.submit import runs_dir_from
 
 COLUMNS = ["run", "job", "state", "nodes", "elapsed", "attempts", "causes", "ckpt step", "loss"]
 
@@ -96,15 +100,15 @@ def _watch(args: argparse.Namespace, every: float) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    runs_dir = runs_dir_from(args.runs_dir, os.environ)
+    runs_dir = runs_dir_of(args.runs_dir)
     found = collect_status(args.targets, runs_dir, args.slurm)
     statuses = [s for s in found if isinstance(s, RunStatus)]
     sweeps = [s for s in found if isinstance(s, SweepStatus)]
     shown = status_json(found)
     if args.goodput:
-        _add_goodput(shown["runs"], shown["sweeps"])
+        add_goodput(shown)
     # A damaged run is shown beside the others but the exit status says something is wrong.
-    code = 1 if any(s.state == DAMAGED for s in statuses) else 0
+    code = 1 if any(s.damaged for s in statuses) else 0
     if args.json:
         print(json.dumps(shown, indent=2, default=_plain))
         return code
@@ -114,41 +118,9 @@ def _show(args: argparse.Namespace) -> int:
     _print_runs(statuses, attempts=args.attempts)
     _print_sweeps(shown["sweeps"], attempts=args.attempts)
     if args.goodput:
-        _print_goodput(shown["runs"], shown["sweeps"])
+        for line in goodput_lines(shown):
+            print(line)
     return code
-
-
-def _add_goodput(rows: list[dict[str, Any]], entries: list[dict[str, Any]]) -> None:
-    """Each run's (and sweep task's) goodput account, and each sweep's sum, as ``goodput``."""
-    from hpc_ddp.state.goodput import total
-    from hpc_ddp.state.report import run_goodput, still_running
-
-    for row in rows:
-        if row["state"] != DAMAGED:
-            row["goodput"] = run_goodput(Path(row["run_dir"]), running=still_running(row["state"]))
-    for entry in entries:
-        accounts = []
-        for task in entry["tasks"]:
-            # A task's state is a TaskState ("running"), a run's Slurm's word ("RUNNING").
-            g = run_goodput(Path(task["run_dir"]), running=still_running(task["state"]))
-            task["goodput"] = g
-            accounts.append(g)
-        entry["goodput"] = total(accounts)
-
-
-def _print_goodput(rows: list[dict[str, Any]], entries: list[dict[str, Any]]) -> None:
-    from hpc_ddp.state.goodput import describe
-
-    for row in rows:
-        if "goodput" in row:
-            print(f"\n{row['run_dir']}")
-            print("\n".join(describe(row["goodput"])))
-    for entry in entries:
-        print(f"\n{entry['sweep_dir']} ({len(entry['tasks'])} tasks)")
-        print("\n".join(describe(entry["goodput"])))
-        for task in entry["tasks"]:
-            g = task["goodput"]
-            print(f"  task {task['index']}: ETTR {g.ettr:.2f} of {g.wall_s:.0f} s")
 
 
 def _plain(value: Any) -> Any:
@@ -161,7 +133,7 @@ def _plain(value: Any) -> Any:
 
 def _cells(s: RunStatus) -> list[Any]:
     """A run's row of the table: ``-`` where JSON says null."""
-    return [s.run, s.job or "-", s.state, s.nodes or "-", fmt_elapsed(s.elapsed_s),
+    return [s.run, s.job or "-", s.state, s.nodes or "-", s.elapsed,
             "-" if s.attempts is None else s.attempts, ",".join(s.causes) or "-",
             s.ckpt_step, s.loss]  # fmt: skip
 

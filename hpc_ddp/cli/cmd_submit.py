@@ -12,11 +12,10 @@ import argparse
 import json
 import sys
 
-from hpc_ddp.api.job import launch, plan_submit, sbatch_test_only
+from hpc_ddp.api.job import Job, dry_run_json, follow, launch, plan_submit, sbatch_test_only
 from hpc_ddp.cli.options import add_backend_option, add_site_option
 from hpc_ddp.errors import ConfigError
 from hpc_ddp.rundir.layout import RUNS_DIR_ENV
-from hpc_ddp.submission.submit import Prepared, report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,42 +66,42 @@ def run(args: argparse.Namespace) -> int:
         else ["hpc-ddp", "submit", args.config, *args.overrides],
         for_test_only=args.test_only,
     )
-    if args.dry_run:
-        return _show_dry_run(prepared, args.json)
+    if args.dry_run:  # the backend's plan: the script and command, else its plan in words
+        if args.json:
+            print(json.dumps(dry_run_json(prepared)))
+            return 0
+        print(prepared.plan.script or "", end="")
+        print(prepared.plan.summary)
+        print(f"# run directory: {prepared.paths.root}")
+        return 0
     if args.test_only:
         print(sbatch_test_only(prepared, slurm=client))
         return 0
-    launched = launch(prepared, slurm=client).launched
+    job = launch(prepared, slurm=client)
+    report(job, args.json)
+    return follow(job) if args.wait else 0
+
+
+def report(job: Job, as_json: bool) -> None:
+    """Print the job id, the run directory and where its logs go (or one JSON object): what
+    ``submit`` and ``resume`` say about the job they started."""
+    launched = job.launched
     assert launched is not None  # started here
-    report(launched, args.json)
-    if not args.wait:
-        return 0
-    from hpc_ddp.submission.wait import wait_for  # the run's state: not needed to submit it
-
-    return wait_for(launched, client)
-
-
-def _show_dry_run(prepared: Prepared, as_json: bool) -> int:
-    """The backend's plan (:class:`~hpc_ddp.backends.base.LaunchPlan`): the script it would
-    write, if any, and the command it would run, else its plan in words."""
-    plan = prepared.plan
+    paths, backend = launched.paths, launched.prepared.backend
     if as_json:
         from hpc_ddp.output import SUBMIT
 
-        shown: dict[str, object] = {
+        shown = {
             "schema": SUBMIT,
-            "dry_run": True,
-            "backend": prepared.backend,
-            "run_dir": str(prepared.paths.root),
-            "command": list(plan.command),
+            "dry_run": False,
+            "backend": backend,
+            "job_id": launched.job_id,
+            "run_dir": str(paths.root),
+            "logs": str(paths.logs),
         }
-        if plan.script is None:  # nothing rendered: the plan in words
-            shown["plan"] = plan.summary.removeprefix("# ")
-        else:
-            shown["script"] = plan.script
         print(json.dumps(shown))
-        return 0
-    print(plan.script or "", end="")
-    print(plan.summary)
-    print(f"# run directory: {prepared.paths.root}")
-    return 0
+        return
+    print(f"submitted {launched.prepared.cfg.name} as {backend} job {launched.job_id}")
+    print(f"  run dir: {paths.root}")
+    print(f"  logs:    {paths.logs}/ (rank-N.out, rank-N.err)")
+    print(f"  watch:   hpc-ddp status {paths.root}")

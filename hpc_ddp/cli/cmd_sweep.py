@@ -18,27 +18,26 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
-
-from tabulate import tabulate
 
 from hpc_ddp.api.sweep import (
-    Sweep,
     SweepPlan,
+    arrays_text,
+    at_once,
     choose_sweep_backend,
     launch_sweep,
     load_sweep_spec,
+    plan_json,
+    plan_local_sweep,
     plan_sweep,
+    points_table,
+    resubmission_json,
     resubmit,
+    submitted_json,
     sweep_runs_dir,
 )
-from hpc_ddp.backends.slurm.client import SlurmClient
 from hpc_ddp.cli.options import add_backend_option, add_site_option
 from hpc_ddp.errors import ConfigError
 from hpc_ddp.rundir.layout import RUNS_DIR_ENV
-from hpc_ddp.rundir.manifest import read_manifest
-from hpc_ddp.sweep.arrays import PreparedArray, sweep_name
-from hpc_ddp.sweep.spec import SweepSpec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
                 "--resubmit-failed takes a sweep directory and nothing else. HINT: "
                 f"hpc-ddp sweep --resubmit-failed {shlex.quote(args.resubmit_failed)}"
             )
-        return _resubmit(Path(args.resubmit_failed), client, invocation, args)
+        return _resubmit(Path(args.resubmit_failed), invocation, args)
     if not args.sweep_file:
         raise ConfigError(
             "no sweep file given. HINT: hpc-ddp sweep SWEEP_FILE [KEY=VALUE ...] "
@@ -88,21 +87,31 @@ def run(args: argparse.Namespace) -> int:
     spec = load_sweep_spec(args.sweep_file, args.overrides, site=args.site)
     runs_dir = sweep_runs_dir(args.runs_dir)
     invocation = invocation or ["hpc-ddp", "sweep", args.sweep_file, *args.overrides]
-    if backend == "local":
-        return _local(spec, args, runs_dir, invocation)
     if args.dry_run:
+        if backend == "local":
+            return _dry_run(plan_local_sweep(spec, runs_dir=runs_dir), as_json=args.json)
         plan = plan_sweep(spec, sweep_file=args.sweep_file, runs_dir=runs_dir, slurm=client,
                           invocation=invocation)  # fmt: skip
         return _dry_run(plan, as_json=args.json)
     sweep = launch_sweep(spec, sweep_file=args.sweep_file, runs_dir=runs_dir, slurm=client,
-                         invocation=invocation)  # fmt: skip
-    sweep_dir = sweep.sweep_dir
-    arrays = sweep.arrays()
+                         invocation=invocation, backend=backend)  # fmt: skip
     if args.json:
         print(json.dumps(submitted_json(sweep, len(spec.points))))
         return 0
+    sweep_dir = sweep.sweep_dir
+    if backend == "local":
+        print(
+            f"started sweep {spec.name}: {len(spec.points)} points as local runs, "
+            f"{at_once(spec, backend)} at once"
+        )
+        print(f"  sweep dir: {sweep_dir}")
+        print(f"  tasks:     {sweep_dir}/tasks/<index>/ (as each starts: config.yaml, logs/, ...)")
+        print(f"  watch:     hpc-ddp status {sweep_dir}")
+        print(f"  results:   hpc-ddp results {sweep_dir}")
+        return 0
+    arrays = sweep.arrays()
     print(
-        f"submitted sweep {sweep_name(spec)}: {len(spec.points)} points as "
+        f"submitted sweep {spec.name}: {len(spec.points)} points as "
         + ", ".join(f"array job {r.job_id} (--array={r.array})" for r in arrays)
     )
     print(f"  sweep dir: {sweep_dir}")
@@ -112,166 +121,30 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _local(spec: SweepSpec, args: argparse.Namespace, runs_dir: Path, invocation: list[str]) -> int:
-    """A local sweep: shown (``--dry-run``), or started under its sweep controller."""
-    from hpc_ddp.submission.submit import new_run_dir, stamp_of
-    from hpc_ddp.sweep.local import local_parallel
-
-    parallel = local_parallel(spec.max_parallel)
-    if args.dry_run:
-        from datetime import datetime, timezone
-
-        sweep_dir = new_run_dir(runs_dir.resolve(), sweep_name(spec),
-                                stamp_of(datetime.now(timezone.utc)))  # fmt: skip
-        if args.json:
-            print(json.dumps(_plan_json(spec, sweep_dir, "local", parallel, [])))
-            return 0
-        print(points_table(spec))
-        print(f"# backend: local; {len(spec.points)} points as local runs, {parallel} at once")
-        print(f"# ranked by {spec.metric} ({spec.mode})")
-        print(f"# sweep directory: {sweep_dir}")
-        return 0
-    sweep = launch_sweep(spec, sweep_file=args.sweep_file, runs_dir=runs_dir, slurm=args.slurm,
-                         invocation=invocation, backend="local")  # fmt: skip
-    if args.json:
-        print(json.dumps(submitted_json(sweep, len(spec.points))))
-        return 0
-    print(
-        f"started sweep {sweep_name(spec)}: {len(spec.points)} points as local runs, "
-        f"{parallel} at once"
-    )
-    _print_where(sweep)
-    return 0
-
-
-def _print_where(sweep: Sweep) -> None:
-    sweep_dir = sweep.sweep_dir
-    print(f"  sweep dir: {sweep_dir}")
-    print(f"  tasks:     {sweep_dir}/tasks/<index>/ (as each starts: config.yaml, logs/, ...)")
-    print(f"  watch:     hpc-ddp status {sweep_dir}")
-    print(f"  results:   hpc-ddp results {sweep_dir}")
-
-
-def points_table(spec: SweepSpec) -> str:
-    """The points as a table: index, name and each swept key (blank where a point leaves it)."""
-    keys = list(dict.fromkeys(k for p in spec.points for k, _ in p.overrides))
-    rows = []
-    for p in spec.points:
-        values = dict(p.overrides)
-        rows.append(
-            [p.index, p.config.name, *(_cell(values[k]) if k in values else "" for k in keys)]
-        )
-    return tabulate(rows, headers=["#", "name", *keys], disable_numparse=True)
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, tuple):
-        return json.dumps(list(value))
-    return str(value)
-
-
-def submitted_json(sweep: Sweep, points: int) -> dict[str, Any]:
-    """``sweep --json`` once submitted or started (schema ``hpc-ddp.sweep/1``)."""
-    from hpc_ddp.output import SWEEP, document
-
-    arrays = sweep.arrays()
-    return document(
-        SWEEP,
-        {
-            "dry_run": False,
-            "sweep_dir": str(sweep.sweep_dir),
-            "backend": sweep.backend,
-            "points": points,
-            "job_id": read_manifest(sweep.sweep_dir).job_id,
-            "array_jobs": [r.job_id for r in arrays],
-            "arrays": [{"job_id": r.job_id, "points": r.points, "array": r.array} for r in arrays],
-        },
-    )
-
-
-def _plan_json(
-    spec: SweepSpec, sweep_dir: Path, backend: str, parallel: int | None, arrays: list[Any]
-) -> dict[str, Any]:
-    """``sweep --dry-run --json`` (schema ``hpc-ddp.sweep/1``, ``dry_run`` true)."""
-    from hpc_ddp.output import SWEEP, document
-
-    return document(
-        SWEEP,
-        {
-            "dry_run": True,
-            "sweep_dir": str(sweep_dir),
-            "backend": backend,
-            "metric": {"name": spec.metric, "mode": spec.mode},
-            "max_parallel": parallel,
-            "points": [
-                {"index": p.index, "name": p.config.name, "values": _values(p.overrides)}
-                for p in spec.points
-            ],
-            "arrays": arrays,
-        },
-    )
-
-
-def _values(overrides: Any) -> dict[str, Any]:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in overrides}
-
-
 def _dry_run(plan: SweepPlan, *, as_json: bool) -> int:
-    spec, sweep_dir, arrays, note = plan.spec, plan.sweep_dir, plan.arrays, plan.note
+    spec = plan.spec
     if as_json:
-        shown = [_array_json(a) for a in arrays]
-        print(json.dumps(_plan_json(spec, sweep_dir, "slurm", spec.max_parallel, shown)))
+        print(json.dumps(plan_json(plan)))
         return 0
     print(points_table(spec))
-    print()
-    _print_arrays(arrays)
-    throttle = f", at most {spec.max_parallel} at once" if spec.max_parallel else ""
-    print(f"# {len(spec.points)} points in {len(arrays)} job array(s){throttle}")
+    if plan.backend == "local":
+        print(f"# backend: local; {len(spec.points)} points as local runs, {plan.at_once} at once")
+    else:
+        print()
+        print(arrays_text(plan.arrays), end="")
+        throttle = f", at most {spec.max_parallel} at once" if spec.max_parallel else ""
+        print(f"# {len(spec.points)} points in {len(plan.arrays)} job array(s){throttle}")
     print(f"# ranked by {spec.metric} ({spec.mode})")
-    print(f"# sweep directory: {sweep_dir}")
-    if note:
-        print(note)
+    print(f"# sweep directory: {plan.sweep_dir}")
+    if plan.note:
+        print(plan.note)
     return 0
 
 
-def _array_json(a: PreparedArray) -> dict[str, Any]:
-    return {
-        "points": list(a.plan.points),
-        "offset": a.plan.offset,
-        "array": a.array,
-        "script_name": a.script_name,
-        "script": a.script,
-        "command": list(a.argv),
-    }
-
-
-def _print_arrays(arrays: list[PreparedArray]) -> None:
-    for a in arrays:
-        if len(arrays) > 1:
-            print(f"# ---- {a.script_name}: --array={a.array}, task t runs point t+{a.plan.offset}")
-        print(a.script, end="")
-        print(f"# would run: {shlex.join(a.argv)}")
-
-
-def _resubmit(
-    sweep_dir: Path, client: SlurmClient, invocation: list[str], args: argparse.Namespace
-) -> int:
-    from hpc_ddp.output import SWEEP, document
-
-    result = resubmit(sweep_dir, slurm=client, invocation=invocation, dry_run=args.dry_run)
+def _resubmit(sweep_dir: Path, invocation: list[str], args: argparse.Namespace) -> int:
+    result = resubmit(sweep_dir, slurm=args.slurm, invocation=invocation, dry_run=args.dry_run)
     if args.json:
-        shown = {
-            "dry_run": bool(args.dry_run),
-            "sweep_dir": str(sweep_dir),
-            "backend": Sweep.from_dir(sweep_dir).backend,
-            "resubmitted": result.points,
-            "job_id": read_manifest(sweep_dir).job_id,
-            "array_jobs": [r.job_id for r in result.records],
-            "arrays": [_array_json(a) for a in result.arrays] if args.dry_run else [],
-        }
-        print(json.dumps(document(SWEEP, shown)))
+        print(json.dumps(resubmission_json(sweep_dir, result, dry_run=bool(args.dry_run))))
         return 0
     if not result.points:
         print(f"nothing to resubmit: no task of {sweep_dir} has failed or been cancelled")
@@ -279,7 +152,7 @@ def _resubmit(
     listed = ", ".join(map(str, result.points))
     if args.dry_run:
         print(f"# would resubmit {len(result.points)} task(s): {listed}")
-        _print_arrays(result.arrays)
+        print(arrays_text(result.arrays), end="")
         return 0
     if not result.records:  # a local sweep: a new sweep controller runs them
         print(f"started {len(result.points)} task(s) of {sweep_dir} ({listed}) again, locally")

@@ -91,6 +91,25 @@ class ResumePlan:
     """Why newer checkpoint files are not where the job starts (damaged, misnamed, another
     run's), or None."""
 
+    def start_words(self) -> str:
+        """Where the new job starts, as far as the login side can tell, and how exact the
+        resume is (:func:`~hpc_ddp.config.exactness.resume_clause`).
+
+        Only the zip structure of a checkpoint is checked here (reading its tensors needs
+        torch, which the login side never imports); the runtime verifies every part's digest
+        and falls back to an older checkpoint when one does not match, so the step is a claim,
+        not a promise.
+        """
+        step = self.checkpoint_step
+        if step is None:
+            return "from step 0 (no checkpoint)"
+        exact = resume_clause(self.old, self.prepared.cfg, self.resize)
+        return (
+            f"from checkpoint step {step} (the newest on disk; the job verifies its digests "
+            f"when it starts and falls back to an older checkpoint if any part is damaged); "
+            f"{exact}"
+        )
+
 
 def plan_resume(
     run_dir: Path,
@@ -179,23 +198,6 @@ def _recheck(plan: ResumePlan, backend: Backend) -> Manifest:
 def _job_ids(manifest: Manifest) -> list[str]:
     """The run's job ids so far, oldest first: the new manifest keeps them."""
     return [*manifest.previous_jobs, *([manifest.job_id] if manifest.job_id else [])]
-
-
-def start_words(step: int | None, plan: ResumePlan | None = None) -> str:
-    """Where the new job starts, as far as the login side can tell, and how exact the resume
-    is (:func:`~hpc_ddp.config.exactness.resume_clause`, given the ``plan``).
-
-    Only the zip structure of a checkpoint is checked here (reading its tensors needs torch,
-    which the login side never imports); the runtime verifies every part's digest and falls
-    back to an older checkpoint when one does not match, so the step is a claim, not a promise.
-    """
-    if step is None:
-        return "from step 0 (no checkpoint)"
-    exact = "" if plan is None else f"; {resume_clause(plan.old, plan.prepared.cfg, plan.resize)}"
-    return (
-        f"from checkpoint step {step} (the newest on disk; the job verifies its digests when it "
-        f"starts and falls back to an older checkpoint if any part is damaged){exact}"
-    )
 
 
 def _manifest_of(run_dir: Path) -> Manifest:

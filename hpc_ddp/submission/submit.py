@@ -21,7 +21,6 @@ script rendered again for the path it really got.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shlex
 from collections.abc import Iterator, Mapping, Sequence
@@ -398,25 +397,3 @@ def test_only(prepared: Prepared, client: SlurmClient | None) -> str:
         return backend_for(prepared.backend, slurm=client).test_only(prepared.paths)
     finally:
         shutil.rmtree(prepared.paths.root, ignore_errors=True)
-
-
-def report(launched: Launched, as_json: bool) -> None:
-    """Print the job id, the run directory and where its logs go (or one JSON object)."""
-    paths, backend = launched.paths, launched.prepared.backend
-    if as_json:
-        from hpc_ddp.output import SUBMIT
-
-        shown = {
-            "schema": SUBMIT,
-            "dry_run": False,
-            "backend": backend,
-            "job_id": launched.job_id,
-            "run_dir": str(paths.root),
-            "logs": str(paths.logs),
-        }
-        print(json.dumps(shown))
-        return
-    print(f"submitted {launched.prepared.cfg.name} as {backend} job {launched.job_id}")
-    print(f"  run dir: {paths.root}")
-    print(f"  logs:    {paths.logs}/ (rank-N.out, rank-N.err)")
-    print(f"  watch:   hpc-ddp status {paths.root}")

@@ -104,6 +104,11 @@ class SweepSpec:
     max_parallel: int | None
     """At most this many array tasks at once (``--array=...%N``); ``None``: no limit."""
 
+    @property
+    def name(self) -> str:
+        """The base job's name (points are named ``<base name>-<index>``)."""
+        return self.points[0].config.name.rsplit("-", 1)[0]
+
 
 _Sampler = Callable[[random.Random], Any]
 

@@ -1,8 +1,9 @@
 """Submitting a sweep: one sweep directory, one job array (or as few as Slurm allows).
 
-Like :mod:`hpc_ddp.submission.submit`: planning and rendering are pure
-(:mod:`hpc_ddp.sweep.arrays`: the dry run shows them), :mod:`hpc_ddp.sweep.sweepdir` writes the
-sweep directory, and :func:`schedule_arrays` is the one place that calls ``sbatch``.
+Like :mod:`hpc_ddp.submission.submit`: planning and rendering the arrays are pure
+(:mod:`hpc_ddp.backends.slurm.array_sweep`: the dry run shows them),
+:mod:`hpc_ddp.sweep.sweepdir` writes the sweep directory, and :func:`schedule_arrays` is the
+one place that calls ``sbatch``.
 
 Speed matters here (a 1,000-point sweep should submit as fast as submitit's ``map_array``), so
 the configs are dumped through :mod:`hpc_ddp.sweep.configtext` and written into one file, each
@@ -19,6 +20,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from hpc_ddp.backends.slurm.array_sweep import (
+    PreparedArray,
+    prepare_arrays,
+)
 from hpc_ddp.backends.slurm.arrayjobs import (
     ArrayRecord,
     current_refs,
@@ -35,11 +40,6 @@ from hpc_ddp.rundir.manifest import Manifest, read_manifest, record_lock, write_
 from hpc_ddp.rundir.taskconfig import load_task_config
 from hpc_ddp.state.task import RESUBMITTABLE, TaskState
 from hpc_ddp.submission.submit import create_run_dir, stamp_of
-from hpc_ddp.sweep.arrays import (
-    PreparedArray,
-    prepare_arrays,
-    sweep_name,
-)
 from hpc_ddp.sweep.records import read_sweep_record
 from hpc_ddp.sweep.results import failed_points
 from hpc_ddp.sweep.runner import runner_for
@@ -131,7 +131,7 @@ def submit_sweep(
 ) -> SweepSubmission:
     """Write a new sweep directory for ``spec`` and submit its array(s)."""
     now = now or datetime.now(timezone.utc)
-    name = sweep_name(spec)
+    name = spec.name
     # Claimed by mkdir: a sweep submitted in the same second gets the next suffix, never this
     # directory (whose clean-up below would otherwise delete the other sweep's files).
     sweep_dir = create_run_dir(runs_dir.resolve(), name, stamp_of(now))
@@ -189,7 +189,7 @@ def submit_local_sweep(
     for point in spec.points:  # every point must fit this machine before anything is written
         backend.check(point.config)
     now = now or datetime.now(timezone.utc)
-    name = sweep_name(spec)
+    name = spec.name
     sweep_dir = create_run_dir(runs_dir.resolve(), name, stamp_of(now))
     record = sweep_record_text(spec, name, sweep_file.resolve())
     try:
@@ -229,7 +229,7 @@ def prepare_sweep(
     base = Path(spec.base_source)
     return prepare_arrays(
         {p.index: p.config for p in spec.points},
-        name=sweep_name(spec),
+        name=spec.name,
         sweep_dir=sweep_dir,
         max_parallel=spec.max_parallel,
         max_array_size=max_array_size,

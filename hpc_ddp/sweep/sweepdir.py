@@ -15,12 +15,12 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from hpc_ddp.backends.slurm.array_sweep import ArrayPlan
 from hpc_ddp.backends.slurm.arrayjobs import ARRAYS_RECORD, ArrayRecord
 from hpc_ddp.config.yaml_dialect import dump_yaml
 from hpc_ddp.durable import fsync_dir, write_text_atomic
 from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.taskconfig import pack_task_configs
-from hpc_ddp.sweep.arrays import ArrayPlan
 from hpc_ddp.sweep.configtext import config_texts
 from hpc_ddp.sweep.records import SWEEP_RECORD
 from hpc_ddp.sweep.spec import SweepSpec

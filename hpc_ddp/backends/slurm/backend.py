@@ -120,6 +120,11 @@ class SlurmBackend:
         (:meth:`~hpc_ddp.backends.slurm.client.SlurmClient.job_states`)."""
         return self.client.job_states(job_ids)
 
+    def max_array_size(self) -> int:
+        """The cluster's ``MaxArraySize``: a job array's task ids must stay below it
+        (:class:`~hpc_ddp.errors.SlurmError` when Slurm cannot be asked)."""
+        return self.client.max_array_size()
+
     def accounting(self, job_ids: Sequence[str]) -> dict[str, AccountingRecord] | None:
         """sacct's records of the jobs; None without accounting."""
         return self.client.sacct_states(job_ids)

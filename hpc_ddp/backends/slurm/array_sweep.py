@@ -18,7 +18,6 @@ from hpc_ddp.backends.slurm.arrayjobs import format_index_ranges
 from hpc_ddp.backends.slurm.client import SlurmClient
 from hpc_ddp.backends.slurm.render import RenderContext, load_template, render_sbatch
 from hpc_ddp.config.model import JobConfig
-from hpc_ddp.sweep.spec import SweepSpec
 from hpc_ddp.version import __version__
 
 SLURM_DEFAULT_MAX_ARRAY_SIZE = 1001
@@ -28,11 +27,6 @@ SLURM_DEFAULT_MAX_ARRAY_SIZE = 1001
 def script_name(number: int) -> str:
     """The script of the sweep's ``number``-th array: ``job.sbatch``, then ``job-1.sbatch``..."""
     return "job.sbatch" if number == 0 else f"job-{number}.sbatch"
-
-
-def sweep_name(spec: SweepSpec) -> str:
-    """The base job's name (points are named ``<base name>-<index>``)."""
-    return spec.points[0].config.name.rsplit("-", 1)[0]
 
 
 @dataclass(frozen=True)
