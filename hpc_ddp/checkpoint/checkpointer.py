@@ -12,7 +12,8 @@ Every rank loads the checkpoint to the CPU and lets ``load_state_dict`` place it
 weights are copied into its parameters wherever they live, the optimizer moves its state to
 each parameter's device and keeps its ``step`` counters on the CPU, as a fresh run does. The
 file format, the writer and the search for the newest good file live in
-:mod:`hpc_ddp.checkpoint.format`.
+:mod:`hpc_ddp.checkpoint.format`. A model sharded with FSDP is saved and restored by
+:mod:`hpc_ddp.checkpoint.sharded` instead: every rank writes and reads its own shard.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from hpc_ddp.checkpoint.format import (
     restore_rng_state,
     unverified_sections,
 )
+from hpc_ddp.checkpoint.sharded import ShardedCheckpoints
 from hpc_ddp.config.elastic import Resize, Shape, rescaled_accum
 from hpc_ddp.config.load import job_config_to_dict
 from hpc_ddp.config.model import JobConfig, KeepBestConfig
@@ -49,6 +51,7 @@ from hpc_ddp.runtime.handoff import Handoff
 from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.sampler import reseed_rng
+from hpc_ddp.runtime.sharding import is_sharded
 
 log = logging.getLogger("hpc_ddp")
 
@@ -189,6 +192,8 @@ class Checkpointer:
         self._buffers = SnapshotBuffers()
         self._config = job_config_to_dict(config)  # the same in every checkpoint of an attempt
         self._handoff = handoff
+        self.sharded: ShardedCheckpoints | None = None
+        """Set by :meth:`restore` for an FSDP-sharded model: its checkpoints are sharded."""
 
     def observe(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Note a metrics row logged at ``step`` (rank 0): under ``train.keep_best`` a
@@ -248,17 +253,9 @@ class Checkpointer:
         the same on every rank.
         """
         self.tracked = tracked
-        name: str | None = None
-        error: str | None = None
-        payload: dict[str, Any] | None = None
-        if self.is_main:
-            try:
-                found = find_latest(self.directory, run_id=self.run_id)
-            except CheckpointError as exc:
-                error = str(exc)
-            else:
-                if found is not None:
-                    name, payload = found[0].name, found[1]
+        if is_sharded(tracked.model):  # every rank reads and writes its own shard
+            return self._restore_sharded(tracked, progress, elastic)
+        name, error, payload = self._choose() if self.is_main else (None, None, None)
         name, error = self.handoff.share("rank 0's choice of checkpoint", [name, error])
         if error is not None:
             raise CheckpointError(error)
@@ -274,11 +271,27 @@ class Checkpointer:
         if error is not None:
             raise CheckpointError(error)
         assert payload is not None
-        self.resize = self._check_resize(payload, name, elastic)
+        self.resize = self.check_resize(payload, name, elastic)
         self._apply(payload, name, progress)
         self.best = None if self._keep_best is None else Best.recorded(payload, self._keep_best)
         self.last = CheckpointRecord.at(progress.step)
         return CheckpointRecord(progress.step, name)
+
+    def _choose(self) -> tuple[str | None, str | None, dict[str, Any] | None]:
+        """Rank 0: (name, error, payload) of the newest good checkpoint file."""
+        try:
+            found = find_latest(self.directory, run_id=self.run_id)
+        except CheckpointError as exc:
+            return None, str(exc), None
+        return (None, None, None) if found is None else (found[0].name, None, found[1])
+
+    def _restore_sharded(
+        self, tracked: Tracked, progress: Progress, elastic: bool
+    ) -> CheckpointRecord | None:
+        self.sharded = ShardedCheckpoints(self)
+        loaded = self.sharded.restore(tracked, progress, elastic=elastic)
+        self.last = None if loaded is None else CheckpointRecord(progress.step, loaded)
+        return self.last
 
     def _apply(self, payload: dict[str, Any], name: str, progress: Progress) -> None:
         assert self.tracked is not None
@@ -322,7 +335,7 @@ class Checkpointer:
                 progress.epoch,
                 self.world_size,
             )
-        self._say_config_changes(payload, name)
+        self.say_config_changes(payload, name)
         unverified = unverified_sections(payload)
         if unverified:
             log.warning(
@@ -345,7 +358,7 @@ class Checkpointer:
             where,
         )
 
-    def _say_config_changes(self, payload: dict[str, Any], name: str) -> None:
+    def say_config_changes(self, payload: dict[str, Any], name: str) -> None:
         """Log which config keys that shape the state differ from those ``name`` was written
         with (an elastic resume's accumulation, a forced resume's overrides): the resume goes
         on, but it is no longer the uninterrupted run. A file without a recorded config
@@ -367,7 +380,7 @@ class Checkpointer:
             "; ".join(changed) or "the config the file recorded is not readable",
         )
 
-    def _check_resize(self, payload: dict[str, Any], name: str, elastic: bool) -> Resize | None:
+    def check_resize(self, payload: dict[str, Any], name: str, elastic: bool) -> Resize | None:
         """None at the checkpoint's world size; else the :class:`Resize`, once it is certain
         that it can carry over (a :class:`ConfigError` with a hint otherwise)."""
         meta, progress = payload["meta"], payload["progress"]
@@ -412,6 +425,11 @@ class Checkpointer:
         """
         t = self.tracked
         assert t is not None, "restore() names what to save"
+        if self.sharded is not None:
+            if self.last is None or self.last.step != progress.step:
+                path = self.sharded.save(t, progress)  # synchronous: durable on return
+                self.last = CheckpointRecord(progress.step, path.name)
+            return self.directory / self.last.name if self.is_main else None
         record = CheckpointRecord.at(progress.step)
         if self.last is None or self.last.step != record.step:
             rng = capture_rng_state(self.device)

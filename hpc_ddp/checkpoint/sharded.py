@@ -1,0 +1,434 @@
+"""Sharded checkpoints: every rank writes its own shard of an FSDP-sharded model, with DCP.
+
+A model sharded with FSDP2 (:mod:`hpc_ddp.runtime.sharding`) is never gathered on one rank to
+be saved: each rank writes its shard with ``torch.distributed.checkpoint`` (DCP) into one
+directory per save, named like the file checkpoints' stem so that listings sort together::
+
+    RUN_DIR/checkpoints/step-00000120/
+        .metadata             DCP's index of every shard (rank 0)
+        __0_0.distcp ...      one per rank: its shard of the model, optimizer and named objects
+        common.pt             rank 0: progress (the sampler position), extra, scheduler, scaler,
+                              the resolved config and meta (world size, grad_accum, run id)
+        rank-00000.pt ...     one per rank: that rank's RNG states
+        digests.json          written last: {format, version, step, world_size, digest:
+                              "xxh3-128", files: {name: {size, xxh3}}}
+
+How a save stays whole or absent. Every rank writes into ``.partial-step-00000120/`` (a name
+that never matches ``step-*``); when every rank's files are written and fsync'd (they meet on
+the rendezvous store, bounded by ``fault.checkpoint_timeout_s``, as the file checkpoints'
+hand-offs are), each has hashed its own files, rank 0 writes ``digests.json``, renames the
+directory to ``step-00000120`` in one step and fsyncs the parent, and only then updates
+``latest`` and prunes beyond ``train.keep_last``.
+
+What counts as a checkpoint (:func:`check_complete`, :func:`verify_files`): ``digests.json``
+readable and of this format; ``.metadata``, ``common.pt``, one ``rank-*.pt`` and at least one
+``__R_*.distcp`` per rank of the recorded world size listed in it; every listed file present
+with its recorded size; and, when verified (resume always verifies), every file hashing to its
+recorded digest. Anything less is skipped with a warning, and the newest complete one before
+it is loaded. Verification is shared out: each rank hashes every world-size-th file, so a
+resume reads each byte once, not once per rank.
+
+A load may come at another world size: DCP reshards the model and optimizer state to the
+ranks now present; the data position goes on by global sample index, as for DDP's elastic
+resume (:meth:`hpc_ddp.checkpoint.checkpointer.Checkpointer.check_resize`). Saving is
+synchronous for now: the training thread waits for its shard to be written.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+import xxhash
+
+from hpc_ddp.checkpoint.format import capture_rng_state, restore_rng_state
+from hpc_ddp.config.load import job_config_to_dict
+from hpc_ddp.durable import fsync_dir, write_atomic, write_text_atomic
+from hpc_ddp.errors import CheckpointError, ConfigError
+from hpc_ddp.rundir.checkpoint_label import config_digest
+from hpc_ddp.rundir.layout import LATEST_CHECKPOINT, parse_checkpoint_name
+from hpc_ddp.runtime.progress import Progress
+from hpc_ddp.runtime.sampler import reseed_rng
+from hpc_ddp.runtime.sharding import is_sharded
+from hpc_ddp.version import __version__
+
+if TYPE_CHECKING:
+    from hpc_ddp.checkpoint.checkpointer import Checkpointer, Tracked
+
+log = logging.getLogger("hpc_ddp")
+
+FORMAT = "hpc-ddp-sharded"
+FORMAT_VERSION = 1
+DIGESTS = "digests.json"
+COMMON = "common.pt"
+METADATA = ".metadata"
+PARTIAL_PREFIX = ".partial-"
+"""A save in progress: never matches ``step-*``, never loaded."""
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+_SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")
+_CHUNK = 8 << 20
+
+
+def sharded_name(step: int) -> str:
+    """``step-00000120``: the directory of a sharded checkpoint (a file one adds ``.pt``)."""
+    return f"step-{step:08d}"
+
+
+def rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.pt"
+
+
+def parse_sharded_name(name: str) -> int | None:
+    m = _STEP_DIR.match(name)
+    return int(m.group(1)) if m else None
+
+
+def sharded_dirs(directory: Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every ``step-N/`` directory in ``directory``, newest first."""
+    if not directory.is_dir():
+        return []
+    found = [
+        (s, p)
+        for p in directory.iterdir()
+        if (s := parse_sharded_name(p.name)) is not None and p.is_dir()
+    ]
+    return sorted(found, reverse=True)
+
+
+def file_digest(path: Path) -> str:
+    """xxh3-128 of a file's bytes, read in 8 MiB pieces."""
+    h = xxhash.xxh3_128()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_digests(path: Path) -> dict[str, Any]:
+    """The digest record of the sharded checkpoint ``path``; :class:`CheckpointError` when it
+    is missing, unreadable or not of this format."""
+    try:
+        record = json.loads((path / DIGESTS).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path.name}: no {DIGESTS} (an unfinished save)") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path.name}: {DIGESTS} unreadable ({exc})") from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise CheckpointError(f"{path.name}: {DIGESTS} is not an {FORMAT} record")
+    if record.get("version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path.name}: format version {record.get('version')!r} unknown")
+    return record
+
+
+def check_complete(path: Path) -> dict[str, Any]:
+    """The digest record of ``path`` once every file a checkpoint needs is there with its
+    recorded size (no hashing); else :class:`CheckpointError` saying what is missing."""
+    record = read_digests(path)
+    files: Mapping[str, Any] = record.get("files") or {}
+    world = int(record.get("world_size") or 0)
+    needed = [METADATA, COMMON, *(rank_file(r) for r in range(world))]
+    missing = [name for name in needed if name not in files]
+    shard_ranks = {int(m.group(1)) for name in files if (m := _SHARD.match(name))}
+    missing += [f"__{r}_*.distcp" for r in range(world) if r not in shard_ranks]
+    if world < 1 or missing:
+        raise CheckpointError(f"{path.name}: the record lists no {', '.join(missing) or 'ranks'}")
+    if parse_sharded_name(path.name) != record.get("step"):
+        raise CheckpointError(f"{path.name}: holds step {record.get('step')}, not its name's")
+    for name, entry in sorted(files.items()):
+        try:
+            size = (path / name).stat().st_size
+        except OSError:
+            raise CheckpointError(f"{path.name}: {name} is missing") from None
+        if size != entry["size"]:
+            raise CheckpointError(
+                f"{path.name}: {name} has {size} bytes, {entry['size']} were written"
+            )
+    return record
+
+
+def verify_files(path: Path, record: Mapping[str, Any], *, rank: int = 0, world: int = 1) -> None:
+    """Hash every ``world``-th listed file from ``rank`` on and compare it with the record
+    (:class:`CheckpointError` naming the first that differs)."""
+    for i, (name, entry) in enumerate(sorted(record["files"].items())):
+        if i % world == rank and file_digest(path / name) != entry["xxh3"]:
+            raise CheckpointError(f"{path.name}: {name} changed on disk (its digest differs)")
+
+
+def _save_pt(obj: Any, path: Path) -> None:
+    write_atomic(path, lambda f: torch.save(obj, f))
+
+
+def _load_pt(path: Path) -> Any:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+class ShardedCheckpoints:
+    """The sharded side of a :class:`~hpc_ddp.checkpoint.checkpointer.Checkpointer` (which
+    hands over to it when :meth:`restore` is given a sharded model): the same collective
+    ``restore`` and ``save``, every rank reading and writing its own shard."""
+
+    def __init__(self, ckpt: Checkpointer) -> None:
+        self.ckpt = ckpt
+        self.directory = ckpt.directory
+        self.rank = ckpt.rank
+        self.world_size = ckpt.world_size
+        self._config = job_config_to_dict(ckpt.config)
+
+    # --- the state ---------------------------------------------------------------------
+
+    def _state(self, t: Tracked) -> dict[str, Any]:
+        """What DCP saves and loads in place: the sharded model, its optimizer, the objects."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+        optimizers = [] if t.optimizer is None else [t.optimizer]
+        model_state, optim_state = get_state_dict(t.model, optimizers)
+        state: dict[str, Any] = {"model": model_state}
+        if t.optimizer is not None:
+            state["optimizer"] = optim_state
+        objects = {
+            name: get_model_state_dict(obj) if is_sharded(obj) else obj.state_dict()
+            for name, obj in t.objects.items()
+        }
+        if objects:
+            state["objects"] = objects
+        return state
+
+    def _apply(self, t: Tracked, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+        optimizers = [] if t.optimizer is None else [t.optimizer]
+        set_state_dict(
+            t.model,
+            optimizers,
+            model_state_dict=state["model"],
+            optim_state_dict=state.get("optimizer", {}),
+        )
+        for name, obj in t.objects.items():
+            if is_sharded(obj):
+                set_model_state_dict(obj, state["objects"][name])
+            else:
+                obj.load_state_dict(state["objects"][name])
+
+    def _common(self, t: Tracked, progress: Progress, grad_accum: int) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "progress": progress.to_dict(),
+            "extra": dict(progress.extra),
+            "scheduler": None if t.scheduler is None else t.scheduler.state_dict(),
+            "scaler": None if t.scaler is None else t.scaler.state_dict(),
+            "objects": sorted(t.objects),
+            "config": self._config,
+            "meta": {
+                "time": time.time(),
+                "world_size": self.world_size,
+                "grad_accum": grad_accum,
+                "run_id": self.ckpt.run_id,
+                "config_digest": config_digest(self._config),
+                "torch_version": str(torch.__version__),
+                "hpc_ddp_version": __version__,
+            },
+        }
+
+    # --- saving ------------------------------------------------------------------------
+
+    def save(self, t: Tracked, progress: Progress) -> Path:
+        """Write this rank's shard of step ``progress.step``; returns the directory once
+        every rank's shard and the digest record are durable (collective, every rank)."""
+        from torch.distributed.checkpoint.filesystem import FileSystemWriter
+        from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+        step = progress.step
+        final = self.directory / sharded_name(step)
+        partial = self.directory / f"{PARTIAL_PREFIX}{final.name}"
+        handoff = self.ckpt.handoff
+        error = None
+        if self.rank == 0:
+            error = _attempt(lambda: _fresh_dir(partial))
+        error = handoff.share(f"rank 0's {partial.name}", error)
+        if error is not None:
+            raise CheckpointError(error)
+        digests: dict[str, Any] = {}
+
+        def write() -> None:
+            dcp_save(self._state(t), storage_writer=FileSystemWriter(partial))
+            _save_pt(capture_rng_state(self.ckpt.device), partial / rank_file(self.rank))
+            mine = [rank_file(self.rank)]
+            mine += [p.name for p in partial.glob(f"__{self.rank}_*.distcp")]
+            if self.rank == 0:
+                _save_pt(self._common(t, progress, self.ckpt.grad_accum), partial / COMMON)
+                mine += [METADATA, COMMON]
+            for name in mine:
+                path = partial / name
+                digests[name] = {"size": path.stat().st_size, "xxh3": file_digest(path)}
+
+        error = handoff.meet(f"every rank's shard of {final.name}", _attempt(write))
+        if error is not None:
+            raise CheckpointError(error)
+        gathered: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(digests, gathered, dst=0)
+        if self.rank == 0:
+            assert gathered is not None
+            error = _attempt(lambda: self._commit(partial, final, step, gathered))
+        error = handoff.share(f"rank 0's commit of {final.name}", error)
+        if error is not None:
+            raise CheckpointError(error)
+        return final
+
+    def _commit(self, partial: Path, final: Path, step: int, gathered: list[Any]) -> None:
+        """Rank 0: the digest record last, then the directory renamed in one step."""
+        files: dict[str, Any] = {}
+        for part in gathered:
+            files.update(part)
+        record = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "step": step,
+            "world_size": self.world_size,
+            "digest": "xxh3-128",
+            "files": files,
+        }
+        write_text_atomic(partial / DIGESTS, json.dumps(record, indent=1, sort_keys=True))
+        fsync_dir(partial)
+        if final.exists():  # this step saved before (a resume that saved it again): replaced
+            old = final.with_name(f"{PARTIAL_PREFIX}old-{final.name}")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(partial, final)
+        fsync_dir(self.directory)
+        write_text_atomic(self.directory / LATEST_CHECKPOINT, final.name + "\n")
+        self._prune(step)
+
+    def _prune(self, written: int) -> None:
+        keep = self.ckpt.config.train.keep_last
+        steps = [s for s, _ in sharded_dirs(self.directory) if s <= written]
+        for step in sorted(steps)[:-keep] if keep > 0 else []:
+            shutil.rmtree(self.directory / sharded_name(step), ignore_errors=True)
+
+    # --- restoring -----------------------------------------------------------------------
+
+    def restore(self, t: Tracked, progress: Progress, *, elastic: bool) -> str | None:
+        """Load the newest complete, verified sharded checkpoint into ``t`` and ``progress``
+        (collective); its name, or None when there is none."""
+        handoff = self.ckpt.handoff
+        candidates: list[str] = []
+        error = None
+        if self.rank == 0:
+            candidates, error = self._candidates()
+        candidates, error = handoff.share("rank 0's sharded checkpoints", [candidates, error])
+        if error is not None:
+            raise ConfigError(error)
+        skipped = []
+        for name in candidates:
+            path = self.directory / name
+            why = _attempt(functools.partial(self._verify_share, path))
+            why = handoff.meet(f"every rank's check of {name}", why)
+            if why is None:
+                self._load(path, t, progress, elastic)
+                return name
+            skipped.append(why)
+            if self.rank == 0:
+                log.warning("skipping checkpoint %s (%s); trying the one before it", path, why)
+        if skipped:
+            raise CheckpointError(
+                f"{self.directory}: none of {len(skipped)} sharded checkpoints loads (newest: "
+                f"{skipped[0]}). HINT: move the checkpoints directory aside to start the run "
+                "from scratch."
+            )
+        return None
+
+    def _candidates(self) -> tuple[list[str], str | None]:
+        """Rank 0: the complete sharded checkpoints of this run, newest first (incomplete ones
+        are logged and left out); or an error when only file checkpoints are there."""
+        names = []
+        for _, path in sharded_dirs(self.directory):
+            try:
+                check_complete(path)
+                common = _load_pt(path / COMMON)
+            except Exception as exc:  # a torn common.pt too: never a crash, a skip
+                log.warning("skipping checkpoint %s (damaged: %s)", path, _first_line(exc))
+                continue
+            run_id = common["meta"].get("run_id")
+            if self.ckpt.run_id is not None and run_id not in (None, self.ckpt.run_id):
+                log.warning("skipping checkpoint %s (written by run %s)", path, run_id)
+                continue
+            names.append(path.name)
+        files = [p for p in self.directory.glob("step-*.pt") if parse_checkpoint_name(p.name)]
+        if not names and files:
+            return [], (
+                f"{self.directory} holds file checkpoints ({sorted(files)[-1].name}) of an "
+                "unsharded model, and this model is sharded (FSDP). HINT: go on with "
+                "train.strategy: ddp (s.wrap(model, strategy='ddp')), or start a new run."
+            )
+        return names, None
+
+    def _verify_share(self, path: Path) -> None:
+        record = check_complete(path)
+        verify_files(path, record, rank=self.rank, world=self.world_size)
+
+    def _load(self, path: Path, t: Tracked, progress: Progress, elastic: bool) -> None:
+        from torch.distributed.checkpoint.filesystem import FileSystemReader
+        from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
+        common = _load_pt(path / COMMON)
+        missing = sorted(set(t.objects) - set(common.get("objects") or []))
+        if missing:
+            raise ConfigError(
+                f"{path.name} holds no state for {', '.join(map(repr, missing))}. HINT: pass "
+                "restore() the names the run saved them under."
+            )
+        self.ckpt.resize = self.ckpt.check_resize(common, path.name, elastic)
+        state = self._state(t)
+        dcp_load(state, storage_reader=FileSystemReader(path))
+        self._apply(t, state)
+        for obj, key in ((t.scheduler, "scheduler"), (t.scaler, "scaler")):
+            if obj is not None and common.get(key) is not None:
+                obj.load_state_dict(common[key])
+        progress.update_from(common["progress"], common.get("extra") or {})
+        if self.ckpt.resize is None:
+            restore_rng_state(_load_pt(path / rank_file(self.rank)), self.ckpt.device)
+        else:
+            reseed_rng(self.ckpt.config.train.seed, progress.step, self.rank)
+            log.warning(
+                "elastic resume from %s: %s; the model and optimizer resharded by DCP, the "
+                "data going on at sample %d of epoch %d over %d rank(s)",
+                path.name,
+                self.ckpt.resize.describe(),
+                progress.samples_in_epoch or 0,
+                progress.epoch,
+                self.world_size,
+            )
+        self.ckpt.say_config_changes(common, path.name)
+        log.info("resumed from sharded %s: step %d, epoch %d", path.name, progress.step,
+                 progress.epoch)  # fmt: skip
+
+
+def _fresh_dir(path: Path) -> None:
+    """An empty ``path``: what a killed save left there is removed first."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+
+
+def _attempt(work: Callable[[], object]) -> str | None:
+    """None when ``work`` succeeds, else its error in one line (shared with the other ranks)."""
+    try:
+        work()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {_first_line(exc)}"
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
