@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -427,8 +427,10 @@ class Checkpointer:
         assert t is not None, "restore() names what to save"
         if self.sharded is not None:
             if self.last is None or self.last.step != progress.step:
-                path = self.sharded.save(t, progress)  # synchronous: durable on return
+                path = self.sharded.save(t, progress)
                 self.last = CheckpointRecord(progress.step, path.name)
+            if wait:
+                self.sharded.wait()
             return self.directory / self.last.name if self.is_main else None
         record = CheckpointRecord.at(progress.step)
         if self.last is None or self.last.step != record.step:
@@ -478,6 +480,9 @@ class Checkpointer:
     def sync_errors(self) -> None:
         """Rank 0 waits for its writer; a failure becomes the same error on every rank (the
         others wait for rank 0's word on the store, not in a collective)."""
+        if self.sharded is not None:
+            self.sharded.wait()  # every rank gets the same error from the writer threads
+            return
         error = None
         if self.is_main:
             try:
@@ -496,3 +501,11 @@ class Checkpointer:
             self.sync_errors()
         elif self.is_main:
             self._writer.wait()
+
+    def then(self, after: Callable[[], None]) -> None:
+        """Run ``after`` on rank 0 once the save in flight is durable, off the training thread
+        (see :meth:`CheckpointWriter.then`)."""
+        if self.sharded is not None:
+            self.sharded.then(after)
+        else:
+            self._writer.then(after)

@@ -30,8 +30,13 @@ resume reads each byte once, not once per rank.
 
 A load may come at another world size: DCP reshards the model and optimizer state to the
 ranks now present; the data position goes on by global sample index, as for DDP's elastic
-resume (:meth:`hpc_ddp.checkpoint.checkpointer.Checkpointer.check_resize`). Saving is
-synchronous for now: the training thread waits for its shard to be written.
+resume (:meth:`hpc_ddp.checkpoint.checkpointer.Checkpointer.check_resize`).
+
+Saving is asynchronous, like the file checkpoints' writer: on the training thread each rank
+copies its shard into host buffers it keeps from one save to the next (the DTensors rebuilt
+around the copies), then a writer thread writes it, hashes its files and hands the digests to
+rank 0, which commits. The writer thread talks over a gloo group of its own, so its
+collectives never interleave with training's. At most one save is in flight.
 """
 
 from __future__ import annotations
@@ -42,8 +47,10 @@ import logging
 import os
 import re
 import shutil
+import threading
 import time
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +58,12 @@ import torch
 import torch.distributed as dist
 import xxhash
 
-from hpc_ddp.checkpoint.format import capture_rng_state, restore_rng_state
+from hpc_ddp.checkpoint.format import (
+    SnapshotBuffers,
+    capture_rng_state,
+    restore_rng_state,
+    snapshot,
+)
 from hpc_ddp.config.load import job_config_to_dict
 from hpc_ddp.durable import fsync_dir, write_atomic, write_text_atomic
 from hpc_ddp.errors import CheckpointError, ConfigError
@@ -183,6 +195,16 @@ class ShardedCheckpoints:
         self.rank = ckpt.rank
         self.world_size = ckpt.world_size
         self._config = job_config_to_dict(ckpt.config)
+        self._buffers = SnapshotBuffers()
+        self._group: Any = None
+        self._thread: threading.Thread | None = None
+        self._error: str | None = None
+        self._then: list[Callable[[], None]] = []
+        """Called once the save in flight is durable (under :attr:`_lock`, as
+        :attr:`_writing`: whether the writer thread has yet to take them)."""
+        self._lock = threading.Lock()
+        self._writing = False
+        self._durable: Path | None = None
 
     # --- the state ---------------------------------------------------------------------
 
@@ -242,51 +264,148 @@ class ShardedCheckpoints:
 
     # --- saving ------------------------------------------------------------------------
 
-    def save(self, t: Tracked, progress: Progress) -> Path:
-        """Write this rank's shard of step ``progress.step``; returns the directory once
-        every rank's shard and the digest record are durable (collective, every rank)."""
+    def save(self, t: Tracked, progress: Progress, *, wait: bool = False) -> Path:
+        """Save this rank's shard of step ``progress.step`` (collective, every rank).
+
+        The training thread waits for the save before (its buffers are reused), then copies
+        this rank's state into kept host buffers and returns; a writer thread writes it, and
+        rank 0 commits the directory once every rank's files are written. ``wait=True``
+        returns only once it is committed and durable; a failure is raised by the next
+        :meth:`wait` (the next save, a stop, the end), the same on every rank.
+        """
+        self.wait()
+        if self._group is None:
+            # The writer thread's own group: its collectives never meet training's on the
+            # default group (gloo runs one at a time per group, in call order).
+            timeout = timedelta(seconds=self.ckpt.config.fault.checkpoint_timeout_s)
+            self._group = dist.new_group(backend="gloo", timeout=timeout)
+        step = progress.step
+        final = self.directory / sharded_name(step)
+        state = self._stage(self._state(t))
+        rng = snapshot(capture_rng_state(self.ckpt.device), "rng")
+        common = None
+        if self.rank == 0:
+            common = snapshot(self._common(t, progress, self.ckpt.grad_accum), "common")
+        self._writing = True  # no thread runs now: no lock needed
+        self._thread = threading.Thread(
+            target=self._write, args=(final, state, rng, common), name="hpc-ddp-shards"
+        )
+        # A daemon: an interpreter leaving after an error does not wait for it; a save cut
+        # short leaves a .partial- directory, never a step directory.
+        self._thread.daemon = True
+        self._thread.start()
+        if wait:
+            self.wait()
+        return final
+
+    def _stage(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A copy of ``state`` in this rank's kept host buffers, each DTensor rebuilt around
+        the copy of its local shard (no collective: the global shape and placements are
+        known)."""
+        from torch.distributed.tensor import DTensor
+
+        def local(obj: Any) -> Any:
+            if isinstance(obj, DTensor):
+                return obj.to_local()
+            if isinstance(obj, Mapping):
+                return {k: local(v) for k, v in obj.items()}
+            if isinstance(obj, list | tuple):
+                return type(obj)(local(v) for v in obj)
+            return obj
+
+        def rebuild(orig: Any, copy: Any) -> Any:
+            if isinstance(orig, DTensor):
+                return DTensor.from_local(
+                    copy,
+                    orig.device_mesh,
+                    orig.placements,
+                    run_check=False,
+                    shape=orig.shape,
+                    stride=orig.stride(),
+                )
+            if isinstance(orig, Mapping):
+                return {k: rebuild(v, copy[k]) for k, v in orig.items()}
+            if isinstance(orig, list | tuple):
+                return type(orig)(rebuild(o, c) for o, c in zip(orig, copy, strict=True))
+            return copy
+
+        copied: dict[str, Any] = rebuild(state, self._buffers.snapshot(local(state), "shard"))
+        return copied
+
+    def _write(self, final: Path, state: Any, rng: Any, common: Any) -> None:
+        """The writer thread: this rank's files, the digests to rank 0, rank 0's commit; every
+        rank ends with the same error (or None) in :attr:`_error`."""
         from torch.distributed.checkpoint.filesystem import FileSystemWriter
         from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-        step = progress.step
-        final = self.directory / sharded_name(step)
+        group = self._group
         partial = self.directory / f"{PARTIAL_PREFIX}{final.name}"
-        handoff = self.ckpt.handoff
-        error = None
-        if self.rank == 0:
-            error = _attempt(lambda: _fresh_dir(partial))
-        error = handoff.share(f"rank 0's {partial.name}", error)
-        if error is not None:
-            raise CheckpointError(error)
         digests: dict[str, Any] = {}
 
         def write() -> None:
-            dcp_save(self._state(t), storage_writer=FileSystemWriter(partial))
-            _save_pt(capture_rng_state(self.ckpt.device), partial / rank_file(self.rank))
+            dcp_save(state, storage_writer=FileSystemWriter(partial), process_group=group)
+            _save_pt(rng, partial / rank_file(self.rank))
             mine = [rank_file(self.rank)]
             mine += [p.name for p in partial.glob(f"__{self.rank}_*.distcp")]
-            if self.rank == 0:
-                _save_pt(self._common(t, progress, self.ckpt.grad_accum), partial / COMMON)
+            if common is not None:
+                _save_pt(common, partial / COMMON)
                 mine += [METADATA, COMMON]
             for name in mine:
                 path = partial / name
                 digests[name] = {"size": path.stat().st_size, "xxh3": file_digest(path)}
 
-        error = handoff.meet(f"every rank's shard of {final.name}", _attempt(write))
-        if error is not None:
-            raise CheckpointError(error)
-        gathered: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
-        dist.gather_object(digests, gathered, dst=0)
-        if self.rank == 0:
-            assert gathered is not None
-            error = _attempt(lambda: self._commit(partial, final, step, gathered))
-        error = handoff.share(f"rank 0's commit of {final.name}", error)
-        if error is not None:
-            raise CheckpointError(error)
-        return final
+        error = _attempt(lambda: _fresh_dir(partial)) if self.rank == 0 else None
+        try:
+            dist.barrier(group=group)  # the directory is empty before anyone writes
+            error = error or _attempt(write)
+            gathered: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+            dist.gather_object((digests, error), gathered, dst=0, group=group)
+            if gathered is not None:
+                errors = [e for _, e in gathered if e is not None]
+                error = errors[0] if errors else None
+                if error is None:
+                    files = [d for d, _ in gathered]
+                    error = _attempt(lambda: self._commit(partial, final, files))
+            box = [error]
+            dist.broadcast_object_list(box, src=0, group=group)
+            error = box[0]
+        except Exception as exc:  # a peer gone: the group's timeout ends the wait
+            error = f"{type(exc).__name__}: {_first_line(exc)}"
+        self._error = None if error is None else f"saving {final.name}: {error}"
+        with self._lock:
+            self._durable = final
+            callbacks, self._then, self._writing = self._then, [], False
+        for after in callbacks if self._error is None else []:
+            _bookkeeping(after, final)
 
-    def _commit(self, partial: Path, final: Path, step: int, gathered: list[Any]) -> None:
+    def then(self, after: Callable[[], None]) -> None:
+        """Run ``after`` once the save in flight is committed (on the writer thread; at once
+        when none is in flight); skipped when it failed (see ``CheckpointWriter.then``)."""
+        with self._lock:
+            if self._writing:
+                self._then.append(after)
+                return
+        if self._error is None:
+            _bookkeeping(after, self._durable)
+
+    def wait(self, *, together: bool = True) -> None:
+        """Wait for the save in flight and raise its error (the same on every rank).
+        ``together=False`` (after an error, a peer may be gone): return at once."""
+        thread = self._thread
+        if thread is None or not together:
+            return
+        thread.join()
+        self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise CheckpointError(
+                f"{error}. HINT: check free space and permissions of the run directory."
+            )
+
+    def _commit(self, partial: Path, final: Path, gathered: list[dict[str, Any]]) -> None:
         """Rank 0: the digest record last, then the directory renamed in one step."""
+        step = parse_sharded_name(final.name)
+        assert step is not None
         files: dict[str, Any] = {}
         for part in gathered:
             files.update(part)
@@ -427,6 +546,13 @@ def _attempt(work: Callable[[], object]) -> str | None:
     except Exception as exc:
         return f"{type(exc).__name__}: {_first_line(exc)}"
     return None
+
+
+def _bookkeeping(after: Callable[[], None], path: Path | None) -> None:
+    try:
+        after()
+    except Exception:
+        log.warning("after checkpoint %s: bookkeeping failed", path, exc_info=True)
 
 
 def _first_line(exc: BaseException) -> str:

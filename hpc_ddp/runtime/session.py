@@ -699,7 +699,7 @@ class Session:
             # The ledger line (a directory check and an fsync'd append) is written by the
             # checkpoint's writer thread once the file is durable, not by the training thread
             # (which it held up for longer than the snapshot itself with a small model).
-            self._ckpt().writer.then(lambda: coordinator.record_checkpoint(step, stall, now=now))
+            self._ckpt().then(lambda: coordinator.record_checkpoint(step, stall, now=now))
         return path
 
     # --- stopping -----------------------------------------------------------------------
