@@ -165,8 +165,11 @@ def test_an_incomplete_step_is_never_loaded_the_one_before_is(
 SCRIPT = str(HELPERS / "fsdp_script.py")
 
 
-def script(run_dir: Path, total: int, slow_digest_s: float = 0.0) -> list[dict[str, Any]]:
-    results = run_ranks([SCRIPT, str(run_dir), str(total), str(slow_digest_s)], 2, timeout=240)
+def script(
+    run_dir: Path, total: int, slow_digest_s: float = 0.0, *, world: int = 2, accum: int = 1
+) -> list[dict[str, Any]]:
+    argv = [SCRIPT, str(run_dir), str(total), str(slow_digest_s), str(accum)]
+    results = run_ranks(argv, world, timeout=240)
     out = []
     for rank, (code, stdout, stderr) in enumerate(results):
         assert code == 0, f"rank {rank} exited {code}:\n{stderr[-4000:]}"
@@ -194,3 +197,16 @@ def test_own_script_saves_in_the_background_and_resumes_exactly(tmp_path: Path) 
     resumed = script(tmp_path, 7)
     assert [r["resumed_from"] for r in resumed] == [4, 4]
     assert resumed[0]["digest"] == straight[0]["digest"]
+
+
+def test_a_resume_at_another_world_size_reshards_through_dcp(tmp_path: Path) -> None:
+    """2 ranks' shards loaded by 1 rank (accumulating 2 micro-batches to keep the global
+    batch): the whole weights it holds after the restore are those the 2 ranks ended with, and
+    it trains on and saves its own shard set; 2 ranks then take that one back."""
+    two = script(tmp_path, 4)
+    one = script(tmp_path, 6, world=1, accum=2)
+    assert one[0]["resumed_from"] == 4
+    assert one[0]["restored"] == two[0]["digest"]
+    assert check_complete(tmp_path / "checkpoints" / "step-00000006")["world_size"] == 1
+    again = script(tmp_path, 6)
+    assert [r["restored"] for r in again] == [one[0]["digest"]] * 2
