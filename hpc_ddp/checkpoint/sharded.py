@@ -59,6 +59,8 @@ import torch.distributed as dist
 import xxhash
 
 from hpc_ddp.checkpoint.format import (
+    CheckpointInfo,
+    CheckpointState,
     SnapshotBuffers,
     capture_rng_state,
     restore_rng_state,
@@ -174,6 +176,48 @@ def verify_files(path: Path, record: Mapping[str, Any], *, rank: int = 0, world:
     for i, (name, entry) in enumerate(sorted(record["files"].items())):
         if i % world == rank and file_digest(path / name) != entry["xxh3"]:
             raise CheckpointError(f"{path.name}: {name} changed on disk (its digest differs)")
+
+
+def list_sharded(
+    directory: Path, *, verify: bool = False, run_id: str | None = None
+) -> list[CheckpointInfo]:
+    """Every sharded checkpoint (``step-N/``) in a run directory (or its ``checkpoints/``),
+    oldest first, as ``hpc-ddp checkpoints`` lists files: complete ones ``ok``, others
+    ``damaged`` with the reason, another run's ``stranger``. ``verify=True`` hashes every file
+    (all of them, on this one process). Never raises for a bad directory."""
+    if (directory / "checkpoints").is_dir():
+        directory = directory / "checkpoints"
+    out = []
+    for step, path in reversed(sharded_dirs(directory)):
+        size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+        try:
+            record = check_complete(path)
+            if verify:
+                verify_files(path, record)
+            common = _load_pt(path / COMMON)
+        except Exception as exc:  # a torn common.pt too: listed, never fatal
+            reason = str(exc).removeprefix(f"{path.name}: ")
+            state = CheckpointState.DAMAGED
+            out.append(CheckpointInfo(path, step, None, None, size, None, reason, state))
+            continue
+        meta = common["meta"]
+        written_by = meta.get("run_id")
+        stranger = run_id is not None and written_by not in (None, run_id)
+        out.append(
+            CheckpointInfo(
+                path,
+                step,
+                int(common["progress"]["epoch"]),
+                float(meta["time"]),
+                size,
+                None,  # no one digest of the whole weights: each shard file has its own
+                f"written by run {written_by}, not this run ({run_id})" if stranger else None,
+                CheckpointState.STRANGER if stranger else CheckpointState.OK,
+                version=FORMAT_VERSION,
+                run_id=written_by,
+            )
+        )
+    return out
 
 
 def _save_pt(obj: Any, path: Path) -> None:

@@ -24,6 +24,7 @@ from hpc_ddp.checkpoint.sharded import (
     sharded_dirs,
     verify_files,
 )
+from hpc_ddp.cli.main import main
 from hpc_ddp.errors import CheckpointError
 from tests.helpers.launch import HELPERS, run_ranks
 
@@ -158,6 +159,35 @@ def test_an_incomplete_step_is_never_loaded_the_one_before_is(
     assert resumed[0][0]["weights_digest"] == full["weights_digest"]
     # The final save replaced the damaged directory with a complete one.
     verify_files(newest, check_complete(newest))
+
+
+def test_the_checkpoints_verb_lists_shard_sets_and_verify_checks_every_shard(
+    tmp_path: Path, uninterrupted: tuple[Path, dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    full_dir, _ = uninterrupted
+    run_dir = tmp_path / "run"
+    shutil.copytree(full_dir, run_dir)
+    _drop_shard(run_dir / "checkpoints" / "step-00000018")
+    _flip_a_byte(run_dir / "checkpoints" / "step-00000020")
+
+    def listed(*flags: str) -> tuple[int, list[tuple[str, str, str | None]], str]:
+        code = main(["checkpoints", str(run_dir), "--json", *flags])
+        out, err = capsys.readouterr()
+        rows = json.loads(out)["checkpoints"]
+        return code, [(Path(r["path"]).name, r["state"], r["error"]) for r in rows], err
+
+    code, rows, _ = listed()
+    assert code == 0
+    assert rows == [
+        ("step-00000012", "ok", None),
+        ("step-00000018", "damaged", "__1_0.distcp is missing"),
+        ("step-00000020", "ok", None),  # same size: only a digest tells
+    ]
+    code, rows, err = listed("--verify")
+    assert code == 1
+    assert rows[2] == ("step-00000020", "damaged", "__0_0.distcp changed on disk (its digest "
+                       "differs)")  # fmt: skip
+    assert "resume would use step-00000012" in err
 
 
 # --- a script of your own ----------------------------------------------------------------------
