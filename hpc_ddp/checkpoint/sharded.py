@@ -220,6 +220,36 @@ def list_sharded(
     return out
 
 
+def export_model(directory: Path, out: Path) -> Path:
+    """Write the whole model of the newest verified sharded checkpoint in ``directory`` (a run
+    directory or its ``checkpoints/``) to ``out`` as one ``torch.save`` state dict, for
+    inference: ``model.load_state_dict(torch.load(out))``. One process reads every shard (the
+    whole model must fit its memory; the optimizer state is left out). Returns the checkpoint
+    exported; :class:`CheckpointError` when there is none."""
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    good = [i for i in list_sharded(directory, verify=True) if i.state is CheckpointState.OK]
+    if not good:
+        raise CheckpointError(
+            f"{directory} holds no complete sharded checkpoint. HINT: `hpc-ddp checkpoints "
+            "RUN_DIR --verify` lists what is there and why each one is not usable."
+        )
+    path = good[-1].path
+    state: dict[str, Any] = {}
+    # Private but what torch's own dcp_to_torch_save runs: a load planned from .metadata alone,
+    # on one process, of the "model" entries only.
+    _load_state_dict(
+        state,
+        storage_reader=FileSystemReader(path),
+        planner=_EmptyStateDictLoadPlanner(keys={"model"}),  # type: ignore[no-untyped-call]
+        no_dist=True,
+    )
+    _save_pt(state["model"], out)
+    return path
+
+
 def _save_pt(obj: Any, path: Path) -> None:
     write_atomic(path, lambda f: torch.save(obj, f))
 

@@ -1,8 +1,9 @@
-"""``hpc-ddp checkpoints RUN_DIR [--json] [--verify]``: step, epoch, time, size, weights digest,
-and the state of every ``step-*.pt`` file (ok, damaged or foreign, with the reason; what a
-format-1 file restores unverified) and of every sharded ``step-*/`` directory of an FSDP run
-(ok, or damaged: a shard, ``.metadata`` or the digest record missing, or with --verify a file
-that no longer matches its digest)."""
+"""``hpc-ddp checkpoints RUN_DIR [--json] [--verify] [--export FILE]``: step, epoch, time,
+size, weights digest, and the state of every ``step-*.pt`` file (ok, damaged or foreign, with
+the reason; what a format-1 file restores unverified) and of every sharded ``step-*/``
+directory of an FSDP run (ok, or damaged: a shard, ``.metadata`` or the digest record missing,
+or with --verify a file that no longer matches its digest). ``--export`` writes the whole model
+of the newest verified sharded checkpoint to one ``torch.save`` file."""
 
 from __future__ import annotations
 
@@ -59,6 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also recompute every digest from the content, as resume does (reads every "
         "byte; without it the content is not checked)",
     )
+    parser.add_argument(
+        "--export",
+        metavar="FILE",
+        help="write the whole model of the newest verified sharded (FSDP) checkpoint to FILE, "
+        "one torch.save state dict for inference",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,6 +77,12 @@ def run(args: argparse.Namespace) -> int:
     from hpc_ddp.checkpoint.sharded import list_sharded
 
     own = run_dir.parent if run_dir.name == "checkpoints" else run_dir
+    if args.export:
+        from hpc_ddp.checkpoint.sharded import export_model
+
+        exported = export_model(run_dir, Path(args.export))
+        print(f"hpc-ddp checkpoints: the model of {exported.name} written to {args.export}")
+        return 0
     run_id = recorded_run_id(RunPaths(own))
     infos = list_checkpoints(run_dir, verify=args.verify, run_id=run_id)
     infos += list_sharded(run_dir, verify=args.verify, run_id=run_id)  # an FSDP run's step-N/

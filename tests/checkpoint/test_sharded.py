@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from hpc_ddp.checkpoint.format import weights_digest
 from hpc_ddp.checkpoint.sharded import (
     DIGESTS,
     METADATA,
@@ -188,6 +190,21 @@ def test_the_checkpoints_verb_lists_shard_sets_and_verify_checks_every_shard(
     assert rows[2] == ("step-00000020", "damaged", "__0_0.distcp changed on disk (its digest "
                        "differs)")  # fmt: skip
     assert "resume would use step-00000012" in err
+
+
+def test_export_writes_the_whole_model_of_the_newest_verified_shard_set(
+    tmp_path: Path, uninterrupted: tuple[Path, dict[str, Any]]
+) -> None:
+    full_dir, full = uninterrupted
+    run_dir = tmp_path / "run"
+    shutil.copytree(full_dir, run_dir)
+    out = tmp_path / "model.pt"
+    assert main(["checkpoints", str(run_dir), "--export", str(out)]) == 0
+    state = torch.load(out, weights_only=True)
+    assert weights_digest(state) == full["weights_digest"]  # the run's final weights, whole
+    _flip_a_byte(run_dir / "checkpoints" / "step-00000020")
+    assert main(["checkpoints", str(run_dir), "--export", str(out)]) == 0
+    assert weights_digest(torch.load(out, weights_only=True)) != full["weights_digest"]  # 18
 
 
 # --- a script of your own ----------------------------------------------------------------------
