@@ -14,11 +14,11 @@ directory per save, named like the file checkpoints' stem so that listings sort 
                               "xxh3-128", files: {name: {size, xxh3}}}
 
 How a save stays whole or absent. Every rank writes into ``.partial-step-00000120/`` (a name
-that never matches ``step-*``); when every rank's files are written and fsync'd (they meet on
-the rendezvous store, bounded by ``fault.checkpoint_timeout_s``, as the file checkpoints'
-hand-offs are), each has hashed its own files, rank 0 writes ``digests.json``, renames the
-directory to ``step-00000120`` in one step and fsyncs the parent, and only then updates
-``latest`` and prunes beyond ``train.keep_last``.
+that never matches ``step-*``); once every rank's files are written and fsync'd and each rank
+has hashed its own, rank 0 gathers the digests, writes ``digests.json``, renames the directory
+to ``step-00000120`` in one step and fsyncs the parent, and only then updates ``latest`` and
+prunes beyond ``train.keep_last``. A save cut short anywhere leaves a ``.partial-`` directory
+(removed by the next commit) and never a ``step-N/``.
 
 What counts as a checkpoint (:func:`check_complete`, :func:`verify_files`): ``digests.json``
 readable and of this format; ``.metadata``, ``common.pt``, one ``rank-*.pt`` and at least one
@@ -70,7 +70,13 @@ from hpc_ddp.config.load import job_config_to_dict
 from hpc_ddp.durable import fsync_dir, write_atomic, write_text_atomic
 from hpc_ddp.errors import CheckpointError, ConfigError
 from hpc_ddp.rundir.checkpoint_label import config_digest
-from hpc_ddp.rundir.layout import LATEST_CHECKPOINT, parse_checkpoint_name
+from hpc_ddp.rundir.layout import (
+    LATEST_CHECKPOINT,
+    SHARDED_RECORD,
+    parse_checkpoint_name,
+    parse_sharded_checkpoint_name,
+    sharded_checkpoint_name,
+)
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.sampler import reseed_rng
 from hpc_ddp.runtime.sharding import is_sharded
@@ -83,28 +89,17 @@ log = logging.getLogger("hpc_ddp")
 
 FORMAT = "hpc-ddp-sharded"
 FORMAT_VERSION = 1
-DIGESTS = "digests.json"
+DIGESTS = SHARDED_RECORD
 COMMON = "common.pt"
 METADATA = ".metadata"
 PARTIAL_PREFIX = ".partial-"
 """A save in progress: never matches ``step-*``, never loaded."""
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 _SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")
 _CHUNK = 8 << 20
 
 
-def sharded_name(step: int) -> str:
-    """``step-00000120``: the directory of a sharded checkpoint (a file one adds ``.pt``)."""
-    return f"step-{step:08d}"
-
-
 def rank_file(rank: int) -> str:
     return f"rank-{rank:05d}.pt"
-
-
-def parse_sharded_name(name: str) -> int | None:
-    m = _STEP_DIR.match(name)
-    return int(m.group(1)) if m else None
 
 
 def sharded_dirs(directory: Path) -> list[tuple[int, Path]]:
@@ -114,7 +109,7 @@ def sharded_dirs(directory: Path) -> list[tuple[int, Path]]:
     found = [
         (s, p)
         for p in directory.iterdir()
-        if (s := parse_sharded_name(p.name)) is not None and p.is_dir()
+        if (s := parse_sharded_checkpoint_name(p.name)) is not None and p.is_dir()
     ]
     return sorted(found, reverse=True)
 
@@ -156,7 +151,7 @@ def check_complete(path: Path) -> dict[str, Any]:
     missing += [f"__{r}_*.distcp" for r in range(world) if r not in shard_ranks]
     if world < 1 or missing:
         raise CheckpointError(f"{path.name}: the record lists no {', '.join(missing) or 'ranks'}")
-    if parse_sharded_name(path.name) != record.get("step"):
+    if parse_sharded_checkpoint_name(path.name) != record.get("step"):
         raise CheckpointError(f"{path.name}: holds step {record.get('step')}, not its name's")
     for name, entry in sorted(files.items()):
         try:
@@ -354,7 +349,7 @@ class ShardedCheckpoints:
             timeout = timedelta(seconds=self.ckpt.config.fault.checkpoint_timeout_s)
             self._group = dist.new_group(backend="gloo", timeout=timeout)
         step = progress.step
-        final = self.directory / sharded_name(step)
+        final = self.directory / sharded_checkpoint_name(step)
         state = self._stage(self._state(t))
         rng = snapshot(capture_rng_state(self.ckpt.device), "rng")
         common = None
@@ -478,7 +473,7 @@ class ShardedCheckpoints:
 
     def _commit(self, partial: Path, final: Path, gathered: list[dict[str, Any]]) -> None:
         """Rank 0: the digest record last, then the directory renamed in one step."""
-        step = parse_sharded_name(final.name)
+        step = parse_sharded_checkpoint_name(final.name)
         assert step is not None
         files: dict[str, Any] = {}
         for part in gathered:
@@ -507,7 +502,10 @@ class ShardedCheckpoints:
         keep = self.ckpt.config.train.keep_last
         steps = [s for s, _ in sharded_dirs(self.directory) if s <= written]
         for step in sorted(steps)[:-keep] if keep > 0 else []:
-            shutil.rmtree(self.directory / sharded_name(step), ignore_errors=True)
+            shutil.rmtree(self.directory / sharded_checkpoint_name(step), ignore_errors=True)
+        # Saves cut short (one save is in flight at a time, and this one is committed).
+        for stale in self.directory.glob(f"{PARTIAL_PREFIX}step-*"):
+            shutil.rmtree(stale, ignore_errors=True)
 
     # --- restoring -----------------------------------------------------------------------
 

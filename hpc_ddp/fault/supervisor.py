@@ -75,11 +75,13 @@ from hpc_ddp.rundir.checkpoint_label import label_problem
 from hpc_ddp.rundir.layout import (
     LAUNCH_DIR_ENV,
     LAUNCH_ENV,
+    SHARDED_RECORD,
     SUPERVISED_ENV,
     LaunchPaths,
     RunPaths,
     launch_key,
     parse_checkpoint_name,
+    parse_sharded_checkpoint_name,
 )
 from hpc_ddp.rundir.ledger import (
     FAULT_CAUSES,
@@ -381,8 +383,16 @@ def newest_checkpoint_step(checkpoints: Path) -> int | None:
     except OSError:
         return None
     steps = sorted((s, n) for n in names if (s := parse_checkpoint_name(n)) is not None)
-    for step, name in reversed(steps):
-        if label_problem(checkpoints / name) is None:
+    # A sharded (FSDP) checkpoint's step-N/ is renamed in only once committed; its digest
+    # record is the last file written into it.
+    steps += [
+        (s, n)
+        for n in names
+        if (s := parse_sharded_checkpoint_name(n)) is not None
+        and (checkpoints / n / SHARDED_RECORD).is_file()
+    ]
+    for step, name in sorted(steps, reverse=True):
+        if not name.endswith(".pt") or label_problem(checkpoints / name) is None:
             return step
     return None
 

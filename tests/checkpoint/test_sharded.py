@@ -159,8 +159,10 @@ def test_an_incomplete_step_is_never_loaded_the_one_before_is(
     assert "step-00000020" in err
     assert "resumed from sharded step-00000018" in err
     assert resumed[0][0]["weights_digest"] == full["weights_digest"]
-    # The final save replaced the damaged directory with a complete one.
+    # The final save replaced the damaged directory with a complete one, and swept the
+    # partial one away.
     verify_files(newest, check_complete(newest))
+    assert not list((run_dir / "checkpoints").glob(".partial-*"))
 
 
 def test_the_checkpoints_verb_lists_shard_sets_and_verify_checks_every_shard(

@@ -205,3 +205,16 @@ def test_the_newest_checkpoint_step_is_the_newest_whose_label_says_it(tmp_path: 
     os.mkfifo(tmp_path / "step-00000160.pt")  # never opened
     (tmp_path / "step-00000150.pt").write_bytes((tmp_path / "step-00000140.pt").read_bytes()[:-9])
     assert newest_checkpoint_step(tmp_path) == 140
+
+
+def test_a_committed_shard_set_counts_as_a_checkpoint_a_partial_one_does_not(
+    tmp_path: Path,
+) -> None:
+    """An FSDP run's checkpoints are step-N/ directories (the no-progress check compares them
+    too); one without its digest record, or still under its .partial- name, is no checkpoint."""
+    _labelled(tmp_path / "step-00000010.pt", 10)
+    for name in ("step-00000020", "step-00000030", ".partial-step-00000040"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "digests.json").write_text("{}")
+    (tmp_path / "step-00000050").mkdir()  # no record: not committed
+    assert newest_checkpoint_step(tmp_path) == 30
