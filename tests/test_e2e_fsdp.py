@@ -1,15 +1,19 @@
 """FSDP on the real two-node dev cluster: ``train.strategy=fsdp`` trains over 2 nodes, each rank
-writing its own shard, and a run stopped by the lead-time signal and requeued ends with the
-whole weights bit-identical to the uninterrupted run's (exported from the last shard set)."""
+writing its own shard, and a run stopped by the lead-time signal and requeued, or restarted in
+the job after a rank was killed, ends with the whole weights bit-identical to the uninterrupted
+run's (exported from the last shard set)."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
 import torch
 
 from hpc_ddp.checkpoint.format import weights_digest
+from hpc_ddp.rundir.ledger import EndCause
 from tests import e2e_util as e2e
 from tests.conftest import Cluster
 
@@ -50,3 +54,43 @@ def test_an_fsdp_run_requeued_mid_run_resumes_bit_identical(
     assert "resumed from sharded step-" in rank0
     attempts = e2e.ledger(job.run_dir)
     assert [a.cause.value if a.cause else None for a in attempts] == ["time_limit", "finished"]
+
+
+# --- a fault, and the in-job restart -----------------------------------------------------------
+
+FAULT_AT = 20
+FAULTS = """name: fsdp-faults
+slurm: {nodes: 2, tasks_per_node: 1, cpus_per_task: 1, time: '00:10:00'}
+env: {vars: {OMP_NUM_THREADS: "1"}}
+dist: {timeout_s: 60}
+train: {model: mlp, dataset: "tests.e2e_util:io_bound_synthetic", max_steps: 60,
+        checkpoint_every: 10, log_every: 5, batch_size: 32, synthetic_samples: 4096,
+        eval_every: 0, strategy: fsdp}
+fault: {beat_s: 0.5, stale_s: 3, startup_timeout_s: 120, step_timeout_s: 10}
+"""
+
+
+def test_an_fsdp_run_whose_rank_is_killed_restarts_in_the_job_bit_identical(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """SIGKILL of rank 1 once the step-20 shard set is committed: the supervisor restarts the
+    launch in the allocation, it resumes from that shard set, and ends with the weights of a
+    twin run that no fault touched."""
+    job_file = tmp_path / "fsdp-faults.yaml"
+    job_file.write_text(FAULTS)
+    twin = e2e.submit(slurm_cluster, tmp_path / "twin", str(job_file))
+    job = e2e.submit(slurm_cluster, tmp_path / "runs", str(job_file))
+    committed = job.run_dir / "checkpoints" / f"step-{FAULT_AT:08d}" / "digests.json"
+    e2e.wait_for(str(committed), committed.exists, timeout_s=120)
+    pids = e2e.wait_for("rank 1", lambda: e2e.rank_pids(job.job_id, 1, launch=0))
+    os.kill(int(pids[-1]), signal.SIGKILL)
+    fields = e2e.wait_done(slurm_cluster, job.job_id, timeout_s=300)
+    assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "0"), fields
+    dead, again = e2e.ledger(job.run_dir)
+    assert (dead.cause, dead.next) == (EndCause.CRASH, "restart")
+    assert again.resumed_from_step is not None
+    assert again.resumed_from_step >= FAULT_AT
+    assert e2e.wait_done(slurm_cluster, twin.job_id, timeout_s=300)["JobState"] == "COMPLETED"
+    assert exported_digest(slurm_cluster, job.run_dir) == exported_digest(
+        slurm_cluster, twin.run_dir
+    )
