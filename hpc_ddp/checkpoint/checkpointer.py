@@ -40,7 +40,7 @@ from hpc_ddp.checkpoint.format import (
     restore_rng_state,
     unverified_sections,
 )
-from hpc_ddp.checkpoint.sharded import ShardedCheckpoints
+from hpc_ddp.checkpoint.sharded import ShardedCheckpoints, sharded_dirs
 from hpc_ddp.config.elastic import Resize, Shape, rescaled_accum
 from hpc_ddp.config.load import job_config_to_dict
 from hpc_ddp.config.model import JobConfig, KeepBestConfig
@@ -283,6 +283,17 @@ class Checkpointer:
             found = find_latest(self.directory, run_id=self.run_id)
         except CheckpointError as exc:
             return None, str(exc), None
+        if found is None and (shard_sets := sharded_dirs(self.directory)):
+            return (
+                None,
+                (
+                    f"{self.directory} holds sharded checkpoints ({shard_sets[0][1].name}/) of an "
+                    "FSDP model, and this model is not sharded: starting over would throw the run "
+                    "away. HINT: go on with train.strategy: fsdp (s.wrap(model, strategy='fsdp')), "
+                    "or export the weights with `hpc-ddp checkpoints RUN_DIR --export FILE`."
+                ),
+                None,
+            )
         return (None, None, None) if found is None else (found[0].name, None, found[1])
 
     def _restore_sharded(

@@ -209,6 +209,20 @@ def test_export_writes_the_whole_model_of_the_newest_verified_shard_set(
     assert weights_digest(torch.load(out, weights_only=True)) != full["weights_digest"]  # 18
 
 
+def test_a_run_of_shard_sets_is_not_started_over_unsharded(
+    tmp_path: Path, uninterrupted: tuple[Path, dict[str, Any]]
+) -> None:
+    """The same run resumed with train.strategy: ddp finds no step-*.pt: it must say why, not
+    train from step 0 beside the FSDP run's checkpoints."""
+    full_dir, _ = uninterrupted
+    run_dir = tmp_path / "run"
+    shutil.copytree(full_dir, run_dir)
+    argv = [str(HELPERS / "train_run.py"), str(run_dir), json.dumps({**TRAIN, "strategy": "ddp"})]
+    for code, _, err in run_ranks(argv, 2, timeout=240):
+        assert code != 0
+        assert "holds sharded checkpoints (step-00000020/) of an FSDP model" in err
+
+
 # --- a script of your own ----------------------------------------------------------------------
 
 SCRIPT = str(HELPERS / "fsdp_script.py")
