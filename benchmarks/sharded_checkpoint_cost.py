@@ -73,7 +73,7 @@ def rank_main(directory: Path, mb: int, rounds: int) -> None:
             dd = _dd(shard / f"__{s.rank}_0.distcp", directory / f"dd-{s.rank}.bin", s.barrier)
             if r > 0:  # the first round maps buffers and forms the writer's group
                 rows.append({"stall_s": stall, "durable_s": durable, "dd_s": dd})
-        every = [None] * s.world_size if s.is_main else None
+        every: list[Any] | None = [None] * s.world_size if s.is_main else None
         dist.gather_object(rows, every, dst=0)
         if s.is_main:
             assert every is not None
