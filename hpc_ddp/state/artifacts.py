@@ -17,10 +17,21 @@ from typing import Any
 
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.rundir.checkpoint_label import label_problem, not_regular
-from hpc_ddp.rundir.layout import RunPaths, parse_checkpoint_name
+from hpc_ddp.rundir.layout import (
+    SHARDED_RECORD,
+    RunPaths,
+    parse_checkpoint_name,
+    parse_sharded_checkpoint_name,
+)
 from hpc_ddp.rundir.metrics import drop_replayed
 
-__all__ = ["checkpoint_steps", "damaged_checkpoint", "last_metric", "recorded_run_id"]
+__all__ = [
+    "checkpoint_steps",
+    "damaged_checkpoint",
+    "last_metric",
+    "recorded_run_id",
+    "shard_set_steps",
+]
 
 _ZIP_MAGIC = b"PK\x03\x04"
 _PICKLE = "/data.pkl"
@@ -33,6 +44,20 @@ def checkpoint_steps(paths: RunPaths) -> list[int]:
         return []
     names = (parse_checkpoint_name(p.name) for p in paths.checkpoints.iterdir())
     return sorted(step for step in names if step is not None)
+
+
+def shard_set_steps(paths: RunPaths) -> list[int]:
+    """Steps of a run's committed sharded (FSDP) checkpoints, ascending: ``step-N/``
+    directories holding their digest record (renamed in whole, the record written last)."""
+    if not paths.checkpoints.is_dir():
+        return []
+    steps = (
+        s
+        for p in paths.checkpoints.iterdir()
+        if (s := parse_sharded_checkpoint_name(p.name)) is not None
+        and (p / SHARDED_RECORD).is_file()
+    )
+    return sorted(steps)
 
 
 def recorded_run_id(paths: RunPaths) -> str | None:

@@ -35,6 +35,7 @@ from hpc_ddp.state.artifacts import (
     damaged_checkpoint,
     last_metric,
     recorded_run_id,
+    shard_set_steps,
     step_times,
 )
 from hpc_ddp.state.goodput import Goodput, account
@@ -128,10 +129,13 @@ def _failed_rank(paths: RunPaths, state: str, attempts: list[Attempt]) -> str | 
 def newest_checkpoint(paths: RunPaths) -> tuple[int | None, str | None]:
     """(newest step whose file looks whole and is this run's, a note on the newer ones that
     are not: damaged, misnamed, another run's)."""
-    steps = checkpoint_steps(paths)
+    sharded = set(shard_set_steps(paths))  # an FSDP run's (checked whole on resume)
+    steps = sorted(set(checkpoint_steps(paths)) | sharded)
     run_id = recorded_run_id(paths)
     damaged: list[tuple[int, str]] = []
     for step in reversed(steps):
+        if step in sharded:
+            return step, _damage_note(damaged, len(steps))
         why = damaged_checkpoint(paths.checkpoints / f"step-{step:08d}.pt", run_id)
         if why is None:
             return step, _damage_note(damaged, len(steps))

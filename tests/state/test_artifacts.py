@@ -13,7 +13,8 @@ import pytest
 
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.state.artifacts import damaged_checkpoint, last_metric
+from hpc_ddp.state.artifacts import damaged_checkpoint, last_metric, shard_set_steps
+from hpc_ddp.state.report import newest_checkpoint
 
 STAMP = "20260101-120000"
 
@@ -186,3 +187,17 @@ def test_a_flipped_bit_in_the_zip_trailer_is_damage_not_a_crash(tmp_path: Path, 
     data[-back] ^= 1 << 4
     path.write_bytes(bytes(data))
     damaged_checkpoint(path)  # any answer but an exception
+
+
+def test_an_fsdp_runs_committed_shard_sets_are_its_checkpoints(tmp_path: Path) -> None:
+    """``hpc-ddp status`` shows an FSDP run's newest checkpoint: a step-N/ with its digest
+    record; one without (a save cut short) or under its .partial- name is none."""
+    paths = RunPaths(tmp_path)
+    paths.checkpoints.mkdir()
+    (paths.checkpoints / "step-00000010.pt").write_bytes(b"")  # damaged, and older anyway
+    for name in ("step-00000020", "step-00000030", ".partial-step-00000040"):
+        (paths.checkpoints / name).mkdir()
+        (paths.checkpoints / name / "digests.json").write_text("{}")
+    (paths.checkpoints / "step-00000050").mkdir()
+    assert shard_set_steps(paths) == [20, 30]
+    assert newest_checkpoint(paths) == (30, None)
