@@ -94,3 +94,37 @@ def test_an_fsdp_run_whose_rank_is_killed_restarts_in_the_job_bit_identical(
     assert exported_digest(slurm_cluster, job.run_dir) == exported_digest(
         slurm_cluster, twin.run_dir
     )
+
+
+def test_an_fsdp_run_through_a_storm_of_interruptions_ends_bit_identical(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """One run: stopped by the lead-time signal and requeued, then a rank killed and the launch
+    restarted in the job, then stopped and requeued again; it ends with its untouched twin's
+    weights, each attempt resuming from the shard set the previous one committed."""
+    job_file = tmp_path / "fsdp-faults.yaml"
+    job_file.write_text(FAULTS)
+    twin = e2e.submit(slurm_cluster, tmp_path / "twin", str(job_file))
+    job = e2e.submit(slurm_cluster, tmp_path / "runs", str(job_file))
+
+    def after_commit(step: int) -> None:
+        record = job.run_dir / "checkpoints" / f"step-{step:08d}" / "digests.json"
+        e2e.wait_for(str(record), record.exists, timeout_s=180, release=(slurm_cluster, job.job_id))
+
+    after_commit(10)
+    e2e.signal_job(slurm_cluster, job.job_id, "USR2")
+    after_commit(30)
+    pids = e2e.wait_for("rank 1", lambda: e2e.rank_pids(job.job_id, 1, launch=0))
+    os.kill(int(pids[-1]), signal.SIGKILL)
+    after_commit(50)
+    e2e.signal_job(slurm_cluster, job.job_id, "USR2")
+    fields = e2e.wait_done(slurm_cluster, job.job_id, timeout_s=300)
+    assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "2"), fields
+    attempts = e2e.ledger(job.run_dir)
+    causes = [a.cause for a in attempts]
+    assert causes == [EndCause.TIME_LIMIT, EndCause.CRASH, EndCause.TIME_LIMIT, EndCause.FINISHED]
+    assert all(a.resumed_from_step for a in attempts[1:])  # each from a committed shard set
+    assert e2e.wait_done(slurm_cluster, twin.job_id, timeout_s=300)["JobState"] == "COMPLETED"
+    assert exported_digest(slurm_cluster, job.run_dir) == exported_digest(
+        slurm_cluster, twin.run_dir
+    )
