@@ -5,6 +5,7 @@ run's (exported from the last shard set)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -13,9 +14,12 @@ import pytest
 import torch
 
 from hpc_ddp.checkpoint.format import weights_digest
+from hpc_ddp.config.elastic import Resize
 from hpc_ddp.rundir.ledger import EndCause
 from tests import e2e_util as e2e
 from tests.conftest import Cluster
+from tests.seen_samples import seen
+from tests.test_e2e_elastic import EPOCHS, RECORDED, SAMPLES, every_index, stop_mid_epoch
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
@@ -128,3 +132,30 @@ def test_an_fsdp_run_through_a_storm_of_interruptions_ends_bit_identical(
     assert exported_digest(slurm_cluster, job.run_dir) == exported_digest(
         slurm_cluster, twin.run_dir
     )
+
+
+def test_an_fsdp_run_resumed_on_one_node_of_two_is_resharded_and_sample_exact(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """``hpc-ddp resume RUN slurm.nodes=1 --elastic`` of an FSDP run stopped mid-epoch on 2
+    nodes: the one rank loads both ranks' shards (DCP reshards them), accumulates 2
+    micro-batches to keep the global batch, and the run reads every sample of the interrupted
+    epoch exactly once, as an uninterrupted run does."""
+    shape = [f"train.synthetic_samples={SAMPLES}", "requeue.max_requeues=0"]
+    fsdp = [*RECORDED, *shape, "train.strategy=fsdp"]
+    ref = e2e.submit(slurm_cluster, tmp_path / "ref", "jobs/quickstart.yaml", *fsdp)
+    job = e2e.submit(slurm_cluster, tmp_path / "run", "jobs/quickstart.yaml", *fsdp)
+    stopped = stop_mid_epoch(slurm_cluster, job, after=4)
+    out = e2e.hpc(slurm_cluster, "resume", str(job.run_dir), "slurm.nodes=1", "--elastic",
+                  "--json")  # fmt: skip
+    assert "sample-exact, not bit-exact: 2 -> 1 ranks with the same global batch" in out.stderr
+    again = json.loads(out.stdout)
+    assert e2e.wait_done(slurm_cluster, again["job_id"])["JobState"] == "COMPLETED"
+    assert e2e.wait_done(slurm_cluster, ref.job_id)["JobState"] == "COMPLETED"
+    assert seen(job.run_dir) == seen(ref.run_dir) == every_index(SAMPLES, EPOCHS)
+    _, second = e2e.ledger(job.run_dir)
+    assert second.resize == Resize(2, 1, 1, 2)
+    assert second.resumed_from_step == stopped
+    log = (job.run_dir / "logs" / "rank-0.err").read_text(errors="replace")
+    assert f"elastic resume from step-{stopped:08d}: 2 ranks x accumulation 1 -> 1 rank" in log
+    assert "the model and optimizer resharded by DCP" in log
