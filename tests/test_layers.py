@@ -129,6 +129,9 @@ CROSSINGS: dict[tuple[str, str], str] = {
     ("cli.cmd_checkpoints", "checkpoint.format"): (
         "`hpc-ddp checkpoints` reads the files with torch on purpose, after its argument checks"
     ),
+    ("cli.cmd_checkpoints", "checkpoint.sharded"): (
+        "`hpc-ddp checkpoints` lists an FSDP run's shard sets the same way, with torch"
+    ),
 }
 """The login->node imports allowed, each inside a function and each with its reason."""
 

@@ -13,7 +13,8 @@ weights are copied into its parameters wherever they live, the optimizer moves i
 each parameter's device and keeps its ``step`` counters on the CPU, as a fresh run does. The
 file format and the search for the newest good file live in :mod:`hpc_ddp.checkpoint.format`,
 the snapshot and the writer in :mod:`hpc_ddp.checkpoint.snapshot` and
-:mod:`hpc_ddp.checkpoint.writer`.
+:mod:`hpc_ddp.checkpoint.writer`. A model sharded with FSDP is saved and restored by
+:mod:`hpc_ddp.checkpoint.sharded` instead: every rank writes and reads its own shard.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from hpc_ddp.checkpoint.format import (
     restore_rng_state,
     unverified_sections,
 )
+from hpc_ddp.checkpoint.sharded import ShardedCheckpoints, sharded_dirs
 from hpc_ddp.checkpoint.snapshot import SnapshotBuffers
 from hpc_ddp.checkpoint.writer import CheckpointWriter
 from hpc_ddp.config.elastic import Resize, Shape, rescaled_accum
@@ -50,6 +52,7 @@ from hpc_ddp.runtime.handoff import Handoff
 from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.sampler import reseed_rng
+from hpc_ddp.runtime.sharding import is_sharded
 
 log = logging.getLogger("hpc_ddp")
 
@@ -190,6 +193,8 @@ class Checkpointer:
         self._buffers = SnapshotBuffers()
         self._config = job_config_to_dict(config)  # the same in every checkpoint of an attempt
         self._handoff = handoff
+        self.sharded: ShardedCheckpoints | None = None
+        """Set by :meth:`restore` for an FSDP-sharded model: its checkpoints are sharded."""
 
     def observe(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Note a metrics row logged at ``step`` (rank 0): under ``train.keep_best`` a
@@ -249,17 +254,9 @@ class Checkpointer:
         the same on every rank.
         """
         self.tracked = tracked
-        name: str | None = None
-        error: str | None = None
-        payload: dict[str, Any] | None = None
-        if self.is_main:
-            try:
-                found = find_latest(self.directory, run_id=self.run_id)
-            except CheckpointError as exc:
-                error = str(exc)
-            else:
-                if found is not None:
-                    name, payload = found[0].name, found[1]
+        if is_sharded(tracked.model):  # every rank reads and writes its own shard
+            return self._restore_sharded(tracked, progress, elastic)
+        name, error, payload = self._choose() if self.is_main else (None, None, None)
         name, error = self.handoff.share("rank 0's choice of checkpoint", [name, error])
         if error is not None:
             raise CheckpointError(error)
@@ -275,11 +272,38 @@ class Checkpointer:
         if error is not None:
             raise CheckpointError(error)
         assert payload is not None
-        self.resize = self._check_resize(payload, name, elastic)
+        self.resize = self.check_resize(payload, name, elastic)
         self._apply(payload, name, progress)
         self.best = None if self._keep_best is None else Best.recorded(payload, self._keep_best)
         self.last = CheckpointRecord.at(progress.step)
         return CheckpointRecord(progress.step, name)
+
+    def _choose(self) -> tuple[str | None, str | None, dict[str, Any] | None]:
+        """Rank 0: (name, error, payload) of the newest good checkpoint file."""
+        try:
+            found = find_latest(self.directory, run_id=self.run_id)
+        except CheckpointError as exc:
+            return None, str(exc), None
+        if found is None and (shard_sets := sharded_dirs(self.directory)):
+            return (
+                None,
+                (
+                    f"{self.directory} holds sharded checkpoints ({shard_sets[0][1].name}/) of an "
+                    "FSDP model, and this model is not sharded: starting over would throw the run "
+                    "away. HINT: go on with train.strategy: fsdp (s.wrap(model, strategy='fsdp')), "
+                    "or export the weights with `hpc-ddp checkpoints RUN_DIR --export FILE`."
+                ),
+                None,
+            )
+        return (None, None, None) if found is None else (found[0].name, None, found[1])
+
+    def _restore_sharded(
+        self, tracked: Tracked, progress: Progress, elastic: bool
+    ) -> CheckpointRecord | None:
+        self.sharded = ShardedCheckpoints(self)
+        loaded = self.sharded.restore(tracked, progress, elastic=elastic)
+        self.last = None if loaded is None else CheckpointRecord(progress.step, loaded)
+        return self.last
 
     def _apply(self, payload: dict[str, Any], name: str, progress: Progress) -> None:
         assert self.tracked is not None
@@ -323,7 +347,7 @@ class Checkpointer:
                 progress.epoch,
                 self.world_size,
             )
-        self._say_config_changes(payload, name)
+        self.say_config_changes(payload, name)
         unverified = unverified_sections(payload)
         if unverified:
             log.warning(
@@ -346,7 +370,7 @@ class Checkpointer:
             where,
         )
 
-    def _say_config_changes(self, payload: dict[str, Any], name: str) -> None:
+    def say_config_changes(self, payload: dict[str, Any], name: str) -> None:
         """Log which config keys that shape the state differ from those ``name`` was written
         with (an elastic resume's accumulation, a forced resume's overrides): the resume goes
         on, but it is no longer the uninterrupted run. A file without a recorded config
@@ -368,7 +392,7 @@ class Checkpointer:
             "; ".join(changed) or "the config the file recorded is not readable",
         )
 
-    def _check_resize(self, payload: dict[str, Any], name: str, elastic: bool) -> Resize | None:
+    def check_resize(self, payload: dict[str, Any], name: str, elastic: bool) -> Resize | None:
         """None at the checkpoint's world size; else the :class:`Resize`, once it is certain
         that it can carry over (a :class:`ConfigError` with a hint otherwise)."""
         meta, progress = payload["meta"], payload["progress"]
@@ -413,6 +437,13 @@ class Checkpointer:
         """
         t = self.tracked
         assert t is not None, "restore() names what to save"
+        if self.sharded is not None:
+            if self.last is None or self.last.step != progress.step:
+                path = self.sharded.save(t, progress)
+                self.last = CheckpointRecord(progress.step, path.name)
+            if wait:
+                self.sharded.wait()
+            return self.directory / self.last.name if self.is_main else None
         record = CheckpointRecord.at(progress.step)
         if self.last is None or self.last.step != record.step:
             rng = capture_rng_state(self.device)
@@ -461,6 +492,9 @@ class Checkpointer:
     def sync_errors(self) -> None:
         """Rank 0 waits for its writer; a failure becomes the same error on every rank (the
         others wait for rank 0's word on the store, not in a collective)."""
+        if self.sharded is not None:
+            self.sharded.wait()  # every rank gets the same error from the writer threads
+            return
         error = None
         if self.is_main:
             try:
@@ -479,3 +513,11 @@ class Checkpointer:
             self.sync_errors()
         elif self.is_main:
             self._writer.wait()
+
+    def then(self, after: Callable[[], None]) -> None:
+        """Run ``after`` on rank 0 once the save in flight is durable, off the training thread
+        (see :meth:`CheckpointWriter.then`)."""
+        if self.sharded is not None:
+            self.sharded.then(after)
+        else:
+            self._writer.then(after)

@@ -1,6 +1,9 @@
-"""``hpc-ddp checkpoints RUN_DIR [--json] [--verify]``: step, epoch, time, size, weights digest,
-and the state of every ``step-*.pt`` file (ok, damaged or foreign, with the reason; what a
-format-1 file restores unverified)."""
+"""``hpc-ddp checkpoints RUN_DIR [--json] [--verify] [--export FILE]``: step, epoch, time,
+size, weights digest, and the state of every ``step-*.pt`` file (ok, damaged or foreign, with
+the reason; what a format-1 file restores unverified) and of every sharded ``step-*/``
+directory of an FSDP run (ok, or damaged: a shard, ``.metadata`` or the digest record missing,
+or with --verify a file that no longer matches its digest). ``--export`` writes the whole model
+of the newest verified sharded checkpoint to one ``torch.save`` file."""
 
 from __future__ import annotations
 
@@ -30,6 +33,10 @@ are named). Resume skips them all and takes the newest older checkpoint that pas
 check, every digest included. A checkpoint written before hpc-ddp recorded run ids has no run
 id (null "run_id" in --json): it is accepted, its run unknown.
 
+An FSDP run's checkpoints are directories (step-N/: one shard per rank, DCP's .metadata, a
+digest record written last). One lacking any file its record lists, or the record itself (a
+save cut short), is "damaged"; --verify hashes every file of every one.
+
 A checkpoint of format 1 (written by hpc-ddp before every part had a digest) still loads, but
 only its weights can be verified: it is listed as "ok (format 1: ... unverified)", and --verify
 says so on stderr when resume would use it.
@@ -53,6 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also recompute every digest from the content, as resume does (reads every "
         "byte; without it the content is not checked)",
     )
+    parser.add_argument(
+        "--export",
+        metavar="FILE",
+        help="write the whole model of the newest verified sharded (FSDP) checkpoint to FILE, "
+        "one torch.save state dict for inference",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,9 +74,19 @@ def run(args: argparse.Namespace) -> int:
     if run_dir.exists() or sweep_task_of(run_dir) is None:  # a task not started has none yet
         run_dir = require_dir(args.run_dir)  # before torch is imported: a typo fails at once
     from hpc_ddp.checkpoint.format import CheckpointState, list_checkpoints
+    from hpc_ddp.checkpoint.sharded import list_sharded
 
     own = run_dir.parent if run_dir.name == "checkpoints" else run_dir
-    infos = list_checkpoints(run_dir, verify=args.verify, run_id=recorded_run_id(RunPaths(own)))
+    if args.export:
+        from hpc_ddp.checkpoint.sharded import export_model
+
+        exported = export_model(run_dir, Path(args.export))
+        print(f"hpc-ddp checkpoints: the model of {exported.name} written to {args.export}")
+        return 0
+    run_id = recorded_run_id(RunPaths(own))
+    infos = list_checkpoints(run_dir, verify=args.verify, run_id=run_id)
+    infos += list_sharded(run_dir, verify=args.verify, run_id=run_id)  # an FSDP run's step-N/
+    infos.sort(key=lambda i: i.step)
     if args.json:
         from hpc_ddp.output import CHECKPOINTS, document
 

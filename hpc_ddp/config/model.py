@@ -17,9 +17,9 @@ YAML layout (every key optional except where noted)::
     dist:    {backend: auto|gloo|nccl, init_method: env|tcp|file, port, timeout_s}
     train:   {model, dataset, data_root, num_classes, image_size, synthetic_samples,
               max_steps, epochs, batch_size, grad_accum, optimizer, lr, momentum,
-              weight_decay, lr_schedule, warmup_steps, compile, amp, seed, checkpoint_every,
-              keep_last, keep_best: {metric, mode}, eval_every, log_every, num_workers,
-              deterministic}
+              weight_decay, lr_schedule, warmup_steps, compile, strategy, amp, seed,
+              checkpoint_every, keep_last, keep_best: {metric, mode}, eval_every, log_every,
+              num_workers, deterministic}
     requeue: {signal, lead_time, max_requeues, on_crash}
     fault:   {enabled, beat_s, stale_s, startup_timeout_s, step_timeout_s, step_timeout_factor,
               warmup_steps, checkpoint_timeout_s, max_restarts, no_progress_limit,
@@ -41,6 +41,7 @@ Backend = Literal["auto", "gloo", "nccl"]
 InitMethod = Literal["env", "tcp", "file"]
 Optimizer = Literal["sgd", "adamw"]
 LrSchedule = Literal["constant", "cosine", "step"]
+Strategy = Literal["ddp", "fsdp"]
 MetricMode = Literal["min", "max"]
 
 
@@ -231,6 +232,12 @@ class TrainConfig:
     (``fault.warmup_steps``), not the step timeout. Compiled kernels may round differently from
     eager ones, so changing it on a resume makes the run not comparable to an uninterrupted
     one. Needs a C compiler on CPU and Triton on GPUs."""
+    strategy: Strategy = "ddp"
+    """How the model is spread over the ranks: ``ddp`` (a full copy on every rank, gradients
+    all-reduced) or ``fsdp`` (FSDP2: parameters, gradients and optimizer state sharded over
+    the ranks, per block, for models larger than one rank's memory; checkpoints are then
+    sharded: every rank writes its own shard). Also the default of ``s.wrap()`` in your own
+    script."""
     amp: bool = False
     """Mixed precision on GPUs (bfloat16 on GPUs that compute in it natively, Ampere and newer;
     float16 with a grad scaler on older ones); ignored on CPU, with a warning."""

@@ -10,9 +10,12 @@ agree because they come from here:
 * :func:`damaged_checkpoint`: why a file cannot be a whole checkpoint of a run, from its first
   bytes, its zip directory and its label (:mod:`hpc_ddp.rundir.checkpoint_label`): empty, torn,
   spliced, not a regular file, named for another step than it holds, or another run's.
-* :func:`newest_step`: the newest file that passes :func:`damaged_checkpoint`, the one a resume
-  would take unless its content (checked with torch, :mod:`hpc_ddp.checkpoint.format`) changed
-  on disk.
+* :func:`shard_sets`: every committed sharded (FSDP) checkpoint, a ``step-N/`` directory
+  renamed in whole once every rank wrote its shard, its digest record written last
+  (:mod:`hpc_ddp.checkpoint.sharded` checks every shard's digest before it loads one).
+* :func:`newest_step`: the newest file that passes :func:`damaged_checkpoint`, or the newest
+  committed shard set, the one a resume would take unless its content (checked with torch,
+  :mod:`hpc_ddp.checkpoint.format`) changed on disk.
 """
 
 from __future__ import annotations
@@ -22,9 +25,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hpc_ddp.rundir.checkpoint_label import label_problem, not_regular
-from hpc_ddp.rundir.layout import parse_checkpoint_name
+from hpc_ddp.rundir.layout import (
+    SHARDED_RECORD,
+    parse_checkpoint_name,
+    parse_sharded_checkpoint_name,
+)
 
-__all__ = ["checkpoint_files", "damaged_checkpoint", "newest_step"]
+__all__ = ["checkpoint_files", "damaged_checkpoint", "newest_step", "shard_sets"]
 
 _ZIP_MAGIC = b"PK\x03\x04"
 _PICKLE = "/data.pkl"
@@ -43,6 +50,22 @@ def checkpoint_files(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
+def shard_sets(directory: Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every committed shard set in ``directory``, newest first: a
+    ``step-N/`` directory that holds its digest record (a save cut short has none, and one
+    still being written is under its ``.partial-`` name). [] when there is no such directory;
+    an :class:`OSError` when it cannot be listed."""
+    if not directory.is_dir():
+        return []
+    found = [
+        (s, p)
+        for p in directory.iterdir()
+        if (s := parse_sharded_checkpoint_name(p.name)) is not None
+        and (p / SHARDED_RECORD).is_file()
+    ]
+    return sorted(found, reverse=True)
+
+
 def newest_step(
     directory: Path,
     *,
@@ -51,8 +74,9 @@ def newest_step(
     unlistable_ok: bool = True,
 ) -> int | None:
     """The step of the newest checkpoint in ``directory`` that looks whole and is run
-    ``run_id``'s (None: any run's), judged without torch (:func:`damaged_checkpoint`); None
-    when there is none.
+    ``run_id``'s (None: any run's), judged without torch (:func:`damaged_checkpoint`), or of
+    the newest committed shard set (:func:`shard_sets`) if that is newer; None when there is
+    none.
 
     A newer file that fails is passed over, as the ranks' resume passes it, and
     ``on_skip(step, why)`` is told (newest first). A directory that cannot be listed has no
@@ -61,17 +85,21 @@ def newest_step(
     """
     try:
         files = checkpoint_files(directory)
+        sets = shard_sets(directory)
     except OSError:
         if not unlistable_ok:
             raise
         return None
+    newest_set = sets[0][0] if sets else None
     for step, path in files:
+        if newest_set is not None and newest_set >= step:
+            return newest_set
         why = damaged_checkpoint(path, run_id)
         if why is None:
             return step
         if on_skip is not None:
             on_skip(step, why)
-    return None
+    return newest_set
 
 
 def damaged_checkpoint(path: Path, run_id: str | None = None) -> str | None:

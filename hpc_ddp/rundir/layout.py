@@ -117,6 +117,23 @@ def parse_checkpoint_name(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+_SHARDED_RE = re.compile(r"^step-(\d+)$")
+SHARDED_RECORD = "digests.json"
+"""Inside a sharded checkpoint's ``step-N/``: the digest record, written last (see
+:mod:`hpc_ddp.checkpoint.sharded`)."""
+
+
+def sharded_checkpoint_name(step: int) -> str:
+    """``step-00000120``: the directory of a sharded (FSDP) checkpoint, the file name's stem."""
+    return f"step-{step:08d}"
+
+
+def parse_sharded_checkpoint_name(name: str) -> int | None:
+    """The step in a sharded checkpoint's directory name, or None for any other name."""
+    m = _SHARDED_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
 @dataclass(frozen=True)
 class RunPaths:
     """Every path inside one run directory."""
@@ -273,6 +290,7 @@ __all__ = [
     "RUN_DIR_ENV",
     "RUN_ID_ENV",
     "RUN_ID_FILE",
+    "SHARDED_RECORD",
     "SITE_ENV",
     "STAMP_FORMAT",
     "SUBMIT_LOCK_FILE",
@@ -284,5 +302,7 @@ __all__ = [
     "checkpoint_name",
     "launch_key",
     "parse_checkpoint_name",
+    "parse_sharded_checkpoint_name",
     "run_dir_name",
+    "sharded_checkpoint_name",
 ]

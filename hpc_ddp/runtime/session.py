@@ -51,7 +51,7 @@ import math
 import os
 import signal
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -82,6 +82,7 @@ from hpc_ddp.runtime.procgroup import destroy_process_group, init_process_group,
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.progress_log import ProgressLog
 from hpc_ddp.runtime.sampler import ResumableLoader
+from hpc_ddp.runtime.sharding import STRATEGIES, mixed_precision, shard_model
 from hpc_ddp.runtime.stopflag import AgreementCadence, StopFlag
 
 log = logging.getLogger("hpc_ddp")
@@ -535,14 +536,39 @@ class Session:
 
     # --- model, data, state ---------------------------------------------------------------
 
-    def wrap(self, model: nn.Module, *, exact: bool | None = None, **ddp_kwargs: Any) -> nn.Module:
-        """``model`` moved to :attr:`device` and wrapped in DistributedDataParallel.
+    def wrap(
+        self,
+        model: nn.Module,
+        *,
+        exact: bool | None = None,
+        strategy: str | None = None,
+        shard: Sequence[str] | None = None,
+        **ddp_kwargs: Any,
+    ) -> nn.Module:
+        """``model`` moved to :attr:`device` and wrapped in DistributedDataParallel, or sharded
+        with FSDP2.
 
-        ``exact`` (default: on CPU) fixes DDP's gradient-bucket layout up front, which
+        ``strategy``: ``ddp`` or ``fsdp`` (default: ``train.strategy``). ``fsdp`` shards per
+        block, then the root (:mod:`hpc_ddp.runtime.sharding`): ``shard`` names the blocks
+        (class names or attribute paths; default: a ResNet's stages, else the root's children
+        with parameters), and ``train.amp`` on a GPU gathers parameters in bfloat16. A sharded
+        model's checkpoints are sharded too: every rank writes its own shard.
+
+        ``exact`` (DDP; default: on CPU) fixes DDP's gradient-bucket layout up front, which
         bit-identical resume needs with 3+ ranks (see :func:`fix_bucket_layout`); on GPUs it is
         off by default because it costs the overlap of communication with the backward pass.
         """
-        wrapped = wrap_model(model, self.device, exact=exact, **ddp_kwargs)
+        strategy = self.config.train.strategy if strategy is None else strategy
+        if strategy not in STRATEGIES:
+            raise ConfigError(
+                f"wrap(strategy={strategy!r}) is not one of {', '.join(STRATEGIES)}. HINT: "
+                "strategy='ddp' keeps a full copy per rank; 'fsdp' shards the model."
+            )
+        if strategy == "fsdp":
+            policy = mixed_precision(self.config.train.amp, self.device)
+            wrapped = shard_model(model, self.device, shard=shard, mp_policy=policy)
+        else:
+            wrapped = wrap_model(model, self.device, exact=exact, **ddp_kwargs)
         self._mark_startup("model")
         return wrapped
 
@@ -696,7 +722,7 @@ class Session:
             # The ledger line (a directory check and an fsync'd append) is written by the
             # checkpoint's writer thread once the file is durable, not by the training thread
             # (which it held up for longer than the snapshot itself with a small model).
-            self._ckpt().writer.then(lambda: coordinator.record_checkpoint(step, stall, now=now))
+            self._ckpt().then(lambda: coordinator.record_checkpoint(step, stall, now=now))
         return path
 
     # --- stopping -----------------------------------------------------------------------

@@ -26,6 +26,7 @@ from hpc_ddp.config.exactness import DETERMINISTIC_ENV
 from hpc_ddp.config.model import TrainConfig
 from hpc_ddp.runtime.metrics import Throughput
 from hpc_ddp.runtime.session import Session
+from hpc_ddp.runtime.sharding import no_sync
 
 log = logging.getLogger("hpc_ddp.train.trainer")
 
@@ -162,7 +163,8 @@ class TunedKernels:
 
 
 class StepRunner:
-    """One optimizer step: ``grad_accum`` micro-batches, all-reduced once (``no_sync``)."""
+    """One optimizer step: ``grad_accum`` micro-batches, reduced once (``no_sync``, or FSDP's
+    counterpart)."""
 
     def __init__(
         self,
@@ -184,7 +186,7 @@ class StepRunner:
         self.precision = precision
         self.device = device
         self.criterion = nn.CrossEntropyLoss()
-        self._no_sync: Callable[[], Any] = getattr(model, "no_sync", contextlib.nullcontext)
+        self._no_sync: Callable[[], Any] = lambda: no_sync(model)  # DDP's or FSDP's
         # The sum of every micro-batch's loss since the last report; divided only when read,
         # so a step costs one in-place add here, not a cast, a division and an add.
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)

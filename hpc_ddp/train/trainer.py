@@ -1,4 +1,5 @@
-"""The built-in trainer: DDP image classification, written only against the session API.
+"""The built-in trainer: DDP or FSDP (``train.strategy``) image classification, written only
+against the session API.
 
 Checkpoints, stop signals and requeues all go through :class:`~hpc_ddp.runtime.session.Session`, the
 same way a user's own script uses them; nothing here has a second path for them.
@@ -50,6 +51,7 @@ from hpc_ddp.errors import ConfigError
 from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.sampler import mix_seed
 from hpc_ddp.runtime.session import Session
+from hpc_ddp.runtime.sharding import full_state_dict
 from hpc_ddp.train.data import build_dataset
 from hpc_ddp.train.loop import (
     DeterministicKernels,
@@ -259,7 +261,8 @@ def _make_runner(t: TrainConfig, s: Session, model: nn.Module, total: int) -> St
         return lr_factor(step, total=total, schedule=t.lr_schedule, warmup=t.warmup_steps)
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-    precision = Precision.choose(t.amp, s.device)
+    # Under FSDP train.amp is its MixedPrecisionPolicy (Session.wrap), not autocast.
+    precision = Precision.choose(t.amp and t.strategy == "ddp", s.device)
     seed_everything(mix_seed(t.seed, s.rank, 1))  # each rank's own stream (dropout, ...)
     # Elastic: the step loop runs s.grad_accum micro-batches and the data comes from s.loader.
     s.restore(
@@ -297,7 +300,7 @@ def _run_training(cfg: JobConfig, session: Session) -> TrainResult:
     train_ds, val_ds = _datasets(t, s)
     # With 1 or 2 ranks every gradient element is a sum of at most two terms, the same in any
     # bucket layout, so DDP may keep its own order, which overlaps all-reduce with backward.
-    model = s.wrap(build_model(t), exact=fixed_buckets(s.world_size, kept))
+    model = s.wrap(build_model(t), exact=fixed_buckets(s.world_size, kept), strategy=t.strategy)
     if t.compile:
         compile_model(model, cfg.fault)
     workers = resolve_num_workers(
@@ -344,7 +347,7 @@ def _run_training(cfg: JobConfig, session: Session) -> TrainResult:
         loss=report.last_loss,
         val_loss=None if val.result is None else val.result[0],
         val_acc=None if val.result is None else val.result[1],
-        weights_digest=weights_digest(unwrap(model).state_dict()),
+        weights_digest=weights_digest(full_state_dict(model)),
     )
 
 

@@ -279,6 +279,8 @@ ERRORS: list[tuple[str, Any, str, str]] = [
     ("train.lr_schedule", "linear", "train.lr_schedule", "not one of: constant, cosine, step"),
     ("train.model", "pkg.mod:", "train.model", "package.module:function"),
     ("train.amp", 1, "train.amp", "expected true or false"),
+    ("train.strategy", "fsdp2", "train.strategy", "did you mean 'fsdp'?"),
+    ("train.strategy", "zero", "train.strategy", "not one of: ddp, fsdp"),
     ("requeue.signal", "KILL", "requeue.signal", "USR1, USR2, TERM, INT, HUP, ALRM"),
     ("requeue.signal", "SIGUSR2", "requeue.signal", "write 'USR2'"),
     ("requeue.signal", "usr2", "requeue.signal", "write 'USR2'"),

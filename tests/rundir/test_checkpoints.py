@@ -16,7 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp.rundir.checkpoints import checkpoint_files, damaged_checkpoint, newest_step
+from hpc_ddp.rundir.checkpoints import (
+    checkpoint_files,
+    damaged_checkpoint,
+    newest_step,
+    shard_sets,
+)
 
 # --- one file: damaged_checkpoint -------------------------------------------------------------
 
@@ -234,3 +239,22 @@ def test_the_newest_step_of_a_run_passes_over_another_runs_file(tmp_path: Path) 
     (tmp_path / "step-00000020.pt").unlink()
     assert newest_step(tmp_path, run_id="mine-1") == 10
     assert newest_step(tmp_path, run_id="other-3") is None
+
+
+def test_a_committed_shard_set_counts_as_a_checkpoint_a_partial_one_does_not(
+    tmp_path: Path,
+) -> None:
+    """An FSDP run's checkpoints are step-N/ directories (the supervisor's no-progress check and
+    status compare them too); one without its digest record, or still under its .partial-
+    name, is no checkpoint, and a newer whole file still wins over an older set."""
+    assert newest_step(tmp_path / "none") is None
+    for name in ("step-00000020", "step-00000030", ".partial-step-00000040"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "digests.json").write_text("{}")
+    (tmp_path / "step-00000050").mkdir()  # no record: not committed
+    assert [s for s, _ in shard_sets(tmp_path)] == [30, 20]
+    assert newest_step(tmp_path) == 30
+    (tmp_path / "step-00000060.pt").write_bytes(b"")  # damaged: passed over
+    skipped: list[int] = []
+    assert newest_step(tmp_path, on_skip=lambda s, _: skipped.append(s)) == 30
+    assert skipped == [60]
