@@ -216,6 +216,17 @@ class Checkpointer:
             return Best(keep.metric, keep.mode, step, value)
         return self.best
 
+    def recorded_best(self, payload: Mapping[str, Any]) -> Best | None:
+        """The best checkpoint that ``payload`` (a file's, or a shard set's ``common.pt``)
+        records under this run's ``train.keep_best`` (None: none, or none is kept)."""
+        return None if self._keep_best is None else Best.recorded(payload, self._keep_best)
+
+    def rank_saved(self, step: int) -> Best | None:
+        """Rank 0, as a checkpoint of ``step`` is saved: the best one once it is (kept in
+        :attr:`best`)."""
+        self.best = self._rank(step)
+        return self.best
+
     @property
     def writer(self) -> CheckpointWriter:
         """Rank 0's background writer (its :attr:`~CheckpointWriter.durable_at` times saves)."""
@@ -274,7 +285,7 @@ class Checkpointer:
         assert payload is not None
         self.resize = self.check_resize(payload, name, elastic)
         self._apply(payload, name, progress)
-        self.best = None if self._keep_best is None else Best.recorded(payload, self._keep_best)
+        self.best = self.recorded_best(payload)
         self.last = CheckpointRecord.at(progress.step)
         return CheckpointRecord(progress.step, name)
 
@@ -482,11 +493,11 @@ class Checkpointer:
             grad_accum=self.grad_accum,
             run_id=self.run_id,
         )
-        self.best = self._rank(progress.step)
-        if self.best is not None:
+        best = self.rank_saved(progress.step)
+        if best is not None:
             # Recorded in every checkpoint, so that pruning spares it (write_checkpoint) and a
             # resume goes on ranking against it.
-            payload["meta"]["best"] = dataclasses.asdict(self.best)
+            payload["meta"]["best"] = dataclasses.asdict(best)
         return payload
 
     def sync_errors(self) -> None:

@@ -17,8 +17,10 @@ How a save stays whole or absent. Every rank writes into ``.partial-step-0000012
 that never matches ``step-*``); once every rank's files are written and fsync'd and each rank
 has hashed its own, rank 0 gathers the digests, writes ``digests.json``, renames the directory
 to ``step-00000120`` in one step and fsyncs the parent, and only then updates ``latest`` and
-prunes beyond ``train.keep_last``. A save cut short anywhere leaves a ``.partial-`` directory
-(removed by the next commit) and never a ``step-N/``.
+prunes beyond ``train.keep_last``, sparing the best one under ``train.keep_best`` (recorded in
+``common.pt``'s ``meta.best`` and carried across resumes, as a file checkpoint's). A save cut
+short anywhere leaves a ``.partial-`` directory (removed by the next commit) and never a
+``step-N/``.
 
 What counts as a checkpoint (:func:`check_complete`, :func:`verify_files`): ``digests.json``
 readable and of this format; ``.metadata``, ``common.pt``, one ``rank-*.pt`` and at least one
@@ -41,6 +43,7 @@ collectives never interleave with training's. At most one save is in flight.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -61,10 +64,12 @@ import xxhash
 from hpc_ddp.checkpoint.format import (
     CheckpointInfo,
     CheckpointState,
+    best_step,
     capture_rng_state,
     restore_rng_state,
 )
 from hpc_ddp.checkpoint.snapshot import SnapshotBuffers, snapshot
+from hpc_ddp.checkpoint.writer import prune_plan
 from hpc_ddp.config.load import job_config_to_dict
 from hpc_ddp.durable import fsync_dir, write_atomic, write_text_atomic
 from hpc_ddp.errors import CheckpointError, ConfigError
@@ -310,7 +315,7 @@ class ShardedCheckpoints:
                 obj.load_state_dict(state["objects"][name])
 
     def _common(self, t: Tracked, progress: Progress, grad_accum: int) -> dict[str, Any]:
-        return {
+        common: dict[str, Any] = {
             "format": FORMAT,
             "version": FORMAT_VERSION,
             "progress": progress.to_dict(),
@@ -329,6 +334,11 @@ class ShardedCheckpoints:
                 "hpc_ddp_version": __version__,
             },
         }
+        best = self.ckpt.rank_saved(progress.step)
+        if best is not None:
+            # As a file's meta.best: pruning spares that shard set, a resume ranks against it.
+            common["meta"]["best"] = dataclasses.asdict(best)
+        return common
 
     # --- saving ------------------------------------------------------------------------
 
@@ -433,7 +443,7 @@ class ShardedCheckpoints:
                 error = errors[0] if errors else None
                 if error is None:
                     files = [d for d, _ in gathered]
-                    error = _attempt(lambda: self._commit(partial, final, files))
+                    error = _attempt(lambda: self._commit(partial, final, files, best_step(common)))
             box = [error]
             dist.broadcast_object_list(box, src=0, group=group)
             error = box[0]
@@ -470,8 +480,11 @@ class ShardedCheckpoints:
                 f"{error}. HINT: check free space and permissions of the run directory."
             )
 
-    def _commit(self, partial: Path, final: Path, gathered: list[dict[str, Any]]) -> None:
-        """Rank 0: the digest record last, then the directory renamed in one step."""
+    def _commit(
+        self, partial: Path, final: Path, gathered: list[dict[str, Any]], best: int | None
+    ) -> None:
+        """Rank 0: the digest record last, then the directory renamed in one step; then the
+        pruning, which spares the ``best`` step (``meta.best`` of this save's ``common.pt``)."""
         step = parse_sharded_checkpoint_name(final.name)
         assert step is not None
         files: dict[str, Any] = {}
@@ -495,12 +508,14 @@ class ShardedCheckpoints:
         os.replace(partial, final)
         fsync_dir(self.directory)
         write_text_atomic(self.directory / LATEST_CHECKPOINT, final.name + "\n")
-        self._prune(step)
+        self._prune(step, best)
 
-    def _prune(self, written: int) -> None:
+    def _prune(self, written: int, best: int | None) -> None:
+        """Shard sets beyond ``train.keep_last`` go, all but the ``best`` one
+        (``train.keep_best``), as files do (:func:`prune_plan`)."""
         keep = self.ckpt.config.train.keep_last
         steps = [s for s, _ in sharded_dirs(self.directory) if s <= written]
-        for step in sorted(steps)[:-keep] if keep > 0 else []:
+        for step in prune_plan(steps, keep, best):
             shutil.rmtree(self.directory / sharded_checkpoint_name(step), ignore_errors=True)
         # Saves cut short (one save is in flight at a time, and this one is committed).
         for stale in self.directory.glob(f"{PARTIAL_PREFIX}step-*"):
@@ -586,6 +601,7 @@ class ShardedCheckpoints:
             if obj is not None and common.get(key) is not None:
                 obj.load_state_dict(common[key])
         progress.update_from(common["progress"], common.get("extra") or {})
+        self.ckpt.best = self.ckpt.recorded_best(common)
         if self.ckpt.resize is None:
             restore_rng_state(_load_pt(path / rank_file(self.rank)), self.ckpt.device)
         else:

@@ -80,7 +80,7 @@ from hpc_ddp.fault.watchdog import (
     read_fault,
     write_beat,
 )
-from hpc_ddp.rundir.checkpoints import newest_step
+from hpc_ddp.rundir.checkpoints import is_shard_set, newest_step
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import (
     LAUNCH_DIR_ENV,
@@ -986,6 +986,7 @@ class Supervisor:
                 next_step=next_step,
                 requeue_requested=next_step == "requeue",
                 message=message or "",
+                sharded=is_shard_set(self.paths.checkpoints, ckpt_step),
             )
         )
 

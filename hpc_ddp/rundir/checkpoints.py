@@ -29,9 +29,10 @@ from hpc_ddp.rundir.layout import (
     SHARDED_RECORD,
     parse_checkpoint_name,
     parse_sharded_checkpoint_name,
+    sharded_checkpoint_name,
 )
 
-__all__ = ["checkpoint_files", "damaged_checkpoint", "newest_step", "shard_sets"]
+__all__ = ["checkpoint_files", "damaged_checkpoint", "is_shard_set", "newest_step", "shard_sets"]
 
 _ZIP_MAGIC = b"PK\x03\x04"
 _PICKLE = "/data.pkl"
@@ -64,6 +65,14 @@ def shard_sets(directory: Path) -> list[tuple[int, Path]]:
         and (p / SHARDED_RECORD).is_file()
     ]
     return sorted(found, reverse=True)
+
+
+def is_shard_set(directory: Path, step: int | None) -> bool:
+    """Whether ``step``'s checkpoint in ``directory`` is a committed shard set (an FSDP run's
+    ``step-N/``, named so in the ledger), not a ``step-N.pt`` file."""
+    if step is None:
+        return False
+    return (directory / sharded_checkpoint_name(step) / SHARDED_RECORD).is_file()
 
 
 def newest_step(

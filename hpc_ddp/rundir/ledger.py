@@ -70,7 +70,7 @@ from typing import Any
 from hpc_ddp.config.elastic import RESEEDED, SAMPLE_EXACT, Resize
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.rundir.endcause import EndCause, is_fault, is_restartable
-from hpc_ddp.rundir.layout import checkpoint_name
+from hpc_ddp.rundir.layout import checkpoint_name, sharded_checkpoint_name
 
 log = logging.getLogger(__name__)
 
@@ -374,6 +374,12 @@ def _launch_line(
     return _line({**head, "launch": launch, "time": time_now, **fields})
 
 
+def _checkpoint_name(step: int | None, *, sharded: bool) -> str | None:
+    if step is None:
+        return None
+    return sharded_checkpoint_name(step) if sharded else checkpoint_name(step)
+
+
 def launch_end_event(
     *,
     attempt: int,
@@ -390,16 +396,18 @@ def launch_end_event(
     requeue_requested: bool = False,
     message: str = "",
     now: float | None = None,
+    sharded: bool = False,
 ) -> str:
     """The supervisor's ``launch_end`` line: how a launch ended, whom a fault points to, and
-    what follows (``next_step``: ``restart``, ``requeue`` or ``stop``)."""
+    what follows (``next_step``: ``restart``, ``requeue`` or ``stop``). ``sharded``: the
+    checkpoint is a shard set (FSDP), named by its directory ``step-N``, not ``step-N.pt``."""
     event: dict[str, Any] = {
         "attempt": attempt,
         "launched_at": launched_at,
         "cause": EndCause(cause).value,
         "steps_reached": steps_reached,
         "checkpoint_step": checkpoint_step,
-        "checkpoint": None if checkpoint_step is None else checkpoint_name(checkpoint_step),
+        "checkpoint": _checkpoint_name(checkpoint_step, sharded=sharded),
         "next": next_step,
         "requeue_requested": requeue_requested,
         "message": message,

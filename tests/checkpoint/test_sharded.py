@@ -229,9 +229,16 @@ SCRIPT = str(HELPERS / "fsdp_script.py")
 
 
 def script(
-    run_dir: Path, total: int, slow_digest_s: float = 0.0, *, world: int = 2, accum: int = 1
+    run_dir: Path,
+    total: int,
+    slow_digest_s: float = 0.0,
+    *,
+    world: int = 2,
+    accum: int = 1,
+    best: bool = False,
 ) -> list[dict[str, Any]]:
     argv = [SCRIPT, str(run_dir), str(total), str(slow_digest_s), str(accum)]
+    argv += ["best"] if best else []
     results = run_ranks(argv, world, timeout=240)
     out = []
     for rank, (code, stdout, stderr) in enumerate(results):
@@ -273,3 +280,20 @@ def test_a_resume_at_another_world_size_reshards_through_dcp(tmp_path: Path) -> 
     assert check_complete(tmp_path / "checkpoints" / "step-00000006")["world_size"] == 1
     again = script(tmp_path, 6)
     assert [r["restored"] for r in again] == [one[0]["digest"]] * 2
+
+
+def test_keep_best_spares_the_best_shard_set_across_a_resume(tmp_path: Path) -> None:
+    """``keep_last: 1`` and ``keep_best`` on ``val_loss`` (best 0.5 at step 2), a shard set every
+    step: pruning keeps step 2's beside the newest, and a resume goes on ranking against it
+    (its 0.7 and 0.6 at steps 5 and 6 beat no 0.5), so step 2's is still kept at the end."""
+    checkpoints = tmp_path / "checkpoints"
+    first = script(tmp_path, 4, best=True)
+    assert [r["step"] for r in first] == [4, 4]
+    assert sorted(s for s, _ in sharded_dirs(checkpoints)) == [2, 4]
+    common = torch.load(checkpoints / "step-00000004" / "common.pt", weights_only=True)
+    assert common["meta"]["best"] == {"metric": "val_loss", "mode": "min", "step": 2, "value": 0.5}
+
+    resumed = script(tmp_path, 6, best=True)
+    assert [r["resumed_from"] for r in resumed] == [4, 4]
+    assert sorted(s for s, _ in sharded_dirs(checkpoints)) == [2, 6]
+    verify_files(checkpoints / "step-00000002", check_complete(checkpoints / "step-00000002"))

@@ -1,6 +1,6 @@
 """One rank of a script of your own that shards its model: ``s.wrap(model, strategy="fsdp")``.
 
-Usage: fsdp_script.py RUN_DIR TOTAL SLOW_DIGEST_S [GRAD_ACCUM]
+Usage: fsdp_script.py RUN_DIR TOTAL SLOW_DIGEST_S [GRAD_ACCUM [best]]
 
 Trains a small two-block model with AdamW on fixed random data from ``s.loader``, sharded
 per ``Block`` (``shard=["Block"]``), checkpointing at step 3 (timed: how long the training
@@ -9,7 +9,9 @@ the writer thread (a slow shared file system). Prints ``{"rank", "resumed_from",
 "stall_s", "restored", "digest"}`` as JSON: the digests of the whole weights gathered on
 every rank after the restore and at the end. The loop runs ``s.grad_accum`` micro-batches per
 step and says so (``elastic=True``): a resume at another world size sets GRAD_ACCUM to keep
-the global batch.
+the global batch. With ``best``: ``keep_last: 1`` and ``keep_best: {metric: val_loss, mode:
+min}``, a checkpoint every step, ``val_loss`` logged each step from :data:`VAL_LOSS` (its best,
+0.5, at step 2) before that step's checkpoint.
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ from torch.utils.data import TensorDataset
 
 from hpc_ddp.checkpoint import sharded
 from hpc_ddp.checkpoint.digest import weights_digest
-from hpc_ddp.config.model import JobConfig, TrainConfig
+from hpc_ddp.config.model import JobConfig, KeepBestConfig, TrainConfig
 from hpc_ddp.runtime.session import Session
 from hpc_ddp.runtime.sharding import full_state_dict
+
+VAL_LOSS = {1: 1.0, 2: 0.5, 3: 0.8, 4: 0.9, 5: 0.7, 6: 0.6}
 
 
 class Block(nn.Module):
@@ -44,6 +48,7 @@ class Block(nn.Module):
 def main() -> None:
     run_dir, total, slow = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
     accum = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    best = len(sys.argv) > 5 and sys.argv[5] == "best"
     digest = sharded.file_digest
 
     def slow_digest(path: Path) -> str:
@@ -54,7 +59,11 @@ def main() -> None:
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(64, 16), torch.randint(0, 4, (64,)))
     stall: float | None = None
-    cfg = JobConfig(name="fsdp-script", train=TrainConfig(grad_accum=accum))
+    train = TrainConfig(grad_accum=accum)
+    if best:
+        keep = KeepBestConfig(metric="val_loss", mode="min")
+        train = TrainConfig(grad_accum=accum, keep_last=1, keep_best=keep)
+    cfg = JobConfig(name="fsdp-script", train=train)
     with Session(run_dir, cfg) as s:
         model = s.wrap(nn.Sequential(Block(), Block(), nn.Linear(16, 4)), strategy="fsdp",
                        shard=["Block"])  # fmt: skip
@@ -63,13 +72,15 @@ def main() -> None:
         resumed_from = None if resumed is None else resumed.step
         restored = weights_digest(full_state_dict(model))
         batches = s.loader(data, batch_size=4).forever()
-        for step in s.steps(total):
+        for step in s.steps(total, checkpoint_every=1 if best else 0):
             for _ in range(s.grad_accum):
                 x, y = next(batches)
                 loss: torch.Tensor = nn.functional.cross_entropy(model(x), y) / s.grad_accum
                 loss.backward()  # type: ignore[no-untyped-call]
             opt.step()
             opt.zero_grad()
+            if best:
+                s.log(step=step, val_loss=VAL_LOSS[step])
             if step == 3:
                 began = time.monotonic()
                 s.checkpoint()

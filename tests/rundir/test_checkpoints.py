@@ -19,6 +19,7 @@ import pytest
 from hpc_ddp.rundir.checkpoints import (
     checkpoint_files,
     damaged_checkpoint,
+    is_shard_set,
     newest_step,
     shard_sets,
 )
@@ -258,3 +259,16 @@ def test_a_committed_shard_set_counts_as_a_checkpoint_a_partial_one_does_not(
     skipped: list[int] = []
     assert newest_step(tmp_path, on_skip=lambda s, _: skipped.append(s)) == 30
     assert skipped == [60]
+
+
+def test_is_shard_set_tells_a_committed_step_directory_from_a_file(tmp_path: Path) -> None:
+    """What the supervisor names a launch's checkpoint by: step-N/ with its digest record is a
+    shard set; a step-N.pt file, a set without its record, or no step at all is not."""
+    (tmp_path / "step-00000020").mkdir()
+    (tmp_path / "step-00000020" / "digests.json").write_text("{}")
+    (tmp_path / "step-00000030").mkdir()  # no record: not committed
+    (tmp_path / "step-00000040.pt").write_bytes(b"")
+    assert is_shard_set(tmp_path, 20)
+    assert not is_shard_set(tmp_path, 30)
+    assert not is_shard_set(tmp_path, 40)
+    assert not is_shard_set(tmp_path, None)

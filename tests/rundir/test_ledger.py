@@ -492,6 +492,23 @@ def test_a_launch_end_replaces_a_survivors_crash_with_the_supervisors_blame(tmp_
     assert (a.started, a.ended, a.checkpoint_step, a.launch_ended) == (3.0, 5.0, 20, 6.0)
 
 
+def test_a_launch_end_names_a_shard_set_by_its_directory(tmp_path: Path) -> None:
+    """An FSDP run's checkpoint is the directory step-N/, and the launch_end line (and the
+    attempt read back from it) says so; a file checkpoint keeps its step-N.pt."""
+    from hpc_ddp.rundir.ledger import launch_end_event
+
+    def end(sharded: bool) -> str:
+        return launch_end_event(attempt=0, job_id="42", job_ref="42", restart=0, launch=0,
+                                launched_at=1.0, cause=EndCause.CRASH, blame=None,
+                                steps_reached=21, checkpoint_step=20, next_step="restart",
+                                now=6.0, sharded=sharded)  # fmt: skip
+
+    assert json.loads(end(sharded=True))["checkpoint"] == "step-00000020"
+    assert json.loads(end(sharded=False))["checkpoint"] == "step-00000020.pt"
+    [a] = _events(tmp_path / "ledger.jsonl", *_launch_0(verdict=end(sharded=True)))
+    assert (a.checkpoint, a.checkpoint_step) == ("step-00000020", 20)
+
+
 def test_a_launch_whose_ranks_wrote_nothing_becomes_an_attempt_and_late_words_refine_it(
     tmp_path: Path,
 ) -> None:
