@@ -58,9 +58,9 @@ from hpc_ddp.backends.local.process import (
 from hpc_ddp.config.model import JobConfig, SlurmConfig
 from hpc_ddp.durable import append_line
 from hpc_ddp.errors import ConfigError, RunDirError
-from hpc_ddp.rundir.checkpoints import newest_step
+from hpc_ddp.rundir.checkpoints import is_shard_set, newest_step
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.layout import RunPaths, checkpoint_name
+from hpc_ddp.rundir.layout import RunPaths, checkpoint_name, sharded_checkpoint_name
 from hpc_ddp.rundir.ledger import end_event, read_ledger
 from hpc_ddp.rundir.manifest import Backend as BackendName
 from hpc_ddp.rundir.manifest import Manifest
@@ -335,6 +335,17 @@ class ForcedStop:
     checkpoint: int | None
     """The step of the newest checkpoint on disk that looks whole
     (:func:`~hpc_ddp.rundir.checkpoints.newest_step`): the run goes on from there."""
+    sharded: bool = False
+    """Whether that checkpoint is a shard set (``step-N/``, an FSDP run's), not a file."""
+
+    def checkpoint_file(self) -> str | None:
+        """The checkpoint's name in ``checkpoints/``: ``step-N.pt``, or a shard set's
+        ``step-N``."""
+        if self.checkpoint is None:
+            return None
+        if self.sharded:
+            return sharded_checkpoint_name(self.checkpoint)
+        return checkpoint_name(self.checkpoint)
 
     def lost(self) -> str:
         """What was lost, in words: the steps since the newest checkpoint."""
@@ -345,7 +356,7 @@ class ForcedStop:
         lost = max(0, self.reached - self.checkpoint)
         return (
             f"training had logged step {self.reached}; the {lost} step(s) after checkpoint "
-            f"{checkpoint_name(self.checkpoint)} are lost"
+            f"{self.checkpoint_file()} are lost"
         )
 
 
@@ -371,7 +382,9 @@ def _kill_all(run_dir: Path, job_id: str | None) -> ForcedStop:
         signal_if_same(ident, signal.SIGKILL)
     paths = RunPaths(run_dir)
     logged = [r["step"] for r in _metric_rows(paths.metrics) if isinstance(r.get("step"), int)]
-    return ForcedStop(ranks, max(logged) if logged else None, newest_step(paths.checkpoints))
+    step = newest_step(paths.checkpoints)
+    sharded = is_shard_set(paths.checkpoints, step)
+    return ForcedStop(ranks, max(logged) if logged else None, step, sharded)
 
 
 GONE_WAIT_S = 10.0
@@ -471,7 +484,7 @@ def _record_forced_end(paths: RunPaths, since: float, forced: ForcedStop, why: s
     if not mine or not mine[-1].is_open:
         return
     last = mine[-1]
-    checkpoint = None if forced.checkpoint is None else checkpoint_name(forced.checkpoint)
+    checkpoint = forced.checkpoint_file()
     line = end_event(
         attempt=last.attempt,
         restart=last.restart,

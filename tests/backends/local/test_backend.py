@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.backends.local.backend import (
+    ForcedStop,
     LocalResult,
     TaskOutcome,
     check_local_size,
@@ -657,3 +658,16 @@ def test_a_local_submit_whose_output_is_read_to_its_end_returns_while_the_run_ru
             for pid in _pids_running(str(run_dir)):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+
+def test_a_forced_stop_names_the_checkpoint_it_goes_on_from_file_or_shard_set() -> None:
+    """What a forced local stop writes to the ledger and says was lost names an FSDP run's
+    shard set by its directory (step-N), a DDP run's checkpoint by its file (step-N.pt)."""
+    assert ForcedStop([0], 25, 20).checkpoint_file() == "step-00000020.pt"
+    assert ForcedStop([0], 25, 20, sharded=True).checkpoint_file() == "step-00000020"
+    assert ForcedStop([0], 25, None).checkpoint_file() is None
+    assert (
+        ForcedStop([0], 25, 20, sharded=True)
+        .lost()
+        .endswith("the 5 step(s) after checkpoint step-00000020 are lost")
+    )
