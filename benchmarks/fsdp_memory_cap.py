@@ -8,8 +8,8 @@ gradients, Adam's two moments); DDP holds all of it on every rank, FSDP a half o
 
 The script first runs both strategies uncapped, to measure each rank's peak resident memory,
 then runs both under one cap: a quarter of the way from FSDP's peak to DDP's, and below the
-full training state. Target: DDP fails under the cap (it needs more than the rank may have),
-FSDP trains every step under it. Exit status 1 otherwise.
+full training state. Targets: the cap is below the full training state, DDP fails under it (it
+needs more than the rank may have), FSDP trains every step under it (exit status 1 otherwise).
 
     python -m benchmarks.fsdp_memory_cap [--width 4096] [--blocks 12] [--steps 3]
 """
@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import Targets
 from benchmarks.ranks import run_ranks
 
 WORLD = 2
@@ -118,9 +119,11 @@ def main(argv: list[str] | None = None) -> int:
             error = f", {r['error']}" if r.get("error") else ""
             print(f"{strategy:4} capped, rank {rank}: {r['steps']}/{args.steps} steps, peak "
                   f"{_gb(r.get('peak_rss_bytes'))}{error}")  # fmt: skip
-    met = not outcome["ddp"] and outcome["fsdp"] and cap < state
-    print(f"target (DDP fails under the cap, FSDP trains under it): {'met' if met else 'MISSED'}")
-    return 0 if met else 1
+    targets = Targets()
+    targets.check("cap / full training state", cap / state, "<", 1.0)
+    targets.check("DDP ranks that trained under the cap", float(outcome["ddp"]), "==", 0.0)
+    targets.check("FSDP ranks that trained under the cap", float(outcome["fsdp"]), "==", 1.0)
+    return targets.exit_code()
 
 
 if __name__ == "__main__":

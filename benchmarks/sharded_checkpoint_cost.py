@@ -119,7 +119,7 @@ def _summary(every: list[Any], mb: int, shard: Path) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("dir", type=Path)
     parser.add_argument("--mb", type=int, default=256)
@@ -128,7 +128,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.rank:
         rank_main(args.dir, args.mb, args.rounds)
-        return
+        return 0
+    from benchmarks.common import Targets
     from benchmarks.ranks import run_ranks
 
     args.dir.mkdir(parents=True, exist_ok=True)
@@ -138,8 +139,16 @@ def main() -> None:
     for rank, res in enumerate(results):
         if res.returncode != 0:
             sys.exit(f"rank {rank} exited {res.returncode}:\n{res.stderr[-3000:]}")
-    print(results[0].stdout.strip().splitlines()[-1])
+    line = results[0].stdout.strip().splitlines()[-1]
+    print(line)
+    summary = json.loads(line)
+    targets = Targets()
+    targets.check(f"sharded {args.mb} MB stall / dd", summary["stall_over_dd"], "<=", STALL_TARGET)
+    targets.check(
+        f"sharded {args.mb} MB durable / dd", summary["durable_over_dd"], "<=", DURABLE_TARGET
+    )
+    return targets.exit_code()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
