@@ -50,6 +50,7 @@ import logging
 import math
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -140,6 +141,20 @@ def begin_attempt(
     )
     code: int | None = broadcast_object(None if outcome is None else outcome.exit_code)
     return code
+
+
+def let_data_workers_go() -> None:
+    """From here on a data-loader worker that dies is no error in this process.
+
+    Once rank 0 asks Slurm to requeue, Slurm SIGTERMs every process of the step, the
+    data-loader workers too (even ``scontrol`` itself, before it returns), and torch's SIGCHLD
+    handler would raise "DataLoader worker ... is killed by signal" in whatever the rank does
+    next: asking Slurm what became of the request, writing the ledger, hearing rank 0's answer.
+    A clean stop would be recorded as a crash. The attempt is over and no batch is wanted, so
+    the default disposition comes back (not SIG_IGN, which would break ``waitpid``), and stays
+    until the process is gone. Only the main thread may set a handler."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
 def end_attempt(
@@ -826,6 +841,7 @@ class Session:
         if not begun:
             self._write_start(None)
         assert self._coordinator is not None
+        let_data_workers_go()
         asked, code = end_attempt(
             self._coordinator,
             signum if signum is not None else self.requeue_signal,

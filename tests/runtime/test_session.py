@@ -410,3 +410,33 @@ def test_named_objects_must_be_stateful_and_in_the_checkpoint(tmp_path: Path) ->
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         with pytest.raises(ConfigError, match=r"holds no state for 'opt_d' .*'ema'.*HINT"):
             s.restore(model=model, ema=nn.Linear(2, 2), opt_d=opt)
+
+
+@pytest.mark.torch
+def test_a_data_worker_slurm_ends_during_the_requeue_is_no_crash() -> None:
+    """After a requeue request Slurm SIGTERMs the step's processes, the data-loader workers
+    too; torch's SIGCHLD handler then raised in whatever the rank did next (a CI run recorded
+    the stop as a crash). Once the attempt ends, a worker's death raises nothing."""
+    import signal as signals
+    import time as clock
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from hpc_ddp.runtime.session import let_data_workers_go
+
+    before = signals.getsignal(signals.SIGCHLD)
+    loader = DataLoader(TensorDataset(torch.arange(64.0)), batch_size=4, num_workers=2)
+    batches = iter(loader)
+    try:
+        next(batches)
+        workers = [w.pid for w in batches._workers]  # type: ignore[attr-defined]
+        let_data_workers_go()
+        for pid in workers:
+            os.kill(pid, signals.SIGKILL)  # as Slurm ends what SIGTERM did not
+        deadline = clock.monotonic() + 2.0
+        while clock.monotonic() < deadline:  # torch's handler would raise in here
+            clock.sleep(0.05)
+    finally:
+        del batches
+        signals.signal(signals.SIGCHLD, before)
