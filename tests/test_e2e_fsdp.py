@@ -95,6 +95,9 @@ def test_an_fsdp_run_whose_rank_is_killed_restarts_in_the_job_bit_identical(
     assert again.resumed_from_step is not None
     assert again.resumed_from_step >= FAULT_AT
     assert e2e.wait_done(slurm_cluster, twin.job_id, timeout_s=300)["JobState"] == "COMPLETED"
+    twin = e2e.submit(slurm_cluster, tmp_path / "twin", str(_own_script_job(tmp_path)))
+    assert e2e.wait_done(slurm_cluster, twin.job_id)["JobState"] == "COMPLETED"
+    assert [a.cause for a in e2e.ledger(twin.run_dir)] == [EndCause.FINISHED]
     assert exported_digest(slurm_cluster, job.run_dir) == exported_digest(
         slurm_cluster, twin.run_dir
     )
@@ -129,6 +132,9 @@ def test_an_fsdp_run_through_a_storm_of_interruptions_ends_bit_identical(
     assert causes == [EndCause.TIME_LIMIT, EndCause.CRASH, EndCause.TIME_LIMIT, EndCause.FINISHED]
     assert all(a.resumed_from_step for a in attempts[1:])  # each from a committed shard set
     assert e2e.wait_done(slurm_cluster, twin.job_id, timeout_s=300)["JobState"] == "COMPLETED"
+    twin = e2e.submit(slurm_cluster, tmp_path / "twin", str(_own_script_job(tmp_path)))
+    assert e2e.wait_done(slurm_cluster, twin.job_id)["JobState"] == "COMPLETED"
+    assert [a.cause for a in e2e.ledger(twin.run_dir)] == [EndCause.FINISHED]
     assert exported_digest(slurm_cluster, job.run_dir) == exported_digest(
         slurm_cluster, twin.run_dir
     )
@@ -159,3 +165,46 @@ def test_an_fsdp_run_resumed_on_one_node_of_two_is_resharded_and_sample_exact(
     log = (job.run_dir / "logs" / "rank-0.err").read_text(errors="replace")
     assert f"elastic resume from step-{stopped:08d}: 2 ranks x accumulation 1 -> 1 rank" in log
     assert "the model and optimizer resharded by DCP" in log
+
+
+def _own_script_job(directory: Path) -> Path:
+    script = Path(__file__).resolve().parent / "helpers" / "fsdp_own.py"
+    config = directory / "own.yaml"
+    config.write_text(
+        "name: fsdp-own\n"
+        f"command: [python, {script}, '{OWN_STEPS}']\n"
+        "slurm: {nodes: 2, tasks_per_node: 1, cpus_per_task: 1, time: '00:05:00'}\n"
+        'env: {vars: {OMP_NUM_THREADS: "1"}}\n'
+    )
+    return config
+
+
+OWN_STEPS = 60
+
+
+def test_your_own_fsdp_script_requeued_mid_run_ends_bit_identical(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """``s.wrap(model, strategy="fsdp")`` in a script of your own, over 2 nodes: stopped by the
+    time-limit warning and requeued, it goes on from its newest shard set and ends with the
+    weights of the same script run without a stop."""
+    job = e2e.submit(slurm_cluster, tmp_path / "runs", str(_own_script_job(tmp_path)))
+    e2e.wait_step(job.run_dir, 25)
+    e2e.signal_job(slurm_cluster, job.job_id, "USR2")  # the time-limit warning, tasks only
+    fields = e2e.wait_done(slurm_cluster, job.job_id, timeout_s=300)
+    assert fields["JobState"] == "COMPLETED", fields
+    attempts = e2e.ledger(job.run_dir)
+    assert [a.cause for a in attempts] == [EndCause.TIME_LIMIT, EndCause.FINISHED]
+    resumed = attempts[1].resumed_from_step
+    assert resumed is not None
+    assert 20 <= resumed < OWN_STEPS
+    final = job.run_dir / "checkpoints" / f"step-{OWN_STEPS:08d}"
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "digests.json"} <= {
+        p.name for p in final.iterdir()
+    }
+    twin = e2e.submit(slurm_cluster, tmp_path / "twin", str(_own_script_job(tmp_path)))
+    assert e2e.wait_done(slurm_cluster, twin.job_id)["JobState"] == "COMPLETED"
+    assert [a.cause for a in e2e.ledger(twin.run_dir)] == [EndCause.FINISHED]
+    assert exported_digest(slurm_cluster, job.run_dir) == exported_digest(
+        slurm_cluster, twin.run_dir
+    )
