@@ -77,8 +77,9 @@ from hpc_ddp.durable import append_line
 from hpc_ddp.errors import DistEnvError, RunDirError, SlurmError
 from hpc_ddp.exitcodes import BUDGET_EXIT_CODE, REQUEUE_FAILED_EXIT_CODE
 from hpc_ddp.fault.blame import PEER_ERROR
+from hpc_ddp.rundir.checkpoints import checkpoint_on_disk
 from hpc_ddp.rundir.endcause import EndCause, RequeueRule, meaning
-from hpc_ddp.rundir.layout import RunPaths, parse_checkpoint_name
+from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.ledger import (
     Attempt,
     attempt_number,
@@ -654,20 +655,7 @@ class Coordinator:
         (a hung or interrupted write)."""
         if checkpoint is None:
             return None
-        directory = RunPaths(self.ledger.parent).checkpoints
-        if (directory / checkpoint).is_file():
-            return checkpoint
-        limit = parse_checkpoint_name(checkpoint)
-        try:
-            names = os.listdir(directory)
-        except OSError:
-            return None
-        older = [
-            (s, n)
-            for n in names
-            if (s := parse_checkpoint_name(n)) is not None and (limit is None or s < limit)
-        ]
-        return max(older)[1] if older else None
+        return checkpoint_on_disk(RunPaths(self.ledger.parent).checkpoints, checkpoint)
 
     def record_checkpoint(self, step: int, stall_s: float, *, now: float | None = None) -> None:
         """Rank 0 notes a save at ``now`` (default: now) and how long training waited for it

@@ -13,6 +13,8 @@ agree because they come from here:
 * :func:`shard_sets`: every committed sharded (FSDP) checkpoint, a ``step-N/`` directory
   renamed in whole once every rank wrote its shard, its digest record written last
   (:mod:`hpc_ddp.checkpoint.sharded` checks every shard's digest before it loads one).
+* :func:`checkpoint_on_disk`: what a failed attempt names as its checkpoint, the save it was
+  told of if that is whole on disk, else the newest one before it (either kind).
 * :func:`newest_step`: the newest file that passes :func:`damaged_checkpoint`, or the newest
   committed shard set, the one a resume would take unless its content (checked with torch,
   :mod:`hpc_ddp.checkpoint.format`) changed on disk.
@@ -32,7 +34,14 @@ from hpc_ddp.rundir.layout import (
     sharded_checkpoint_name,
 )
 
-__all__ = ["checkpoint_files", "damaged_checkpoint", "is_shard_set", "newest_step", "shard_sets"]
+__all__ = [
+    "checkpoint_files",
+    "checkpoint_on_disk",
+    "damaged_checkpoint",
+    "is_shard_set",
+    "newest_step",
+    "shard_sets",
+]
 
 _ZIP_MAGIC = b"PK\x03\x04"
 _PICKLE = "/data.pkl"
@@ -73,6 +82,26 @@ def is_shard_set(directory: Path, step: int | None) -> bool:
     if step is None:
         return False
     return (directory / sharded_checkpoint_name(step) / SHARDED_RECORD).is_file()
+
+
+def checkpoint_on_disk(directory: Path, name: str) -> str | None:
+    """``name`` (a ``step-N.pt`` file or a ``step-N/`` shard set) if it is in ``directory``
+    whole, else the name of the newest checkpoint there before its step, by name alone; None
+    when there is none or the directory cannot be listed.
+
+    What a failed attempt names as its checkpoint: never a save still in flight when it failed
+    (a file still under its temp name, a set still under its ``.partial-`` name)."""
+    file_step = parse_checkpoint_name(name)
+    limit = file_step if file_step is not None else parse_sharded_checkpoint_name(name)
+    try:
+        found = checkpoint_files(directory) + shard_sets(directory)
+    except OSError:
+        return None
+    named = {p.name: s for s, p in found if p.suffix != ".pt" or p.is_file()}
+    if name in named:
+        return name
+    older = [(s, n) for n, s in named.items() if limit is None or s < limit]
+    return max(older)[1] if older else None
 
 
 def newest_step(

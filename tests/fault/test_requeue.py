@@ -556,6 +556,25 @@ def test_a_supervised_survivors_crash_is_a_witness_and_names_only_a_checkpoint_o
     assert second["checkpoint"] == "step-00000020.pt"
 
 
+def test_a_crashed_rank_of_an_fsdp_run_names_the_committed_shard_set(tmp_path: Path) -> None:
+    """An FSDP run's checkpoints are step-N/ directories: a rank that is not the writer names
+    the committed set it saved with the others, or the one before a set still in flight."""
+    checkpoints = tmp_path / "checkpoints"
+    for step in (20, 40):
+        (checkpoints / f"step-{step:08d}").mkdir(parents=True)
+        (checkpoints / f"step-{step:08d}" / "digests.json").write_text("{}")
+    (checkpoints / ".partial-step-00000060").mkdir()
+    env = {**TASK, "SLURM_NTASKS": "2", "HPC_DDP_SUPERVISED": "1", "SLURM_PROCID": "1"}
+    coordinator(tmp_path, None, env=env).crash(
+        step=41, checkpoint="step-00000040", error=ValueError("boom")
+    )
+    coordinator(tmp_path, None, env=env).crash(
+        step=61, checkpoint="step-00000060", error=ValueError("boom")
+    )
+    lines = (tmp_path / "ledger.jsonl").read_text().splitlines()
+    assert [json.loads(line)["checkpoint"] for line in lines] == ["step-00000040", "step-00000040"]
+
+
 _OLD_DECISIONS = {
     # cause: (requeued without requeue.on_crash, with it, the start of the reason without it)
     EndCause.FINISHED: (False, False, "finished: nothing left to do"),

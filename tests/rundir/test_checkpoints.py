@@ -18,6 +18,7 @@ import pytest
 
 from hpc_ddp.rundir.checkpoints import (
     checkpoint_files,
+    checkpoint_on_disk,
     damaged_checkpoint,
     is_shard_set,
     newest_step,
@@ -272,3 +273,42 @@ def test_is_shard_set_tells_a_committed_step_directory_from_a_file(tmp_path: Pat
     assert not is_shard_set(tmp_path, 30)
     assert not is_shard_set(tmp_path, 40)
     assert not is_shard_set(tmp_path, None)
+
+
+@pytest.mark.parametrize(
+    ("on_disk", "named", "expected"),
+    [
+        # a file run: the named save if it is there, else the newest before it
+        (["step-00000020.pt", "step-00000040.pt"], "step-00000040.pt", "step-00000040.pt"),
+        (["step-00000020.pt", ".step-00000040.pt.tmp.9"], "step-00000040.pt", "step-00000020.pt"),
+        (["step-00000020.pt", "step-00000060.pt"], "step-00000040.pt", "step-00000020.pt"),
+        (["step-00000060.pt"], "step-00000040.pt", None),
+        ([], "step-00000040.pt", None),
+        # an FSDP run: step-N/ sets, committed only with their record
+        (["step-00000020/", "step-00000040/"], "step-00000040", "step-00000040"),
+        (["step-00000020/", ".partial-step-00000040/"], "step-00000040", "step-00000020"),
+        (["step-00000020/", "step-00000040/-"], "step-00000040", "step-00000020"),
+        (["step-00000060/"], "step-00000040", None),
+        # a name of neither kind: the newest there is
+        (["step-00000020/", "step-00000010.pt"], "latest", "step-00000020"),
+    ],
+)
+def test_checkpoint_on_disk_names_the_save_if_whole_else_the_newest_before_it(
+    tmp_path: Path, on_disk: list[str], named: str, expected: str | None
+) -> None:
+    """What a failed attempt records: never a save still in flight (a temp file, a set under
+    its .partial- name or without its digest record), but the newest one that is whole, of
+    either kind."""
+    for entry in on_disk:
+        if entry.endswith("/-"):  # a set cut short: its directory, no record
+            (tmp_path / entry[:-2]).mkdir()
+        elif entry.endswith("/"):
+            (tmp_path / entry[:-1]).mkdir()
+            (tmp_path / entry[:-1] / "digests.json").write_text("{}")
+        else:
+            (tmp_path / entry).write_bytes(b"x")
+    assert checkpoint_on_disk(tmp_path, named) == expected
+
+
+def test_checkpoint_on_disk_of_a_missing_directory_is_none(tmp_path: Path) -> None:
+    assert checkpoint_on_disk(tmp_path / "nowhere", "step-00000040") is None
