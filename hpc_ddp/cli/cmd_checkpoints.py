@@ -18,7 +18,7 @@ from tabulate import tabulate
 
 from hpc_ddp.api.targets import require_dir, sweep_task_of
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.state.artifacts import recorded_run_id
+from hpc_ddp.rundir.run_id import recorded_run_id
 
 if TYPE_CHECKING:
     from hpc_ddp.checkpoint.format import CheckpointInfo

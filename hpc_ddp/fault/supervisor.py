@@ -99,6 +99,7 @@ from hpc_ddp.rundir.ledger import (
     node_fail_event,
     read_ledger,
 )
+from hpc_ddp.rundir.run_id import recorded_run_id
 
 log = logging.getLogger("hpc_ddp.supervisor")
 
@@ -371,7 +372,7 @@ class Supervisor:
         key = launch_key(self.me.tag or self.me.job_ref, self.me.restart, plan.launch)
         lpaths = self.paths.launch(key)
         prepare_launch(lpaths, self.world)
-        from_step = newest_step(self.paths.checkpoints)
+        from_step = newest_step(self.paths.checkpoints, run_id=recorded_run_id(self.paths))
         self._from_steps[plan.launch] = from_step
         launched_at = self._clock()
         alloc = self.launcher.nodes()
@@ -745,7 +746,7 @@ class Supervisor:
         notes = read_exit_notes(lpaths, self.world).values()
         steps = [b.step for b in [*beats.values(), *notes] if b is not None]
         reached = max(steps) if steps else None
-        ckpt_step = newest_step(self.paths.checkpoints)
+        ckpt_step = newest_step(self.paths.checkpoints, run_id=recorded_run_id(self.paths))
         clean = watch.fault is None and ended_on_purpose(code, entry)
         if clean or (self.stopping and watch.fault is None):
             cause = entry.cause if entry is not None and entry.cause is not None else None

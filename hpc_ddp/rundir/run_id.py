@@ -25,7 +25,7 @@ from hpc_ddp.durable import create_atomic
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.rundir.layout import RUN_ID_FILE, RunPaths
 
-__all__ = ["ensure_run_id", "new_run_id", "read_run_id"]
+__all__ = ["ensure_run_id", "new_run_id", "read_run_id", "recorded_run_id"]
 
 MAX_RUN_ID_LEN = 64
 """W&B and MLflow accept ids up to this long; the name part is cut to fit."""
@@ -100,3 +100,13 @@ def read_run_id(paths: RunPaths) -> str:
     damaged or unwritable ``run_id`` is a :class:`RunDirError` with a hint.
     """
     return ensure_run_id(paths.root)
+
+
+def recorded_run_id(paths: RunPaths) -> str | None:
+    """The run's id as ``RUN_DIR/run_id`` holds it (None: no such file, or not readable);
+    never creates one, unlike :func:`read_run_id` (``status`` and the supervisor write nothing)."""
+    try:
+        text = paths.run_id_file.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+    return text or None

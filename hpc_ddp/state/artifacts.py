@@ -12,17 +12,7 @@ from hpc_ddp.errors import RunDirError
 from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.metrics import drop_replayed
 
-__all__ = ["last_metric", "recorded_run_id", "step_times"]
-
-
-def recorded_run_id(paths: RunPaths) -> str | None:
-    """The run's id as ``RUN_DIR/run_id`` holds it (None: no such file, or not readable);
-    never creates one, unlike :func:`hpc_ddp.rundir.run_id.read_run_id` (status writes nothing)."""
-    try:
-        text = paths.run_id_file.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
-        return None
-    return text or None
+__all__ = ["last_metric", "step_times"]
 
 
 def _metric_rows(paths: RunPaths) -> list[dict[str, Any]]:

@@ -25,7 +25,8 @@ from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.ledger import Attempt, CodeRun, code_change, read_code_runs, read_ledger
 from hpc_ddp.rundir.live_progress import read_live_progress
 from hpc_ddp.rundir.manifest import Manifest, read_manifest
-from hpc_ddp.state.artifacts import last_metric, recorded_run_id, step_times
+from hpc_ddp.rundir.run_id import recorded_run_id
+from hpc_ddp.state.artifacts import last_metric, step_times
 from hpc_ddp.state.goodput import Goodput, account
 from hpc_ddp.state.task import TaskState
 from hpc_ddp.state.verdict import (

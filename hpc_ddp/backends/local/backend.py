@@ -65,6 +65,7 @@ from hpc_ddp.rundir.ledger import end_event, read_ledger
 from hpc_ddp.rundir.manifest import Backend as BackendName
 from hpc_ddp.rundir.manifest import Manifest
 from hpc_ddp.rundir.metrics import drop_replayed
+from hpc_ddp.rundir.run_id import recorded_run_id
 
 if TYPE_CHECKING:
     import subprocess
@@ -382,7 +383,7 @@ def _kill_all(run_dir: Path, job_id: str | None) -> ForcedStop:
         signal_if_same(ident, signal.SIGKILL)
     paths = RunPaths(run_dir)
     logged = [r["step"] for r in _metric_rows(paths.metrics) if isinstance(r.get("step"), int)]
-    step = newest_step(paths.checkpoints)
+    step = newest_step(paths.checkpoints, run_id=recorded_run_id(paths))
     sharded = is_shard_set(paths.checkpoints, step)
     return ForcedStop(ranks, max(logged) if logged else None, step, sharded)
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import re
 import shlex
 import signal
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from functools import partial
@@ -30,6 +32,7 @@ from hpc_ddp.backends.local.backend import (
     TaskOutcome,
     check_local_size,
     first_failure,
+    force_stop,
     task_outcomes,
 )
 from hpc_ddp.backends.local.process import (
@@ -670,4 +673,29 @@ def test_a_forced_stop_names_the_checkpoint_it_goes_on_from_file_or_shard_set() 
         ForcedStop([0], 25, 20, sharded=True)
         .lost()
         .endswith("the 5 step(s) after checkpoint step-00000020 are lost")
+    )
+
+
+def _labelled(path: Path, step: int, run_id: str) -> None:
+    """A zip archive whose pickle says ``step`` and ``run_id``, as a checkpoint's does."""
+    payload = {"progress": {"step": step}, "meta": {"run_id": run_id}, "pad": "x" * 400}
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", pickle.dumps(payload, protocol=2))
+
+
+def test_a_forced_stop_goes_on_from_this_runs_newest_checkpoint_not_another_runs(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint copied in from another run (its label names that run) is passed over, as
+    the ranks' resume passes it over: the stop says the run goes on from its own newest."""
+    paths = RunPaths(tmp_path)
+    paths.checkpoints.mkdir(parents=True)
+    paths.run_id_file.write_text("mine-1\n")
+    _labelled(paths.checkpoints / "step-00000010.pt", 10, "mine-1")
+    _labelled(paths.checkpoints / "step-00000030.pt", 30, "theirs-2")
+    forced = force_stop(tmp_path, None, time.time())
+    assert (forced.ranks, forced.checkpoint, forced.checkpoint_file()) == (
+        [],
+        10,
+        "step-00000010.pt",
     )
