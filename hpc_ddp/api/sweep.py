@@ -50,7 +50,7 @@ from hpc_ddp.rundir.layout import MANIFEST_FILE, RUNS_DIR_ENV
 from hpc_ddp.rundir.manifest import Backend, read_manifest
 from hpc_ddp.sweep.records import SweepRecord, read_sweep_record
 from hpc_ddp.sweep.results import ResultRow
-from hpc_ddp.sweep.runner import runner_for
+from hpc_ddp.sweep.runner import runner_for, runner_named
 from hpc_ddp.sweep.spec import SweepSpec
 from hpc_ddp.sweep.submit import Resubmission
 
@@ -284,11 +284,7 @@ class SweepPlan:
 def at_once(spec: SweepSpec, backend: Backend) -> int | None:
     """How many points of a sweep run at once: Slurm's array throttle, ``max_parallel``
     (None: no limit); a local sweep's controller, ``max_parallel`` or its default."""
-    if backend == "local":
-        from hpc_ddp.sweep.local import local_parallel
-
-        return local_parallel(spec.max_parallel)
-    return spec.max_parallel
+    return runner_named(backend).at_once(spec)
 
 
 def plan_sweep(
@@ -298,40 +294,24 @@ def plan_sweep(
     runs_dir: Path,
     slurm: SlurmClient | None = None,
     invocation: Sequence[str] = (),
+    backend: Backend = "slurm",
 ) -> SweepPlan:
-    """The arrays :func:`launch_sweep` would submit for ``spec``, rendered, and where."""
-    from hpc_ddp.backends.slurm.array_sweep import SLURM_DEFAULT_MAX_ARRAY_SIZE
+    """What :func:`launch_sweep` would write and start for ``spec``, and where: the arrays
+    rendered (none for a local sweep: its points run as local runs), nothing written."""
     from hpc_ddp.submission.submit import new_run_dir, stamp_of
-    from hpc_ddp.sweep.submit import prepare_sweep
 
-    client = _client(slurm)
     now = datetime.now(timezone.utc)
     sweep_dir = new_run_dir(runs_dir.resolve(), spec.name, stamp_of(now))
-    try:
-        max_array_size, note = SlurmBackend(client).max_array_size(), ""
-    except SlurmError:
-        max_array_size = SLURM_DEFAULT_MAX_ARRAY_SIZE
-        note = f"# Slurm not reachable: assumed MaxArraySize={max_array_size} (Slurm's default)"
-    arrays = prepare_sweep(
+    runner = runner_named(backend)
+    arrays, note = runner.plan(
         spec,
         sweep_file=Path(sweep_file),
         sweep_dir=sweep_dir,
-        max_array_size=max_array_size,
-        python=sys.executable,
         invocation=list(invocation) or ["hpc_ddp.submit_sweep", str(sweep_file)],
-        client=client,
+        client=_client(slurm),
         now=now,
     )
-    return SweepPlan(spec, sweep_dir, arrays, note, at_once=at_once(spec, "slurm"))
-
-
-def plan_local_sweep(spec: SweepSpec, *, runs_dir: Path) -> SweepPlan:
-    """Where :func:`launch_sweep` would put a local sweep of ``spec`` now, and how many of its
-    points would run at once; it writes and starts nothing."""
-    from hpc_ddp.submission.submit import new_run_dir, stamp_of
-
-    sweep_dir = new_run_dir(runs_dir.resolve(), spec.name, stamp_of(datetime.now(timezone.utc)))
-    return SweepPlan(spec, sweep_dir, [], backend="local", at_once=at_once(spec, "local"))
+    return SweepPlan(spec, sweep_dir, arrays, note, backend=backend, at_once=runner.at_once(spec))
 
 
 # --- what the verbs show ------------------------------------------------------------------------
@@ -465,29 +445,11 @@ def launch_sweep(
     """Write a new sweep directory for ``spec`` under ``runs_dir`` and submit its job array
     (or as few as ``MaxArraySize`` allows); ``backend="local"``: start its points as local
     runs, ``max_parallel`` at once (default 1), under a detached sweep controller."""
-    from hpc_ddp.sweep.submit import submit_local_sweep
-    from hpc_ddp.sweep.submit import submit_sweep as submit_arrays
-
-    if backend == "local":
-        try:
-            sweep_dir = submit_local_sweep(
-                spec,
-                sweep_file=Path(sweep_file),
-                runs_dir=runs_dir,
-                invocation=list(invocation) or ["hpc_ddp.submit_sweep", str(sweep_file)],
-            )
-        except OSError as exc:
-            raise RunDirError(
-                f"writing the sweep directory under {runs_dir} failed: {exc}. HINT: check the "
-                "space and permissions there, or choose another --runs-dir"
-            ) from None
-        return Sweep(sweep_dir, (), "local", slurm=slurm)
     try:
-        submission = submit_arrays(
+        sweep_dir, jobs = runner_named(backend).start(
             spec,
             sweep_file=Path(sweep_file),
             runs_dir=runs_dir,
-            python=sys.executable,
             invocation=list(invocation) or ["hpc_ddp.submit_sweep", str(sweep_file)],
             client=_client(slurm),
         )
@@ -496,8 +458,7 @@ def launch_sweep(
             f"writing the sweep directory under {runs_dir} failed: {exc}. HINT: check the "
             "space and permissions there, or choose another --runs-dir"
         ) from None
-    jobs = tuple(dict.fromkeys(r.job_id for r in submission.arrays))
-    return Sweep(submission.sweep_dir, jobs, slurm=slurm)
+    return Sweep(sweep_dir, jobs, backend, slurm=slurm)
 
 
 def submit_sweep(

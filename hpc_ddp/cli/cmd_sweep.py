@@ -27,7 +27,6 @@ from hpc_ddp.api.sweep import (
     launch_sweep,
     load_sweep_spec,
     plan_json,
-    plan_local_sweep,
     plan_sweep,
     points_table,
     resubmission_json,
@@ -88,10 +87,8 @@ def run(args: argparse.Namespace) -> int:
     runs_dir = sweep_runs_dir(args.runs_dir)
     invocation = invocation or ["hpc-ddp", "sweep", args.sweep_file, *args.overrides]
     if args.dry_run:
-        if backend == "local":
-            return _dry_run(plan_local_sweep(spec, runs_dir=runs_dir), as_json=args.json)
         plan = plan_sweep(spec, sweep_file=args.sweep_file, runs_dir=runs_dir, slurm=client,
-                          invocation=invocation)  # fmt: skip
+                          invocation=invocation, backend=backend)  # fmt: skip
         return _dry_run(plan, as_json=args.json)
     sweep = launch_sweep(spec, sweep_file=args.sweep_file, runs_dir=runs_dir, slurm=client,
                          invocation=invocation, backend=backend)  # fmt: skip
@@ -99,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(submitted_json(sweep, len(spec.points))))
         return 0
     sweep_dir = sweep.sweep_dir
-    if backend == "local":
+    if not sweep.array_jobs:  # a local sweep: its controller starts the points
         print(
             f"started sweep {spec.name}: {len(spec.points)} points as local runs, "
             f"{at_once(spec, backend)} at once"
@@ -127,7 +124,7 @@ def _dry_run(plan: SweepPlan, *, as_json: bool) -> int:
         print(json.dumps(plan_json(plan)))
         return 0
     print(points_table(spec))
-    if plan.backend == "local":
+    if not plan.arrays:  # a local sweep: its controller would start the points
         print(f"# backend: local; {len(spec.points)} points as local runs, {plan.at_once} at once")
     else:
         print()

@@ -9,6 +9,7 @@ the sweep layer and know no sweep, so what differs between the two is here, as m
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -21,10 +22,12 @@ from hpc_ddp.rundir.manifest import Backend as BackendName
 from hpc_ddp.rundir.manifest import read_manifest
 
 if TYPE_CHECKING:
+    from hpc_ddp.backends.slurm.array_sweep import PreparedArray
     from hpc_ddp.backends.slurm.client import SlurmClient
     from hpc_ddp.backends.slurm.jobstate import AccountingRecord, JobInfo
     from hpc_ddp.rundir.ledger import Attempt
     from hpc_ddp.state.task import TaskState
+    from hpc_ddp.sweep.spec import SweepSpec
     from hpc_ddp.sweep.submit import Resubmission
 
 TaskWord = tuple["TaskState", "str | None", "list[Attempt] | None"]
@@ -37,6 +40,39 @@ class SweepRunner(Protocol):
     @property
     def backend(self) -> BackendName:
         """The backend's name, as the sweep's manifest records it."""
+        ...
+
+    def at_once(self, spec: SweepSpec) -> int | None:
+        """How many points of ``spec`` would run at once (None: no limit)."""
+        ...
+
+    def plan(
+        self,
+        spec: SweepSpec,
+        *,
+        sweep_file: Path,
+        sweep_dir: Path,
+        invocation: Sequence[str],
+        client: SlurmClient,
+        now: datetime,
+    ) -> tuple[list[PreparedArray], str]:
+        """What a new sweep of ``spec`` in ``sweep_dir`` would submit (a dry run, nothing
+        written; the scripts stamped ``now``): the rendered arrays (none when no array runs
+        it) and a note to print."""
+        ...
+
+    def start(
+        self,
+        spec: SweepSpec,
+        *,
+        sweep_file: Path,
+        runs_dir: Path,
+        invocation: Sequence[str],
+        client: SlurmClient,
+    ) -> tuple[Path, tuple[str, ...]]:
+        """Write a new sweep directory for ``spec`` under ``runs_dir`` and start its points:
+        the directory and the array jobs submitted (none when no array runs it). An
+        :class:`OSError` when the directory cannot be written."""
         ...
 
     def task_jobs(self, sweep_dir: Path, points: Sequence[int]) -> dict[int, str]:
@@ -85,6 +121,66 @@ class ArraySweeps:
     def backend(self) -> BackendName:
         """``slurm``."""
         return "slurm"
+
+    def at_once(self, spec: SweepSpec) -> int | None:
+        """The arrays' throttle (``%N``), ``max_parallel``; None: Slurm's limits alone."""
+        return spec.max_parallel
+
+    def plan(
+        self,
+        spec: SweepSpec,
+        *,
+        sweep_file: Path,
+        sweep_dir: Path,
+        invocation: Sequence[str],
+        client: SlurmClient,
+        now: datetime,
+    ) -> tuple[list[PreparedArray], str]:
+        """The arrays, split at Slurm's ``MaxArraySize`` (its default when Slurm cannot be
+        asked, which the note says)."""
+        from hpc_ddp.backends.slurm.array_sweep import SLURM_DEFAULT_MAX_ARRAY_SIZE
+        from hpc_ddp.backends.slurm.backend import SlurmBackend
+        from hpc_ddp.errors import SlurmError
+        from hpc_ddp.sweep.submit import prepare_sweep
+
+        try:
+            max_array_size, note = SlurmBackend(client).max_array_size(), ""
+        except SlurmError:
+            max_array_size = SLURM_DEFAULT_MAX_ARRAY_SIZE
+            note = f"# Slurm not reachable: assumed MaxArraySize={max_array_size} (Slurm's default)"
+        arrays = prepare_sweep(
+            spec,
+            sweep_file=sweep_file,
+            sweep_dir=sweep_dir,
+            max_array_size=max_array_size,
+            python=sys.executable,
+            invocation=invocation,
+            client=client,
+            now=now,
+        )
+        return arrays, note
+
+    def start(
+        self,
+        spec: SweepSpec,
+        *,
+        sweep_file: Path,
+        runs_dir: Path,
+        invocation: Sequence[str],
+        client: SlurmClient,
+    ) -> tuple[Path, tuple[str, ...]]:
+        """One job array per sweep (or as few as ``MaxArraySize`` allows), submitted."""
+        from hpc_ddp.sweep.submit import submit_sweep
+
+        submission = submit_sweep(
+            spec,
+            sweep_file=sweep_file,
+            runs_dir=runs_dir,
+            python=sys.executable,
+            invocation=invocation,
+            client=client,
+        )
+        return submission.sweep_dir, tuple(dict.fromkeys(r.job_id for r in submission.arrays))
 
     def task_jobs(self, sweep_dir: Path, points: Sequence[int]) -> dict[int, str]:
         """The array task that runs each point now."""
@@ -145,6 +241,44 @@ class ControllerSweeps:
         """``local``."""
         return "local"
 
+    def at_once(self, spec: SweepSpec) -> int | None:
+        """The controller's limit: ``max_parallel``, or its default."""
+        from hpc_ddp.sweep.local import local_parallel
+
+        return local_parallel(spec.max_parallel)
+
+    def plan(
+        self,
+        spec: SweepSpec,
+        *,
+        sweep_file: Path,
+        sweep_dir: Path,
+        invocation: Sequence[str],
+        client: SlurmClient,
+        now: datetime,
+    ) -> tuple[list[PreparedArray], str]:
+        """Nothing rendered: the controller starts each point as a local run."""
+        del spec, sweep_file, sweep_dir, invocation, client, now
+        return [], ""
+
+    def start(
+        self,
+        spec: SweepSpec,
+        *,
+        sweep_file: Path,
+        runs_dir: Path,
+        invocation: Sequence[str],
+        client: SlurmClient,
+    ) -> tuple[Path, tuple[str, ...]]:
+        """A detached sweep controller on this machine, started over every point."""
+        from hpc_ddp.sweep.submit import submit_local_sweep
+
+        del client  # nothing goes to Slurm
+        sweep_dir = submit_local_sweep(
+            spec, sweep_file=sweep_file, runs_dir=runs_dir, invocation=invocation
+        )
+        return sweep_dir, ()
+
     def task_jobs(self, sweep_dir: Path, points: Sequence[int]) -> dict[int, str]:
         """The local run's job id of each point started so far."""
         out = {}
@@ -204,6 +338,11 @@ _RUNNERS: dict[BackendName, Callable[[], SweepRunner]] = {
     "slurm": ArraySweeps,
     "local": ControllerSweeps,
 }
+
+
+def runner_named(backend: BackendName) -> SweepRunner:
+    """The runner of a new sweep on ``backend``."""
+    return _RUNNERS[backend]()
 
 
 def runner_for(sweep_dir: Path) -> SweepRunner:

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.manifest import Manifest, write_manifest
 from hpc_ddp.state.task import TaskState
-from hpc_ddp.sweep.runner import ArraySweeps, ControllerSweeps, SweepRunner, runner_for
+from hpc_ddp.sweep.runner import (
+    ArraySweeps,
+    ControllerSweeps,
+    SweepRunner,
+    runner_for,
+    runner_named,
+)
 from tests.sweep.test_results import fabricate
 
 
@@ -64,3 +71,18 @@ def test_a_local_sweeps_points_are_judged_without_a_queue(tmp_path: Path) -> Non
     assert ControllerSweeps().settled(sweep)
     assert "local sweep controller" in str(ControllerSweeps().busy(sweep, {0: "1"}))
     assert "array job(s) 10" in str(ArraySweeps().busy(sweep, {0: "10_0"}))
+
+
+def test_a_new_sweep_runs_as_many_points_at_once_as_its_backend_allows() -> None:
+    """Slurm's arrays are throttled by max_parallel alone (None: no throttle); the local
+    controller runs max_parallel at once, or its default when none is given."""
+    from hpc_ddp.sweep.local import DEFAULT_LOCAL_PARALLEL
+
+    throttled = SimpleNamespace(max_parallel=3)
+    free = SimpleNamespace(max_parallel=None)
+    assert isinstance(runner_named("slurm"), ArraySweeps)
+    assert isinstance(runner_named("local"), ControllerSweeps)
+    assert runner_named("slurm").at_once(throttled) == 3  # type: ignore[arg-type]
+    assert runner_named("slurm").at_once(free) is None  # type: ignore[arg-type]
+    assert runner_named("local").at_once(throttled) == 3  # type: ignore[arg-type]
+    assert runner_named("local").at_once(free) == DEFAULT_LOCAL_PARALLEL  # type: ignore[arg-type]
