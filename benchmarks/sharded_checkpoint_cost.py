@@ -8,7 +8,8 @@ rank: the time ``s.checkpoint()`` blocks the training thread (the copy of its sh
 host buffers), then the time until the shard set is committed (every rank's DCP write, the
 digests, rank 0's record and rename: ``s.checkpoint(wait=True)``); then both ranks ``dd
 bs=1M conv=fsync`` their own shard file (from the page cache) into the same directory at the
-same moment, the same bytes written the same way in parallel. One uncounted round first (the
+same moment, the same bytes written the same way in parallel; every other round dd goes
+first (of the round before's set). One uncounted round first (the
 first save maps the buffers and forms the writer's process group). Targets, as the file
 checkpoints' in :mod:`benchmarks.bench_trainer`: stall <= 0.2x dd, durable <= 1.5x dd (the
 slower rank's, median over rounds).
@@ -54,11 +55,19 @@ def rank_main(directory: Path, mb: int, rounds: int) -> None:
         model(torch.randn(2, width)).sum().backward()
         opt.step()
         rows = []
+        checkpoints = directory / "run" / "checkpoints"
         for r in range(rounds + 1):
             s.progress.step += 1
             with torch.no_grad():
                 for p in model.parameters():
                     p.add_(1e-3)  # as training changes them between checkpoints
+            # In a rotated order, as benchmarks.checkpoint_cost: here a write's speed depends
+            # on what ran just before it (1 GB: dd took 0.56 s right after a save, 1.1 s
+            # before one), so neither measurement always runs in the other's wake.
+            dd_first = r % 2 == 1
+            if dd_first:  # the set of the round before: the same bytes, shard for shard
+                before = checkpoints / f"step-{s.progress.step - 1:08d}"
+                dd = _dd(before / f"__{s.rank}_0.distcp", directory / f"dd-{s.rank}.bin", s.barrier)
             gc.collect()
             s.barrier()
             os.sync()
@@ -69,8 +78,9 @@ def rank_main(directory: Path, mb: int, rounds: int) -> None:
             s.checkpoint(wait=True)
             durable = time.perf_counter() - start
             s.barrier()
-            shard = directory / "run" / "checkpoints" / f"step-{s.progress.step:08d}"
-            dd = _dd(shard / f"__{s.rank}_0.distcp", directory / f"dd-{s.rank}.bin", s.barrier)
+            shard = checkpoints / f"step-{s.progress.step:08d}"
+            if not dd_first:
+                dd = _dd(shard / f"__{s.rank}_0.distcp", directory / f"dd-{s.rank}.bin", s.barrier)
             if r > 0:  # the first round maps buffers and forms the writer's group
                 rows.append({"stall_s": stall, "durable_s": durable, "dd_s": dd})
         every: list[Any] | None = [None] * s.world_size if s.is_main else None
