@@ -94,13 +94,13 @@ def checkpoint_on_disk(directory: Path, name: str) -> str | None:
     file_step = parse_checkpoint_name(name)
     limit = file_step if file_step is not None else parse_sharded_checkpoint_name(name)
     try:
-        found = checkpoint_files(directory) + shard_sets(directory)
+        files = [(s, p) for s, p in checkpoint_files(directory) if p.is_file()]
+        found = files + shard_sets(directory)
     except OSError:
         return None
-    named = {p.name: s for s, p in found if p.suffix != ".pt" or p.is_file()}
-    if name in named:
+    if any(p.name == name for _, p in found):
         return name
-    older = [(s, n) for n, s in named.items() if limit is None or s < limit]
+    older = [(s, p.name) for s, p in found if limit is None or s < limit]
     return max(older)[1] if older else None
 
 
