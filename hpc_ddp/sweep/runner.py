@@ -350,4 +350,4 @@ def runner_for(sweep_dir: Path) -> SweepRunner:
     a manifest reads as Slurm's, as it always did."""
     if not (sweep_dir / MANIFEST_FILE).exists():
         return ArraySweeps()
-    return _RUNNERS[read_manifest(sweep_dir).backend]()
+    return runner_named(read_manifest(sweep_dir).backend)
