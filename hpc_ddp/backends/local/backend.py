@@ -30,7 +30,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,7 +60,12 @@ from hpc_ddp.durable import append_line
 from hpc_ddp.errors import ConfigError, RunDirError
 from hpc_ddp.rundir.checkpoints import is_shard_set, newest_step
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.layout import RunPaths, checkpoint_name, sharded_checkpoint_name
+from hpc_ddp.rundir.layout import (
+    RUN_DIR_ENV,
+    RunPaths,
+    checkpoint_name,
+    sharded_checkpoint_name,
+)
 from hpc_ddp.rundir.ledger import end_event, read_ledger
 from hpc_ddp.rundir.manifest import Backend as BackendName
 from hpc_ddp.rundir.manifest import Manifest
@@ -187,6 +192,22 @@ def _gpu_words(gpus: list[str]) -> str:
     return "; CUDA_VISIBLE_DEVICES by rank: " + " | ".join(gpus)
 
 
+def job_environment(cfg: JobConfig, paths: RunPaths, base: Mapping[str, str]) -> dict[str, str]:
+    """The environment a local job's controller, and so every task and rank, starts from (pure).
+
+    ``base`` (the submitter's) with ``env.vars`` exported over it, each value verbatim, then
+    the variables the Slurm script exports after them (``slurm_templates/default.sbatch.j2``):
+    the run directory and unbuffered output. Each task sets its own distributed variables and
+    GPUs on top, as srun does on a Slurm task.
+    """
+    return {
+        **base,
+        **dict(cfg.env.vars),
+        RUN_DIR_ENV: str(paths.root),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
 def submit_local(cfg: JobConfig, paths: RunPaths) -> LocalJob:
     """Start the job's tasks as local processes; returns at once.
 
@@ -195,7 +216,7 @@ def submit_local(cfg: JobConfig, paths: RunPaths) -> LocalJob:
     (see :mod:`hpc_ddp.backends.local.process`); the ranks record their own as they start.
     """
     clear_rank_identities(paths.root)  # a resumed run's earlier ranks are not this job's
-    executor = _detached_executor(paths.root / "submitit")
+    executor = _detached_executor(paths.root / "submitit", job_environment(cfg, paths, os.environ))
     supervised = cfg.fault.enabled
     executor.update_parameters(
         # Supervised: the controller's one task is the supervisor, which starts the ranks.
@@ -229,7 +250,7 @@ CONTROLLER_LOG = "controller.log"
 """In ``RUN_DIR/submitit/``: what submitit's local controller writes (its stdout and stderr)."""
 
 
-def _detached_executor(folder: Path) -> Any:
+def _detached_executor(folder: Path, env: Mapping[str, str]) -> Any:
     """submitit's ``LocalExecutor``, whose controller is detached from its caller.
 
     submitit starts the controller with the caller's stdin, stdout and stderr, and the
@@ -241,7 +262,8 @@ def _detached_executor(folder: Path) -> Any:
     (the tasks, the supervisor's ranks, a ``command``'s children, unless one starts its own),
     which is how ``cancel`` finds them all (:func:`hpc_ddp.backends.local.process.session_members`),
     and a Ctrl-C at the caller's terminal reaches only the caller (``submit --wait`` answers
-    it with a cancel).
+    it with a cancel). Its environment is ``env`` (:func:`job_environment`), which its tasks
+    inherit.
     """
     import submitit
 
@@ -256,6 +278,7 @@ def _detached_executor(folder: Path) -> Any:
                 Path(self.folder),
                 command,
                 ntasks,
+                env=env,
                 timeout_min=self.parameters.get("timeout_min", 2.0),
                 signal_delay_s=self.parameters.get("signal_delay_s", 30),
             )
@@ -267,14 +290,20 @@ def _detached_executor(folder: Path) -> Any:
 
 
 def _start_controller(
-    folder: Path, command: str, ntasks: int, *, timeout_min: float, signal_delay_s: int
+    folder: Path,
+    command: str,
+    ntasks: int,
+    *,
+    env: Mapping[str, str],
+    timeout_min: float,
+    signal_delay_s: int,
 ) -> subprocess.Popen[bytes]:
-    """submitit's controller (``python -m submitit.local._local FOLDER``) with submitit's
-    environment, detached (:func:`_detached_executor`)."""
+    """submitit's controller (``python -m submitit.local._local FOLDER``) with the job's
+    environment (``env``) and submitit's, detached (:func:`_detached_executor`)."""
     import subprocess  # not at the top: a dry run imports this module and runs nothing
 
-    env = {
-        **os.environ,
+    controller_env = {
+        **env,
         "SUBMITIT_LOCAL_NTASKS": str(ntasks),
         "SUBMITIT_LOCAL_COMMAND": command,
         "SUBMITIT_LOCAL_TIMEOUT_S": str(int(60 * timeout_min)),
@@ -291,7 +320,7 @@ def _start_controller(
     with (folder / CONTROLLER_LOG).open("ab") as log_file:
         return subprocess.Popen(
             [sys.executable, "-m", "submitit.local._local", str(folder)],
-            env=env,
+            env=controller_env,
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=log_file,
