@@ -18,11 +18,13 @@ them back live).
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from hpc_ddp.errors import ConfigError
+from hpc_ddp.errors import ConfigError, HpcDdpError
 from hpc_ddp.rundir.live_progress import format_duration
 from hpc_ddp.rundir.metrics import NOT_METRICS, last_logged_step, metrics_line, resume_marker
 
@@ -74,6 +76,55 @@ class Throughput:
         if self._steps == 0 or elapsed <= 0:
             return None, None
         return self._samples / elapsed, elapsed / self._steps
+
+
+def metric_row(metrics: Mapping[str, Any], *, convert: bool = True) -> dict[str, Any]:
+    """``metrics`` as plain Python values, checked: what :meth:`Session.log` passes on.
+
+    A tensor or numpy value (a 0-d one, a one-element one, a numpy scalar) becomes its
+    Python number (``item()``), in nested dicts and lists too; one of any other number of
+    elements is refused with an :class:`~hpc_ddp.errors.HpcDdpError` naming its key, before
+    anything is written: a metric is one number, and which one of many to keep is the
+    caller's choice. Non-finite numbers stay (``metrics.jsonl`` writes them as null,
+    TensorBoard plots them). ``convert=False`` only checks (ranks that write nothing need no
+    ``item()``, which waits for the GPU) and returns the values as given.
+    """
+    return {key: _metric_value(value, key, convert) for key, value in metrics.items()}
+
+
+def _metric_value(value: Any, where: str, convert: bool) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _metric_value(v, f"{where}.{k}", convert) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_metric_value(v, f"{where}[{i}]", convert) for i, v in enumerate(value)]
+    shape = getattr(value, "shape", None)
+    item = getattr(value, "item", None)
+    if shape is None or not callable(item):
+        return value
+    try:
+        elements = math.prod(int(n) for n in shape)
+    except (TypeError, ValueError):
+        return value  # not an array's shape: written as it is (or as text)
+    if elements != 1:
+        kind = type(value).__name__
+        raise HpcDdpError(
+            f"s.log: {where!r} is a {kind} of {elements} elements (shape {tuple(shape)}), not "
+            "one number; nothing of this row was logged. HINT: log one number per key (e.g. "
+            "x.mean().item()), or one key per element."
+        )
+    return item() if convert else value
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` (a :func:`metric_row`'s) with every non-finite float, nested ones included,
+    as None: JSON has no NaN or infinity, and a reader takes null for "no number"."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def summary_writer_class() -> Any:
@@ -138,8 +189,14 @@ class MetricsWriter:
             self._tb.close()
             self._tb = None
 
-    def write(self, row: dict[str, Any]) -> None:
-        """Append ``row`` as one JSON line (flushed), and its numbers to TensorBoard."""
+    def write(self, row: Mapping[str, Any]) -> None:
+        """Append ``row`` as one JSON line (flushed), and its numbers to TensorBoard.
+
+        Its values go through :func:`metric_row` first (a non-scalar is refused before anything
+        is written) and non-finite numbers are written as null (:func:`json_safe`).
+        """
+        row = metric_row(row)
+        line = metrics_line(json_safe(row))
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("a", buffering=1)
@@ -150,7 +207,7 @@ class MetricsWriter:
             if last is None or last > self._resumed_at:
                 self._file.write(metrics_line(resume_marker(self._resumed_at, time.time())))
             self._resumed_at = None
-        self._file.write(metrics_line(row))
+        self._file.write(line)
         self._file.flush()
         if self._writer_class is not None:
             self._write_tensorboard(row)

@@ -78,7 +78,7 @@ from hpc_ddp.rundir.run_id import read_run_id
 from hpc_ddp.runtime.distenv import DistEnv, derive_dist_env
 from hpc_ddp.runtime.evaluation import EvalLoader
 from hpc_ddp.runtime.handoff import MAIN_FIRST_PREFIX, MAIN_FIRST_TIMEOUT_S, Turn, leader_first
-from hpc_ddp.runtime.metrics import MetricsWriter, setup_rank_logging
+from hpc_ddp.runtime.metrics import MetricsWriter, metric_row, setup_rank_logging
 from hpc_ddp.runtime.procgroup import destroy_process_group, init_process_group, wrap_model
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.progress_log import ProgressLog
@@ -882,7 +882,11 @@ class Session:
         A row with a ``step`` also makes rank 0 log a progress line every ``train.log_every``
         steps and at the last (``step 120/600 | epoch 1 | loss 0.4321 | 2345 samples/s | ETA
         0:01:23``: the total from :meth:`steps`, samples/s from :meth:`loader`'s batches or a
-        ``samples_per_s`` in the row), and update what ``hpc-ddp status`` shows of it."""
+        ``samples_per_s`` in the row), and update what ``hpc-ddp status`` shows of it.
+
+        Tensors and numpy values become numbers; non-finite ones are written as null; a value
+        of more than one element is refused on every rank (:func:`metric_row`)."""
+        metrics = metric_row(metrics, convert=self.is_main)
         if self.is_main:
             self._metrics.write({"time": time.time(), **metrics})
             if self._checkpointer is not None:  # train.keep_best ranks checkpoints by them

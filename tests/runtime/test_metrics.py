@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,9 +23,15 @@ from tensorboard.backend.event_processing.event_accumulator import (  # type: ig
     EventAccumulator,
 )
 
+from hpc_ddp.errors import HpcDdpError
 from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.metrics import drop_replayed, metrics_line
-from hpc_ddp.runtime.metrics import TENSORBOARD_HINT, MetricsWriter, tensorboard_scalars
+from hpc_ddp.runtime.metrics import (
+    TENSORBOARD_HINT,
+    MetricsWriter,
+    metric_row,
+    tensorboard_scalars,
+)
 from hpc_ddp.state.artifacts import last_metric
 from hpc_ddp.sweep.results import read_metrics
 from tests.conftest import REPO
@@ -176,3 +185,133 @@ def test_tensorboard_scalars_pick_numbers() -> None:
     assert got["t"] == 2.0
     assert math.isnan(got["nan"])
     assert metrics_line({"nan": math.nan}) == '{"nan": null}\n'
+
+
+# --- values s.log is given: NaN, numpy, nested, more than one element -----------------------
+
+NAN_ROWS: list[tuple[str, Any, Any]] = [
+    ("nan tensor", torch.tensor(float("nan")), None),
+    ("inf tensor", torch.tensor(float("inf")), None),
+    ("-inf 1-element tensor", torch.tensor([float("-inf")]), None),
+    ("numpy float32 nan", np.float32("nan"), None),
+    ("numpy 0-d inf", np.array(np.inf), None),
+    ("dict with nan", {"a": math.nan, "b": torch.tensor(0.5)}, {"a": None, "b": 0.5}),
+    ("list with nan", [1.0, math.nan, np.float32("inf")], [1.0, None, None]),
+    ("tuple of tensors", (torch.tensor(2.0), torch.tensor(math.nan)), [2.0, None]),
+    ("finite numpy", np.float32(0.25), 0.25),
+    ("numpy int", np.int64(7), 7),
+]
+
+
+@pytest.mark.parametrize(("what", "value", "written"), NAN_ROWS, ids=[r[0] for r in NAN_ROWS])
+def test_non_finite_values_are_written_as_null_and_the_writer_goes_on(
+    tmp_path: Path, what: str, value: Any, written: Any
+) -> None:
+    del what
+    writer = MetricsWriter(tmp_path / "metrics.jsonl", tensorboard_dir=tmp_path / "tb")
+    writer.write({"step": 1, "x": value})
+    writer.write({"step": 2, "x": 1.0})  # the run logs on
+    writer.close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"step": 1, "x": written},
+        {"step": 2, "x": 1.0},
+    ]
+
+
+def test_a_nan_loss_still_reaches_tensorboard(tmp_path: Path) -> None:
+    writer = MetricsWriter(tmp_path / "metrics.jsonl", tensorboard_dir=tmp_path / "tb")
+    writer.write({"step": 1, "loss": torch.tensor(math.nan)})
+    writer.close()
+    [(step, value)] = scalars(tmp_path / "tb")["loss"]
+    assert step == 1
+    assert math.isnan(value)
+
+
+NON_SCALARS: list[tuple[dict[str, Any], str]] = [
+    ({"loss": torch.ones(3)}, "'loss' is a Tensor of 3 elements (shape (3,))"),
+    ({"acc": np.array([0.1, 0.2])}, "'acc' is a ndarray of 2 elements (shape (2,))"),
+    ({"empty": torch.ones(0)}, "'empty' is a Tensor of 0 elements"),
+    ({"d": {"inner": torch.ones(2, 2)}}, "'d.inner' is a Tensor of 4 elements (shape (2, 2))"),
+    ({"l": [1.0, np.zeros(5)]}, "'l[1]' is a ndarray of 5 elements"),
+]
+
+
+@pytest.mark.parametrize(("row", "said"), NON_SCALARS, ids=[next(iter(r)) for r, _ in NON_SCALARS])
+def test_a_value_of_more_than_one_element_is_refused_naming_its_key_before_any_write(
+    tmp_path: Path, row: dict[str, Any], said: str
+) -> None:
+    path = tmp_path / "metrics.jsonl"
+    writer = MetricsWriter(path)
+    writer.write({"step": 1, "loss": 1.0})
+    before = path.read_bytes()
+    with pytest.raises(HpcDdpError, match="HINT:") as refused:
+        writer.write({"step": 2, "ok": 1.0, **row})
+    assert said in str(refused.value)
+    # Checked without item() on the ranks that write nothing: refused there too.
+    with pytest.raises(HpcDdpError, match=re.escape(said)):
+        metric_row(row, convert=False)
+    writer.close()
+    assert path.read_bytes() == before  # nothing of the refused row
+
+
+def test_metric_row_without_convert_leaves_the_values_as_given() -> None:
+    t = torch.tensor(1.5)
+    assert metric_row({"t": t}, convert=False)["t"] is t
+    assert metric_row({"t": t}) == {"t": 1.5}
+
+
+# A session script that logs what users log: NaN and inf tensors, numpy NaN, NaN nested in a
+# dict and a list, then (only with a second argument) a vector.
+NAN_SCRIPT = """\
+import math, sys
+import numpy as np
+import torch
+import hpc_ddp
+
+with hpc_ddp.session() as s:
+    for step in s.steps(total=3):
+        loss = torch.tensor(float("nan") if step == 1 else float(step))
+        s.log(step=step, loss=loss, gnorm=torch.tensor(float("inf")), np_nan=np.float32("nan"),
+              parts={"a": math.nan, "b": torch.tensor(2.0)}, hist=[1.0, math.nan])
+        if len(sys.argv) > 1 and step == 2:
+            s.log(step=step, per_class=torch.ones(4))
+"""
+
+
+def _run_nan_script(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    (tmp_path / "nan_metrics.py").write_text(NAN_SCRIPT)
+    argv = ", ".join(["python", str(tmp_path / "nan_metrics.py"), *args])
+    (tmp_path / "job.yaml").write_text(
+        f"name: nanlog\ncommand: [{argv}]\n"
+        "slurm: {nodes: 1, tasks_per_node: 2, time: '00:05:00'}\n"
+        "fault: {enabled: false}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    done = subprocess.run(
+        [sys.executable, "-m", "hpc_ddp", "submit", str(tmp_path / "job.yaml"), "--backend",
+         "local", "--wait", "--runs-dir", str(tmp_path / "runs")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    [run_dir] = (tmp_path / "runs").iterdir()
+    return done, run_dir
+
+
+def test_a_real_two_rank_run_logging_nan_tensors_completes_with_nulls(tmp_path: Path) -> None:
+    done, run_dir = _run_nan_script(tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "loss" in r]
+    assert [r["loss"] for r in rows] == [None, 2.0, 3.0]
+    assert all(r["gnorm"] is None and r["np_nan"] is None for r in rows)
+    assert all(r["parts"] == {"a": None, "b": 2.0} and r["hist"] == [1.0, None] for r in rows)
+
+
+def test_a_real_run_logging_a_vector_fails_on_every_rank_naming_the_key(tmp_path: Path) -> None:
+    done, run_dir = _run_nan_script(tmp_path, "vector")
+    assert done.returncode != 0
+    for rank in (0, 1):
+        err = (run_dir / "logs" / f"rank-{rank}.err").read_text()
+        assert "'per_class' is a Tensor of 4 elements (shape (4,))" in err, err[-2000:]
+    logged = (run_dir / "metrics.jsonl").read_text()
+    assert "per_class" not in logged
