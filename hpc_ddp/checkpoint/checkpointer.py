@@ -183,7 +183,10 @@ class Checkpointer:
         """Set by :meth:`restore` when the checkpoint was written at another world size."""
         self.tracked: Tracked | None = None
         self.last: CheckpointRecord | None = None
-        """The checkpoint resumed from or last saved (None: none yet in this attempt)."""
+        """The checkpoint resumed from or last saved (None: none yet in this attempt); after a
+        failed save, the one before it again (what a crash record names must be on disk)."""
+        self._durable: CheckpointRecord | None = None
+        """The newest of :attr:`last` known to be on disk (a save in flight is not)."""
         self._writer = CheckpointWriter(directory, config.train.keep_last)
         self._keep_best = config.train.keep_best
         self._metric: tuple[int, float] | None = None
@@ -286,7 +289,7 @@ class Checkpointer:
         self.resize = self.check_resize(payload, name, elastic)
         self._apply(payload, name, progress)
         self.best = self.recorded_best(payload)
-        self.last = CheckpointRecord.at(progress.step)
+        self.last = self._durable = CheckpointRecord.at(progress.step)
         return CheckpointRecord(progress.step, name)
 
     def _choose(self) -> tuple[str | None, str | None, dict[str, Any] | None]:
@@ -314,6 +317,7 @@ class Checkpointer:
         self.sharded = ShardedCheckpoints(self)
         loaded = self.sharded.restore(tracked, progress, elastic=elastic)
         self.last = None if loaded is None else CheckpointRecord(progress.step, loaded)
+        self._durable = self.last
         return self.last
 
     def _apply(self, payload: dict[str, Any], name: str, progress: Progress) -> None:
@@ -450,10 +454,11 @@ class Checkpointer:
         assert t is not None, "restore() names what to save"
         if self.sharded is not None:
             if self.last is None or self.last.step != progress.step:
+                self.sync_errors()  # the save before: its error, if any, raised here
                 path = self.sharded.save(t, progress)
                 self.last = CheckpointRecord(progress.step, path.name)
             if wait:
-                self.sharded.wait()
+                self.sync_errors()
             return self.directory / self.last.name if self.is_main else None
         record = CheckpointRecord.at(progress.step)
         if self.last is None or self.last.step != record.step:
@@ -503,18 +508,23 @@ class Checkpointer:
     def sync_errors(self) -> None:
         """Rank 0 waits for its writer; a failure becomes the same error on every rank (the
         others wait for rank 0's word on the store, not in a collective)."""
-        if self.sharded is not None:
-            self.sharded.wait()  # every rank gets the same error from the writer threads
-            return
-        error = None
-        if self.is_main:
-            try:
-                self._writer.wait()
-            except CheckpointError as exc:
-                error = str(exc)
-        error = self.handoff.share("rank 0's checkpoint write", error)
-        if error is not None:
-            raise CheckpointError(error)
+        try:
+            if self.sharded is not None:
+                self.sharded.wait()  # every rank gets the same error from the writer threads
+            else:
+                error = None
+                if self.is_main:
+                    try:
+                        self._writer.wait()
+                    except CheckpointError as exc:
+                        error = str(exc)
+                error = self.handoff.share("rank 0's checkpoint write", error)
+                if error is not None:
+                    raise CheckpointError(error)
+        except CheckpointError:
+            self.last = self._durable  # the failed save is not on disk: never named
+            raise
+        self._durable = self.last
 
     def wait(self, *, together: bool = False) -> None:
         """Wait for the write in flight (at close). ``together``: every rank calls this now and

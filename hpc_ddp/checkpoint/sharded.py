@@ -70,7 +70,7 @@ from hpc_ddp.checkpoint.format import (
     restore_rng_state,
 )
 from hpc_ddp.checkpoint.snapshot import SnapshotBuffers, snapshot
-from hpc_ddp.checkpoint.writer import prune_plan
+from hpc_ddp.checkpoint.writer import prune_plan, write_failure, write_failure_hint
 from hpc_ddp.config.load import job_config_to_dict
 from hpc_ddp.durable import fsync_dir, write_atomic, write_text_atomic
 from hpc_ddp.errors import CheckpointError, ConfigError
@@ -99,6 +99,8 @@ COMMON = "common.pt"
 METADATA = ".metadata"
 PARTIAL_PREFIX = ".partial-"
 """A save in progress: never matches ``step-*``, never loaded."""
+Failure = tuple[str, int | None]
+"""A failed save: what to say, and the errno behind it (for the HINT)."""
 _SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")
 _CHUNK = 8 << 20
 
@@ -272,7 +274,7 @@ class ShardedCheckpoints:
         self._buffers = SnapshotBuffers()
         self._group: Any = None
         self._thread: threading.Thread | None = None
-        self._error: str | None = None
+        self._error: Failure | None = None
         self._then: list[Callable[[], None]] = []
         """Called once the save in flight is durable (under :attr:`_lock`, as
         :attr:`_writing`: whether the writer thread has yet to take them)."""
@@ -413,7 +415,24 @@ class ShardedCheckpoints:
 
     def _write(self, final: Path, state: Any, rng: Any, common: Any) -> None:
         """The writer thread: this rank's files, the digests to rank 0, rank 0's commit; every
-        rank ends with the same error (or None) in :attr:`_error`."""
+        rank ends with the same error (or None) in :attr:`_error`, and the callbacks of
+        :meth:`then` are run (after a commit) or dropped (after a failure), whatever raised."""
+        failure: Failure | None = ("the writer thread ended unexpectedly", None)
+        try:
+            failure = self._write_and_commit(final, state, rng, common)
+        except BaseException as exc:  # DCP's CheckpointException is one
+            failure = write_failure(exc)
+        finally:
+            self._error = None if failure is None else (f"saving {final.name}: {failure[0]}",
+                                                        failure[1])  # fmt: skip
+            with self._lock:
+                if failure is None:
+                    self._durable = final
+                callbacks, self._then, self._writing = self._then, [], False
+        for after in callbacks if failure is None else []:
+            _bookkeeping(after, final)
+
+    def _write_and_commit(self, final: Path, state: Any, rng: Any, common: Any) -> Failure | None:
         from torch.distributed.checkpoint.filesystem import FileSystemWriter
         from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
@@ -435,10 +454,12 @@ class ShardedCheckpoints:
                 path = partial / name
                 digests[name] = {"size": path.stat().st_size, "xxh3": file_digest(path)}
 
-        error = _attempt(lambda: _fresh_dir(partial)) if self.rank == 0 else None
+        error = _attempt_write(lambda: _fresh_dir(partial)) if self.rank == 0 else None
         try:
             dist.barrier(group=group)  # the directory is empty before anyone writes
-            error = error or _attempt(write)
+            error = error or _attempt_write(write)
+            if error is not None:
+                error = (f"rank {self.rank}: {error[0]}", error[1])
             gathered: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
             dist.gather_object((digests, error), gathered, dst=0, group=group)
             if gathered is not None:
@@ -446,18 +467,19 @@ class ShardedCheckpoints:
                 error = errors[0] if errors else None
                 if error is None:
                     files = [d for d, _ in gathered]
-                    error = _attempt(lambda: self._commit(partial, final, files, best_step(common)))
+                    error = _attempt_write(
+                        lambda: self._commit(partial, final, files, best_step(common))
+                    )
+                if error is not None:
+                    # Every rank is done writing: what the failed save wrote goes, so that a
+                    # full disk has room for the run to record its end.
+                    shutil.rmtree(partial, ignore_errors=True)
             box = [error]
             dist.broadcast_object_list(box, src=0, group=group)
             error = box[0]
         except Exception as exc:  # a peer gone: the group's timeout ends the wait
-            error = f"{type(exc).__name__}: {_first_line(exc)}"
-        self._error = None if error is None else f"saving {final.name}: {error}"
-        with self._lock:
-            self._durable = final
-            callbacks, self._then, self._writing = self._then, [], False
-        for after in callbacks if self._error is None else []:
-            _bookkeeping(after, final)
+            error = (f"{type(exc).__name__}: {_first_line(exc)}", None)
+        return error
 
     def then(self, after: Callable[[], None]) -> None:
         """Run ``after`` once the save in flight is committed (on the writer thread; at once
@@ -478,10 +500,8 @@ class ShardedCheckpoints:
         thread.join()
         self._thread = None
         if self._error is not None:
-            error, self._error = self._error, None
-            raise CheckpointError(
-                f"{error}. HINT: check free space and permissions of the run directory."
-            )
+            (error, code), self._error = self._error, None
+            raise CheckpointError(f"{error}. {write_failure_hint(self.directory, code)}")
 
     def _commit(
         self, partial: Path, final: Path, gathered: list[dict[str, Any]], best: int | None
@@ -645,11 +665,22 @@ def _fresh_dir(path: Path) -> None:
 
 
 def _attempt(work: Callable[[], object]) -> str | None:
-    """None when ``work`` succeeds, else its error in one line (shared with the other ranks)."""
+    """None when ``work`` succeeds, else its error in one line (shared with the other ranks).
+    A ``BaseException`` too: DCP's ``CheckpointException`` is one (only an interrupt goes
+    on)."""
+    failure = _attempt_write(work)
+    return None if failure is None else failure[0]
+
+
+def _attempt_write(work: Callable[[], object]) -> Failure | None:
+    """None when ``work`` succeeds, else its failure (:func:`write_failure`): what to say and
+    the errno behind it, the same on every rank once shared."""
     try:
         work()
-    except Exception as exc:
-        return f"{type(exc).__name__}: {_first_line(exc)}"
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # DCP's CheckpointException is one
+        return write_failure(exc)
     return None
 
 

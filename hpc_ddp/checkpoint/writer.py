@@ -17,6 +17,7 @@ import atexit
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import logging
 import os
 import queue
@@ -41,7 +42,13 @@ from hpc_ddp.rundir.layout import (
     parse_checkpoint_name,
 )
 
-__all__ = ["CheckpointWriter", "prune_plan", "write_checkpoint"]
+__all__ = [
+    "CheckpointWriter",
+    "prune_plan",
+    "write_checkpoint",
+    "write_failure",
+    "write_failure_hint",
+]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +59,70 @@ def prune_plan(steps: list[int], keep_last: int, best: int | None = None) -> lis
     if keep_last <= 0:
         return []
     return [s for s in sorted(steps)[:-keep_last] if s != best]
+
+
+def write_failure(exc: BaseException) -> tuple[str, int | None]:
+    """A failed checkpoint write in one line, and the errno behind it (None: no OS error).
+
+    The OS error is looked for inside what wraps it: torch DCP's ``CheckpointException`` (a
+    ``BaseException`` whose ``failures`` hold each rank's error, and whose own text is a
+    traceback), a ``RuntimeError`` from ``torch.save``'s zip writer, any ``__cause__``."""
+    cause = _os_error(exc)
+    if cause is None:
+        text = str(exc).strip()
+        return f"{type(exc).__name__}: {text.splitlines()[0] if text else '?'}", None
+    name = errno.errorcode.get(cause.errno or 0)
+    what = cause.strerror or str(cause)
+    where = f": {cause.filename}" if cause.filename else ""
+    return f"{type(cause).__name__}: {what}{f' ({name})' if name else ''}{where}", cause.errno
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The first OS error with an errno in ``exc`` and what it wraps (breadth first)."""
+    todo: list[BaseException] = [exc]
+    seen: set[int] = set()
+    while todo:
+        current = todo.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno is not None:
+            return current
+        failures = getattr(current, "failures", None)  # DCP's CheckpointException
+        if isinstance(failures, dict):
+            for _, wrapped in sorted(failures.items()):
+                inner = wrapped[0] if isinstance(wrapped, tuple) and wrapped else wrapped
+                if isinstance(inner, BaseException):
+                    todo.append(inner)
+        todo += [e for e in (current.__cause__, current.__context__) if e is not None]
+    return None
+
+
+def write_failure_hint(directory: Path, code: int | None) -> str:
+    """What to do about a checkpoint write into ``directory`` that failed with errno ``code``:
+    every such failure ends the run (a run that went on would lose what it trains since its
+    last checkpoint), so the hint says how to make room and go on."""
+    run_dir = directory.parent if directory.name == "checkpoints" else directory
+    resume = f"then `hpc-ddp resume {run_dir}` goes on from the newest checkpoint on disk"
+    if code == errno.ENOSPC:
+        return (
+            f"HINT: the file system of {directory} is full: free space there (`df -h "
+            f"{directory}`), keep fewer checkpoints (train.keep_last) or move the runs to a "
+            f"larger file system; {resume}."
+        )
+    if code == errno.EDQUOT:
+        return (
+            f"HINT: your disk quota on the file system of {directory} is used up: free space "
+            f"or ask for more (`quota -s`; on Lustre `lfs quota -u $USER {directory}`), or "
+            f"keep fewer checkpoints (train.keep_last); {resume}."
+        )
+    if code == errno.EIO:
+        return (
+            f"HINT: the file system of {directory} could not write (an I/O error): ask its "
+            f"admins about its health and check the checkpoints with `hpc-ddp checkpoints "
+            f"{run_dir} --verify`; {resume}."
+        )
+    return f"HINT: check free space, quota and permissions of {directory}; {resume}."
 
 
 def write_checkpoint(
@@ -251,6 +322,8 @@ class CheckpointWriter:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._failed: str | None = None
+        """The name of the checkpoint whose write failed with :attr:`_error`."""
         self.last_path: Path | None = None
         self.last_seconds: float = 0.0
         self.durable_at: float | None = None
@@ -308,9 +381,10 @@ class CheckpointWriter:
             exc, self._error = self._error, None
             if isinstance(exc, CheckpointError):
                 raise exc
+            what, code = write_failure(exc)
             raise CheckpointError(
-                f"writing a checkpoint to {self.directory} failed ({type(exc).__name__}: {exc}). "
-                "HINT: check free space and permissions of the run directory."
+                f"writing {self._failed or 'a checkpoint'} to {self.directory} failed ({what}). "
+                + write_failure_hint(self.directory, code)
             ) from exc
 
     def _run(self) -> None:
@@ -336,6 +410,7 @@ class CheckpointWriter:
             )
         except BaseException as exc:
             self._error = exc
+            self._failed = checkpoint_name(int(payload["progress"]["step"]))
             return
         self.last_seconds = time.perf_counter() - start
         log.debug("checkpoint %s written in %.3f s", self.last_path.name, self.last_seconds)
