@@ -1,14 +1,19 @@
 """``hpc-ddp init [--byo] [DIR]``: write a commented job file (with ``--byo`` also a ``train.py``
 that uses the Session) into DIR, ready for ``hpc-ddp submit job.yaml --backend local``.
 
-Nothing is overwritten: when one of the files exists, none is written (exit 2). The templates
-are plain text here, so the verb imports neither torch nor the config loader.
+Nothing is overwritten: when one of the files exists, none is written (exit 2). A DIR that is a
+file, lies under a file, or cannot be written is refused the same way, and a file written before
+a later one failed is taken back. The templates are plain text here, so the verb imports neither
+torch nor the config loader.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
+import unicodedata
 from pathlib import Path
 
 from hpc_ddp.errors import ConfigError
@@ -22,7 +27,7 @@ BUILTIN_JOB = """\
 #   hpc-ddp submit job.yaml                            # on a Slurm cluster
 #   hpc-ddp submit job.yaml train.lr=0.1 train.epochs=3   # any key, from the command line
 # Every key: docs/config-reference.md.
-name: {name}
+name: "{name}"
 slurm:
   nodes: 1
   tasks_per_node: 2        # DDP ranks per node (one per GPU on a GPU node)
@@ -52,7 +57,7 @@ BYO_JOB = """\
 #   hpc-ddp submit job.yaml params.steps=1000          # any params.NAME, from the command line
 #   hpc-ddp sweep job.yaml params.lr=0.1,0.01 --backend local   # a sweep of it
 # Every key: docs/config-reference.md.
-name: {name}
+name: "{name}"
 # `python` is the interpreter hpc-ddp runs under; {{params.NAME}} is substituted on each task.
 command: [python, train.py, --steps, "{{params.steps}}", --lr, "{{params.lr}}"]
 params:
@@ -163,16 +168,64 @@ def files(name: str, byo: bool) -> dict[str, str]:
     return {JOB_FILE: BUILTIN_JOB.format(name=name)}
 
 
+MAX_JOB_NAME = 128
+"""The longest job name ``submit`` takes (``hpc_ddp.config.values.MAX_NAME_CHARS``, not imported:
+this verb loads no config module)."""
+
+
 def job_name(directory: Path) -> str:
-    """A job name from the directory's name (letters, digits, ``-`` and ``_``)."""
-    raw = directory.resolve().name
-    name = "".join(c if c.isalnum() or c in "-_" else "-" for c in raw).strip("-_")
+    """A job name from the directory's name that ``submit`` takes: ASCII letters and digits,
+    ``-`` and ``_`` (an accented letter loses its accent, any other character becomes ``-``),
+    starting with a letter or digit, at most :data:`MAX_JOB_NAME` characters."""
+    raw = unicodedata.normalize("NFKD", directory.resolve().name)
+    plain = "".join(c for c in raw if not unicodedata.combining(c))
+    name = "".join(c if (c.isascii() and c.isalnum()) or c in "-_" else "-" for c in plain)
+    while "--" in name:
+        name = name.replace("--", "-")
+    name = name.strip("-_")[:MAX_JOB_NAME].rstrip("-_")
     return name or "my-job"
 
 
+def _refuse_unusable(directory: Path) -> None:
+    """A DIR that is a file, or lies under one, refused before anything is made."""
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(
+            f"{directory} is a file, not a directory: nothing was written. HINT: name a new "
+            "or existing directory (hpc-ddp init DIR); init makes a missing one"
+        )
+    for parent in directory.parents:
+        if os.path.lexists(parent):
+            if not parent.is_dir():
+                raise ConfigError(
+                    f"{directory} cannot be made: {parent} is a file, not a directory; nothing "
+                    "was written. HINT: name a directory that is not under a file "
+                    "(hpc-ddp init DIR)"
+                )
+            return
+
+
+def _write_error(path: Path, exc: OSError) -> ConfigError:
+    """The error for ``path`` (DIR or a file in it) that could not be made or written."""
+    why = {
+        errno.EROFS: "it is on a read-only file system",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "operation not permitted: is it immutable?",
+        errno.ENOSPC: "no space is left on its file system",
+        errno.EDQUOT: "the disk quota is exceeded",
+        errno.ENOTDIR: "a part of the path is a file, not a directory",
+        errno.EEXIST: "a file of that name appeared meanwhile",
+    }.get(exc.errno or 0, exc.strerror or str(exc))
+    where = exc.filename if exc.filename is not None else path
+    return ConfigError(
+        f"{where}: cannot be written ({why}): nothing was written. HINT: init into a "
+        "directory you can write (hpc-ddp init DIR), or make this one writable"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    """Write the files, none of them when any exists already."""
+    """Write the files, none of them when any exists already or one cannot be written."""
     directory = Path(args.directory)
+    _refuse_unusable(directory)
     todo = files(job_name(directory), args.byo)
     there = [name for name in todo if os.path.lexists(directory / name)]
     if there:
@@ -181,11 +234,22 @@ def run(args: argparse.Namespace) -> int:
             f"{'exists' if len(there) == 1 else 'exist'} already: nothing was "
             "written. HINT: init into a new directory (hpc-ddp init DIR), or move the file away"
         )
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, text in todo.items():
-        with open(directory / name, "x", encoding="utf-8") as f:  # "x": never overwrite
-            f.write(text)
-        print(f"wrote {directory / name}")
+    written: list[Path] = []
+    current = directory
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, text in todo.items():
+            current = directory / name
+            with open(current, "x", encoding="utf-8") as f:  # "x": never overwrite
+                written.append(current)
+                f.write(text)
+    except OSError as exc:
+        for path in written:  # all or nothing, as when a file exists already
+            with contextlib.suppress(OSError):
+                path.unlink()
+        raise _write_error(current, exc) from None
+    for path in written:
+        print(f"wrote {path}")
     where = "" if directory == Path(".") else f"cd {directory} && "
     print(f"next: {where}hpc-ddp submit {JOB_FILE} --backend local --wait")
     return 0
