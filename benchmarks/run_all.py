@@ -28,6 +28,7 @@ BENCHMARKS = {
     "bench_dry_run": False,
     "bench_trainer": False,
     "bench_sweep": True,
+    "bench_local_sweep_status": False,
     "bench_requeue": True,
     "bench_faults": True,  # on a dev cluster of its own (3 nodes, Slurm's default cred_expire)
 }

@@ -303,10 +303,10 @@ class ControllerSweeps:
         accounting: Mapping[str, AccountingRecord] | None,
     ) -> list[TaskWord]:
         """Each point judged as a local run, or by what the controller will do with it."""
-        from hpc_ddp.sweep.results import local_task_word
+        from hpc_ddp.sweep.results import local_task_words
 
         del live, accounting  # no queue holds a local sweep's points
-        return [(*local_task_word(sweep_dir, i), None) for i in points]
+        return [(*word, None) for word in local_task_words(sweep_dir, points)]
 
     def resubmit(
         self,

@@ -417,3 +417,57 @@ def test_values_too_large_for_a_float_are_not_metrics() -> None:
     ]
     assert metric_summary(rows, "loss", "min") == (0.5, 0.5, 2)
     assert loss_curve(rows) == [(2, 0.5)]
+
+
+# --- a live local sweep: the controller is looked up once, not once per point --------------
+
+
+def _local_sweep_dir(tmp_path: Path, started: dict[int, str]) -> Path:
+    """A local sweep's directory: its manifest, and a manifest for each ``started`` point
+    (index -> submitted_at)."""
+    from hpc_ddp.rundir.layout import RunPaths
+    from hpc_ddp.rundir.manifest import Manifest, write_manifest
+
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+
+    def manifest(where: Path, submitted_at: str, job: str) -> None:
+        where.mkdir(parents=True, exist_ok=True)
+        write_manifest(RunPaths(where), Manifest(
+            name="s", backend="local", job_id=job, submitted_at=submitted_at, command=[],
+            config_source="s.yaml", run_dir=str(where),
+        ))  # fmt: skip
+
+    manifest(sweep, "2026-01-02T00:00:00+00:00", "100")
+    for index, when in started.items():
+        manifest(sweep / "tasks" / str(index), when, str(200 + index))
+    return sweep
+
+
+def test_local_task_words_read_the_live_controller_once_for_every_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The controller's record names every point it runs: reading it per point made a
+    10,000-point sweep's status quadratic (benchmarks/bench_local_sweep_status.py times it)."""
+    import hpc_ddp.sweep.local as local_sweep
+    from hpc_ddp.sweep.results import local_task_words
+
+    # Point 1 started by an earlier controller and queued again; 0-3 queued, 4-5 not.
+    sweep = _local_sweep_dir(tmp_path, {1: "2026-01-01T00:00:00+00:00"})
+    looked: list[Path] = []
+
+    def controller_points(sweep_dir: Path) -> frozenset[int]:
+        looked.append(sweep_dir)
+        return frozenset(range(4))
+
+    monkeypatch.setattr(local_sweep, "controller_points", controller_points)
+    words = local_task_words(sweep, range(6))
+    assert looked == [sweep]
+    assert words == [
+        (TaskState.PENDING, None),
+        (TaskState.PENDING, "201"),  # its last run is the past: the controller starts it again
+        (TaskState.PENDING, None),
+        (TaskState.PENDING, None),
+        (TaskState.FAILED, None),  # never started, and no live controller will
+        (TaskState.FAILED, None),
+    ]
