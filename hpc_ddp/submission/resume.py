@@ -45,6 +45,7 @@ from hpc_ddp.config.loginnode import LoginNode, this_machine
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.preflight import preflight_job
 from hpc_ddp.errors import ConfigError, TargetError
+from hpc_ddp.rundir.checkpoints import checkpoint_files, shard_dirs
 from hpc_ddp.rundir.layout import MANIFEST_FILE, RunPaths
 from hpc_ddp.rundir.ledger import Attempt, read_ledger
 from hpc_ddp.rundir.manifest import Manifest, read_manifest, record_lock
@@ -143,6 +144,7 @@ def plan_resume(
     paths = RunPaths(run_dir)
     old = load_resolved_config(paths.config)
     cfg = _with_overrides(old, overrides, paths.config, manifest)
+    check_strategy(old, cfg, paths, shown)
     preflight_job(cfg, str(paths.config), _submit_node(manifest))
     backend.check(cfg)  # an override may ask for more processes than this machine has
     attempts = read_ledger(paths.ledger)
@@ -242,6 +244,42 @@ def _with_overrides(
             f"{'' if new.name != cfg.name else f'; or put name: {manifest.name} back in {source}'}."
         )
     return new
+
+
+def check_strategy(old: JobConfig, cfg: JobConfig, paths: RunPaths, shown: Path) -> None:
+    """Refuse a change of ``train.strategy`` (``ddp`` <-> ``fsdp``) that the run's checkpoints
+    cannot follow, before anything is written or submitted.
+
+    A DDP model is saved as ``step-N.pt`` files and an FSDP one as ``step-N/`` shard sets, and
+    the ranks resume only from their own kind: switched with only the other kind on disk, each
+    launch would refuse (starting over would throw the run away) until the supervisor stopped
+    it as no progress. A run without checkpoints, or one that also holds its new kind, goes on.
+    The built-in trainer wraps by ``train.strategy`` alone, so a hand edit of ``config.yaml`` is
+    caught too; a script's ``s.wrap`` may name its strategy itself, so for a ``command:`` or
+    ``entrypoint:`` only a change made here (an override) is judged.
+    """
+    after = cfg.train.strategy
+    own_code = cfg.command is not None or cfg.entrypoint is not None
+    if own_code and old.train.strategy == after:
+        return
+    try:
+        files = checkpoint_files(paths.checkpoints)
+        sets = shard_dirs(paths.checkpoints)
+    except OSError:
+        return  # the plan's own listing (newest_checkpoint) says why it cannot be read
+    mine, other = (sets, files) if after == "fsdp" else (files, sets)
+    if mine or not other:
+        return
+    before, kind = ("ddp", "step-N.pt file") if after == "fsdp" else ("fsdp", "step-N/ shard set")
+    raise ConfigError(
+        f"train.strategy cannot change from {before} to {after} on resume: the run's "
+        f"checkpoints are {before}'s ({len(other)} {kind}(s), newest {other[0][1].name}), "
+        f"which a {after} model does not load, so every launch would refuse them; nothing was "
+        f"written or submitted. HINT: resume with train.strategy={before} (`hpc-ddp resume "
+        f"{shown} train.strategy={before}`, or put it back in {paths.config}); to go on as "
+        f"{after}, export the weights (`hpc-ddp checkpoints {shown} --export FILE`) and "
+        "start a new run from them."
+    )
 
 
 def fit_world_size(
