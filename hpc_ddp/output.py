@@ -27,11 +27,35 @@ RESULTS = f"hpc-ddp.results/{SCHEMA_VERSION}"
 SWEEP = f"hpc-ddp.sweep/{SCHEMA_VERSION}"
 SUBMIT = f"hpc-ddp.submit/{SCHEMA_VERSION}"
 CHECKPOINTS = f"hpc-ddp.checkpoints/{SCHEMA_VERSION}"
+CHECKPOINTS_EXPORT = f"hpc-ddp.checkpoints-export/{SCHEMA_VERSION}"
 CANCEL = f"hpc-ddp.cancel/{SCHEMA_VERSION}"
 DOCTOR = f"hpc-ddp.doctor/{SCHEMA_VERSION}"
 DEV_CLUSTER = f"hpc-ddp.dev-cluster/{SCHEMA_VERSION}"
+ERROR = f"hpc-ddp.error/{SCHEMA_VERSION}"
+"""What any verb's ``--json`` prints instead when it fails with an error of hpc-ddp's
+(:func:`error_document`)."""
+
+_HINT = "HINT:"
 
 
 def document(schema: str, body: Mapping[str, Any]) -> dict[str, Any]:
     """One ``--json`` object: ``schema`` first, then ``body``'s keys."""
     return {"schema": schema, **body}
+
+
+def error_document(verb: str, message: str, exit_code: int) -> dict[str, Any]:
+    """The ``--json`` object of a verb that failed: ``verb``, ``error`` (the message up to its
+    HINT), ``hint`` (what follows ``HINT:``; null when it gives none) and ``exit_code``."""
+    head, found, hint = message.partition(_HINT)
+    if not found:
+        return document(ERROR, {"verb": verb, "error": message.strip(), "hint": None,
+                                "exit_code": exit_code})  # fmt: skip
+    return document(
+        ERROR,
+        {
+            "verb": verb,
+            "error": head.rstrip(" (;"),
+            "hint": hint.strip(),
+            "exit_code": exit_code,
+        },
+    )

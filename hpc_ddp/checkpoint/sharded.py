@@ -49,7 +49,6 @@ import functools
 import json
 import logging
 import os
-import re
 import shutil
 import threading
 import time
@@ -67,6 +66,7 @@ from hpc_ddp.checkpoint.format import (
     CheckpointState,
     best_step,
     capture_rng_state,
+    find_latest,
     restore_rng_state,
 )
 from hpc_ddp.checkpoint.snapshot import SnapshotBuffers, snapshot
@@ -75,6 +75,16 @@ from hpc_ddp.config.load import job_config_to_dict
 from hpc_ddp.durable import fsync_dir, write_atomic, write_text_atomic
 from hpc_ddp.errors import CheckpointError, ConfigError
 from hpc_ddp.rundir.checkpoint_label import config_digest
+from hpc_ddp.rundir.checkpoints import (
+    SHARDED_COMMON,
+    SHARDED_FORMAT,
+    SHARDED_METADATA,
+    SHARDED_VERSION,
+    IncompleteShardSet,
+    shard_dirs,
+    shard_rank_file,
+    shard_set_record,
+)
 from hpc_ddp.rundir.layout import (
     LATEST_CHECKPOINT,
     SHARDED_RECORD,
@@ -92,33 +102,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hpc_ddp")
 
-FORMAT = "hpc-ddp-sharded"
-FORMAT_VERSION = 1
+FORMAT = SHARDED_FORMAT
+FORMAT_VERSION = SHARDED_VERSION
 DIGESTS = SHARDED_RECORD
-COMMON = "common.pt"
-METADATA = ".metadata"
+COMMON = SHARDED_COMMON
+METADATA = SHARDED_METADATA
 PARTIAL_PREFIX = ".partial-"
 """A save in progress: never matches ``step-*``, never loaded."""
+_OK = CheckpointState.OK
 Failure = tuple[str, int | None]
 """A failed save: what to say, and the errno behind it (for the HINT)."""
-_SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")
 _CHUNK = 8 << 20
 
-
-def rank_file(rank: int) -> str:
-    return f"rank-{rank:05d}.pt"
-
-
-def sharded_dirs(directory: Path) -> list[tuple[int, Path]]:
-    """``(step, path)`` of every ``step-N/`` directory in ``directory``, newest first."""
-    if not directory.is_dir():
-        return []
-    found = [
-        (s, p)
-        for p in directory.iterdir()
-        if (s := parse_sharded_checkpoint_name(p.name)) is not None and p.is_dir()
-    ]
-    return sorted(found, reverse=True)
+rank_file = shard_rank_file
+sharded_dirs = shard_dirs
+"""``(step, path)`` of every ``step-N/`` directory in a checkpoints directory, newest first."""
 
 
 def file_digest(path: Path) -> str:
@@ -130,46 +128,16 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def read_digests(path: Path) -> dict[str, Any]:
-    """The digest record of the sharded checkpoint ``path``; :class:`CheckpointError` when it
-    is missing, unreadable or not of this format."""
-    try:
-        record = json.loads((path / DIGESTS).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path.name}: no {DIGESTS} (an unfinished save)") from None
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path.name}: {DIGESTS} unreadable ({exc})") from None
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise CheckpointError(f"{path.name}: {DIGESTS} is not an {FORMAT} record")
-    if record.get("version") != FORMAT_VERSION:
-        raise CheckpointError(f"{path.name}: format version {record.get('version')!r} unknown")
-    return record
-
-
 def check_complete(path: Path) -> dict[str, Any]:
     """The digest record of ``path`` once every file a checkpoint needs is there with its
-    recorded size (no hashing); else :class:`CheckpointError` saying what is missing."""
-    record = read_digests(path)
-    files: Mapping[str, Any] = record.get("files") or {}
-    world = int(record.get("world_size") or 0)
-    needed = [METADATA, COMMON, *(rank_file(r) for r in range(world))]
-    missing = [name for name in needed if name not in files]
-    shard_ranks = {int(m.group(1)) for name in files if (m := _SHARD.match(name))}
-    missing += [f"__{r}_*.distcp" for r in range(world) if r not in shard_ranks]
-    if world < 1 or missing:
-        raise CheckpointError(f"{path.name}: the record lists no {', '.join(missing) or 'ranks'}")
-    if parse_sharded_checkpoint_name(path.name) != record.get("step"):
-        raise CheckpointError(f"{path.name}: holds step {record.get('step')}, not its name's")
-    for name, entry in sorted(files.items()):
-        try:
-            size = (path / name).stat().st_size
-        except OSError:
-            raise CheckpointError(f"{path.name}: {name} is missing") from None
-        if size != entry["size"]:
-            raise CheckpointError(
-                f"{path.name}: {name} has {size} bytes, {entry['size']} were written"
-            )
-    return record
+    recorded size (no hashing: :func:`~hpc_ddp.rundir.checkpoints.shard_set_record`, the check
+    ``status`` and ``resume`` make too); else :class:`CheckpointError` saying what is missing."""
+    try:
+        return shard_set_record(path)
+    except IncompleteShardSet as exc:
+        raise CheckpointError(f"{path.name}: {exc}") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path.name}: unreadable ({exc.strerror or exc})") from None
 
 
 def verify_files(path: Path, record: Mapping[str, Any], *, rank: int = 0, world: int = 1) -> None:
@@ -222,34 +190,57 @@ def list_sharded(
     return out
 
 
-def export_model(directory: Path, out: Path) -> Path:
-    """Write the whole model of the newest verified sharded checkpoint in ``directory`` (a run
-    directory or its ``checkpoints/``) to ``out`` as one ``torch.save`` state dict, for
-    inference: ``model.load_state_dict(torch.load(out))``. One process reads every shard (the
-    whole model must fit its memory; the optimizer state is left out). Returns the checkpoint
-    exported; :class:`CheckpointError` when there is none."""
+def export_model(directory: Path, out: Path, *, run_id: str | None = None) -> CheckpointInfo:
+    """Write the whole model of the newest verified checkpoint of run ``run_id`` (None: any
+    run's) in ``directory`` (a run directory or its ``checkpoints/``) to ``out`` as one
+    ``torch.save`` state dict, for inference: ``model.load_state_dict(torch.load(out))``.
+
+    An FSDP run's shard set: one process reads every shard (the whole model must fit its
+    memory); a DDP run's ``step-N.pt`` file: its weights, every digest checked first. The
+    optimizer state is left out. ``out`` is written atomically (a temp file renamed over it):
+    the caller decides whether it may be replaced. Returns the checkpoint exported;
+    :class:`CheckpointError` when there is none."""
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    good = [i for i in list_sharded(directory, verify=True) if i.state is CheckpointState.OK]
-    if not good:
+    sets = [i for i in list_sharded(directory, verify=True, run_id=run_id) if i.state is _OK]
+    checkpoints = directory / "checkpoints" if (directory / "checkpoints").is_dir() else directory
+    unloadable = None
+    try:
+        found = find_latest(checkpoints, run_id=run_id)
+    except CheckpointError as exc:  # files there, none loads: a shard set may still do
+        found, unloadable = None, exc
+    if found is not None and (not sets or sets[-1].step < _file_step(found[0])):
+        path, payload = found
+        _save_pt(payload["model"], out)
+        size = path.stat().st_size
+        return CheckpointInfo(path, _file_step(path), None, None, size, None, None, _OK)
+    if not sets:
+        if unloadable is not None:
+            raise unloadable
         raise CheckpointError(
-            f"{directory} holds no complete sharded checkpoint. HINT: `hpc-ddp checkpoints "
-            "RUN_DIR --verify` lists what is there and why each one is not usable."
+            f"{directory} holds no complete checkpoint. HINT: `hpc-ddp checkpoints RUN_DIR "
+            "--verify` lists what is there and why each one is not usable."
         )
-    path = good[-1].path
+    info = sets[-1]
     state: dict[str, Any] = {}
     # Private but what torch's own dcp_to_torch_save runs: a load planned from .metadata alone,
     # on one process, of the "model" entries only.
     _load_state_dict(
         state,
-        storage_reader=FileSystemReader(path),
+        storage_reader=FileSystemReader(info.path),
         planner=_EmptyStateDictLoadPlanner(keys={"model"}),  # type: ignore[no-untyped-call]
         no_dist=True,
     )
     _save_pt(state["model"], out)
-    return path
+    return info
+
+
+def _file_step(path: Path) -> int:
+    step = parse_checkpoint_name(path.name)
+    assert step is not None  # find_latest lists step-N.pt names only
+    return step
 
 
 def _save_pt(obj: Any, path: Path) -> None:
@@ -548,16 +539,21 @@ class ShardedCheckpoints:
 
     def restore(self, t: Tracked, progress: Progress, *, elastic: bool) -> str | None:
         """Load the newest complete, verified sharded checkpoint into ``t`` and ``progress``
-        (collective); its name, or None when there is none."""
+        (collective); its name, or None when there is none. Shard sets there but none of them
+        usable (damaged, another run's): :class:`CheckpointError`, the same on every rank, as
+        for files (:func:`~hpc_ddp.checkpoint.format.find_latest`): starting over would throw
+        the run away, and its pruning would delete sets that still hold intact shards."""
         handoff = self.ckpt.handoff
         candidates: list[str] = []
+        skipped: list[list[Any]] = []
         error = None
         if self.rank == 0:
-            candidates, error = self._candidates()
-        candidates, error = handoff.share("rank 0's sharded checkpoints", [candidates, error])
+            candidates, skipped, error = self._candidates()
+        candidates, skipped, error = handoff.share(
+            "rank 0's sharded checkpoints", [candidates, skipped, error]
+        )
         if error is not None:
             raise ConfigError(error)
-        skipped = []
         for name in candidates:
             path = self.directory / name
             why = _attempt(functools.partial(self._verify_share, path))
@@ -565,41 +561,51 @@ class ShardedCheckpoints:
             if why is None:
                 self._load(path, t, progress, elastic)
                 return name
-            skipped.append(why)
+            skipped.append([parse_sharded_checkpoint_name(name), why])
             if self.rank == 0:
                 log.warning("skipping checkpoint %s (%s); trying the one before it", path, why)
         if skipped:
+            newest = max(skipped, key=lambda s: int(s[0]))[1]
             raise CheckpointError(
                 f"{self.directory}: none of {len(skipped)} sharded checkpoints loads (newest: "
-                f"{skipped[0]}). HINT: move the checkpoints directory aside to start the run "
+                f"{newest}). HINT: move the checkpoints directory aside to start the run "
                 "from scratch."
             )
         return None
 
-    def _candidates(self) -> tuple[list[str], str | None]:
-        """Rank 0: the complete sharded checkpoints of this run, newest first (incomplete ones
-        are logged and left out); or an error when only file checkpoints are there."""
+    def _candidates(self) -> tuple[list[str], list[list[Any]], str | None]:
+        """Rank 0: the complete sharded checkpoints of this run, newest first; the
+        ``[step, why]`` of the others (logged and left out); or an error when only file
+        checkpoints are there."""
         names = []
-        for _, path in sharded_dirs(self.directory):
+        skipped: list[list[Any]] = []
+        for step, path in sharded_dirs(self.directory):
             try:
                 check_complete(path)
                 common = _load_pt(path / COMMON)
             except Exception as exc:  # a torn common.pt too: never a crash, a skip
                 log.warning("skipping checkpoint %s (damaged: %s)", path, _first_line(exc))
+                skipped.append([step, _first_line(exc)])
                 continue
             run_id = common["meta"].get("run_id")
             if self.ckpt.run_id is not None and run_id not in (None, self.ckpt.run_id):
                 log.warning("skipping checkpoint %s (written by run %s)", path, run_id)
+                why = f"{path.name}: written by run {run_id}, not by this run ({self.ckpt.run_id})"
+                skipped.append([step, why])
                 continue
             names.append(path.name)
         files = [p for p in self.directory.glob("step-*.pt") if parse_checkpoint_name(p.name)]
-        if not names and files:
-            return [], (
-                f"{self.directory} holds file checkpoints ({sorted(files)[-1].name}) of an "
-                "unsharded model, and this model is sharded (FSDP). HINT: go on with "
-                "train.strategy: ddp (s.wrap(model, strategy='ddp')), or start a new run."
+        if not names and not skipped and files:
+            return (
+                [],
+                [],
+                (
+                    f"{self.directory} holds file checkpoints ({sorted(files)[-1].name}) of an "
+                    "unsharded model, and this model is sharded (FSDP). HINT: go on with "
+                    "train.strategy: ddp (s.wrap(model, strategy='ddp')), or start a new run."
+                ),
             )
-        return names, None
+        return names, skipped, None
 
     def _verify_share(self, path: Path) -> None:
         record = check_complete(path)

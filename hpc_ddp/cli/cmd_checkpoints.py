@@ -2,13 +2,16 @@
 size, weights digest, and the state of every ``step-*.pt`` file (ok, damaged or foreign, with
 the reason; what a format-1 file restores unverified) and of every sharded ``step-*/``
 directory of an FSDP run (ok, or damaged: a shard, ``.metadata`` or the digest record missing,
-or with --verify a file that no longer matches its digest). ``--export`` writes the whole model
-of the newest verified sharded checkpoint to one ``torch.save`` file."""
+or with --verify a file that no longer matches its digest). ``--export FILE`` writes the whole
+model of the newest verified checkpoint (a shard set, or a DDP run's ``step-N.pt``) to one
+``torch.save`` file: never over an existing file without ``--force``, never into the run's
+checkpoints directory."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -17,6 +20,7 @@ from typing import TYPE_CHECKING
 from tabulate import tabulate
 
 from hpc_ddp.api.targets import require_dir, sweep_task_of
+from hpc_ddp.errors import CheckpointError
 from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.run_id import recorded_run_id
 
@@ -41,11 +45,22 @@ A checkpoint of format 1 (written by hpc-ddp before every part had a digest) sti
 only its weights can be verified: it is listed as "ok (format 1: ... unverified)", and --verify
 says so on stderr when resume would use it.
 
+--export FILE writes the model's weights of the newest checkpoint that passes every check
+(a shard set gathered whole, or a step-N.pt file's weights) to FILE, one torch.save state dict
+(model.load_state_dict(torch.load(FILE))). FILE must be in a directory that exists and must not
+exist already, unless --force; it is never written inside the run's checkpoints directory.
+
 Exit status, the same with and without --json: 0 when the listing succeeds, whatever the files
 hold; with --verify, 1 when the newest file is not ok (resume would fall back to an older one,
-or to none; stderr says which). RUN_DIR missing or not a directory: 2 (a usage error), with
-the error on stderr.
+or to none; stderr says which). RUN_DIR missing or not a directory, or an --export FILE that
+cannot be written: 2 (a usage error), with the error on stderr; no checkpoint to export: 1.
 """
+
+
+class ExportPathError(CheckpointError):
+    """``--export FILE`` names a file that cannot or must not be written (a usage error)."""
+
+    exit_code = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,8 +78,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--export",
         metavar="FILE",
-        help="write the whole model of the newest verified sharded (FSDP) checkpoint to FILE, "
-        "one torch.save state dict for inference",
+        help="write the whole model of the newest verified checkpoint (an FSDP run's shard "
+        "set or a DDP run's step-N.pt) to FILE, one torch.save state dict for inference",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="with --export: replace FILE if it exists (never a file in the run's checkpoints)",
     )
 
 
@@ -73,16 +93,12 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if run_dir.exists() or sweep_task_of(run_dir) is None:  # a task not started has none yet
         run_dir = require_dir(args.run_dir)  # before torch is imported: a typo fails at once
+    own = run_dir.parent if run_dir.name == "checkpoints" else run_dir
+    if args.export:
+        return _export(run_dir, own, export_target(own, args.export, force=args.force), args.json)
     from hpc_ddp.checkpoint.format import CheckpointState, list_checkpoints
     from hpc_ddp.checkpoint.sharded import list_sharded
 
-    own = run_dir.parent if run_dir.name == "checkpoints" else run_dir
-    if args.export:
-        from hpc_ddp.checkpoint.sharded import export_model
-
-        exported = export_model(run_dir, Path(args.export))
-        print(f"hpc-ddp checkpoints: the model of {exported.name} written to {args.export}")
-        return 0
     run_id = recorded_run_id(RunPaths(own))
     infos = list_checkpoints(run_dir, verify=args.verify, run_id=run_id)
     infos += list_sharded(run_dir, verify=args.verify, run_id=run_id)  # an FSDP run's step-N/
@@ -140,6 +156,71 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    return 0
+
+
+def export_target(run_dir: Path, export: str, *, force: bool) -> Path:
+    """``--export``'s FILE once it may be written (checked before torch is imported): not in
+    ``run_dir``'s checkpoints (even with ``force``: it would replace or sit among a
+    checkpoint's own files), not a directory, in a directory that exists and is writable, and
+    not there already unless ``force``; else :class:`ExportPathError` with a HINT."""
+    out = Path(export)
+    checkpoints = RunPaths(run_dir).checkpoints
+    # Resolved, so that a symlink or `..` into the checkpoints is caught too.
+    if out.resolve().is_relative_to(checkpoints.resolve()):
+        raise ExportPathError(
+            f"--export {export} is inside the run's checkpoints directory ({checkpoints}): an "
+            "export never writes there, where it would replace a checkpoint's own file. HINT: "
+            f"name a file outside it, e.g. --export {run_dir / 'model.pt'}."
+        )
+    if out.is_dir():
+        raise ExportPathError(
+            f"--export {export} is a directory. HINT: name the file to write in it, e.g. "
+            f"--export {out / 'model.pt'}."
+        )
+    parent = out.parent
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise ExportPathError(
+            f"--export {export}: its directory {parent} {what}. HINT: create the directory "
+            f"first (`mkdir -p {parent}`), or name a file in one that exists."
+        )
+    if (out.exists() or out.is_symlink()) and not force:
+        raise ExportPathError(
+            f"--export {export} exists. HINT: pass --force to replace it, or name another file."
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ExportPathError(
+            f"--export {export}: cannot write into {parent} (permission denied). HINT: name a "
+            "file in a directory you can write to."
+        )
+    return out
+
+
+def _export(run_dir: Path, own: Path, out: Path, as_json: bool) -> int:
+    from hpc_ddp.checkpoint.sharded import export_model
+
+    try:
+        exported = export_model(run_dir, out, run_id=recorded_run_id(RunPaths(own)))
+    except OSError as exc:  # what the checks before could not foresee (a full disk, a race)
+        raise ExportPathError(
+            f"--export {out}: writing it failed ({exc.strerror or exc}). HINT: check free "
+            "space and permissions where FILE goes, or name another file."
+        ) from None
+    if as_json:
+        from hpc_ddp.output import CHECKPOINTS_EXPORT, document
+
+        shown = {
+            "run_dir": str(run_dir),
+            "checkpoint": str(exported.path),
+            "step": exported.step,
+            "sharded": exported.path.is_dir(),
+            "exported_to": str(out),
+            "size_bytes": out.stat().st_size,
+        }
+        print(json.dumps(document(CHECKPOINTS_EXPORT, shown), indent=2))
+    else:
+        print(f"hpc-ddp checkpoints: the model of {exported.path.name} written to {out}")
     return 0
 
 

@@ -10,23 +10,37 @@ agree because they come from here:
 * :func:`damaged_checkpoint`: why a file cannot be a whole checkpoint of a run, from its first
   bytes, its zip directory and its label (:mod:`hpc_ddp.rundir.checkpoint_label`): empty, torn,
   spliced, not a regular file, named for another step than it holds, or another run's.
-* :func:`shard_sets`: every committed sharded (FSDP) checkpoint, a ``step-N/`` directory
-  renamed in whole once every rank wrote its shard, its digest record written last
-  (:mod:`hpc_ddp.checkpoint.sharded` checks every shard's digest before it loads one).
+* :func:`shard_set_record`: a sharded (FSDP) checkpoint's digest record once the set is
+  complete: a ``step-N/`` directory renamed in whole once every rank wrote its shard, its
+  record (written last) of this format, listing ``.metadata``, ``common.pt``, one
+  ``rank-*.pt`` and a shard per rank of its world size, every listed file there as a regular
+  file of its recorded size, and its step the name's. What the ranks check before they hash
+  (:mod:`hpc_ddp.checkpoint.sharded` checks every file's digest before it loads one).
+  :func:`damaged_shard_set` adds ``common.pt``'s label (its step, its run);
+  :func:`shard_sets` lists the complete ones.
 * :func:`checkpoint_on_disk`: what a failed attempt names as its checkpoint, the save it was
   told of if that is whole on disk, else the newest one before it (either kind).
-* :func:`newest_step`: the newest file that passes :func:`damaged_checkpoint`, or the newest
-  committed shard set, the one a resume would take unless its content (checked with torch,
-  :mod:`hpc_ddp.checkpoint.format`) changed on disk.
+* :func:`newest_step`: the newest file that passes :func:`damaged_checkpoint` or shard set
+  that passes :func:`damaged_shard_set`, the one a resume would take unless its content
+  (checked with torch, :mod:`hpc_ddp.checkpoint.format`) changed on disk.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
-from hpc_ddp.rundir.checkpoint_label import label_problem, not_regular
+from hpc_ddp.rundir.checkpoint_label import (
+    LabelError,
+    label_problem,
+    misnamed,
+    not_regular,
+    read_label,
+)
 from hpc_ddp.rundir.layout import (
     SHARDED_RECORD,
     parse_checkpoint_name,
@@ -35,13 +49,33 @@ from hpc_ddp.rundir.layout import (
 )
 
 __all__ = [
+    "SHARDED_COMMON",
+    "SHARDED_FORMAT",
+    "SHARDED_METADATA",
+    "SHARDED_VERSION",
+    "IncompleteShardSet",
     "checkpoint_files",
     "checkpoint_on_disk",
     "damaged_checkpoint",
+    "damaged_shard_set",
     "is_shard_set",
     "newest_step",
+    "shard_dirs",
+    "shard_rank_file",
+    "shard_set_record",
     "shard_sets",
 ]
+
+SHARDED_FORMAT = "hpc-ddp-sharded"
+"""The ``format`` of a shard set's digest record."""
+SHARDED_VERSION = 1
+"""The ``version`` of a shard set's digest record this hpc-ddp reads and writes."""
+SHARDED_COMMON = "common.pt"
+"""Rank 0's file in a shard set: progress, extra, scheduler, scaler, config and meta."""
+SHARDED_METADATA = ".metadata"
+"""DCP's index of every shard (rank 0's)."""
+_SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")
+"""A rank's DCP shard file: ``__<rank>_<n>.distcp``."""
 
 _ZIP_MAGIC = b"PK\x03\x04"
 _PICKLE = "/data.pkl"
@@ -60,20 +94,113 @@ def checkpoint_files(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def shard_sets(directory: Path) -> list[tuple[int, Path]]:
-    """``(step, path)`` of every committed shard set in ``directory``, newest first: a
-    ``step-N/`` directory that holds its digest record (a save cut short has none, and one
-    still being written is under its ``.partial-`` name). [] when there is no such directory;
-    an :class:`OSError` when it cannot be listed."""
+def shard_dirs(directory: Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every ``step-N/`` directory in ``directory``, newest first, whole or
+    not (a save still being written is under its ``.partial-`` name, never listed). [] when
+    there is no such directory; an :class:`OSError` when it cannot be listed."""
     if not directory.is_dir():
         return []
     found = [
         (s, p)
         for p in directory.iterdir()
-        if (s := parse_sharded_checkpoint_name(p.name)) is not None
-        and (p / SHARDED_RECORD).is_file()
+        if (s := parse_sharded_checkpoint_name(p.name)) is not None and p.is_dir()
     ]
     return sorted(found, reverse=True)
+
+
+def shard_sets(directory: Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every complete shard set in ``directory`` (:func:`shard_set_record`),
+    newest first. [] when there is no such directory; an :class:`OSError` when it cannot be
+    listed."""
+    return [(s, p) for s, p in shard_dirs(directory) if _incomplete(p) is None]
+
+
+def shard_rank_file(rank: int) -> str:
+    """``rank-00003.pt``: a rank's own file in a shard set (its RNG states)."""
+    return f"rank-{rank:05d}.pt"
+
+
+class IncompleteShardSet(Exception):
+    """Why a ``step-N/`` directory is not a complete shard set (the message is the reason,
+    without the directory's name)."""
+
+
+def shard_set_record(path: Path) -> dict[str, Any]:
+    """The digest record of the shard set ``path`` once every file a checkpoint needs is there,
+    a regular file of its recorded size (no hashing, no torch; never opens what is not a
+    regular file: a FIFO would block); else :class:`IncompleteShardSet` saying what is not."""
+    record = _read_record(path)
+    files: Mapping[str, Any] = record["files"]
+    world: int = record["world_size"]
+    needed = [SHARDED_METADATA, SHARDED_COMMON, *(shard_rank_file(r) for r in range(world))]
+    missing = [name for name in needed if name not in files]
+    shard_ranks = {int(m.group(1)) for name in files if (m := _SHARD.match(name))}
+    missing += [f"__{r}_*.distcp" for r in range(world) if r not in shard_ranks]
+    if world < 1 or missing:
+        raise IncompleteShardSet(f"the record lists no {', '.join(missing) or 'ranks'}")
+    if parse_sharded_checkpoint_name(path.name) != record.get("step"):
+        raise IncompleteShardSet(f"holds step {record.get('step')}, not its name's")
+    for name, entry in sorted(files.items()):
+        size = entry.get("size") if isinstance(entry, Mapping) else None
+        if "/" in name or name in ("", ".", "..") or type(size) is not int:
+            raise IncompleteShardSet(f"the record's entry {name[:60]!r} is malformed")
+        kind = not_regular(path / name)
+        if kind is not None:
+            raise IncompleteShardSet(f"{name} is {kind}")
+        actual = (path / name).stat().st_size
+        if actual != size:
+            raise IncompleteShardSet(f"{name} has {actual} bytes, {size} were written")
+    return record
+
+
+def _read_record(path: Path) -> dict[str, Any]:
+    """The digest record of ``path``, of this format, read only if it is a regular file."""
+    kind = not_regular(path / SHARDED_RECORD)
+    if kind == "missing":
+        raise IncompleteShardSet(f"no {SHARDED_RECORD} (an unfinished save)")
+    if kind is not None:
+        raise IncompleteShardSet(f"{SHARDED_RECORD} is {kind}")
+    try:
+        record = json.loads((path / SHARDED_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise IncompleteShardSet(f"{SHARDED_RECORD} unreadable ({exc})") from None
+    if not isinstance(record, dict) or record.get("format") != SHARDED_FORMAT:
+        raise IncompleteShardSet(f"{SHARDED_RECORD} is not an {SHARDED_FORMAT} record")
+    if record.get("version") != SHARDED_VERSION:
+        raise IncompleteShardSet(f"format version {record.get('version')!r} unknown")
+    if not isinstance(record.get("files"), Mapping) or type(record.get("world_size")) is not int:
+        raise IncompleteShardSet(f"{SHARDED_RECORD} lists no files or no world size")
+    return record
+
+
+def _incomplete(path: Path) -> str | None:
+    try:
+        shard_set_record(path)
+    except IncompleteShardSet as exc:
+        return str(exc)
+    except OSError as exc:  # a file gone between the checks
+        return f"unreadable: {exc.strerror or exc}"
+    return None
+
+
+def damaged_shard_set(path: Path, run_id: str | None = None) -> str | None:
+    """Why ``path`` cannot be a whole shard set of run ``run_id`` (None: of any run), judged
+    without torch: :func:`shard_set_record`, then ``common.pt``'s label (the step it holds,
+    the run that wrote it); None if it looks whole (its content is checked when it is
+    loaded). The torch-free part of what the ranks check before they load one."""
+    why = _incomplete(path)
+    if why is not None:
+        return why
+    common = path / SHARDED_COMMON
+    try:
+        label = read_label(common)
+    except LabelError as exc:
+        return f"{SHARDED_COMMON} unreadable ({exc})"
+    except OSError as exc:
+        return f"{SHARDED_COMMON} unreadable: {exc.strerror or exc}"
+    named = parse_sharded_checkpoint_name(path.name)
+    wrong = None if named is None else misnamed(named, label.step)
+    return wrong or label_problem(common, run_id)
 
 
 def is_shard_set(directory: Path, step: int | None) -> bool:
@@ -95,7 +222,10 @@ def checkpoint_on_disk(directory: Path, name: str) -> str | None:
     limit = file_step if file_step is not None else parse_sharded_checkpoint_name(name)
     try:
         files = [(s, p) for s, p in checkpoint_files(directory) if p.is_file()]
-        found = files + shard_sets(directory)
+        # Committed sets, by their record alone: this runs as an attempt fails, and a rank
+        # names the set it saved with the others (the ranks check it whole before they load).
+        sets = [(s, p) for s, p in shard_dirs(directory) if (p / SHARDED_RECORD).is_file()]
+        found = files + sets
     except OSError:
         return None
     if any(p.name == name for _, p in found):
@@ -112,32 +242,31 @@ def newest_step(
     unlistable_ok: bool = True,
 ) -> int | None:
     """The step of the newest checkpoint in ``directory`` that looks whole and is run
-    ``run_id``'s (None: any run's), judged without torch (:func:`damaged_checkpoint`), or of
-    the newest committed shard set (:func:`shard_sets`) if that is newer; None when there is
+    ``run_id``'s (None: any run's), judged without torch: a file by
+    :func:`damaged_checkpoint`, a shard set by :func:`damaged_shard_set`; None when there is
     none.
 
-    A newer file that fails is passed over, as the ranks' resume passes it, and
+    A newer one that fails is passed over, as the ranks' resume passes it, and
     ``on_skip(step, why)`` is told (newest first). A directory that cannot be listed has no
     newest checkpoint, unless ``unlistable_ok`` is false: then its :class:`OSError` is raised
     (``status`` shows such a run as damaged).
     """
     try:
-        files = checkpoint_files(directory)
-        sets = shard_sets(directory)
+        found = [(s, p, damaged_checkpoint) for s, p in checkpoint_files(directory)]
+        found += [(s, p, damaged_shard_set) for s, p in shard_dirs(directory)]
     except OSError:
         if not unlistable_ok:
             raise
         return None
-    newest_set = sets[0][0] if sets else None
-    for step, path in files:
-        if newest_set is not None and newest_set >= step:
-            return newest_set
-        why = damaged_checkpoint(path, run_id)
+    # Newest first; at the same step a file before a shard set (as before: either may be it).
+    for step, path, judge in sorted(found, key=lambda f: (f[0], f[2] is damaged_checkpoint),
+                                    reverse=True):  # fmt: skip
+        why = judge(path, run_id)
         if why is None:
             return step
         if on_skip is not None:
             on_skip(step, why)
-    return newest_set
+    return None
 
 
 def damaged_checkpoint(path: Path, run_id: str | None = None) -> str | None:

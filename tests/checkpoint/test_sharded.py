@@ -297,3 +297,39 @@ def test_keep_best_spares_the_best_shard_set_across_a_resume(tmp_path: Path) -> 
     assert [r["resumed_from"] for r in resumed] == [4, 4]
     assert sorted(s for s, _ in sharded_dirs(checkpoints)) == [2, 6]
     verify_files(checkpoints / "step-00000002", check_complete(checkpoints / "step-00000002"))
+
+
+def _damage_every_set(run_dir: Path) -> None:
+    for step_dir in sorted((run_dir / "checkpoints").glob("step-*")):
+        _drop_shard(step_dir)
+
+
+def _another_runs_sets(run_dir: Path) -> None:
+    (run_dir / "run_id").write_text("20260101-000000-0123456789ab\n")  # made anew: not theirs
+
+
+@pytest.mark.parametrize(
+    ("unusable", "why"),
+    [
+        pytest.param(_damage_every_set, "__1_0.distcp is missing", id="all-damaged"),
+        pytest.param(_another_runs_sets, "written by run", id="all-another-runs"),
+    ],
+)
+def test_a_resume_with_no_usable_shard_set_refuses_to_start_over_and_prunes_nothing(
+    tmp_path: Path, uninterrupted: tuple[Path, dict[str, Any]], unusable: Any, why: str
+) -> None:
+    """Shard sets there, none usable: every rank fails with the error DDP's files give (not a
+    fresh start from step 1 whose saves prune the old sets, which still hold intact shards)."""
+    full_dir, _ = uninterrupted
+    run_dir = tmp_path / "run"
+    shutil.copytree(full_dir, run_dir)
+    unusable(run_dir)
+    before = sorted(str(p.relative_to(run_dir)) for p in (run_dir / "checkpoints").rglob("*"))
+    argv = [str(HELPERS / "train_run.py"), str(run_dir), json.dumps({**TRAIN, "max_steps": 22})]
+    for code, _, err in run_ranks(argv, 2, timeout=240):
+        assert code != 0
+        assert "none of 3 sharded checkpoints loads (newest: step-00000020: " in err
+        assert why in err
+        assert "HINT: move the checkpoints directory aside" in err
+    after = sorted(str(p.relative_to(run_dir)) for p in (run_dir / "checkpoints").rglob("*"))
+    assert after == before

@@ -8,19 +8,24 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
-from hpc_ddp.checkpoint.format import CheckpointState
+from hpc_ddp.checkpoint.digest import weights_digest
+from hpc_ddp.checkpoint.format import CheckpointState, list_checkpoints
+from hpc_ddp.checkpoint.sharded import check_complete
 from hpc_ddp.cli.main import main
 from hpc_ddp.rundir.layout import LATEST_CHECKPOINT, checkpoint_name
 from tests import e2e_util as e2e
 from tests.checkpoint.test_format import BAD_FILES, DAMAGE, flip_tensor_bytes, save, save_v1
-from tests.helpers.launch import REPO, base_env
+from tests.helpers.launch import REPO, base_env, run_ranks
+from tests.rundir.test_shard_sets import shard_set
 
 pytestmark = pytest.mark.torch
 
@@ -284,3 +289,138 @@ def test_damaged_optimizer_state_is_caught_and_the_run_resumes_exactly_from_the_
     reference = json.loads(_local("checkpoints", str(twin_dir), "--json").stdout)["checkpoints"][-1]
     assert (final["step"], final["weights_digest"]) == (64, reference["weights_digest"])
     assert reference["step"] == 64
+
+
+# --- shard sets: a FIFO is never opened ---------------------------------------------------------
+
+
+def test_a_shard_sets_fifo_digest_record_is_listed_damaged_not_waited_on(tmp_path: Path) -> None:
+    """`hpc-ddp checkpoints` read digests.json with open(): a FIFO there blocked it for ever."""
+    checkpoints = tmp_path / "run" / "checkpoints"
+    save(checkpoints, 10)
+    step_dir = shard_set(checkpoints, 20, run_id=None)
+    (step_dir / "digests.json").unlink()
+    os.mkfifo(step_dir / "digests.json")
+    cmd = [sys.executable, "-m", "hpc_ddp", "checkpoints", str(tmp_path / "run")]
+    env = base_env()
+    for flags in ([], ["--json"], ["--verify", "--json"]):
+        done = subprocess.run([*cmd, *flags], env=env, capture_output=True, text=True,
+                              timeout=60, check=False)  # fmt: skip
+        assert "Traceback" not in done.stderr
+        assert "digests.json is not a regular file (a FIFO)" in done.stdout, done.stderr
+    rows = json.loads(done.stdout)["checkpoints"]
+    assert [(r["step"], r["state"]) for r in rows] == [(10, "ok"), (20, "damaged")]
+
+
+# --- --export -----------------------------------------------------------------------------------
+
+FSDP_SCRIPT = str(REPO / "tests" / "helpers" / "fsdp_script.py")
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A one-rank run of a script that shards its model: shard sets at steps 3 and 4."""
+    run_dir = tmp_path_factory.mktemp("fsdp") / "run"
+    [(code, _, err)] = run_ranks([FSDP_SCRIPT, str(run_dir), "4", "0", "1"], 1, timeout=240)
+    assert code == 0, err[-3000:]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step-*")) == [
+        "step-00000003",
+        "step-00000004",
+    ]
+    return run_dir
+
+
+@pytest.fixture
+def fsdp_copy(fsdp_run: Path, tmp_path: Path) -> Path:
+    shutil.copytree(fsdp_run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def _no_traceback(code: int, err: str) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert "HINT:" in err
+
+
+@pytest.mark.parametrize(
+    ("target", "words"),
+    [
+        pytest.param(
+            "missing/dir/model.pt",
+            "does not exist. HINT: create the directory",
+            id="into-a-missing-directory",
+        ),
+        pytest.param(".", "is a directory. HINT: name the file to write in it", id="a-directory"),
+        pytest.param("afile/model.pt", "is not a directory. HINT:", id="under-a-file"),
+    ],
+)
+def test_export_to_a_path_it_cannot_write_is_a_clear_error(
+    fsdp_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str, words: str
+) -> None:
+    (tmp_path / "afile").write_text("")
+    out = tmp_path / target
+    code, stdout, err = run_cli(capsys, str(fsdp_copy), "--export", str(out), "--json")
+    _no_traceback(code, err)
+    assert words in err
+    assert stdout == ""
+
+
+def test_export_never_replaces_a_file_without_force_nor_writes_into_the_checkpoints(
+    fsdp_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It overwrote whatever FILE named, the run's own step-N/common.pt included: the newest
+    checkpoint was gone."""
+    newest = fsdp_copy / "checkpoints" / "step-00000004"
+    common = newest / "common.pt"
+    before = common.read_bytes()
+    link = tmp_path / "link.pt"
+    link.symlink_to(common)
+    for target in (common, newest / "model.pt", fsdp_copy / "checkpoints" / "model.pt", link):
+        for force in ([], ["--force"]):
+            code, _, err = run_cli(capsys, str(fsdp_copy), "--export", str(target), *force)
+            _no_traceback(code, err)
+            assert "inside the run's checkpoints directory" in err
+    assert common.read_bytes() == before
+    assert not (newest / "model.pt").exists()
+    check_complete(newest)
+
+    mine = tmp_path / "mine.pt"
+    mine.write_bytes(b"my own file")
+    code, _, err = run_cli(capsys, str(fsdp_copy), "--export", str(mine))
+    _no_traceback(code, err)
+    assert "exists. HINT: pass --force to replace it" in err
+    assert mine.read_bytes() == b"my own file"
+    code, _, err = run_cli(capsys, str(fsdp_copy), "--export", str(mine), "--force")
+    assert code == 0, err
+    assert set(torch.load(mine, weights_only=True)) >= {"0.linear.weight", "2.bias"}
+
+
+def test_export_json_prints_its_documented_object(
+    fsdp_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "model.pt"
+    code, stdout, err = run_cli(capsys, str(fsdp_copy), "--export", str(out), "--json")
+    assert code == 0, err
+    shown = json.loads(stdout)
+    assert shown == {
+        "schema": "hpc-ddp.checkpoints-export/1",
+        "run_dir": str(fsdp_copy),
+        "checkpoint": str(fsdp_copy / "checkpoints" / "step-00000004"),
+        "step": 4,
+        "sharded": True,
+        "exported_to": str(out),
+        "size_bytes": out.stat().st_size,
+    }
+
+
+def test_export_of_a_ddp_run_writes_the_weights_of_its_newest_good_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = run_dir_with(tmp_path, lambda p: p.write_bytes(b"torn"))  # 10, 20 good; 30 not
+    out = tmp_path / "model.pt"
+    code, stdout, err = run_cli(capsys, str(run_dir), "--export", str(out), "--json")
+    assert code == 0, err
+    shown = json.loads(stdout)
+    assert (shown["step"], shown["sharded"]) == (20, False)
+    [info] = [i for i in list_checkpoints(run_dir) if i.step == 20]
+    assert weights_digest(torch.load(out, weights_only=True)) == info.weights_digest

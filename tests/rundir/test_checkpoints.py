@@ -24,6 +24,7 @@ from hpc_ddp.rundir.checkpoints import (
     newest_step,
     shard_sets,
 )
+from tests.rundir.test_shard_sets import shard_set
 
 # --- one file: damaged_checkpoint -------------------------------------------------------------
 
@@ -250,16 +251,16 @@ def test_a_committed_shard_set_counts_as_a_checkpoint_a_partial_one_does_not(
     status compare them too); one without its digest record, or still under its .partial-
     name, is no checkpoint, and a newer whole file still wins over an older set."""
     assert newest_step(tmp_path / "none") is None
-    for name in ("step-00000020", "step-00000030", ".partial-step-00000040"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "digests.json").write_text("{}")
+    for step in (20, 30, 40):
+        shard_set(tmp_path, step)
+    (tmp_path / "step-00000040").rename(tmp_path / ".partial-step-00000040")
     (tmp_path / "step-00000050").mkdir()  # no record: not committed
     assert [s for s, _ in shard_sets(tmp_path)] == [30, 20]
     assert newest_step(tmp_path) == 30
     (tmp_path / "step-00000060.pt").write_bytes(b"")  # damaged: passed over
     skipped: list[int] = []
     assert newest_step(tmp_path, on_skip=lambda s, _: skipped.append(s)) == 30
-    assert skipped == [60]
+    assert skipped == [60, 50]  # the set without its record is named, as the ranks name it
 
 
 def test_is_shard_set_tells_a_committed_step_directory_from_a_file(tmp_path: Path) -> None:
