@@ -7,15 +7,17 @@ login-node paths (submit, status, logs, cancel) never pay for torch or submitit.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
 import sys
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import IO, TYPE_CHECKING, Any
 
 from hpc_ddp import collector
 from hpc_ddp.errors import HpcDdpError
+from hpc_ddp.output import error_document
 from hpc_ddp.version import __version__
 
 if TYPE_CHECKING:
@@ -104,6 +106,9 @@ def main(argv: list[str] | None = None, *, slurm: SlurmClient | None = None) -> 
             level=logging.DEBUG if args.verbose else logging.INFO,
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
+    printed: list[bool] = []
+    # `results --json` is `--format json`.
+    as_json = getattr(args, "json", False) is True or getattr(args, "format", None) == "json"
     try:
         module = _load(args._module)
         # Start-up ends here but for `run`, whose start-up (torch, the model) ends with its
@@ -117,16 +122,56 @@ def main(argv: list[str] | None = None, *, slurm: SlurmClient | None = None) -> 
             slurm = _real_slurm()
         args.slurm = slurm
         handler: Handler = module.run
-        code = handler(args)
+        with _watched_stdout(as_json) as printed:
+            code = handler(args)
         sys.stdout.flush()  # a reader that has gone shows here, not at the interpreter's exit
         return code
     except HpcDdpError as exc:
         print(f"hpc-ddp {args.command}: error: {exc}", file=sys.stderr)
+        # A script reading --json gets one object either way: the verb's own, or this one.
+        if as_json and not printed:
+            import json  # only here: most commands never need it
+
+            print(json.dumps(error_document(args.command, str(exc), exc.exit_code)), flush=True)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         return _reader_gone()
+
+
+class _Watched:
+    """A text stream that notes in ``printed`` whether anything was written to it."""
+
+    def __init__(self, inner: IO[str], printed: list[bool]) -> None:
+        self._inner = inner
+        self._printed = printed
+
+    def write(self, text: str) -> int:
+        if text and not self._printed:
+            self._printed.append(True)
+        return self._inner.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+@contextlib.contextmanager
+def _watched_stdout(watch: bool) -> Iterator[list[bool]]:
+    """``sys.stdout`` watched (``watch``: a ``--json`` command) while a handler runs:
+    ``[True]`` once it printed anything (its own object: an error after it must not print a
+    second one), else ``[]``. Other commands keep their stdout as it is: ``run`` hands it to
+    the user's own code."""
+    printed: list[bool] = []
+    if not watch:
+        yield printed
+        return
+    inner = sys.stdout
+    sys.stdout = _Watched(inner, printed)
+    try:
+        yield printed
+    finally:
+        sys.stdout = inner
 
 
 PIPE_CLOSED_EXIT_CODE = 141

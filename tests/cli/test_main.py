@@ -238,3 +238,111 @@ def test_a_reader_that_went_away_ends_every_verb_with_141_and_no_traceback(
     assert "Traceback" not in done.stderr, done.stderr
     assert "BrokenPipeError" not in done.stderr, done.stderr
     assert done.returncode == 141, done.stderr
+
+
+# --- --json when a verb fails: one error object on stdout ------------------------------------
+
+# A failing invocation of every verb that takes --json (each fails before it needs Slurm).
+FAILING_JSON = {
+    "submit": ["submit", "/nonexistent/job.yaml", "--json", "--dry-run"],
+    "resume": ["resume", "/nonexistent/run", "--json"],
+    "status": ["status", "/nonexistent/run", "--json"],
+    "results": ["results", "/nonexistent/sweep", "--json"],
+    "sweep": ["sweep", "/nonexistent/sweep.yaml", "--json"],
+    "cancel": ["cancel", "/nonexistent/run", "--json"],
+    "checkpoints": ["checkpoints", "/nonexistent/run", "--json"],
+    "doctor": ["doctor", "/nonexistent/job.yaml", "--json"],
+    "dev-cluster": [
+        "dev-cluster",
+        "up",
+        "--json",
+        "--nodes",
+        "0",
+        "--state-dir",
+        "/nonexistent/dc",
+    ],
+}
+
+
+def _verbs_with_json() -> set[str]:
+    import argparse
+
+    from hpc_ddp.cli.main import COMMANDS, _load
+
+    found = set()
+    for verb, (module, _) in COMMANDS.items():
+        parser = argparse.ArgumentParser()
+        _load(module).add_arguments(parser)
+        if "--json" in parser._option_string_actions:
+            found.add(verb)
+    return found
+
+
+def test_every_verb_with_json_has_a_failing_case_here() -> None:
+    assert _verbs_with_json() == set(FAILING_JSON)
+
+
+@pytest.mark.parametrize("verb", sorted(FAILING_JSON))
+def test_a_failed_json_command_prints_one_error_object_on_stdout(
+    verb: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hpc_ddp.output import ERROR
+
+    code = main(FAILING_JSON[verb])
+    captured = capsys.readouterr()
+    assert code in (1, 2), captured
+    shown = json.loads(captured.out)  # one object and nothing else
+    assert list(shown) == ["schema", "verb", "error", "hint", "exit_code"]
+    assert (shown["schema"], shown["verb"], shown["exit_code"]) == (ERROR, verb, code)
+    assert ERROR == "hpc-ddp.error/1"
+    # The same words as stderr's line, split at the HINT.
+    line = captured.err.strip().splitlines()[-1]
+    assert line.startswith(f"hpc-ddp {verb}: error: {shown['error']}")
+    assert shown["hint"]
+    assert line.endswith(f"HINT: {shown['hint']}")
+    assert "HINT" not in shown["error"]
+
+
+def test_without_json_a_failure_prints_nothing_on_stdout(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["status", "/nonexistent/run"]) == 2
+    assert capsys.readouterr().out == ""
+
+
+def test_an_error_after_the_verbs_own_object_prints_no_second_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``submit --wait --json`` prints its object, then the wait may fail: stdout keeps one
+    object (the error still goes to stderr)."""
+    import argparse
+    import types
+
+    import hpc_ddp.cli.main as cli
+    from hpc_ddp.errors import RunFailedError
+
+    def run(args: argparse.Namespace) -> int:
+        print(json.dumps({"schema": "hpc-ddp.submit/1", "job_id": "1"}))
+        raise RunFailedError("the run failed")
+
+    fake = types.SimpleNamespace(
+        add_arguments=lambda p: p.add_argument("--json", action="store_true"),
+        needs_slurm=lambda args: False,
+        run=run,
+    )
+    monkeypatch.setitem(cli.COMMANDS, "fake", ("cmd_fake", "a test verb"))
+    monkeypatch.setattr(cli, "_load", lambda module: fake)
+    assert main(["fake", "--json"]) == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == {"schema": "hpc-ddp.submit/1", "job_id": "1"}
+    assert "hpc-ddp fake: error: the run failed" in captured.err
+
+
+def test_an_error_without_a_hint_has_a_null_hint() -> None:
+    from hpc_ddp.output import error_document
+
+    assert error_document("status", "it broke", 1) == {
+        "schema": "hpc-ddp.error/1", "verb": "status", "error": "it broke", "hint": None,
+        "exit_code": 1,
+    }  # fmt: skip
+    assert error_document("x", "A failed; HINT: do B.", 2)["error"] == "A failed"
