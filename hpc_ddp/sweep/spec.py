@@ -22,7 +22,9 @@ fastest), then the list's points, then the random samples: the three kinds are c
 never crossed, and numbered from 0 in that order. Each point applies its values on top of the
 base (site profile < base < command-line overrides < point values) and is named
 ``<base name>-<index>``. Random samples come from ``random.Random(seed)`` alone, so the same
-file gives the same points on every machine.
+file gives the same points on every machine. Two points written out with the same values (a
+grid axis or the command line listing a value twice, a list point repeating a grid point) are
+refused (:func:`refuse_duplicates`); random draws may repeat one by chance.
 
 A sweep has at most :data:`MAX_SWEEP_POINTS` points, counted before any is made (the grid's
 size is the product of its axes' lengths), so a typo such as ``samples: 100000000`` fails at
@@ -159,12 +161,15 @@ def load_sweep(
     # The points may define the params the base's command names; each point is checked whole.
     base_cfg = job_config_from_dict(data, base_source, placeholders=False)
     grid = [[(key, value) for value in values] for key, values in sweep.grid or ()]
-    assignments: list[Assignment] = [
+    chosen: list[Assignment] = [
         *(itertools.product(*grid) if grid else ()),  # no axes: no points, not one empty one
         *(sweep.list or ()),
-        *(_draw(sweep.random) if sweep.random else ()),
     ]
-    assignments = _crossed(assignments, axes)
+    drawn = _draw(sweep.random) if sweep.random else []
+    assignments = _crossed([*chosen, *drawn], axes)
+    # Random draws may repeat a point by chance (a choice of two, eight samples): only the
+    # points written out (grid, list, command line) must each be new.
+    refuse_duplicates(assignments[: len(chosen) * _grid_size(axes)], src)
     return SweepSpec(
         base_source=base_source,
         points=_expand(data, base_cfg.name, assignments, paths, src),
@@ -301,6 +306,35 @@ def _axis_paths(axes: Sequence[Axis], known: Mapping[str, tuple[str, ...]]) -> d
     return paths
 
 
+def refuse_duplicates(assignments: Sequence[Assignment], src: str) -> None:
+    """Refuse two points that set the same values (pure): the second would train the first's
+    config again under another name, and ``results`` would show it twice.
+
+    Points are the same when every key has the same value of the same type, the last one given
+    for a key counting (a list point may repeat a grid point; ``1`` and ``1.0`` stay apart).
+    """
+    seen: dict[Any, int] = {}
+    for index, assignment in enumerate(assignments):
+        values = dict(assignment)
+        key = tuple(sorted((k, type(v).__name__, _hashable(v)) for k, v in values.items()))
+        first = seen.setdefault(key, index)
+        if first != index:
+            shown = ", ".join(f"{k}={show(v)}" for k, v in values.items()) or "no values"
+            raise ConfigError(
+                f"{src}: points {first} and {index} are the same ({shown}): each would train "
+                "the same config. HINT: list each value once (a grid axis, the command line's "
+                "KEY=A,B, a list point that repeats a grid point)"
+            )
+
+
+def _hashable(value: Any) -> Any:
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
+
+
 def _is_job_file(raw: Any) -> bool:
     """A mapping with neither ``sweep`` nor ``base``: a job file, not a sweep file."""
     return isinstance(raw, Mapping) and "sweep" not in raw and "base" not in raw
@@ -316,9 +350,11 @@ def _grid_over_job(
     data = load_job_data(path, overrides, site_profile)
     base_cfg = job_config_from_dict(data, src, placeholders=False)
     metric = SweepSection().metric
+    assignments = _crossed([()], axes)
+    refuse_duplicates(assignments, src)
     return SweepSpec(
         base_source=src,
-        points=_expand(data, base_cfg.name, _crossed([()], axes), paths, src),
+        points=_expand(data, base_cfg.name, assignments, paths, src),
         metric=metric.name,
         mode=metric.mode,
         max_parallel=None,

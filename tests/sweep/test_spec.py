@@ -501,3 +501,45 @@ def test_a_job_file_without_a_grid_is_refused_with_the_command_line_form(tmp_pat
         load_sweep(job, axes=[("train.lrr", (0.1, 0.2))])
     with pytest.raises(ConfigError, match="name=a,b: cannot be swept"):
         load_sweep(job, axes=[("name", ("a", "b"))])
+
+
+# --- the same point twice -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sweep", "said"),
+    [
+        ({"grid": {"train.lr": [0.1, 0.01, 0.1]}}, "points 0 and 2 are the same (train.lr=0.1)"),
+        (
+            {"grid": {"train.lr": [0.1, 0.01]}, "list": [{"train.lr": 0.01}]},
+            "points 1 and 2 are the same (train.lr=0.01)",
+        ),
+        (
+            {"list": [{"train.lr": 0.1, "train.seed": 1}, {"train.seed": 1, "train.lr": 0.1}]},
+            "points 0 and 1 are the same (",
+        ),
+    ],
+)
+def test_a_point_given_twice_is_refused_naming_both(
+    tmp_path: Path, sweep: dict[str, Any], said: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(said) + ".*HINT: list each value once"):
+        _sweep(tmp_path, sweep)
+
+
+def test_a_command_line_value_given_twice_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "job.yaml").write_text("name: base\ntrain: {lr: 0.1, max_steps: 10}\n")
+    _, axes = split_sweep_overrides(["train.lr=0.1,0.2,0.1"])
+    with pytest.raises(ConfigError, match=r"points 0 and 2 are the same \(train\.lr=0\.1\)"):
+        load_sweep(tmp_path / "job.yaml", axes=axes)
+
+
+def test_values_of_different_types_and_random_repeats_are_not_duplicates(tmp_path: Path) -> None:
+    spec = _sweep(tmp_path, {"grid": {"params.x": [1, 1.0, True, "1"]}})
+    assert len(spec.points) == 4
+    # Eight draws of a choice of two repeat by chance: that is not refused.
+    drawn = _sweep(
+        tmp_path,
+        {"random": {"samples": 8, "params": {"train.optimizer": {"choice": ["sgd", "adamw"]}}}},
+    )
+    assert len({p.overrides for p in drawn.points}) < 8
