@@ -10,6 +10,7 @@ the newest complete one before it is.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 from pathlib import Path
@@ -333,3 +334,15 @@ def test_a_resume_with_no_usable_shard_set_refuses_to_start_over_and_prunes_noth
         assert "HINT: move the checkpoints directory aside" in err
     after = sorted(str(p.relative_to(run_dir)) for p in (run_dir / "checkpoints").rglob("*"))
     assert after == before
+
+
+def test_a_rank_passes_over_a_shard_set_whose_digest_record_is_a_fifo(tmp_path: Path) -> None:
+    """A rank's restore read digests.json with open(): a FIFO there blocked it for ever."""
+    script(tmp_path, 4, world=1)
+    record = tmp_path / "checkpoints" / "step-00000004" / DIGESTS
+    record.unlink()
+    os.mkfifo(record)
+    [(code, stdout, stderr)] = run_ranks([SCRIPT, str(tmp_path), "6", "0", "1"], 1, timeout=120)
+    assert code == 0, stderr[-3000:]
+    assert json.loads(stdout.strip().splitlines()[-1])["resumed_from"] == 3
+    assert "digests.json is not a regular file (a FIFO)" in stderr
