@@ -13,7 +13,7 @@ import re
 import shlex
 from typing import Any
 
-from hpc_ddp.config.pairs import PAIR_KEYS, env_vars, extra_flags
+from hpc_ddp.config.pairs import CLUSTERS_REFUSAL, PAIR_KEYS, env_vars, extra_flags
 from hpc_ddp.config.params import as_params
 from hpc_ddp.config.units import format_slurm_time, parse_mem, parse_slurm_time
 from hpc_ddp.config.values import (
@@ -156,6 +156,8 @@ def _srun_args(value: Any, key: str) -> tuple[str, ...]:
             ),
             None,
         )
+        if _names_clusters(arg):
+            raise Invalid(f"{key}[{i}]", f"{short_repr(arg)} {CLUSTERS_REFUSAL}")
         if long_owner or (not arg.startswith("--") and arg[:2] in ("-o", "-e")):
             raise Invalid(
                 f"{key}[{i}]",
@@ -166,6 +168,15 @@ def _srun_args(value: Any, key: str) -> tuple[str, ...]:
 
 
 _SRUN_OWN = ("output", "error", "open-mode")
+
+
+def _names_clusters(arg: str) -> bool:
+    """``-M x``, ``-Mx``, ``--clusters=x``, ``--cluster=x`` or an abbreviation srun takes
+    (``--clus=x``; ``--cluster-constraint`` is another option)."""
+    if not arg.startswith("--"):
+        return arg.startswith("-M")
+    name = arg[2:].partition("=")[0]
+    return len(name) >= 4 and "clusters".startswith(name)
 
 
 _SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "ALRM")

@@ -42,17 +42,21 @@ _CONTROLLED_FLAGS = {
     "wrap": "use command or entrypoint",
     "parsable": "leave it out: hpc-ddp reads the job id itself",
 }
+# sbatch would submit there, but squeue, scontrol (requeue), scancel and sacct would look on
+# the local cluster: status, cancel and the requeue would act on the wrong job or none. The same
+# refusal for every way of naming another cluster: --clusters (-M) in slurm.extra or
+# slurm.srun_args, SLURM_CLUSTERS or SBATCH_CLUSTERS in env.vars or the submitting environment.
+CLUSTERS_REFUSAL = (
+    "submits to another cluster, and hpc-ddp does not carry the cluster to squeue, "
+    "scontrol, scancel and sacct: status, cancel and the requeue would look on this one. "
+    "HINT: multi-cluster is not supported yet: leave it out and submit from a login node "
+    "of that cluster"
+)
+"""Why naming another cluster (``--clusters``, ``-M``, ``SLURM_CLUSTERS``, ...) is refused."""
+CLUSTERS_VARS = ("SLURM_CLUSTERS", "SBATCH_CLUSTERS")
+"""The environment variables that name Slurm's cluster (squeue, scontrol...; sbatch)."""
 # sbatch flags hpc-ddp does not support yet: flag -> why, and what to do instead.
-_UNSUPPORTED_FLAGS = {
-    # sbatch would submit there, but squeue, scontrol (requeue), scancel and sacct would look
-    # on the local cluster: status, cancel and the requeue would act on the wrong job or none.
-    "clusters": (
-        "submits to another cluster, and hpc-ddp does not carry the cluster to squeue, "
-        "scontrol, scancel and sacct: status, cancel and the requeue would look on this one. "
-        "HINT: multi-cluster is not supported yet: leave it out and submit from a login node "
-        "of that cluster"
-    ),
-}
+_UNSUPPORTED_FLAGS = {"clusters": CLUSTERS_REFUSAL}
 # Real sbatch flags that happen to be prefixes of a controlled one.
 _PREFIX_FLAGS = frozenset({"gpus"})
 # sbatch accepts unambiguous abbreviations (--outp is --output): every prefix -> its flag.
@@ -139,6 +143,8 @@ def env_vars(value: Any, key: str) -> tuple[tuple[str, str], ...]:
                 f"{short_repr(name)} is not a valid environment variable name. HINT: use "
                 "letters, digits and '_', not starting with a digit",
             )
+        if name in CLUSTERS_VARS:
+            raise Invalid(where, f"{name} {CLUSTERS_REFUSAL}")
         if name in _CONTROLLED_VARS:
             raise Invalid(
                 where,

@@ -39,6 +39,7 @@ from hpc_ddp.config.exactness import asks_for_gpus
 from hpc_ddp.config.images import check_charliecloud_image
 from hpc_ddp.config.loginnode import LoginNode, expand_path, this_machine, unset_vars
 from hpc_ddp.config.model import JobConfig
+from hpc_ddp.config.pairs import CLUSTERS_REFUSAL, CLUSTERS_VARS
 from hpc_ddp.config.params import resolve_command
 from hpc_ddp.config.programs import Missing, check_command, check_import
 from hpc_ddp.errors import ConfigError
@@ -113,6 +114,7 @@ def check_job(cfg: JobConfig, node: LoginNode) -> Findings:
             )
         )
     try:
+        _check_clusters_env(node)
         _check_container(cfg, node, warnings)
         if cfg.command is None and cfg.entrypoint is None:  # the built-in trainer runs
             _check_dataset(cfg, node, missing)
@@ -168,6 +170,16 @@ def _relevant(cfg: JobConfig) -> tuple[object, ...]:
     return (command, cfg.entrypoint, train.model, train.dataset, train.data_root,
             _indirection(cfg), cfg.env.vars, cfg.dist.backend,
             asks_for_gpus(cfg.slurm), cfg.env.container)  # fmt: skip
+
+
+def _check_clusters_env(node: LoginNode) -> None:
+    """sbatch exports the submitting shell's environment: ``SBATCH_CLUSTERS`` sends the job to
+    another cluster, ``SLURM_CLUSTERS`` points squeue, scontrol (the requeue, in the job too),
+    scancel and sacct there."""
+    for name in CLUSTERS_VARS:
+        if node.environ.get(name):
+            raise _Found(f"${name}", f"is set in this environment ({node.environ[name]!r}), which "
+                         f"{CLUSTERS_REFUSAL}; or unset {name} to use this one")  # fmt: skip
 
 
 def _check_container(cfg: JobConfig, node: LoginNode, warnings: list[tuple[str, str]]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -467,3 +468,61 @@ def test_the_dataset_list_is_what_data_builds() -> None:
     assert data.BUILTIN is BUILTIN_DATASETS
     with pytest.raises(ConfigError, match="did you mean 'cifar10'"):
         data.build_dataset(job(train={"dataset": "cifar"}).train, train=True)
+
+
+# --- another cluster, however it is named ------------------------------------------------------
+
+CLUSTERS_SAID = "multi-cluster is not supported yet"
+
+
+@pytest.mark.parametrize(
+    ("section", "value", "key"),
+    [
+        ("env", {"vars": {"SLURM_CLUSTERS": "other"}}, "env.vars.SLURM_CLUSTERS"),
+        ("env", {"vars": {"SBATCH_CLUSTERS": "other"}}, "env.vars.SBATCH_CLUSTERS"),
+        ("slurm", {"srun_args": ["-Mother"]}, "slurm.srun_args[0]"),
+        ("slurm", {"srun_args": ["--mpi=pmix", "-M"]}, "slurm.srun_args[1]"),
+        ("slurm", {"srun_args": ["--clusters=other"]}, "slurm.srun_args[0]"),
+        ("slurm", {"srun_args": ["--cluster=other"]}, "slurm.srun_args[0]"),
+        ("slurm", {"srun_args": ["--clus=other"]}, "slurm.srun_args[0]"),
+    ],
+)
+def test_another_cluster_in_the_config_is_refused(section: str, value: Any, key: str) -> None:
+    with pytest.raises(
+        ConfigError, match=re.escape(key) + f".*another cluster.*HINT: {CLUSTERS_SAID}"
+    ):
+        job(**{section: value})
+
+
+def test_srun_options_that_merely_start_like_clusters_pass() -> None:
+    cfg = job(slurm={"srun_args": ["--cluster-constraint=x", "--mpi=pmix", "--mem-bind=local"]})
+    assert cfg.slurm.srun_args[0] == "--cluster-constraint=x"
+
+
+@pytest.mark.parametrize("name", ["SBATCH_CLUSTERS", "SLURM_CLUSTERS"])
+def test_another_cluster_in_the_submitting_environment_is_refused(
+    node: LoginNode, name: str
+) -> None:
+    here = dataclasses.replace(node, environ={**node.environ, name: "other"})
+    found = check_job(job(), here)
+    assert found.error is not None
+    key, text = found.error
+    assert key == f"${name}"
+    assert "is set in this environment ('other'), which submits to another cluster" in text
+    assert f"HINT: {CLUSTERS_SAID}" in text
+    assert text.endswith(f"or unset {name} to use this one")
+    # Empty counts as unset, as for Slurm.
+    assert check_job(job(), dataclasses.replace(node, environ={name: ""})).error is None
+
+
+def test_submit_with_sbatch_clusters_set_is_refused_before_writing_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("SBATCH_CLUSTERS", "other")
+    runs = tmp_path / "runs"
+    rc = main(["submit", "jobs/quickstart.yaml", "--dry-run", "--runs-dir", str(runs)])
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert "jobs/quickstart.yaml: $SBATCH_CLUSTERS: is set in this environment" in captured.err
+    assert not runs.exists()
