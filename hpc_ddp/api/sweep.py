@@ -412,12 +412,19 @@ def resubmission_json(sweep_dir: Path, result: Resubmission, *, dry_run: bool) -
     """``sweep --resubmit-failed --json`` (schema ``hpc-ddp.sweep/1``)."""
     from hpc_ddp.output import SWEEP, document
 
+    backend = Sweep.from_dir(sweep_dir).backend
+    job_id = read_manifest(sweep_dir).job_id
+    if dry_run and backend == "local":
+        from hpc_ddp.sweep.local import controller_alive
+
+        # A dry run started nothing: the recorded controller's pid, only while it still runs.
+        job_id = job_id if controller_alive(sweep_dir) else None
     shown = {
         "dry_run": dry_run,
         "sweep_dir": str(sweep_dir),
-        "backend": Sweep.from_dir(sweep_dir).backend,
+        "backend": backend,
         "resubmitted": result.points,
-        "job_id": read_manifest(sweep_dir).job_id,
+        "job_id": job_id,
         "array_jobs": [r.job_id for r in result.records],
         "arrays": [_array_json(a) for a in result.arrays] if dry_run else [],
     }

@@ -173,3 +173,29 @@ def test_cancel_of_a_local_sweep_stops_the_running_point_and_starts_no_more(
         "stopped: point(s) not started: 1"
         in (sweep.sweep_dir / "logs" / "local-sweep.log").read_text()
     )
+
+
+def test_a_resubmit_dry_run_reports_no_pid_of_a_controller_that_has_exited(
+    tmp_path: Path,
+) -> None:
+    """The sweep has ended: its recorded controller pid names no process of the sweep (and may
+    be another process's by now), so the dry run's ``job_id`` is null, not that pid."""
+    (tmp_path / "flaky.py").write_text(FLAKY)
+    (tmp_path / "flaky.yaml").write_text(
+        f"name: flaky\ncommand: [python, {tmp_path / 'flaky.py'}, '{{params.x}}']\n"
+        "params: {x: 0}\n"
+        "slurm: {nodes: 1, tasks_per_node: 1, cpus_per_task: 1, time: '5'}\n"
+    )
+    (tmp_path / "fail-1").touch()
+    sweep = hpc_ddp.submit_sweep(tmp_path / "flaky.yaml", ["params.x=0,1"],
+                                 runs_dir=tmp_path / "runs", backend="local")  # fmt: skip
+    with pytest.raises(hpc_ddp.RunFailedError):
+        sweep.wait(timeout=300)
+    dead = json.loads((sweep.sweep_dir / "manifest.json").read_text())["job_id"]
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{dead}").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)  # the controller exits just after its last point
+    code, shown = cli_json("sweep", "--resubmit-failed", str(sweep.sweep_dir), "--dry-run",
+                           "--json")  # fmt: skip
+    assert code == 0
+    assert (shown["dry_run"], shown["resubmitted"], shown["job_id"]) == (True, [1], None)
