@@ -48,6 +48,7 @@ _LAZY = {
     "weights_digest": "hpc_ddp.checkpoint.digest",
     "ResumableLoader": "hpc_ddp.runtime.sampler",
     "ResumableSampler": "hpc_ddp.runtime.sampler",
+    "data_worker_init": "hpc_ddp.runtime.childsignals",
     "run_training": "hpc_ddp.train.trainer",
     "TrainResult": "hpc_ddp.train.trainer",
     "JobConfig": "hpc_ddp.config.model",
@@ -95,6 +96,7 @@ __all__ = [
     "TrainResult",
     "WaitTimeoutError",
     "__version__",
+    "data_worker_init",
     "list_checkpoints",
     "resume",
     "run_training",
@@ -115,6 +117,7 @@ if TYPE_CHECKING:
     from hpc_ddp.checkpoint.format import CheckpointInfo, list_checkpoints
     from hpc_ddp.config.model import JobConfig
     from hpc_ddp.exitcodes import REQUEUE_EXIT_CODE
+    from hpc_ddp.runtime.childsignals import data_worker_init
     from hpc_ddp.runtime.procgroup import unwrap
     from hpc_ddp.runtime.progress import Progress
     from hpc_ddp.runtime.sampler import ResumableLoader, ResumableSampler

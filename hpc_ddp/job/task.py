@@ -198,6 +198,7 @@ def run_command(
     """
     from hpc_ddp.fault.requeue import Coordinator, signal_number  # now: no delay at a stop
     from hpc_ddp.fault.watchdog import current
+    from hpc_ddp.runtime.childsignals import start_ignoring
     from hpc_ddp.runtime.procgroup import resolve_master_port
 
     port = resolve_master_port(dist, paths.rendezvous, timeout_s=cfg.dist.timeout_s)
@@ -222,7 +223,9 @@ def run_command(
     grace = command_grace_s(cfg)
     began = time.time()
     coordinator = Coordinator(dist, paths.ledger, cfg.requeue, slurm, since=began)
-    proc = subprocess.Popen(argv, env=child_env)
+    # Slurm's warning reaches every process of the step: the child starts with it ignored
+    # (and so do torchrun's workers), and hears of it from here as SIGTERM (_Forwarder).
+    proc = start_ignoring(requeue_signum, argv, env=child_env)
     if watchdog is not None:
         # No deadline of its own (its steps are not seen from here): it is watched for being
         # stopped, and ended with this process when the launch ends for a fault.

@@ -39,6 +39,7 @@ except ImportError:  # torch runs without numpy
     np = None  # type: ignore[assignment]
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from hpc_ddp.runtime.childsignals import blocked_while_starting, data_worker_init
 from hpc_ddp.runtime.progress import Progress
 
 
@@ -66,8 +67,10 @@ _ELASTIC_STREAM = 3
 
 
 def seed_worker(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: torch already seeded this worker; python/numpy follow it."""
-    del worker_id
+    """DataLoader ``worker_init_fn``: torch already seeded this worker; python/numpy follow it;
+    Slurm's stop signals are left to the rank
+    (:func:`~hpc_ddp.runtime.childsignals.data_worker_init`)."""
+    data_worker_init(worker_id)
     seed = torch.initial_seed() % 2**32
     random.seed(seed)
     if np is not None:
@@ -264,7 +267,8 @@ class ResumableLoader:
                 drop_last=True,
                 persistent_workers=self.num_workers > 0,
             )
-        batches = iter(self._epoch_loader)
+        with blocked_while_starting():  # workers start here (the first time)
+            batches = iter(self._epoch_loader)
         for _ in range(left):
             yield self._hand_out(next(batches))
         self._roll_over_if_done()
@@ -281,7 +285,8 @@ class ResumableLoader:
             raise ValueError("an epoch has no batches")
         epoch, start, left = self._start_epoch()
         plan = _EpochBatches(self, epoch, start, left)
-        batches = iter(self._data_loader(epoch, batch_sampler=plan))
+        with blocked_while_starting():  # the workers start here
+            batches = iter(self._data_loader(epoch, batch_sampler=plan))
         try:
             while True:
                 self._roll_over_if_done()  # only once the next batch is asked for, as per epoch
