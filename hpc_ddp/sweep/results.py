@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,10 +212,21 @@ def gather_results(
     mode = record.mode if key == record.metric else "min"
     points = [p.index for p in record.points]
     words = runner_for(sweep_dir).task_words(sweep_dir, points, live, accounting)
+    made = task_dirs(sweep_dir)
     return [
-        _row(sweep_dir, point, key, mode, state, job, attempts)
+        _row(sweep_dir, point, key, mode, state, job, attempts, made=str(point.index) in made)
         for point, (state, job, attempts) in zip(record.points, words, strict=True)
     ]
+
+
+def task_dirs(sweep_dir: Path) -> frozenset[str]:
+    """The names in ``SWEEP_DIR/tasks/`` (a point's directory is made when it first starts),
+    listed once: most points of a large sweep that has just started have none, and looking
+    for each one's files by name costs more than the listing."""
+    try:
+        return frozenset(os.listdir(RunPaths(sweep_dir).tasks))
+    except OSError:
+        return frozenset()
 
 
 def array_task_words(
@@ -252,11 +264,15 @@ def _row(
     state: TaskState,
     job: str | None,
     attempts: Sequence[Attempt] | None = None,
+    *,
+    made: bool = True,
 ) -> ResultRow:
-    """One point's row: its state and job as given, its metrics and attempts from its files."""
+    """One point's row: its state and job as given, its metrics and attempts from its files
+    (none, without reading, when its directory was not ``made``: it never started)."""
     task = RunPaths(sweep_dir).task(point.index)
-    attempts = read_ledger(task.ledger) if attempts is None else attempts
-    rows = read_metrics(task.metrics)
+    if attempts is None:
+        attempts = read_ledger(task.ledger) if made else []
+    rows = read_metrics(task.metrics) if made else []
     final, best, best_step = metric_summary(rows, key, mode)
     steps = [s for r in rows if isinstance(s := r.get("step"), int)]
     steps += [a.steps_done for a in attempts if a.steps_done is not None]
@@ -299,10 +315,11 @@ def local_task_words(sweep_dir: Path, points: Sequence[int]) -> list[tuple[TaskS
     cancelled: bool | None = None
     sweep_submitted: str | None = None
     paths = RunPaths(sweep_dir)
+    made = task_dirs(sweep_dir)
     out: list[tuple[TaskState, str | None]] = []
     for index in points:
         task = paths.task(index).root
-        if not (task / MANIFEST_FILE).exists():
+        if str(index) not in made or not (task / MANIFEST_FILE).exists():
             if index in queued:
                 out.append((TaskState.PENDING, None))
                 continue
