@@ -8,8 +8,9 @@ SWEEP_DIR --json``), interpreter start and imports included, as a user types it.
 cancelled at the end.
 
 Before the fix every point looked up the live controller again, re-reading its record and its
-10,000-point command line: status took 49 s at 10,000 points. Target (exit 1 when missed): each
-command's median under 2 s.
+10,000-point command line: quadratic, 49 s for status in the issue, 33.5 s (status) and 34.0 s
+(results) here; after it 1.2 s each. Target (exit 1 when missed): each command's median under
+2 s.
 
 Run from the repository root: ``python -m benchmarks.bench_local_sweep_status [--quick]
 [--points N]``; ``--quick``: one timed run of each command instead of three. No Slurm needed.
