@@ -14,7 +14,8 @@ YAML layout (every key optional except where noted)::
     env:     {modules: [..], setup: [..], vars: {K: V},
               container: {runtime: apptainer|pyxis|charliecloud, image, binds: [..],
                           options: [..], python}}
-    dist:    {backend: auto|gloo|nccl, init_method: env|tcp|file, port, timeout_s}
+    dist:    {backend: auto|gloo|nccl, init_method: env|tcp|file, port, timeout_s,
+              launcher: srun|torchrun, procs_per_node, local_rank_arg}
     train:   {model, dataset, data_root, num_classes, image_size, synthetic_samples,
               max_steps, epochs, batch_size, grad_accum, optimizer, lr, momentum,
               weight_decay, lr_schedule, warmup_steps, compile, strategy, amp, seed,
@@ -39,6 +40,7 @@ from hpc_ddp.config.units import parse_slurm_time
 ContainerRuntime = Literal["apptainer", "pyxis", "charliecloud"]
 Backend = Literal["auto", "gloo", "nccl"]
 InitMethod = Literal["env", "tcp", "file"]
+TaskLauncher = Literal["srun", "torchrun"]
 Optimizer = Literal["sgd", "adamw"]
 LrSchedule = Literal["constant", "cosine", "step"]
 Strategy = Literal["ddp", "fsdp"]
@@ -170,6 +172,18 @@ class DistConfig:
     """Fixed MASTER_PORT; ``None`` derives one from the job id (collision-checked)."""
     timeout_s: int = 300
     """Collective timeout: a dead peer fails the job after this long instead of hanging."""
+    launcher: TaskLauncher = "srun"
+    """What starts a ``command``'s processes: ``srun``, one process per Slurm task (the
+    default); or ``torchrun``, one per node (``slurm.tasks_per_node: 1``), which starts
+    ``dist.procs_per_node`` workers there, its rendezvous taken from the allocation (rank 0's
+    node, the job's port) and ``--max-restarts=0`` (restarts are the supervisor's)."""
+    procs_per_node: int | None = None
+    """Workers per node under ``dist.launcher: torchrun``; ``None``: ``slurm.gpus_per_node``
+    when set, else 1."""
+    local_rank_arg: str | None = None
+    """For a classic script that reads its local rank only from its arguments: the option to
+    append as ``OPTION=N`` (``--local_rank`` or torch 2's ``--local-rank``); ``None``: none
+    appended (the rank is in ``LOCAL_RANK``, as torchrun gives it)."""
 
 
 @dataclass(frozen=True)

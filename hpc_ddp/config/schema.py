@@ -11,6 +11,7 @@ checked for combinations no single key can catch.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
@@ -19,7 +20,7 @@ from hpc_ddp.config.elastic import range_problem
 from hpc_ddp.config.fields import FIELD_CONVERTERS
 from hpc_ddp.config.model import JobConfig, SlurmConfig
 from hpc_ddp.config.pairs import PAIR_KEYS
-from hpc_ddp.config.params import TREE_KEYS, Params, resolve_command
+from hpc_ddp.config.params import PYTHON_NAMES, TREE_KEYS, Params, resolve_command
 from hpc_ddp.config.values import (
     SHOWN_CHARS,
     Converter,
@@ -264,6 +265,7 @@ def _check_combinations(cfg: JobConfig, placeholders: bool) -> None:
             f"({slurm.gpus_per_node}): each rank needs a GPU of its own. HINT: set "
             "slurm.tasks_per_node to the GPUs per node (one task per GPU)",
         )
+    _check_launcher(cfg)
     if cfg.command is None and cfg.entrypoint is None:
         _check_trainer_gpus(slurm)
     limit = slurm.time_s
@@ -295,6 +297,63 @@ def _check_combinations(cfg: JobConfig, placeholders: bool) -> None:
                 f"slurm.extra.{flag}",
                 "is set together with slurm.mem; sbatch refuses both. HINT: keep one",
             )
+
+
+_LOCAL_RANK_ARG_RE = re.compile(r"--[A-Za-z][A-Za-z0-9_-]*")
+
+
+def _check_launcher(cfg: JobConfig) -> None:
+    """``dist.launcher``, ``dist.procs_per_node`` and ``dist.local_rank_arg`` must fit the
+    job: torchrun starts a ``command`` once per node; the argument is one option name."""
+    dist, slurm = cfg.dist, cfg.slurm
+    arg = dist.local_rank_arg
+    if arg is not None and not _LOCAL_RANK_ARG_RE.fullmatch(arg):
+        raise Invalid(
+            "dist.local_rank_arg",
+            f"{short_repr(arg)} is not an option name. HINT: --local_rank (or --local-rank), "
+            "as your script's argument parser spells it",
+        )
+    if arg is not None and cfg.command is None:
+        raise Invalid(
+            "dist.local_rank_arg", "is set without a command. HINT: set command, or drop it"
+        )
+    if dist.procs_per_node is not None and dist.launcher != "torchrun":
+        raise Invalid(
+            "dist.procs_per_node",
+            "is set but dist.launcher is srun (one process per task). HINT: set "
+            "dist.launcher: torchrun, or use slurm.tasks_per_node",
+        )
+    if dist.procs_per_node is not None and dist.procs_per_node < 1:
+        raise Invalid("dist.procs_per_node", f"is {dist.procs_per_node}. HINT: at least 1")
+    if dist.launcher != "torchrun":
+        return
+    if cfg.command is None:
+        raise Invalid(
+            "dist.launcher",
+            "is torchrun without a command: torchrun runs your script. HINT: set command: "
+            "[python, train.py, ...], or drop dist.launcher for the built-in trainer",
+        )
+    if slurm.tasks_per_node != 1:
+        raise Invalid(
+            "slurm.tasks_per_node",
+            f"is {slurm.tasks_per_node} with dist.launcher: torchrun, which is started once per "
+            "node and starts the workers itself. HINT: set slurm.tasks_per_node: 1 and "
+            f"dist.procs_per_node: {slurm.tasks_per_node}",
+        )
+    if arg is not None:
+        raise Invalid(
+            "dist.local_rank_arg",
+            "is set with dist.launcher: torchrun, which gives each worker LOCAL_RANK but no "
+            "argument. HINT: use dist.launcher: srun (one task per GPU), which appends it",
+        )
+    first = cfg.command[1] if cfg.command[0] in PYTHON_NAMES and len(cfg.command) > 1 else None
+    if first is not None and first.startswith("-") and first != "-m":
+        raise Invalid(
+            "command[1]",
+            f"{short_repr(first)}: torchrun runs a script or `-m MODULE` with its own "
+            "interpreter and takes no interpreter options. HINT: command: [python, train.py, "
+            "...] or [python, -m, package.module, ...]; set PYTHON* variables in env.vars",
+        )
 
 
 def _check_range(cfg: JobConfig) -> None:

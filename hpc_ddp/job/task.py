@@ -198,6 +198,7 @@ def run_command(
     """
     from hpc_ddp.fault.requeue import Coordinator, signal_number  # now: no delay at a stop
     from hpc_ddp.fault.watchdog import current
+    from hpc_ddp.job.torchrun import torchrun_argv, with_local_rank
     from hpc_ddp.runtime.childsignals import start_ignoring
     from hpc_ddp.runtime.procgroup import resolve_master_port
 
@@ -213,7 +214,21 @@ def run_command(
     if watchdog is not None:
         child_env[WATCHDOG_OWNER_ENV] = "1"  # this process beats for the child
     # With MASTER_PORT set, the child's session takes the port as given (launcher-set).
-    argv = command_argv(cfg, task_interpreter(cfg))
+    interpreter = task_interpreter(cfg)
+    command = with_local_rank(cfg, command_argv(cfg, interpreter), dist.local_rank)
+    program = shlex.join(command[:2])  # the ledger names the user's program, not torchrun
+    argv = command
+    if cfg.dist.launcher == "torchrun":
+        # This process beats for torchrun and its workers (WATCHDOG_OWNER_ENV above): a node's
+        # tree is seen alive or stopped as one; a worker that dies ends torchrun (no restarts).
+        argv = torchrun_argv(
+            cfg,
+            command,
+            interpreter,
+            node_rank=dist.node_rank,
+            master_addr=dist.master_addr,
+            master_port=port,
+        )
     # An ignored SIGINT stays ignored, in the child too (it inherits that): whoever started
     # this task handles Ctrl-C itself (the local backend's `submit --wait`, nohup).
     forwarded = {signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2}
@@ -240,10 +255,10 @@ def run_command(
     # A child that dies after a stop signal (cancel, time limit, preemption, srun ending the
     # step after another rank failed) was stopped, not crashed: Slurm decides what comes next.
     if not forward.stops:
-        record_child_end(coordinator, code, shlex.join(argv[:2]), began)
+        record_child_end(coordinator, code, program, began)
         return exit_status(code)
     if forward.plain and requeue_signum in forward.stops:
-        return record_plain_stop(coordinator, forward.stops[0], shlex.join(argv[:2]), began)
+        return record_plain_stop(coordinator, forward.stops[0], program, began)
     return exit_status(code)
 
 

@@ -4,15 +4,19 @@
 imports nothing of hpc-ddp; run through ``command:`` it is stopped and requeued by the
 ``hpc_ddp run`` process above it.
 
-Usage: snapshot_trainer.py TOTAL_EPOCHS SNAPSHOT_PATH EPOCH_SECONDS
+Usage: snapshot_trainer.py TOTAL_EPOCHS SNAPSHOT_PATH EPOCH_SECONDS [SAVE_EVERY]
 
 Rank 0 appends ``epoch E restart R`` to ``SNAPSHOT_PATH.epochs`` after each epoch, so a test
-can see which epochs ran in which attempt.
+can see which epochs ran in which attempt. Like a careful torchrun-ready script, it saves on
+SIGTERM too: the epoch in progress is left to redo, the snapshot says so, rank 0 appends
+``sigterm E restart R``, and the rank exits 0. With SAVE_EVERY above TOTAL_EPOCHS that save is
+the only one, so a test can tell a program that got SIGTERM from one that died of a signal.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -45,10 +49,16 @@ class Trainer:
         self.snapshot = snapshot
         self.pace = pace
         self.epochs_run = 0
+        self.terminated = False
+        signal.signal(signal.SIGTERM, self._on_term)
         if snapshot.exists():
             print("Loading snapshot", flush=True)
             self._load_snapshot()
         self.model = DDP(self.model)
+
+    def _on_term(self, signum: int, frame: object) -> None:
+        del signum, frame
+        self.terminated = True
 
     def _load_snapshot(self) -> None:
         snapshot = torch.load(self.snapshot)
@@ -73,6 +83,16 @@ class Trainer:
             loss.backward()  # type: ignore[no-untyped-call]
             self.optimizer.step()
             time.sleep(self.pace / BATCHES)
+            if self.terminated:
+                self._stop(epoch)
+
+    def _stop(self, epoch: int) -> None:
+        if self.rank == 0:
+            self._save_snapshot(epoch)  # this epoch is redone: its order is the sampler's
+            restart = os.environ.get("SLURM_RESTART_COUNT", "0")
+            with open(f"{self.snapshot}.epochs", "a") as log:
+                log.write(f"sigterm {epoch} restart {restart}\n")
+        sys.exit(0)
 
     def train(self, max_epochs: int) -> None:
         for epoch in range(self.epochs_run, max_epochs):
@@ -87,13 +107,14 @@ class Trainer:
 
 def main() -> None:
     total, snapshot, pace = int(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
+    save_every = int(sys.argv[4]) if len(sys.argv) > 4 else 1
     dist.init_process_group(backend="gloo")
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(64 * BATCHES, 4), torch.arange(64 * BATCHES) % 3)
     loader = DataLoader(
         data, batch_size=64 // dist.get_world_size(), sampler=DistributedSampler(data)
     )
-    Trainer(nn.Linear(4, 3), loader, 1, snapshot, pace).train(total)
+    Trainer(nn.Linear(4, 3), loader, save_every, snapshot, pace).train(total)
     dist.destroy_process_group()
 
 
