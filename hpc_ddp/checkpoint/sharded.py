@@ -20,7 +20,10 @@ to ``step-00000120`` in one step and fsyncs the parent, and only then updates ``
 prunes beyond ``train.keep_last``, sparing the best one under ``train.keep_best`` (recorded in
 ``common.pt``'s ``meta.best`` and carried across resumes, as a file checkpoint's). A save cut
 short anywhere leaves a ``.partial-`` directory (removed by the next commit) and never a
-``step-N/``.
+``step-N/``. A save that fails on any rank (a full disk, a quota, an I/O error: DCP raises them
+wrapped in its ``CheckpointException``, a ``BaseException``) fails on every rank, with the
+errno's HINT (:func:`~hpc_ddp.checkpoint.writer.write_failure_hint`); rank 0 removes what it
+wrote, and nothing records it as saved.
 
 What counts as a checkpoint (:func:`check_complete`, :func:`verify_files`): ``digests.json``
 readable and of this format; ``.metadata``, ``common.pt``, one ``rank-*.pt`` and at least one
@@ -414,8 +417,9 @@ class ShardedCheckpoints:
         except BaseException as exc:  # DCP's CheckpointException is one
             failure = write_failure(exc)
         finally:
-            self._error = None if failure is None else (f"saving {final.name}: {failure[0]}",
-                                                        failure[1])  # fmt: skip
+            if failure is not None:
+                failure = (f"saving {final.name}: {failure[0]}", failure[1])
+            self._error = failure
             with self._lock:
                 if failure is None:
                     self._durable = final

@@ -206,7 +206,7 @@ def test_export_writes_the_whole_model_of_the_newest_verified_shard_set(
     state = torch.load(out, weights_only=True)
     assert weights_digest(state) == full["weights_digest"]  # the run's final weights, whole
     _flip_a_byte(run_dir / "checkpoints" / "step-00000020")
-    assert main(["checkpoints", str(run_dir), "--export", str(out)]) == 0
+    assert main(["checkpoints", str(run_dir), "--export", str(out), "--force"]) == 0
     assert weights_digest(torch.load(out, weights_only=True)) != full["weights_digest"]  # 18
 
 
