@@ -71,7 +71,13 @@ from hpc_ddp.errors import ConfigError, HpcDdpError
 from hpc_ddp.exitcodes import REQUEUE_EXIT_CODE
 from hpc_ddp.fault.blame import ExitNote, fault_cause
 from hpc_ddp.fault.requeue import Coordinator, signal_number
-from hpc_ddp.fault.watchdog import Watchdog, exit_note_path, start_watchdog, write_exit_note
+from hpc_ddp.fault.watchdog import (
+    Watchdog,
+    exit_note_path,
+    launch_paths,
+    start_watchdog,
+    write_exit_note,
+)
 from hpc_ddp.rundir.layout import PER_RANK_LOGS_ENV, RUN_DIR_ENV, RunPaths
 from hpc_ddp.rundir.numbering import DefaultRunDir, pick_default_run_dir
 from hpc_ddp.rundir.run_id import read_run_id
@@ -82,6 +88,7 @@ from hpc_ddp.runtime.metrics import MetricsWriter, metric_row, setup_rank_loggin
 from hpc_ddp.runtime.procgroup import destroy_process_group, init_process_group, wrap_model
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.progress_log import ProgressLog
+from hpc_ddp.runtime.rankclaim import claim_rank
 from hpc_ddp.runtime.sampler import ResumableLoader
 from hpc_ddp.runtime.sharding import STRATEGIES, mixed_precision, shard_model
 from hpc_ddp.runtime.stopflag import AgreementCadence, StopFlag
@@ -284,6 +291,8 @@ class Session:
             log, self.dist.rank, every_rank=self.env.get(PER_RANK_LOGS_ENV) == "1"
         )
         try:
+            # Before the rendezvous: a forked twin of this rank must not join anything.
+            claim_rank(launch_paths(self.run_dir, self.env, self.dist).root, self.dist.rank)
             info = init_process_group(self.dist, self.config.dist, self.run_dir, self.env)
         except BaseException:
             self.stop_flag.close()
