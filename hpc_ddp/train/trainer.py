@@ -44,7 +44,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from hpc_ddp import collector
 from hpc_ddp.checkpoint.digest import weights_digest
-from hpc_ddp.config.elastic import SAMPLE_EXACT
+from hpc_ddp.config.elastic import SAMPLE_EXACT, Resize
 from hpc_ddp.config.exactness import Exactness, exactness, total_below_checkpoint
 from hpc_ddp.config.model import FaultConfig, JobConfig, TrainConfig
 from hpc_ddp.errors import ConfigError
@@ -235,6 +235,28 @@ def _steps_per_epoch(loader: Any, t: TrainConfig, s: Session) -> int:
     return steps
 
 
+def exactness_line(
+    kept: Exactness, *, resumed: bool, resize: Resize | None, min_nodes: bool
+) -> str:
+    """The trainer's one log line on exactness (docs/concepts.md, "Exactness").
+
+    ``kept``: what a resume at the same world size keeps here. A resume at another world size
+    (``resize``) is sample-exact and nothing more, so it says only that; a resume at the same
+    one says only ``kept``. A fresh start says what a later resume of the run will be, and,
+    under ``slurm.min_nodes`` (``min_nodes``), what it is should it land on another node
+    count.
+    """
+    if resize is not None:
+        return (
+            f"exactness: this resume ({resize.before_world} -> {resize.world} ranks, the same "
+            f"global batch) is {SAMPLE_EXACT}"
+        )
+    if resumed:
+        return f"exactness: this resume (at its checkpoint's world size) is {kept.value}"
+    elsewhere = f" (at another world size: {SAMPLE_EXACT})" if min_nodes else ""
+    return f"exactness: a resume of this run is {kept.value}{elsewhere}"
+
+
 def compile_model(model: nn.Module, fault: FaultConfig) -> None:
     """Compile the module inside ``model``'s DDP wrapper in place (``nn.Module.compile``: its
     calls run ``torch.compile``'d, its state dict keeps its keys, DDP's gradient hooks stay
@@ -253,8 +275,11 @@ def compile_model(model: nn.Module, fault: FaultConfig) -> None:
     unwrap(model).compile()
 
 
-def _make_runner(t: TrainConfig, s: Session, model: nn.Module, total: int) -> StepRunner:
-    """Optimizer, LR schedule and precision for ``model``, restored from the newest checkpoint."""
+def _make_runner(
+    t: TrainConfig, s: Session, model: nn.Module, total: int
+) -> tuple[StepRunner, bool]:
+    """Optimizer, LR schedule and precision for ``model``, restored from the newest checkpoint;
+    and whether there was one."""
     optimizer = build_optimizer(t, model.parameters())
 
     def factor(step: int) -> float:
@@ -265,14 +290,15 @@ def _make_runner(t: TrainConfig, s: Session, model: nn.Module, total: int) -> St
     precision = Precision.choose(t.amp and t.strategy == "ddp", s.device)
     seed_everything(mix_seed(t.seed, s.rank, 1))  # each rank's own stream (dropout, ...)
     # Elastic: the step loop runs s.grad_accum micro-batches and the data comes from s.loader.
-    s.restore(
+    restored = s.restore(
         model=model,
         optimizer=optimizer,
         scheduler=scheduler,
         scaler=precision.scaler,
         elastic=True,
     )
-    return StepRunner(t, model, optimizer, scheduler, precision, s.device, accum=s.grad_accum)
+    runner = StepRunner(t, model, optimizer, scheduler, precision, s.device, accum=s.grad_accum)
+    return runner, restored is not None
 
 
 def run_training(cfg: JobConfig, session: Session) -> TrainResult:
@@ -291,11 +317,6 @@ def run_training(cfg: JobConfig, session: Session) -> TrainResult:
 def _run_training(cfg: JobConfig, session: Session) -> TrainResult:
     t, s = cfg.train, session
     kept = exactness(on_gpu=s.device.type == "cuda", deterministic=t.deterministic)
-    log.info(
-        "exactness: a resume of this run is %s%s",
-        kept.value,
-        "" if cfg.slurm.min_nodes is None else f" (at another world size: {SAMPLE_EXACT})",
-    )
     seed_everything(t.seed)  # identical initial weights on every rank
     train_ds, val_ds = _datasets(t, s)
     # With 1 or 2 ranks every gradient element is a sum of at most two terms, the same in any
@@ -317,7 +338,18 @@ def _run_training(cfg: JobConfig, session: Session) -> TrainResult:
     )
     steps_per_epoch = _steps_per_epoch(loader, t, s)
     total = plan_total_steps(t, steps_per_epoch)
-    runner = _make_runner(t, s, model, total)
+    runner, resumed = _make_runner(t, s, model, total)
+    # Said once the restore is known: before it, an elastic resume was told "bit-identical"
+    # here and "sample-exact" by the checkpointer, two words for one resume.
+    log.info(
+        "%s",
+        exactness_line(
+            kept,
+            resumed=resumed,
+            resize=s.resize,
+            min_nodes=cfg.slurm.min_nodes is not None,
+        ),
+    )
     if s.progress.step > total:  # resumed with a shorter run: never "finished" at once
         how = f"train.max_steps={t.max_steps}" if t.max_steps is not None else (
             f"train.epochs={t.epochs} ({steps_per_epoch} steps each)"

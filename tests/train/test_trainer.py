@@ -16,10 +16,12 @@ from typing import Any
 
 import pytest
 
+from hpc_ddp.config.elastic import Resize
 from hpc_ddp.config.exactness import Exactness
 from hpc_ddp.config.model import TrainConfig
 from hpc_ddp.errors import ConfigError
 from hpc_ddp.train.trainer import (
+    exactness_line,
     fixed_buckets,
     lr_factor,
     plan_total_steps,
@@ -259,3 +261,49 @@ def test_compile_trains_a_compiled_model_with_its_warm_up_covered(tmp_path: Path
     losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl")
               .read_text().splitlines() if "loss" in json.loads(line)]  # fmt: skip
     assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize(
+    ("kept", "resumed", "resize", "min_nodes", "words"),
+    [
+        (Exactness.BITWISE, False, None, False,
+         "exactness: a resume of this run is bit-identical to an uninterrupted run"),
+        (Exactness.STEP_EXACT, False, None, True,
+         "exactness: a resume of this run is step- and sample-exact, not bitwise (at another "
+         "world size: sample-exact, not bit-exact)"),
+        (Exactness.BITWISE, True, None, True,
+         "exactness: this resume (at its checkpoint's world size) is bit-identical to an "
+         "uninterrupted run"),
+        (Exactness.BITWISE, True, Resize(2, 1, 1, 2), False,
+         "exactness: this resume (2 -> 1 ranks, the same global batch) is sample-exact, not "
+         "bit-exact"),
+    ],
+)  # fmt: skip
+def test_the_exactness_line_names_one_exactness_for_the_resume_that_happened(
+    kept: Exactness, resumed: bool, resize: Resize | None, min_nodes: bool, words: str
+) -> None:
+    """An elastic resume is sample-exact only, a same-size one only ``kept``: the line used
+    to say "bit-identical" before the restore, and the checkpointer "sample-exact" after."""
+    assert exactness_line(kept, resumed=resumed, resize=resize, min_nodes=min_nodes) == words
+
+
+def test_an_elastic_resume_logs_sample_exact_and_never_bit_identical(tmp_path: Path) -> None:
+    """2 ranks x accumulation 2 stopped mid-epoch, resumed on 1 rank x 4 (the same global
+    batch): its log says sample-exact only; a same-size resume says bit-identical only."""
+    cfg = {**TRAIN, "max_steps": 6, "eval_every": 0, "checkpoint_every": 0}
+    train(tmp_path, cfg, "3", "0")
+    argv = [str(HELPERS / "train_run.py"), str(tmp_path), json.dumps({**cfg, "grad_accum": 4})]
+    [(code, _, err)] = run_ranks(argv, 1, timeout=120)
+    assert code == 0, err[-4000:]
+    assert "elastic resume from step-00000003.pt" in err
+    assert "exactness: this resume (2 -> 1 ranks, the same global batch) is sample-exact" in err
+    assert "bit-identical" not in err
+
+    same = tmp_path / "same"
+    train(same, cfg, "3", "0")
+    argv = [str(HELPERS / "train_run.py"), str(same), json.dumps(cfg)]
+    ranks = run_ranks(argv, 2, timeout=120)
+    assert [code for code, _, _ in ranks] == [0, 0], ranks[0][2][-4000:]
+    err = ranks[0][2]  # rank 0 logs for the run
+    assert "exactness: this resume (at its checkpoint's world size) is bit-identical" in err
+    assert "sample-exact" not in err
