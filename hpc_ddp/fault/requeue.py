@@ -226,6 +226,8 @@ def decide_requeue(
     max_requeues: int,
     on_crash: bool,
     run_dir: str = "RUN_DIR",
+    *,
+    own_snapshots: bool = False,
 ) -> RequeueDecision:
     """Decide whether an attempt that ended with ``cause`` is followed by another.
 
@@ -234,8 +236,16 @@ def decide_requeue(
     :data:`~hpc_ddp.rundir.endcause.END_CAUSES` says which go on: time limits, preemptions,
     manual requeues and lost nodes while fewer than ``max_requeues`` were spent; a crash or a
     hang too, only with ``on_crash``; a finished, cancelled, failed-to-requeue or unexplained
-    stop never. ``run_dir`` is named in the hints (``hpc-ddp resume RUN_DIR``).
+    stop never. ``run_dir`` is named in the hints (``hpc-ddp resume RUN_DIR``);
+    ``own_snapshots``: a ``command`` program without a session, which hpc-ddp saves nothing
+    for (the hints say what really goes on: its own snapshot, if it keeps one).
     """
+    goes_on = (
+        "the program starts again, and goes on from its own snapshot if it keeps one "
+        "(hpc-ddp saves nothing for a program without a session)."
+        if own_snapshots
+        else "the run resumes from its last checkpoint."
+    )
     rule = meaning(cause).requeue
     if rule is RequeueRule.NEVER and cause is not EndCause.BUDGET_EXHAUSTED:
         return RequeueDecision(False, _NOT_REQUEUED.get(cause, f"{cause.value}: not requeued"))
@@ -251,8 +261,8 @@ def decide_requeue(
             False,
             f"requeue budget exhausted: {attempts_so_far} of requeue.max_requeues="
             f"{max_requeues} requeues used. HINT: go on with a larger budget: `hpc-ddp resume "
-            f"{run_dir} requeue.max_requeues={max(2 * max_requeues, max_requeues + 5)}`; the run "
-            "resumes from its last checkpoint.",
+            f"{run_dir} requeue.max_requeues={max(2 * max_requeues, max_requeues + 5)}`; "
+            f"{goes_on}",
         )
     return RequeueDecision(
         True,
@@ -486,15 +496,20 @@ class Coordinator:
             return []
         return [n for n, state in states.items() if state in DOWN_STATES]
 
-    def _decide(self, cause: EndCause) -> RequeueDecision:
+    def _decide(self, cause: EndCause, *, own_snapshots: bool = False) -> RequeueDecision:
         return decide_requeue(
-            cause, self.restart, self.cfg.max_requeues, self.cfg.on_crash, self.run_dir
+            cause,
+            self.restart,
+            self.cfg.max_requeues,
+            self.cfg.on_crash,
+            self.run_dir,
+            own_snapshots=own_snapshots,
         )
 
     def _act(
         self, verdict: StopVerdict, *, step: int | None, checkpoint: str | None
     ) -> StopOutcome:
-        decision = self._decide(verdict.cause)
+        decision = self._decide(verdict.cause, own_snapshots=step is None)
         if verdict.request_requeue and not decision.requeue:
             message = f"{verdict.cause.value}: {decision.reason}"  # the reason names the budget
             log.error("%s", message)
@@ -510,7 +525,7 @@ class Coordinator:
                 if after is None:
                     return self._requeue_failed(verdict, error, step, checkpoint)
                 verdict = after
-                decision = self._decide(verdict.cause)
+                decision = self._decide(verdict.cause, own_snapshots=step is None)
         if not verdict.slurm_answered and not requested:
             return self._unconfirmed(verdict, step, checkpoint)
         reason = decision.reason

@@ -102,6 +102,12 @@ class ResumePlan:
         not a promise.
         """
         step = self.checkpoint_step
+        if step is None and self.prepared.cfg.command is not None:
+            # A program without a session has no checkpoint of hpc-ddp's, but maybe its own.
+            return (
+                "from step 0 of hpc-ddp's (no checkpoint); a command without a session goes on "
+                "from its own snapshot, if it keeps one"
+            )
         if step is None:
             return "from step 0 (no checkpoint)"
         exact = resume_clause(self.old, self.prepared.cfg, self.resize)

@@ -710,3 +710,25 @@ def test_a_resume_that_changes_the_schedule_says_it_is_no_longer_comparable(
     code, out, err, _ = _resume_out(run_dir, "requeue.max_requeues=9", "--dry-run")
     assert code == 0, err
     assert "; bit-identical to an uninterrupted run (CPU)\n" in out
+
+
+def test_a_resume_of_a_command_without_checkpoints_says_its_own_snapshot_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hpc_ddp.cli.main import main
+    from hpc_ddp.config.load import load_job_config
+    from hpc_ddp.submission.submit import materialize, prepare, record
+
+    config = tmp_path / "plain.yaml"
+    script = tmp_path / "train.py"
+    script.write_text("")
+    config.write_text(f"name: plain\ncommand: [python, {script}]\nslurm: {{nodes: 1}}\n")
+    cfg = load_job_config(config, [], site_profile=None)
+    prepared = materialize(
+        prepare(cfg, backend="local", config_path=config, runs_dir=tmp_path / "runs",
+                python=sys.executable, invocation=["hpc-ddp", "submit"])
+    )  # fmt: skip
+    record(prepared, job_id="4194304", command=["submitit-local", "4194304"])
+    assert main(["resume", str(prepared.paths.root), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "goes on from its own snapshot, if it keeps one" in out

@@ -600,3 +600,12 @@ def test_every_cause_is_requeued_as_it_was_before_the_table(cause: EndCause) -> 
     assert decision.requeue is plain
     assert decision.reason.startswith(reason)
     assert decide_requeue(cause, 0, 5, on_crash=True).requeue is on_crash
+
+
+def test_the_budgets_hint_says_what_a_program_without_a_session_goes_on_from() -> None:
+    plain = decide_requeue(EndCause.TIME_LIMIT, 1, 1, False, "RUN", own_snapshots=True)
+    assert not plain.requeue
+    assert "from its own snapshot if it keeps one" in plain.reason
+    assert "resumes from its last checkpoint" not in plain.reason
+    session = decide_requeue(EndCause.TIME_LIMIT, 1, 1, False, "RUN")
+    assert "the run resumes from its last checkpoint" in session.reason
