@@ -474,7 +474,10 @@ def _stuck(
             )
             return Finding(EndCause.HANG, blame)
         ranks = tuple(sorted(live))
-        why = f"no rank stands out: all stuck at step {low} (every rank's stacks are in its log)"
+        why = (
+            f"no rank stands out: all stuck at step {low} (each rank's log says where its main "
+            "thread stood)"
+        )
         return Finding(EndCause.HANG, Blame(ranks, _nodes(ranks, beats, ()), why, False, now, None))
     if task_ends:
         first = task_ends[0]

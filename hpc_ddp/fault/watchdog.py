@@ -35,6 +35,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -218,11 +219,35 @@ def read_fault(path: Path) -> FaultRecord | None:
         return None
 
 
-def install_stack_dump() -> None:
-    """Let :data:`DUMP_SIGNAL` write every thread's stacks to stderr (idempotent: Slurm may
-    deliver a step signal twice)."""
-    with contextlib.suppress(ValueError, RuntimeError, OSError):  # no usable stderr
-        faulthandler.register(DUMP_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
+_stacks: tuple[str, int] | None = None
+"""The stacks file :data:`DUMP_SIGNAL` writes to and its descriptor: faulthandler writes to it
+from C, so it stays open for the life of the process."""
+
+
+def install_stack_dump(path: Path) -> None:
+    """Let :data:`DUMP_SIGNAL` append every thread's stacks to ``path`` (the launch's
+    :meth:`~hpc_ddp.rundir.layout.LaunchPaths.stacks`); idempotent: Slurm may deliver a step
+    signal twice, and each dump is appended.
+
+    Every thread includes hpc-ddp's own (this watchdog, the checkpoint writer): a dump for
+    hpc-ddp's diagnosis, so it goes to hpc-ddp's file, never into the program's stderr, where
+    the user reads their own program's words. The supervisor asks every rank after every
+    fault, a crash loop's survivors included.
+    """
+    global _stacks
+    if _stacks is not None and _stacks[0] == str(path):
+        return
+    with contextlib.suppress(ValueError, RuntimeError, OSError):  # no writable launch dir
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(
+            fd,
+            f"hpc-ddp: the thread stacks of pid {os.getpid()}, written on a fault (the "
+            "supervisor's SIGURG, or its watchdog leaving), most recent call first\n".encode(),
+        )
+        faulthandler.register(DUMP_SIGNAL, file=fd, all_threads=True, chain=False)
+        before, _stacks = _stacks, (str(path), fd)
+        if before is not None:
+            os.close(before[1])
 
 
 _current: Watchdog | None = None
@@ -337,8 +362,8 @@ class Watchdog:
     def start(self) -> Watchdog:
         """Write the first beat and start the thread; becomes :func:`current`."""
         global _current
-        install_stack_dump()
         self.launch.root.mkdir(parents=True, exist_ok=True)
+        install_stack_dump(self.launch.stacks(self.me.rank))
         write_beat(self.launch.beat(self.me.rank), self._beat())
         self._thread.start()
         _current = self
@@ -539,12 +564,7 @@ class Watchdog:
             )
         with contextlib.suppress(OSError):
             write_beat(self.launch.beat(self.me.rank), self._beat())
-        # Stacks say where a hang is; after a crash the culprit's traceback already does.
-        if declared or record.kind in ("hang", "startup"):
-            with contextlib.suppress(Exception):
-                sys.stderr.write(f"hpc-ddp watchdog: rank {self.me.rank} stacks ({record.kind}):\n")
-                sys.stderr.flush()
-                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        self._write_stacks(record, declared=declared)
         for hook in self.before_exit:
             with contextlib.suppress(Exception):
                 hook()
@@ -557,6 +577,38 @@ class Watchdog:
             sys.stdout.flush()
             sys.stderr.flush()
         self._exit(code)
+
+    def _write_stacks(self, record: FaultRecord, *, declared: bool) -> None:
+        """Every thread's stacks to hpc-ddp's stacks file; a hang's main thread to stderr.
+
+        The program's stderr gets only what concerns the program: where its main thread
+        stood when a hang or an overrun start-up ended the launch (its own code, or the
+        collective it waits in), which is what the user needs to find a hang. Not after a
+        crash: the culprit's traceback already says it, and a survivor's main thread only
+        waited for it. Not in a ``command:`` task's parent either: its main thread is
+        hpc-ddp's wait for the child, not the user's code. hpc-ddp's own threads never go
+        there (:func:`install_stack_dump`)."""
+        path = self.launch.stacks(self.me.rank)
+        how = "declared" if declared else "adopted"
+        with contextlib.suppress(Exception), open(path, "a", encoding="utf-8") as stacks:
+            stacks.write(
+                f"hpc-ddp watchdog: rank {self.me.rank} leaving for a {record.kind} it "
+                f"{how} ({record.why}); every thread, most recent call first:\n"
+            )
+            stacks.flush()
+            faulthandler.dump_traceback(file=stacks, all_threads=True)
+        if record.kind not in ("hang", "startup") or self.child is not None:
+            return
+        frame = sys._current_frames().get(threading.main_thread().ident or -1)
+        if frame is None:
+            return
+        with contextlib.suppress(Exception):
+            sys.stderr.write(
+                f"hpc-ddp watchdog: rank {self.me.rank}'s main thread when the launch ended "
+                f"({record.kind}), most recent call first (every thread: {path}):\n"
+                + "".join(reversed(traceback.format_stack(frame)))
+            )
+            sys.stderr.flush()
 
 
 def _proc_state(pid: int) -> str | None:

@@ -23,7 +23,9 @@ Everything a later command needs (``status``, ``logs``, ``cancel``, a requeued a
       checkpoints/       step-XXXXXXXX.pt and a ``latest`` pointer
       logs/              batch-<job>.out/.err and rank-<N>.out/.err
       rendezvous/        file:// stores and the published master port
-      launches/          <job>.<restart>.<launch>/: each rank's heartbeat, the fault record;
+      launches/          <job>.<restart>.<launch>/: each rank's heartbeat, the fault record,
+                         each rank's thread stacks (rank-<N>.stacks, hpc-ddp's own threads
+                         included, kept out of the program's stderr);
                          bad_nodes.json: nodes the supervisor will not use again (``fault:``)
       local.json         local backend: the controller's identity (pid, start time, boot id)
       local-ranks/       local backend: rank-<N>.json, each rank process's identity
@@ -262,6 +264,12 @@ class LaunchPaths:
         """Rank ``rank``'s session's word on how it left: its training loop before its end,
         or an error (one fixed-size record, rewritten in place like a beat)."""
         return self.root / f"rank-{rank}.exit"
+
+    def stacks(self, rank: int) -> Path:
+        """Rank ``rank``'s thread stacks, every thread, hpc-ddp's own included: written when
+        the supervisor asks for them after a fault and when the rank leaves for one. hpc-ddp's
+        file, not the program's stderr (which gets a hung rank's main thread only)."""
+        return self.root / f"rank-{rank}.stacks"
 
 
 def launch_key(job: str | None, restart: int, launch: int) -> str:

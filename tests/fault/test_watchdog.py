@@ -135,11 +135,19 @@ def test_a_frozen_rank_is_found_named_and_every_rank_leaves(tmp_path: Path) -> N
         assert procs[1].wait(timeout=20) == PEER_FAULT_EXIT_CODE
     finally:
         out0, out1 = (_end(p) for p in procs)
-    assert "rank 0 stacks (hang)" in out0
-    assert "in tick" in out0
     assert "did not run for" in out1  # it knows it was stopped
-    assert "rank 1 stacks (hang)" in out1
-    assert "time.sleep" not in out1.split("stacks")[0]
+    # Each rank's stderr: where its main thread stood (the program's own code), and nothing
+    # of hpc-ddp's threads, which go to hpc-ddp's stacks file of the launch.
+    for rank, out, how in ((0, out0, "declared"), (1, out1, "adopted")):
+        said = f"hpc-ddp watchdog: rank {rank}'s main thread when the launch ended (hang)"
+        assert said in out, out
+        assert f"(every thread: {launch.stacks(rank)})" in out
+        assert 'File "<string>"' in out.split(said)[1]  # the -c script: the program's frames
+        assert "watchdog.py" not in out.split(said)[1]
+        assert "Thread 0x" not in out
+        stacks = launch.stacks(rank).read_text()
+        assert f"rank {rank} leaving for a hang it {how}" in stacks
+        assert "watchdog.py" in stacks  # every thread, the watchdog's too
     last = read_beat(launch.beat(1))
     assert last is not None
     assert (last.state, last.code, last.frozen_s is not None) == (
@@ -147,6 +155,42 @@ def test_a_frozen_rank_is_found_named_and_every_rank_leaves(tmp_path: Path) -> N
         PEER_FAULT_EXIT_CODE,
         True,
     )
+
+
+def test_stacks_asked_for_after_a_crash_stay_out_of_the_programs_stderr(tmp_path: Path) -> None:
+    """The supervisor asks every rank for its stacks after every fault (SIGURG), a crash
+    loop's survivors too: every thread's stacks, hpc-ddp's own threads included, go to
+    hpc-ddp's stacks file of the launch, and the program's stderr gets none of them; leaving
+    for a crash adds no main-thread stack there either (the culprit's traceback says it)."""
+    launch = LaunchPaths(tmp_path)
+    procs = [_start(tmp_path, 0), _start(tmp_path, 1)]
+    try:
+        _wait_beating(launch, [0, 1])
+        for p in procs:
+            p.send_signal(signal.SIGURG)
+        deadline = time.monotonic() + 20
+        while not all("Thread 0x" in _text(launch.stacks(r)) for r in (0, 1)):
+            assert time.monotonic() < deadline, "no stacks written"
+            time.sleep(0.05)
+        crash = FaultRecord("crash", "rank 2 on n3", time.time(), (2,), ("n3",), "boom", False)
+        assert claim_fault(launch.fault, crash)
+        assert [p.wait(timeout=20) for p in procs] == [PEER_FAULT_EXIT_CODE] * 2
+    finally:
+        outs = [_end(p) for p in procs]
+    for rank, out in enumerate(outs):
+        assert "Thread 0x" not in out, out
+        assert "most recent call first" not in out, out
+        assert "watchdog.py" not in out, out
+        stacks = launch.stacks(rank).read_text()
+        assert "watchdog.py" in stacks  # hpc-ddp's own thread, in hpc-ddp's file
+        assert f"rank {rank} leaving for a crash it adopted (boom)" in stacks
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 def test_a_rank_whose_step_overruns_its_deadline_names_itself(tmp_path: Path) -> None:
