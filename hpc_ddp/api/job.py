@@ -24,6 +24,7 @@ Slurm through (None: the real commands on PATH); tests pass one over
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
     from hpc_ddp.api.status import RunStatus, SweepStatus
     from hpc_ddp.backends.slurm.client import SlurmClient
     from hpc_ddp.submission.resume import ResumePlan
+
+log = logging.getLogger(__name__)
 
 # Reading runs back (api.status, api.targets, api.cancel, api.logs) and resuming them are
 # imported where they are used: a submit, on a login node, pays for none of it.
@@ -306,13 +309,38 @@ def plan_submit(
     if chosen == "local" and for_test_only:
         raise ConfigError("--test-only asks Slurm; HINT: use --backend slurm on a Slurm cluster.")
     shown = str(config) if not isinstance(config, JobConfig) else PYTHON_CONFIG
+    planned_runs = runs_dir_from(None if runs_dir is None else str(runs_dir), os.environ)
+    if cfg.command is not None:
+        warn_of_leftovers(planned_runs, Path.cwd())
     return prepare(
         cfg,
         backend=chosen,
         config_path=config_path,
-        runs_dir=runs_dir_from(None if runs_dir is None else str(runs_dir), os.environ),
+        runs_dir=planned_runs,
         python=sys.executable,
         invocation=invocation or ["hpc_ddp.submit", shown, *args],
+    )
+
+
+def warn_of_leftovers(runs_dir: Path, workdir: Path) -> None:
+    """Warn when earlier runs' programs left files in ``workdir``, where a ``command`` runs: a
+    program that loads a relative snapshot at start would continue that run, not start
+    afresh (:mod:`hpc_ddp.rundir.workdir_files`)."""
+    from hpc_ddp.rundir.workdir_files import leftovers
+
+    found = leftovers(runs_dir, workdir)
+    if not found:
+        return
+    shown = ", ".join(f"{f.name} (run {f.run_dir.name})" for f in found[:5])
+    more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+    log.warning(
+        "command: this run starts in %s, where earlier runs' programs left %s%s: a program "
+        "that loads such a file at start (a relative snapshot path) continues that run instead "
+        "of starting afresh. HINT: move or delete them, or have the program keep its files in "
+        "its own run directory ($HPC_DDP_RUN_DIR).",
+        workdir,
+        shown,
+        more,
     )
 
 

@@ -252,6 +252,8 @@ def run_command(
         signal.signal(sig, forward)
     code = proc.wait()
     forward.cancel()
+    if dist.is_main:
+        _record_workdir_files(paths.root, began)
     # A child that dies after a stop signal (cancel, time limit, preemption, srun ending the
     # step after another rank failed) was stopped, not crashed: Slurm decides what comes next.
     if not forward.stops:
@@ -260,6 +262,18 @@ def run_command(
     if forward.plain and requeue_signum in forward.stops:
         return record_plain_stop(coordinator, forward.stops[0], program, began)
     return exit_status(code)
+
+
+def _record_workdir_files(run_dir: Path, began: float) -> None:
+    """What the command wrote where it ran: the next run submitted from there is warned of
+    it (:mod:`hpc_ddp.rundir.workdir_files`). Never fails the task."""
+    from hpc_ddp.rundir.workdir_files import files_written, record_written
+
+    try:
+        workdir = Path.cwd()
+        record_written(run_dir, workdir, files_written(workdir, began))
+    except OSError as exc:
+        log.warning("could not record the files the command wrote: %s", exc)
 
 
 class _Forwarder:

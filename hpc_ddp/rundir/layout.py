@@ -54,6 +54,9 @@ RUN_ID_FILE = "run_id"
 """The run's stable id: see :mod:`hpc_ddp.rundir.run_id`."""
 TASK_CONFIGS_FILE = "task_configs.jsonl"
 """A sweep's point configs, one JSON line each: see :mod:`hpc_ddp.rundir.taskconfig`."""
+WORKDIR_FILES_FILE = "workdir_files.json"
+"""What a ``command`` program wrote in its working directory: see
+:mod:`hpc_ddp.rundir.workdir_files`."""
 SUBMIT_LOCK_FILE = "submit.lock"
 """Locked (``flock``) while a job is chosen, submitted and recorded in a run or sweep directory,
 and briefly by each task that checks it is the recorded job: see
@@ -305,6 +308,7 @@ __all__ = [
     "SUPERVISED_ENV",
     "TASK_CONFIGS_FILE",
     "WATCHDOG_OWNER_ENV",
+    "WORKDIR_FILES_FILE",
     "LaunchPaths",
     "RunPaths",
     "checkpoint_name",
