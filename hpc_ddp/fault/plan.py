@@ -64,14 +64,27 @@ class Stop:
 Next = Restart | Requeue | Stop
 
 
+def started_from(a: Attempt) -> int | None:
+    """The newest checkpoint step a launch had when it began: the newer of the one on disk
+    when the supervisor relaunched (``from_step``) and the one its ranks resumed from
+    (``resumed_from_step``, their own word). They differ when a checkpoint was committed
+    after the supervisor looked (a straggler of the launch before), or when the ranks'
+    full check passed the newest over for an older one; either way only a checkpoint newer
+    than both is one the launch made."""
+    steps = [s for s in (a.from_step, a.resumed_from_step) if s is not None]
+    return max(steps) if steps else None
+
+
 def no_progress_streak(history: Sequence[Attempt]) -> list[Attempt]:
     """The launches at the end of ``history`` that, one after another, ended in a fault
-    (crash, hang, lost node) with no checkpoint newer than the one they started from."""
+    (crash, hang, lost node) with no checkpoint newer than the one they started from
+    (:func:`started_from`)."""
     streak: list[Attempt] = []
     for a in reversed(history):
         if not is_restartable(a.cause):
             break
-        start = a.from_step if a.from_step is not None else -1
+        began = started_from(a)
+        start = began if began is not None else -1
         end = a.checkpoint_step if a.checkpoint_step is not None else -1
         if end > start:
             break
@@ -129,7 +142,7 @@ def no_progress_message(streak: Sequence[Attempt], limit: int, run_dir: str) -> 
     last = streak[-1]
     steps = sorted({a.steps_done for a in streak if a.steps_done is not None})
     at = f"at step {steps[-1]}" if len(steps) == 1 else f"at steps {', '.join(map(str, steps))}"
-    ckpt = last.from_step
+    ckpt = started_from(last)
     since = f"a checkpoint newer than step {ckpt}" if ckpt is not None else "any checkpoint"
     who = last.blame.describe() if last.blame is not None else (last.message or "no word")
     log_hint = (
@@ -266,5 +279,6 @@ __all__ = [
     "no_progress_streak",
     "recorded_cause",
     "restarts_used",
+    "started_from",
     "with_own_words",
 ]

@@ -189,6 +189,18 @@ class Step(Protocol):
         ...
 
 
+def launch_words(plan: Plan, newest: int | None) -> str:
+    """The supervisor's line for a launch it starts: its nodes, and ``newest``, the newest
+    committed checkpoint on disk when relaunching (not a promise of the step the ranks resume
+    from: rank 0 logs that, ``resumed from step-N...``)."""
+    without = f", without {','.join(plan.exclude)}" if plan.exclude else ""
+    found = f"step {newest}" if newest is not None else "none"
+    return (
+        f"launch {plan.launch} ({plan.nodes} node(s){without}); newest committed checkpoint "
+        f"when relaunching: {found} (rank 0's log says where the ranks resume)"
+    )
+
+
 # --- files -----------------------------------------------------------------------------------
 
 
@@ -396,13 +408,10 @@ class Supervisor:
             SUPERVISED_ENV: "1",
             LAUNCH_DIR_ENV: str(lpaths.root),
         }
-        log.info(
-            "supervisor: launch %d (%d node(s)%s) from %s",
-            plan.launch,
-            plan.nodes,
-            f", without {','.join(plan.exclude)}" if plan.exclude else "",
-            f"step {from_step}" if from_step is not None else "the start",
-        )
+        # Not "from step N": the ranks choose, after this look, with their full check. A
+        # checkpoint committed after it (a straggler of the launch before) or one their check
+        # passes over makes them resume elsewhere, and their own start line says where.
+        log.info("supervisor: %s", launch_words(plan, from_step))
         with self._lock:
             self._step = self.launcher.start(plan, env)
         watch = self._watch(self._step, lpaths)
@@ -1027,6 +1036,7 @@ __all__ = [
     "Plan",
     "Step",
     "Supervisor",
+    "launch_words",
     "prepare_launch",
     "read_bad_nodes",
 ]

@@ -29,6 +29,7 @@ from hpc_ddp.fault.plan import (
     exclusion,
     no_progress_streak,
     recorded_cause,
+    started_from,
     with_own_words,
 )
 from hpc_ddp.rundir.endcause import EndCause
@@ -102,6 +103,32 @@ def test_a_launch_that_saved_a_newer_checkpoint_breaks_the_streak() -> None:
     finished = launch(0, EndCause.FINISHED)
     assert no_progress_streak([finished, launch(1, EndCause.HANG)]) == [launch(1, EndCause.HANG)]
     assert no_progress_streak([launch(0, EndCause.TIME_LIMIT)]) == []
+
+
+def test_a_launch_starts_from_the_newer_of_the_supervisors_look_and_its_ranks_resume() -> None:
+    """The supervisor looked when relaunching (step 128); a checkpoint committed after its
+    look (step 141) is the one the ranks resumed from. A launch that then dies having saved
+    nothing made no progress, whatever the look said; and a launch whose ranks passed the
+    newest over for an older one made none by leaving the newest on disk."""
+    late = dataclasses.replace(
+        launch(0, EndCause.CRASH, from_step=128, checkpoint_step=141), resumed_from_step=141
+    )
+    assert started_from(late) == 141
+    again = dataclasses.replace(late, attempt=1, launch=1, next=None)
+    assert no_progress_streak([late, again]) == [late, again]
+    nxt = decide_next(finding(), [late, again], healthy=2, needed=2, bad=[], budget=budget(),
+                      run_dir=RUN)  # fmt: skip
+    assert isinstance(nxt, Stop)
+    assert nxt.cause is EndCause.NO_PROGRESS
+    assert "without a checkpoint newer than step 141" in nxt.message
+    assert f"`hpc-ddp resume {RUN}` goes on from step 141" in nxt.message
+    older = dataclasses.replace(launch(0, EndCause.CRASH, from_step=128, checkpoint_step=128),
+                                resumed_from_step=120)  # fmt: skip
+    assert started_from(older) == 128
+    assert no_progress_streak([older]) == [older]
+    fresh = launch(0, EndCause.CRASH, from_step=None, checkpoint_step=None)
+    assert started_from(fresh) is None
+    assert no_progress_streak([fresh]) == [fresh]
 
 
 def test_past_the_restart_budget_on_crash_decides() -> None:

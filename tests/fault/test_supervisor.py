@@ -1,4 +1,5 @@
-"""The supervisor's files: the bad nodes of a job, a launch's directory, the newest checkpoint.
+"""The supervisor's files: the bad nodes of a job, a launch's directory, the newest checkpoint;
+what it says of a launch it starts.
 
 Its policy is pinned in tests/fault/test_plan.py; the supervisor itself runs on the real dev
 cluster in tests/fault/test_faults_e2e.py.
@@ -6,10 +7,21 @@ cluster in tests/fault/test_faults_e2e.py.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from hpc_ddp.config.model import JobConfig
+from hpc_ddp.fault import supervisor
 from hpc_ddp.fault.blame import BEAT_BYTES
 from hpc_ddp.fault.supervisor import (
+    Identity,
+    Plan,
+    Supervisor,
+    launch_words,
     prepare_launch,
     read_bad_nodes,
     write_bad_nodes,
@@ -32,3 +44,73 @@ def test_a_launch_directory_is_made_whole_before_any_rank_starts(tmp_path: Path)
     assert not lp.fault.exists()
     for path in (lp.supervisor, lp.beat(0), lp.beat(2), lp.exit_note(0), lp.exit_note(2)):
         assert path.stat().st_size == BEAT_BYTES
+
+
+class _Gone:
+    """A launch whose every process is already gone, cleanly."""
+
+    def poll(self) -> int | None:
+        return 0
+
+    def task_ends(self) -> Sequence[Any]:
+        return []
+
+    def node_failures(self) -> list[tuple[str, str]]:
+        return []
+
+    def refused(self) -> str | None:
+        return None
+
+    def signal(self, name: str, beats: Mapping[int, Any]) -> None:
+        pass
+
+    def kill(self, beats: Mapping[int, Any]) -> None:
+        pass
+
+    def forward(self, signum: int) -> None:
+        pass
+
+    def abandon(self) -> None:
+        pass
+
+
+class _LateCommit:
+    """A launcher under which a checkpoint is committed after the supervisor looked (a
+    straggler of the launch before): the ranks it starts resume from that one."""
+
+    def __init__(self, newest: list[int]) -> None:
+        self.newest = newest
+
+    def nodes(self) -> tuple[str, ...]:
+        return ("n1",)
+
+    def start(self, plan: Any, env: Mapping[str, str]) -> _Gone:
+        self.newest.append(141)
+        return _Gone()
+
+
+def test_a_relaunch_names_the_newest_checkpoint_when_it_looked_not_where_the_ranks_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It used to say "from step 128" while the ranks resumed at 141, committed after its look:
+    it says what it saw and when, and leaves where they resume to the ranks' own line."""
+    newest = [128]
+    monkeypatch.setattr(supervisor, "newest_step", lambda *a, **k: newest[-1])
+    sup = Supervisor(
+        RunPaths(tmp_path), JobConfig(name="t"), _LateCommit(newest),  # type: ignore[arg-type]
+        Identity("42", "42", 0), env={},
+    )  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="hpc_ddp"):
+        sup._run_launch(Plan(1, 1, 1))
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("supervisor:")]
+    assert said == [
+        "supervisor: launch 1 (1 node(s)); newest committed checkpoint when relaunching: step "
+        "128 (rank 0's log says where the ranks resume)"
+    ]
+
+
+def test_a_launch_that_leaves_a_node_out_and_finds_no_checkpoint_says_so() -> None:
+    assert launch_words(Plan(0, 2, 1, ("n3",)), None) == (
+        "launch 0 (2 node(s), without n3); newest committed checkpoint when relaunching: none "
+        "(rank 0's log says where the ranks resume)"
+    )

@@ -192,7 +192,9 @@ def test_a_two_node_run_in_the_image_survives_requeue_failed_requeue_cancel_and_
 
     row = _hpc(slurm_cluster, work, "status", str(run_dir))
     assert (row["state"], row["job_id"]) == ("COMPLETED", third)
-    assert "supervisor: launch 0 (2 node(s)) from step" in e2e.batch_log(run_dir, third)
+    assert (
+        "supervisor: launch 0 (2 node(s)); newest committed checkpoint when relaunching: step"
+    ) in e2e.batch_log(run_dir, third)
     attempts = e2e.ledger(run_dir)
     assert [a.job_id for a in attempts] == [first, first, second, third]
     assert all(a.world_size == 2 for a in attempts)
