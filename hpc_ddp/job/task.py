@@ -225,7 +225,7 @@ def run_command(
             cfg,
             command,
             interpreter,
-            node_rank=dist.node_rank,
+            node_rank=dist.rank,  # one task per node (checked at load), on any backend
             master_addr=dist.master_addr,
             master_port=port,
         )

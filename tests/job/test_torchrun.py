@@ -75,3 +75,17 @@ def test_launchers_that_cannot_work_are_refused_at_load(
         _cfg(**sections)
     assert key in str(err.value)
     assert hint in str(err.value)
+
+
+def test_the_readmes_launcher_snippet_is_a_valid_job() -> None:
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("\n## Bring your own training script\n", 1)[1].split("\n## ", 1)[0]
+    match = re.search(r"```yaml\n(.*?)```", section, re.DOTALL)
+    assert match is not None
+    cfg = job_config_from_dict({"name": "readme", **yaml.safe_load(match.group(1))}, "README")
+    assert (cfg.dist.launcher, procs_per_node(cfg), cfg.slurm.tasks_per_node) == ("torchrun", 4, 1)
