@@ -428,26 +428,12 @@ class ShardedCheckpoints:
             _bookkeeping(after, final)
 
     def _write_and_commit(self, final: Path, state: Any, rng: Any, common: Any) -> Failure | None:
-        from torch.distributed.checkpoint.filesystem import FileSystemWriter
-        from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
-
         group = self._group
         partial = self.directory / f"{PARTIAL_PREFIX}{final.name}"
         digests: dict[str, Any] = {}
 
         def write() -> None:
-            with _without_zip_crc32():
-                dcp_save(state, storage_writer=FileSystemWriter(partial), process_group=group)
-                _save_pt(rng, partial / rank_file(self.rank))
-                if common is not None:
-                    _save_pt(common, partial / COMMON)
-            mine = [rank_file(self.rank)]
-            mine += [p.name for p in partial.glob(f"__{self.rank}_*.distcp")]
-            if common is not None:
-                mine += [METADATA, COMMON]
-            for name in mine:
-                path = partial / name
-                digests[name] = {"size": path.stat().st_size, "xxh3": file_digest(path)}
+            digests.update(self._write_files(partial, state, rng, common))
 
         error = _attempt_write(lambda: _fresh_dir(partial)) if self.rank == 0 else None
         try:
@@ -458,7 +444,11 @@ class ShardedCheckpoints:
             gathered: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
             dist.gather_object((digests, error), gathered, dst=0, group=group)
             if gathered is not None:
-                errors = [e for _, e in gathered if e is not None]
+                # The first rank's error that names an errno (a peer's may only say the
+                # collective failed), else the first rank's.
+                errors = sorted(
+                    (e for _, e in gathered if e is not None), key=lambda e: e[1] is None
+                )
                 error = errors[0] if errors else None
                 if error is None:
                     files = [d for d, _ in gathered]
@@ -475,6 +465,34 @@ class ShardedCheckpoints:
         except Exception as exc:  # a peer gone: the group's timeout ends the wait
             error = (f"{type(exc).__name__}: {_first_line(exc)}", None)
         return error
+
+    def _write_files(
+        self, partial: Path, state: Any, rng: Any, common: Any
+    ) -> dict[str, dict[str, Any]]:
+        """This rank's files into ``partial`` (its DCP shard, its RNG states; rank 0 also
+        ``common.pt`` and DCP's ``.metadata``), and their sizes and digests."""
+        from torch.distributed.checkpoint.filesystem import FileSystemWriter
+        from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+        writer = _noting_writer(FileSystemWriter, partial)
+        with _without_zip_crc32():
+            try:
+                dcp_save(state, storage_writer=writer, process_group=self._group)
+            except BaseException as exc:  # DCP's CheckpointException is one
+                # This rank's own error says which errno; what DCP raises holds every rank's
+                # error pickled, without what each one wrapped (the OSError).
+                raise _RankFailure(write_failure(writer.failure or exc)) from None
+            _save_pt(rng, partial / rank_file(self.rank))
+            if common is not None:
+                _save_pt(common, partial / COMMON)
+        mine = [rank_file(self.rank)]
+        mine += [p.name for p in partial.glob(f"__{self.rank}_*.distcp")]
+        if common is not None:
+            mine += [METADATA, COMMON]
+        return {
+            name: {"size": (partial / name).stat().st_size, "xxh3": file_digest(partial / name)}
+            for name in mine
+        }
 
     def then(self, after: Callable[[], None]) -> None:
         """Run ``after`` once the save in flight is committed (on the writer thread; at once
@@ -689,9 +707,45 @@ def _attempt_write(work: Callable[[], object]) -> Failure | None:
         work()
     except KeyboardInterrupt:
         raise
+    except _RankFailure as exc:
+        return exc.failure
     except BaseException as exc:  # DCP's CheckpointException is one
         return write_failure(exc)
     return None
+
+
+class _RankFailure(Exception):
+    """A failure already described on the rank where it happened."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure[0])
+        self.failure = failure
+
+
+def _noting_writer(base: Any, path: Path) -> Any:
+    """DCP's ``FileSystemWriter`` at ``path`` (``base``, imported with torch's DCP), noting in
+    ``failure`` the error this rank's own writes raised, with what it wraps: DCP gathers every
+    rank's error pickled, which drops the ``OSError`` a ``RuntimeError`` of ``torch.save``'s zip
+    writer wraps (a full disk)."""
+
+    class NotingWriter(base):  # type: ignore[misc]
+        failure: BaseException | None = None
+
+        def write_data(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().write_data(*args, **kwargs)
+            except BaseException as exc:
+                self.failure = exc
+                raise
+
+        def finish(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().finish(*args, **kwargs)
+            except BaseException as exc:
+                self.failure = exc
+                raise
+
+    return NotingWriter(path)
 
 
 def _bookkeeping(after: Callable[[], None], path: Path | None) -> None:

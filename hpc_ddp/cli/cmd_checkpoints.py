@@ -52,8 +52,9 @@ exist already, unless --force; it is never written inside the run's checkpoints 
 
 Exit status, the same with and without --json: 0 when the listing succeeds, whatever the files
 hold; with --verify, 1 when the newest file is not ok (resume would fall back to an older one,
-or to none; stderr says which). RUN_DIR missing or not a directory, or an --export FILE that
-cannot be written: 2 (a usage error), with the error on stderr; no checkpoint to export: 1.
+or to none; stderr says which). RUN_DIR missing or not a directory: 2 (a usage error), with
+the error on stderr; so is an --export FILE that cannot or must not be written (2, with a
+HINT). No checkpoint to export: 1.
 """
 
 

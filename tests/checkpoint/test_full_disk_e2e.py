@@ -1,4 +1,4 @@
-"""A full disk on the real two-node dev cluster: a run whose checkpoint no longer fits fails.
+"""A full disk, for real: a run whose checkpoint no longer fits fails, on every rank.
 
 The run directory lies on a real 6 MiB tmpfs (mounted here; the dev cluster's slurmd runs on
 this machine, so its tasks write into it). One checkpoint of the model (``image_size: 24``: its
@@ -7,6 +7,11 @@ weights and SGD momentum, 3.9 MB) fits, the second does not: the write raises EN
 ``CheckpointException``, which is a ``BaseException``). Whatever the strategy, every rank must
 fail with the error and its HINT, the job must end FAILED, and no ledger record may name a
 checkpoint that is not on disk.
+
+The same in a one-rank session of this process, on a 1 MiB tmpfs: the first save does not fit.
+There the error comes from inside ``torch.save``'s zip writer (a ``RuntimeError`` "unexpected
+pos" whose context is the ``OSError``), and for a shard set DCP hands it over pickled, which
+drops that context: the errno must still be named.
 """
 
 from __future__ import annotations
@@ -18,11 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from torch import nn
 
+from hpc_ddp.config.model import JobConfig
+from hpc_ddp.errors import CheckpointError
+from hpc_ddp.runtime.session import Session
 from tests import e2e_util as e2e
 from tests.conftest import IN_CI, Cluster
 
-pytestmark = [pytest.mark.slurm, pytest.mark.torch]
+pytestmark = pytest.mark.torch
 
 RUN = [
     "train.image_size=24",  # 3.9 MB a checkpoint: the first fits in 6 MiB, the second not
@@ -34,13 +44,12 @@ RUN = [
 ]
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A real 6 MiB tmpfs, unmounted at the end. Under CI=true a failed mount fails the test."""
-    where = tmp_path / "full"
+def _tmpfs(where: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of ``size`` at ``where``, unmounted at the end. Under CI=true a failed mount
+    fails the test."""
     where.mkdir()
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(where)],
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
         capture_output=True,
         text=True,
         check=False,
@@ -57,11 +66,51 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
             subprocess.run(["umount", "-l", str(where)], check=False)
 
 
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A real 6 MiB tmpfs (unmounted at the end)."""
+    yield from _tmpfs(tmp_path / "full", "6m")
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A real 1 MiB tmpfs (unmounted at the end)."""
+    yield from _tmpfs(tmp_path / "full", "1m")
+
+
+@pytest.mark.usefixtures("own_process")
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_save_that_does_not_fit_names_enospc_and_leaves_nothing(
+    tiny_tmpfs: Path, strategy: str
+) -> None:
+    run_dir = tiny_tmpfs / "run"
+    with pytest.raises(CheckpointError) as failed:
+        _save_once(run_dir, strategy)
+    message = str(failed.value)
+    assert "No space left on device (ENOSPC)" in message
+    assert f"HINT: the file system of {run_dir / 'checkpoints'} is full: free space" in message
+    assert not [p.name for p in (run_dir / "checkpoints").iterdir() if "step-" in p.name]
+    ends = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    [end] = [e for e in ends if e["event"] == "attempt_end"]
+    assert end["checkpoint"] is None
+    assert "ENOSPC" in end["message"]
+
+
 def _named(record: dict[str, Any]) -> str | None:
     name = record.get("checkpoint")
     return name if isinstance(name, str) else None
 
 
+def _save_once(run_dir: Path, strategy: str) -> None:
+    """A one-rank session that saves 2 MiB of weights at step 1 (more than 1 MiB)."""
+    with Session(run_dir, JobConfig(name="t"), env={}) as s:
+        model = s.wrap(nn.Sequential(nn.Linear(1024, 512), nn.Linear(512, 2)), strategy=strategy)
+        s.restore(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        s.progress.step = 1
+        s.checkpoint(wait=True)
+
+
+@pytest.mark.slurm
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_a_checkpoint_that_does_not_fit_fails_the_run_on_every_rank(
     slurm_cluster: Cluster, small_tmpfs: Path, strategy: str

@@ -362,7 +362,8 @@ def test_export_to_a_path_it_cannot_write_is_a_clear_error(
     code, stdout, err = run_cli(capsys, str(fsdp_copy), "--export", str(out), "--json")
     _no_traceback(code, err)
     assert words in err
-    assert stdout == ""
+    failure = json.loads(stdout)  # --json: the error object, never an export's
+    assert (failure["schema"], failure["exit_code"]) == ("hpc-ddp.error/1", 2)
 
 
 def test_export_never_replaces_a_file_without_force_nor_writes_into_the_checkpoints(
