@@ -437,9 +437,12 @@ class ShardedCheckpoints:
 
         error = _attempt_write(lambda: _fresh_dir(partial)) if self.rank == 0 else None
         try:
-            dist.barrier(group=group)  # the directory is empty before anyone writes
-            error = error or _attempt_write(write)
-            if error is not None:
+            # Rank 0's word that the directory is empty, or why it is not, before anyone
+            # writes: ranks that wrote without rank 0 would wait in DCP's collectives for it.
+            box = [None if error is None else (f"rank 0: {error[0]}", error[1])]
+            dist.broadcast_object_list(box, src=0, group=group)
+            error = box[0]
+            if error is None and (error := _attempt_write(write)) is not None:
                 error = (f"rank {self.rank}: {error[0]}", error[1])
             gathered: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
             dist.gather_object((digests, error), gathered, dst=0, group=group)

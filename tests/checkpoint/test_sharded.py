@@ -346,3 +346,17 @@ def test_a_rank_passes_over_a_shard_set_whose_digest_record_is_a_fifo(tmp_path: 
     assert code == 0, stderr[-3000:]
     assert json.loads(stdout.strip().splitlines()[-1])["resumed_from"] == 3
     assert "digests.json is not a regular file (a FIFO)" in stderr
+
+
+def test_a_save_rank_0_cannot_start_fails_every_rank_at_once(tmp_path: Path) -> None:
+    """Rank 0 could not make the save's directory (here a file stands at its .partial- name):
+    the others wrote without it and waited in DCP's collectives for rank 0, which never came,
+    until fault.checkpoint_timeout_s (15 min). Every rank now fails with rank 0's error."""
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    (checkpoints / ".partial-step-00000003").write_text("in the way")
+    argv = [SCRIPT, str(tmp_path), "4", "0", "1"]
+    for code, _, err in run_ranks(argv, 2, timeout=120):
+        assert code != 0
+        assert "saving step-00000003: rank 0: FileExistsError" in err
+    assert not list(checkpoints.glob("step-*"))
