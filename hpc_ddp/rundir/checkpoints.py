@@ -132,6 +132,8 @@ def shard_set_record(path: Path) -> dict[str, Any]:
     record = _read_record(path)
     files: Mapping[str, Any] = record["files"]
     world: int = record["world_size"]
+    if world > len(files):  # every rank has two files: a torn record's size is not listed out
+        raise IncompleteShardSet(f"the record lists {len(files)} files for {world} ranks")
     needed = [SHARDED_METADATA, SHARDED_COMMON, *(shard_rank_file(r) for r in range(world))]
     missing = [name for name in needed if name not in files]
     shard_ranks = {int(m.group(1)) for name in files if (m := _SHARD.match(name))}

@@ -99,7 +99,12 @@ def _another_step(path: Path) -> None:
     _edit_record(path, lambda r: r.update(step=10))
 
 
+def _absurd_world(path: Path) -> None:
+    _edit_record(path, lambda r: r.update(world_size=10**12))
+
+
 DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
+    "an-absurd-world-size": (_absurd_world, "the record lists 6 files for 1000000000000 ranks"),
     "no-record": (_no_record, "no digests.json (an unfinished save)"),
     "record-a-fifo": (_record_a_fifo, "digests.json is not a regular file (a FIFO)"),
     "record-of-another-format": (_another_format, "digests.json is not an hpc-ddp-sharded"),
