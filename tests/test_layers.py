@@ -74,7 +74,7 @@ LAYERS: tuple[Layer, ...] = (
     Layer(("runtime.session", "runtime.evaluation")),
     Layer(("train",)),
     Layer(("doctor",)),
-    Layer(("job",)),
+    Layer(("job",), pure=("job.torchrun",)),
     Layer(("backends.local.launcher",)),
     Layer(
         (
