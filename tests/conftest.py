@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.devcluster import cluster as devcluster
+from hpc_ddp.devcluster.conf import ClusterSpec
 from hpc_ddp.errors import HpcDdpError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,15 +58,22 @@ def _unavailable(reason: str) -> None:
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[Cluster]:
-    """The two-node dev cluster (n1, n2), up for the whole session."""
+    """The two-node dev cluster (n1, n2), up for the whole session.
+
+    Always of the shape the tests assume (:func:`shape_for_tests`), whatever shape a
+    developer's running cluster had: a test that needs accounting asks for
+    :func:`accounting_cluster`. A running cluster of another shape gets its own back at the
+    end."""
     if os.geteuid() != 0:
         _unavailable("the dev cluster needs root")
     state_dir = devcluster.state_dir_from(os.environ)
-    layout = devcluster.layout_for(state_dir)
+    spec = shape_for_tests(state_dir)
+    found = devcluster.saved_spec(state_dir)
+    layout = devcluster.layout_for(state_dir, spec)
     was_running = devcluster.pid_alive(layout.ctld_pid) is not None
     hosts_before = devcluster.HOSTS_FILE.read_text()
     try:
-        result = devcluster.up(state_dir, os.environ)
+        result = devcluster.up(state_dir, os.environ, spec)
     except HpcDdpError as exc:
         _unavailable(str(exc))
     previous_conf = os.environ.get("SLURM_CONF")
@@ -78,6 +86,22 @@ def slurm_cluster() -> Iterator[Cluster]:
         os.environ["SLURM_CONF"] = previous_conf
     if not was_running:
         devcluster.down(state_dir)
+    elif found is not None and found != spec:
+        devcluster.up(state_dir, os.environ, found)  # as it was found
+
+
+def shape_for_tests(state_dir: Path) -> ClusterSpec:
+    """The default dev cluster's shape that every test of it assumes: two nodes of two fake
+    GPUs, no accounting (tests of ``squeue`` alone), Slurm's own ``SlurmdTimeout``, a 10 s
+    credential lifetime (a requeued job is held 11 s); its slot stays the state dir's."""
+    return devcluster.resolve_spec(
+        state_dir,
+        nodes=2,
+        gpus_per_node=2,
+        accounting=False,
+        slurmd_timeout_s=300,
+        cred_expire_s=10,
+    )
 
 
 @pytest.fixture(scope="session")
