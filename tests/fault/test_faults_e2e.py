@@ -112,7 +112,12 @@ def test_a_hung_rank_is_found_in_seconds_named_and_restarted_to_the_twins_weight
     assert (again.launch, again.restart, again.resumed_from_step) == (1, 0, FAULT_AT)
     assert again.cause is EndCause.FINISHED
     rank1 = (job.run_dir / "logs" / "rank-1.err").read_text(errors="replace")
-    assert "Current thread" in rank1 or "most recent call first" in rank1  # its stacks
+    # Its log: where its main thread stood (the program's part), none of hpc-ddp's threads;
+    # every thread, the watchdog's too, in hpc-ddp's stacks file of the launch.
+    assert "hpc-ddp watchdog: rank 1's main thread when the launch ended (hang)" in rank1
+    assert "Thread 0x" not in rank1
+    [stacks] = (job.run_dir / "launches").glob("*.0.0/rank-1.stacks")
+    assert "watchdog.py" in stacks.read_text(errors="replace")
     assert e2e.final_digest(slurm_cluster, job.run_dir) == twin
     row = json.loads(
         e2e.hpc(slurm_cluster, "status", str(job.run_dir), "--json", "--goodput").stdout
