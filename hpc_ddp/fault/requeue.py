@@ -460,11 +460,25 @@ class Coordinator:
             log.warning("could not ask Slurm about job %s: %s", self.dist.job_ref, exc)
             return None, slurm_failure_summary(exc)
 
-    def stop(self, signum: int, *, step: int | None, checkpoint: str | None) -> StopOutcome:
+    def stop(
+        self,
+        signum: int,
+        *,
+        step: int | None,
+        checkpoint: str | None,
+        verdict: StopVerdict | None = None,
+    ) -> StopOutcome:
         """Handle an agreed stop on rank 0 (other ranks get a neutral outcome). ``step`` None:
-        a ``command`` program without a session, which keeps its own snapshot."""
+        a ``command`` program without a session, which keeps its own snapshot. ``verdict``:
+        :meth:`verdict`'s, when the caller asked already."""
         if not self.dist.is_main:
             return StopOutcome(EndCause.UNKNOWN, False, 0, "")
+        if verdict is None:
+            verdict = self.verdict(signum)
+        return self._act(verdict, step=step, checkpoint=checkpoint)
+
+    def verdict(self, signum: int) -> StopVerdict:
+        """Why a stop for ``signum`` came, as Slurm's answer (or the signal alone) says."""
         requeue_signum = signal_number(self.cfg.signal)
         fields, error = self._ask_slurm() if self.under_slurm else (None, "")
         if self.under_slurm and fields is None:
@@ -478,7 +492,7 @@ class Coordinator:
                 job=fields,
                 lost_nodes=self._lost_nodes(fields),
             )
-        return self._act(verdict, step=step, checkpoint=checkpoint)
+        return verdict
 
     def _lost_nodes(self, fields: Mapping[str, str] | None) -> list[str]:
         """The job's nodes Slurm holds down, asked only when Slurm requeued the job by itself

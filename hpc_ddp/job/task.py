@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -237,7 +238,12 @@ def run_command(
     requeue_signum = signal_number(cfg.requeue.signal)
     grace = command_grace_s(cfg)
     began = time.time()
-    coordinator = Coordinator(dist, paths.ledger, cfg.requeue, slurm, since=began)
+    # What this process records for the program names the ranks it runs (torchrun's workers),
+    # not this task's place among the Slurm tasks; a session in the child records its own.
+    ranks = replace(dist, world_size=program_ranks(cfg, argv, dist))
+    coordinator = Coordinator(ranks, paths.ledger, cfg.requeue, slurm, since=began)
+    if dist.is_main:
+        _record_command_start(coordinator, began)
     # Slurm's warning reaches every process of the step: the child starts with it ignored
     # (and so do torchrun's workers), and hears of it from here as SIGTERM (_Forwarder).
     proc = start_ignoring(requeue_signum, argv, env=child_env)
@@ -254,14 +260,66 @@ def run_command(
     forward.cancel()
     if dist.is_main:
         _record_workdir_files(paths.root, began)
-    # A child that dies after a stop signal (cancel, time limit, preemption, srun ending the
-    # step after another rank failed) was stopped, not crashed: Slurm decides what comes next.
     if not forward.stops:
         record_child_end(coordinator, code, program, began)
         return exit_status(code)
-    if forward.plain and requeue_signum in forward.stops:
+    return _record_stopped(forward, code, program)
+
+
+def _record_stopped(forward: _Forwarder, code: int, program: str) -> int:
+    """The child ended after a stop signal (cancel, time limit, preemption, srun ending the
+    step after another rank failed): it was stopped, not crashed, and Slurm decides what comes
+    next. A program without a session is recorded here as its session would record itself."""
+    coordinator, began = forward.coordinator, forward.began
+    if forward.plain and forward.requeue_signum in forward.stops:
         return record_plain_stop(coordinator, forward.stops[0], program, began)
+    if forward.plain and coordinator.dist.is_main:
+        return record_plain_cancel(coordinator, forward.stops[0], program, began, code)
     return exit_status(code)
+
+
+def program_ranks(cfg: JobConfig, argv: list[str], dist: DistEnv) -> int:
+    """How many ranks the program this task starts runs in all: torchrun's workers on every
+    node (``dist.launcher: torchrun``, or torchrun in the command with ``--nproc-per-node N``
+    and ``--nnodes M``, 1 node by default, as torchrun has it), else one per Slurm task."""
+    from hpc_ddp.job.torchrun import procs_per_node
+    from hpc_ddp.rundir.provenance import torchrun_split
+
+    if cfg.dist.launcher == "torchrun":
+        return dist.world_size * procs_per_node(cfg)
+    split = torchrun_split(argv)
+    if split is None:
+        return dist.world_size
+    options = split[0]
+    per_node = options.get("nproc-per-node", "1")
+    nodes = options.get("nnodes", "1")
+    if not (per_node.isdigit() and nodes.isdigit()) or int(per_node) < 1 or int(nodes) < 1:
+        return dist.world_size  # "gpu", "auto", an elastic "1:4": not known here
+    return int(nodes) * int(per_node)
+
+
+def _record_command_start(coordinator: Coordinator, began: float) -> None:
+    """Rank 0: the program starts; ``status`` shows its attempt running until a start of its
+    own (its session's, or the one written with its end) supersedes this
+    (:func:`~hpc_ddp.rundir.ledger.command_start_event`). Never fails the task."""
+    from hpc_ddp.durable import append_line
+    from hpc_ddp.rundir.ledger import command_start_event
+
+    dist = coordinator.dist
+    line = command_start_event(
+        job_id=dist.job_id,
+        job_ref=dist.job_ref,
+        restart=coordinator.restart,
+        launch=dist.launch,
+        nodelist=",".join(dist.nodelist),
+        world_size=dist.world_size,
+        now=began,
+    )
+    try:
+        coordinator.ledger.parent.mkdir(parents=True, exist_ok=True)
+        append_line(coordinator.ledger, line)
+    except OSError as exc:
+        log.warning("could not record that the command started: %s", exc)
 
 
 def _record_workdir_files(run_dir: Path, began: float) -> None:
@@ -349,6 +407,26 @@ def record_plain_stop(coordinator: Coordinator, signum: int, program: str, began
     return outcome.exit_code
 
 
+def record_plain_cancel(
+    coordinator: Coordinator, signum: int, program: str, began: float, code: int
+) -> int:
+    """A ``command`` child without a session ended after a stop signal that is not the requeue
+    signal (``hpc-ddp cancel``'s SIGTERM, Slurm's own requeue or preemption): on rank 0, record
+    the attempt as Slurm explains the stop, as a session would (``cancelled``), with nothing to
+    request. A stop Slurm would have this job requeue (a SIGTERM while it runs: srun ending
+    the step for a peer that failed, whose own record speaks) or that Slurm could not explain
+    is left unrecorded, as before. Returns this task's exit status."""
+    if _attempt_entries(coordinator, began):  # a peer's crash, recorded before this stop
+        return exit_status(code)
+    verdict = coordinator.verdict(signum)
+    if verdict.request_requeue or not verdict.slurm_answered:
+        return exit_status(code)
+    coordinator.write_start(resumed_from_step=None, checkpoint=None, now=began)
+    outcome = coordinator.stop(signum, step=None, checkpoint=None, verdict=verdict)
+    log.info("command `%s` stopped: %s", program, outcome.message)
+    return outcome.exit_code
+
+
 def record_child_end(coordinator: Coordinator, code: int, program: str, began: float) -> None:
     """A ``command`` child ended with exit status ``code``, no stop signal given: the ledger
     must say how, whether or not the child opened a session.
@@ -408,8 +486,8 @@ def record_child_crash(coordinator: Coordinator, failure: str, began: float) -> 
     if mine and not mine[-1].is_open:
         log.error("%s; the attempt's end is recorded already", failure)
         return
-    if not mine:
-        coordinator.write_start(resumed_from_step=None, checkpoint=None)
+    if not mine:  # its running attempt (`command_start`) counts from when the child started
+        coordinator.write_start(resumed_from_step=None, checkpoint=None, now=began)
     coordinator.crash(step=None, checkpoint=None, error=failure, claimed=True)
 
 

@@ -32,6 +32,19 @@ keyed by (job, restart, launch) rather than by number::
     {"event": "node_fail", ..., "launch": 0, "time": ..., "node": "n2", "evidence": "..."}
     {"event": "checkpoint", ..., "launch": 1, "time": ..., "step": 160, "stall_s": 0.012}
 
+A ``command:`` job's program may never open a session, and then nothing above is written
+while it runs: rank 0's ``hpc-ddp run`` appends a ``command_start`` as it starts the program,
+keyed like a launch's events::
+
+    {"event": "command_start", "job_id": "4242", "job_ref": "4242", "restart": 0, "time": ...,
+     "nodelist": "n[1-2]", "world_size": 8}
+
+It is no attempt of its own: the attempt's ``attempt_start`` (the session's, or the one
+``hpc-ddp run`` writes with the program's end) supersedes it. Only the readers that show a run
+(``status``, its goodput) ask for one that nothing supersedes (``provisional=True``): a
+program still running, or one that died without a word; the node side's numbering never sees
+it.
+
 A ``launch_end`` closes its launch's attempt when no rank could (a rank killed, frozen, or
 lost with its node), and its fault verdict replaces a rank's own ``crash`` (a survivor's
 "connection reset" names the wrong rank); a launch whose ranks wrote nothing becomes an attempt
@@ -146,7 +159,10 @@ class Attempt:
     blame: Blame | None = None
     """Whom the fault that ended it points to (the supervisor's word), if one did."""
     next: str | None = None
-    """What the supervisor did next: ``restart``, ``requeue`` or ``stop``."""
+    """What came next: ``restart``, ``requeue`` or ``stop``, as the supervisor said; an
+    attempt that asked for its requeue, or that Slurm requeued (a later restart of its job
+    follows it), is ``requeue`` even where the supervisor saw its launch end cleanly
+    (``stop``). None: no supervisor ran it."""
     saves: tuple[Save, ...] = ()
     """The checkpoints rank 0 saved in it."""
     trained: bool = True
@@ -259,7 +275,9 @@ def _line(event: dict[str, Any]) -> str:
     return json.dumps(event, sort_keys=True) + "\n"
 
 
-def read_ledger(path: Path, *, since: float | None = None) -> list[Attempt]:
+def read_ledger(
+    path: Path, *, since: float | None = None, provisional: bool = False
+) -> list[Attempt]:
     """The attempts recorded in ``path``, in the order they started; [] if there is no file.
 
     Lines that do not parse (a torn last line) or are not ledger events are skipped, never fatal,
@@ -278,6 +296,11 @@ def read_ledger(path: Path, *, since: float | None = None) -> list[Attempt]:
     were numbered across the run (each job's counted from 0 again); only for runs whose old
     processes had all ended by then (the local backend's). Each attempt returned has its
     number in the run: its place in the list.
+
+    ``provisional``: also an open attempt for each ``command_start`` that no entry of its
+    launch supersedes (a ``command:`` program without a session, still running or dead without
+    a word), where it was written. Only for showing a run: the node side numbers attempts
+    without them.
     """
     try:
         text = path.read_text(errors="replace")
@@ -291,17 +314,100 @@ def read_ledger(path: Path, *, since: float | None = None) -> list[Attempt]:
         ) from None
     attempts: list[Attempt] = []
     launched: _Launched = {}
+    commands: list[tuple[int, Attempt]] = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             event = json.loads(line)
-            _fold(attempts, event, since, launched)
+            if isinstance(event, dict) and event.get("event") == "command_start":
+                commands.append((len(attempts), _command_attempt(event)))
+            else:
+                _fold(attempts, event, since, launched)
         except (ValueError, TypeError, KeyError, OverflowError) as exc:
             log.warning("%s:%d: skipping an unreadable ledger line (%s)", path, number, exc)
+    if provisional:
+        attempts = _with_commands(attempts, commands)
+    attempts = _then(attempts)
     attempts = [_with_launch(a, launched) for a in attempts]
     # Events pair up by the number they were written with; the run numbers them by place.
     return [replace(a, attempt=index) for index, a in enumerate(attempts)]
+
+
+def _command_attempt(event: Any) -> Attempt:
+    """The open attempt a ``command_start`` stands for until its attempt's start supersedes it."""
+    return Attempt(
+        attempt=0,  # numbered by its place, as every attempt
+        started=_time(event["time"]),
+        ended=None,
+        cause=None,
+        steps_done=None,
+        checkpoint=None,
+        nodelist=str(event.get("nodelist") or ""),
+        job_ref=_opt_str(event.get("job_ref")),
+        resumed_from_step=None,
+        job_id=_opt_str(event.get("job_id")),
+        world_size=_opt_count(event.get("world_size"), "world_size", low=1),
+        restart=_opt_count(event.get("restart"), "restart"),
+        launch=_launch(event),
+    )
+
+
+def _with_commands(attempts: list[Attempt], commands: list[tuple[int, Attempt]]) -> list[Attempt]:
+    """``attempts`` with each command's open attempt that no entry supersedes, at the place
+    its ``command_start`` was written."""
+    out = list(attempts)
+    for place, command in reversed(commands):  # from the last: earlier places stay put
+        if not any(_supersedes(a, command) for a in attempts):
+            out.insert(place, command)
+    return out
+
+
+def _supersedes(a: Attempt, command: Attempt) -> bool:
+    """``a`` is the attempt ``command`` started: its launch's, and without a job id to tell
+    jobs apart (a local run), one that started or ended since the command started (an earlier
+    local job's entries of the same restart and launch ended before it)."""
+    key = _entry_key(command)
+    if _entry_key(a) != key:
+        return False
+    if key[0] is not None:
+        return True
+    last = a.started if a.ended is None else max(a.started, a.ended)
+    return last >= command.started - _SKEW_S
+
+
+def _then(attempts: list[Attempt]) -> list[Attempt]:
+    """Each attempt's ``next``, with a requeue said as one: the supervisor sees a launch whose
+    ranks stopped and asked for the requeue (or that Slurm requeued) end cleanly, ``stop``."""
+    newest: dict[str, int] = {}  # each job's latest restart in the ledger
+    for a in attempts:
+        job = a.job_ref or a.job_id
+        if job is not None:
+            newest[job] = max(newest.get(job, 0), a.restart or 0)
+    out = []
+    for a in attempts:
+        job = a.job_ref or a.job_id
+        later = job is not None and newest[job] > (a.restart or 0)  # Slurm ran it again
+        requeued = a.cause is not None and (bool(a.requeue_requested) or later)
+        said = requeued and a.next == "stop" and a.cause is not EndCause.FINISHED
+        out.append(replace(a, next="requeue") if said else a)
+    return out
+
+
+def command_start_event(
+    *,
+    job_id: str | None,
+    job_ref: str | None,
+    restart: int,
+    launch: int,
+    nodelist: str,
+    world_size: int,
+    now: float | None = None,
+) -> str:
+    """Rank 0's ``command_start`` line: a ``command:`` program starts (see the module
+    docstring); ``world_size`` the ranks it runs (torchrun's workers, where it starts them)."""
+    key = (job_id, job_ref, restart, launch, now)
+    return _launch_line("command_start", key, nodelist=nodelist, world_size=world_size)
 
 
 def attempt_number(

@@ -5,7 +5,9 @@ goes into the manifest: where the run was submitted from, the git commit and whe
 was dirty (``git`` with a short timeout; no git, or no repository: None, never an error), and
 the file of the job's code with its digest: for ``command:`` the script it names (``python
 train.py``: ``train.py``; ``./run.sh``: ``run.sh``; ``python -m pkg.mod``: the module's file),
-for ``entrypoint:`` the module's file. Modules are found, never imported
+for ``entrypoint:`` the module's file; under torchrun (``torchrun ...``, ``python -m
+torch.distributed.run ...``, or ``dist.launcher: torchrun``) the script torchrun's workers run,
+never torchrun's own file. Modules are found, never imported
 (:func:`importlib.machinery.PathFinder`), so a package's heavy dependencies stay unloaded.
 
 On each attempt the task computes the same digest (:func:`code_of`) where the job runs, and
@@ -28,11 +30,25 @@ from pathlib import Path
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.params import resolve_command
 
-__all__ = ["GIT_TIMEOUT_S", "Code", "Provenance", "code_of", "file_digest", "gather", "git_state"]
+__all__ = [
+    "GIT_TIMEOUT_S",
+    "Code",
+    "Provenance",
+    "code_of",
+    "file_digest",
+    "gather",
+    "git_state",
+    "torchrun_split",
+]
 
 GIT_TIMEOUT_S = 3.0
 """How long a submit waits for each ``git`` call: a hung network file system must not hang it."""
 _PYTHON_OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "-Q"})
+_TORCHRUN_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
+_TORCHRUN_FLAGS = frozenset(
+    {"standalone", "no-python", "run-path", "m", "module", "use-env", "virtual-local-rank"}
+)
+"""torchrun's options that take no value (every other one takes one: ``--nnodes 2``)."""
 
 
 @dataclass(frozen=True)
@@ -62,20 +78,86 @@ def file_digest(path: Path) -> str:
     return f"sha256:{h.hexdigest()}"
 
 
+def torchrun_split(argv: Sequence[str]) -> tuple[dict[str, str], list[str]] | None:
+    """(torchrun's options, the program its workers run with its arguments) when ``argv`` runs
+    torchrun (``torchrun ...``, ``python -m torch.distributed.run|launch ...``); None when it
+    does not. Options are keyed without dashes, ``_`` read as ``-`` (``nproc-per-node``); a
+    flag's value is ``""``. Pure."""
+    if not argv:
+        return None
+    program, *args = argv
+    name = Path(program).name
+    if name == "torchrun":
+        rest = args
+    elif name.startswith("python"):
+        i = 0
+        while i < len(args) and args[i].startswith("-") and args[i] != "-m":
+            i += 2 if args[i] in _PYTHON_OPTIONS_WITH_VALUE else 1
+        if (
+            args[i : i + 1] != ["-m"]
+            or args[i + 1 : i + 2] == []
+            or (args[i + 1] not in _TORCHRUN_MODULES)
+        ):
+            return None
+        rest = args[i + 2 :]
+    else:
+        return None
+    options: dict[str, str] = {}
+    i = 0
+    while i < len(rest) and rest[i].startswith("-") and rest[i] != "--":
+        key, eq, value = rest[i].lstrip("-").partition("=")
+        key = key.replace("_", "-")
+        if not eq and key not in _TORCHRUN_FLAGS:
+            value = rest[i + 1] if i + 1 < len(rest) else ""
+            i += 1
+        options[key] = value
+        i += 1
+    if i < len(rest) and rest[i] == "--":
+        i += 1
+    return options, rest[i:]
+
+
+def _torchrun_program(
+    options: dict[str, str], program: list[str], base: Path, search: Sequence[str]
+) -> Path | None:
+    """The file of the program torchrun's workers run: a script, ``-m MODULE``'s file, or
+    (``--no-python``) an executable named by its path."""
+    if not program:
+        return None
+    if "m" in options or "module" in options:
+        return _module_file(program[0], search)
+    if "no-python" in options and "/" not in program[0]:
+        return None  # found on PATH
+    found = base / program[0]
+    return found if found.is_file() else None
+
+
 def code_file(cfg: JobConfig, base: Path, search: Sequence[str]) -> Path | None:
     """The file of the job's own code, relative paths taken from ``base``; ``search`` is where
     its Python finds modules. None for the built-in trainer, ``python -c``, a program on PATH,
-    or a file that is not there."""
+    or a file that is not there. Under torchrun, the program its workers run."""
     if cfg.entrypoint:
         return _module_file(cfg.entrypoint.partition(":")[0], search)
     if not cfg.command:
         return None
-    program, *args = resolve_command(cfg.command, cfg.params)
+    argv = list(resolve_command(cfg.command, cfg.params))
+    torchrun = torchrun_split(argv)
+    if torchrun is not None:
+        return _torchrun_program(*torchrun, base, search)
+    program, *args = argv
+    if cfg.dist.launcher == "torchrun" and program.endswith(".py"):
+        found = base / program  # hpc-ddp's torchrun runs a bare script under the interpreter
+        return found if found.is_file() else None
     if "/" in program:  # a path: the program itself is the code
         found = base / program
         return found if found.is_file() else None
     if not Path(program).name.startswith("python"):
-        return None  # a program found on PATH (torchrun, bash ...): its first file argument
+        return None  # a program found on PATH (bash ...): its first file argument
+    return _python_program(args, base, search)
+
+
+def _python_program(args: Sequence[str], base: Path, search: Sequence[str]) -> Path | None:
+    """The file ``python ARGS`` runs: its script, or ``-m MODULE``'s file."""
     it = iter(args)
     for arg in it:
         if arg == "-m":

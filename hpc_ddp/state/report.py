@@ -26,7 +26,7 @@ from hpc_ddp.rundir.ledger import Attempt, CodeRun, code_change, read_code_runs,
 from hpc_ddp.rundir.live_progress import read_live_progress
 from hpc_ddp.rundir.manifest import Manifest, read_manifest
 from hpc_ddp.rundir.run_id import recorded_run_id
-from hpc_ddp.state.artifacts import last_metric, step_times
+from hpc_ddp.state.artifacts import last_metric, metric_rows, step_times
 from hpc_ddp.state.goodput import Goodput, account
 from hpc_ddp.state.task import TaskState
 from hpc_ddp.state.verdict import (
@@ -94,8 +94,6 @@ def fmt_elapsed(seconds: float | None) -> str:
 
 
 _FAILED_STATES = frozenset({"FAILED", "NODE_FAIL", "OUT_OF_MEMORY"})
-_MAY_RUN = frozenset({Source.UNREACHABLE, Source.LOCAL_RUNNING})
-"""Sources under which an open attempt may still be running (its elapsed time runs on)."""
 
 
 def _failed_rank(paths: RunPaths, state: str, attempts: list[Attempt]) -> str | None:
@@ -213,9 +211,12 @@ def _startup(run_dir: Path, manifest: Manifest, backend: Backend) -> Callable[[]
 
 
 def _nodes_and_elapsed(
-    source: Source, record: Any, attempts: list[Attempt]
+    source: Source, record: Any, attempts: list[Attempt], wall: float
 ) -> tuple[str, float | None]:
-    """Where the job ran and for how long: Slurm's word, else the ledger's."""
+    """Where the job ran, and the run's wall time: ``wall`` over all the ledger's attempts
+    (the goodput account's), or Slurm's elapsed time of the current job when longer (an
+    attempt that died without a word after its start) or when the ledger has none yet. Slurm's
+    own counts only the job's latest start: a requeue starts it again."""
     nodes, elapsed = "-", None
     if source is Source.SQUEUE:
         nodes, elapsed = record.nodes or "-", record.elapsed_s
@@ -225,12 +226,7 @@ def _nodes_and_elapsed(
         return nodes, elapsed
     if nodes == "-":
         nodes = attempts[-1].nodelist or "-"
-    ends = [a.ended for a in attempts if a.ended is not None]
-    if elapsed is None and attempts[-1].is_open and source in _MAY_RUN:
-        elapsed = time.time() - attempts[0].started
-    elif elapsed is None and ends:  # ended (or gone): up to the last end anyone saw
-        elapsed = max(ends) - attempts[0].started
-    return nodes, elapsed
+    return nodes, wall if elapsed is None else max(wall, float(elapsed))
 
 
 def _submitted(manifest: Manifest) -> float | None:
@@ -251,7 +247,7 @@ def _row(run_dir: Path, manifest: Manifest, view: SlurmView) -> dict[str, Any]:
     backend = backend_for(manifest)  # asks nothing itself: the view holds the queue's word
     submitted = _submitted(manifest)
     since = submitted if backend.ledger_since_submit else None
-    attempts = read_ledger(paths.ledger, since=since)
+    attempts = read_ledger(paths.ledger, since=since, provisional=True)
     # The verdict is the current job's: an earlier job's crash never speaks for a later one.
     job = None if backend.ledger_since_submit else manifest.job_id
     current = current_attempts(attempts, job_id=job, job_ref=job, since=submitted)
@@ -265,7 +261,10 @@ def _row(run_dir: Path, manifest: Manifest, view: SlurmView) -> dict[str, Any]:
     notes = _notes(verdict, source, view, current, paths)
     if word_note:
         notes.append(word_note)
-    nodes, elapsed = _nodes_and_elapsed(source, record, attempts)
+    rows = metric_rows(paths)
+    now = time.time()
+    wall = account(attempts, step_times(rows), now, running=still_running(verdict.state)).wall_s
+    nodes, elapsed = _nodes_and_elapsed(source, record, attempts, wall)
     step, ckpt_note = newest_checkpoint(paths)
     if ckpt_note:
         notes.append(ckpt_note)
@@ -286,7 +285,7 @@ def _row(run_dir: Path, manifest: Manifest, view: SlurmView) -> dict[str, Any]:
         "attempts": len(attempts),
         "causes": ",".join(a.cause.value if a.cause else "running" for a in attempts) or "-",
         "ckpt step": step,
-        "loss": last_metric(paths, "loss"),
+        "loss": last_metric(rows, "loss"),
         "failed_rank": _failed_rank(paths, verdict.state, current),
         "note": "; ".join(notes) or None,
         "code_changed": None if changed is None else code_change_json(*changed),
@@ -343,6 +342,7 @@ _STILL_GOING = frozenset(
         JobState.CONFIGURING.value,
         JobState.SUSPENDED.value,
         TaskState.RUNNING.value,
+        "RUNNING?",  # Slurm did not answer, and the ledger's last attempt is open
     }
 )
 
@@ -358,9 +358,12 @@ def run_goodput(run_dir: Path, *, running: bool, now: float | None = None) -> Go
     """The goodput account of one run (:mod:`hpc_ddp.state.goodput`): its ledger and
     metrics; ``running``: its last attempt is still going (its end is now)."""
     paths = RunPaths(run_dir)
-    attempts = read_ledger(paths.ledger)
+    attempts = read_ledger(paths.ledger, provisional=True)  # a program running without a session
     return account(
-        attempts, step_times(paths), time.time() if now is None else now, running=running
+        attempts,
+        step_times(metric_rows(paths)),
+        time.time() if now is None else now,
+        running=running,
     )
 
 

@@ -433,8 +433,9 @@ def test_slurm_forgot_the_job_sacct_decides_or_status_says_it_cannot(
     assert "no accounting (sacct)" in rows[2]["note"]
     assert "attempt 0 (started" in rows[2]["note"]
     assert rows[2]["nodes"] == "n[1-2]"
-    # An open attempt of a job that is gone is not still counting: no elapsed time to now.
-    assert [r["elapsed_s"] for r in rows] == [1.5, 0.5, None]  # seconds, not "0:00:01"
+    # An open attempt of a job that is gone is not still counting: no elapsed time to now,
+    # only up to its last sign of life, as the goodput account has it (here its start).
+    assert [r["elapsed_s"] for r in rows] == [1.5, 0.5, 0.0]  # seconds, not "0:00:01"
     del done, unfinished, open_run
 
 
@@ -890,3 +891,40 @@ def test_real_cancel_by_job_id_past_a_damaged_run(slurm_cluster: Cluster, tmp_pa
     e2e.hpc(slurm_cluster, "cancel", job.job_id, "--runs-dir", str(runs))
     assert e2e.wait_done(slurm_cluster, job.job_id)["JobState"] == "CANCELLED"
     assert e2e.status(slurm_cluster, job.run_dir)["state"] == "CANCELLED"
+
+
+def test_elapsed_is_the_runs_wall_time_over_every_attempt_as_goodput_counts_it(
+    tmp_path: Path, fake: StatusSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39 (Low): `elapsed` was Slurm's time of the job's latest start (5 s here), the
+    last attempt's alone after a requeue; the goodput account's wall time had the truth. A
+    requeued attempt says `requeue` where the supervisor saw its launch end cleanly (`stop`)."""
+    from hpc_ddp.durable import append_line
+    from hpc_ddp.rundir.ledger import launch_end_event
+
+    run = make_run(tmp_path, "a-requeued", "61")
+    ledger = RunPaths(run).ledger
+    now = time.time()
+    record_start(ledger, attempt=0, job_id="61", job_ref="61", nodelist="n1", world_size=2,
+                 resumed_from_step=None, checkpoint=None, now=now - 100)  # fmt: skip
+    record_end(ledger, attempt=0, job_id="61", job_ref="61", cause=EndCause.TIME_LIMIT,
+               steps_done=None, checkpoint=None, requeue_requested=True, now=now - 60)  # fmt: skip
+    append_line(ledger, launch_end_event(
+        attempt=0, job_id="61", job_ref="61", restart=0, launch=0, launched_at=now - 100,
+        cause=EndCause.TIME_LIMIT, blame=None, steps_reached=None, checkpoint_step=None,
+        next_step="stop", now=now - 59,
+    ))  # fmt: skip
+    record_start(ledger, attempt=1, restart=1, job_id="61", job_ref="61", nodelist="n1",
+                 world_size=2, resumed_from_step=None, checkpoint=None, now=now - 4)  # fmt: skip
+    fake.rows = {"61": ("RUNNING", script(run))}  # squeue's elapsed: 0:05, since the requeue
+    assert main(["status", str(run), "--json", "--goodput"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["runs"]
+    assert row["state"] == "RUNNING"
+    assert 100 <= row["elapsed_s"] < 160, row
+    assert abs(row["elapsed_s"] - row["goodput"]["wall_s"]) < 5, row
+    assert [a["next"] for a in row["attempt_list"]] == ["requeue", None]
+    assert main(["status", str(run), "--attempts"]) == 0
+    out = capsys.readouterr().out
+    [first] = [line for line in out.splitlines() if line.split()[:2] == ["0", "61"]]
+    assert " requeue" in first, first  # `then`
+    assert " stop" not in first, first

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from hpc_ddp.job.task import (
     task_run_dir,
 )
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.ledger import read_ledger
+from hpc_ddp.rundir.ledger import read_code_runs, read_ledger
 from hpc_ddp.runtime.distenv import derive_dist_env
 from tests.conftest import REPO
 from tests.ledgers import record_end, record_start
@@ -276,7 +276,7 @@ def test_a_killed_command_child_is_requeued_with_on_crash(tmp_path: Path) -> Non
     # A second crash in the same attempt (another rank's parent) finds the claim taken.
     assert run_job(run, env, slurm=slurm.client()) == 128 + signal.SIGKILL
     assert slurm.commands("scontrol") == [f"scontrol requeue {REF}"]
-    assert len((run / "ledger.jsonl").read_text().splitlines()) == 2
+    assert _events(run) == ["command_start", "attempt_start", "attempt_end", "command_start"]
 
 
 @pytest.mark.usefixtures("_own_signal_handlers")
@@ -311,7 +311,7 @@ def test_a_crash_the_childs_session_handled_is_not_handled_twice(tmp_path: Path)
     claim.touch()
     assert run_job(run, env, slurm=slurm.client()) == 1
     assert slurm.calls == []
-    assert not (run / "ledger.jsonl").exists()
+    assert read_ledger(run / "ledger.jsonl") == []  # only rank 0's word that the child started
 
     claim.unlink()  # on_crash off, or past the budget: the session wrote the end, no claim
     ledger = run / "ledger.jsonl"
@@ -319,10 +319,10 @@ def test_a_crash_the_childs_session_handled_is_not_handled_twice(tmp_path: Path)
                  resumed_from_step=None, checkpoint=None)  # fmt: skip
     record_end(ledger, attempt=0, cause=EndCause.CRASH, steps_done=3, checkpoint=None,
                requeue_requested=False, message="rank 0 on n1: ValueError: x")  # fmt: skip
-    before = ledger.read_text()
+    before = _events(run)
     assert run_job(run, env, slurm=slurm.client()) == 1
     assert slurm.calls == []
-    assert ledger.read_text() == before
+    assert _events(run) == [*before, "command_start"]
 
 
 SESSION_START = (
@@ -377,15 +377,39 @@ def test_a_plain_command_exiting_3_or_4_crashed(tmp_path: Path, code: int) -> No
     assert f"exited with status {code}; crashed: not requeued" in (attempt.message or "")
 
 
+def _events(run: Path) -> list[str]:
+    """The kinds of the ledger's lines, in order."""
+    lines = (run / "ledger.jsonl").read_text().splitlines()
+    return [json.loads(line)["event"] for line in lines]
+
+
+SIGTERM_PARENT = "import os, signal, time; os.kill(os.getppid(), signal.SIGTERM); time.sleep(60)"
+"""A child that sends its ``hpc_ddp run`` parent SIGTERM, as Slurm does to every process."""
+
+
 @pytest.mark.usefixtures("_own_signal_handlers")
 def test_a_child_killed_by_a_forwarded_stop_signal_did_not_crash(tmp_path: Path) -> None:
-    """A cancel, time limit or preemption SIGTERMs the task: the parent forwards it, and a
-    child without a session dies of it. That is a stop, not a crash: nothing is requeued."""
-    code = "import os, signal, time; os.kill(os.getppid(), signal.SIGTERM); time.sleep(60)"
-    run, env, slurm = _command_run(tmp_path, code, on_crash=True)
+    """A SIGTERM while Slurm still runs the job (srun ending the step for a rank that failed,
+    whose own record speaks): the parent forwards it, and a child without a session dies of
+    it. That is a stop, not a crash, and no requeue of this task's asking."""
+    run, env, slurm = _command_run(tmp_path, SIGTERM_PARENT, on_crash=True)
     assert run_job(run, env, slurm=slurm.client()) == 128 + signal.SIGTERM
-    assert slurm.calls == []
-    assert not (run / "ledger.jsonl").exists()
+    assert slurm.commands("scontrol") == [f"scontrol show job -o {REF}"]  # asked, not requeued
+    assert read_ledger(run / "ledger.jsonl") == []
+
+
+@pytest.mark.usefixtures("_own_signal_handlers")
+def test_a_cancelled_program_without_a_session_is_recorded_cancelled(tmp_path: Path) -> None:
+    """Issue 39 (Low): `hpc-ddp cancel` (scancel: SIGTERM to every process, the job
+    COMPLETING with no new restart) of a program without a session said `unknown`. Its parent
+    records the attempt `cancelled`, as a session's cancel is, and asks for no requeue."""
+    run, env, slurm = _command_run(tmp_path, SIGTERM_PARENT, on_crash=True)
+    slurm.jobs[REF].state = JobState.COMPLETING
+    assert run_job(run, env, slurm=slurm.client()) == 0
+    assert slurm.commands("scontrol") == [f"scontrol show job -o {REF}"]
+    [attempt] = read_ledger(run / "ledger.jsonl")
+    assert (attempt.cause, attempt.requeue_requested) == (EndCause.CANCELLED, False)
+    assert "cancelled" in (attempt.message or "")
 
 
 def _plain_stop_code(marker: Path, on_term: str) -> str:
@@ -511,3 +535,121 @@ def test_a_local_plain_command_gets_one_verdict_from_its_exit_status(
     assert row["state"] == state, row
     [attempt] = read_ledger(run_dir / "ledger.jsonl")
     assert attempt.cause is (EndCause.FINISHED if code == 0 else EndCause.CRASH)
+
+
+@pytest.mark.parametrize(
+    ("launcher", "command", "ranks"),
+    [
+        (None, ["python", "train.py"], 2),
+        ("torchrun", ["python", "train.py"], 2 * 4),
+        (None, ["torchrun", "--nnodes=2", "--nproc-per-node=3", "train.py"], 6),
+        (
+            None,
+            [
+                "python",
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                "2",
+                "train.py",
+            ],
+            2,
+        ),
+        (None, ["torchrun", "--nproc-per-node=gpu", "train.py"], 2),  # not known: the tasks
+        (None, ["torchrun", "--nnodes=1:4", "--nproc-per-node=2", "train.py"], 2),
+    ],
+)
+def test_the_ranks_a_command_runs(launcher: str | None, command: list[str], ranks: int) -> None:
+    """Issue 39 (Low): a torchrun task showed `ranks 1`. What `hpc-ddp run` records for its
+    program counts torchrun's workers (2 Slurm tasks here, 4 workers each under the launcher)."""
+    from hpc_ddp.job.task import program_ranks
+
+    dist = {"launcher": launcher, "procs_per_node": 4} if launcher else {}
+    cfg = job_config_from_dict(
+        {"name": "r", "command": command, "dist": dist,
+         "slurm": {"nodes": 2, "tasks_per_node": 1}}, "test",
+    )  # fmt: skip
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_NODEID": "0", "SLURM_LOCALID": "0",
+           "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "1(x2)",
+           "SLURM_STEP_ID": "0"}  # fmt: skip
+    assert program_ranks(cfg, command, derive_dist_env(env)) == ranks
+
+
+def _hpc(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hpc_ddp", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def test_a_running_program_without_a_session_shows_its_attempt_running(tmp_path: Path) -> None:
+    """Issue 39 (Low): a command without a session wrote nothing until its child ended, so
+    `status` of a running plain attempt showed no attempt at all (`attempts 0`, causes `-`).
+    Rank 0's `command_start` shows it running, and its end supersedes it: one attempt."""
+    release = tmp_path / "release"
+    code = (
+        "import pathlib, time\n"
+        f"while not pathlib.Path({str(release)!r}).exists(): time.sleep(0.1)\n"
+    )
+    (tmp_path / "wait.py").write_text(code)
+    (tmp_path / "job.yaml").write_text(
+        "name: plain\ncommand: [python, wait.py]\nslurm: {nodes: 1, tasks_per_node: 1}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    runs = tmp_path / "runs"
+    started = _hpc("submit", "job.yaml", "--backend", "local", "--runs-dir", str(runs),
+                   "--json", env=env, cwd=tmp_path)  # fmt: skip
+    assert started.returncode == 0, started.stderr[-3000:]
+    [run_dir] = runs.iterdir()
+
+    def status_until(done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+        deadline = time.monotonic() + 120
+        while True:
+            shown = _hpc("status", str(run_dir), "--json", env=env, cwd=tmp_path)
+            [row] = json.loads(shown.stdout)["runs"]
+            if done(row) or time.monotonic() > deadline:
+                return dict(row)
+            time.sleep(0.3)
+
+    try:
+        row = status_until(lambda r: bool(r["attempts"]))
+        assert (row["state"], row["attempts"], row["causes"]) == ("RUNNING", 1, ["running"]), row
+        [running] = row["attempt_list"]
+        assert (running["cause"], running["world_size"], running["restart"]) == (None, 1, 0)
+        assert row["elapsed_s"] is not None
+        assert read_ledger(run_dir / "ledger.jsonl") == []  # the node side numbers without it
+    finally:
+        release.touch()
+    row = status_until(lambda r: r["state"] != "RUNNING")
+    assert (row["state"], row["attempts"], row["causes"]) == ("COMPLETED", 1, ["finished"]), row
+
+
+@pytest.mark.torch
+def test_a_torchrun_command_records_its_ranks_and_its_script(tmp_path: Path) -> None:
+    """Issue 39 (Low): a plain program under torchrun was recorded with the task's world
+    (`ranks 1`) and no code identity (torchrun's own file, at best). Its two workers and its
+    script are what the ledger and `status` name now."""
+    script = tmp_path / "work.py"
+    script.write_text(
+        "import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])\n"
+    )
+    torchrun = ["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                "--max-restarts=0", "work.py"]  # fmt: skip
+    (tmp_path / "job.yaml").write_text(
+        f"name: tr\ncommand: {json.dumps(torchrun)}\nslurm: {{nodes: 1, tasks_per_node: 1}}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    runs = tmp_path / "runs"
+    done = _hpc("submit", "job.yaml", "--backend", "local", "--wait", "--runs-dir", str(runs),
+                env=env, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    [run_dir] = runs.iterdir()
+    [attempt] = read_ledger(run_dir / "ledger.jsonl")
+    assert (attempt.cause, attempt.world_size) == (EndCause.FINISHED, 2)
+    shown = _hpc("status", str(run_dir), "--json", env=env, cwd=tmp_path)
+    [row] = json.loads(shown.stdout)["runs"]
+    assert [a["world_size"] for a in row["attempt_list"]] == [2]
+    [code] = read_code_runs(run_dir / "ledger.jsonl")
+    assert code.file == str(script.resolve())
+    assert json.loads((run_dir / "manifest.json").read_text())["code_file"] == code.file

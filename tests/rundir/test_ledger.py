@@ -637,3 +637,94 @@ def test_the_supervisors_fault_verdict_overrules_a_finished_from_a_rank_that_lef
     assert (a.cause, a.next, a.checkpoint) == (EndCause.CRASH, "restart", "step-00000020.pt")
     assert a.blame is not None
     assert a.blame.ranks == (0,)
+
+
+# --- a command's program that opened no session (issue 39, Low) ----------------------------
+
+
+def _command_start(path: Path, now: float, job: str | None = "4242", **kw: Any) -> None:
+    from hpc_ddp.durable import append_line
+    from hpc_ddp.rundir.ledger import command_start_event
+
+    fields: dict[str, Any] = {"restart": 0, "launch": 0, "nodelist": "n[1-2]", "world_size": 8}
+    fields.update(kw)
+    append_line(path, command_start_event(job_id=job, job_ref=job, now=now, **fields))
+
+
+def test_a_running_program_without_a_session_is_an_open_attempt_for_status_only(
+    tmp_path: Path,
+) -> None:
+    """Rank 0's `command_start` is the attempt while nothing else says so: `status` shows it
+    running (`provisional`), and the node side, which numbers attempts, never sees it."""
+    path = tmp_path / "ledger.jsonl"
+    start(path, 0, 100.0)
+    record_end(path, attempt=0, restart=0, job_id="4242", job_ref="4242", cause=EndCause.TIME_LIMIT,
+               steps_done=None, checkpoint=None, requeue_requested=True, now=150.0)  # fmt: skip
+    _command_start(path, 200.0, restart=1)
+    assert [a.cause for a in read_ledger(path)] == [EndCause.TIME_LIMIT]
+    _, running = read_ledger(path, provisional=True)
+    assert (running.attempt, running.started, running.is_open) == (1, 200.0, True)
+    assert (running.restart, running.world_size, running.nodelist) == (1, 8, "n[1-2]")
+    assert attempt_number(read_ledger(path), job_id="4242", restart=1) == 1
+    # Its end, written with the start of its own (as `hpc-ddp run` does), supersedes it.
+    start(path, 1, 200.0, restart=1, world_size=8)
+    record_end(path, attempt=1, restart=1, job_id="4242", job_ref="4242",
+               cause=EndCause.FINISHED, steps_done=None, checkpoint=None,
+               requeue_requested=False, now=260.0)  # fmt: skip
+    assert read_ledger(path, provisional=True) == read_ledger(path)
+    assert [a.cause for a in read_ledger(path)] == [EndCause.TIME_LIMIT, EndCause.FINISHED]
+
+
+def test_a_sessions_own_start_supersedes_the_command_start(tmp_path: Path) -> None:
+    """A session in the program writes its start as ever, later: its attempt is the one shown,
+    with the session's own fields (its world size under torchrun, where it resumed)."""
+    path = tmp_path / "ledger.jsonl"
+    _command_start(path, 100.0, world_size=2)
+    start(path, 0, 104.0, world_size=4, resumed_from_step=7)
+    [a] = read_ledger(path, provisional=True)
+    assert (a.started, a.world_size, a.resumed_from_step, a.is_open) == (104.0, 4, 7, True)
+    assert read_ledger(path, provisional=True) == read_ledger(path)
+
+
+def test_a_local_command_start_is_superseded_only_by_its_own_jobs_attempt(tmp_path: Path) -> None:
+    """Without job ids (the local backend), an earlier job's attempt of the same restart and
+    launch, ended before the program started, is not this program's."""
+    path = tmp_path / "ledger.jsonl"
+    start(path, 0, 100.0, job_id=None, job_ref=None)
+    record_end(path, attempt=0, cause=EndCause.CRASH, steps_done=None, checkpoint=None,
+               requeue_requested=False, now=110.0)  # fmt: skip
+    _command_start(path, 300.0, job=None)
+    old, running = read_ledger(path, provisional=True)
+    assert (old.cause, running.started, running.is_open) == (EndCause.CRASH, 300.0, True)
+    start(path, 1, 300.0, job_id=None, job_ref=None, restart=0)
+    assert len(read_ledger(path, provisional=True)) == 2
+
+
+def test_a_requeued_attempt_says_requeue_where_the_supervisor_saw_a_clean_stop(
+    tmp_path: Path,
+) -> None:
+    """Its ranks stopped and asked for the requeue (or Slurm requeued the job itself), so the
+    launch ended cleanly and the supervisor wrote `stop`: the attempt's `next` is `requeue`.
+    A finished or cancelled attempt's `stop` stays."""
+    from hpc_ddp.durable import append_line
+    from hpc_ddp.rundir.ledger import launch_end_event
+
+    def clean_end(restart: int, cause: EndCause, now: float) -> None:
+        append_line(path, launch_end_event(
+            attempt=restart, job_id="4242", job_ref="4242", restart=restart, launch=0,
+            launched_at=now - 10, cause=cause, blame=None, steps_reached=None,
+            checkpoint_step=None, next_step="stop", now=now,
+        ))  # fmt: skip
+
+    path = tmp_path / "ledger.jsonl"
+    for restart, (cause, asked) in enumerate([(EndCause.TIME_LIMIT, True),
+                                               (EndCause.PREEMPTED, False),
+                                               (EndCause.CANCELLED, False)]):  # fmt: skip
+        now = 100.0 * (restart + 1)
+        start(path, restart, now, restart=restart)
+        record_end(path, attempt=restart, restart=restart, job_id="4242", job_ref="4242",
+                   cause=cause, steps_done=None, checkpoint=None, requeue_requested=asked,
+                   now=now + 5)  # fmt: skip
+        clean_end(restart, cause, now + 6)
+    # The preemption's requeue was Slurm's own: the next restart of the job says so.
+    assert [a.next for a in read_ledger(path)] == ["requeue", "requeue", "stop"]

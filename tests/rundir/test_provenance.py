@@ -40,8 +40,48 @@ def test_a_python_command_names_its_script_relative_to_the_base(tmp_path: Path) 
 def test_a_program_path_is_its_own_code_and_a_program_on_path_has_none(tmp_path: Path) -> None:
     (tmp_path / "run.sh").write_text("#!/bin/sh\n")
     assert code_file(_job(command=["./run.sh", "x"]), tmp_path, []) == tmp_path / "run.sh"
-    assert code_file(_job(command=["torchrun", "train.py"]), tmp_path, []) is None
+    assert code_file(_job(command=["bash", "train.sh"]), tmp_path, []) is None
     assert code_file(_job(command=["python", "-c", "print(1)"]), tmp_path, []) is None
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["torchrun", "--nproc-per-node=2", "train.py", "--lr", "0.1"],
+        ["/opt/bin/torchrun", "--nnodes", "2", "--nproc_per_node", "4", "--standalone", "train.py"],
+        ["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+         "--max-restarts=0", "train.py", "7"],
+        ["python3", "-u", "-m", "torch.distributed.launch", "--use-env", "train.py"],
+    ],
+)  # fmt: skip
+def test_a_torchrun_command_names_the_script_its_workers_run(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """Issue 39 (Low): a `torchrun` command recorded no code identity (a program on PATH), and
+    `python -m torch.distributed.run` recorded torchrun's own file."""
+    (tmp_path / "train.py").write_text("print(1)\n")
+    search = [str(tmp_path), *sys.path]  # torch's own run.py is findable here
+    assert code_file(_job(command=command), tmp_path, search) == tmp_path / "train.py"
+
+
+def test_torchruns_module_and_no_python_programs_and_hpc_ddps_own_torchrun(tmp_path: Path) -> None:
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text("")
+    search = [str(tmp_path)]
+    module = _job(command=["torchrun", "--nproc-per-node", "2", "-m", "mypkg.train"])
+    assert code_file(module, tmp_path, search) == pkg / "train.py"
+    (tmp_path / "run.sh").write_text("#!/bin/sh\n")
+    assert code_file(_job(command=["torchrun", "--no-python", "./run.sh"]), tmp_path, []) == (
+        tmp_path / "run.sh"
+    )
+    assert code_file(_job(command=["torchrun", "--no_python", "nvidia-smi"]), tmp_path, []) is None
+    # dist.launcher: torchrun runs a bare script under the task's interpreter.
+    (tmp_path / "train.py").write_text("print(1)\n")
+    launched = _job(command=["train.py", "--lr", "0.1"], dist={"launcher": "torchrun"})
+    assert code_file(launched, tmp_path, []) == tmp_path / "train.py"
+    assert code_file(_job(command=["train.py"]), tmp_path, []) is None  # found on PATH
 
 
 def test_modules_are_found_without_being_imported(tmp_path: Path) -> None:
