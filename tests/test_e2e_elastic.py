@@ -114,6 +114,12 @@ def test_a_resume_on_one_node_of_two_sees_every_sample_once_with_the_same_global
     assert f"elastic resume from step-{stopped:08d}.pt: 2 ranks x accumulation 1 -> 1 rank x " \
         f"accumulation 2 {SAMPLE_EXACT_LOG}" in log  # fmt: skip
     assert f"the data goes on at sample {stopped * 64} of epoch 0" in log
+    # The resumed attempt names one exactness, sample-exact; "bit-identical" is only the first
+    # attempt's word on a resume at its own world size.
+    resumed_log = log.split("elastic resume from", 1)[1]
+    assert "exactness: this resume (2 -> 1 ranks, the same global batch) is sample-exact, " \
+        "not bit-exact" in resumed_log  # fmt: skip
+    assert "bit-identical" not in resumed_log
     assert "global batch 64 = 32 per rank x 1 ranks x 2 accumulation; 16 steps/epoch" in log
 
 
