@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import spawn
 
 import hpc_ddp
 
@@ -18,4 +18,4 @@ def worker(index: int) -> None:
 
 
 if __name__ == "__main__":
-    mp.spawn(worker, nprocs=2)
+    spawn(worker, nprocs=2)  # type: ignore[no-untyped-call]
