@@ -47,6 +47,7 @@ from hpc_ddp.rundir.layout import (
     MANIFEST_FILE,
     RUN_DIR_ENV,
     RUN_ID_ENV,
+    TASK_LAUNCHER_ENV,
     WATCHDOG_OWNER_ENV,
     RunPaths,
 )
@@ -211,6 +212,8 @@ def run_command(
         RUN_DIR_ENV: str(paths.root),
         RUN_ID_ENV: read_run_id(paths),
     }
+    if dist.launcher == "slurm":
+        child_env[TASK_LAUNCHER_ENV] = "slurm"  # its RANK is this task's, not a torchrun's
     watchdog = current()
     if watchdog is not None:
         child_env[WATCHDOG_OWNER_ENV] = "1"  # this process beats for the child

@@ -100,6 +100,10 @@ with every rank's beat file in it before the ranks start."""
 LOCAL_JOB_ENV = "HPC_DDP_LOCAL_JOB"
 """Local backend, on each rank: the run's job id (its controller's pid), as the manifest
 records it; a Slurm task has ``SLURM_JOB_ID`` instead."""
+TASK_LAUNCHER_ENV = "HPC_DDP_TASK_LAUNCHER"
+"""Set by a ``command:`` task's ``hpc-ddp run`` parent for its child: how the task itself was
+started (``slurm``). The child's RANK and WORLD_SIZE are then the task's own, given by
+hpc-ddp, not a torchrun's (which also sets ``TORCHELASTIC_RUN_ID``)."""
 WATCHDOG_OWNER_ENV = "HPC_DDP_WATCHDOG_OWNER"
 """Set by a ``command:`` task's ``hpc-ddp run`` parent for its child: the parent beats for the
 rank, so a session in the child starts no watchdog of its own."""
@@ -307,6 +311,7 @@ __all__ = [
     "SUBMIT_LOCK_FILE",
     "SUPERVISED_ENV",
     "TASK_CONFIGS_FILE",
+    "TASK_LAUNCHER_ENV",
     "WATCHDOG_OWNER_ENV",
     "WORKDIR_FILES_FILE",
     "LaunchPaths",

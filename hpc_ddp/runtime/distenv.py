@@ -29,7 +29,13 @@ from typing import Literal
 
 from hpc_ddp.backends.slurm.nodelist import parse_nodelist, parse_tasks_per_node
 from hpc_ddp.errors import DistEnvError
-from hpc_ddp.rundir.layout import ARRAY_OFFSET_ENV, LAUNCH_ENV, LOCAL_JOB_ENV, SUPERVISED_ENV
+from hpc_ddp.rundir.layout import (
+    ARRAY_OFFSET_ENV,
+    LAUNCH_ENV,
+    LOCAL_JOB_ENV,
+    SUPERVISED_ENV,
+    TASK_LAUNCHER_ENV,
+)
 
 Launcher = Literal["slurm", "torchrun", "local", "single"]
 PortSource = Literal["derived", "config", "launcher"]
@@ -174,11 +180,20 @@ def derive_dist_env(env: Mapping[str, str], *, port: int | None = None) -> DistE
     if "RANK" in env or "WORLD_SIZE" in env:
         placement, launcher_port = from_launcher(env)
         _check_launcher_inside_slurm(env, placement)
-        launcher: Launcher = "local" if env.get(LOCAL_JOB_ENV) else "torchrun"
-        return _make(env, placement, launcher, port, launcher_port)
+        return _make(env, placement, _launcher_of(env), port, launcher_port)
     if "SLURM_PROCID" in env:
         return _make(env, from_slurm(env), "slurm", port)
     return _make(env, SINGLE, "single", port)
+
+
+def _launcher_of(env: Mapping[str, str]) -> Launcher:
+    """Who set RANK and WORLD_SIZE: the local backend, ``hpc-ddp run`` for its command child
+    (the task's own place, under Slurm), or a torchrun (also any other launcher)."""
+    if env.get(LOCAL_JOB_ENV):
+        return "local"
+    if env.get(TASK_LAUNCHER_ENV) == "slurm" and "TORCHELASTIC_RUN_ID" not in env:
+        return "slurm"
+    return "torchrun"
 
 
 def _make(

@@ -236,6 +236,29 @@ CASES: list[tuple[str, dict[str, str], dict[str, Any]]] = [
         dict(rank=3, launcher="local", job_id=None, job_ref=None),
     ),
     (
+        "a command child of hpc-ddp run under srun: the task's own place, Slurm's launch",
+        {
+            **slurm("1/0/1", 2, "n[1-2]", "1(x2)", "n2"),
+            "RANK": "1",
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": "n1",
+            "MASTER_PORT": "23456",
+            "HPC_DDP_TASK_LAUNCHER": "slurm",
+        },
+        dict(rank=1, world_size=2, launcher="slurm", port_source="launcher", job_id="1001"),
+    ),
+    (
+        "torchrun started by such a child: its workers' variables, torchrun named",
+        {
+            **slurm("1/0/1", 2, "n[1-2]", "1(x2)", "n2"),
+            **TORCHRUN,
+            "HPC_DDP_TASK_LAUNCHER": "slurm",
+            "TORCHELASTIC_RUN_ID": "none",
+        },
+        dict(rank=3, world_size=4, launcher="torchrun"),
+    ),
+    (
         "torchrun without LOCAL_WORLD_SIZE, MASTER_PORT or GROUP_RANK",
         {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1"},
         dict(
