@@ -10,6 +10,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -263,6 +264,9 @@ def _row(run_dir: Path, manifest: Manifest, view: SlurmView) -> dict[str, Any]:
         notes.append(word_note)
     rows = metric_rows(paths)
     now = time.time()
+    attempts, unkept = restarts_kept(attempts, running=still_running(verdict.state))
+    if unkept is not None:
+        notes.append(unkept)
     wall = account(attempts, step_times(rows), now, running=still_running(verdict.state)).wall_s
     nodes, elapsed = _nodes_and_elapsed(source, record, attempts, wall)
     step, ckpt_note = newest_checkpoint(paths)
@@ -345,6 +349,20 @@ _STILL_GOING = frozenset(
         "RUNNING?",  # Slurm did not answer, and the ledger's last attempt is open
     }
 )
+
+
+def restarts_kept(attempts: list[Attempt], *, running: bool) -> tuple[list[Attempt], str | None]:
+    """The attempts, the last one's ``restart`` said as ``stop`` when the job has ended without
+    that launch (the supervisor died first: a full disk, a killed batch host), and a note
+    saying so; a job still running may be about to relaunch, and keeps its word."""
+    if running or not attempts or attempts[-1].next != "restart":
+        return attempts, None
+    last = attempts[-1]
+    note = (
+        f"attempt {last.attempt}: the supervisor chose to restart, but the job ended before a "
+        "new launch began (see the batch log)"
+    )
+    return [*attempts[:-1], replace(last, next="stop")], note
 
 
 def still_running(state: str) -> bool:

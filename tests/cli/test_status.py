@@ -928,3 +928,39 @@ def test_elapsed_is_the_runs_wall_time_over_every_attempt_as_goodput_counts_it(
     [first] = [line for line in out.splitlines() if line.split()[:2] == ["0", "61"]]
     assert " requeue" in first, first  # `then`
     assert " stop" not in first, first
+
+
+@pytest.mark.parametrize(("state", "then"), [("FAILED", "stop"), ("RUNNING", "restart")])
+def test_a_restart_the_job_never_began_is_said_as_a_stop(
+    tmp_path: Path,
+    fake: StatusSlurm,
+    capsys: pytest.CaptureFixture[str],
+    state: str,
+    then: str,
+) -> None:
+    """Issue 39 (Low): after a full disk the ledger said `restart` while the supervisor had died
+    and the job had ended FAILED. A job still running may be about to relaunch: `restart`."""
+    from hpc_ddp.durable import append_line
+    from hpc_ddp.rundir.ledger import launch_end_event
+
+    run = make_run(tmp_path, "a-full", "62")
+    ledger = RunPaths(run).ledger
+    now = time.time()
+    record_start(ledger, attempt=0, job_id="62", job_ref="62", nodelist="n1", world_size=2,
+                 resumed_from_step=None, checkpoint=None, now=now - 100)  # fmt: skip
+    record_end(ledger, attempt=0, job_id="62", job_ref="62", cause=EndCause.CRASH,
+               steps_done=10, checkpoint=None, requeue_requested=False, now=now - 60)  # fmt: skip
+    append_line(ledger, launch_end_event(
+        attempt=0, job_id="62", job_ref="62", restart=0, launch=0, launched_at=now - 100,
+        cause=EndCause.CRASH, blame=None, steps_reached=10, checkpoint_step=None,
+        next_step="restart", now=now - 59,
+    ))  # fmt: skip
+    if state == "RUNNING":
+        fake.rows = {"62": ("RUNNING", script(run))}
+    else:
+        fake.sacct = {"62": state}
+    assert main(["status", str(run), "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["runs"]
+    assert [a["next"] for a in row["attempt_list"]] == [then], row
+    said = "the supervisor chose to restart, but the job ended before a new launch began"
+    assert (said in (row["note"] or "")) is (state == "FAILED"), row["note"]
