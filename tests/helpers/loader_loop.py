@@ -23,7 +23,7 @@ fetch = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
 class Slow(TensorDataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
         time.sleep(fetch)
-        return super().__getitem__(index)
+        return super().__getitem__(index)  # type: ignore[no-untyped-call,no-any-return]
 
 
 data = Slow(torch.randn(256, 4, generator=torch.Generator().manual_seed(0)),
