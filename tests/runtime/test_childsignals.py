@@ -83,3 +83,54 @@ def test_loader_workers_live_through_slurms_signals_and_end_with_their_owner(
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == f"alive True heard {[int(signal.SIGUSR2), int(signal.SIGTERM)]}"
     assert "DataLoader worker" not in done.stderr  # no worker death reported, not even at exit
+
+
+_ORPHAN = textwrap.dedent(
+    """
+    import sys, time
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+    from hpc_ddp.runtime.childsignals import blocked_while_starting, data_worker_init
+
+    class Slow(Dataset):
+        def __len__(self): return 10_000
+        def __getitem__(self, i): time.sleep(0.01); return torch.tensor([i])
+
+    loader = DataLoader(Slow(), batch_size=4, num_workers=2, worker_init_fn=data_worker_init)
+    with blocked_while_starting():
+        batches = iter(loader)
+    next(batches)
+    print(" ".join(str(w.pid) for w in batches._workers), flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_loader_workers_die_with_a_rank_that_is_killed(tmp_path: Path) -> None:
+    """Workers that live through Slurm's SIGTERM must not outlive their rank: one SIGKILLed
+    (Slurm's KillWait, torchrun's kill) takes them with it, or they would run on, reparented
+    where Slurm's proctrack/linuxproc no longer finds them."""
+    script = tmp_path / "orphan.py"
+    script.write_text(_ORPHAN)
+    with subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True) as rank:
+        try:
+            assert rank.stdout is not None
+            workers = [int(p) for p in rank.stdout.readline().split()]
+            assert len(workers) == 2
+            rank.kill()
+            rank.wait(timeout=10)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and any(_alive(p) for p in workers):
+                time.sleep(0.1)
+            assert not [p for p in workers if _alive(p)]
+        finally:
+            rank.kill()
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is no zombie (an orphan's zombie is init's to reap)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
