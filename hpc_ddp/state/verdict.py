@@ -49,7 +49,7 @@ class Source(str, Enum):
 
 @dataclass(frozen=True)
 class SlurmView:
-    """Slurm's answers for every job shown, asked once (``cmd_status.ask_slurm``)."""
+    """Slurm's answers for every job shown, asked once (:func:`hpc_ddp.state.report.ask_slurm`)."""
 
     live: dict[str, JobInfo] | None
     """squeue's rows by ref; None when squeue failed."""
