@@ -39,7 +39,7 @@ from hpc_ddp.checkpoint.format import (
     restore_rng_state,
     unverified_sections,
 )
-from hpc_ddp.checkpoint.sharded import ShardedCheckpoints, sharded_dirs
+from hpc_ddp.checkpoint.sharded import ShardedCheckpoints
 from hpc_ddp.checkpoint.snapshot import SnapshotBuffers
 from hpc_ddp.checkpoint.writer import CheckpointWriter
 from hpc_ddp.config.elastic import Resize, Shape, rescaled_accum
@@ -47,6 +47,7 @@ from hpc_ddp.config.load import job_config_to_dict
 from hpc_ddp.config.model import JobConfig, KeepBestConfig
 from hpc_ddp.errors import CheckpointError, ConfigError
 from hpc_ddp.rundir.checkpoint_label import config_digest, shaping_config
+from hpc_ddp.rundir.checkpoints import shard_dirs
 from hpc_ddp.rundir.layout import checkpoint_name
 from hpc_ddp.runtime.handoff import Handoff
 from hpc_ddp.runtime.procgroup import unwrap
@@ -298,7 +299,7 @@ class Checkpointer:
             found = find_latest(self.directory, run_id=self.run_id)
         except CheckpointError as exc:
             return None, str(exc), None
-        if found is None and (shard_sets := sharded_dirs(self.directory)):
+        if found is None and (shard_sets := shard_dirs(self.directory)):
             return (
                 None,
                 (

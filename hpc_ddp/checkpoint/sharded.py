@@ -105,21 +105,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hpc_ddp")
 
-FORMAT = SHARDED_FORMAT
-FORMAT_VERSION = SHARDED_VERSION
 DIGESTS = SHARDED_RECORD
-COMMON = SHARDED_COMMON
-METADATA = SHARDED_METADATA
 PARTIAL_PREFIX = ".partial-"
 """A save in progress: never matches ``step-*``, never loaded."""
 _OK = CheckpointState.OK
 Failure = tuple[str, int | None]
 """A failed save: what to say, and the errno behind it (for the HINT)."""
 _CHUNK = 8 << 20
-
-rank_file = shard_rank_file
-sharded_dirs = shard_dirs
-"""``(step, path)`` of every ``step-N/`` directory in a checkpoints directory, newest first."""
 
 
 def file_digest(path: Path) -> str:
@@ -161,13 +153,13 @@ def list_sharded(
     if (directory / "checkpoints").is_dir():
         directory = directory / "checkpoints"
     out = []
-    for step, path in reversed(sharded_dirs(directory)):
+    for step, path in reversed(shard_dirs(directory)):
         size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
         try:
             record = check_complete(path)
             if verify:
                 verify_files(path, record)
-            common = _load_pt(path / COMMON)
+            common = _load_pt(path / SHARDED_COMMON)
         except Exception as exc:  # a torn common.pt too: listed, never fatal
             reason = str(exc).removeprefix(f"{path.name}: ")
             state = CheckpointState.DAMAGED
@@ -186,7 +178,7 @@ def list_sharded(
                 None,  # no one digest of the whole weights: each shard file has its own
                 f"written by run {written_by}, not this run ({run_id})" if stranger else None,
                 CheckpointState.STRANGER if stranger else CheckpointState.OK,
-                version=FORMAT_VERSION,
+                version=SHARDED_VERSION,
                 run_id=written_by,
             )
         )
@@ -313,8 +305,8 @@ class ShardedCheckpoints:
 
     def _common(self, t: Tracked, progress: Progress, grad_accum: int) -> dict[str, Any]:
         common: dict[str, Any] = {
-            "format": FORMAT,
-            "version": FORMAT_VERSION,
+            "format": SHARDED_FORMAT,
+            "version": SHARDED_VERSION,
             "progress": progress.to_dict(),
             "extra": dict(progress.extra),
             "scheduler": None if t.scheduler is None else t.scheduler.state_dict(),
@@ -485,13 +477,13 @@ class ShardedCheckpoints:
                 # This rank's own error says which errno; what DCP raises holds every rank's
                 # error pickled, without what each one wrapped (the OSError).
                 raise _RankFailure(write_failure(writer.failure or exc)) from None
-            _save_pt(rng, partial / rank_file(self.rank))
+            _save_pt(rng, partial / shard_rank_file(self.rank))
             if common is not None:
-                _save_pt(common, partial / COMMON)
-        mine = [rank_file(self.rank)]
+                _save_pt(common, partial / SHARDED_COMMON)
+        mine = [shard_rank_file(self.rank)]
         mine += [p.name for p in partial.glob(f"__{self.rank}_*.distcp")]
         if common is not None:
-            mine += [METADATA, COMMON]
+            mine += [SHARDED_METADATA, SHARDED_COMMON]
         return {
             name: {"size": (partial / name).stat().st_size, "xxh3": file_digest(partial / name)}
             for name in mine
@@ -530,8 +522,8 @@ class ShardedCheckpoints:
         for part in gathered:
             files.update(part)
         record = {
-            "format": FORMAT,
-            "version": FORMAT_VERSION,
+            "format": SHARDED_FORMAT,
+            "version": SHARDED_VERSION,
             "step": step,
             "world_size": self.world_size,
             "digest": "xxh3-128",
@@ -553,7 +545,7 @@ class ShardedCheckpoints:
         """Shard sets beyond ``train.keep_last`` go, all but the ``best`` one
         (``train.keep_best``), as files do (:func:`prune_plan`)."""
         keep = self.ckpt.config.train.keep_last
-        steps = [s for s, _ in sharded_dirs(self.directory) if s <= written]
+        steps = [s for s, _ in shard_dirs(self.directory) if s <= written]
         for step in prune_plan(steps, keep, best):
             shutil.rmtree(self.directory / sharded_checkpoint_name(step), ignore_errors=True)
         # Saves cut short (one save is in flight at a time, and this one is committed).
@@ -604,10 +596,10 @@ class ShardedCheckpoints:
         checkpoints are there."""
         names = []
         skipped: list[list[Any]] = []
-        for step, path in sharded_dirs(self.directory):
+        for step, path in shard_dirs(self.directory):
             try:
                 check_complete(path)
-                common = _load_pt(path / COMMON)
+                common = _load_pt(path / SHARDED_COMMON)
             except Exception as exc:  # a torn common.pt too: never a crash, a skip
                 log.warning("skipping checkpoint %s (damaged: %s)", path, _first_line(exc))
                 skipped.append([step, _first_line(exc)])
@@ -640,7 +632,7 @@ class ShardedCheckpoints:
         from torch.distributed.checkpoint.filesystem import FileSystemReader
         from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-        common = _load_pt(path / COMMON)
+        common = _load_pt(path / SHARDED_COMMON)
         missing = sorted(set(t.objects) - set(common.get("objects") or []))
         if missing:
             raise ConfigError(
@@ -657,7 +649,7 @@ class ShardedCheckpoints:
         progress.update_from(common["progress"], common.get("extra") or {})
         self.ckpt.best = self.ckpt.recorded_best(common)
         if self.ckpt.resize is None:
-            restore_rng_state(_load_pt(path / rank_file(self.rank)), self.ckpt.device)
+            restore_rng_state(_load_pt(path / shard_rank_file(self.rank)), self.ckpt.device)
         else:
             reseed_rng(self.ckpt.config.train.seed, progress.step, self.rank)
             log.warning(

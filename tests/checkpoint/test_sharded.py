@@ -20,15 +20,10 @@ import pytest
 import torch
 
 from hpc_ddp.checkpoint.digest import weights_digest
-from hpc_ddp.checkpoint.sharded import (
-    DIGESTS,
-    METADATA,
-    check_complete,
-    sharded_dirs,
-    verify_files,
-)
+from hpc_ddp.checkpoint.sharded import DIGESTS, check_complete, verify_files
 from hpc_ddp.cli.main import main
 from hpc_ddp.errors import CheckpointError
+from hpc_ddp.rundir.checkpoints import SHARDED_METADATA, shard_dirs
 from tests.helpers.launch import HELPERS, run_ranks
 
 pytestmark = pytest.mark.torch
@@ -73,7 +68,7 @@ def test_every_rank_writes_its_own_shard_and_a_digest_record(
 ) -> None:
     run_dir, _ = uninterrupted
     checkpoints = run_dir / "checkpoints"
-    assert [p.name for _, p in sharded_dirs(checkpoints)] == [
+    assert [p.name for _, p in shard_dirs(checkpoints)] == [
         "step-00000020",
         "step-00000018",
         "step-00000012",  # keep_last 3: step 6 pruned
@@ -81,7 +76,7 @@ def test_every_rank_writes_its_own_shard_and_a_digest_record(
     assert not list(checkpoints.glob("*.pt"))  # no rank gathered the whole state into a file
     newest = checkpoints / "step-00000020"
     names = {p.name for p in newest.iterdir()}
-    assert {METADATA, "__0_0.distcp", "__1_0.distcp", "common.pt", DIGESTS} <= names
+    assert {SHARDED_METADATA, "__0_0.distcp", "__1_0.distcp", "common.pt", DIGESTS} <= names
     assert {"rank-00000.pt", "rank-00001.pt"} <= names
     record = check_complete(newest)
     assert (record["world_size"], record["step"]) == (2, 20)
@@ -115,7 +110,7 @@ def _drop_shard(step_dir: Path) -> None:
 
 
 def _drop_metadata(step_dir: Path) -> None:
-    (step_dir / METADATA).unlink()
+    (step_dir / SHARDED_METADATA).unlink()
 
 
 def _drop_record(step_dir: Path) -> None:
@@ -290,13 +285,13 @@ def test_keep_best_spares_the_best_shard_set_across_a_resume(tmp_path: Path) -> 
     checkpoints = tmp_path / "checkpoints"
     first = script(tmp_path, 4, best=True)
     assert [r["step"] for r in first] == [4, 4]
-    assert sorted(s for s, _ in sharded_dirs(checkpoints)) == [2, 4]
+    assert sorted(s for s, _ in shard_dirs(checkpoints)) == [2, 4]
     common = torch.load(checkpoints / "step-00000004" / "common.pt", weights_only=True)
     assert common["meta"]["best"] == {"metric": "val_loss", "mode": "min", "step": 2, "value": 0.5}
 
     resumed = script(tmp_path, 6, best=True)
     assert [r["resumed_from"] for r in resumed] == [4, 4]
-    assert sorted(s for s, _ in sharded_dirs(checkpoints)) == [2, 6]
+    assert sorted(s for s, _ in shard_dirs(checkpoints)) == [2, 6]
     verify_files(checkpoints / "step-00000002", check_complete(checkpoints / "step-00000002"))
 
 
