@@ -893,27 +893,43 @@ def test_real_cancel_by_job_id_past_a_damaged_run(slurm_cluster: Cluster, tmp_pa
     assert e2e.status(slurm_cluster, job.run_dir)["state"] == "CANCELLED"
 
 
+def _first_attempt(
+    ledger: Path,
+    job: str,
+    cause: EndCause,
+    steps: int | None,
+    *,
+    requeued: bool,
+    then: str,
+    now: float | None = None,
+) -> None:
+    """Job ``job``'s first attempt, started 100 s before ``now`` and ended with ``cause`` 40 s
+    later, and its launch's end with the supervisor's ``then``."""
+    from hpc_ddp.durable import append_line
+    from hpc_ddp.rundir.ledger import launch_end_event
+
+    now = time.time() if now is None else now
+    record_start(ledger, attempt=0, job_id=job, job_ref=job, nodelist="n1", world_size=2,
+                 resumed_from_step=None, checkpoint=None, now=now - 100)  # fmt: skip
+    record_end(ledger, attempt=0, job_id=job, job_ref=job, cause=cause, steps_done=steps,
+               checkpoint=None, requeue_requested=requeued, now=now - 60)  # fmt: skip
+    append_line(ledger, launch_end_event(
+        attempt=0, job_id=job, job_ref=job, restart=0, launch=0, launched_at=now - 100,
+        cause=cause, blame=None, steps_reached=steps, checkpoint_step=None, next_step=then,
+        now=now - 59,
+    ))  # fmt: skip
+
+
 def test_elapsed_is_the_runs_wall_time_over_every_attempt_as_goodput_counts_it(
     tmp_path: Path, fake: StatusSlurm, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Issue 39 (Low): `elapsed` was Slurm's time of the job's latest start (5 s here), the
     last attempt's alone after a requeue; the goodput account's wall time had the truth. A
     requeued attempt says `requeue` where the supervisor saw its launch end cleanly (`stop`)."""
-    from hpc_ddp.durable import append_line
-    from hpc_ddp.rundir.ledger import launch_end_event
-
     run = make_run(tmp_path, "a-requeued", "61")
     ledger = RunPaths(run).ledger
     now = time.time()
-    record_start(ledger, attempt=0, job_id="61", job_ref="61", nodelist="n1", world_size=2,
-                 resumed_from_step=None, checkpoint=None, now=now - 100)  # fmt: skip
-    record_end(ledger, attempt=0, job_id="61", job_ref="61", cause=EndCause.TIME_LIMIT,
-               steps_done=None, checkpoint=None, requeue_requested=True, now=now - 60)  # fmt: skip
-    append_line(ledger, launch_end_event(
-        attempt=0, job_id="61", job_ref="61", restart=0, launch=0, launched_at=now - 100,
-        cause=EndCause.TIME_LIMIT, blame=None, steps_reached=None, checkpoint_step=None,
-        next_step="stop", now=now - 59,
-    ))  # fmt: skip
+    _first_attempt(ledger, "61", EndCause.TIME_LIMIT, None, requeued=True, then="stop", now=now)
     record_start(ledger, attempt=1, restart=1, job_id="61", job_ref="61", nodelist="n1",
                  world_size=2, resumed_from_step=None, checkpoint=None, now=now - 4)  # fmt: skip
     fake.rows = {"61": ("RUNNING", script(run))}  # squeue's elapsed: 0:05, since the requeue
@@ -940,21 +956,9 @@ def test_a_restart_the_job_never_began_is_said_as_a_stop(
 ) -> None:
     """Issue 39 (Low): after a full disk the ledger said `restart` while the supervisor had died
     and the job had ended FAILED. A job still running may be about to relaunch: `restart`."""
-    from hpc_ddp.durable import append_line
-    from hpc_ddp.rundir.ledger import launch_end_event
-
     run = make_run(tmp_path, "a-full", "62")
     ledger = RunPaths(run).ledger
-    now = time.time()
-    record_start(ledger, attempt=0, job_id="62", job_ref="62", nodelist="n1", world_size=2,
-                 resumed_from_step=None, checkpoint=None, now=now - 100)  # fmt: skip
-    record_end(ledger, attempt=0, job_id="62", job_ref="62", cause=EndCause.CRASH,
-               steps_done=10, checkpoint=None, requeue_requested=False, now=now - 60)  # fmt: skip
-    append_line(ledger, launch_end_event(
-        attempt=0, job_id="62", job_ref="62", restart=0, launch=0, launched_at=now - 100,
-        cause=EndCause.CRASH, blame=None, steps_reached=10, checkpoint_step=None,
-        next_step="restart", now=now - 59,
-    ))  # fmt: skip
+    _first_attempt(ledger, "62", EndCause.CRASH, 10, requeued=False, then="restart")
     if state == "RUNNING":
         fake.rows = {"62": ("RUNNING", script(run))}
     else:
