@@ -60,7 +60,7 @@ from benchmarks.cluster import (
     wait_finished,
 )
 from benchmarks.common import REPO, Targets, byte_compile_package
-from hpc_ddp.backends.slurm.jobstate import JobState
+from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.rundir.ledger import read_ledger
 from hpc_ddp.sweep.results import read_metrics
 

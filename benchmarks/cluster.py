@@ -16,8 +16,9 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from benchmarks.common import BIN
+from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.slurm.client import SlurmClient
-from hpc_ddp.backends.slurm.jobstate import JobState, parse_job_state
+from hpc_ddp.backends.slurm.jobstate import parse_job_state
 from hpc_ddp.devcluster import cluster as devcluster
 from hpc_ddp.devcluster.conf import releasable_early
 

@@ -16,6 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.errors import (
+    BackendError,
     CheckpointError,
     ConfigError,
     DevClusterError,
@@ -66,6 +67,7 @@ _LAZY = {
 
 __all__ = [
     "REQUEUE_EXIT_CODE",
+    "BackendError",
     "CancelResult",
     "CheckpointError",
     "CheckpointInfo",

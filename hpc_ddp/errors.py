@@ -9,9 +9,10 @@ how to fix it.
     ├── ConfigError                 a job, site or sweep file is wrong (exit 2)
     │   └── OverrideError           a KEY=VALUE on the command line is wrong
     ├── RenderError                 a template could not be rendered (exit 2)
-    ├── SlurmError                  talking to Slurm failed (exit 1)
-    │   ├── SubmissionError         sbatch refused or printed something unparsable
-    │   └── SlurmUnavailableError   no Slurm command on PATH / controller unreachable
+    ├── BackendError                asking a backend (its scheduler) failed (exit 1)
+    │   └── SlurmError              talking to Slurm failed
+    │       ├── SubmissionError     sbatch refused or printed something unparsable
+    │       └── SlurmUnavailableError  no Slurm command on PATH / controller unreachable
     ├── DistEnvError                the task's environment is inconsistent (exit 1)
     ├── PeerError                   another rank failed where this one waited for it (exit 1)
     ├── CheckpointError             no loadable checkpoint where one was required
@@ -48,7 +49,12 @@ class RenderError(HpcDdpError):
     exit_code = 2
 
 
-class SlurmError(HpcDdpError):
+class BackendError(HpcDdpError):
+    """A backend could not be asked or refused what it was asked (start, states, cancel): the
+    base that code working with any backend catches; each backend raises its own subclass."""
+
+
+class SlurmError(BackendError):
     """A Slurm command failed."""
 
 

@@ -36,8 +36,8 @@ from hpc_ddp.api.targets import (
     sweep_task_of,
 )
 from hpc_ddp.backends.base import Cancel, Cancelled, Outcome
+from hpc_ddp.backends.jobs import is_job_ref
 from hpc_ddp.backends.registry import backend_for
-from hpc_ddp.backends.slurm.jobstate import is_job_ref
 from hpc_ddp.errors import TargetError
 from hpc_ddp.rundir.layout import MANIFEST_FILE
 from hpc_ddp.rundir.manifest import Backend, read_manifest

@@ -4,7 +4,7 @@ On Slurm srun puts rank N's stderr in ``logs/rank-N.err`` and its stdout in ``lo
 (the local backend does the same); hpc-ddp's own progress (steps, loss, checkpoints, stops,
 errors) is Python logging, which writes to stderr. The batch script's own log is
 ``logs/batch-<job>.{out,err}`` (a sweep task's: the sweep's
-``logs/batch-<array job>_<task id>``, see :func:`~hpc_ddp.backends.slurm.arrayjobs.batch_logs`).
+``logs/batch-<array job>_<task id>``, see :func:`~hpc_ddp.backends.arrays.batch_logs`).
 ``hpc-ddp logs`` and :meth:`hpc_ddp.Job.logs` find them here.
 """
 
@@ -20,9 +20,9 @@ from hpc_ddp.api.targets import (
     resolve_targets,
     sweep_task_of,
 )
+from hpc_ddp.backends.arrays import batch_logs, format_index_ranges, live_task
+from hpc_ddp.backends.jobs import is_job_ref
 from hpc_ddp.backends.registry import backend_for
-from hpc_ddp.backends.slurm.arrayjobs import batch_logs, format_index_ranges, live_task
-from hpc_ddp.backends.slurm.jobstate import is_job_ref
 from hpc_ddp.errors import HpcDdpError, RunDirError, SlurmError, TargetError
 from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.manifest import read_manifest

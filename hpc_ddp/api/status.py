@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hpc_ddp.api.targets import path_arg, resolve_targets, sweep_task_of
+from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.registry import backend_for
-from hpc_ddp.backends.slurm.jobstate import JobState
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.rundir.layout import MANIFEST_FILE
 from hpc_ddp.rundir.manifest import Manifest, read_manifest

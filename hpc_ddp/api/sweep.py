@@ -31,14 +31,10 @@ from hpc_ddp.api.cancel import CancelResult, cancel_targets
 from hpc_ddp.api.job import BackendChoice, Job, Overrides, override_args
 from hpc_ddp.api.status import SweepStatus, collect_status, wait_until_ended
 from hpc_ddp.api.targets import path_arg, require_dir
-from hpc_ddp.backends.slurm.array_sweep import PreparedArray
-from hpc_ddp.backends.slurm.arrayjobs import (
-    ArrayRecord,
-    read_arrays,
-)
+from hpc_ddp.backends.arrays import ArrayRecord, PreparedArray, read_arrays
+from hpc_ddp.backends.jobs import AccountingRecord, JobInfo
 from hpc_ddp.backends.slurm.backend import SlurmBackend
 from hpc_ddp.backends.slurm.client import SlurmClient
-from hpc_ddp.backends.slurm.jobstate import AccountingRecord, JobInfo
 from hpc_ddp.errors import (
     ConfigError,
     RunDirError,

@@ -13,14 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc_ddp.backends.slurm.arrayjobs import (
+from hpc_ddp.backends.arrays import (
     ARRAYS_RECORD,
     current_refs,
     format_index_ranges,
     parse_index_ranges,
     read_arrays,
 )
-from hpc_ddp.backends.slurm.jobstate import is_job_ref
+from hpc_ddp.backends.jobs import is_job_ref
 from hpc_ddp.errors import RunDirError, RunsDirError, TargetError
 from hpc_ddp.rundir.layout import MANIFEST_FILE
 from hpc_ddp.rundir.manifest import read_manifest

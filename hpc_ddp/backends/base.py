@@ -25,7 +25,7 @@ from hpc_ddp.config.model import JobConfig
 from hpc_ddp.rundir.layout import RunPaths
 
 if TYPE_CHECKING:  # types only: loading this module loads no reader of files, nor Slurm's parsers
-    from hpc_ddp.backends.slurm.jobstate import AccountingRecord, JobInfo
+    from hpc_ddp.backends.jobs import AccountingRecord, JobInfo
     from hpc_ddp.rundir.manifest import Backend as BackendName
     from hpc_ddp.rundir.manifest import Manifest
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpc_ddp import collector
-from hpc_ddp.backends.slurm.arrayjobs import ARRAYS_RECORD, current_refs, read_arrays
+from hpc_ddp.backends.arrays import ARRAYS_RECORD, current_refs, read_arrays
 from hpc_ddp.config.exactness import DETERMINISTIC_ENV
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.params import PYTHON_NAMES, resolve_command

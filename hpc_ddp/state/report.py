@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.backends.base import Backend
+from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.registry import backend_for
-from hpc_ddp.backends.slurm.jobstate import JobState
 from hpc_ddp.backends.slurm.postmortem import failed_rank, has_logs
 from hpc_ddp.errors import RunDirError, SlurmError
 from hpc_ddp.rundir.checkpoints import newest_step

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpc_ddp.backends.slurm.jobstate import JobState
+from hpc_ddp.backends.jobs import JobState
 
 ENDED_UNFINISHED = frozenset(
     {"INCOMPLETE", "FAILED", "CANCELLED", "GONE?"}

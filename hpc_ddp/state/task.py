@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import Enum
 
-from hpc_ddp.backends.slurm.jobstate import JobInfo, JobState
+from hpc_ddp.backends.jobs import JobInfo, JobState
 from hpc_ddp.rundir.endcause import END_CAUSES, EndCause
 from hpc_ddp.rundir.ledger import Attempt
 from hpc_ddp.state.verdict import Source, judge, ledger_word

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from hpc_ddp.backends.slurm.jobstate import AccountingRecord, JobInfo, JobState
+from hpc_ddp.backends.jobs import AccountingRecord, JobInfo, JobState
 from hpc_ddp.rundir.endcause import EndCause, is_failure, meaning
 from hpc_ddp.rundir.ledger import Attempt
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from hpc_ddp.backends.jobs import JobInfo, JobState
 from hpc_ddp.backends.registry import backend_for
-from hpc_ddp.backends.slurm.jobstate import JobInfo, JobState
 from hpc_ddp.errors import SlurmError
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.ledger import read_ledger

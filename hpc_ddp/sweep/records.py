@@ -1,5 +1,5 @@
 """A sweep directory's record of its points: ``sweep.yaml`` (its job arrays, ``arrays.json``,
-are :mod:`hpc_ddp.backends.slurm.arrayjobs`: each array task reads that record when it starts).
+are :mod:`hpc_ddp.backends.arrays`: each array task reads that record when it starts).
 
 A sweep directory (written by :mod:`hpc_ddp.sweep.submit`)::
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.backends.slurm.arrayjobs import current_refs, live_task, read_arrays
-from hpc_ddp.backends.slurm.jobstate import AccountingRecord, JobInfo, JobState
+from hpc_ddp.backends.arrays import current_refs, live_task, read_arrays
+from hpc_ddp.backends.jobs import AccountingRecord, JobInfo, JobState
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.rundir.layout import MANIFEST_FILE, RunPaths
 from hpc_ddp.rundir.ledger import Attempt, read_ledger

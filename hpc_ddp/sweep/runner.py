@@ -15,16 +15,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from hpc_ddp.backends.slurm.arrayjobs import current_refs, format_index_ranges, read_arrays
+from hpc_ddp.backends.arrays import current_refs, format_index_ranges, read_arrays
 from hpc_ddp.errors import TargetError
 from hpc_ddp.rundir.layout import MANIFEST_FILE, RunPaths
 from hpc_ddp.rundir.manifest import Backend as BackendName
 from hpc_ddp.rundir.manifest import read_manifest
 
 if TYPE_CHECKING:
-    from hpc_ddp.backends.slurm.array_sweep import PreparedArray
+    from hpc_ddp.backends.arrays import PreparedArray
+    from hpc_ddp.backends.jobs import AccountingRecord, JobInfo
     from hpc_ddp.backends.slurm.client import SlurmClient
-    from hpc_ddp.backends.slurm.jobstate import AccountingRecord, JobInfo
     from hpc_ddp.rundir.ledger import Attempt
     from hpc_ddp.state.task import TaskState
     from hpc_ddp.sweep.spec import SweepSpec

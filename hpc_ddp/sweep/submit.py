@@ -20,19 +20,18 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hpc_ddp.backends.slurm.array_sweep import (
-    PreparedArray,
-    prepare_arrays,
-)
-from hpc_ddp.backends.slurm.arrayjobs import (
+from hpc_ddp.backends.arrays import (
     ArrayRecord,
+    PreparedArray,
     current_refs,
     format_index_ranges,
     live_task,
     read_arrays,
+    write_arrays,
 )
+from hpc_ddp.backends.jobs import JobInfo
+from hpc_ddp.backends.slurm.array_sweep import prepare_arrays
 from hpc_ddp.backends.slurm.client import SlurmClient
-from hpc_ddp.backends.slurm.jobstate import JobInfo
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import SlurmError, SubmissionError
 from hpc_ddp.rundir.layout import MANIFEST_FILE, RunPaths
@@ -44,12 +43,7 @@ from hpc_ddp.sweep.records import read_sweep_record
 from hpc_ddp.sweep.results import failed_points
 from hpc_ddp.sweep.runner import runner_for
 from hpc_ddp.sweep.spec import SweepSpec
-from hpc_ddp.sweep.sweepdir import (
-    link_offset_tasks,
-    sweep_record_text,
-    write_arrays,
-    write_sweep_dir,
-)
+from hpc_ddp.sweep.sweepdir import link_offset_tasks, sweep_record_text, write_sweep_dir
 
 
 def schedule_arrays(

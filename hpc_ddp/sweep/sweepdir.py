@@ -1,5 +1,5 @@
 """Writing a sweep directory: ``sweep.yaml``, ``logs/``, ``task_configs.jsonl``, ``tasks/``,
-offset links, ``arrays.json``.
+offset links (``arrays.json``: :func:`hpc_ddp.backends.arrays.write_arrays`).
 
 The layout is described in :mod:`hpc_ddp.sweep.records`; :mod:`hpc_ddp.sweep.results` reads it
 back. A thousand task configs are written in a few milliseconds: their YAML comes from
@@ -9,14 +9,11 @@ back. A thousand task configs are written in a few milliseconds: their YAML come
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-from collections.abc import Sequence
 from pathlib import Path
 
-from hpc_ddp.backends.slurm.array_sweep import ArrayPlan
-from hpc_ddp.backends.slurm.arrayjobs import ARRAYS_RECORD, ArrayRecord
+from hpc_ddp.backends.arrays import ArrayPlan
 from hpc_ddp.config.yaml_dialect import dump_yaml
 from hpc_ddp.durable import fsync_dir, write_text_atomic
 from hpc_ddp.rundir.layout import RunPaths
@@ -104,9 +101,3 @@ def link_offset_tasks(sweep_dir: Path, plan: ArrayPlan) -> None:
         link = links / str(point - plan.offset)
         if not link.is_symlink():
             link.symlink_to(Path("..", "..", "tasks", str(point)))
-
-
-def write_arrays(sweep_dir: Path, records: Sequence[ArrayRecord]) -> None:
-    """Write ``arrays.json`` atomically."""
-    data = [dataclasses.asdict(r) for r in records]
-    write_text_atomic(sweep_dir / ARRAYS_RECORD, json.dumps(data, indent=1) + "\n")

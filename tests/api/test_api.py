@@ -22,8 +22,9 @@ import pytest
 import hpc_ddp
 from hpc_ddp.api.job import override_args
 from hpc_ddp.api.status import status_json
+from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.slurm.fake import FakeSlurm
-from hpc_ddp.backends.slurm.jobstate import CompletedCommand, JobState
+from hpc_ddp.backends.slurm.jobstate import CompletedCommand
 from hpc_ddp.cli.main import main
 from hpc_ddp.config.load import load_resolved_config
 from hpc_ddp.durable import append_line

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.backends.base import Backend, Cancel, Launcher, PlanRequest, Word
+from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.local.backend import LocalBackend
 from hpc_ddp.backends.local.launcher import LocalLauncher
 from hpc_ddp.backends.registry import backend_for
 from hpc_ddp.backends.slurm.backend import SlurmBackend
 from hpc_ddp.backends.slurm.fake import FakeSlurm
-from hpc_ddp.backends.slurm.jobstate import JobState
 from hpc_ddp.backends.slurm.step import SrunLauncher
 from hpc_ddp.config.load import load_job_config
 from hpc_ddp.config.model import JobConfig

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
+from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.slurm.fake import FakeSlurm
-from hpc_ddp.backends.slurm.jobstate import JobState
 from hpc_ddp.cli.main import main
 from tests import e2e_util as e2e
 from tests.cli.test_status import command_job

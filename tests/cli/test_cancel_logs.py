@@ -25,9 +25,10 @@ from pathlib import Path
 
 import pytest
 
+from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.local.process import identify_started, write_identity
 from hpc_ddp.backends.slurm.fake import FakeSlurm
-from hpc_ddp.backends.slurm.jobstate import JobState, parse_scontrol_oneliner
+from hpc_ddp.backends.slurm.jobstate import parse_scontrol_oneliner
 from hpc_ddp.cli import cmd_logs
 from hpc_ddp.cli.main import main
 from hpc_ddp.rundir.endcause import EndCause

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.slurm.fake import FakeSlurm
-from hpc_ddp.backends.slurm.jobstate import CompletedCommand, JobState
+from hpc_ddp.backends.slurm.jobstate import CompletedCommand
 from hpc_ddp.cli.main import main
 from hpc_ddp.doctor.judgement import TOKEN_FILE, report_path
 from tests.helpers.launch import REPO

@@ -325,8 +325,8 @@ def _slurm_run(runs: Path, job_id: str) -> Path:
 def test_a_live_slurm_run_is_never_submitted_again(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], state: str
 ) -> None:
+    from hpc_ddp.backends.jobs import JobState
     from hpc_ddp.backends.slurm.fake import FakeSlurm
-    from hpc_ddp.backends.slurm.jobstate import JobState
     from hpc_ddp.cli.main import main
 
     run_dir = _slurm_run(tmp_path, "77")

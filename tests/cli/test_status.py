@@ -22,10 +22,11 @@ import pytest
 
 import hpc_ddp.cli.main as cli_main
 from hpc_ddp.api.targets import resolve_targets
+from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.local.process import identify, identify_started, write_identity
 from hpc_ddp.backends.slurm.client import SlurmClient
 from hpc_ddp.backends.slurm.fake import FakeSlurm
-from hpc_ddp.backends.slurm.jobstate import CompletedCommand, JobState, parse_job_state
+from hpc_ddp.backends.slurm.jobstate import CompletedCommand, parse_job_state
 from hpc_ddp.backends.slurm.postmortem import has_logs, startup_failure
 from hpc_ddp.cli.main import main
 from hpc_ddp.errors import RunDirError

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import hpc_ddp.cli.main as cli_main
-from hpc_ddp.backends.slurm.arrayjobs import read_arrays
+from hpc_ddp.backends.arrays import read_arrays
+from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.slurm.fake import FakeSlurm
-from hpc_ddp.backends.slurm.jobstate import JobState
 from hpc_ddp.cli.main import main
 from hpc_ddp.errors import SlurmUnavailableError
 from hpc_ddp.rundir.endcause import EndCause

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.slurm.client import SlurmClient, subprocess_runner
 from hpc_ddp.backends.slurm.fake import Answer, FakeSlurm
-from hpc_ddp.backends.slurm.jobstate import JobState
 from hpc_ddp.config.model import RequeueConfig
 from hpc_ddp.errors import SlurmUnavailableError
 from hpc_ddp.exitcodes import BUDGET_EXIT_CODE, REQUEUE_FAILED_EXIT_CODE

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.slurm.fake import FakeSlurm
-from hpc_ddp.backends.slurm.jobstate import JobState
 from hpc_ddp.checkpoint.digest import weights_digest
 from hpc_ddp.checkpoint.format import list_checkpoints
 from hpc_ddp.config.load import dump_job_config, load_job_config

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_ddp.backends.slurm.jobstate import JobInfo, JobState
+from hpc_ddp.backends.jobs import JobInfo, JobState
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.ledger import Attempt
 from hpc_ddp.state.task import RESUBMITTABLE, TaskState, task_source, task_state

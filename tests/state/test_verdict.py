@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.local.process import identify_started, mark_cancelled, write_rank_identity
 from hpc_ddp.backends.slurm.fake import FakeSlurm
-from hpc_ddp.backends.slurm.jobstate import JobState
 from hpc_ddp.cli.main import main
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths

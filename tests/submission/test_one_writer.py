@@ -28,9 +28,9 @@ from typing import Any
 
 import pytest
 
-from hpc_ddp.backends.slurm.arrayjobs import read_arrays
+from hpc_ddp.backends.arrays import read_arrays
+from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.slurm.fake import FakeSlurm
-from hpc_ddp.backends.slurm.jobstate import JobState
 from hpc_ddp.cli.main import main
 from hpc_ddp.config.load import dump_job_config
 from hpc_ddp.config.model import JobConfig

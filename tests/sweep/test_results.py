@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from hpc_ddp.backends.slurm.arrayjobs import (
+from hpc_ddp.backends.arrays import (
     ArrayRecord,
     current_refs,
     format_index_ranges,
@@ -19,7 +19,7 @@ from hpc_ddp.backends.slurm.arrayjobs import (
     parse_index_ranges,
     read_arrays,
 )
-from hpc_ddp.backends.slurm.jobstate import JobInfo, JobState
+from hpc_ddp.backends.jobs import JobInfo, JobState
 from hpc_ddp.errors import RunDirError, TargetError
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.ledger import Attempt

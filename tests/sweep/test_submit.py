@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 import yaml
 
-from hpc_ddp.backends.slurm.arrayjobs import current_refs, read_arrays
+from hpc_ddp.backends.arrays import current_refs, read_arrays
+from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.slurm.fake import FakeSlurm
-from hpc_ddp.backends.slurm.jobstate import JobState
 from hpc_ddp.config.load import dump_job_config, load_resolved_config
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import SubmissionError

@@ -20,7 +20,7 @@ import pytest
 
 from hpc_ddp.api.job import Job
 from hpc_ddp.api.sweep import Sweep
-from hpc_ddp.backends.slurm.arrayjobs import parse_index_ranges
+from hpc_ddp.backends.arrays import parse_index_ranges
 from hpc_ddp.errors import RunDirError
 from tests.conftest import Cluster
 from tests.e2e_util import hpc

@@ -75,7 +75,7 @@ from hpc_ddp.rundir.run_id import recorded_run_id
 if TYPE_CHECKING:
     import subprocess
 
-    from hpc_ddp.backends.slurm.jobstate import AccountingRecord, JobInfo
+    from hpc_ddp.backends.jobs import AccountingRecord, JobInfo
 
 log = logging.getLogger(__name__)
 

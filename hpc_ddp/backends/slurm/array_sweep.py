@@ -10,11 +10,10 @@ from __future__ import annotations
 import dataclasses
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hpc_ddp.backends.slurm.arrayjobs import format_index_ranges
+from hpc_ddp.backends.arrays import ArrayPlan, PreparedArray
 from hpc_ddp.backends.slurm.client import SlurmClient
 from hpc_ddp.backends.slurm.render import RenderContext, load_template, render_sbatch
 from hpc_ddp.config.model import JobConfig
@@ -27,21 +26,6 @@ SLURM_DEFAULT_MAX_ARRAY_SIZE = 1001
 def script_name(number: int) -> str:
     """The script of the sweep's ``number``-th array: ``job.sbatch``, then ``job-1.sbatch``..."""
     return "job.sbatch" if number == 0 else f"job-{number}.sbatch"
-
-
-@dataclass(frozen=True)
-class ArrayPlan:
-    """One job array: task id ``t`` runs point ``t + offset``; all its points share a script."""
-
-    points: tuple[int, ...]
-    offset: int
-    group: int
-    """Index of the script variant (points whose slurm/env/requeue sections are equal)."""
-
-    def spec(self, max_parallel: int | None) -> str:
-        """The ``--array`` value: task ids as ranges, then the ``%N`` throttle."""
-        ids = format_index_ranges(p - self.offset for p in self.points)
-        return ids if max_parallel is None else f"{ids}%{max_parallel}"
 
 
 def plan_arrays(
@@ -77,17 +61,6 @@ def script_groups(configs: Sequence[JobConfig]) -> list[int]:
     """Group index per config: one script serves every point whose rendered sections match."""
     seen: dict[tuple[object, ...], int] = {}
     return [seen.setdefault((c.slurm, c.env, c.requeue), len(seen)) for c in configs]
-
-
-@dataclass(frozen=True)
-class PreparedArray:
-    """An array ready to be written and submitted."""
-
-    plan: ArrayPlan
-    array: str
-    script_name: str
-    script: str
-    argv: tuple[str, ...]
 
 
 def prepare_arrays(

@@ -29,8 +29,8 @@ from hpc_ddp.rundir.manifest import Manifest
 from hpc_ddp.version import __version__
 
 if TYPE_CHECKING:  # a dry run never loads the client (nor its parsers): ~2.5 ms of every submit
+    from hpc_ddp.backends.jobs import AccountingRecord, JobInfo
     from hpc_ddp.backends.slurm.client import SlurmClient
-    from hpc_ddp.backends.slurm.jobstate import AccountingRecord, JobInfo
 
 
 class SlurmBackend:

@@ -8,10 +8,10 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from hpc_ddp.backends.arrays import live_task
 from hpc_ddp.backends.base import Cancel, Cancelled, Outcome
-from hpc_ddp.backends.slurm.arrayjobs import live_task
+from hpc_ddp.backends.jobs import AccountingRecord, JobInfo
 from hpc_ddp.backends.slurm.client import SlurmClient
-from hpc_ddp.backends.slurm.jobstate import AccountingRecord, JobInfo
 from hpc_ddp.errors import SlurmError
 
 

@@ -5,7 +5,7 @@ never a shell), so tests swap in a fake and a dry run can show the argv without 
 Parsing lives in the pure :mod:`hpc_ddp.backends.slurm.jobstate` (``parse_*``);
 :class:`hpc_ddp.backends.slurm.fake.FakeSlurm` is a scripted runner for tests.
 
-Every job id sent is checked against :data:`~hpc_ddp.backends.slurm.jobstate.JOB_REF` first: an id
+Every job id sent is checked against :data:`~hpc_ddp.backends.jobs.JOB_REF` first: an id
 read from a damaged file (``--me``, ``1,2,3``) would otherwise widen ``scancel`` to other jobs.
 Commands that act on one job refuse such an id (naming the file it came from); queries over
 many runs leave it out.
@@ -25,14 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from hpc_ddp.backends.jobs import AccountingRecord, JobInfo, is_job_ref
 from hpc_ddp.backends.slurm.jobstate import (
     SACCT_FIELDS,
     SQUEUE_FORMAT,
-    AccountingRecord,
     CompletedCommand,
-    JobInfo,
     check_job_ref,
-    is_job_ref,
     is_node_name,
     parse_max_array_size,
     parse_node_states,
@@ -263,7 +261,7 @@ class SlurmClient:
 
         Every line of each id (``-D``): without it sacct shows only the newest job of an id,
         which after the cluster's ids started again is another job; each record's
-        :meth:`~hpc_ddp.backends.slurm.jobstate.AccountingRecord.submitted_with` finds a run's own.
+        :meth:`~hpc_ddp.backends.jobs.AccountingRecord.submitted_with` finds a run's own.
         Ids that are not job ids are left out, as in :meth:`job_states`.
         """
         job_ids = list(dict.fromkeys(j for j in job_ids if is_job_ref(j)))

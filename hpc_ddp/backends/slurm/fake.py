@@ -26,9 +26,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpc_ddp.backends.slurm.arrayjobs import parse_index_ranges
+from hpc_ddp.backends.arrays import parse_index_ranges
+from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.slurm.client import SlurmClient
-from hpc_ddp.backends.slurm.jobstate import CompletedCommand, JobState
+from hpc_ddp.backends.slurm.jobstate import CompletedCommand
 
 Answer = str | tuple[int, str] | BaseException | None
 """A scripted answer: stdout (exit 0), ``(exit code, stderr)``, an exception to raise (e.g.

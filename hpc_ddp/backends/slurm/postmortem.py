@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc_ddp.backends.slurm.arrayjobs import batch_logs
+from hpc_ddp.backends.arrays import batch_logs
 
 # "srun: error: n2: task 1: Killed", "srun: error: n1: tasks 0-1: Exited with exit code 1"
 _FAILURE = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,\-]+): (?P<reason>.+)$")
@@ -145,7 +145,7 @@ def first_failure(text: str) -> TaskFailure | None:
 def _batch_errs(logs_dir: Path) -> list[Path]:
     """The run's ``batch-*.err`` logs, oldest first (``logs_dir`` is ``RUN_DIR/logs``; a sweep
     task's are in its sweep's ``logs/``, see
-    :func:`~hpc_ddp.backends.slurm.arrayjobs.batch_logs`)."""
+    :func:`~hpc_ddp.backends.arrays.batch_logs`)."""
     return sorted(batch_logs(logs_dir, "err"), key=lambda p: p.stat().st_mtime)
 
 

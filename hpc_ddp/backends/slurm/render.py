@@ -465,7 +465,7 @@ def _log_dir_pattern(ctx: RenderContext) -> str:
 
 def _batch_log_pattern(ctx: RenderContext) -> tuple[str, str]:
     """Where the batch script's own logs go. An array's go to the sweep's ``logs/``, named by
-    array job and task id (:func:`hpc_ddp.backends.slurm.arrayjobs.batch_logs` finds a point's):
+    array job and task id (:func:`hpc_ddp.backends.arrays.batch_logs` finds a point's):
     Slurm opens them before the script runs, and making every task's ``logs/`` at submit cost a
     third of a sweep's submit time (the script makes it, for the rank logs)."""
     if ctx.array:

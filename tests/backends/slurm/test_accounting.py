@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from hpc_ddp.backends.slurm.jobstate import JobState
+from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.devcluster import cluster as devcluster
 from hpc_ddp.rundir.manifest import read_manifest
 from tests import e2e_util as e2e

@@ -14,16 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from hpc_ddp.backends.jobs import JOB_REF, JobState, is_job_ref
 from hpc_ddp.backends.slurm.client import SlurmClient, subprocess_runner
 from hpc_ddp.backends.slurm.fake import FakeSlurm
 from hpc_ddp.backends.slurm.jobstate import (
-    JOB_REF,
     SACCT_FIELDS,
     SQUEUE_FIELDS,
     SQUEUE_FORMAT,
     CompletedCommand,
-    JobState,
-    is_job_ref,
     parse_job_state,
     parse_max_array_size,
     parse_sacct,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp.backends.slurm.arrayjobs import batch_logs
+from hpc_ddp.backends.arrays import batch_logs
 from hpc_ddp.backends.slurm.postmortem import (
     TaskFailure,
     failed_rank,

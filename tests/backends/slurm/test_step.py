@@ -6,9 +6,10 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.slurm.client import SlurmClient
 from hpc_ddp.backends.slurm.fake import FakeSlurm
-from hpc_ddp.backends.slurm.jobstate import CompletedCommand, JobState
+from hpc_ddp.backends.slurm.jobstate import CompletedCommand
 from hpc_ddp.backends.slurm.step import SrunLauncher
 
 SIGTERMS_ITSELF = "import os, signal, time; os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.1)"

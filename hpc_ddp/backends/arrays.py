@@ -1,4 +1,4 @@
-"""A directory's job arrays: ``arrays.json``, which array task runs each point, squeue's row.
+"""A directory's job arrays: ``arrays.json``, which array task runs each point, the queue's row.
 
 A sweep is submitted as one job array (or as few as ``MaxArraySize`` allows), and
 ``--resubmit-failed`` adds arrays over the points that failed; ``SWEEP_DIR/arrays.json`` records
@@ -9,12 +9,16 @@ starts (:mod:`hpc_ddp.job.task`): a task that is not its point's current one ref
 Each array task's batch-script log is in the sweep's ``logs/`` under its array job and task id:
 :func:`batch_logs` finds a point's.
 
-Index ranges are Slurm's ``--array`` syntax (``0-5,7``). Reads files only; squeue's rows are
+Index ranges are Slurm's ``--array`` syntax (``0-5,7``). An :class:`ArrayPlan` is one array's
+points and offset, a :class:`PreparedArray` one ready to be written and submitted (each backend
+renders its own, :mod:`hpc_ddp.backends.slurm.array_sweep`). Any backend whose scheduler runs
+job arrays shares this record; queue rows (:class:`~hpc_ddp.backends.jobs.JobInfo`) are
 passed in.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -22,7 +26,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.backends.slurm.jobstate import JobInfo, is_job_ref
+from hpc_ddp.backends.jobs import JobInfo, is_job_ref
+from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import RunDirError
 
 ARRAYS_RECORD = "arrays.json"
@@ -44,6 +49,32 @@ class ArrayRecord:
     reason: str = "sweep"
     """``sweep`` or ``resubmit-failed``."""
     command: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ArrayPlan:
+    """One job array: task id ``t`` runs point ``t + offset``; all its points share a script."""
+
+    points: tuple[int, ...]
+    offset: int
+    group: int
+    """Index of the script variant (points whose slurm/env/requeue sections are equal)."""
+
+    def spec(self, max_parallel: int | None) -> str:
+        """The ``--array`` value: task ids as ranges, then the ``%N`` throttle."""
+        ids = format_index_ranges(p - self.offset for p in self.points)
+        return ids if max_parallel is None else f"{ids}%{max_parallel}"
+
+
+@dataclass(frozen=True)
+class PreparedArray:
+    """An array ready to be written and submitted."""
+
+    plan: ArrayPlan
+    array: str
+    script_name: str
+    script: str
+    argv: tuple[str, ...]
 
 
 # --- index ranges -------------------------------------------------------------------------------
@@ -107,6 +138,12 @@ _ARRAY_TYPES: dict[str, type] = {
     "submitted_at": str, "reason": str, "command": list,
 }  # fmt: skip
 _ARRAY_OPTIONAL = frozenset({"reason", "command"})
+
+
+def write_arrays(sweep_dir: Path, records: Sequence[ArrayRecord]) -> None:
+    """Write ``arrays.json`` atomically."""
+    data = [dataclasses.asdict(r) for r in records]
+    write_text_atomic(sweep_dir / ARRAYS_RECORD, json.dumps(data, indent=1) + "\n")
 
 
 def _array_record(path: Path, number: int, item: Any) -> ArrayRecord:
