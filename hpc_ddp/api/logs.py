@@ -23,7 +23,7 @@ from hpc_ddp.api.targets import (
 from hpc_ddp.backends.arrays import batch_logs, format_index_ranges, live_task
 from hpc_ddp.backends.jobs import is_job_ref
 from hpc_ddp.backends.registry import backend_for
-from hpc_ddp.errors import HpcDdpError, RunDirError, SlurmError, TargetError
+from hpc_ddp.errors import BackendError, HpcDdpError, RunDirError, TargetError
 from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.manifest import read_manifest
 from hpc_ddp.sweep.records import read_sweep_record
@@ -230,7 +230,7 @@ def job_liveness(
             manifest = read_manifest(paths.root)
             backend = backend_for(manifest, slurm=client)
             return backend.running(paths.root, manifest.job_id, str(paths.manifest))
-    except (RunDirError, SlurmError):
+    except (RunDirError, BackendError):
         return None, ""
     if info is None or info.state.finished:
         return False, ""

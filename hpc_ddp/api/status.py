@@ -28,7 +28,7 @@ from hpc_ddp.rundir.layout import MANIFEST_FILE
 from hpc_ddp.rundir.manifest import Manifest, read_manifest
 from hpc_ddp.state.report import (
     DAMAGED,
-    ask_slurm,
+    ask_backend,
     damaged_row,
     fmt_elapsed,
     reason_lines,
@@ -36,7 +36,7 @@ from hpc_ddp.state.report import (
     with_accounting,
 )
 from hpc_ddp.state.task import TaskState
-from hpc_ddp.state.verdict import SlurmView
+from hpc_ddp.state.verdict import BackendView
 
 if TYPE_CHECKING:
     from hpc_ddp.backends.slurm.client import SlurmClient
@@ -287,7 +287,7 @@ def collect_status(
     arrays = [j for d in sweeps for j in good[d].array_jobs]
     arrays += [j for sweep, _ in tasks.values() for j in read_manifest(sweep).array_jobs]
     queue = backend_for("slurm", slurm=slurm)
-    view = ask_slurm(queue, list(dict.fromkeys([*plain, *arrays])), plain)
+    view = ask_backend(queue, list(dict.fromkeys([*plain, *arrays])), plain)
     view = with_accounting(queue, view, _unheld(sweeps, tasks, view))
     rows, entries = _collect(dirs, manifests, sweeps, view)
     entries += [_task_entry(sweep, index, view) for sweep, index in tasks.values()]
@@ -309,7 +309,7 @@ def runs(
     return collect_status([], base, slurm)
 
 
-def _sweep_entry(sweep_dir: Path, view: SlurmView) -> dict[str, Any]:
+def _sweep_entry(sweep_dir: Path, view: BackendView) -> dict[str, Any]:
     # Imported here: a listing of plain runs needs none of the sweep's readers.
     from hpc_ddp.sweep.results import gather_results, row_dict, sweep_summary
 
@@ -319,7 +319,7 @@ def _sweep_entry(sweep_dir: Path, view: SlurmView) -> dict[str, Any]:
     return {"sweep": str(sweep_dir), "summary": sweep_summary(rows), "tasks": tasks}
 
 
-def _unheld(sweeps: list[Path], tasks: dict[str, tuple[Path, int]], view: SlurmView) -> list[str]:
+def _unheld(sweeps: list[Path], tasks: dict[str, tuple[Path, int]], view: BackendView) -> list[str]:
     """The array jobs of the sweeps shown whose tasks squeue no longer holds (all of them may
     have ended long ago): sacct is asked about those."""
     if view.live is None:
@@ -340,7 +340,7 @@ def _sweep_task(target: str) -> tuple[Path, int] | None:
     return sweep_task_of(path)
 
 
-def _task_entry(sweep_dir: Path, index: int, view: SlurmView) -> dict[str, Any]:
+def _task_entry(sweep_dir: Path, index: int, view: BackendView) -> dict[str, Any]:
     """One sweep task, as the sweep's own entry shows it, alone."""
     entry = _sweep_entry(sweep_dir, view)
     entry["tasks"] = tuple(t for t in entry["tasks"] if t["index"] == index)
@@ -371,7 +371,7 @@ def _collect(
     dirs: list[Path],
     manifests: dict[Path, Manifest | RunDirError],
     sweeps: list[Path],
-    view: SlurmView,
+    view: BackendView,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(one row per plain or damaged run, one entry per sweep), in the order of ``dirs``."""
     rows = []

@@ -36,11 +36,11 @@ from hpc_ddp.backends.jobs import AccountingRecord, JobInfo
 from hpc_ddp.backends.slurm.backend import SlurmBackend
 from hpc_ddp.backends.slurm.client import SlurmClient
 from hpc_ddp.errors import (
+    BackendError,
     ConfigError,
     RunDirError,
     RunFailedError,
     RunsDirError,
-    SlurmError,
 )
 from hpc_ddp.rundir.layout import MANIFEST_FILE, RUNS_DIR_ENV
 from hpc_ddp.rundir.manifest import Backend, read_manifest
@@ -545,17 +545,17 @@ def gather(
     *,
     sort: str | None = None,
     mode: str | None = None,
-    ask_slurm: bool = True,
+    ask_backend: bool = True,
 ) -> Results:
     """Every task of the sweep with its state and metrics, sorted (see :meth:`Sweep.results`).
 
     ``sort`` naming a metric no task logged (and no swept key or column) is a
-    :class:`ConfigError` listing what was logged. ``ask_slurm`` False: states from the ledgers.
+    :class:`ConfigError` listing what was logged. ``ask_backend`` False: states from the ledgers.
     """
     from hpc_ddp.sweep.results import gather_results, logged_metrics, sort_rows
 
     record = read_sweep_record(sweep_dir)
-    live = _live(sweep_dir, slurm) if ask_slurm else None
+    live = _live(sweep_dir, slurm) if ask_backend else None
     accounting = None if live is None else _accounting(sweep_dir, live, slurm)
     sort_key, metric, chosen = choose_sort(record, sort, mode)
     rows = sort_rows(gather_results(sweep_dir, live, metric, accounting), sort_key, chosen)
@@ -612,7 +612,7 @@ def _live(sweep_dir: Path, client: SlurmClient) -> dict[str, JobInfo] | None:
     job_ids = list(dict.fromkeys(a.job_id for a in read_arrays(sweep_dir)))
     try:
         return SlurmBackend(client).states(job_ids) if job_ids else {}
-    except SlurmError:
+    except BackendError:
         return None
 
 
@@ -625,5 +625,5 @@ def _accounting(
     unheld = unheld_arrays(sweep_dir, live)
     try:
         return SlurmBackend(client).accounting(unheld) if unheld else None
-    except SlurmError:
+    except BackendError:
         return None

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot_out = check_plot(args.plot)  # before anything is computed
     found = gather(sweep.sweep_dir, args.slurm, sort=args.sort, mode=args.mode,
-                   ask_slurm=not args.no_slurm)  # fmt: skip
+                   ask_backend=not args.no_slurm)  # fmt: skip
     rows = found.rows
     shown = rows[: args.top] if args.top is not None else rows
     if args.format == "json":

@@ -19,7 +19,7 @@ from hpc_ddp.backends.base import Backend
 from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.registry import backend_for
 from hpc_ddp.backends.slurm.postmortem import failed_rank, has_logs
-from hpc_ddp.errors import RunDirError, SlurmError
+from hpc_ddp.errors import BackendError, RunDirError
 from hpc_ddp.rundir.checkpoints import newest_step
 from hpc_ddp.rundir.endcause import EndCause, is_failure
 from hpc_ddp.rundir.layout import RunPaths
@@ -31,7 +31,7 @@ from hpc_ddp.state.artifacts import last_metric, metric_rows, step_times
 from hpc_ddp.state.goodput import Goodput, account
 from hpc_ddp.state.task import TaskState
 from hpc_ddp.state.verdict import (
-    SlurmView,
+    BackendView,
     Source,
     Verdict,
     current_attempts,
@@ -43,25 +43,25 @@ DAMAGED = "DAMAGED"
 _CAUSE_WORDS = frozenset(c.value for c in EndCause if is_failure(c))
 
 
-def ask_slurm(backend: Backend, job_ids: Sequence[str], plain: Sequence[str]) -> SlurmView:
-    """The queue (squeue) for every job id; accounting (sacct, once) for the ``plain`` run jobs
-    the queue no longer holds: :meth:`~hpc_ddp.backends.base.Backend.states` and
+def ask_backend(backend: Backend, job_ids: Sequence[str], plain: Sequence[str]) -> BackendView:
+    """The backend's queue (squeue) for every job id; its accounting (sacct, once) for the
+    ``plain`` run jobs the queue no longer holds: :meth:`~hpc_ddp.backends.base.Backend.states` and
     :meth:`~hpc_ddp.backends.base.Backend.accounting` of ``backend``."""
     try:
         live = backend.states(job_ids) if job_ids else {}
-    except SlurmError as exc:
-        return SlurmView(None, _said(exc))
+    except BackendError as exc:
+        return BackendView(None, _said(exc))
     gone = [j for j in plain if j not in live]
     if not gone:
-        return SlurmView(live, accounting={})
+        return BackendView(live, accounting={})
     try:
         accounting = backend.accounting(gone)
-    except SlurmError as exc:
-        return SlurmView(live, _said(exc), None)
-    return SlurmView(live, accounting=accounting)
+    except BackendError as exc:
+        return BackendView(live, _said(exc), None)
+    return BackendView(live, accounting=accounting)
 
 
-def with_accounting(backend: Backend, view: SlurmView, job_ids: Sequence[str]) -> SlurmView:
+def with_accounting(backend: Backend, view: BackendView, job_ids: Sequence[str]) -> BackendView:
     """``view`` with sacct's records of ``job_ids`` too (the array jobs of sweep tasks squeue no
     longer holds), in one more sacct call; unchanged when there is nothing to ask, or no
     accounting to ask (``view.accounting`` None: sacct said so, or failed)."""
@@ -69,15 +69,16 @@ def with_accounting(backend: Backend, view: SlurmView, job_ids: Sequence[str]) -
         return view
     try:
         more = backend.accounting(job_ids)
-    except SlurmError as exc:
-        return SlurmView(view.live, view.error or _said(exc), view.accounting)
+    except BackendError as exc:
+        return BackendView(view.live, view.error or _said(exc), view.accounting)
     if more is None:
-        return SlurmView(view.live, view.error, None)
-    return SlurmView(view.live, view.error, {**view.accounting, **more})
+        return BackendView(view.live, view.error, None)
+    return BackendView(view.live, view.error, {**view.accounting, **more})
 
 
-def _said(exc: SlurmError) -> str:
-    """``squeue failed (exit 1): <Slurm's words>`` from a :class:`SlurmError`'s message."""
+def _said(exc: BackendError) -> str:
+    """``squeue failed (exit 1): <Slurm's words>`` from a :class:`BackendError`'s message (a
+    backend's own error names the command it ran)."""
     lines = str(exc).splitlines()
     said = next((x.removeprefix("Slurm said: ") for x in lines if x.startswith("Slurm said:")), "")
     return f"{lines[0].rstrip('.')}: {said}" if said else lines[0]
@@ -142,7 +143,7 @@ def _damage_note(damaged: list[tuple[int, str]], *, every: bool) -> str | None:
     return f"{len(damaged)} newest checkpoint(s) damaged (step {step}: {why}); resume skips them"
 
 
-def run_status(run_dir: Path, view: SlurmView) -> dict[str, Any]:
+def run_status(run_dir: Path, view: BackendView) -> dict[str, Any]:
     """One status row (a plain dict) for ``run_dir``; a damaged run is a DAMAGED row."""
     try:
         return _row(run_dir, read_manifest(run_dir), view)
@@ -162,7 +163,7 @@ def damaged_row(run_dir: Path, exc: BaseException) -> dict[str, Any]:
 
 
 def _slurm_word(
-    run_dir: Path, manifest: Manifest, paths: RunPaths, view: SlurmView, backend: Backend
+    run_dir: Path, manifest: Manifest, paths: RunPaths, view: BackendView, backend: Backend
 ) -> tuple[JobState | None, Source, Any, str | None]:
     """(Slurm's state, its source, squeue's row or sacct's record, a note) for the run's job:
     the view's word, unless the backend speaks for the job itself
@@ -190,7 +191,7 @@ def _scripts(run_dir: Path, manifest: Manifest, paths: RunPaths) -> list[str]:
 
 
 def _notes(
-    verdict: Verdict, source: Source, view: SlurmView, attempts: list[Attempt], paths: RunPaths
+    verdict: Verdict, source: Source, view: BackendView, attempts: list[Attempt], paths: RunPaths
 ) -> list[str]:
     """What the row's note says beside the verdict's own word."""
     notes = [verdict.note] if verdict.note else []
@@ -240,7 +241,7 @@ def _submitted(manifest: Manifest) -> float | None:
     return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
 
 
-def _row(run_dir: Path, manifest: Manifest, view: SlurmView) -> dict[str, Any]:
+def _row(run_dir: Path, manifest: Manifest, view: BackendView) -> dict[str, Any]:
     paths = RunPaths(run_dir)
     # A resumed local job's early crash is told from the old job's ends by its submit time: its
     # old ranks were provably gone before the resume. Not so on Slurm: a rank may still write

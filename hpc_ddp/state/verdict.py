@@ -1,7 +1,7 @@
 """A run's state from its two witnesses, Slurm and the ledger: a pure verdict.
 
 Slurm's word comes from squeue (the controller keeps a finished job for ``MinJobAge``), else
-from sacct when accounting exists; :class:`SlurmView` holds both answers and :class:`Source`
+from sacct when accounting exists; :class:`BackendView` holds both answers and :class:`Source`
 says where a state came from, or why there is none. :func:`judge` then never takes either
 witness alone:
 
@@ -48,8 +48,10 @@ class Source(str, Enum):
 
 
 @dataclass(frozen=True)
-class SlurmView:
-    """Slurm's answers for every job shown, asked once (:func:`hpc_ddp.state.report.ask_slurm`)."""
+class BackendView:
+    """The backend's answers for every job shown, asked once
+    (:func:`hpc_ddp.state.report.ask_backend`): its queue and its accounting, in the words of
+    :mod:`hpc_ddp.backends.jobs` (Slurm's: squeue's rows and sacct's records)."""
 
     live: dict[str, JobInfo] | None
     """squeue's rows by ref; None when squeue failed."""

@@ -49,9 +49,9 @@ from hpc_ddp.rundir.checkpoints import checkpoint_files, shard_dirs
 from hpc_ddp.rundir.layout import MANIFEST_FILE, RunPaths
 from hpc_ddp.rundir.ledger import Attempt, read_ledger
 from hpc_ddp.rundir.manifest import Manifest, read_manifest, record_lock
-from hpc_ddp.state.report import ask_slurm, newest_checkpoint, run_status
+from hpc_ddp.state.report import ask_backend, newest_checkpoint, run_status
 from hpc_ddp.state.resumable import check_resumable
-from hpc_ddp.state.verdict import SlurmView
+from hpc_ddp.state.verdict import BackendView
 from hpc_ddp.submission.submit import (
     REWRITE_UNDO,
     Launched,
@@ -227,10 +227,10 @@ def _manifest_of(run_dir: Path) -> Manifest:
     return read_manifest(run_dir)
 
 
-def _view(backend: Backend, manifest: Manifest) -> SlurmView:
+def _view(backend: Backend, manifest: Manifest) -> BackendView:
     """What the run's backend says of its job (nothing, where no queue holds it)."""
     jobs = [manifest.job_id] if manifest.job_id else []
-    return ask_slurm(backend, jobs, jobs)
+    return ask_backend(backend, jobs, jobs)
 
 
 def _with_overrides(

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.backends.jobs import JobInfo, JobState
 from hpc_ddp.backends.registry import backend_for
-from hpc_ddp.errors import SlurmError
+from hpc_ddp.errors import BackendError
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.ledger import read_ledger
 from hpc_ddp.state.report import reason_lines, run_status
-from hpc_ddp.state.verdict import SlurmView, current_attempts, describe_attempt
+from hpc_ddp.state.verdict import BackendView, current_attempts, describe_attempt
 
 if TYPE_CHECKING:
     from hpc_ddp.backends.local.backend import ForcedStop
@@ -73,9 +73,9 @@ def wait_for_jobs(
     missing = [j for j in job_ids if job_state_of(live, j) is None]
     try:
         accounting = queue.accounting(missing) if missing else {}
-    except SlurmError:
+    except BackendError:
         accounting = None
-    view = SlurmView(live, accounting=accounting)
+    view = BackendView(live, accounting=accounting)
     states = []
     reasons: list[str] = []
     for i, job in enumerate(job_ids):
@@ -127,7 +127,7 @@ def wait_for(launched: Launched, client: SlurmClient | None) -> int:
             on_poll=ctrl_c.act,
         )
         ctrl_c.act()  # a Ctrl-C in the last poll: the run has ended, nothing more to stop
-        row = run_status(paths.root, SlurmView({}, accounting={}))  # what `status` says
+        row = run_status(paths.root, BackendView({}, accounting={}))  # what `status` says
         if ctrl_c.stopping and row["state"] != "COMPLETED":
             print(ctrl_c.outcome(row["state"]), file=sys.stderr)
             return INTERRUPTED_EXIT_CODE

@@ -308,7 +308,7 @@ def local_task_words(sweep_dir: Path, points: Sequence[int]) -> list[tuple[TaskS
     from hpc_ddp.backends.local.process import was_cancelled
     from hpc_ddp.rundir.manifest import read_manifest
     from hpc_ddp.state.report import run_status
-    from hpc_ddp.state.verdict import SlurmView
+    from hpc_ddp.state.verdict import BackendView
     from hpc_ddp.sweep.local import controller_points
 
     queued = controller_points(sweep_dir) or frozenset()
@@ -335,7 +335,7 @@ def local_task_words(sweep_dir: Path, points: Sequence[int]) -> list[tuple[TaskS
             if manifest.submitted_at < sweep_submitted:
                 out.append((TaskState.PENDING, manifest.job_id))
                 continue
-        row = run_status(task, SlurmView({}, accounting={}))
+        row = run_status(task, BackendView({}, accounting={}))
         out.append((verdict_task_state(str(row["state"])), manifest.job_id))
     return out
 

@@ -26,7 +26,7 @@ from hpc_ddp.rundir.ledger import Attempt
 from hpc_ddp.rundir.manifest import Backend, Manifest, write_manifest
 from hpc_ddp.state.report import reason_lines, run_status
 from hpc_ddp.state.resumable import check_resumable
-from hpc_ddp.state.verdict import SlurmView, Source, current_attempts, describe_attempt, judge
+from hpc_ddp.state.verdict import BackendView, Source, current_attempts, describe_attempt, judge
 from tests.ledgers import record_end, record_start
 
 T0 = 1_767_268_800.0  # 2026-01-01T12:00:00Z, the manifests' submit time
@@ -57,7 +57,7 @@ def write_result(run_dir: Path, rank: int, result: tuple[str, object]) -> None:
     cloudpickle_dump(result, JobPaths(folder, DEAD_PID, rank).result_pickle)
 
 
-LOCAL = SlurmView({}, accounting={})
+LOCAL = BackendView({}, accounting={})
 
 
 # --- the verdict, pure -------------------------------------------------------------------
