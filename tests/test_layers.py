@@ -62,6 +62,7 @@ LAYERS: tuple[Layer, ...] = (
         ("backends", "backends.base", "backends.slurm", "backends.local"),
         pure=(
             "backends.base",
+            "backends.jobs",
             "backends.slurm.render",
             "backends.slurm.default_script",
             "backends.slurm.nodelist",
@@ -291,6 +292,79 @@ def test_the_sides_are_what_the_layers_say() -> None:
     node_top = max(layer_of(m) for m in MODULES if side_of(m) == "node" and ".cli." not in m)
     login_bottom = min(layer_of(m) for m in MODULES if side_of(m) == "login")
     assert node_top < login_bottom
+
+
+BACKEND_PACKAGES = tuple(
+    sorted(p.parent.name for p in (PACKAGE / "backends").glob("*/__init__.py"))
+)
+"""Each backend's own package under ``hpc_ddp/backends/`` (``local``, ``slurm``)."""
+BACKEND_PICKER = "hpc_ddp.backends.registry"
+"""The one module outside a backend's package that imports it: it makes each backend by name."""
+NODE_FACE_PENDING: dict[str, str] = {
+    # Issue 40: the node side's face per backend is being built beside this check; its picker
+    # by environment imports the backends' node faces as the registry does their login faces.
+    "hpc_ddp.backends.node_registry": "picks the node faces; to join backends/registry.py",
+}
+"""Node-side modules allowed to import a backend's package for now, each with its reason."""
+SEAM_PENDING: dict[str, str] = {
+    # Issue 40 item 1 left these for the one `backends=` injection and the sweep runners moved
+    # beside their backend: each still names the Slurm client (a `slurm=` parameter), a Slurm
+    # or local module, or a backend's sweep code. Remove an entry when its module is done.
+    "hpc_ddp.api.cancel": "slurm= (SlurmClient)",
+    "hpc_ddp.api.doctor": "slurm=; the doctor's rank places (nodelist, postmortem, wait_local)",
+    "hpc_ddp.api.job": "slurm= (SlurmClient)",
+    "hpc_ddp.api.logs": "slurm= (SlurmClient)",
+    "hpc_ddp.api.status": "slurm= (SlurmClient)",
+    "hpc_ddp.api.sweep": "slurm=; SlurmBackend for the sweep's queue",
+    "hpc_ddp.backends.local.backend": "startup_failure reads rank logs with Slurm's postmortem",
+    "hpc_ddp.cli.cmd_cancel": "--kill-wait's default, local.process.KILL_WAIT_S",
+    "hpc_ddp.cli.main": "main(argv, slurm=) makes the Slurm client",
+    "hpc_ddp.state.goodput": "a ledger nodelist counted with Slurm's parse_nodelist",
+    "hpc_ddp.state.report": "failed_rank and has_logs read srun's words (postmortem)",
+    "hpc_ddp.submission.resume": "client= (SlurmClient)",
+    "hpc_ddp.submission.submit": "client= (SlurmClient)",
+    "hpc_ddp.submission.wait": "client=; a local run's wait (local.backend, local.process)",
+    "hpc_ddp.sweep.local": "the local sweep controller: to move under backends/local/",
+    "hpc_ddp.sweep.results": "a local sweep's points (local.process.was_cancelled)",
+    "hpc_ddp.sweep.runner": "the Slurm and local sweep runners: to move beside their backend",
+    "hpc_ddp.sweep.submit": "the Slurm array submit and local sweep start: to move likewise",
+}
+"""Login-side modules still reaching a backend's package directly (issue 40 item 1, open)."""
+
+
+def backend_reaches(module: str) -> list[str]:
+    """Every import in ``module`` of a backend's own package (``hpc_ddp.backends.<name>``),
+    function-level ones included, unless ``module`` is in that package or is the registry."""
+    if module == BACKEND_PICKER:
+        return []
+    own = [f"hpc_ddp.backends.{name}" for name in BACKEND_PACKAGES]
+    home = next((p for p in own if module == p or module.startswith(p + ".")), None)
+    return [
+        f"{module}:{line} imports {target} (only {BACKEND_PICKER} may)"
+        for target, line in _imports(module)
+        for package in own
+        if package != home and (target == package or target.startswith(package + "."))
+    ]
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_only_the_registry_imports_a_backends_own_package(module: str) -> None:
+    """Code that works with any backend reaches one through :mod:`hpc_ddp.backends.registry`
+    and the shared types (:mod:`hpc_ddp.backends.base`, ``jobs``, ``arrays``): a PBS backend
+    then adds a package and a registry line, and changes nothing else."""
+    if module in NODE_FACE_PENDING or module in SEAM_PENDING:
+        return
+    assert backend_reaches(module) == []
+
+
+def test_the_backend_check_sees_a_reach_and_every_pending_entry_is_one() -> None:
+    assert backend_reaches("hpc_ddp.backends.slurm.backend") == []  # its own package
+    assert backend_reaches(BACKEND_PICKER) == []
+    assert backend_reaches("hpc_ddp.backends.base") == []
+    assert {"local", "slurm"} <= set(BACKEND_PACKAGES)
+    # A stale entry would hide the next real reach: each one still reaches a backend.
+    for module in (*NODE_FACE_PENDING, *SEAM_PENDING):
+        assert backend_reaches(module), f"{module} no longer reaches a backend: drop its entry"
 
 
 CLI_OWN_WAY: dict[str, str] = {
