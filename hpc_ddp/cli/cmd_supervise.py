@@ -2,8 +2,8 @@
 
 The rendered ``job.sbatch`` ``exec``s it with the step's srun command after ``--``; it runs that
 command as one launch after another (:class:`~hpc_ddp.fault.supervisor.Supervisor`), each an srun
-step of this allocation (:class:`~hpc_ddp.backends.slurm.step.SrunLauncher`). Not for people to
-type."""
+step of this allocation (the launcher and the job's identity come from the node side's registry,
+:func:`~hpc_ddp.backends.node_registry.launcher_for`). Not for people to type."""
 
 from __future__ import annotations
 
@@ -26,13 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Supervise this attempt of the job; its exit status is the job's."""
-    from hpc_ddp.backends.slurm.nodelist import parse_nodelist
-    from hpc_ddp.backends.slurm.step import SrunLauncher
+    from hpc_ddp.backends.node_registry import launcher_for
     from hpc_ddp.config.load import load_resolved_config
     from hpc_ddp.fault.supervisor import Identity, Supervisor
-    from hpc_ddp.job.task import not_current_refusal, task_run_dir, this_job, write_task_config
+    from hpc_ddp.job.task import not_current_refusal, task_run_dir, write_task_config
     from hpc_ddp.rundir.layout import RunPaths
-    from hpc_ddp.runtime.distenv import env_int
 
     env = os.environ
     argv = list(args.srun_argv)
@@ -47,17 +45,9 @@ def run(args: argparse.Namespace) -> int:
     write_task_config(run_dir, task_dir)
     logging.getLogger("hpc_ddp").setLevel(logging.INFO)
     cfg = load_resolved_config(RunPaths(task_dir).config)
-    job_id = env.get("SLURM_JOB_ID") or ""
-    job_ref = this_job(env) or job_id
-    nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
-    launcher = SrunLauncher(
-        argv,
-        args.slurm,
-        job_id=job_id,
-        job_ref=job_ref,
-        nodes=parse_nodelist(nodes) if nodes else (),
-    )
-    me = Identity(job_id or None, job_ref or None, env_int(env, "SLURM_RESTART_COUNT", default=0))
+    allocation, launcher = launcher_for(env, argv, slurm=args.slurm)
+    job = allocation.identity()
+    me = Identity(job.job_id, job.job_ref, job.restart_count)
     supervisor = Supervisor(RunPaths(task_dir), cfg, launcher, me, env=env)
     supervisor.install_signals()
     return supervisor.run()

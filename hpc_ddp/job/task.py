@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from hpc_ddp import collector
 from hpc_ddp.backends.arrays import ARRAYS_RECORD, current_refs, read_arrays
+from hpc_ddp.backends.node_registry import allocation_for
 from hpc_ddp.config.exactness import DETERMINISTIC_ENV
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.params import PYTHON_NAMES, resolve_command
@@ -55,8 +56,8 @@ from hpc_ddp.rundir.manifest import read_manifest, record_lock
 from hpc_ddp.rundir.run_id import read_run_id
 
 if TYPE_CHECKING:
-    from hpc_ddp.backends.slurm.client import SlurmClient
-    from hpc_ddp.fault.requeue import Coordinator
+    from hpc_ddp.backends.allocation import Allocation
+    from hpc_ddp.fault.coordinator import Coordinator
     from hpc_ddp.fault.watchdog import Watchdog
     from hpc_ddp.rundir.ledger import Attempt
     from hpc_ddp.runtime.distenv import DistEnv
@@ -77,9 +78,8 @@ def task_run_dir(run_dir: Path, env: Mapping[str, str]) -> Path:
     leaves no trace but its reason in its log. A point with no config at all is refused here.
     """
     from hpc_ddp.rundir.taskconfig import task_config_text
-    from hpc_ddp.runtime.distenv import array_task_index
 
-    index = array_task_index(env)  # a DistEnvError names a variable that is not a number
+    index = allocation_for(env).array_point()  # a DistEnvError names a garbled variable
     if index is not None and (run_dir / "tasks").is_dir():
         task = RunPaths(run_dir).task(index).root
         if task_config_text(run_dir, index) is None:
@@ -182,7 +182,7 @@ def run_command(
     env: Mapping[str, str],
     dist: DistEnv,
     *,
-    slurm: SlurmClient | None = None,
+    allocation: Allocation | None = None,
 ) -> int:
     """Run the user's ``command`` on this task with the distributed variables set.
 
@@ -195,10 +195,11 @@ def run_command(
     with ``requeue.on_crash`` requeued (:func:`record_child_crash`), and for a program without
     a session its exit 0 as well. A program without a session gets SIGTERM for the requeue
     signal, and is requeued from here (:class:`_Forwarder`, :func:`record_plain_stop`).
-    ``dist``: this task's place, derived from ``env`` (:func:`run_job`); ``slurm``: the
-    client that asks for the requeue (None: the real one).
+    ``dist``: this task's place, derived from ``env`` (:func:`run_job`); ``allocation``: the
+    scheduler's node face that asks for the requeue (None: the one ``env`` belongs to).
     """
-    from hpc_ddp.fault.requeue import Coordinator, signal_number  # now: no delay at a stop
+    from hpc_ddp.fault.coordinator import Coordinator  # now: no delay at a stop
+    from hpc_ddp.fault.requeue import signal_number
     from hpc_ddp.fault.watchdog import current
     from hpc_ddp.job.torchrun import torchrun_argv, with_local_rank
     from hpc_ddp.runtime.childsignals import start_ignoring
@@ -244,7 +245,8 @@ def run_command(
     # What this process records for the program names the ranks it runs (torchrun's workers),
     # not this task's place among the Slurm tasks; a session in the child records its own.
     ranks = replace(dist, world_size=program_ranks(cfg, argv, dist))
-    coordinator = Coordinator(ranks, paths.ledger, cfg.requeue, slurm, since=began)
+    face = allocation if allocation is not None else allocation_for(env)
+    coordinator = Coordinator(ranks, paths.ledger, cfg.requeue, face, since=began)
     if dist.is_main:
         _record_command_start(coordinator, began)
     # Slurm's warning reaches every process of the step: the child starts with it ignored
@@ -304,9 +306,9 @@ def program_ranks(cfg: JobConfig, argv: list[str], dist: DistEnv) -> int:
 def _record_command_start(coordinator: Coordinator, began: float) -> None:
     """Rank 0: the program starts; ``status`` shows its attempt running until a start of its
     own (its session's, or the one written with its end) supersedes this
-    (:func:`~hpc_ddp.rundir.ledger.command_start_event`). Never fails the task."""
+    (:func:`~hpc_ddp.rundir.ledger_events.command_start_event`). Never fails the task."""
     from hpc_ddp.durable import append_line
-    from hpc_ddp.rundir.ledger import command_start_event
+    from hpc_ddp.rundir.ledger_events import command_start_event
 
     dist = coordinator.dist
     line = command_start_event(
@@ -477,7 +479,7 @@ def record_child_crash(coordinator: Coordinator, failure: str, began: float) -> 
     the attempt. ``began``: when this task started its child (outside Slurm, where there is
     no job id and nothing to claim, an entry of this attempt is one that started since).
     """
-    from hpc_ddp.fault.requeue import claim_crash_requeue
+    from hpc_ddp.fault.coordinator import claim_crash_requeue
 
     dist = coordinator.dist
     # Outside Slurm nothing is requeued, and a claim named "local" would outlive the run.
@@ -497,16 +499,15 @@ def record_child_crash(coordinator: Coordinator, failure: str, began: float) -> 
 def this_job(env: Mapping[str, str], job_id: str | None = None) -> str | None:
     """This task's job as a run's record names it; None outside any job (by hand, torchrun).
 
-    ``job_id`` when given (the local backend: its controller's pid). On Slurm ``ARRAYJOB_TASK``
-    for an array task, never its bare ``SLURM_JOB_ID``: the last task's equals the array's own
-    id, which a run's manifest may name. Else ``SLURM_JOB_ID``, the same in every requeue.
+    ``job_id`` when given (the local backend: its controller's pid), else the job's reference
+    as its scheduler names it (:attr:`~hpc_ddp.backends.allocation.JobIdentity.job_ref`: on
+    Slurm ``ARRAYJOB_TASK`` for an array task, never its bare ``SLURM_JOB_ID``, which for the
+    last task equals the array's own id that a run's manifest may name; else the job id, the
+    same in every requeue).
     """
     if job_id:
         return job_id
-    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
-    if array and task:
-        return f"{array}_{task}"
-    return env.get("SLURM_JOB_ID") or None
+    return allocation_for(env).identity().job_ref
 
 
 def recorded_job(
@@ -520,10 +521,8 @@ def recorded_job(
     A damaged record is a :class:`RunDirError`.
     """
     if task_dir != run_dir:
-        from hpc_ddp.runtime.distenv import array_task_index
-
         source = run_dir / ARRAYS_RECORD
-        point = array_task_index(env)
+        point = allocation_for(env).array_point()
         if point is None or not source.exists():
             return None
         ref = current_refs(read_arrays(run_dir)).get(point)
@@ -570,12 +569,13 @@ def run_job(
     run_dir: Path,
     env: Mapping[str, str],
     *,
-    slurm: SlurmClient | None = None,
+    allocation: Allocation | None = None,
     job_id: str | None = None,
 ) -> int:
     """Run the job in ``run_dir`` on this task; returns the process exit code.
 
-    ``slurm``: the client a ``command`` job's crash requeue goes through (None: the real one).
+    ``allocation``: the scheduler's node face a ``command`` job's crash requeue goes through
+    (None: the one ``env`` belongs to).
     ``job_id``: this task's job where no ``SLURM_*`` variable says it (the local backend's
     controller pid). A job that is not the run's current job exits at once with
     :data:`NOT_CURRENT_EXIT_CODE` (:func:`not_current_refusal`).
@@ -599,7 +599,7 @@ def run_job(
     _enter_code(cfg, run_dir, paths, env, dist)
     watchdog = _start_watchdog(cfg, paths, env, dist)
     try:
-        code = _run(cfg, paths, env, dist, slurm)
+        code = _run(cfg, paths, env, dist, allocation)
     except BaseException as exc:
         if watchdog is not None:
             if isinstance(exc, SystemExit):
@@ -644,7 +644,7 @@ def _run(
     paths: RunPaths,
     env: Mapping[str, str],
     dist: DistEnv,
-    slurm: SlurmClient | None,
+    allocation: Allocation | None,
 ) -> int:
     """The job itself: a command, an entry point or the built-in trainer."""
     # Before torch is imported: one intra-op thread per CPU Slurm gave this task, not one per
@@ -655,7 +655,7 @@ def _run(
             os.environ.setdefault(name, value)
     if cfg.command:
         collector.release()  # this process only waits on the command from here
-        return run_command(cfg, paths, env, dist, slurm=slurm)
+        return run_command(cfg, paths, env, dist, allocation=allocation)
     from hpc_ddp.runtime.session import RequeueExit
 
     try:

@@ -61,8 +61,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpc_ddp.backends.slurm.client import SlurmClient
-from hpc_ddp.checkpoint.checkpointer import Checkpointer, Tracked, broadcast_object
+from hpc_ddp.backends.allocation import Allocation
+from hpc_ddp.backends.node_registry import allocation_for
+from hpc_ddp.checkpoint.checkpointer import Checkpointer, broadcast_object
+from hpc_ddp.checkpoint.tracked import Tracked
 from hpc_ddp.config.elastic import Resize, planned_accum
 from hpc_ddp.config.load import load_resolved_config
 from hpc_ddp.config.model import JobConfig
@@ -70,7 +72,8 @@ from hpc_ddp.config.params import Params
 from hpc_ddp.errors import ConfigError, HpcDdpError
 from hpc_ddp.exitcodes import REQUEUE_EXIT_CODE
 from hpc_ddp.fault.blame import ExitNote, fault_cause
-from hpc_ddp.fault.requeue import Coordinator, signal_number
+from hpc_ddp.fault.coordinator import Coordinator
+from hpc_ddp.fault.requeue import signal_number
 from hpc_ddp.fault.watchdog import (
     Watchdog,
     exit_note_path,
@@ -214,7 +217,7 @@ class Session:
         config: JobConfig | None = None,
         env: Mapping[str, str] | None = None,
         *,
-        slurm: SlurmClient | None = None,
+        allocation: Allocation | None = None,
         dist: DistEnv | None = None,
     ) -> None:
         self.env: Mapping[str, str] = dict(os.environ if env is None else env)
@@ -236,7 +239,7 @@ class Session:
         self.cadence = AgreementCadence()
         """When :meth:`steps` agrees on stops; ``AgreementCadence(fixed=1)`` for every step."""
         self.phase = Phase.NEW
-        self._slurm = slurm  # None: the real Slurm, created by the coordinator when needed
+        self._allocation = allocation  # None: the one this env belongs to, made at start
         tensorboard = self.paths.tensorboard if self.config.train.tensorboard else None
         self._metrics = MetricsWriter(self.paths.metrics, tensorboard_dir=tensorboard)
         self._log_handler: logging.Handler | None = None
@@ -310,8 +313,9 @@ class Session:
             grad_accum=self.grad_accum,
             run_id=self.run_id,
         )
+        allocation = self._allocation or allocation_for(self.env)
         self._coordinator = Coordinator(
-            self.dist, self.paths.ledger, self.config.requeue, self._slurm, since=self._began
+            self.dist, self.paths.ledger, self.config.requeue, allocation, since=self._began
         )
         if self.is_main:
             self.paths.checkpoints.mkdir(parents=True, exist_ok=True)
@@ -924,15 +928,16 @@ def session(
     run_dir: str | Path | None = None,
     config: JobConfig | None = None,
     *,
-    slurm: SlurmClient | None = None,
+    allocation: Allocation | None = None,
 ) -> Session:
     """A started :class:`Session`; use it as a context manager so it always closes.
 
     ``run_dir``: this argument, else ``$HPC_DDP_RUN_DIR``, else ``./hpc-ddp-run`` or, once a run
     there finished, the next of ``./hpc-ddp-run-2``, ``-3``, ...
     (:mod:`hpc_ddp.rundir.numbering`). ``config``:
-    this argument, else ``RUN_DIR/config.yaml`` when present, else the defaults. ``slurm``:
-    the client that asks Slurm for requeues (tests pass one over
+    this argument, else ``RUN_DIR/config.yaml`` when present, else the defaults.
+    ``allocation``: the scheduler's node face that asks for requeues (None: the one the
+    environment belongs to; tests pass Slurm's over
     :class:`~hpc_ddp.backends.slurm.fake.FakeSlurm`).
     """
-    return Session(run_dir, config, slurm=slurm).start()
+    return Session(run_dir, config, allocation=allocation).start()

@@ -20,13 +20,14 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.backends.jobs import JobState
+from hpc_ddp.backends.slurm.allocation import SlurmAllocation, standing_of
 from hpc_ddp.backends.slurm.client import SlurmClient, subprocess_runner
 from hpc_ddp.backends.slurm.fake import Answer, FakeSlurm
 from hpc_ddp.config.model import RequeueConfig
 from hpc_ddp.errors import SlurmUnavailableError
 from hpc_ddp.exitcodes import BUDGET_EXIT_CODE, REQUEUE_FAILED_EXIT_CODE
+from hpc_ddp.fault.coordinator import Coordinator
 from hpc_ddp.fault.requeue import (
-    Coordinator,
     classify_stop,
     classify_unanswered_stop,
     decide_requeue,
@@ -76,7 +77,9 @@ def coordinator(
         derive_dist_env(task),
         tmp_path / "ledger.jsonl",
         RequeueConfig(max_requeues=max_requeues, on_crash=on_crash),
-        runner.client() if runner is not None else SlurmClient(subprocess_runner),
+        SlurmAllocation(
+            task, runner.client() if runner is not None else SlurmClient(subprocess_runner)
+        ),
     )
 
 
@@ -488,7 +491,9 @@ def job(state: str, restarts: int, preempt: str = "None") -> dict[str, str]:
 def test_classify_stop(
     signum: int, restart_count: int, fields: dict[str, str], cause: EndCause, requeue: bool
 ) -> None:
-    verdict = classify_stop(signum, requeue_signum=USR2, restart_count=restart_count, job=fields)
+    verdict = classify_stop(
+        signum, requeue_signum=USR2, restart_count=restart_count, job=standing_of(fields)
+    )
     assert (verdict.cause, verdict.request_requeue) == (cause, requeue)
     assert verdict.explanation
 
@@ -520,12 +525,16 @@ def test_when_slurm_cannot_be_asked_nothing_is_taken_for_a_requeue_under_way() -
 
 
 def test_slurms_answer_counts_as_answered() -> None:
-    v = classify_stop(USR2, requeue_signum=USR2, restart_count=0, job=job("RUNNING", 0))
+    v = classify_stop(
+        USR2, requeue_signum=USR2, restart_count=0, job=standing_of(job("RUNNING", 0))
+    )
     assert v.slurm_answered
 
 
 def test_missing_restarts_field_is_not_mistaken_for_a_requeue() -> None:
-    v = classify_stop(USR2, requeue_signum=USR2, restart_count=0, job={"JobState": "RUNNING"})
+    v = classify_stop(
+        USR2, requeue_signum=USR2, restart_count=0, job=standing_of({"JobState": "RUNNING"})
+    )
     assert v.request_requeue
 
 

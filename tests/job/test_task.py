@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 
 from hpc_ddp.backends.jobs import JobState
+from hpc_ddp.backends.slurm.allocation import SlurmAllocation
 from hpc_ddp.backends.slurm.fake import FakeSlurm
 from hpc_ddp.config.load import dump_job_config, job_config_from_dict, load_resolved_config
 from hpc_ddp.config.model import ContainerConfig, EnvConfig, JobConfig, RequeueConfig, TrainConfig
 from hpc_ddp.errors import ConfigError, RunDirError
-from hpc_ddp.fault.requeue import Coordinator
+from hpc_ddp.fault.coordinator import Coordinator
 from hpc_ddp.job.task import (
     child_failure,
     command_argv,
@@ -264,7 +265,9 @@ def test_a_killed_command_child_is_requeued_with_on_crash(tmp_path: Path) -> Non
     """The child dies of SIGKILL, which no session inside it can see: the ``hpc_ddp run``
     parent takes the session's crash path, asks Slurm for exactly one requeue and records it."""
     run, env, slurm = _command_run(tmp_path, KILL_SELF, on_crash=True)
-    assert run_job(run, env, slurm=slurm.client()) == 128 + signal.SIGKILL
+    assert (
+        run_job(run, env, allocation=SlurmAllocation(env, slurm.client())) == 128 + signal.SIGKILL
+    )
     assert slurm.commands("scontrol") == [f"scontrol requeue {REF}"]
     assert slurm.jobs[REF].restart_count == 1
     [attempt] = read_ledger(run / "ledger.jsonl")  # the parent wrote the start the child did not
@@ -274,7 +277,9 @@ def test_a_killed_command_child_is_requeued_with_on_crash(tmp_path: Path) -> Non
     assert attempt.message.startswith(f"rank 0 on n1: command `{sys.executable} -c` was killed")
     assert "SIGKILL; crash: requeue 1 of 1 (requeue.max_requeues)" in attempt.message
     # A second crash in the same attempt (another rank's parent) finds the claim taken.
-    assert run_job(run, env, slurm=slurm.client()) == 128 + signal.SIGKILL
+    assert (
+        run_job(run, env, allocation=SlurmAllocation(env, slurm.client())) == 128 + signal.SIGKILL
+    )
     assert slurm.commands("scontrol") == [f"scontrol requeue {REF}"]
     assert _events(run) == ["command_start", "attempt_start", "attempt_end", "command_start"]
 
@@ -282,7 +287,7 @@ def test_a_killed_command_child_is_requeued_with_on_crash(tmp_path: Path) -> Non
 @pytest.mark.usefixtures("_own_signal_handlers")
 def test_a_crashed_command_child_without_on_crash_is_recorded_not_requeued(tmp_path: Path) -> None:
     run, env, slurm = _command_run(tmp_path, "raise SystemExit(7)", on_crash=False)
-    assert run_job(run, env, slurm=slurm.client()) == 7
+    assert run_job(run, env, allocation=SlurmAllocation(env, slurm.client())) == 7
     assert slurm.calls == []
     [attempt] = read_ledger(run / "ledger.jsonl")
     assert (attempt.cause, attempt.requeue_requested) == (EndCause.CRASH, False)
@@ -294,7 +299,9 @@ def test_a_crashed_command_child_without_on_crash_is_recorded_not_requeued(tmp_p
 @pytest.mark.usefixtures("_own_signal_handlers")
 def test_a_command_crash_past_the_budget_is_not_requeued(tmp_path: Path) -> None:
     run, env, slurm = _command_run(tmp_path, KILL_SELF, on_crash=True, restart_count=1)
-    assert run_job(run, env, slurm=slurm.client()) == 128 + signal.SIGKILL
+    assert (
+        run_job(run, env, allocation=SlurmAllocation(env, slurm.client())) == 128 + signal.SIGKILL
+    )
     assert slurm.commands("scontrol") == []
     [attempt] = read_ledger(run / "ledger.jsonl")
     assert (attempt.restart, attempt.cause, attempt.requeue_requested) == (1, EndCause.CRASH, False)
@@ -309,7 +316,7 @@ def test_a_crash_the_childs_session_handled_is_not_handled_twice(tmp_path: Path)
     claim = run / "rendezvous" / "crash-requeue-78-0"  # as Coordinator.crash claims it
     claim.parent.mkdir()
     claim.touch()
-    assert run_job(run, env, slurm=slurm.client()) == 1
+    assert run_job(run, env, allocation=SlurmAllocation(env, slurm.client())) == 1
     assert slurm.calls == []
     assert read_ledger(run / "ledger.jsonl") == []  # only rank 0's word that the child started
 
@@ -320,14 +327,14 @@ def test_a_crash_the_childs_session_handled_is_not_handled_twice(tmp_path: Path)
     record_end(ledger, attempt=0, cause=EndCause.CRASH, steps_done=3, checkpoint=None,
                requeue_requested=False, message="rank 0 on n1: ValueError: x")  # fmt: skip
     before = _events(run)
-    assert run_job(run, env, slurm=slurm.client()) == 1
+    assert run_job(run, env, allocation=SlurmAllocation(env, slurm.client())) == 1
     assert slurm.calls == []
     assert _events(run) == [*before, "command_start"]
 
 
 SESSION_START = (
     "import os, pathlib; from hpc_ddp.durable import append_line; "
-    "from hpc_ddp.rundir.ledger import start_event; "
+    "from hpc_ddp.rundir.ledger_events import start_event; "
     "append_line(pathlib.Path(os.environ['HPC_DDP_RUN_DIR']) / 'ledger.jsonl', start_event("
     "attempt=0, restart=0, job_id='78', job_ref='77_3', nodelist='n1', world_size=1, "
     "resumed_from_step=None, checkpoint=None)); "
@@ -343,7 +350,7 @@ def test_hpc_ddps_own_exit_codes_are_not_crashes(tmp_path: Path, code: int) -> N
     run, env, slurm = _command_run(
         tmp_path, SESSION_START + f"raise SystemExit({code})", on_crash=True
     )
-    assert run_job(run, env, slurm=slurm.client()) == code
+    assert run_job(run, env, allocation=SlurmAllocation(env, slurm.client())) == code
     assert slurm.calls == []
     [attempt] = read_ledger(run / "ledger.jsonl")
     assert attempt.is_open  # only the session's own start: nothing added here
@@ -354,7 +361,7 @@ def test_a_plain_command_that_exits_0_finished(tmp_path: Path) -> None:
     """No session in the child: its exit status is the verdict, recorded by the parent with
     the attempt's start, so `status` says COMPLETED rather than INCOMPLETE."""
     run, env, slurm = _command_run(tmp_path, "print('done')", on_crash=True)
-    assert run_job(run, env, slurm=slurm.client()) == 0
+    assert run_job(run, env, allocation=SlurmAllocation(env, slurm.client())) == 0
     assert slurm.calls == []
     [attempt] = read_ledger(run / "ledger.jsonl")
     assert (attempt.attempt, attempt.job_id, attempt.job_ref) == (0, "78", REF)
@@ -363,7 +370,8 @@ def test_a_plain_command_that_exits_0_finished(tmp_path: Path) -> None:
     # Another rank's parent: its child's exit 0 adds nothing (rank 0 speaks for the attempt).
     other = derive_dist_env({**env, "SLURM_PROCID": "1", "SLURM_NTASKS": "2"})
     fresh = tmp_path / "fresh" / "ledger.jsonl"
-    record_child_end(Coordinator(other, fresh, RequeueConfig(), slurm.client()), 0, "p x", 0.0)
+    face = SlurmAllocation(env, slurm.client())
+    record_child_end(Coordinator(other, fresh, RequeueConfig(), face), 0, "p x", 0.0)
     assert not fresh.exists()
 
 
@@ -371,7 +379,7 @@ def test_a_plain_command_that_exits_0_finished(tmp_path: Path) -> None:
 @pytest.mark.parametrize("code", [3, 4])
 def test_a_plain_command_exiting_3_or_4_crashed(tmp_path: Path, code: int) -> None:
     run, env, slurm = _command_run(tmp_path, f"raise SystemExit({code})", on_crash=False)
-    assert run_job(run, env, slurm=slurm.client()) == code
+    assert run_job(run, env, allocation=SlurmAllocation(env, slurm.client())) == code
     [attempt] = read_ledger(run / "ledger.jsonl")
     assert attempt.cause is EndCause.CRASH
     assert f"exited with status {code}; crashed: not requeued" in (attempt.message or "")
@@ -393,7 +401,9 @@ def test_a_child_killed_by_a_forwarded_stop_signal_did_not_crash(tmp_path: Path)
     whose own record speaks): the parent forwards it, and a child without a session dies of
     it. That is a stop, not a crash, and no requeue of this task's asking."""
     run, env, slurm = _command_run(tmp_path, SIGTERM_PARENT, on_crash=True)
-    assert run_job(run, env, slurm=slurm.client()) == 128 + signal.SIGTERM
+    assert (
+        run_job(run, env, allocation=SlurmAllocation(env, slurm.client())) == 128 + signal.SIGTERM
+    )
     assert slurm.commands("scontrol") == [f"scontrol show job -o {REF}"]  # asked, not requeued
     assert read_ledger(run / "ledger.jsonl") == []
 
@@ -405,7 +415,7 @@ def test_a_cancelled_program_without_a_session_is_recorded_cancelled(tmp_path: P
     records the attempt `cancelled`, as a session's cancel is, and asks for no requeue."""
     run, env, slurm = _command_run(tmp_path, SIGTERM_PARENT, on_crash=True)
     slurm.jobs[REF].state = JobState.COMPLETING
-    assert run_job(run, env, slurm=slurm.client()) == 0
+    assert run_job(run, env, allocation=SlurmAllocation(env, slurm.client())) == 0
     assert slurm.commands("scontrol") == [f"scontrol show job -o {REF}"]
     [attempt] = read_ledger(run / "ledger.jsonl")
     assert (attempt.cause, attempt.requeue_requested) == (EndCause.CANCELLED, False)
@@ -442,7 +452,7 @@ def test_a_program_without_a_session_gets_sigterm_for_the_warning_and_is_requeue
     lead = dataclasses.replace(cfg, requeue=dataclasses.replace(cfg.requeue, lead_time=2))
     (run / "config.yaml").write_text(dump_job_config(lead))
     began = time.monotonic()
-    assert run_job(run, env, slurm=slurm.client()) == 0
+    assert run_job(run, env, allocation=SlurmAllocation(env, slurm.client())) == 0
     assert time.monotonic() - began < 30  # never the 60 s the child sleeps
     assert marker.exists() == (on_term == "exit")
     assert slurm.commands("scontrol") == [f"scontrol show job -o {REF}", f"scontrol requeue {REF}"]

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
+from hpc_ddp.backends.slurm.allocation import array_task_index
 from hpc_ddp.errors import DistEnvError
 from hpc_ddp.runtime.distenv import (
     PORT_BASE,
     PORT_SLOTS,
     DistEnv,
-    array_task_index,
     derive_dist_env,
     derive_master_port,
 )

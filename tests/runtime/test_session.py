@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from hpc_ddp.backends.jobs import JobState
+from hpc_ddp.backends.slurm.allocation import SlurmAllocation
 from hpc_ddp.backends.slurm.fake import FakeSlurm
 from hpc_ddp.checkpoint.digest import weights_digest
 from hpc_ddp.checkpoint.format import list_checkpoints
@@ -116,8 +117,8 @@ def byo_loop(
 ) -> str:
     """A user-style loop (dropout, momentum, 12 batches per epoch); the final weights' digest."""
     cfg = JobConfig(name="t", train=TrainConfig(keep_last=2))
-    client = None if slurm is None else slurm.client()
-    with Session(run_dir, cfg, env=env, slurm=client) as s:
+    face = None if slurm is None else SlurmAllocation(env, slurm.client())
+    with Session(run_dir, cfg, env=env, allocation=face) as s:
         torch.manual_seed(0)
         model = s.wrap(nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.3), nn.Linear(16, 3)))
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -302,7 +303,7 @@ def test_a_crash_in_the_loop_reaches_the_coordinator(tmp_path: Path, on_crash: b
     slurm = FakeSlurm()
     slurm.add_job("78", array_job_id="77", array_task_id="3", state=JobState.RUNNING)
     cfg = JobConfig(name="t", requeue=RequeueConfig(max_requeues=1, on_crash=on_crash))
-    s = Session(tmp_path, cfg, env=TASK, slurm=slurm.client())
+    s = Session(tmp_path, cfg, env=TASK, allocation=SlurmAllocation(TASK, slurm.client()))
     with pytest.raises(ValueError, match="boom"), s:  # noqa: PT012
         s.restore(model=s.wrap(nn.Linear(4, 3)))
         for step in s.steps(10, checkpoint_every=2):
@@ -332,7 +333,8 @@ def test_a_fault_this_ranks_watchdog_declares_ends_the_attempt_with_its_cause(
         exit=exits.append,  # type: ignore[arg-type]
     ).start()  # fmt: skip
     try:
-        with Session(tmp_path, JobConfig(name="t"), env=TASK, slurm=FakeSlurm().client()):
+        face = SlurmAllocation(TASK, FakeSlurm().client())
+        with Session(tmp_path, JobConfig(name="t"), env=TASK, allocation=face):
             dog.declare(kind, "node n1 stopped answering", own=True)  # this rank leaves
     finally:
         dog.stop()

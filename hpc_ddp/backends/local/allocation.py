@@ -1,0 +1,60 @@
+"""The local backend's node face (:class:`~hpc_ddp.backends.allocation.Allocation`): this
+machine, where no scheduler holds the job.
+
+A local run's ranks get torchrun-style variables from their controller or supervisor
+(:mod:`hpc_ddp.backends.local.launcher`), never Slurm's (those are removed: a local run is not
+a Slurm job), so this face places no task itself, names no job, and has nothing to requeue. It
+also stands for a process no scheduler started (torchrun by hand, one plain process).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hpc_ddp.backends.allocation import NO_JOB, JobIdentity, JobStanding, Placement, Scheduler
+from hpc_ddp.errors import SlurmError
+
+_NO_SCHEDULER = "not a Slurm job: nothing requeues a local run (`hpc-ddp resume` does)"
+
+
+class LocalAllocation:
+    """This machine, no scheduler (see the module docstring)."""
+
+    @property
+    def name(self) -> Scheduler:
+        """``local``."""
+        return "local"
+
+    def placement(self) -> Placement | None:
+        """None: the launcher's variables (or one lone process) place the task."""
+        return None
+
+    def nodes(self) -> tuple[str, ...]:
+        """None named: every rank runs on this machine."""
+        return ()
+
+    def check_launcher(self, placement: Placement) -> None:
+        """Nothing to check against: no scheduler started tasks here."""
+        del placement
+
+    def identity(self) -> JobIdentity:
+        """No scheduler's job (the local controller's pid is the run's record, not a job id
+        a rank derives its port or ledger entries from)."""
+        return NO_JOB
+
+    def array_point(self) -> int | None:
+        """None: a local sweep runs no job array."""
+        return None
+
+    def standing(self, job_ref: str) -> JobStanding:
+        """Never asked (there is no job); raises :class:`~hpc_ddp.errors.SlurmError`."""
+        raise SlurmError(f"{_NO_SCHEDULER}; no job {job_ref} to ask about")
+
+    def requeue(self, job_ref: str) -> None:
+        """Nothing requeues a local run; raises :class:`~hpc_ddp.errors.SlurmError`."""
+        raise SlurmError(f"{_NO_SCHEDULER}; job {job_ref} not requeued")
+
+    def down(self, nodes: Sequence[str]) -> dict[str, str]:
+        """None: this machine is up."""
+        del nodes
+        return {}
