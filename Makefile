@@ -26,9 +26,13 @@ lint: venv
 	$(BIN)/ruff format --check hpc_ddp tests benchmarks
 	$(BIN)/mypy
 
-# The Slurm suite brings the dev cluster up itself (tests/conftest.py) and takes it down after.
+# The Slurm suite brings the dev clusters up itself (tests/conftest.py) and takes them down
+# after. Most real-Slurm tests wait on Slurm's clock, not the CPU, so the suite runs on two
+# workers per core (at most 8), each with clusters of its own; TEST_WORKERS=0 runs it serially.
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n * 2 < 8 ? n * 2 : 8 )))
+
 test: venv lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 unit: venv
 	$(BIN)/pytest -q -m "not slurm"

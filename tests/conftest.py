@@ -1,8 +1,14 @@
-"""Shared fixtures: the real dev cluster for tests marked ``slurm``.
+"""Shared fixtures: the real dev clusters for tests marked ``slurm``.
 
-The cluster is brought up once per session (``hpc-ddp dev-cluster up``) and taken down at the
-end unless it was already running before the tests started: the machine is left as it was
-found. Under ``CI=true`` a Slurm test that cannot get its cluster fails; elsewhere it skips.
+A cluster is brought up when a test first needs it (``hpc-ddp dev-cluster up``) and taken down
+at the end of the session unless it was already running before the tests started: the machine
+is left as it was found. Under ``CI=true`` a Slurm test that cannot get its cluster fails;
+elsewhere it skips.
+
+Under pytest-xdist (``make test`` runs ``-n``), each worker is a session of its own with
+clusters of its own (:func:`state_dir_for`): their tests wait on Slurm's clock side by side. The
+tests of the accounting cluster, which is heavy (MariaDB, slurmdbd, three nodes), all run on one
+worker (``xdist_group``), so one such cluster comes up per run.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -24,6 +31,10 @@ from hpc_ddp.errors import HpcDdpError
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+"""This process's pytest-xdist worker (``gw0``, ``gw1``, ...); empty in a serial run."""
+ACCOUNTING_GROUP = "accounting-cluster"
+"""The ``xdist_group`` of every test of the accounting cluster: one worker runs them all."""
 
 
 @dataclass(frozen=True)
@@ -50,10 +61,36 @@ class Cluster:
         raise AssertionError(f"job {job_id} still queued after {timeout_s} s")
 
 
-def _unavailable(reason: str) -> None:
+def _unavailable(reason: str) -> NoReturn:
     if IN_CI:
         pytest.fail(f"CI=true and the dev Slurm cluster is unavailable: {reason}")
     pytest.skip(f"dev Slurm cluster unavailable: {reason}")
+
+
+def state_dir_for(kind: str = "") -> Path:
+    """The state dir of this test process's dev cluster of ``kind`` (``""``: the two-node one;
+    ``"acct"``, ``"gpu"``: the others, named by a suffix).
+
+    A serial run uses the developer's dir (``$HPC_DDP_DEV_CLUSTER_DIR`` or the default) and
+    its suffixed twins; xdist worker ``gwN`` adds ``-gwN`` to the name, so workers never share
+    a cluster, nor a developer's.
+    """
+    home = devcluster.state_dir_from(os.environ)
+    suffix = "".join(f"-{part}" for part in (WORKER, kind) if part)
+    return home.with_name(home.name + suffix)
+
+
+def bring_up(state_dir: Path, spec: ClusterSpec) -> devcluster.UpResult:
+    """Bring the cluster up with ``spec``: on its own slot in a serial run (as ``hpc-ddp
+    dev-cluster up`` would), on a free one under xdist (several come up at once)."""
+    if os.geteuid() != 0:
+        _unavailable("the dev cluster needs root")
+    try:
+        if WORKER:
+            return devcluster.up_on_free_slot(state_dir, os.environ, spec)
+        return devcluster.up(state_dir, os.environ, spec)
+    except HpcDdpError as exc:
+        _unavailable(str(exc))
 
 
 @pytest.fixture(scope="session")
@@ -64,18 +101,13 @@ def slurm_cluster() -> Iterator[Cluster]:
     developer's running cluster had: a test that needs accounting asks for
     :func:`accounting_cluster`. A running cluster of another shape gets its own back at the
     end."""
-    if os.geteuid() != 0:
-        _unavailable("the dev cluster needs root")
-    state_dir = devcluster.state_dir_from(os.environ)
+    state_dir = state_dir_for()
     spec = shape_for_tests(state_dir)
     found = devcluster.saved_spec(state_dir)
     layout = devcluster.layout_for(state_dir, spec)
     was_running = devcluster.pid_alive(layout.ctld_pid) is not None
     hosts_before = devcluster.HOSTS_FILE.read_text()
-    try:
-        result = devcluster.up(state_dir, os.environ, spec)
-    except HpcDdpError as exc:
-        _unavailable(str(exc))
+    result = bring_up(state_dir, spec)
     previous_conf = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(result.conf)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
@@ -117,24 +149,18 @@ def slurm_commands() -> None:
 @pytest.fixture(scope="session")
 def accounting_cluster() -> Iterator[Cluster]:
     """A second dev cluster beside the default one, for accounting and node-loss tests: its
-    own state dir (the default one's name + ``-acct``), ports, job ids and daemons. Three
+    own state dir (:func:`state_dir_for` ``"acct"``), ports, job ids and daemons. Three
     nodes (n1..n3), MariaDB and slurmdbd (``sacct`` works), and a 5 s ``SlurmdTimeout``: a node
     that stops answering is DOWN in about 10 s (Slurm's default is 300 s). Up once per
     session; taken down at the end unless it already ran.
 
     Its :attr:`Cluster.env` points ``SLURM_CONF`` at it; ``os.environ`` keeps the default one.
     """
-    if os.geteuid() != 0:
-        _unavailable("the dev cluster needs root")
-    default_dir = devcluster.state_dir_from(os.environ)
-    state_dir = default_dir.with_name(default_dir.name + "-acct")
+    state_dir = state_dir_for("acct")
     spec = devcluster.resolve_spec(state_dir, nodes=3, accounting=True, slurmd_timeout_s=5)
     was_running = devcluster.pid_alive(devcluster.layout_for(state_dir, spec).ctld_pid) is not None
     hosts_before = devcluster.HOSTS_FILE.read_text()
-    try:
-        result = devcluster.up(state_dir, os.environ, spec)
-    except HpcDdpError as exc:
-        _unavailable(str(exc))
+    result = bring_up(state_dir, spec)
     env = {
         **os.environ,
         "SLURM_CONF": str(result.conf),
@@ -145,12 +171,17 @@ def accounting_cluster() -> Iterator[Cluster]:
         devcluster.down(state_dir)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Slurm tests get the cluster fixture without naming it."""
+    """Slurm tests get the cluster fixture without naming it; the tests of the accounting
+    cluster join its ``xdist_group`` (:data:`ACCOUNTING_GROUP`)."""
     del config
     for item in items:
-        if item.get_closest_marker("slurm") and "slurm_cluster" not in item.fixturenames:  # type: ignore[attr-defined]
-            item.fixturenames.insert(0, "slurm_cluster")  # type: ignore[attr-defined]
+        names: list[str] = item.fixturenames  # type: ignore[attr-defined]
+        if item.get_closest_marker("slurm") and "slurm_cluster" not in names:
+            names.insert(0, "slurm_cluster")
+        if "accounting_cluster" in names:
+            item.add_marker(pytest.mark.xdist_group(ACCOUNTING_GROUP))
 
 
 @pytest.hookimpl(wrapper=True)

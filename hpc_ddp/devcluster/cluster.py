@@ -15,6 +15,7 @@ node failure would; :func:`forget_jobs` restarts the controller without its stat
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import os
@@ -37,6 +38,7 @@ from hpc_ddp.devcluster.conf import (
     ClusterSpec,
     hosts_owners,
     parse_sinfo_states,
+    pick_slot,
     render_gres_conf,
     render_hosts,
     render_slurm_conf,
@@ -52,6 +54,8 @@ log = logging.getLogger(__name__)
 DEFAULT_STATE_DIR = Path("/var/lib/hpc-ddp/dev-cluster")
 STATE_DIR_ENV = DEV_CLUSTER_DIR_ENV
 HOSTS_FILE = Path("/etc/hosts")
+SLOTS_LOCK = Path("/run/lock/hpc-ddp-dev-cluster-slots.lock")
+"""Held while a cluster picks a free slot and comes up on it (:func:`up_on_free_slot`)."""
 _DB_DAEMONS = ("mariadbd", "slurmdbd")
 
 
@@ -381,6 +385,10 @@ def up(state_dir: Path, env: Mapping[str, str], spec: ClusterSpec | None = None)
         # Stop what the old shape started (a node it had, slurmdbd it ran) but munged.
         old = layout_for(state_dir, previous).pid_files()
         _stop_daemons({k: v for k, v in old.items() if k != "munged"})
+        if previous.slot != spec.slot:
+            # The saved jobs carry the old slot's cluster name and ids: slurmctld refuses to
+            # start on state saved under another ClusterName.
+            shutil.rmtree(layout.ctld_dir / "state", ignore_errors=True)
     _prepare_dirs(layout)
     daemon_env = {**env, "SLURM_CONF": str(layout.conf)}
     pid_files = layout.pid_files()
@@ -404,6 +412,35 @@ def up(state_dir: Path, env: Mapping[str, str], spec: ClusterSpec | None = None)
         seconds=time.monotonic() - t0,
         installed=tuple(installed),
     )
+
+
+def running_slots(but: Path | None = None) -> set[int]:
+    """The slots of the dev clusters running on this host (those ``/etc/hosts`` names), but the
+    one in ``but``."""
+    owners = hosts_owners(HOSTS_FILE.read_text()) if HOSTS_FILE.exists() else {}
+    slots = set()
+    for owner in owners:
+        state_dir = DEFAULT_STATE_DIR if owner == LEGACY_OWNER else Path(owner)
+        if state_dir == but or pid_alive(ClusterLayout(state_dir, "").ctld_pid) is None:
+            continue
+        with contextlib.suppress(DevClusterError):
+            spec = saved_spec(state_dir)
+            slots.add(spec.slot if spec else slot_for(state_dir, DEFAULT_STATE_DIR))
+    return slots
+
+
+def up_on_free_slot(state_dir: Path, env: Mapping[str, str], spec: ClusterSpec) -> UpResult:
+    """:func:`up` on ``spec``'s slot, or on a free one when another running cluster holds it
+    (:func:`~hpc_ddp.devcluster.conf.pick_slot`).
+
+    Under a host-wide lock, so that clusters coming up at once (one per test worker) cannot
+    pick the same slot: a cluster holds its slot from its ``up`` on, when its names reach
+    ``/etc/hosts``."""
+    SLOTS_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with SLOTS_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        slot = pick_slot(spec.slot, running_slots(but=state_dir))
+        return up(state_dir, env, dataclasses.replace(spec, slot=slot))
 
 
 def _stop_pid(pid_file: Path, sig: signal.Signals, timeout_s: float) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -106,6 +106,20 @@ def slot_for(state_dir: Path, default_dir: Path) -> int:
         return 0
     digest = hashlib.blake2b(str(state_dir).encode(), digest_size=8).digest()
     return 1 + int.from_bytes(digest, "big") % (SLOTS - 1)
+
+
+def pick_slot(preferred: int, taken: Collection[int]) -> int:
+    """``preferred`` unless another running cluster holds it, else the first free slot above 0
+    (0 is the default directory's). Raises :class:`DevClusterError` when every slot is taken."""
+    if preferred not in taken:
+        return preferred
+    for slot in range(1, SLOTS):
+        if slot not in taken:
+            return slot
+    raise DevClusterError(
+        f"all {SLOTS} dev cluster slots are taken by running clusters. "
+        "HINT: take one down with `hpc-ddp dev-cluster down --state-dir DIR`."
+    )
 
 
 @dataclass(frozen=True)

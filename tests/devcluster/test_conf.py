@@ -20,6 +20,7 @@ from hpc_ddp.devcluster.conf import (
     hosts_owners,
     message_timeout_s,
     parse_sinfo_states,
+    pick_slot,
     releasable_early,
     render_gres_conf,
     render_hosts,
@@ -190,6 +191,13 @@ def test_the_default_dir_has_slot_zero_and_others_a_stable_nonzero_slot() -> Non
     assert slot_for(Path("/tmp/x-acct"), DEFAULT) == other
     slots = {slot_for(Path(f"/tmp/cluster{i}"), DEFAULT) for i in range(200)}
     assert len(slots) > SLOTS // 2  # spread, not one slot for all
+
+
+def test_a_cluster_keeps_its_slot_unless_a_running_one_holds_it() -> None:
+    assert pick_slot(7, {0, 3}) == 7
+    assert pick_slot(7, {0, 1, 7}) == 2  # the first free one, never the default dir's 0
+    with pytest.raises(DevClusterError, match="HINT"):
+        pick_slot(7, set(range(SLOTS)))
 
 
 # --- /etc/hosts -----------------------------------------------------------------------------

@@ -32,13 +32,20 @@ from typing import Any
 
 import pytest
 
+from hpc_ddp.devcluster import cluster as devcluster
 from hpc_ddp.devcluster import image as devimage
 from hpc_ddp.errors import HpcDdpError
 from hpc_ddp.exitcodes import REQUEUE_FAILED_EXIT_CODE
 from tests import e2e_util as e2e
 from tests.conftest import IN_CI, Cluster
 
-pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
+# One worker runs both tests: the image is checked (or built) once.
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.torch,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("charliecloud-image"),
+]
 
 STEPS = 40
 
@@ -72,10 +79,11 @@ def synthetic(cfg, train):
 
 @pytest.fixture(scope="module")
 def image(slurm_cluster: Cluster) -> Path:
-    """The image, built into the dev cluster's state dir (about 2 min the first time on this
-    machine, then cached: only a changed source file rebuilds its top layer, in seconds)."""
+    """The image, built into the developer's dev cluster state dir (about 2 min the first time
+    on this machine, then cached: only a changed source file rebuilds its top layer, in
+    seconds). One cache for every xdist worker's cluster: the build locks it."""
     try:
-        return devimage.build(slurm_cluster.state_dir, os.environ).path
+        return devimage.build(devcluster.state_dir_from(os.environ), os.environ).path
     except HpcDdpError as exc:
         if IN_CI:
             pytest.fail(f"CI=true and the Charliecloud image cannot be built: {exc}")

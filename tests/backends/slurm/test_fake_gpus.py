@@ -2,9 +2,10 @@
 dummy devices): what each task is given, and what hpc-ddp's runtime makes of it.
 
 A dev cluster of its own, beside the default one (``hpc-ddp dev-cluster up --gpus-per-node 2``
-in the default state dir's name + ``-gpu``). Slurm sets ``CUDA_VISIBLE_DEVICES`` and its GPU
-variables per task exactly as on a GPU cluster; no CUDA runs here, so the runtime's choices are
-checked with the count of GPUs each task was given (the pure functions torch's calls feed).
+in the default state dir's name + ``-gpu``, see ``tests.conftest.state_dir_for``). Slurm sets
+``CUDA_VISIBLE_DEVICES`` and its GPU variables per task exactly as on a GPU cluster; no CUDA
+runs here, so the runtime's choices are checked with the count of GPUs each task was given (the
+pure functions torch's calls feed).
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from typing import Any
 import pytest
 
 from hpc_ddp.devcluster import cluster as devcluster
-from hpc_ddp.errors import HpcDdpError
 from tests import e2e_util as e2e
-from tests.conftest import REPO, Cluster, _unavailable
+from tests.conftest import REPO, Cluster, bring_up, state_dir_for
 
-pytestmark = pytest.mark.slurm
+# One worker runs them all: one more cluster per run, not one per worker.
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("gpu-cluster")]
 
 REPORT = str(REPO / "tests" / "helpers" / "report_gpus.py")
 
@@ -32,17 +33,11 @@ REPORT = str(REPO / "tests" / "helpers" / "report_gpus.py")
 def gpu_cluster() -> Iterator[Cluster]:
     """Two nodes with two fake GPUs each, in its own state dir, ports and job ids; taken down
     at the end unless it already ran."""
-    if os.geteuid() != 0:
-        _unavailable("the dev cluster needs root")
-    default_dir = devcluster.state_dir_from(os.environ)
-    state_dir = default_dir.with_name(default_dir.name + "-gpu")
+    state_dir = state_dir_for("gpu")
     spec = devcluster.resolve_spec(state_dir, nodes=2, gpus_per_node=2, accounting=False)
     was_running = devcluster.pid_alive(devcluster.layout_for(state_dir, spec).ctld_pid) is not None
     hosts_before = devcluster.HOSTS_FILE.read_text()
-    try:
-        result = devcluster.up(state_dir, os.environ, spec)
-    except HpcDdpError as exc:
-        _unavailable(str(exc))
+    result = bring_up(state_dir, spec)
     env = {
         **os.environ,
         "SLURM_CONF": str(result.conf),
