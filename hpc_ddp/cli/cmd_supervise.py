@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     """Supervise this attempt of the job; its exit status is the job's."""
     from hpc_ddp.backends.node_registry import launcher_for
     from hpc_ddp.config.load import load_resolved_config
-    from hpc_ddp.fault.supervisor import Identity, Supervisor
+    from hpc_ddp.fault.launch_ledger import Identity
+    from hpc_ddp.fault.supervisor import Supervisor
     from hpc_ddp.job.task import not_current_refusal, task_run_dir, write_task_config
     from hpc_ddp.rundir.layout import RunPaths
 

@@ -45,12 +45,10 @@ from typing import Protocol
 from hpc_ddp.backends.base import Launcher
 from hpc_ddp.config.elastic import nodes_for_launch
 from hpc_ddp.config.model import JobConfig
-from hpc_ddp.durable import append_line, write_text_atomic
-from hpc_ddp.errors import RunDirError, SlurmError
-from hpc_ddp.exitcodes import OWN_OUTCOMES
+from hpc_ddp.durable import write_text_atomic
+from hpc_ddp.errors import SlurmError
 from hpc_ddp.fault.blame import (
     BEAT_BYTES,
-    EARLY_EXIT_GRACE_S,
     Beat,
     ExitNote,
     FaultRecord,
@@ -58,9 +56,9 @@ from hpc_ddp.fault.blame import (
     StaleWatch,
     TaskEnd,
     assign_blame,
-    early_exit_why,
-    left_early,
 )
+from hpc_ddp.fault.detection import SILENT_GRACE_BEATS, Detection
+from hpc_ddp.fault.launch_ledger import Identity, LaunchLedger
 from hpc_ddp.fault.plan import (
     Budget,
     Next,
@@ -74,31 +72,23 @@ from hpc_ddp.fault.plan import (
     with_own_words,
 )
 from hpc_ddp.fault.watchdog import (
-    claim_fault,
     read_beats,
     read_exit_notes,
     read_fault,
     write_beat,
 )
-from hpc_ddp.rundir.checkpoints import is_shard_set, newest_step
+from hpc_ddp.rundir.checkpoints import newest_checkpoint, newest_step
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import (
     LAUNCH_DIR_ENV,
     LAUNCH_ENV,
     SUPERVISED_ENV,
+    Checkpoint,
     LaunchPaths,
     RunPaths,
     launch_key,
 )
-from hpc_ddp.rundir.ledger import (
-    Attempt,
-    Blame,
-    attempt_number,
-    launch_end_event,
-    launch_event,
-    node_fail_event,
-    read_ledger,
-)
+from hpc_ddp.rundir.ledger import Attempt, Blame
 from hpc_ddp.rundir.run_id import recorded_run_id
 
 log = logging.getLogger("hpc_ddp.supervisor")
@@ -113,12 +103,6 @@ return before the next launch starts beside it (``--overlap``)."""
 STEP_GRACE_S = 10.0
 """Then: how long srun may take to end the step once told to, before the supervisor stops
 waiting for it (a lost node's tasks are never reported; Slurm settles them later)."""
-SILENT_GRACE_BEATS = 3
-"""A rank that has not beaten for this many beats once its peers are gone is silent."""
-COMPLAINT_GRACE_BEATS = SILENT_GRACE_BEATS + 2
-"""After a rank left complaining of a peer (a lost connection, a wait it gave up), how many
-beats the supervisor waits for word of the peer's own end (srun's, a beat, silence) before it
-blames the peers that still run: the ones that rank waited for."""
 
 
 # --- what a launch runs on -------------------------------------------------------------------
@@ -243,14 +227,6 @@ def _on(beats: Mapping[int, Beat | None], rank: int, nodes: set[str]) -> bool:
     return beat is not None and beat.node in nodes
 
 
-def _complains(beat: Beat | None, note: ExitNote | None) -> bool:
-    """The rank left with a survivor's complaint about a peer (by its beat, or its session's
-    exit note when a ``command:`` child ran the session): not a fault of its own."""
-    if beat is not None and beat.exited and beat.lost_a_peer:
-        return True
-    return note is not None and note.lost_a_peer
-
-
 def _task_ends(step: Step) -> list[TaskEnd]:
     return [
         e if isinstance(e, TaskEnd) else TaskEnd(e.rank, e.node, e.reason, e.exit_code)
@@ -272,22 +248,6 @@ class _Watch:
     abandoned: bool = False
     silent: list[int] = field(default_factory=list)
     code: int | None = None
-    left_seen: float | None = None
-    """When (monotonic) a rank was first seen to have left its loop while others went on."""
-    complaint_seen: float | None = None
-    """When (monotonic) a rank was first seen gone complaining of a peer."""
-
-
-@dataclass(frozen=True)
-class Identity:
-    """The job the supervisor runs."""
-
-    job_id: str | None
-    job_ref: str | None
-    restart: int
-    tag: str | None = None
-    """What names the launch directories when the job has no Slurm id (the local backend's
-    ``local-<controller pid>``), so that a resumed run never meets an earlier job's files."""
 
 
 class Supervisor:
@@ -313,6 +273,7 @@ class Supervisor:
         """True once a person cancelled the run (the local backend's note): start nothing."""
         self._clock = clock
         self.began = clock()
+        self.ledger = LaunchLedger(paths, me, self.began)
         self._from_steps: dict[int, int | None] = {}
         self._abandoned: list[tuple[int, Step, set[str]]] = []
         """Steps left running (a lost node): srun may still say late which node failed."""
@@ -388,19 +349,14 @@ class Supervisor:
         self._from_steps[plan.launch] = from_step
         launched_at = self._clock()
         alloc = self.launcher.nodes()
-        self._append(
-            launch_event(
-                job_id=self.me.job_id,
-                job_ref=self.me.job_ref,
-                restart=self.me.restart,
-                launch=plan.launch,
-                nodes=",".join(n for n in alloc if n not in plan.exclude),
-                alloc_nodes=len(alloc) or None,
-                excluded=list(plan.exclude),
-                world_size=self.world,
-                from_step=from_step,
-                now=launched_at,
-            )
+        self.ledger.start(
+            plan.launch,
+            nodes=",".join(n for n in alloc if n not in plan.exclude),
+            alloc_nodes=len(alloc) or None,
+            excluded=plan.exclude,
+            world_size=self.world,
+            from_step=from_step,
+            now=launched_at,
         )
         env = {
             **self.env,
@@ -420,6 +376,7 @@ class Supervisor:
     def _watch(self, step: Step, lpaths: LaunchPaths) -> _Watch:
         """Follow the launch until it is over; end it once a fault is known."""
         watch = _Watch()
+        detection = Detection(lpaths, self.world, self.cfg.fault, self._clock)
         seen_ends = 0
         quiet = StaleWatch()
         beats: dict[int, Beat | None] = {}
@@ -430,7 +387,7 @@ class Supervisor:
             code = step.poll()
             if code is not None:
                 watch.code = code
-                self._gone(watch, lpaths)
+                self._gone(watch, detection)
                 return watch
             if step.refused() is not None:
                 time.sleep(POLL_S)
@@ -444,12 +401,15 @@ class Supervisor:
                 next_read = mono + self.cfg.fault.beat_s
             ends = _task_ends(step)
             if watch.fault is None and not self.stopping:
-                watch.fault = (
-                    self._fault_from(step, ends[seen_ends:], lpaths)
-                    or self._silence(beats, quiet, mono, ends, lpaths)
-                    or self._never_started(beats, mono - began, lpaths)
-                    or self._early_exit(watch, beats, notes, mono, lpaths)
-                    or self._complaint(watch, beats, notes, ends, quiet, mono, lpaths)
+                watch.fault = detection.find(
+                    lost=step.node_failures(),
+                    new_ends=ends[seen_ends:],
+                    ends=ends,
+                    beats=beats,
+                    notes=notes,
+                    quiet=quiet,
+                    mono=mono,
+                    waited=mono - began,
                 )
                 seen_ends = len(ends)
                 if watch.fault is not None:
@@ -527,199 +487,14 @@ class Supervisor:
         gone = len(left) < self.world
         return gone and bool(left) and waited >= DUMP_GRACE_S + SILENT_GRACE_BEATS * beat_s
 
-    def _never_started(
-        self, beats: Mapping[int, Beat | None], waited: float, lpaths: LaunchPaths
-    ) -> FaultRecord | None:
-        """Ranks that never beat within ``fault.startup_timeout_s`` (stuck before Python ran,
-        or srun waiting for resources that never come): a backstop, a launch needs them all."""
-        if waited < self.cfg.fault.startup_timeout_s:
-            return None
-        missing = tuple(r for r in range(self.world) if beats.get(r) is None)
-        if not missing:
-            return None
-        why = (
-            f"never started within fault.startup_timeout_s={self.cfg.fault.startup_timeout_s} s "
-            "(no heartbeat: stuck before its watchdog ran, or its task never launched)"
-        )
-        record = FaultRecord("startup", "supervisor", self._clock(), missing, (), why, False)
-        return record if claim_fault(lpaths.fault, record) else read_fault(lpaths.fault)
-
-    def _silence(
-        self,
-        beats: Mapping[int, Beat | None],
-        quiet: StaleWatch,
-        mono: float,
-        ends: Sequence[TaskEnd],
-        lpaths: LaunchPaths,
-    ) -> FaultRecord | None:
-        """Ranks that stopped beating with nobody left to see it: silent while their peers
-        lost the connection to them (and no word of their end came from their node: gone with
-        it), or quiet for ``fault.stale_s`` (a backstop for the ranks' own watchdogs)."""
-        fault = self.cfg.fault
-        reported = {e.rank for e in ends}
-        exited = {r for r, b in beats.items() if b is not None and b.exited}
-        candidates = [r for r in range(self.world) if r not in exited | reported]
-        now = self._clock()
-        peers_lost = any(b is not None and b.exited and b.lost_a_peer for b in beats.values())
-        gone = quiet.stale(candidates, mono, SILENT_GRACE_BEATS * fault.beat_s)
-        if peers_lost and gone:
-            nodes = tuple(dict.fromkeys(b.node for r in gone if (b := beats.get(r)) is not None))
-            why = (
-                "went silent while its peers lost their connection to it, and its node never "
-                "reported its end: gone with its node"
-            )
-            last = max((b.since for r in gone if (b := beats.get(r)) is not None), default=None)
-            record = FaultRecord(
-                "node_fail", "supervisor", now, tuple(gone), nodes, why, True, last
-            )
-            return record if claim_fault(lpaths.fault, record) else read_fault(lpaths.fault)
-        stale = quiet.stale(candidates, mono, fault.stale_s)
-        if not stale:
-            return None
-        nodes = tuple(dict.fromkeys(b.node for r in stale if (b := beats.get(r)) is not None))
-        age = max(quiet.quiet_for(r, mono) or 0.0 for r in stale)
-        last = max((b.since for r in stale if (b := beats.get(r)) is not None), default=None)
-        why = f"heartbeat stopped {age:.1f} s ago (seen by the supervisor)"
-        record = FaultRecord("hang", "supervisor", now, tuple(stale), nodes, why, False, last)
-        return record if claim_fault(lpaths.fault, record) else read_fault(lpaths.fault)
-
-    def _fault_from(
-        self, step: Step, new_ends: Sequence[TaskEnd], lpaths: LaunchPaths
-    ) -> FaultRecord | None:
-        """A fault this launch now has: a rank's claim, a node srun lost, a task that ended
-        badly on its own account (not a survivor's lost connection, not a declared fault)."""
-        claimed = read_fault(lpaths.fault)
-        if claimed is not None:
-            return claimed
-        now = self._clock()
-        lost = step.node_failures()
-        if lost:
-            node, why = lost[0]
-            record = FaultRecord("node_fail", "supervisor", now, (), (node,), why, True)
-            return record if claim_fault(lpaths.fault, record) else read_fault(lpaths.fault)
-        if not new_ends:
-            return None
-        beats = read_beats(lpaths, self.world)
-        notes = read_exit_notes(lpaths, self.world)
-        for end in new_ends:
-            if end.exit_code in OWN_OUTCOMES:
-                continue
-            beat = beats.get(end.rank)
-            note = notes.get(end.rank)
-            if _complains(beat, note):
-                continue  # a survivor's word: see _complaint
-            said = beat.error if beat is not None and beat.error else None
-            said = said or (note.error if note is not None else None)
-            why = end.reason if not said else f"{said} ({end.reason})"
-            record = FaultRecord(
-                "task_failed", "supervisor", now, (end.rank,), (end.node,), why, False,
-                beat.since if beat is not None else None,
-            )  # fmt: skip
-            return record if claim_fault(lpaths.fault, record) else read_fault(lpaths.fault)
-        return None
-
-    def _gone(self, watch: _Watch, lpaths: LaunchPaths) -> None:
-        """Every process of the launch is gone without a fault found: one that left its loop
-        early left the others nothing to train with, however they ended."""
+    def _gone(self, watch: _Watch, detection: Detection) -> None:
+        """Every process of the launch is gone: a fault none was found for yet
+        (:meth:`~hpc_ddp.fault.detection.Detection.after_exit`), unless the job is stopping."""
         if watch.fault is not None or self.stopping:
             return
-        beats = read_beats(lpaths, self.world)
-        notes = read_exit_notes(lpaths, self.world)
-        watch.fault = self._early_exit(watch, beats, notes, None, lpaths)
+        watch.fault = detection.after_exit()
         if watch.fault is not None:
             watch.fault_at = self._clock()
-
-    def _early_exit(
-        self,
-        watch: _Watch,
-        beats: Mapping[int, Beat | None],
-        notes: Mapping[int, ExitNote | None],
-        mono: float | None,
-        lpaths: LaunchPaths,
-    ) -> FaultRecord | None:
-        """A rank that left its training loop before its end (its exit note says so) while
-        its peers went on: a fault of that rank, found at once rather than after
-        ``dist.timeout_s`` (the others wait for it in their next collective). ``mono``: now,
-        by the monotonic clock; None once every process is gone (no grace left to give)."""
-        left, behind = left_early(self.world, beats, notes)
-        if not left:
-            watch.left_seen = None
-            return None
-        if mono is not None:
-            if watch.left_seen is None:
-                watch.left_seen = mono
-            grace = max(EARLY_EXIT_GRACE_S, SILENT_GRACE_BEATS * self.cfg.fault.beat_s)
-            running = [r for r in behind if not ((b := beats.get(r)) is not None and b.exited)]
-            if running and mono - watch.left_seen < grace:
-                return None
-        nodes = tuple(dict.fromkeys(n.node for r in left if (n := notes.get(r)) is not None))
-        last = max((n.time for r in left if (n := notes.get(r)) is not None), default=None)
-        why = early_exit_why(left, behind, notes)
-        now = self._clock()
-        record = FaultRecord("early_exit", "supervisor", now, left, nodes, why, False, last)
-        return record if claim_fault(lpaths.fault, record) else read_fault(lpaths.fault)
-
-    def _complaint(
-        self,
-        watch: _Watch,
-        beats: Mapping[int, Beat | None],
-        notes: Mapping[int, ExitNote | None],
-        ends: Sequence[TaskEnd],
-        quiet: StaleWatch,
-        mono: float,
-        lpaths: LaunchPaths,
-    ) -> FaultRecord | None:
-        """A rank gone complaining of a peer (it gave up waiting for rank 0's checkpoint
-        write, its connection was reset), and no word of any peer's own end for
-        :data:`COMPLAINT_GRACE_BEATS` beats: the peers still running are the ones it waited
-        for (hung, or stuck in work of their own), not the rank that complained."""
-        ended = {e.rank for e in ends}
-        gone = [
-            r
-            for r in range(self.world)
-            if _complains(beats.get(r), notes.get(r))
-            and (r in ended or ((b := beats.get(r)) is not None and b.exited))
-        ]
-        if not gone:
-            watch.complaint_seen = None
-            return None
-        if watch.complaint_seen is None:
-            watch.complaint_seen = mono
-        beat_s = self.cfg.fault.beat_s
-        if mono - watch.complaint_seen < COMPLAINT_GRACE_BEATS * beat_s:
-            return None
-        # Still beating (a silent rank is _silence's: gone with its node), not gone itself.
-        live = tuple(
-            r
-            for r in range(self.world)
-            if r not in ended
-            and (b := beats.get(r)) is not None
-            and not b.exited
-            and (q := quiet.quiet_for(r, mono)) is not None
-            and q < SILENT_GRACE_BEATS * beat_s
-        )
-        if not live:
-            return None
-        first = gone[0]
-        beat, note = beats.get(first), notes.get(first)
-        said = (beat.error if beat is not None and beat.error else None) or (
-            note.error if note is not None else None
-        )
-        said = (said or "no word").split(" HINT:")[0][:300]
-        waited = mono - watch.complaint_seen
-        where = [
-            f"in its {b.phase} phase at step {b.step}"
-            for r in live
-            if (b := beats.get(r)) is not None and b.phase not in ("command", "step")
-        ]
-        why = (
-            f"still running {waited:.0f} s after rank {first} gave up on it"
-            f"{' (' + where[0] + ')' if where else ''}: rank {first}: {said}"
-        )
-        nodes = tuple(dict.fromkeys(b.node for r in live if (b := beats.get(r)) is not None))
-        last = max((b.since for r in live if (b := beats.get(r)) is not None), default=None)
-        record = FaultRecord("hang", "supervisor", self._clock(), live, nodes, why, False, last)
-        return record if claim_fault(lpaths.fault, record) else read_fault(lpaths.fault)
 
     def _declare(self, lpaths: LaunchPaths, record: FaultRecord) -> None:
         """Put the fault in the supervisor's beat: every rank adopts it at its next beat."""
@@ -745,8 +520,8 @@ class Supervisor:
         bad: dict[str, str],
     ) -> Next | None:
         """Record how the launch ended; what follows (None: the job ends with its code)."""
-        attempts = self._attempts()
-        mine = [a for a in attempts if self._is_mine(a, plan.launch, launched_at)]
+        attempts = self.ledger.attempts()
+        mine = [a for a in attempts if self.ledger.is_mine(a, plan.launch, launched_at)]
         entry = mine[-1] if mine else None
         code = watch.code
         refused = self._step.refused() if self._step is not None else None
@@ -755,22 +530,22 @@ class Supervisor:
         notes = read_exit_notes(lpaths, self.world).values()
         steps = [b.step for b in [*beats.values(), *notes] if b is not None]
         reached = max(steps) if steps else None
-        ckpt_step = newest_step(self.paths.checkpoints, run_id=recorded_run_id(self.paths))
+        ckpt = newest_checkpoint(self.paths.checkpoints, run_id=recorded_run_id(self.paths))
         clean = watch.fault is None and ended_on_purpose(code, entry)
         if clean or (self.stopping and watch.fault is None):
             cause = entry.cause if entry is not None and entry.cause is not None else None
             said = entry.message if entry is not None else None
             message = said or f"the launch ended with exit status {code}"
-            self._end(
-                plan, launched_at, cause or EndCause.UNKNOWN, None, reached, ckpt_step, "stop",
+            self.ledger.end(
+                plan.launch, launched_at, cause or EndCause.UNKNOWN, None, reached, ckpt, "stop",
                 message,
             )  # fmt: skip
             return None
         if refused is not None:
-            return self._refused(plan, launched_at, refused, reached, ckpt_step, bad)
+            return self._refused(plan, launched_at, refused, reached, ckpt, bad)
         finding = self._blame(watch, beats, lpaths, entry)
         own_error = self._own_error(watch, finding)
-        previous = self._previous_blame(attempts, plan.launch)
+        previous = self.ledger.previous_blame(attempts, plan.launch)
         alloc = self.launcher.nodes()
         spare = len([n for n in alloc if n not in bad]) - len(finding.blame.nodes) >= plan.nodes
         newly = exclusion(
@@ -784,7 +559,10 @@ class Supervisor:
             bad.setdefault(node, finding.blame.evidence)
         if newly:
             write_bad_nodes(self.paths, self.me.job_ref, bad)
-        history = self._history(attempts, entry, plan, launched_at, finding, reached, ckpt_step)
+        history = self.ledger.history(
+            attempts, entry, plan.launch, launched_at, finding, reached, ckpt,
+            self._from_steps.get(plan.launch),
+        )  # fmt: skip
         healthy = len([n for n in alloc if n not in bad]) if alloc else plan.nodes
         budget = Budget(
             self.cfg.fault, self.cfg.requeue, self.me.restart, self.me.job_id is not None
@@ -799,8 +577,8 @@ class Supervisor:
             run_dir=str(self.paths.root),
         )
         cause = recorded_cause(nxt, finding)
-        self._end(
-            plan, launched_at, cause, finding.blame, reached, ckpt_step, nxt.word, nxt.message
+        self.ledger.end(
+            plan.launch, launched_at, cause, finding.blame, reached, ckpt, nxt.word, nxt.message
         )
         log.error("supervisor: %s", nxt.message)
         return nxt
@@ -882,7 +660,7 @@ class Supervisor:
         launched_at: float,
         why: str,
         reached: int | None,
-        ckpt_step: int | None,
+        ckpt: Checkpoint | None,
         bad: Mapping[str, str],
     ) -> Next:
         """srun could not create the step (:func:`~hpc_ddp.fault.plan.decide_refused`)."""
@@ -893,7 +671,9 @@ class Supervisor:
             requeues_left=self.me.restart < self.cfg.requeue.max_requeues,
             now=self._clock(),
         )
-        self._end(plan, launched_at, nxt.cause, blame, reached, ckpt_step, nxt.word, nxt.message)
+        self.ledger.end(
+            plan.launch, launched_at, nxt.cause, blame, reached, ckpt, nxt.word, nxt.message
+        )
         return nxt
 
     def _requeue(self, nxt: Requeue) -> int:
@@ -911,95 +691,6 @@ class Supervisor:
 
     # --- ledger ----------------------------------------------------------------------------
 
-    def _attempts(self) -> list[Attempt]:
-        try:
-            return read_ledger(self.paths.ledger)
-        except RunDirError as exc:
-            log.warning("%s", exc)
-            return []
-
-    def _is_mine(self, a: Attempt, launch: int, launched_at: float) -> bool:
-        job = a.job_ref or a.job_id
-        if (job, a.restart, a.launch) != (self.me.job_ref, self.me.restart, launch):
-            return False
-        return self.me.job_ref is not None or a.started >= launched_at - 5.0
-
-    def _previous_blame(self, attempts: Sequence[Attempt], launch: int) -> Blame | None:
-        if launch == 0:
-            return None
-        before = [a for a in attempts if self._is_mine(a, launch - 1, 0.0)]
-        return before[-1].blame if before else None
-
-    def _history(
-        self,
-        attempts: Sequence[Attempt],
-        entry: Attempt | None,
-        plan: Plan,
-        launched_at: float,
-        finding: Finding,
-        reached: int | None,
-        ckpt_step: int | None,
-    ) -> list[Attempt]:
-        """The submission's launches, this one (as it ends now) last."""
-        job = self.me.job_ref
-        earlier = [
-            a
-            for a in attempts
-            if (a.job_ref or a.job_id) == job
-            and (job is not None or a.started >= self.began - 5.0)
-            and not self._is_mine(a, plan.launch, launched_at)
-        ]
-        base = entry or Attempt(
-            attempt=len(attempts), started=launched_at, ended=None, cause=None, steps_done=None,
-            checkpoint=None, nodelist="", job_ref=job, resumed_from_step=None,
-            job_id=self.me.job_id, restart=self.me.restart, launch=plan.launch,
-        )  # fmt: skip
-        from_step = self._from_steps.get(plan.launch)
-        now = replace(
-            base,
-            cause=finding.cause,
-            blame=finding.blame,
-            steps_done=base.steps_done if base.steps_done is not None else reached,
-            from_step=from_step,
-            checkpoint_step=ckpt_step,
-        )
-        return [*earlier, now]
-
-    def _end(
-        self,
-        plan: Plan,
-        launched_at: float,
-        cause: EndCause,
-        blame: Blame | None,
-        reached: int | None,
-        ckpt_step: int | None,
-        next_step: str,
-        message: str | None,
-    ) -> None:
-        attempts = self._attempts()
-        number = attempt_number(
-            attempts, job_id=self.me.job_id, restart=self.me.restart, launch=plan.launch,
-            since=launched_at - 5.0,
-        )  # fmt: skip
-        self._append(
-            launch_end_event(
-                attempt=number,
-                job_id=self.me.job_id,
-                job_ref=self.me.job_ref,
-                restart=self.me.restart,
-                launch=plan.launch,
-                launched_at=launched_at,
-                cause=cause,
-                blame=blame,
-                steps_reached=reached,
-                checkpoint_step=ckpt_step,
-                next_step=next_step,
-                requeue_requested=next_step == "requeue",
-                message=message or "",
-                sharded=is_shard_set(self.paths.checkpoints, ckpt_step),
-            )
-        )
-
     @staticmethod
     def _launch_of(lpaths: LaunchPaths) -> int:
         return int(lpaths.root.name.rsplit(".", 1)[-1])
@@ -1011,28 +702,10 @@ class Supervisor:
             for node, why in step.node_failures():
                 if node not in reported:
                     reported.add(node)
-                    self.note_node_failure(launch, node, why)
-
-    def note_node_failure(self, launch: int, node: str, evidence: str) -> None:
-        """srun's late word on a node lost under an earlier launch: the cause becomes it."""
-        self._append(
-            node_fail_event(
-                job_id=self.me.job_id,
-                job_ref=self.me.job_ref,
-                restart=self.me.restart,
-                launch=launch,
-                node=node,
-                evidence=evidence,
-            )
-        )
-
-    def _append(self, line: str) -> None:
-        self.paths.ledger.parent.mkdir(parents=True, exist_ok=True)
-        append_line(self.paths.ledger, line)
+                    self.ledger.node_failure(launch, node, why)
 
 
 __all__ = [
-    "Identity",
     "Plan",
     "Step",
     "Supervisor",

@@ -17,8 +17,8 @@ import pytest
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.fault import supervisor
 from hpc_ddp.fault.blame import BEAT_BYTES
+from hpc_ddp.fault.launch_ledger import Identity
 from hpc_ddp.fault.supervisor import (
-    Identity,
     Plan,
     Supervisor,
     launch_words,

@@ -225,7 +225,8 @@ def run_supervisor(run_dir: str, gpus: list[str] | None = None, per_task: int | 
     from hpc_ddp.backends.local.process import was_cancelled
     from hpc_ddp.config.load import load_resolved_config
     from hpc_ddp.exitcodes import NOT_CURRENT_EXIT_CODE
-    from hpc_ddp.fault.supervisor import Identity, Supervisor
+    from hpc_ddp.fault.launch_ledger import Identity
+    from hpc_ddp.fault.supervisor import Supervisor
     from hpc_ddp.job.task import not_current_refusal
 
     job = submitit.JobEnvironment().job_id
