@@ -1,6 +1,6 @@
 """Writing ledger events in tests, as the requeue coordinator does: one durable line each.
 
-The keyword arguments are :func:`hpc_ddp.rundir.ledger.start_event`'s and ``end_event``'s.
+The keyword arguments are :func:`hpc_ddp.rundir.ledger_events.start_event`'s and ``end_event``'s.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.durable import append_line
-from hpc_ddp.rundir.ledger import end_event, start_event
+from hpc_ddp.rundir.ledger_events import end_event, start_event
 
 
 def record_start(path: Path, **event: Any) -> None:

@@ -55,7 +55,10 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(("durable", "rundir.layout"), pure=("rundir.layout",)),
     Layer(("config",), pure=("config.*",), impure=("preflight", "loginnode", "programs", "images")),
-    Layer(("rundir",), pure=("rundir.endcause", "rundir.ledger", "rundir.live_progress")),
+    Layer(
+        ("rundir",),
+        pure=("rundir.endcause", "rundir.ledger", "rundir.ledger_events", "rundir.live_progress"),
+    ),
     Layer(("doctor.judgement",), pure=("doctor.judgement",)),
     Layer(("devcluster",), pure=("devcluster.conf",)),
     Layer(

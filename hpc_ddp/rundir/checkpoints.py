@@ -20,9 +20,10 @@ agree because they come from here:
   :func:`shard_sets` lists the complete ones.
 * :func:`checkpoint_on_disk`: what a failed attempt names as its checkpoint, the save it was
   told of if that is whole on disk, else the newest one before it (either kind).
-* :func:`newest_step`: the newest file that passes :func:`damaged_checkpoint` or shard set
-  that passes :func:`damaged_shard_set`, the one a resume would take unless its content
-  (checked with torch, :mod:`hpc_ddp.checkpoint.format`) changed on disk.
+* :func:`newest_checkpoint`: the newest file that passes :func:`damaged_checkpoint` or shard
+  set that passes :func:`damaged_shard_set`, the one a resume would take unless its content
+  (checked with torch, :mod:`hpc_ddp.checkpoint.format`) changed on disk, named as listed
+  (a :class:`~hpc_ddp.rundir.layout.Checkpoint`); :func:`newest_step`: its step.
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ from hpc_ddp.rundir.checkpoint_label import (
 )
 from hpc_ddp.rundir.layout import (
     SHARDED_RECORD,
+    Checkpoint,
     parse_checkpoint_name,
     parse_sharded_checkpoint_name,
-    sharded_checkpoint_name,
 )
 
 __all__ = [
@@ -58,7 +59,7 @@ __all__ = [
     "checkpoint_on_disk",
     "damaged_checkpoint",
     "damaged_shard_set",
-    "is_shard_set",
+    "newest_checkpoint",
     "newest_step",
     "shard_dirs",
     "shard_rank_file",
@@ -205,14 +206,6 @@ def damaged_shard_set(path: Path, run_id: str | None = None) -> str | None:
     return wrong or label_problem(common, run_id)
 
 
-def is_shard_set(directory: Path, step: int | None) -> bool:
-    """Whether ``step``'s checkpoint in ``directory`` is a committed shard set (an FSDP run's
-    ``step-N/``, named so in the ledger), not a ``step-N.pt`` file."""
-    if step is None:
-        return False
-    return (directory / sharded_checkpoint_name(step) / SHARDED_RECORD).is_file()
-
-
 def checkpoint_on_disk(directory: Path, name: str) -> str | None:
     """``name`` (a ``step-N.pt`` file or a ``step-N/`` shard set) if it is in ``directory``
     whole, else the name of the newest checkpoint there before its step, by name alone; None
@@ -236,17 +229,17 @@ def checkpoint_on_disk(directory: Path, name: str) -> str | None:
     return max(older)[1] if older else None
 
 
-def newest_step(
+def newest_checkpoint(
     directory: Path,
     *,
     run_id: str | None = None,
     on_skip: Callable[[int, str], None] | None = None,
     unlistable_ok: bool = True,
-) -> int | None:
-    """The step of the newest checkpoint in ``directory`` that looks whole and is run
-    ``run_id``'s (None: any run's), judged without torch: a file by
-    :func:`damaged_checkpoint`, a shard set by :func:`damaged_shard_set`; None when there is
-    none.
+) -> Checkpoint | None:
+    """The newest checkpoint in ``directory`` that looks whole and is run ``run_id``'s (None:
+    any run's), judged without torch: a file by :func:`damaged_checkpoint`, a shard set by
+    :func:`damaged_shard_set`; named as it is listed (``step-N.pt`` or ``step-N``). None when
+    there is none.
 
     A newer one that fails is passed over, as the ranks' resume passes it, and
     ``on_skip(step, why)`` is told (newest first). A directory that cannot be listed has no
@@ -265,10 +258,25 @@ def newest_step(
                                     reverse=True):  # fmt: skip
         why = judge(path, run_id)
         if why is None:
-            return step
+            return Checkpoint(step, path.name)
         if on_skip is not None:
             on_skip(step, why)
     return None
+
+
+def newest_step(
+    directory: Path,
+    *,
+    run_id: str | None = None,
+    on_skip: Callable[[int, str], None] | None = None,
+    unlistable_ok: bool = True,
+) -> int | None:
+    """The step of :func:`newest_checkpoint` (None: none), for those that need no name: where
+    a launch or a resume goes on from."""
+    newest = newest_checkpoint(
+        directory, run_id=run_id, on_skip=on_skip, unlistable_ok=unlistable_ok
+    )
+    return None if newest is None else newest.step
 
 
 def damaged_checkpoint(path: Path, run_id: str | None = None) -> str | None:

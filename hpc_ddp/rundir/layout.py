@@ -144,6 +144,17 @@ def parse_sharded_checkpoint_name(name: str) -> int | None:
 
 
 @dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint in ``checkpoints/`` as it is named on disk: its step and its name there,
+    ``step-N.pt`` (a file) or ``step-N`` (an FSDP run's shard set). The name comes from what
+    was listed or saved, never rebuilt from the step: the step alone does not say which kind
+    a run keeps."""
+
+    step: int
+    name: str
+
+
+@dataclass(frozen=True)
 class RunPaths:
     """Every path inside one run directory."""
 
@@ -314,6 +325,7 @@ __all__ = [
     "TASK_LAUNCHER_ENV",
     "WATCHDOG_OWNER_ENV",
     "WORKDIR_FILES_FILE",
+    "Checkpoint",
     "LaunchPaths",
     "RunPaths",
     "checkpoint_name",

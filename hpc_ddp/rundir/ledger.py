@@ -1,15 +1,10 @@
-"""The attempt ledger: ``RUN_DIR/ledger.jsonl``, one JSON line per attempt event. Pure.
+"""The attempt ledger read back: ``RUN_DIR/ledger.jsonl``'s events folded into attempts. Pure.
 
-Every attempt of a run (the first start and each requeue) appends an ``attempt_start`` line
-when it begins and an ``attempt_end`` line when it stops on purpose::
-
-    {"event": "attempt_start", "attempt": 0, "restart": 0, "time": 1718000000.0,
-     "job_id": "4242", "job_ref": "4242", "nodelist": "n[1-2]", "world_size": 4,
-     "resumed_from_step": null, "checkpoint": null, "grad_accum": 1}
-    {"event": "attempt_end", "attempt": 0, "restart": 0, "job_id": "4242",
-     "job_ref": "4242", "time": 1718003600.0, "cause": "time_limit", "steps_done": 1200,
-     "checkpoint": "checkpoints/step-00001200.pt", "requeue_requested": true,
-     "message": "time-limit warning signal"}
+The events themselves (one JSON line each, who writes which) are
+:mod:`hpc_ddp.rundir.ledger_events`. Here is what they fold into (:class:`Attempt`, with its
+:class:`~hpc_ddp.rundir.endcause.EndCause`, :class:`Blame` and :class:`Save`), reading them
+back (:func:`read_ledger`), the number a process writes its attempt's events with
+(:func:`attempt_number`), and which code each attempt ran (:func:`read_code_runs`).
 
 ``attempt`` numbers the run's attempts from 0 across all its jobs (Slurm's requeues and
 ``hpc-ddp resume`` alike); ``restart`` is the attempt's ``SLURM_RESTART_COUNT`` within its job,
@@ -17,52 +12,23 @@ which the requeue budget counts. Ledgers written before ``restart`` existed numb
 attempts from 0 again: :func:`read_ledger` numbers every attempt by its place in the run, so
 old and new ledgers read the same, and an old event's ``attempt`` is read as its ``restart``.
 
-Under ``fault:`` a supervisor runs each attempt as one or more *launches* (srun steps, or
-local process sets): the ranks' events then carry ``launch``, and the supervisor adds its own,
-keyed by (job, restart, launch) rather than by number::
+Under ``fault:`` the supervisor's events (``launch``, ``launch_end``, ``node_fail``) and rank
+0's ``checkpoint`` are keyed by (job, restart, launch) rather than by number. A ``launch_end``
+closes its launch's attempt when no rank could (a rank killed, frozen, or lost with its node),
+and its fault verdict replaces a rank's own ``crash`` (a survivor's "connection reset" names
+the wrong rank); a launch whose ranks wrote nothing becomes an attempt of its own.
+``node_fail`` (srun's late word on a lost node) upgrades the cause; ``checkpoint`` is rank 0's
+record of each save and how long it held training up (for the goodput account).
 
-    {"event": "launch", "job_id": "4242", "job_ref": "4242", "restart": 0, "launch": 1,
-     "time": ..., "nodes": "n[1,3]", "alloc_nodes": 3, "excluded": ["n2"], "world_size": 2,
-     "from_step": 140}
-    {"event": "launch_end", "job_id": "4242", "job_ref": "4242", "restart": 0, "launch": 0,
-     "attempt": 0, "time": ..., "launched_at": ..., "cause": "hang", "ranks": [1],
-     "nodes": ["n2"], "evidence": "heartbeat stopped ...", "node_level": false,
-     "detected": ..., "last_progress": ..., "checkpoint_step": 140, "next": "restart",
-     "message": "hang: rank 1 on n2 ...; restart 1 of 3 (fault.max_restarts)"}
-    {"event": "node_fail", ..., "launch": 0, "time": ..., "node": "n2", "evidence": "..."}
-    {"event": "checkpoint", ..., "launch": 1, "time": ..., "step": 160, "stall_s": 0.012}
+A ``command_start`` (a ``command:`` program started without a session) is no attempt of its
+own: the attempt's ``attempt_start`` (the session's, or the one ``hpc-ddp run`` writes with the
+program's end) supersedes it. Only the readers that show a run (``status``, its goodput) ask
+for one that nothing supersedes (``provisional=True``): a program still running, or one that
+died without a word; the node side's numbering never sees it.
 
-A ``command:`` job's program may never open a session, and then nothing above is written
-while it runs: rank 0's ``hpc-ddp run`` appends a ``command_start`` as it starts the program,
-keyed like a launch's events::
-
-    {"event": "command_start", "job_id": "4242", "job_ref": "4242", "restart": 0, "time": ...,
-     "nodelist": "n[1-2]", "world_size": 8}
-
-It is no attempt of its own: the attempt's ``attempt_start`` (the session's, or the one
-``hpc-ddp run`` writes with the program's end) supersedes it. Only the readers that show a run
-(``status``, its goodput) ask for one that nothing supersedes (``provisional=True``): a
-program still running, or one that died without a word; the node side's numbering never sees
-it.
-
-A ``launch_end`` closes its launch's attempt when no rank could (a rank killed, frozen, or
-lost with its node), and its fault verdict replaces a rank's own ``crash`` (a survivor's
-"connection reset" names the wrong rank); a launch whose ranks wrote nothing becomes an attempt
-of its own. ``node_fail`` (srun's late word on a lost node) upgrades the cause; ``checkpoint``
-is rank 0's record of each save and how long it held training up (for the goodput account).
-
-``requeue_requested`` is true only when hpc-ddp asked ``scontrol requeue`` and Slurm accepted;
-a request that failed is recorded as the cause ``requeue_failed`` with ``requeue_requested``
-false, and the ``message`` says what failed, which checkpoint is kept and how to go on.
-
-This module is the ledger's format: the events (:func:`start_event`, :func:`end_event`, each one
-JSON line), what they fold into (:class:`Attempt`, with its
-:class:`~hpc_ddp.rundir.endcause.EndCause`) and reading them back (:func:`read_ledger`). It
-writes nothing: the requeue coordinator appends each line with
-:func:`hpc_ddp.durable.append_line` (one ``write`` of one whole line to a file opened
-``O_APPEND``, then fsynced), so the login side (``status``, ``results``) imports the same
-module without torch. A crash can still leave a torn last line; readers skip any line that does
-not parse, and writers start on a fresh line after one. An attempt with a start and no end is
+Nothing here writes, so the login side (``status``, ``results``) imports the same module
+without torch. A crash can still leave a torn last line; readers skip any line that does not
+parse, and writers start on a fresh line after one. An attempt with a start and no end is
 still running, or died without a word (SIGKILL, node failure): :func:`read_ledger` reports it
 with ``ended=None``. An end with no start is an attempt that failed before rank 0 wrote its
 start (every rank records its own crash): it is reported as an attempt that started when it
@@ -75,7 +41,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -83,7 +48,6 @@ from typing import Any
 from hpc_ddp.config.elastic import RESEEDED, SAMPLE_EXACT, Resize
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.rundir.endcause import EndCause, is_fault, is_restartable
-from hpc_ddp.rundir.layout import checkpoint_name, sharded_checkpoint_name
 
 log = logging.getLogger(__name__)
 
@@ -193,86 +157,6 @@ class Attempt:
     def duration_s(self) -> float | None:
         """Seconds from start to end (None while open)."""
         return None if self.ended is None else self.ended - self.started
-
-
-def start_event(
-    *,
-    attempt: int,
-    restart: int | None = None,
-    launch: int = 0,
-    job_id: str | None,
-    job_ref: str | None,
-    nodelist: str,
-    world_size: int,
-    resumed_from_step: int | None,
-    checkpoint: str | None,
-    now: float | None = None,
-    grad_accum: int | None = None,
-    resize: Resize | None = None,
-) -> str:
-    """The ``attempt_start`` line of an attempt (rank 0 appends it): ``attempt`` its number in
-    the run (:func:`attempt_number`), ``restart`` its ``SLURM_RESTART_COUNT``; ``grad_accum``
-    and ``resize`` (an elastic resume) when a session knows them."""
-    return _line(
-        {
-            "event": "attempt_start",
-            "attempt": attempt,
-            "restart": attempt if restart is None else restart,
-            **({"launch": launch} if launch else {}),
-            "time": time.time() if now is None else now,
-            "job_id": job_id,
-            "job_ref": job_ref,
-            "nodelist": nodelist,
-            "world_size": world_size,
-            "resumed_from_step": resumed_from_step,
-            "checkpoint": checkpoint,
-            **({} if grad_accum is None else {"grad_accum": grad_accum}),
-            **({} if resize is None else {"resize": resize.to_dict()}),
-        }
-    )
-
-
-def end_event(
-    *,
-    attempt: int,
-    restart: int | None = None,
-    launch: int = 0,
-    job_id: str | None = None,
-    job_ref: str | None = None,
-    cause: EndCause,
-    steps_done: int | None,
-    checkpoint: str | None,
-    requeue_requested: bool,
-    message: str = "",
-    now: float | None = None,
-    witness: bool = False,
-) -> str:
-    """The ``attempt_end`` line of an attempt. ``job_id``, ``job_ref`` and ``restart`` say whose
-    end it is when no start was written (a rank that failed before rank 0 wrote it).
-    ``witness``: the rank only lost a peer (a survivor of another rank's fault, under a
-    supervisor whose ``launch_end`` gives the launch's one verdict): its word is kept as a
-    witness's, never as the attempt's cause or blame."""
-    return _line(
-        {
-            "event": "attempt_end",
-            "attempt": attempt,
-            "restart": attempt if restart is None else restart,
-            **({"launch": launch} if launch else {}),
-            "job_id": job_id,
-            "job_ref": job_ref,
-            "time": time.time() if now is None else now,
-            "cause": EndCause(cause).value,
-            "steps_done": steps_done,
-            "checkpoint": checkpoint,
-            "requeue_requested": requeue_requested,
-            "message": message,
-            **({"witness": True} if witness else {}),
-        }
-    )
-
-
-def _line(event: dict[str, Any]) -> str:
-    return json.dumps(event, sort_keys=True) + "\n"
 
 
 def read_ledger(
@@ -394,22 +278,6 @@ def _then(attempts: list[Attempt]) -> list[Attempt]:
     return out
 
 
-def command_start_event(
-    *,
-    job_id: str | None,
-    job_ref: str | None,
-    restart: int,
-    launch: int,
-    nodelist: str,
-    world_size: int,
-    now: float | None = None,
-) -> str:
-    """Rank 0's ``command_start`` line: a ``command:`` program starts (see the module
-    docstring); ``world_size`` the ranks it runs (torchrun's workers, where it starts them)."""
-    key = (job_id, job_ref, restart, launch, now)
-    return _launch_line("command_start", key, nodelist=nodelist, world_size=world_size)
-
-
 def attempt_number(
     attempts: list[Attempt],
     *,
@@ -440,124 +308,6 @@ _SKEW_S = 5.0
 """Slack between the clocks of the batch host and rank 0's node when a launch's events are
 matched to a run's attempts by time (only runs without a job id need it: the local backend's,
 on one machine)."""
-
-
-def launch_event(
-    *,
-    job_id: str | None,
-    job_ref: str | None,
-    restart: int,
-    launch: int,
-    nodes: str,
-    alloc_nodes: int | None,
-    excluded: list[str],
-    world_size: int,
-    from_step: int | None,
-    now: float | None = None,
-) -> str:
-    """The supervisor's ``launch`` line: a launch (srun step, local process set) starts."""
-    return _launch_line(
-        "launch",
-        (job_id, job_ref, restart, launch, now),
-        nodes=nodes,
-        alloc_nodes=alloc_nodes,
-        excluded=excluded,
-        world_size=world_size,
-        from_step=from_step,
-    )
-
-
-def _launch_line(
-    kind: str,
-    key: tuple[str | None, str | None, int, int, float | None],
-    **fields: Any,
-) -> str:
-    """One line of the events that belong to a launch: ``kind``, the launch's key (job id,
-    job ref, restart, launch number; and ``now``, the time, default the clock's), ``fields``."""
-    job_id, job_ref, restart, launch, now = key
-    head = {"event": kind, "job_id": job_id, "job_ref": job_ref, "restart": restart}
-    time_now = time.time() if now is None else now
-    return _line({**head, "launch": launch, "time": time_now, **fields})
-
-
-def _checkpoint_name(step: int | None, *, sharded: bool) -> str | None:
-    if step is None:
-        return None
-    return sharded_checkpoint_name(step) if sharded else checkpoint_name(step)
-
-
-def launch_end_event(
-    *,
-    attempt: int,
-    job_id: str | None,
-    job_ref: str | None,
-    restart: int,
-    launch: int,
-    launched_at: float,
-    cause: EndCause,
-    blame: Blame | None,
-    steps_reached: int | None,
-    checkpoint_step: int | None,
-    next_step: str,
-    requeue_requested: bool = False,
-    message: str = "",
-    now: float | None = None,
-    sharded: bool = False,
-) -> str:
-    """The supervisor's ``launch_end`` line: how a launch ended, whom a fault points to, and
-    what follows (``next_step``: ``restart``, ``requeue`` or ``stop``). ``sharded``: the
-    checkpoint is a shard set (FSDP), named by its directory ``step-N``, not ``step-N.pt``."""
-    event: dict[str, Any] = {
-        "attempt": attempt,
-        "launched_at": launched_at,
-        "cause": EndCause(cause).value,
-        "steps_reached": steps_reached,
-        "checkpoint_step": checkpoint_step,
-        "checkpoint": _checkpoint_name(checkpoint_step, sharded=sharded),
-        "next": next_step,
-        "requeue_requested": requeue_requested,
-        "message": message,
-    }
-    if blame is not None:
-        event.update(
-            ranks=list(blame.ranks),
-            nodes=list(blame.nodes),
-            evidence=blame.evidence,
-            node_level=blame.node_level,
-            detected=blame.detected_at,
-            last_progress=blame.last_progress_at,
-        )
-    return _launch_line("launch_end", (job_id, job_ref, restart, launch, now), **event)
-
-
-def node_fail_event(
-    *,
-    job_id: str | None,
-    job_ref: str | None,
-    restart: int,
-    launch: int,
-    node: str,
-    evidence: str,
-    now: float | None = None,
-) -> str:
-    """The supervisor's ``node_fail`` line: srun (or Slurm) said late that a node was lost."""
-    key = (job_id, job_ref, restart, launch, now)
-    return _launch_line("node_fail", key, node=node, evidence=evidence)
-
-
-def checkpoint_event(
-    *,
-    job_id: str | None,
-    job_ref: str | None,
-    restart: int,
-    launch: int,
-    step: int,
-    stall_s: float,
-    now: float | None = None,
-) -> str:
-    """Rank 0's ``checkpoint`` line: a save at ``step`` held training up ``stall_s``."""
-    key = (job_id, job_ref, restart, launch, now)
-    return _launch_line("checkpoint", key, step=step, stall_s=round(stall_s, 6))
 
 
 def _fold(attempts: list[Attempt], event: Any, since: float | None, launched: _Launched) -> None:
@@ -968,19 +718,6 @@ class CodeRun:
     job_id: str | None
     file: str
     digest: str
-
-
-def code_event(*, job_id: str | None, file: str, digest: str, now: float | None = None) -> str:
-    """The ``code`` line of an attempt that is starting: which file of code it runs."""
-    return _line(
-        {
-            "event": "code",
-            "time": time.time() if now is None else now,
-            "job_id": job_id,
-            "file": file,
-            "digest": digest,
-        }
-    )
 
 
 def read_code_runs(path: Path) -> list[CodeRun]:

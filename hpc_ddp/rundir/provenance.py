@@ -11,8 +11,9 @@ never torchrun's own file. Modules are found, never imported
 (:func:`importlib.machinery.PathFinder`), so a package's heavy dependencies stay unloaded.
 
 On each attempt the task computes the same digest (:func:`code_of`) where the job runs, and
-rank 0 appends it to the ledger as a ``code`` event (:func:`hpc_ddp.rundir.ledger.code_event`):
-``status`` says when a requeued or resumed attempt ran other code than the first.
+rank 0 appends it to the ledger as a ``code`` event
+(:func:`hpc_ddp.rundir.ledger_events.code_event`): ``status`` says when a requeued or resumed
+attempt ran other code than the first.
 
 A ``command:`` runs in the directory it was submitted from (:func:`submit_dir_of`): a relative
 script path means the same file on a resume started elsewhere.
@@ -264,7 +265,7 @@ def record_code(cfg: JobConfig, ledger: Path, *, job_id: str | None) -> Code | N
     import sys
 
     from hpc_ddp.durable import append_line
-    from hpc_ddp.rundir.ledger import code_event
+    from hpc_ddp.rundir.ledger_events import code_event
 
     here = Path.cwd()
     code = code_of(cfg, here, search_path(cfg, here, sys.path))

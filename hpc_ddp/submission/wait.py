@@ -212,9 +212,9 @@ class _CtrlC:
         resume = f"`hpc-ddp resume {root}` goes on"
         forced = self.forced
         if forced is not None and forced.ranks:
-            go_on = f"{resume} from step {forced.checkpoint}"
-            if forced.checkpoint is None:
-                go_on = f"`hpc-ddp resume {root}` starts over"
+            go_on = f"`hpc-ddp resume {root}` starts over"
+            if forced.checkpoint is not None:
+                go_on = f"{resume} from step {forced.checkpoint.step}"
             return f"{state}: killed by a second Ctrl-C; {forced.lost()}; {go_on}"
         attempts = current_attempts(read_ledger(self.launched.paths.ledger), since=self.since)
         last = attempts[-1] if attempts else None

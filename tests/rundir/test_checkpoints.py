@@ -20,10 +20,11 @@ from hpc_ddp.rundir.checkpoints import (
     checkpoint_files,
     checkpoint_on_disk,
     damaged_checkpoint,
-    is_shard_set,
+    newest_checkpoint,
     newest_step,
     shard_sets,
 )
+from hpc_ddp.rundir.layout import Checkpoint
 from tests.rundir.test_shard_sets import shard_set
 
 # --- one file: damaged_checkpoint -------------------------------------------------------------
@@ -263,17 +264,19 @@ def test_a_committed_shard_set_counts_as_a_checkpoint_a_partial_one_does_not(
     assert skipped == [60, 50]  # the set without its record is named, as the ranks name it
 
 
-def test_is_shard_set_tells_a_committed_step_directory_from_a_file(tmp_path: Path) -> None:
-    """What the supervisor names a launch's checkpoint by: step-N/ with its digest record is a
-    shard set; a step-N.pt file, a set without its record, or no step at all is not."""
-    (tmp_path / "step-00000020").mkdir()
-    (tmp_path / "step-00000020" / "digests.json").write_text("{}")
+def test_the_newest_checkpoint_is_named_as_it_is_listed_a_shard_set_or_a_file(
+    tmp_path: Path,
+) -> None:
+    """What the supervisor and a forced local stop name a launch's checkpoint by: the name it
+    has on disk, step-N/ for a committed shard set and step-N.pt for a file, never one rebuilt
+    from the step."""
+    assert newest_checkpoint(tmp_path / "none") is None
+    shard_set(tmp_path, 20)
     (tmp_path / "step-00000030").mkdir()  # no record: not committed
-    (tmp_path / "step-00000040.pt").write_bytes(b"")
-    assert is_shard_set(tmp_path, 20)
-    assert not is_shard_set(tmp_path, 30)
-    assert not is_shard_set(tmp_path, 40)
-    assert not is_shard_set(tmp_path, None)
+    assert newest_checkpoint(tmp_path) == Checkpoint(20, "step-00000020")
+    _labelled(tmp_path / "step-00000040.pt", 40)
+    assert newest_checkpoint(tmp_path) == Checkpoint(40, "step-00000040.pt")
+    assert newest_step(tmp_path) == 40
 
 
 @pytest.mark.parametrize(

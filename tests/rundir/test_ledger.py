@@ -14,7 +14,17 @@ import pytest
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.fault.requeue import RequeueDecision, decide_requeue
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.ledger import Attempt, attempt_number, read_ledger
+from hpc_ddp.rundir.layout import Checkpoint, checkpoint_name
+from hpc_ddp.rundir.ledger import Attempt, Blame, attempt_number, read_ledger
+from hpc_ddp.rundir.ledger_events import (
+    checkpoint_event,
+    command_start_event,
+    end_event,
+    launch_end_event,
+    launch_event,
+    node_fail_event,
+    start_event,
+)
 from tests.ledgers import record_end, record_start
 
 
@@ -464,8 +474,6 @@ def _events(path: Path, *lines: str) -> list[Attempt]:
 
 
 def test_a_launch_end_replaces_a_survivors_crash_with_the_supervisors_blame(tmp_path: Path) -> None:
-    from hpc_ddp.rundir.ledger import Blame, end_event, launch_end_event, launch_event, start_event
-
     path = tmp_path / "ledger.jsonl"
     job: dict[str, Any] = {"job_id": "42", "job_ref": "42"}
     attempts = _events(
@@ -480,8 +488,8 @@ def test_a_launch_end_replaces_a_survivors_crash_with_the_supervisors_blame(tmp_
         launch_end_event(attempt=0, **job, restart=0, launch=0, launched_at=1.0,
                          cause=EndCause.CRASH,
                          blame=Blame((1,), ("n2",), "Killed", False, 4.9, 4.5),
-                         steps_reached=21, checkpoint_step=20, next_step="restart",
-                         message="crash: rank 1 on n2: Killed", now=6.0),
+                         steps_reached=21, checkpoint=Checkpoint(20, "step-00000020.pt"),
+                         next_step="restart", message="crash: rank 1 on n2: Killed", now=6.0),
     )  # fmt: skip
     [a] = attempts
     assert (a.cause, a.message, a.next, a.launched_at, a.alloc_nodes) == (
@@ -495,32 +503,22 @@ def test_a_launch_end_replaces_a_survivors_crash_with_the_supervisors_blame(tmp_
 def test_a_launch_end_names_a_shard_set_by_its_directory(tmp_path: Path) -> None:
     """An FSDP run's checkpoint is the directory step-N/, and the launch_end line (and the
     attempt read back from it) says so; a file checkpoint keeps its step-N.pt."""
-    from hpc_ddp.rundir.ledger import launch_end_event
 
-    def end(sharded: bool) -> str:
+    def end(name: str) -> str:
         return launch_end_event(attempt=0, job_id="42", job_ref="42", restart=0, launch=0,
                                 launched_at=1.0, cause=EndCause.CRASH, blame=None,
-                                steps_reached=21, checkpoint_step=20, next_step="restart",
-                                now=6.0, sharded=sharded)  # fmt: skip
+                                steps_reached=21, checkpoint=Checkpoint(20, name),
+                                next_step="restart", now=6.0)  # fmt: skip
 
-    assert json.loads(end(sharded=True))["checkpoint"] == "step-00000020"
-    assert json.loads(end(sharded=False))["checkpoint"] == "step-00000020.pt"
-    [a] = _events(tmp_path / "ledger.jsonl", *_launch_0(verdict=end(sharded=True)))
+    assert json.loads(end("step-00000020"))["checkpoint"] == "step-00000020"
+    assert json.loads(end("step-00000020.pt"))["checkpoint"] == "step-00000020.pt"
+    [a] = _events(tmp_path / "ledger.jsonl", *_launch_0(verdict=end("step-00000020")))
     assert (a.checkpoint, a.checkpoint_step) == ("step-00000020", 20)
 
 
 def test_a_launch_whose_ranks_wrote_nothing_becomes_an_attempt_and_late_words_refine_it(
     tmp_path: Path,
 ) -> None:
-    from hpc_ddp.rundir.ledger import (
-        Blame,
-        checkpoint_event,
-        launch_end_event,
-        launch_event,
-        node_fail_event,
-        start_event,
-    )
-
     path = tmp_path / "ledger.jsonl"
     job: dict[str, Any] = {"job_id": "42", "job_ref": "42"}
     attempts = _events(
@@ -532,14 +530,16 @@ def test_a_launch_whose_ranks_wrote_nothing_becomes_an_attempt_and_late_words_re
         checkpoint_event(**job, restart=0, launch=0, step=10, stall_s=0.25, now=2.5),
         launch_end_event(attempt=0, **job, restart=0, launch=0, launched_at=1.0,
                          cause=EndCause.HANG, blame=Blame((1,), ("n2",), "heartbeat stopped"),
-                         steps_reached=12, checkpoint_step=10, next_step="restart", now=9.0),
+                         steps_reached=12, checkpoint=Checkpoint(10, "step-00000010.pt"),
+                         next_step="restart", now=9.0),
         node_fail_event(**job, restart=0, launch=0, node="n2", evidence="srun: Node failure",
                         now=12.0),
         launch_event(**job, restart=0, launch=1, nodes="n1,n3", alloc_nodes=3, excluded=["n2"],
                      world_size=2, from_step=10, now=9.5),
         launch_end_event(attempt=1, **job, restart=0, launch=1, launched_at=9.5,
                          cause=EndCause.CRASH, blame=Blame((0,), ("n1",), "ImportError"),
-                         steps_reached=None, checkpoint_step=10, next_step="stop", now=11.0),
+                         steps_reached=None, checkpoint=Checkpoint(10, "step-00000010.pt"),
+                         next_step="stop", now=11.0),
     )  # fmt: skip
     first, second = attempts
     # The open attempt is closed by the supervisor; srun's late word makes it a node failure.
@@ -557,8 +557,6 @@ def test_a_launch_whose_ranks_wrote_nothing_becomes_an_attempt_and_late_words_re
 
 
 def _launch_0(*ends: str, verdict: str | None = None) -> list[str]:
-    from hpc_ddp.rundir.ledger import launch_event, start_event
-
     job: dict[str, Any] = {"job_id": "42", "job_ref": "42"}
     return [
         launch_event(**job, restart=0, launch=0, nodes="n1,n2", alloc_nodes=2, excluded=[],
@@ -572,19 +570,16 @@ def _launch_0(*ends: str, verdict: str | None = None) -> list[str]:
 
 def _end(cause: EndCause, message: str, *, witness: bool = False, now: float = 5.0,
          checkpoint: str | None = None, steps: int = 30) -> str:  # fmt: skip
-    from hpc_ddp.rundir.ledger import end_event
-
     return end_event(attempt=0, job_id="42", job_ref="42", cause=cause, steps_done=steps,
                      checkpoint=checkpoint, requeue_requested=False, message=message, now=now,
                      witness=witness)  # fmt: skip
 
 
 def _verdict(cause: EndCause, ranks: tuple[int, ...], evidence: str, *, ckpt: int = 20) -> str:
-    from hpc_ddp.rundir.ledger import Blame, launch_end_event
-
     return launch_end_event(attempt=0, job_id="42", job_ref="42", restart=0, launch=0,
                             launched_at=1.0, cause=cause, blame=Blame(ranks, ("n2",), evidence),
-                            steps_reached=30, checkpoint_step=ckpt, next_step="restart",
+                            steps_reached=30, checkpoint=Checkpoint(ckpt, checkpoint_name(ckpt)),
+                            next_step="restart",
                             message=f"{cause.value}: {evidence}", now=9.0)  # fmt: skip
 
 
@@ -644,7 +639,6 @@ def test_the_supervisors_fault_verdict_overrules_a_finished_from_a_rank_that_lef
 
 def _command_start(path: Path, now: float, job: str | None = "4242", **kw: Any) -> None:
     from hpc_ddp.durable import append_line
-    from hpc_ddp.rundir.ledger import command_start_event
 
     fields: dict[str, Any] = {"restart": 0, "launch": 0, "nodelist": "n[1-2]", "world_size": 8}
     fields.update(kw)
@@ -707,13 +701,12 @@ def test_a_requeued_attempt_says_requeue_where_the_supervisor_saw_a_clean_stop(
     launch ended cleanly and the supervisor wrote `stop`: the attempt's `next` is `requeue`.
     A finished or cancelled attempt's `stop` stays."""
     from hpc_ddp.durable import append_line
-    from hpc_ddp.rundir.ledger import launch_end_event
 
     def clean_end(restart: int, cause: EndCause, now: float) -> None:
         append_line(path, launch_end_event(
             attempt=restart, job_id="4242", job_ref="4242", restart=restart, launch=0,
             launched_at=now - 10, cause=cause, blame=None, steps_reached=None,
-            checkpoint_step=None, next_step="stop", now=now,
+            checkpoint=None, next_step="stop", now=now,
         ))  # fmt: skip
 
     path = tmp_path / "ledger.jsonl"

@@ -12,7 +12,8 @@ import pytest
 
 from hpc_ddp.config.load import job_config_from_dict
 from hpc_ddp.config.model import JobConfig
-from hpc_ddp.rundir.ledger import CodeRun, code_change, code_event, read_code_runs
+from hpc_ddp.rundir.ledger import CodeRun, code_change, read_code_runs
+from hpc_ddp.rundir.ledger_events import code_event
 from hpc_ddp.rundir.provenance import (
     Code,
     Provenance,

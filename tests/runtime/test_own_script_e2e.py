@@ -22,7 +22,8 @@ import pytest
 from hpc_ddp.checkpoint.format import list_checkpoints, load_checkpoint
 from hpc_ddp.cli.cmd_status import CLEAR
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.ledger import end_event, read_ledger, start_event
+from hpc_ddp.rundir.ledger import read_ledger
+from hpc_ddp.rundir.ledger_events import end_event, start_event
 from hpc_ddp.rundir.numbering import DEFAULT_RUN_DIR, pick_default_run_dir
 from tests.helpers.launch import HELPERS, REPO, base_env, run_ranks
 

@@ -58,15 +58,11 @@ from hpc_ddp.backends.local.process import (
 from hpc_ddp.config.model import JobConfig, SlurmConfig
 from hpc_ddp.durable import append_line
 from hpc_ddp.errors import ConfigError, RunDirError
-from hpc_ddp.rundir.checkpoints import is_shard_set, newest_step
+from hpc_ddp.rundir.checkpoints import newest_checkpoint
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.layout import (
-    RUN_DIR_ENV,
-    RunPaths,
-    checkpoint_name,
-    sharded_checkpoint_name,
-)
-from hpc_ddp.rundir.ledger import end_event, read_ledger
+from hpc_ddp.rundir.layout import RUN_DIR_ENV, Checkpoint, RunPaths
+from hpc_ddp.rundir.ledger import read_ledger
+from hpc_ddp.rundir.ledger_events import end_event
 from hpc_ddp.rundir.manifest import Backend as BackendName
 from hpc_ddp.rundir.manifest import Manifest
 from hpc_ddp.rundir.metrics import drop_replayed
@@ -362,20 +358,10 @@ class ForcedStop:
     """The rank processes killed (those still running)."""
     reached: int | None
     """The last step training logged (``metrics.jsonl``); None when it logged none."""
-    checkpoint: int | None
-    """The step of the newest checkpoint on disk that looks whole
-    (:func:`~hpc_ddp.rundir.checkpoints.newest_step`): the run goes on from there."""
-    sharded: bool = False
-    """Whether that checkpoint is a shard set (``step-N/``, an FSDP run's), not a file."""
-
-    def checkpoint_file(self) -> str | None:
-        """The checkpoint's name in ``checkpoints/``: ``step-N.pt``, or a shard set's
-        ``step-N``."""
-        if self.checkpoint is None:
-            return None
-        if self.sharded:
-            return sharded_checkpoint_name(self.checkpoint)
-        return checkpoint_name(self.checkpoint)
+    checkpoint: Checkpoint | None
+    """The newest checkpoint on disk that looks whole, as listed (a file ``step-N.pt`` or a
+    shard set ``step-N``, :func:`~hpc_ddp.rundir.checkpoints.newest_checkpoint`): the run goes
+    on from there."""
 
     def lost(self) -> str:
         """What was lost, in words: the steps since the newest checkpoint."""
@@ -383,10 +369,10 @@ class ForcedStop:
             return "no step was logged, so none is known lost"
         if self.checkpoint is None:
             return f"no checkpoint was saved: the {self.reached} step(s) trained are lost"
-        lost = max(0, self.reached - self.checkpoint)
+        lost = max(0, self.reached - self.checkpoint.step)
         return (
             f"training had logged step {self.reached}; the {lost} step(s) after checkpoint "
-            f"{self.checkpoint_file()} are lost"
+            f"{self.checkpoint.name} are lost"
         )
 
 
@@ -412,9 +398,8 @@ def _kill_all(run_dir: Path, job_id: str | None) -> ForcedStop:
         signal_if_same(ident, signal.SIGKILL)
     paths = RunPaths(run_dir)
     logged = [r["step"] for r in _metric_rows(paths.metrics) if isinstance(r.get("step"), int)]
-    step = newest_step(paths.checkpoints, run_id=recorded_run_id(paths))
-    sharded = is_shard_set(paths.checkpoints, step)
-    return ForcedStop(ranks, max(logged) if logged else None, step, sharded)
+    newest = newest_checkpoint(paths.checkpoints, run_id=recorded_run_id(paths))
+    return ForcedStop(ranks, max(logged) if logged else None, newest)
 
 
 GONE_WAIT_S = 10.0
@@ -514,7 +499,7 @@ def _record_forced_end(paths: RunPaths, since: float, forced: ForcedStop, why: s
     if not mine or not mine[-1].is_open:
         return
     last = mine[-1]
-    checkpoint = forced.checkpoint_file()
+    checkpoint = None if forced.checkpoint is None else forced.checkpoint.name
     line = end_event(
         attempt=last.attempt,
         restart=last.restart,

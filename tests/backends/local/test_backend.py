@@ -58,7 +58,7 @@ from hpc_ddp.backends.local.process import (
 from hpc_ddp.cli.main import main
 from hpc_ddp.errors import ConfigError, RunDirError, TargetError
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.layout import RunPaths
+from hpc_ddp.rundir.layout import Checkpoint, RunPaths
 from hpc_ddp.rundir.ledger import read_ledger
 from hpc_ddp.rundir.manifest import Manifest, read_manifest, write_manifest
 from tests import e2e_util as e2e
@@ -666,14 +666,12 @@ def test_a_local_submit_whose_output_is_read_to_its_end_returns_while_the_run_ru
 def test_a_forced_stop_names_the_checkpoint_it_goes_on_from_file_or_shard_set() -> None:
     """What a forced local stop writes to the ledger and says was lost names an FSDP run's
     shard set by its directory (step-N), a DDP run's checkpoint by its file (step-N.pt)."""
-    assert ForcedStop([0], 25, 20).checkpoint_file() == "step-00000020.pt"
-    assert ForcedStop([0], 25, 20, sharded=True).checkpoint_file() == "step-00000020"
-    assert ForcedStop([0], 25, None).checkpoint_file() is None
     assert (
-        ForcedStop([0], 25, 20, sharded=True)
+        ForcedStop([0], 25, Checkpoint(20, "step-00000020"))
         .lost()
         .endswith("the 5 step(s) after checkpoint step-00000020 are lost")
     )
+    assert ForcedStop([0], 25, None).lost().startswith("no checkpoint was saved")
 
 
 def _labelled(path: Path, step: int, run_id: str) -> None:
@@ -694,8 +692,4 @@ def test_a_forced_stop_goes_on_from_this_runs_newest_checkpoint_not_another_runs
     _labelled(paths.checkpoints / "step-00000010.pt", 10, "mine-1")
     _labelled(paths.checkpoints / "step-00000030.pt", 30, "theirs-2")
     forced = force_stop(tmp_path, None, time.time())
-    assert (forced.ranks, forced.checkpoint, forced.checkpoint_file()) == (
-        [],
-        10,
-        "step-00000010.pt",
-    )
+    assert (forced.ranks, forced.checkpoint) == ([], Checkpoint(10, "step-00000010.pt"))

@@ -1,0 +1,292 @@
+"""The ledger's events: each one JSON line of ``RUN_DIR/ledger.jsonl``, built here. Pure.
+
+Every attempt of a run (the first start and each requeue) appends an ``attempt_start`` line
+when it begins and an ``attempt_end`` line when it stops on purpose::
+
+    {"event": "attempt_start", "attempt": 0, "restart": 0, "time": 1718000000.0,
+     "job_id": "4242", "job_ref": "4242", "nodelist": "n[1-2]", "world_size": 4,
+     "resumed_from_step": null, "checkpoint": null, "grad_accum": 1}
+    {"event": "attempt_end", "attempt": 0, "restart": 0, "job_id": "4242",
+     "job_ref": "4242", "time": 1718003600.0, "cause": "time_limit", "steps_done": 1200,
+     "checkpoint": "checkpoints/step-00001200.pt", "requeue_requested": true,
+     "message": "time-limit warning signal"}
+
+Under ``fault:`` a supervisor runs each attempt as one or more *launches* (srun steps, or
+local process sets): the ranks' events then carry ``launch``, and the supervisor adds its own,
+keyed by (job, restart, launch) rather than by number::
+
+    {"event": "launch", "job_id": "4242", "job_ref": "4242", "restart": 0, "launch": 1,
+     "time": ..., "nodes": "n[1,3]", "alloc_nodes": 3, "excluded": ["n2"], "world_size": 2,
+     "from_step": 140}
+    {"event": "launch_end", "job_id": "4242", "job_ref": "4242", "restart": 0, "launch": 0,
+     "attempt": 0, "time": ..., "launched_at": ..., "cause": "hang", "ranks": [1],
+     "nodes": ["n2"], "evidence": "heartbeat stopped ...", "node_level": false,
+     "detected": ..., "last_progress": ..., "checkpoint_step": 140,
+     "checkpoint": "step-00000140.pt", "next": "restart",
+     "message": "hang: rank 1 on n2 ...; restart 1 of 3 (fault.max_restarts)"}
+    {"event": "node_fail", ..., "launch": 0, "time": ..., "node": "n2", "evidence": "..."}
+    {"event": "checkpoint", ..., "launch": 1, "time": ..., "step": 160, "stall_s": 0.012}
+
+A ``command:`` job's program may never open a session, and then nothing above is written
+while it runs: rank 0's ``hpc-ddp run`` appends a ``command_start`` as it starts the program,
+keyed like a launch's events::
+
+    {"event": "command_start", "job_id": "4242", "job_ref": "4242", "restart": 0, "time": ...,
+     "nodelist": "n[1-2]", "world_size": 8}
+
+And each attempt's task notes which code it runs, a ``code`` line
+(:class:`~hpc_ddp.rundir.ledger.CodeRun`).
+
+``requeue_requested`` is true only when hpc-ddp asked ``scontrol requeue`` and Slurm accepted;
+a request that failed is recorded as the cause ``requeue_failed`` with ``requeue_requested``
+false, and the ``message`` says what failed, which checkpoint is kept and how to go on.
+
+Each function returns one line and writes nothing: its caller (the requeue coordinator, the
+supervisor, the task) appends it with :func:`hpc_ddp.durable.append_line` (one ``write`` of
+one whole line to a file opened ``O_APPEND``, then fsynced). What the lines fold into, and
+reading them back, is :mod:`hpc_ddp.rundir.ledger`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from hpc_ddp.config.elastic import Resize
+from hpc_ddp.rundir.endcause import EndCause
+from hpc_ddp.rundir.layout import Checkpoint
+from hpc_ddp.rundir.ledger import Blame
+
+__all__ = [
+    "checkpoint_event",
+    "code_event",
+    "command_start_event",
+    "end_event",
+    "launch_end_event",
+    "launch_event",
+    "node_fail_event",
+    "start_event",
+]
+
+
+def start_event(
+    *,
+    attempt: int,
+    restart: int | None = None,
+    launch: int = 0,
+    job_id: str | None,
+    job_ref: str | None,
+    nodelist: str,
+    world_size: int,
+    resumed_from_step: int | None,
+    checkpoint: str | None,
+    now: float | None = None,
+    grad_accum: int | None = None,
+    resize: Resize | None = None,
+) -> str:
+    """The ``attempt_start`` line of an attempt (rank 0 appends it): ``attempt`` its number in
+    the run (:func:`~hpc_ddp.rundir.ledger.attempt_number`), ``restart`` its
+    ``SLURM_RESTART_COUNT``; ``grad_accum`` and ``resize`` (an elastic resume) when a session
+    knows them."""
+    return _line(
+        {
+            "event": "attempt_start",
+            "attempt": attempt,
+            "restart": attempt if restart is None else restart,
+            **({"launch": launch} if launch else {}),
+            "time": time.time() if now is None else now,
+            "job_id": job_id,
+            "job_ref": job_ref,
+            "nodelist": nodelist,
+            "world_size": world_size,
+            "resumed_from_step": resumed_from_step,
+            "checkpoint": checkpoint,
+            **({} if grad_accum is None else {"grad_accum": grad_accum}),
+            **({} if resize is None else {"resize": resize.to_dict()}),
+        }
+    )
+
+
+def end_event(
+    *,
+    attempt: int,
+    restart: int | None = None,
+    launch: int = 0,
+    job_id: str | None = None,
+    job_ref: str | None = None,
+    cause: EndCause,
+    steps_done: int | None,
+    checkpoint: str | None,
+    requeue_requested: bool,
+    message: str = "",
+    now: float | None = None,
+    witness: bool = False,
+) -> str:
+    """The ``attempt_end`` line of an attempt. ``job_id``, ``job_ref`` and ``restart`` say whose
+    end it is when no start was written (a rank that failed before rank 0 wrote it).
+    ``witness``: the rank only lost a peer (a survivor of another rank's fault, under a
+    supervisor whose ``launch_end`` gives the launch's one verdict): its word is kept as a
+    witness's, never as the attempt's cause or blame."""
+    return _line(
+        {
+            "event": "attempt_end",
+            "attempt": attempt,
+            "restart": attempt if restart is None else restart,
+            **({"launch": launch} if launch else {}),
+            "job_id": job_id,
+            "job_ref": job_ref,
+            "time": time.time() if now is None else now,
+            "cause": EndCause(cause).value,
+            "steps_done": steps_done,
+            "checkpoint": checkpoint,
+            "requeue_requested": requeue_requested,
+            "message": message,
+            **({"witness": True} if witness else {}),
+        }
+    )
+
+
+def _line(event: dict[str, Any]) -> str:
+    return json.dumps(event, sort_keys=True) + "\n"
+
+
+def command_start_event(
+    *,
+    job_id: str | None,
+    job_ref: str | None,
+    restart: int,
+    launch: int,
+    nodelist: str,
+    world_size: int,
+    now: float | None = None,
+) -> str:
+    """Rank 0's ``command_start`` line: a ``command:`` program starts (see the module
+    docstring); ``world_size`` the ranks it runs (torchrun's workers, where it starts them)."""
+    key = (job_id, job_ref, restart, launch, now)
+    return _launch_line("command_start", key, nodelist=nodelist, world_size=world_size)
+
+
+def launch_event(
+    *,
+    job_id: str | None,
+    job_ref: str | None,
+    restart: int,
+    launch: int,
+    nodes: str,
+    alloc_nodes: int | None,
+    excluded: list[str],
+    world_size: int,
+    from_step: int | None,
+    now: float | None = None,
+) -> str:
+    """The supervisor's ``launch`` line: a launch (srun step, local process set) starts."""
+    return _launch_line(
+        "launch",
+        (job_id, job_ref, restart, launch, now),
+        nodes=nodes,
+        alloc_nodes=alloc_nodes,
+        excluded=excluded,
+        world_size=world_size,
+        from_step=from_step,
+    )
+
+
+def _launch_line(
+    kind: str,
+    key: tuple[str | None, str | None, int, int, float | None],
+    **fields: Any,
+) -> str:
+    """One line of the events that belong to a launch: ``kind``, the launch's key (job id,
+    job ref, restart, launch number; and ``now``, the time, default the clock's), ``fields``."""
+    job_id, job_ref, restart, launch, now = key
+    head = {"event": kind, "job_id": job_id, "job_ref": job_ref, "restart": restart}
+    time_now = time.time() if now is None else now
+    return _line({**head, "launch": launch, "time": time_now, **fields})
+
+
+def launch_end_event(
+    *,
+    attempt: int,
+    job_id: str | None,
+    job_ref: str | None,
+    restart: int,
+    launch: int,
+    launched_at: float,
+    cause: EndCause,
+    blame: Blame | None,
+    steps_reached: int | None,
+    checkpoint: Checkpoint | None,
+    next_step: str,
+    requeue_requested: bool = False,
+    message: str = "",
+    now: float | None = None,
+) -> str:
+    """The supervisor's ``launch_end`` line: how a launch ended, whom a fault points to, and
+    what follows (``next_step``: ``restart``, ``requeue`` or ``stop``). ``checkpoint``: the
+    newest on disk as the launch ended, as listed (a shard set's ``step-N`` or a file's
+    ``step-N.pt``)."""
+    event: dict[str, Any] = {
+        "attempt": attempt,
+        "launched_at": launched_at,
+        "cause": EndCause(cause).value,
+        "steps_reached": steps_reached,
+        "checkpoint_step": None if checkpoint is None else checkpoint.step,
+        "checkpoint": None if checkpoint is None else checkpoint.name,
+        "next": next_step,
+        "requeue_requested": requeue_requested,
+        "message": message,
+    }
+    if blame is not None:
+        event.update(
+            ranks=list(blame.ranks),
+            nodes=list(blame.nodes),
+            evidence=blame.evidence,
+            node_level=blame.node_level,
+            detected=blame.detected_at,
+            last_progress=blame.last_progress_at,
+        )
+    return _launch_line("launch_end", (job_id, job_ref, restart, launch, now), **event)
+
+
+def node_fail_event(
+    *,
+    job_id: str | None,
+    job_ref: str | None,
+    restart: int,
+    launch: int,
+    node: str,
+    evidence: str,
+    now: float | None = None,
+) -> str:
+    """The supervisor's ``node_fail`` line: srun (or Slurm) said late that a node was lost."""
+    key = (job_id, job_ref, restart, launch, now)
+    return _launch_line("node_fail", key, node=node, evidence=evidence)
+
+
+def checkpoint_event(
+    *,
+    job_id: str | None,
+    job_ref: str | None,
+    restart: int,
+    launch: int,
+    step: int,
+    stall_s: float,
+    now: float | None = None,
+) -> str:
+    """Rank 0's ``checkpoint`` line: a save at ``step`` held training up ``stall_s``."""
+    key = (job_id, job_ref, restart, launch, now)
+    return _launch_line("checkpoint", key, step=step, stall_s=round(stall_s, 6))
+
+
+def code_event(*, job_id: str | None, file: str, digest: str, now: float | None = None) -> str:
+    """The ``code`` line of an attempt that is starting: which file of code it runs."""
+    return _line(
+        {
+            "event": "code",
+            "time": time.time() if now is None else now,
+            "job_id": job_id,
+            "file": file,
+            "digest": digest,
+        }
+    )
