@@ -23,7 +23,6 @@ import dataclasses
 import logging
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hpc_ddp.checkpoint.format import (
+    Best,
     build_payload,
     capture_rng_state,
     find_latest,
@@ -41,14 +41,15 @@ from hpc_ddp.checkpoint.format import (
 )
 from hpc_ddp.checkpoint.sharded import ShardedCheckpoints
 from hpc_ddp.checkpoint.snapshot import SnapshotBuffers
+from hpc_ddp.checkpoint.tracked import Tracked
 from hpc_ddp.checkpoint.writer import CheckpointWriter
 from hpc_ddp.config.elastic import Resize, Shape, rescaled_accum
 from hpc_ddp.config.load import job_config_to_dict
-from hpc_ddp.config.model import JobConfig, KeepBestConfig
+from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import CheckpointError, ConfigError
 from hpc_ddp.rundir.checkpoint_label import config_digest, shaping_config
 from hpc_ddp.rundir.checkpoints import shard_dirs
-from hpc_ddp.rundir.layout import checkpoint_name
+from hpc_ddp.rundir.layout import Checkpoint, checkpoint_name
 from hpc_ddp.runtime.handoff import Handoff
 from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.progress import Progress
@@ -56,72 +57,6 @@ from hpc_ddp.runtime.sampler import reseed_rng
 from hpc_ddp.runtime.sharding import is_sharded
 
 log = logging.getLogger("hpc_ddp")
-
-
-@dataclass(frozen=True)
-class CheckpointRecord:
-    """A checkpoint of this run: the one resumed from, or the last one saved."""
-
-    step: int
-    name: str
-    """File name in ``RUN_DIR/checkpoints`` (``step-00000120.pt``), as the ledger records it."""
-
-    @classmethod
-    def at(cls, step: int) -> CheckpointRecord:
-        """The record of the checkpoint saved at ``step``."""
-        return cls(step, checkpoint_name(step))
-
-
-@dataclass(frozen=True)
-class Tracked:
-    """The objects a checkpoint saves (named once, by ``session.restore``)."""
-
-    model: nn.Module
-    optimizer: Any = None
-    scheduler: Any = None
-    scaler: Any = None
-    objects: Mapping[str, Any] = field(default_factory=dict)
-    """Any more, by name: each has ``state_dict()`` and ``load_state_dict()`` (torch DCP's
-    ``Stateful``), e.g. an EMA model, a second optimizer, a curriculum. A module is saved
-    unwrapped (no DDP ``module.`` prefix)."""
-
-    def __post_init__(self) -> None:
-        for name, obj in self.objects.items():
-            if not (
-                callable(getattr(obj, "state_dict", None))
-                and callable(getattr(obj, "load_state_dict", None))
-            ):
-                raise ConfigError(
-                    f"restore() got {name}={type(obj).__name__}, which has no state_dict() "
-                    "and load_state_dict(). HINT: pass objects whose state a checkpoint can "
-                    "save (modules, optimizers, schedulers, or a class of yours with those two "
-                    "methods); keep small plain values in `s.progress.extra`."
-                )
-
-
-@dataclass(frozen=True)
-class Best:
-    """The best checkpoint so far under ``train.keep_best`` (as ``meta.best`` records it)."""
-
-    metric: str
-    mode: str
-    step: int
-    value: float
-
-    def beaten_by(self, value: float) -> bool:
-        """Whether ``value`` is strictly better (a tie keeps the older checkpoint)."""
-        return value < self.value if self.mode == "min" else value > self.value
-
-    @classmethod
-    def recorded(cls, payload: Mapping[str, Any], keep: KeepBestConfig) -> Best | None:
-        """The best ``payload`` records for ``keep``'s metric and mode (None: none, or one
-        ranked by another metric or the other way)."""
-        best = payload["meta"].get("best")
-        if not isinstance(best, Mapping):
-            return None
-        if (best.get("metric"), best.get("mode")) != (keep.metric, keep.mode):
-            return None
-        return cls(keep.metric, keep.mode, int(best["step"]), float(best["value"]))
 
 
 def _metric_value(value: Any) -> float | None:
@@ -183,10 +118,10 @@ class Checkpointer:
         self.resize: Resize | None = None
         """Set by :meth:`restore` when the checkpoint was written at another world size."""
         self.tracked: Tracked | None = None
-        self.last: CheckpointRecord | None = None
+        self.last: Checkpoint | None = None
         """The checkpoint resumed from or last saved (None: none yet in this attempt); after a
         failed save, the one before it again (what a crash record names must be on disk)."""
-        self._durable: CheckpointRecord | None = None
+        self._durable: Checkpoint | None = None
         """The newest of :attr:`last` known to be on disk (a save in flight is not)."""
         self._writer = CheckpointWriter(directory, config.train.keep_last)
         self._keep_best = config.train.keep_best
@@ -253,7 +188,7 @@ class Checkpointer:
 
     def restore(
         self, tracked: Tracked, progress: Progress, *, elastic: bool = False
-    ) -> CheckpointRecord | None:
+    ) -> Checkpoint | None:
         """Track ``tracked`` and load the newest good checkpoint into it and ``progress``.
 
         Returns the checkpoint loaded, None when there is none. Every rank calls it: rank 0
@@ -290,8 +225,8 @@ class Checkpointer:
         self.resize = self.check_resize(payload, name, elastic)
         self._apply(payload, name, progress)
         self.best = self.recorded_best(payload)
-        self.last = self._durable = CheckpointRecord.at(progress.step)
-        return CheckpointRecord(progress.step, name)
+        self.last = self._durable = Checkpoint(progress.step, name)
+        return self.last
 
     def _choose(self) -> tuple[str | None, str | None, dict[str, Any] | None]:
         """Rank 0: (name, error, payload) of the newest good checkpoint file."""
@@ -314,10 +249,10 @@ class Checkpointer:
 
     def _restore_sharded(
         self, tracked: Tracked, progress: Progress, elastic: bool
-    ) -> CheckpointRecord | None:
+    ) -> Checkpoint | None:
         self.sharded = ShardedCheckpoints(self)
         loaded = self.sharded.restore(tracked, progress, elastic=elastic)
-        self.last = None if loaded is None else CheckpointRecord(progress.step, loaded)
+        self.last = None if loaded is None else Checkpoint(progress.step, loaded)
         self._durable = self.last
         return self.last
 
@@ -457,11 +392,11 @@ class Checkpointer:
             if self.last is None or self.last.step != progress.step:
                 self.sync_errors()  # the save before: its error, if any, raised here
                 path = self.sharded.save(t, progress)
-                self.last = CheckpointRecord(progress.step, path.name)
+                self.last = Checkpoint(progress.step, path.name)
             if wait:
                 self.sync_errors()
             return self.directory / self.last.name if self.is_main else None
-        record = CheckpointRecord.at(progress.step)
+        record = Checkpoint(progress.step, checkpoint_name(progress.step))
         if self.last is None or self.last.step != record.step:
             rng = capture_rng_state(self.device)
             gathered: list[Any] | None = [rng] if self.world_size == 1 else None

@@ -95,6 +95,7 @@ except ImportError:  # torch runs without numpy
 
 from hpc_ddp.checkpoint.digest import DIGEST_ALGORITHM, canonical_digest, sha256_weights
 from hpc_ddp.checkpoint.snapshot import snapshot
+from hpc_ddp.config.model import KeepBestConfig
 from hpc_ddp.errors import CheckpointError
 from hpc_ddp.rundir.checkpoint_label import config_digest, misnamed, not_regular, stranger
 from hpc_ddp.rundir.checkpoints import checkpoint_files
@@ -424,6 +425,31 @@ def restore_rng_state(state: Mapping[str, Any], device: torch.device) -> None:
     if state.get("numpy") is not None and np is not None:
         name, keys, pos, has_gauss, cached = state["numpy"]
         np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+@dataclass(frozen=True)
+class Best:
+    """The best checkpoint so far under ``train.keep_best`` (as ``meta.best`` records it)."""
+
+    metric: str
+    mode: str
+    step: int
+    value: float
+
+    def beaten_by(self, value: float) -> bool:
+        """Whether ``value`` is strictly better (a tie keeps the older checkpoint)."""
+        return value < self.value if self.mode == "min" else value > self.value
+
+    @classmethod
+    def recorded(cls, payload: Mapping[str, Any], keep: KeepBestConfig) -> Best | None:
+        """The best ``payload`` records for ``keep``'s metric and mode (None: none, or one
+        ranked by another metric or the other way)."""
+        best = payload["meta"].get("best")
+        if not isinstance(best, Mapping):
+            return None
+        if (best.get("metric"), best.get("mode")) != (keep.metric, keep.mode):
+            return None
+        return cls(keep.metric, keep.mode, int(best["step"]), float(best["value"]))
 
 
 def best_step(payload: Mapping[str, Any]) -> int | None:

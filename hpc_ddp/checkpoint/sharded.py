@@ -46,7 +46,6 @@ collectives never interleave with training's. At most one save is in flight.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
@@ -55,16 +54,17 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 import xxhash
 
 from hpc_ddp.checkpoint.format import (
+    Best,
     CheckpointInfo,
     CheckpointState,
     best_step,
@@ -73,8 +73,16 @@ from hpc_ddp.checkpoint.format import (
     restore_rng_state,
 )
 from hpc_ddp.checkpoint.snapshot import SnapshotBuffers, snapshot
-from hpc_ddp.checkpoint.writer import prune_plan, write_failure, write_failure_hint
+from hpc_ddp.checkpoint.tracked import Tracked
+from hpc_ddp.checkpoint.writer import (
+    no_zip_crc32,
+    prune_plan,
+    write_failure,
+    write_failure_hint,
+)
+from hpc_ddp.config.elastic import Resize
 from hpc_ddp.config.load import job_config_to_dict
+from hpc_ddp.config.model import JobConfig
 from hpc_ddp.durable import fsync_dir, write_atomic, write_text_atomic
 from hpc_ddp.errors import CheckpointError, ConfigError
 from hpc_ddp.rundir.checkpoint_label import config_digest
@@ -95,13 +103,11 @@ from hpc_ddp.rundir.layout import (
     parse_sharded_checkpoint_name,
     sharded_checkpoint_name,
 )
+from hpc_ddp.runtime.handoff import Handoff
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.sampler import reseed_rng
 from hpc_ddp.runtime.sharding import is_sharded
 from hpc_ddp.version import __version__
-
-if TYPE_CHECKING:
-    from hpc_ddp.checkpoint.checkpointer import Checkpointer, Tracked
 
 log = logging.getLogger("hpc_ddp")
 
@@ -246,12 +252,41 @@ def _load_pt(path: Path) -> Any:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+class Owner(Protocol):
+    """What a :class:`ShardedCheckpoints` needs of its owner, the
+    :class:`~hpc_ddp.checkpoint.checkpointer.Checkpointer` that hands over to it: the run's
+    place and settings, rank 0's word to the others, and what file and sharded checkpoints
+    share (the resume's checks, the ``train.keep_best`` ranking). Declared here so that this
+    module never imports the one that uses it."""
+
+    directory: Path
+    config: JobConfig
+    rank: int
+    world_size: int
+    device: torch.device
+    grad_accum: int
+    run_id: str | None
+    resize: Resize | None
+    best: Best | None
+
+    @property
+    def handoff(self) -> Handoff: ...
+
+    def rank_saved(self, step: int) -> Best | None: ...
+
+    def recorded_best(self, payload: Mapping[str, Any]) -> Best | None: ...
+
+    def check_resize(self, payload: dict[str, Any], name: str, elastic: bool) -> Resize | None: ...
+
+    def say_config_changes(self, payload: dict[str, Any], name: str) -> None: ...
+
+
 class ShardedCheckpoints:
     """The sharded side of a :class:`~hpc_ddp.checkpoint.checkpointer.Checkpointer` (which
     hands over to it when :meth:`restore` is given a sharded model): the same collective
     ``restore`` and ``save``, every rank reading and writing its own shard."""
 
-    def __init__(self, ckpt: Checkpointer) -> None:
+    def __init__(self, ckpt: Owner) -> None:
         self.ckpt = ckpt
         self.directory = ckpt.directory
         self.rank = ckpt.rank
@@ -470,7 +505,7 @@ class ShardedCheckpoints:
         from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
         writer = _noting_writer(FileSystemWriter, partial)
-        with _without_zip_crc32():
+        with no_zip_crc32():
             try:
                 dcp_save(state, storage_writer=writer, process_group=self._group)
             except BaseException as exc:  # DCP's CheckpointException is one
@@ -545,9 +580,9 @@ class ShardedCheckpoints:
         """Shard sets beyond ``train.keep_last`` go, all but the ``best`` one
         (``train.keep_best``), as files do (:func:`prune_plan`)."""
         keep = self.ckpt.config.train.keep_last
-        steps = [s for s, _ in shard_dirs(self.directory) if s <= written]
-        for step in prune_plan(steps, keep, best):
-            shutil.rmtree(self.directory / sharded_checkpoint_name(step), ignore_errors=True)
+        listed = {s: p for s, p in shard_dirs(self.directory) if s <= written}
+        for step in prune_plan(list(listed), keep, best):
+            shutil.rmtree(listed[step], ignore_errors=True)
         # Saves cut short (one save is in flight at a time, and this one is committed).
         for stale in self.directory.glob(f"{PARTIAL_PREFIX}step-*"):
             shutil.rmtree(stale, ignore_errors=True)
@@ -664,21 +699,6 @@ class ShardedCheckpoints:
         self.ckpt.say_config_changes(common, path.name)
         log.info("resumed from sharded %s: step %d, epoch %d", path.name, progress.step,
                  progress.epoch)  # fmt: skip
-
-
-@contextlib.contextmanager
-def _without_zip_crc32() -> Iterator[None]:
-    """torch.save computes a CRC32 of every record it writes (DCP torch.saves each tensor):
-    about a third of a 128 MB shard's write here. Every file of a shard set gets an xxh3-128
-    digest that is checked before anything loads it, so the CRC guards nothing more. The
-    option is process-wide: a torch.save on another thread meanwhile is written without one,
-    which torch.load does not need."""
-    before = torch.serialization.get_crc32_options()
-    torch.serialization.set_crc32_options(False)
-    try:
-        yield
-    finally:
-        torch.serialization.set_crc32_options(before)
 
 
 def _fresh_dir(path: Path) -> None:

@@ -21,8 +21,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpc_ddp.checkpoint.checkpointer import Checkpointer, Tracked
+from hpc_ddp.checkpoint.checkpointer import Checkpointer
 from hpc_ddp.checkpoint.format import list_checkpoints
+from hpc_ddp.checkpoint.tracked import Tracked
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import PeerError
 from hpc_ddp.runtime.handoff import Handoff
