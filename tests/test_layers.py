@@ -65,6 +65,7 @@ LAYERS: tuple[Layer, ...] = (
         ("backends", "backends.base", "backends.slurm", "backends.local"),
         pure=(
             "backends.base",
+            "backends.allocation",
             "backends.jobs",
             "backends.slurm.render",
             "backends.slurm.default_script",
