@@ -416,6 +416,20 @@ __all__ = [
 ]
 
 
+def helper_job(directory: Path, name: str, script: str, args: str, extra: str = "") -> Path:
+    """``DIRECTORY/NAME.yaml``: a 2-node job of one task each whose ``command:`` runs
+    ``tests/helpers/SCRIPT`` with ``args`` (the YAML flow items after the script, as written),
+    one thread per rank, five minutes; ``extra``: more YAML lines."""
+    config = directory / f"{name}.yaml"
+    config.write_text(
+        f"name: {name}\n"
+        f"command: [python, {Path(__file__).resolve().parent / 'helpers' / script}, {args}]\n"
+        "slurm: {nodes: 2, tasks_per_node: 1, cpus_per_task: 1, time: '00:05:00'}\n"
+        'env: {vars: {OMP_NUM_THREADS: "1"}}\n' + extra
+    )
+    return config
+
+
 def crashy_job(
     directory: Path,
     steps: int,
@@ -432,14 +446,11 @@ def crashy_job(
     ``crash_at`` may be a ``{params.X}`` placeholder; ``extra``: more YAML lines. ``fault``:
     the fault section, by default off: "once" is the first Slurm attempt (restart count 0), so
     these jobs pin the requeue path, which an in-job restart would stand in front of."""
-    script = Path(__file__).resolve().parent / "helpers" / "crashy.py"
-    config = directory / "crashy.yaml"
-    config.write_text(
-        "name: crashy\n"
-        f"command: [python, {script}, '{steps}', '{every}', '{crash_at}', {how}]\n"
-        "slurm: {nodes: 2, tasks_per_node: 1, cpus_per_task: 1, time: '00:05:00'}\n"
+    return helper_job(
+        directory,
+        "crashy",
+        "crashy.py",
+        f"'{steps}', '{every}', '{crash_at}', {how}",
         f"requeue: {{max_requeues: 1, on_crash: {str(on_crash).lower()}}}\n"
-        'env: {vars: {OMP_NUM_THREADS: "1"}}\n'
-        f"fault: {fault}\n" + extra
+        f"fault: {fault}\n" + extra,
     )
-    return config

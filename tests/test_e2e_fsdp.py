@@ -74,16 +74,28 @@ fault: {beat_s: 0.5, stale_s: 3, startup_timeout_s: 120, step_timeout_s: 10}
 """
 
 
+def _faulted_and_twin(cluster: Cluster, tmp_path: Path) -> tuple[e2e.Submitted, e2e.Submitted]:
+    """Two runs of :data:`FAULTS`: the one a test interrupts, and its twin that nothing
+    touches."""
+    job_file = tmp_path / "fsdp-faults.yaml"
+    job_file.write_text(FAULTS)
+    twin = e2e.submit(cluster, tmp_path / "twin", str(job_file))
+    return e2e.submit(cluster, tmp_path / "runs", str(job_file)), twin
+
+
+def _assert_same_weights(cluster: Cluster, job: e2e.Submitted, twin: e2e.Submitted) -> None:
+    """The twin ends, and the interrupted run's exported weights are the twin's."""
+    assert e2e.wait_done(cluster, twin.job_id, timeout_s=300)["JobState"] == "COMPLETED"
+    assert exported_digest(cluster, job.run_dir) == exported_digest(cluster, twin.run_dir)
+
+
 def test_an_fsdp_run_whose_rank_is_killed_restarts_in_the_job_bit_identical(
     slurm_cluster: Cluster, tmp_path: Path
 ) -> None:
     """SIGKILL of rank 1 once the step-20 shard set is committed: the supervisor restarts the
     launch in the allocation, it resumes from that shard set, and ends with the weights of a
     twin run that no fault touched."""
-    job_file = tmp_path / "fsdp-faults.yaml"
-    job_file.write_text(FAULTS)
-    twin = e2e.submit(slurm_cluster, tmp_path / "twin", str(job_file))
-    job = e2e.submit(slurm_cluster, tmp_path / "runs", str(job_file))
+    job, twin = _faulted_and_twin(slurm_cluster, tmp_path)
     committed = job.run_dir / "checkpoints" / f"step-{FAULT_AT:08d}" / "digests.json"
     e2e.wait_for(str(committed), committed.exists, timeout_s=120)
     pids = e2e.wait_for("rank 1", lambda: e2e.rank_pids(job.job_id, 1, launch=0))
@@ -94,10 +106,7 @@ def test_an_fsdp_run_whose_rank_is_killed_restarts_in_the_job_bit_identical(
     assert (dead.cause, dead.next) == (EndCause.CRASH, "restart")
     assert again.resumed_from_step is not None
     assert again.resumed_from_step >= FAULT_AT
-    assert e2e.wait_done(slurm_cluster, twin.job_id, timeout_s=300)["JobState"] == "COMPLETED"
-    assert exported_digest(slurm_cluster, job.run_dir) == exported_digest(
-        slurm_cluster, twin.run_dir
-    )
+    _assert_same_weights(slurm_cluster, job, twin)
 
 
 def test_an_fsdp_run_through_a_storm_of_interruptions_ends_bit_identical(
@@ -106,10 +115,7 @@ def test_an_fsdp_run_through_a_storm_of_interruptions_ends_bit_identical(
     """One run: stopped by the lead-time signal and requeued, then a rank killed and the launch
     restarted in the job, then stopped and requeued again; it ends with its untouched twin's
     weights, each attempt resuming from the shard set the previous one committed."""
-    job_file = tmp_path / "fsdp-faults.yaml"
-    job_file.write_text(FAULTS)
-    twin = e2e.submit(slurm_cluster, tmp_path / "twin", str(job_file))
-    job = e2e.submit(slurm_cluster, tmp_path / "runs", str(job_file))
+    job, twin = _faulted_and_twin(slurm_cluster, tmp_path)
 
     def after_commit(step: int) -> None:
         record = job.run_dir / "checkpoints" / f"step-{step:08d}" / "digests.json"
@@ -128,10 +134,7 @@ def test_an_fsdp_run_through_a_storm_of_interruptions_ends_bit_identical(
     causes = [a.cause for a in attempts]
     assert causes == [EndCause.TIME_LIMIT, EndCause.CRASH, EndCause.TIME_LIMIT, EndCause.FINISHED]
     assert all(a.resumed_from_step for a in attempts[1:])  # each from a committed shard set
-    assert e2e.wait_done(slurm_cluster, twin.job_id, timeout_s=300)["JobState"] == "COMPLETED"
-    assert exported_digest(slurm_cluster, job.run_dir) == exported_digest(
-        slurm_cluster, twin.run_dir
-    )
+    _assert_same_weights(slurm_cluster, job, twin)
 
 
 def test_an_fsdp_run_resumed_on_one_node_of_two_is_resharded_and_sample_exact(
@@ -162,15 +165,7 @@ def test_an_fsdp_run_resumed_on_one_node_of_two_is_resharded_and_sample_exact(
 
 
 def _own_script_job(directory: Path) -> Path:
-    script = Path(__file__).resolve().parent / "helpers" / "fsdp_own.py"
-    config = directory / "own.yaml"
-    config.write_text(
-        "name: fsdp-own\n"
-        f"command: [python, {script}, '{OWN_STEPS}']\n"
-        "slurm: {nodes: 2, tasks_per_node: 1, cpus_per_task: 1, time: '00:05:00'}\n"
-        'env: {vars: {OMP_NUM_THREADS: "1"}}\n'
-    )
-    return config
+    return e2e.helper_job(directory, "fsdp-own", "fsdp_own.py", f"'{OWN_STEPS}'")
 
 
 OWN_STEPS = 60

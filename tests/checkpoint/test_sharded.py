@@ -25,34 +25,20 @@ from hpc_ddp.cli.main import main
 from hpc_ddp.errors import CheckpointError
 from hpc_ddp.rundir.checkpoints import SHARDED_METADATA, shard_dirs
 from tests.helpers.launch import HELPERS, run_ranks
+from tests.helpers.train_ranks import SMALL_RUN, train_argv, train_ranks
 
 pytestmark = pytest.mark.torch
 
-# 256 samples / 2 ranks / batch 8 = 16 batches per epoch = 8 steps of 2 accumulated batches.
 TRAIN: dict[str, Any] = {
-    "image_size": 8,
-    "synthetic_samples": 256,
-    "batch_size": 8,
-    "grad_accum": 2,
-    "max_steps": 20,
-    "checkpoint_every": 6,
-    "eval_every": 10,
-    "log_every": 5,
-    "lr": 0.2,
-    "seed": 3,
+    **SMALL_RUN,
     "optimizer": "adamw",  # per-parameter state (two moments and a step) to shard and reload
     "strategy": "fsdp",
 }
 
 
 def train(run_dir: Path, train: dict[str, Any], *stop: str) -> list[tuple[dict[str, Any], str]]:
-    """Run the trainer on 2 ranks; each rank's JSON result line and its stderr."""
-    argv = [str(HELPERS / "train_run.py"), str(run_dir), json.dumps(train), *stop]
-    out = []
-    for rank, (code, stdout, stderr) in enumerate(run_ranks(argv, 2, timeout=240)):
-        assert code == 0, f"rank {rank} exited {code}:\n{stderr[-4000:]}"
-        out.append((json.loads(stdout.strip().splitlines()[-1]), stderr))
-    return out
+    """:func:`train_ranks` with the time an FSDP run's saves and loads take."""
+    return train_ranks(run_dir, train, *stop, timeout=240)
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +199,7 @@ def test_a_run_of_shard_sets_is_not_started_over_unsharded(
     full_dir, _ = uninterrupted
     run_dir = tmp_path / "run"
     shutil.copytree(full_dir, run_dir)
-    argv = [str(HELPERS / "train_run.py"), str(run_dir), json.dumps({**TRAIN, "strategy": "ddp"})]
+    argv = train_argv(run_dir, {**TRAIN, "strategy": "ddp"})
     for code, _, err in run_ranks(argv, 2, timeout=240):
         assert code != 0
         assert "holds sharded checkpoints (step-00000020/) of an FSDP model" in err
@@ -321,7 +307,7 @@ def test_a_resume_with_no_usable_shard_set_refuses_to_start_over_and_prunes_noth
     shutil.copytree(full_dir, run_dir)
     unusable(run_dir)
     before = sorted(str(p.relative_to(run_dir)) for p in (run_dir / "checkpoints").rglob("*"))
-    argv = [str(HELPERS / "train_run.py"), str(run_dir), json.dumps({**TRAIN, "max_steps": 22})]
+    argv = train_argv(run_dir, {**TRAIN, "max_steps": 22})
     for code, _, err in run_ranks(argv, 2, timeout=240):
         assert code != 0
         assert "none of 3 sharded checkpoints loads (newest: step-00000020: " in err

@@ -43,28 +43,37 @@ def start(path: Path, attempt: int, now: float, **kw: object) -> None:
     record_start(path, **args)
 
 
+def finish(path: Path, attempt: int, now: float, cause: EndCause, **kw: object) -> None:
+    """The ``attempt_end`` of ``attempt`` by its number, with no step, no checkpoint and no
+    requeue unless ``kw`` says."""
+    args: dict[str, object] = dict(
+        attempt=attempt,
+        cause=cause,
+        steps_done=None,
+        checkpoint=None,
+        requeue_requested=False,
+        now=now,
+    )
+    args.update(kw)
+    record_end(path, **args)
+
+
 def test_a_requeued_run_folds_into_attempts(tmp_path: Path) -> None:
     path = tmp_path / "ledger.jsonl"
     start(path, 0, 100.0)
-    record_end(
+    finish(
         path,
-        attempt=0,
-        cause=EndCause.TIME_LIMIT,
+        0,
+        160.0,
+        EndCause.TIME_LIMIT,
         steps_done=120,
         checkpoint="checkpoints/step-00000120.pt",
         requeue_requested=True,
         message="time-limit warning signal",
-        now=160.0,
     )
     start(path, 1, 300.0, resumed_from_step=120, checkpoint="checkpoints/step-00000120.pt")
-    record_end(
-        path,
-        attempt=1,
-        cause=EndCause.FINISHED,
-        steps_done=300,
-        checkpoint="checkpoints/step-00000300.pt",
-        requeue_requested=False,
-        now=400.0,
+    finish(
+        path, 1, 400.0, EndCause.FINISHED, steps_done=300, checkpoint="checkpoints/step-00000300.pt"
     )
     first, second = read_ledger(path)
     assert first == Attempt(
@@ -100,16 +109,7 @@ def test_a_requeued_run_folds_into_attempts(tmp_path: Path) -> None:
 def test_events_are_one_json_object_per_line(tmp_path: Path) -> None:
     path = tmp_path / "ledger.jsonl"
     start(path, 0, 1.0)
-    record_end(
-        path,
-        attempt=0,
-        cause=EndCause.CRASH,
-        steps_done=None,
-        checkpoint=None,
-        requeue_requested=False,
-        message="boom",
-        now=2.0,
-    )
+    finish(path, 0, 2.0, EndCause.CRASH, message="boom")
     lines = path.read_text().splitlines()
     assert [json.loads(x)["event"] for x in lines] == ["attempt_start", "attempt_end"]
     assert json.loads(lines[1])["cause"] == "crash"
@@ -216,15 +216,7 @@ def test_a_relaunched_attempt_gets_its_own_entry(tmp_path: Path) -> None:
     path = tmp_path / "ledger.jsonl"
     start(path, 0, 1.0)  # died without a word
     start(path, 0, 10.0)
-    record_end(
-        path,
-        attempt=0,
-        cause=EndCause.FINISHED,
-        steps_done=5,
-        checkpoint=None,
-        requeue_requested=False,
-        now=20.0,
-    )
+    finish(path, 0, 20.0, EndCause.FINISHED, steps_done=5)
     died, relaunched = read_ledger(path)
     assert died.is_open
     assert (relaunched.started, relaunched.ended) == (10.0, 20.0)
@@ -234,15 +226,7 @@ def test_causes_round_trip_as_strings(tmp_path: Path) -> None:
     path = tmp_path / "ledger.jsonl"
     for n, cause in enumerate(EndCause):
         start(path, n, float(n))
-        record_end(
-            path,
-            attempt=n,
-            cause=cause,
-            steps_done=n,
-            checkpoint=None,
-            requeue_requested=False,
-            now=n + 0.5,
-        )
+        finish(path, n, n + 0.5, cause, steps_done=n)
     assert [a.cause for a in read_ledger(path)] == list(EndCause)
     assert json.dumps({"c": EndCause.PREEMPTED}) == '{"c": "preempted"}'  # a str Enum
 
@@ -287,15 +271,14 @@ def test_a_failed_requeue_is_recorded_as_such_not_as_a_request(tmp_path: Path) -
     """What ``hpc-ddp status`` reads to tell an unfinished run from a finished one."""
     path = tmp_path / "ledger.jsonl"
     start(path, 0, 1.0)
-    record_end(
+    finish(
         path,
-        attempt=0,
-        cause=EndCause.REQUEUE_FAILED,
+        0,
+        2.0,
+        EndCause.REQUEUE_FAILED,
         steps_done=12,
         checkpoint="step-00000012.pt",
-        requeue_requested=False,
         message="could not requeue job 4242: ... HINT: ...",
-        now=2.0,
     )
     line = json.loads(path.read_text().splitlines()[-1])
     assert (line["cause"], line["requeue_requested"]) == ("requeue_failed", False)
@@ -523,10 +506,7 @@ def test_a_launch_whose_ranks_wrote_nothing_becomes_an_attempt_and_late_words_re
     job: dict[str, Any] = {"job_id": "42", "job_ref": "42"}
     attempts = _events(
         path,
-        launch_event(**job, restart=0, launch=0, nodes="n1,n2", alloc_nodes=2, excluded=[],
-                     world_size=2, from_step=None, now=1.0),
-        start_event(attempt=0, **job, nodelist="n1,n2", world_size=2, resumed_from_step=None,
-                    checkpoint=None, now=2.0),
+        *_launch_0(),
         checkpoint_event(**job, restart=0, launch=0, step=10, stall_s=0.25, now=2.5),
         launch_end_event(attempt=0, **job, restart=0, launch=0, launched_at=1.0,
                          cause=EndCause.HANG, blame=Blame((1,), ("n2",), "heartbeat stopped"),

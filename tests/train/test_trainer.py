@@ -28,35 +28,10 @@ from hpc_ddp.train.trainer import (
     resolve_num_workers,
     task_cpus,
 )
-from tests.helpers.launch import HELPERS, run_ranks
+from tests.helpers.launch import run_ranks
+from tests.helpers.train_ranks import SMALL_RUN, STEPS_PER_EPOCH, train_argv, train_ranks
 
 pytestmark = pytest.mark.torch
-
-# 256 samples / 2 ranks / batch 8 = 16 batches per epoch = 8 steps of 2 accumulated batches.
-TRAIN: dict[str, Any] = {
-    "image_size": 8,
-    "synthetic_samples": 256,
-    "batch_size": 8,
-    "grad_accum": 2,
-    "max_steps": 20,
-    "checkpoint_every": 6,
-    "eval_every": 10,
-    "log_every": 5,
-    "lr": 0.2,
-    "seed": 3,
-}
-STEPS_PER_EPOCH = 8
-
-
-def train(run_dir: Path, train: dict[str, Any], *stop: str, world: int = 2) -> list[dict[str, Any]]:
-    """Run the trainer on ``world`` ranks; each rank's JSON result line."""
-    argv = [str(HELPERS / "train_run.py"), str(run_dir), json.dumps(train), *stop]
-    results = run_ranks(argv, world, timeout=120)
-    lines = []
-    for rank, (code, out, err) in enumerate(results):
-        assert code == 0, f"rank {rank} exited {code}:\n{err[-4000:]}"
-        lines.append(json.loads(out.strip().splitlines()[-1]))
-    return lines
 
 
 def metric_steps(run_dir: Path, key: str) -> list[int]:
@@ -67,7 +42,7 @@ def metric_steps(run_dir: Path, key: str) -> list[int]:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     run_dir = tmp_path_factory.mktemp("uninterrupted")
-    ranks = train(run_dir, TRAIN)
+    ranks = [result for result, _ in train_ranks(run_dir, SMALL_RUN)]
     assert ranks[0] == ranks[1]  # every rank returns the same result (same weights)
     return run_dir, ranks[0]
 
@@ -95,17 +70,17 @@ def test_stop_and_resume_is_bit_identical(
     the uninterrupted run (no workers, default kernels)."""
     stop_at, rank, sig, changes = stop
     full_dir, full = uninterrupted
-    cfg = {**TRAIN, **changes}  # workers change nothing in the data order
-    stopped = train(tmp_path, cfg, str(stop_at), str(rank), sig)
+    cfg = {**SMALL_RUN, **changes}  # workers change nothing in the data order
+    stopped = [result for result, _ in train_ranks(tmp_path, cfg, str(stop_at), str(rank), sig)]
     # Only one rank was signalled; both stopped after the same step, cleanly.
     expected_stop = {"stopped": stop_at, "signal": int(signal.Signals[sig]), "code": 0}
     assert stopped == [expected_stop, expected_stop]
     assert (tmp_path / "checkpoints" / f"step-{stop_at:08d}.pt").is_file()
 
-    resumed = train(tmp_path, cfg)
-    assert resumed[0]["step"] == TRAIN["max_steps"]
-    assert resumed[0]["weights_digest"] == full["weights_digest"]
-    assert resumed[0]["val_acc"] == full["val_acc"]
+    [(resumed, _), _] = train_ranks(tmp_path, cfg)
+    assert resumed["step"] == SMALL_RUN["max_steps"]
+    assert resumed["weights_digest"] == full["weights_digest"]
+    assert resumed["val_acc"] == full["val_acc"]
     # Logged and evaluated at the same steps as the uninterrupted run: none repeated or skipped.
     for key in ("loss", "val_loss"):
         assert metric_steps(tmp_path, key) == metric_steps(full_dir, key)
@@ -115,12 +90,12 @@ def test_stop_and_resume_is_bit_identical(
 def test_three_ranks_resume_is_bit_identical(tmp_path: Path) -> None:
     """With 3+ ranks the all-reduce's addition order depends on DDP's bucket layout, which the
     session fixes up front; without that the first step after a resume drifts by ulps."""
-    cfg = {**TRAIN, "synthetic_samples": 192, "max_steps": 12, "checkpoint_every": 4}
-    full = train(tmp_path / "full", cfg, world=3)
-    stopped = train(tmp_path / "cut", cfg, "5", "2", world=3)
-    assert {r["stopped"] for r in stopped} == {5}
-    resumed = train(tmp_path / "cut", cfg, world=3)
-    assert resumed[0]["weights_digest"] == full[0]["weights_digest"]
+    cfg = {**SMALL_RUN, "synthetic_samples": 192, "max_steps": 12, "checkpoint_every": 4}
+    [(full, _), *_] = train_ranks(tmp_path / "full", cfg, world=3)
+    stopped = train_ranks(tmp_path / "cut", cfg, "5", "2", world=3)
+    assert {r["stopped"] for r, _ in stopped} == {5}
+    [(resumed, _), *_] = train_ranks(tmp_path / "cut", cfg, world=3)
+    assert resumed["weights_digest"] == full["weights_digest"]
 
 
 def test_loss_decreases_on_synthetic_data(uninterrupted: tuple[Path, dict[str, Any]]) -> None:
@@ -223,11 +198,10 @@ def test_plan_total_steps_needs_a_limit() -> None:
 def test_a_resume_whose_total_is_below_the_checkpoint_is_refused(tmp_path: Path) -> None:
     """`resume R train.epochs=1` on a run at step 12 (8 steps per epoch) used to log
     "steps 13..8" and finish at once; every rank now refuses, naming both numbers."""
-    cfg = {**TRAIN, "max_steps": 12, "eval_every": 0}
-    train(tmp_path, cfg)
+    cfg = {**SMALL_RUN, "max_steps": 12, "eval_every": 0}
+    train_ranks(tmp_path, cfg)
     shorter = {**cfg, "max_steps": None, "epochs": 1}
-    argv = [str(HELPERS / "train_run.py"), str(tmp_path), json.dumps(shorter)]
-    for code, _, err in run_ranks(argv, 2, timeout=120):
+    for code, _, err in run_ranks(train_argv(tmp_path, shorter), 2, timeout=120):
         assert code != 0
         assert (
             "ConfigError: train.epochs=1 (8 steps each) makes the run 8 steps long, but its "
@@ -247,8 +221,8 @@ def test_compile_trains_a_compiled_model_with_its_warm_up_covered(tmp_path: Path
             pytest.fail(f"{message}: install gcc in .ci/run")
         pytest.skip(message)
     cache = tmp_path / "inductor"
-    cfg = {**TRAIN, "compile": True, "max_steps": 8, "eval_every": 0, "checkpoint_every": 4}
-    argv = [str(HELPERS / "train_run.py"), str(tmp_path / "run"), json.dumps(cfg)]
+    cfg = {**SMALL_RUN, "compile": True, "max_steps": 8, "eval_every": 0, "checkpoint_every": 4}
+    argv = train_argv(tmp_path / "run", cfg)
     ranks = run_ranks(argv, 2, {"TORCHINDUCTOR_CACHE_DIR": str(cache)}, timeout=600)
     for rank, (code, _, err) in enumerate(ranks):
         assert code == 0, f"rank {rank} exited {code}:\n{err[-4000:]}"
@@ -290,19 +264,17 @@ def test_the_exactness_line_names_one_exactness_for_the_resume_that_happened(
 def test_an_elastic_resume_logs_sample_exact_and_never_bit_identical(tmp_path: Path) -> None:
     """2 ranks x accumulation 2 stopped mid-epoch, resumed on 1 rank x 4 (the same global
     batch): its log says sample-exact only; a same-size resume says bit-identical only."""
-    cfg = {**TRAIN, "max_steps": 6, "eval_every": 0, "checkpoint_every": 0}
-    train(tmp_path, cfg, "3", "0")
-    argv = [str(HELPERS / "train_run.py"), str(tmp_path), json.dumps({**cfg, "grad_accum": 4})]
-    [(code, _, err)] = run_ranks(argv, 1, timeout=120)
+    cfg = {**SMALL_RUN, "max_steps": 6, "eval_every": 0, "checkpoint_every": 0}
+    train_ranks(tmp_path, cfg, "3", "0")
+    [(code, _, err)] = run_ranks(train_argv(tmp_path, {**cfg, "grad_accum": 4}), 1, timeout=120)
     assert code == 0, err[-4000:]
     assert "elastic resume from step-00000003.pt" in err
     assert "exactness: this resume (2 -> 1 ranks, the same global batch) is sample-exact" in err
     assert "bit-identical" not in err
 
     same = tmp_path / "same"
-    train(same, cfg, "3", "0")
-    argv = [str(HELPERS / "train_run.py"), str(same), json.dumps(cfg)]
-    ranks = run_ranks(argv, 2, timeout=120)
+    train_ranks(same, cfg, "3", "0")
+    ranks = run_ranks(train_argv(same, cfg), 2, timeout=120)
     assert [code for code, _, _ in ranks] == [0, 0], ranks[0][2][-4000:]
     err = ranks[0][2]  # rank 0 logs for the run
     assert "exactness: this resume (at its checkpoint's world size) is bit-identical" in err
