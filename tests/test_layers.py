@@ -76,7 +76,7 @@ LAYERS: tuple[Layer, ...] = (
     Layer(("runtime",), pure=("runtime.distenv", "runtime.progress", "runtime.handoff")),
     Layer(("checkpoint",)),
     Layer(("fault",), pure=("fault.blame", "fault.plan")),
-    Layer(("runtime.session", "runtime.evaluation")),
+    Layer(("sessions",)),
     Layer(("train",)),
     Layer(("doctor",)),
     Layer(("job",), pure=("job.torchrun",)),
@@ -86,12 +86,13 @@ LAYERS: tuple[Layer, ...] = (
             "backends.local.backend",
             "backends.slurm.backend",
             "backends.slurm.cancel",
-            "backends.registry",
         )
     ),
     Layer(("state",), pure=("state.verdict", "state.task", "state.resumable", "state.goodput")),
     Layer(("submission",)),
     Layer(("sweep",), pure=("sweep.spec",)),
+    Layer(("backends.slurm.sweeps", "backends.local.sweeps", "backends.local.sweep_controller")),
+    Layer(("backends.registry",)),
     Layer(("api",)),
     Layer(("cli",)),
     Layer(("__init__", "__main__")),
@@ -106,6 +107,7 @@ NODE: tuple[str, ...] = (
     "runtime",
     "checkpoint",
     "fault",
+    "sessions",
     "doctor.exam",
     "train",
     "job",
@@ -118,6 +120,9 @@ LOGIN: tuple[str, ...] = (
     "backends.local.backend",
     "backends.slurm.backend",
     "backends.slurm.cancel",
+    "backends.slurm.sweeps",
+    "backends.local.sweeps",
+    "backends.local.sweep_controller",
     "backends.registry",
     "state",
     "submission",
@@ -250,7 +255,7 @@ def test_imports_point_only_down_the_layers(module: str) -> None:
 
 def test_the_direction_check_sees_an_arrow_up() -> None:
     # The runtime may not call back into the CLI, not even from inside a function.
-    assert layer_of("hpc_ddp.runtime.session") < layer_of("hpc_ddp.cli.main")
+    assert layer_of("hpc_ddp.sessions.session") < layer_of("hpc_ddp.cli.main")
     assert layer_of("hpc_ddp.cli.main") == len(LAYERS) - 2
     assert _imports("hpc_ddp.cli.cmd_run")  # it imports the job's entry, below it
 
@@ -319,19 +324,13 @@ SEAM_PENDING: dict[str, str] = {
     "hpc_ddp.api.job": "slurm= (SlurmClient)",
     "hpc_ddp.api.logs": "slurm= (SlurmClient)",
     "hpc_ddp.api.status": "slurm= (SlurmClient)",
-    "hpc_ddp.api.sweep": "slurm=; SlurmBackend for the sweep's queue",
+    "hpc_ddp.api.sweep": "slurm= (SlurmClient)",
     "hpc_ddp.backends.local.backend": "startup_failure reads rank logs with Slurm's postmortem",
     "hpc_ddp.cli.cmd_cancel": "--kill-wait's default, local.process.KILL_WAIT_S",
     "hpc_ddp.cli.main": "main(argv, slurm=) makes the Slurm client",
     "hpc_ddp.state.goodput": "a ledger nodelist counted with Slurm's parse_nodelist",
     "hpc_ddp.state.report": "failed_rank and has_logs read srun's words (postmortem)",
-    "hpc_ddp.submission.resume": "client= (SlurmClient)",
-    "hpc_ddp.submission.submit": "client= (SlurmClient)",
-    "hpc_ddp.submission.wait": "client=; a local run's wait (local.backend, local.process)",
-    "hpc_ddp.sweep.local": "the local sweep controller: to move under backends/local/",
-    "hpc_ddp.sweep.results": "a local sweep's points (local.process.was_cancelled)",
-    "hpc_ddp.sweep.runner": "the Slurm and local sweep runners: to move beside their backend",
-    "hpc_ddp.sweep.submit": "the Slurm array submit and local sweep start: to move likewise",
+    "hpc_ddp.submission.wait": "a local run's wait and Ctrl-C (local.backend, local.process)",
 }
 """Login-side modules still reaching a backend's package directly (issue 40 item 1, open)."""
 

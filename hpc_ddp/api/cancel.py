@@ -35,9 +35,9 @@ from hpc_ddp.api.targets import (
     resolve_targets,
     sweep_task_of,
 )
-from hpc_ddp.backends.base import Cancel, Cancelled, Outcome
+from hpc_ddp.backends.base import Cancel, Outcome
 from hpc_ddp.backends.jobs import is_job_ref
-from hpc_ddp.backends.registry import backend_for
+from hpc_ddp.backends.registry import Registry
 from hpc_ddp.errors import TargetError
 from hpc_ddp.rundir.layout import MANIFEST_FILE
 from hpc_ddp.rundir.manifest import Backend, read_manifest
@@ -108,12 +108,9 @@ def cancel_targets(
     plans = [plan for t in targets for plan in plan_cancel(t, runs_dir)]
     for plan in plans:
         if plan.what == "sweep":  # a local sweep's controller, which starts its points
-            from hpc_ddp.sweep.local import cancel_local_sweep
-
-            done = cancel_local_sweep(plan.where)
-            result = Cancelled(done.outcome, done.message)
+            result = Registry(slurm).sweeps(plan.backend).cancel(plan.where)
         else:
-            result = backend_for(plan.backend, slurm=slurm).cancel(plan, kill_wait_s=kill_wait_s)
+            result = Registry(slurm).backend(plan.backend).cancel(plan, kill_wait_s=kill_wait_s)
         yield CancelResult(plan.where, plan.backend, plan.jobs, result.outcome, result.message)
 
 
@@ -131,7 +128,7 @@ def plan_cancel(target: str, runs_dir: Path) -> list[Cancel]:
     plans = []
     for run_dir in resolve_targets([target], runs_dir):
         manifest = read_manifest(run_dir)
-        jobs = backend_for(manifest).cancel_ids(run_dir, manifest)  # each checked
+        jobs = Registry().backend(manifest).cancel_ids(run_dir, manifest)  # each checked
         # A sweep no job array runs is run by a sweep controller (a Slurm sweep has arrays).
         sweep = (run_dir / "tasks").is_dir() and not manifest.array_jobs
         what = "job array" if manifest.array_jobs else "sweep" if sweep else "job"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.backends.base import Cancel
-from hpc_ddp.backends.registry import backend_for
+from hpc_ddp.backends.registry import Registry
 from hpc_ddp.config.load import (
     find_site_profile,
     job_config_from_dict,
@@ -123,7 +123,7 @@ def start_doctor(
     chosen = choose_backend(backend, sbatch)
     prepared = prepare(
         cfg,
-        backend=chosen,
+        backend=Registry(slurm).backend(chosen),
         config_path=config_path,
         runs_dir=runs_dir_from(runs_dir, os.environ) / DOCTOR_DIR,
         python=sys.executable,
@@ -133,7 +133,7 @@ def start_doctor(
     token = secrets.token_hex(16)  # each node must read it back: the run dir is shared
     prepared.paths.doctor.mkdir(parents=True, exist_ok=True)
     write_text_atomic(prepared.paths.doctor / TOKEN_FILE, token + "\n")
-    return DoctorJob(launch(prepared, slurm), cfg, token, slurm)
+    return DoctorJob(launch(prepared), cfg, token, slurm)
 
 
 @dataclass(frozen=True)
@@ -185,11 +185,11 @@ def _wait(job: DoctorJob) -> dict[int, tuple[str, str]]:
     from hpc_ddp.submission.wait import wait_for_jobs
 
     launched = job.launched
-    backend = backend_for(launched.prepared.backend, slurm=job.slurm)
+    backend = launched.prepared.face
     try:
         if launched.local is not None:
             return _wait_local(launched)
-        wait_for_jobs(job.slurm, [launched.job_id])
+        wait_for_jobs(Registry(job.slurm), [launched.job_id])
     except KeyboardInterrupt:
         # A doctor nobody waits for is of no use to anyone: do not leave it queued.
         if launched.local is None:
@@ -219,7 +219,7 @@ def _slurm_missing(job: DoctorJob) -> dict[int, tuple[str, str]]:
     launched, cfg = job.launched, job.cfg
     nodes: list[str] = []
     with contextlib.suppress(HpcDdpError):  # best effort: only adds detail
-        backend = backend_for("slurm", slurm=job.slurm)
+        backend = Registry(job.slurm).backend("slurm")
         info = backend.states([launched.job_id]).get(launched.job_id)
         if info is not None and info.nodes:
             nodes = parse_nodelist(info.nodes)

@@ -23,6 +23,7 @@ Slurm through (None: the real commands on PATH); tests pass one over
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from hpc_ddp.backends.registry import backend_for
+from hpc_ddp.backends.registry import Registry
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import ConfigError, OverrideError, RunFailedError, TargetError
 from hpc_ddp.rundir.layout import MANIFEST_FILE, RunPaths
@@ -203,7 +204,7 @@ class Job:
     def _exited(self) -> bool:
         """True unless a local run's controller or a rank still runs: its ledger may say
         finished a moment before its processes have exited, and the wait waits for those."""
-        return backend_for(self.backend, slurm=self.slurm).settled(self.run_dir, self.job_id)
+        return Registry(self.slurm).backend(self.backend).settled(self.run_dir, self.job_id)
 
     def metrics(self) -> list[dict[str, Any]]:
         """The rows of ``metrics.jsonl`` that count, in order: a step logged again after a
@@ -314,7 +315,7 @@ def plan_submit(
         warn_of_leftovers(planned_runs, Path.cwd())
     return prepare(
         cfg,
-        backend=chosen,
+        backend=Registry(slurm).backend(chosen),
         config_path=config_path,
         runs_dir=planned_runs,
         python=sys.executable,
@@ -380,11 +381,12 @@ def launch(planned: Prepared | ResumePlan, *, slurm: SlurmClient | None = None) 
     if isinstance(planned, Prepared):
         from hpc_ddp.submission.submit import launch as launch_prepared
 
-        launched = launch_prepared(planned, slurm)
+        launched = launch_prepared(_on(planned, slurm))
     else:
         from hpc_ddp.submission.resume import resume as resume_planned
 
-        launched = resume_planned(planned, slurm)
+        planned = dataclasses.replace(planned, prepared=_on(planned.prepared, slurm))
+        launched = resume_planned(planned, Registry(slurm))
     backend = launched.prepared.backend
     return Job(launched.paths.root, launched.job_id, backend, slurm=slurm, launched=launched)
 
@@ -394,7 +396,12 @@ def sbatch_test_only(prepared: Prepared, *, slurm: SlurmClient | None = None) ->
     would start. Nothing is submitted (the run directory sbatch reads is removed again)."""
     from hpc_ddp.submission.submit import test_only as ask
 
-    return ask(prepared, slurm)
+    return ask(_on(prepared, slurm))
+
+
+def _on(prepared: Prepared, slurm: SlurmClient | None) -> Prepared:
+    """``prepared`` started through ``slurm``'s backend (the one a launch is given)."""
+    return dataclasses.replace(prepared, face=Registry(slurm).backend(prepared.backend))
 
 
 def follow(job: Job) -> int:
@@ -403,7 +410,7 @@ def follow(job: Job) -> int:
     from hpc_ddp.submission.wait import wait_for  # the run's state: not needed to submit it
 
     assert job.launched is not None, "follow() a job this process started"
-    return wait_for(job.launched, job.slurm)
+    return wait_for(job.launched, Registry(job.slurm))
 
 
 def dry_run_json(planned: Prepared | ResumePlan) -> dict[str, object]:
@@ -493,7 +500,7 @@ def plan_resume(
     return plan(
         Path(run_dir),
         tuple(args),
-        slurm,
+        Registry(slurm),
         force=force,
         elastic=elastic,
         invocation=invocation or ["hpc_ddp.resume", shown, *args],

@@ -22,7 +22,7 @@ from hpc_ddp.api.targets import (
 )
 from hpc_ddp.backends.arrays import batch_logs, format_index_ranges, live_task
 from hpc_ddp.backends.jobs import is_job_ref
-from hpc_ddp.backends.registry import backend_for
+from hpc_ddp.backends.registry import Registry
 from hpc_ddp.errors import BackendError, HpcDdpError, RunDirError, TargetError
 from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.manifest import read_manifest
@@ -225,10 +225,10 @@ def job_liveness(
         if sweep is not None:
             ref = point_task(*sweep).ref
             job, _, index = ref.partition("_")
-            info = live_task(backend_for("slurm", slurm=client).states([job]), job, int(index))
+            info = live_task(Registry(client).backend("slurm").states([job]), job, int(index))
         else:
             manifest = read_manifest(paths.root)
-            backend = backend_for(manifest, slurm=client)
+            backend = Registry(client).backend(manifest)
             return backend.running(paths.root, manifest.job_id, str(paths.manifest))
     except (RunDirError, BackendError):
         return None, ""

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from hpc_ddp.api.targets import path_arg, resolve_targets, sweep_task_of
 from hpc_ddp.backends.jobs import JobState
-from hpc_ddp.backends.registry import backend_for
+from hpc_ddp.backends.registry import Registry
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.rundir.layout import MANIFEST_FILE
 from hpc_ddp.rundir.manifest import Manifest, read_manifest
@@ -283,10 +283,13 @@ def collect_status(
     sweeps = [d for d in good if (d / "tasks").is_dir()]
     # The ids a queue holds (a local run's are pids, which no queue knows), asked all at once
     # of the one queue there is, Slurm's.
-    plain = [j for d, m in good.items() if d not in sweeps for j in backend_for(m).job_refs(d, m)]
+    registry = Registry(slurm)
+    plain = [
+        j for d, m in good.items() if d not in sweeps for j in registry.backend(m).job_refs(d, m)
+    ]
     arrays = [j for d in sweeps for j in good[d].array_jobs]
     arrays += [j for sweep, _ in tasks.values() for j in read_manifest(sweep).array_jobs]
-    queue = backend_for("slurm", slurm=slurm)
+    queue = registry.backend("slurm")
     view = ask_backend(queue, list(dict.fromkeys([*plain, *arrays])), plain)
     view = with_accounting(queue, view, _unheld(sweeps, tasks, view))
     rows, entries = _collect(dirs, manifests, sweeps, view)
@@ -314,7 +317,9 @@ def _sweep_entry(sweep_dir: Path, view: BackendView) -> dict[str, Any]:
     from hpc_ddp.sweep.results import gather_results, row_dict, sweep_summary
 
     # live None: states from the ledgers alone; sacct for the tasks squeue no longer holds.
-    rows = gather_results(sweep_dir, view.live, accounting=view.accounting)
+    rows = gather_results(
+        sweep_dir, Registry().sweeps_of(sweep_dir), view.live, accounting=view.accounting
+    )
     tasks = tuple(row_dict(r) for r in rows)
     return {"sweep": str(sweep_dir), "summary": sweep_summary(rows), "tasks": tasks}
 
@@ -360,7 +365,7 @@ def _read_manifests(dirs: list[Path]) -> dict[Path, Manifest | RunDirError]:
     for d in dirs:
         try:
             manifest = read_manifest(d)
-            backend_for(manifest).job_refs(d, manifest)  # raises for an id that is no job id
+            Registry().backend(manifest).job_refs(d, manifest)  # raises for an id that is no job id
             manifests[d] = manifest
         except RunDirError as exc:
             manifests[d] = exc
@@ -386,7 +391,7 @@ def _collect(
             except (RunDirError, OSError) as exc:
                 rows.append(damaged_row(d, exc))
         else:
-            rows.append(run_status(d, view))
+            rows.append(run_status(d, view, Registry()))
     return rows, entries
 
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from hpc_ddp.api.cancel import CancelResult, cancel_targets
 from hpc_ddp.api.job import BackendChoice, Job, Overrides, override_args
@@ -33,8 +33,7 @@ from hpc_ddp.api.status import SweepStatus, collect_status, wait_until_ended
 from hpc_ddp.api.targets import path_arg, require_dir
 from hpc_ddp.backends.arrays import ArrayRecord, PreparedArray, read_arrays
 from hpc_ddp.backends.jobs import AccountingRecord, JobInfo
-from hpc_ddp.backends.slurm.backend import SlurmBackend
-from hpc_ddp.backends.slurm.client import SlurmClient
+from hpc_ddp.backends.registry import Registry
 from hpc_ddp.errors import (
     BackendError,
     ConfigError,
@@ -46,17 +45,15 @@ from hpc_ddp.rundir.layout import MANIFEST_FILE, RUNS_DIR_ENV
 from hpc_ddp.rundir.manifest import Backend, read_manifest
 from hpc_ddp.sweep.records import SweepRecord, read_sweep_record
 from hpc_ddp.sweep.results import ResultRow
-from hpc_ddp.sweep.runner import runner_for, runner_named
+from hpc_ddp.sweep.runner import Resubmission
 from hpc_ddp.sweep.spec import SweepSpec
-from hpc_ddp.sweep.submit import Resubmission
+
+if TYPE_CHECKING:
+    from hpc_ddp.backends.slurm.client import SlurmClient
 
 RESULT_COLUMNS = ("best", "final", "loss", "steps", "attempts", "index")
 """Columns of the results table that rows can be sorted by, besides a logged metric or a
 swept key."""
-
-
-def _client(slurm: SlurmClient | None) -> SlurmClient:
-    return slurm if slurm is not None else SlurmClient()
 
 
 # --- the sweep ----------------------------------------------------------------------------------
@@ -76,7 +73,7 @@ class Sweep:
     a local sweep."""
     backend: str = "slurm"
     """``slurm`` (job arrays) or ``local`` (a sweep controller on this machine starts each
-    point as a local run: :mod:`hpc_ddp.sweep.local`)."""
+    point as a local run: :mod:`hpc_ddp.backends.local.sweeps`)."""
     slurm: SlurmClient | None = field(default=None, compare=False, repr=False)
     """The Slurm client its methods use (None: the real commands)."""
 
@@ -105,7 +102,7 @@ class Sweep:
     def tasks(self) -> list[Job]:
         """One :class:`~hpc_ddp.api.job.Job` per point, in index order, each with the array
         task that runs it now (its ``job_id``; empty for a point never submitted)."""
-        runner = runner_for(self.sweep_dir)
+        runner = Registry(self.slurm).sweeps_of(self.sweep_dir)
         points = [p.index for p in self.record().points]
         jobs = runner.task_jobs(self.sweep_dir, points)
         return [
@@ -117,7 +114,7 @@ class Sweep:
     def status(self) -> SweepStatus:
         """How many tasks are in each state, and each task's row, as ``hpc-ddp status
         SWEEP_DIR --json`` shows them."""
-        [found] = collect_status([str(self.sweep_dir)], self.sweep_dir.parent, self._client())
+        [found] = collect_status([str(self.sweep_dir)], self.sweep_dir.parent, self.slurm)
         if not isinstance(found, SweepStatus):  # DAMAGED: its note says why
             raise RunDirError(
                 f"{self.sweep_dir}: {found.note}. HINT: `hpc-ddp status {self.sweep_dir}` "
@@ -173,13 +170,13 @@ class Sweep:
                 f"mode={mode!r} is not a ranking mode. HINT: pass 'min' (lower is better), "
                 "'max' (higher is better), or None for the sweep's own."
             )
-        gathered = gather(self.sweep_dir, self._client(), sort=sort, mode=mode)
+        gathered = gather(self.sweep_dir, self.slurm, sort=sort, mode=mode)
         return [row_dict(r) for r in gathered.rows]
 
     def cancel(self) -> CancelResult:
         """Cancel every array of the sweep, as ``hpc-ddp cancel SWEEP_DIR`` does."""
         [result] = cancel_targets(
-            [str(self.sweep_dir)], runs_dir=self.sweep_dir.parent, slurm=self._client()
+            [str(self.sweep_dir)], runs_dir=self.sweep_dir.parent, slurm=self.slurm
         )
         return result
 
@@ -188,16 +185,13 @@ class Sweep:
         points, each going on from its checkpoint in its own directory; returns the sweep with
         the new array (unchanged when nothing failed). Refused (:class:`TargetError`) while
         tasks run and none has failed."""
-        resubmit(self.sweep_dir, slurm=self._client())
+        resubmit(self.sweep_dir, slurm=self.slurm)
         return Sweep.from_dir(self.sweep_dir, slurm=self.slurm)
 
     def _settled(self) -> bool:
         """True unless a local sweep's controller still runs: every point may read ended a
         moment before it has reaped the last one and exited."""
-        return runner_for(self.sweep_dir).settled(self.sweep_dir)
-
-    def _client(self) -> SlurmClient:
-        return _client(self.slurm)
+        return Registry(self.slurm).sweeps_of(self.sweep_dir).settled(self.sweep_dir)
 
 
 # --- submitting ---------------------------------------------------------------------------------
@@ -280,7 +274,7 @@ class SweepPlan:
 def at_once(spec: SweepSpec, backend: Backend) -> int | None:
     """How many points of a sweep run at once: Slurm's array throttle, ``max_parallel``
     (None: no limit); a local sweep's controller, ``max_parallel`` or its default."""
-    return runner_named(backend).at_once(spec)
+    return Registry().sweeps(backend).at_once(spec)
 
 
 def plan_sweep(
@@ -298,13 +292,12 @@ def plan_sweep(
 
     now = datetime.now(timezone.utc)
     sweep_dir = new_run_dir(runs_dir.resolve(), spec.name, stamp_of(now))
-    runner = runner_named(backend)
+    runner = Registry(slurm).sweeps(backend)
     arrays, note = runner.plan(
         spec,
         sweep_file=Path(sweep_file),
         sweep_dir=sweep_dir,
         invocation=list(invocation) or ["hpc_ddp.submit_sweep", str(sweep_file)],
-        client=_client(slurm),
         now=now,
     )
     return SweepPlan(spec, sweep_dir, arrays, note, backend=backend, at_once=runner.at_once(spec))
@@ -411,10 +404,8 @@ def resubmission_json(sweep_dir: Path, result: Resubmission, *, dry_run: bool) -
     backend = Sweep.from_dir(sweep_dir).backend
     job_id = read_manifest(sweep_dir).job_id
     if dry_run and backend == "local":
-        from hpc_ddp.sweep.local import controller_alive
-
         # A dry run started nothing: the recorded controller's pid, only while it still runs.
-        job_id = job_id if controller_alive(sweep_dir) else None
+        job_id = None if Registry().sweeps("local").settled(sweep_dir) else job_id
     shown = {
         "dry_run": dry_run,
         "sweep_dir": str(sweep_dir),
@@ -449,12 +440,15 @@ def launch_sweep(
     (or as few as ``MaxArraySize`` allows); ``backend="local"``: start its points as local
     runs, ``max_parallel`` at once (default 1), under a detached sweep controller."""
     try:
-        sweep_dir, jobs = runner_named(backend).start(
-            spec,
-            sweep_file=Path(sweep_file),
-            runs_dir=runs_dir,
-            invocation=list(invocation) or ["hpc_ddp.submit_sweep", str(sweep_file)],
-            client=_client(slurm),
+        sweep_dir, jobs = (
+            Registry(slurm)
+            .sweeps(backend)
+            .start(
+                spec,
+                sweep_file=Path(sweep_file),
+                runs_dir=runs_dir,
+                invocation=list(invocation) or ["hpc_ddp.submit_sweep", str(sweep_file)],
+            )
         )
     except OSError as exc:  # the checks passed, and then the disk said no
         raise RunDirError(
@@ -497,25 +491,29 @@ def submit_sweep(
 def resubmit(
     sweep_dir: Path,
     *,
-    slurm: SlurmClient,
+    slurm: SlurmClient | None,
     invocation: Sequence[str] = (),
     dry_run: bool = False,
 ) -> Resubmission:
     """``--resubmit-failed``: submit the failed and cancelled tasks of a sweep again (with
     ``dry_run``, only say what would be). Nothing to resubmit while tasks of the sweep are
     queued or running is a :class:`TargetError` naming their arrays (two jobs must never write
-    one task directory)."""
-    from hpc_ddp.sweep.submit import resubmit_failed
+    one task directory).
 
-    result = resubmit_failed(
+    Their directories are reused as they are: each goes on from its last checkpoint and appends
+    to its ledger, metrics and logs. The sweep directory's record lock is held from the choice
+    of the points to the record of what started them: a second resubmit waits, then finds
+    those points live and starts nothing."""
+    runner = Registry(slurm).sweeps_of(sweep_dir)  # job arrays, or a local sweep's controller
+    result = runner.resubmit(
         sweep_dir,
-        client=slurm,
         python=sys.executable,
         invocation=list(invocation) or ["hpc-ddp", "sweep", "--resubmit-failed", str(sweep_dir)],
         dry_run=dry_run,
+        now=None,
     )
     if not result.points and result.live and not dry_run:
-        raise runner_for(sweep_dir).busy(sweep_dir, result.live)
+        raise runner.busy(sweep_dir, result.live)
     return result
 
 
@@ -541,7 +539,7 @@ class Results:
 
 def gather(
     sweep_dir: Path,
-    slurm: SlurmClient,
+    slurm: SlurmClient | None,
     *,
     sort: str | None = None,
     mode: str | None = None,
@@ -558,7 +556,8 @@ def gather(
     live = _live(sweep_dir, slurm) if ask_backend else None
     accounting = None if live is None else _accounting(sweep_dir, live, slurm)
     sort_key, metric, chosen = choose_sort(record, sort, mode)
-    rows = sort_rows(gather_results(sweep_dir, live, metric, accounting), sort_key, chosen)
+    runner = Registry(slurm).sweeps_of(sweep_dir)
+    rows = sort_rows(gather_results(sweep_dir, runner, live, metric, accounting), sort_key, chosen)
     if metric != record.metric and all(r.best is None for r in rows):
         raise unlogged_metric(record, metric, logged_metrics(rows))
     return Results(record, rows, str(sweep_dir), sort_key, metric, chosen, live is not None)
@@ -608,22 +607,22 @@ def unlogged_metric(record: SweepRecord, metric: str, logged: list[str]) -> Conf
     )
 
 
-def _live(sweep_dir: Path, client: SlurmClient) -> dict[str, JobInfo] | None:
+def _live(sweep_dir: Path, client: SlurmClient | None) -> dict[str, JobInfo] | None:
     job_ids = list(dict.fromkeys(a.job_id for a in read_arrays(sweep_dir)))
     try:
-        return SlurmBackend(client).states(job_ids) if job_ids else {}
+        return Registry(client).backend("slurm").states(job_ids) if job_ids else {}
     except BackendError:
         return None
 
 
 def _accounting(
-    sweep_dir: Path, live: dict[str, JobInfo], client: SlurmClient
+    sweep_dir: Path, live: dict[str, JobInfo], client: SlurmClient | None
 ) -> dict[str, AccountingRecord] | None:
     """sacct's records of the tasks squeue no longer holds; None without accounting."""
     from hpc_ddp.sweep.results import unheld_arrays
 
     unheld = unheld_arrays(sweep_dir, live)
     try:
-        return SlurmBackend(client).accounting(unheld) if unheld else None
+        return Registry(client).backend("slurm").accounting(unheld) if unheld else None
     except BackendError:
         return None

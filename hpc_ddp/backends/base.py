@@ -5,7 +5,9 @@
   ``logs`` ask of the place a run's job goes: the plan (the dry run, pure), the start, what the
   backend says of a job, the cancel. :mod:`hpc_ddp.backends.slurm.backend` (a batch script
   through ``sbatch``) and :mod:`hpc_ddp.backends.local.backend` (processes of this machine)
-  implement it; :func:`hpc_ddp.backends.registry.backend_for` picks one for a run.
+  implement it. Login code that works with any backend is handed :class:`Backends`, which
+  picks one by name (:class:`hpc_ddp.backends.registry.Registry`: every backend, and the CLI's
+  and the API's one injection point).
 * The node face, :class:`Launcher`: how the supervisor starts each launch (one set of ranks)
   inside the allocation it holds: :class:`hpc_ddp.backends.slurm.step.SrunLauncher` (srun
   steps), :class:`hpc_ddp.backends.local.launcher.LocalLauncher` (local processes).
@@ -203,6 +205,16 @@ class Backend(Protocol):
         """Whether the run's job is queued or running: (True, what it is doing), (False, "")
         once it has ended, (None, "") when that cannot be told. ``source`` names the file the
         job id was read from (for the error when it is no job id)."""
+        ...
+
+
+class Backends(Protocol):
+    """Every backend, by name: what login code that works with any backend is handed (the
+    registry, :class:`hpc_ddp.backends.registry.Registry`, is one; tests pass one whose Slurm
+    backend runs over :class:`~hpc_ddp.backends.slurm.fake.FakeSlurm`)."""
+
+    def backend(self, which: Manifest | BackendName) -> Backend:
+        """The backend a run's manifest names (or the one named ``which``)."""
         ...
 
 

@@ -15,9 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.backends.base import Backend
+from hpc_ddp.backends.base import Backend, Backends
 from hpc_ddp.backends.jobs import JobState
-from hpc_ddp.backends.registry import backend_for
 from hpc_ddp.backends.slurm.postmortem import failed_rank, has_logs
 from hpc_ddp.errors import BackendError, RunDirError
 from hpc_ddp.rundir.checkpoints import newest_step
@@ -143,10 +142,12 @@ def _damage_note(damaged: list[tuple[int, str]], *, every: bool) -> str | None:
     return f"{len(damaged)} newest checkpoint(s) damaged (step {step}: {why}); resume skips them"
 
 
-def run_status(run_dir: Path, view: BackendView) -> dict[str, Any]:
-    """One status row (a plain dict) for ``run_dir``; a damaged run is a DAMAGED row."""
+def run_status(run_dir: Path, view: BackendView, backends: Backends) -> dict[str, Any]:
+    """One status row (a plain dict) for ``run_dir``; a damaged run is a DAMAGED row.
+    ``backends``: where the backend its manifest names is picked (it asks nothing itself:
+    ``view`` holds the queue's word)."""
     try:
-        return _row(run_dir, read_manifest(run_dir), view)
+        return _row(run_dir, read_manifest(run_dir), view, backends)
     except (RunDirError, OSError) as exc:
         return damaged_row(run_dir, exc)
 
@@ -241,12 +242,14 @@ def _submitted(manifest: Manifest) -> float | None:
     return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
 
 
-def _row(run_dir: Path, manifest: Manifest, view: BackendView) -> dict[str, Any]:
+def _row(
+    run_dir: Path, manifest: Manifest, view: BackendView, backends: Backends
+) -> dict[str, Any]:
     paths = RunPaths(run_dir)
     # A resumed local job's early crash is told from the old job's ends by its submit time: its
     # old ranks were provably gone before the resume. Not so on Slurm: a rank may still write
     # its end a moment after Slurm has called the job FAILED (seen on 22.05).
-    backend = backend_for(manifest)  # asks nothing itself: the view holds the queue's word
+    backend = backends.backend(manifest)  # asks nothing itself: the view holds the queue's word
     submitted = _submitted(manifest)
     since = submitted if backend.ledger_since_submit else None
     attempts = read_ledger(paths.ledger, since=since, provisional=True)

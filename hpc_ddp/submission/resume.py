@@ -20,10 +20,9 @@ import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from hpc_ddp.backends.base import Backend
-from hpc_ddp.backends.registry import backend_for
+from hpc_ddp.backends.base import Backend, Backends
 from hpc_ddp.config.elastic import (
     RESEEDED,
     SAMPLE_EXACT,
@@ -63,9 +62,6 @@ from hpc_ddp.submission.submit import (
     start,
     write_run_files,
 )
-
-if TYPE_CHECKING:
-    from hpc_ddp.backends.slurm.client import SlurmClient
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +117,7 @@ class ResumePlan:
 def plan_resume(
     run_dir: Path,
     overrides: Sequence[str],
-    client: SlurmClient | None = None,
+    backends: Backends,
     *,
     force: bool = False,
     elastic: bool = False,
@@ -133,8 +129,8 @@ def plan_resume(
     finished one, or one whose state Slurm could not confirm, needs ``force``. Overrides apply
     over the run's resolved config; the name cannot change, nor the world size without
     ``elastic`` (:func:`fit_world_size`). Raises :class:`TargetError` or
-    :class:`ConfigError` with a hint; writes nothing. ``client``: what the Slurm backend runs
-    its commands through (None: the real ones).
+    :class:`ConfigError` with a hint; writes nothing. ``backends``: the registry its
+    backend is picked from.
     """
     shown = run_dir
     run_dir = run_dir.resolve()
@@ -142,8 +138,8 @@ def plan_resume(
     if (run_dir / REWRITE_UNDO).exists():  # a resume killed while it submitted: undo it first
         with record_lock(run_dir):
             settle_rewrite(RunPaths(run_dir), _manifest_of(run_dir).job_id)
-    backend = backend_for(manifest, slurm=client)
-    row = run_status(run_dir, _view(backend, manifest))
+    backend = backends.backend(manifest)
+    row = run_status(run_dir, _view(backend, manifest), backends)
     check = check_resumable(row["state"], str(shown), manifest.job_id, force=force)
     if check.refusal is not None:
         raise TargetError(check.refusal)
@@ -158,26 +154,26 @@ def plan_resume(
     _check_total(cfg, row["ckpt step"])
     flag = ["--elastic"] if elastic else []
     invocation = invocation or ["hpc-ddp", "resume", str(shown), *overrides, *flag]
-    prepared = _prepare_in_place(cfg, manifest, run_dir, invocation)
+    prepared = _prepare_in_place(cfg, manifest, run_dir, invocation, backend)
     return ResumePlan(
         run_dir, manifest, row["state"], int(row["attempts"]), row["ckpt step"], old, prepared,
         tuple(_changes(old, cfg, resize)), force, resize, newest_checkpoint(paths)[1],
     )  # fmt: skip
 
 
-def resume(plan: ResumePlan, client: SlurmClient | None = None) -> Launched:
+def resume(plan: ResumePlan, backends: Backends) -> Launched:
     """Write the run's new config (and script) and launch its job again in its run directory
-    (on its own backend; ``client``: what Slurm's commands run through, None: the real ones);
-    the manifest keeps the earlier job ids.
+    (on its own backend, the one the plan was made with; ``backends``: the registry, for the
+    run's state); the manifest keeps the earlier job ids.
 
     The decision is taken again under the run directory's record lock, and the lock is held
     until the new job is recorded: of several ``resume`` racing for one run, the first submits
     and every later one finds its job and submits nothing (:class:`TargetError`, exit 2,
     naming that job), whatever the timing.
     """
-    backend = backend_for(plan.prepared.backend, slurm=client)
+    backend = plan.prepared.face
     with record_lock(plan.run_dir):
-        manifest = _recheck(plan, backend)
+        manifest = _recheck(plan, backend, backends)
         # The new config and script stay only if the new job is recorded (a refused sbatch
         # leaves the run as it was, and so does a kill in between: see `rewriting`).
         with rewriting(plan.prepared.paths, manifest.job_id):
@@ -185,10 +181,10 @@ def resume(plan: ResumePlan, client: SlurmClient | None = None) -> Launched:
             return start(plan.prepared, backend, previous_jobs=_job_ids(manifest))
 
 
-def _recheck(plan: ResumePlan, backend: Backend) -> Manifest:
+def _recheck(plan: ResumePlan, backend: Backend, backends: Backends) -> Manifest:
     """The run's manifest now, once it is certain (under the lock) that it may be resumed."""
     manifest = _manifest_of(plan.run_dir)
-    row = run_status(plan.run_dir, _view(backend, manifest))
+    row = run_status(plan.run_dir, _view(backend, manifest), backends)
     if manifest.job_id != plan.manifest.job_id:
         raise TargetError(
             f"{plan.run_dir}: job {manifest.job_id} ({row['state']}) was submitted into this run "
@@ -383,10 +379,11 @@ def _prepare_in_place(
     manifest: Manifest,
     run_dir: Path,
     invocation: Sequence[str],
+    backend: Backend,
 ) -> Prepared:
     prepared = prepare(
         cfg,
-        backend=manifest.backend,
+        backend=backend,
         config_path=Path(manifest.config_source),
         runs_dir=run_dir.parent,
         python=sys.executable,

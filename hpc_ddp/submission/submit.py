@@ -28,10 +28,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hpc_ddp.backends.base import Backend, LaunchPlan, PlanRequest
-from hpc_ddp.backends.registry import backend_for
 from hpc_ddp.config.load import dump_job_config
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.durable import write_text_atomic
@@ -40,9 +39,6 @@ from hpc_ddp.rundir.layout import RUNS_DIR_ENV, STAMP_FORMAT, RunPaths, run_dir_
 from hpc_ddp.rundir.manifest import BACKENDS, Manifest, record_lock, write_manifest
 from hpc_ddp.rundir.manifest import Backend as BackendName
 from hpc_ddp.rundir.run_id import ensure_run_id
-
-if TYPE_CHECKING:  # a dry run never loads the client (nor jobstate): ~2.5 ms of every submit
-    from hpc_ddp.backends.slurm.client import SlurmClient
 
 
 def runs_dir_from(arg: str | None, env: Mapping[str, str]) -> Path:
@@ -149,7 +145,8 @@ class Prepared:
     """
 
     cfg: JobConfig
-    backend: BackendName
+    face: Backend
+    """The backend's login face that planned it and starts it."""
     paths: RunPaths
     plan: LaunchPlan
     invocation: str
@@ -160,6 +157,11 @@ class Prepared:
     submit_dir: Path | None = None
     """Where the run was submitted from: a resume keeps the first submit's (its ``command:``
     runs there); None: this process's working directory."""
+
+    @property
+    def backend(self) -> BackendName:
+        """The name of the backend the run goes to."""
+        return self.face.name
 
     @property
     def script(self) -> str | None:
@@ -176,14 +178,15 @@ class Prepared:
 def prepare(
     cfg: JobConfig,
     *,
-    backend: BackendName,
+    backend: Backend,
     config_path: Path,
     runs_dir: Path,
     python: str,
     invocation: Sequence[str],
     now: datetime | None = None,
 ) -> Prepared:
-    """Everything a run of ``cfg`` on ``backend`` will write and run, for a new run directory
+    """Everything a run of ``cfg`` on ``backend`` (its login face, from the registry) will
+    write and run, for a new run directory
     path (:meth:`~hpc_ddp.backends.base.Backend.plan`: on Slurm the script and the sbatch
     command; locally, only the checks that the machine can run it). Asks Slurm nothing (a dry
     run needs no Slurm client)."""
@@ -193,14 +196,14 @@ def prepare(
     paths = RunPaths(new_run_dir(base, cfg.name, stamp))
     invocation_text = shlex.join(invocation)
     request = PlanRequest(python, config_path, invocation_text, now.isoformat(timespec="seconds"))
-    plan = backend_for(backend).plan(cfg, paths, request)
+    plan = backend.plan(cfg, paths, request)
     return Prepared(cfg, backend, paths, plan, invocation_text, str(config_path), base, stamp)
 
 
 def relocate(prepared: Prepared, run_dir: Path) -> Prepared:
     """``prepared`` for another run directory: the paths, and its backend's plan for them."""
     paths = RunPaths(run_dir)
-    plan = backend_for(prepared.backend).moved(prepared.plan, prepared.cfg, paths)
+    plan = prepared.face.moved(prepared.plan, prepared.cfg, paths)
     return dataclasses.replace(prepared, paths=paths, plan=plan)
 
 
@@ -355,10 +358,9 @@ class Launched:
         return self.prepared.paths
 
 
-def launch(prepared: Prepared, client: SlurmClient | None = None) -> Launched:
+def launch(prepared: Prepared) -> Launched:
     """Write the run directory (unless it was already) and start the run on its backend
-    (``sbatch --parsable`` through ``client``, None: the real command; or the local backend's
-    processes). The manifest records the job id.
+    (``sbatch --parsable``, or the local backend's processes). The manifest records the job id.
 
     The run directory's record lock (:func:`~hpc_ddp.rundir.manifest.record_lock`) is held from the
     submission to the record, so that the job's tasks, should they start at once, wait for the
@@ -367,7 +369,7 @@ def launch(prepared: Prepared, client: SlurmClient | None = None) -> Launched:
     if not prepared.created:
         prepared = materialize(prepared)
     with record_lock(prepared.paths.root):
-        return start(prepared, backend_for(prepared.backend, slurm=client))
+        return start(prepared, prepared.face)
 
 
 def start(prepared: Prepared, backend: Backend, *, previous_jobs: Sequence[str] = ()) -> Launched:
@@ -386,14 +388,14 @@ def start(prepared: Prepared, backend: Backend, *, previous_jobs: Sequence[str] 
     )
 
 
-def test_only(prepared: Prepared, client: SlurmClient | None) -> str:
-    """``sbatch --test-only`` (through ``client``): Slurm's word on whether and when the job
-    would start. The run directory is made for it (sbatch reads the script there) and removed
-    again."""
+def test_only(prepared: Prepared) -> str:
+    """``sbatch --test-only`` (:meth:`~hpc_ddp.backends.base.Backend.test_only`): Slurm's word
+    on whether and when the job would start. The run directory is made for it (sbatch reads
+    the script there) and removed again."""
     import shutil
 
     prepared = materialize(prepared)
     try:
-        return backend_for(prepared.backend, slurm=client).test_only(prepared.paths)
+        return prepared.face.test_only(prepared.paths)
     finally:
         shutil.rmtree(prepared.paths.root, ignore_errors=True)

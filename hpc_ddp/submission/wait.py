@@ -18,7 +18,6 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.backends.jobs import JobInfo, JobState
-from hpc_ddp.backends.registry import backend_for
 from hpc_ddp.errors import BackendError
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.ledger import read_ledger
@@ -26,8 +25,8 @@ from hpc_ddp.state.report import reason_lines, run_status
 from hpc_ddp.state.verdict import BackendView, current_attempts, describe_attempt
 
 if TYPE_CHECKING:
+    from hpc_ddp.backends.base import Backend, Backends
     from hpc_ddp.backends.local.backend import ForcedStop
-    from hpc_ddp.backends.slurm.client import SlurmClient
     from hpc_ddp.submission.submit import Launched
 
 FIRST_POLL_S = 0.5
@@ -46,7 +45,7 @@ def job_state_of(live: dict[str, JobInfo], job_id: str) -> JobState | None:
 
 
 def wait_for_jobs(
-    client: SlurmClient | None,
+    backends: Backends,
     job_ids: Sequence[str],
     *,
     run_dirs: Sequence[Path] = (),
@@ -54,14 +53,14 @@ def wait_for_jobs(
     max_poll_s: float = MAX_POLL_S,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
-    """Wait until every Slurm job has finished (``client``: what Slurm is asked through, None:
-    the real commands); 0 when all completed.
+    """Wait until every Slurm job has finished (``backends``: where Slurm's backend, and each
+    run's, is picked); 0 when all completed.
 
     With ``run_dirs`` (one per job), "completed" also needs the run's ledger to say finished,
     and the state printed is the one ``status`` shows, followed by the lines ``status`` prints
     under its table: the rank that failed first and why.
     """
-    queue = backend_for("slurm", slurm=client)
+    queue: Backend = backends.backend("slurm")
     # squeue keeps finished jobs listed for MinJobAge: wait for a finished state, not absence.
     delay = first_poll_s
     while True:
@@ -80,7 +79,7 @@ def wait_for_jobs(
     reasons: list[str] = []
     for i, job in enumerate(job_ids):
         if i < len(run_dirs):
-            row = run_status(run_dirs[i], view)
+            row = run_status(run_dirs[i], view, backends)
             states.append(row["state"])
             reasons.extend(reason_lines(row))  # the same words `status` would print
             continue
@@ -96,9 +95,9 @@ def wait_for_jobs(
     return 0 if all(s == "COMPLETED" for s in states) else 1
 
 
-def wait_for(launched: Launched, client: SlurmClient | None) -> int:
+def wait_for(launched: Launched, backends: Backends) -> int:
     """Wait until the launched run has ended; 0 when it completed, else 1 (with the reason
-    lines ``status`` prints). ``client``: what Slurm is asked through (None: the real one).
+    lines ``status`` prints). ``backends``: where the run's backend is picked.
 
     Ctrl-C on a local run stops it as ``hpc-ddp cancel`` does (the ranks agree on a step, rank
     0 saves a checkpoint, the run ends CANCELLED), says where it stopped and returns 130; a
@@ -107,7 +106,7 @@ def wait_for(launched: Launched, client: SlurmClient | None) -> int:
     """
     if launched.local is None:
         try:
-            return wait_for_jobs(client, [launched.job_id], run_dirs=[launched.paths.root])
+            return wait_for_jobs(backends, [launched.job_id], run_dirs=[launched.paths.root])
         except KeyboardInterrupt:
             root = launched.paths.root
             print(
@@ -127,7 +126,7 @@ def wait_for(launched: Launched, client: SlurmClient | None) -> int:
             on_poll=ctrl_c.act,
         )
         ctrl_c.act()  # a Ctrl-C in the last poll: the run has ended, nothing more to stop
-        row = run_status(paths.root, BackendView({}, accounting={}))  # what `status` says
+        row = run_status(paths.root, BackendView({}, accounting={}), backends)  # as `status`
         if ctrl_c.stopping and row["state"] != "COMPLETED":
             print(ctrl_c.outcome(row["state"]), file=sys.stderr)
             return INTERRUPTED_EXIT_CODE

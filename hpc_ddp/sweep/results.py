@@ -18,18 +18,20 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.backends.arrays import current_refs, live_task, read_arrays
 from hpc_ddp.backends.jobs import AccountingRecord, JobInfo, JobState
 from hpc_ddp.errors import RunDirError
-from hpc_ddp.rundir.layout import MANIFEST_FILE, RunPaths
+from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.ledger import Attempt, read_ledger
 from hpc_ddp.rundir.metrics import NOT_METRICS, drop_replayed
-from hpc_ddp.state.task import RESUBMITTABLE, TaskState, task_state, verdict_task_state
+from hpc_ddp.state.task import RESUBMITTABLE, TaskState, task_state
 from hpc_ddp.state.verdict import current_attempts
 from hpc_ddp.sweep.records import SweepPointRecord, SweepRecord, read_sweep_record
-from hpc_ddp.sweep.runner import runner_for
+
+if TYPE_CHECKING:
+    from hpc_ddp.sweep.runner import SweepRunner
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +197,7 @@ def unheld_arrays(sweep_dir: Path, live: Mapping[str, JobInfo]) -> list[str]:
 
 def gather_results(
     sweep_dir: Path,
+    runner: SweepRunner,
     live: Mapping[str, JobInfo] | None = None,
     metric: str | None = None,
     accounting: Mapping[str, AccountingRecord] | None = None,
@@ -202,7 +205,8 @@ def gather_results(
     """One row per point of the sweep, in index order; none is ever left out.
 
     ``live`` is squeue's view (the Slurm backend's ``states`` of the sweep's array jobs); ``None``
-    when Slurm could not be asked, and states then come from the ledgers alone. ``accounting``
+    when Slurm could not be asked, and states then come from the ledgers alone. ``runner``: the
+    sweep's backend's (its manifest names it). ``accounting``
     is sacct's records of the tasks squeue no longer holds (of :func:`unheld_arrays`), where
     there is accounting. ``metric`` defaults to the sweep's. Works while the sweep runs:
     partial files are read as they are.
@@ -211,7 +215,7 @@ def gather_results(
     key = metric or record.metric
     mode = record.mode if key == record.metric else "min"
     points = [p.index for p in record.points]
-    words = runner_for(sweep_dir).task_words(sweep_dir, points, live, accounting)
+    words = runner.task_words(sweep_dir, points, live, accounting)
     made = task_dirs(sweep_dir)
     return [
         _row(sweep_dir, point, key, mode, state, job, attempts, made=str(point.index) in made)
@@ -294,52 +298,6 @@ def _row(
     )
 
 
-def local_task_words(sweep_dir: Path, points: Sequence[int]) -> list[tuple[TaskState, str | None]]:
-    """(state, job id) of each of a local sweep's ``points``: a started point is a local run,
-    judged as ``status`` judges one (its processes stand in for Slurm); one the live controller
-    has yet to start (again) is ``pending``; one never started, once no controller will, is
-    ``cancelled`` (the sweep was) or ``failed`` (the controller died), which
-    ``--resubmit-failed`` starts.
-
-    What the whole sweep shares (the live controller and the points it names, the cancel
-    mark, the sweep's own manifest) is read once for all the points, not once per point: the
-    controller's command line lists every point, so reading it per point was quadratic (a
-    10,000-point sweep's ``status`` took half a minute)."""
-    from hpc_ddp.backends.local.process import was_cancelled
-    from hpc_ddp.rundir.manifest import read_manifest
-    from hpc_ddp.state.report import run_status
-    from hpc_ddp.state.verdict import BackendView
-    from hpc_ddp.sweep.local import controller_points
-
-    queued = controller_points(sweep_dir) or frozenset()
-    cancelled: bool | None = None
-    sweep_submitted: str | None = None
-    paths = RunPaths(sweep_dir)
-    made = task_dirs(sweep_dir)
-    out: list[tuple[TaskState, str | None]] = []
-    for index in points:
-        task = paths.task(index).root
-        if str(index) not in made or not (task / MANIFEST_FILE).exists():
-            if index in queued:
-                out.append((TaskState.PENDING, None))
-                continue
-            if cancelled is None:
-                cancelled = was_cancelled(sweep_dir)
-            out.append((TaskState.CANCELLED if cancelled else TaskState.FAILED, None))
-            continue
-        manifest = read_manifest(task)
-        # Started again by a controller that has not come to it yet: its last run is the past.
-        if index in queued:
-            if sweep_submitted is None:
-                sweep_submitted = read_manifest(sweep_dir).submitted_at
-            if manifest.submitted_at < sweep_submitted:
-                out.append((TaskState.PENDING, manifest.job_id))
-                continue
-        row = run_status(task, BackendView({}, accounting={}))
-        out.append((verdict_task_state(str(row["state"])), manifest.job_id))
-    return out
-
-
 def _accounted(record: AccountingRecord | None, script: str) -> JobState | None:
     """sacct's state of an array task, if the line is this sweep's (a job id the cluster gave
     again names another job) and the task ended."""
@@ -379,7 +337,7 @@ def sweep_summary(rows: Iterable[ResultRow]) -> dict[str, int]:
 
 
 def sweep_status(
-    sweep_dir: Path, live_states: Mapping[str, JobInfo]
+    sweep_dir: Path, runner: SweepRunner, live_states: Mapping[str, JobInfo]
 ) -> tuple[dict[str, int], list[dict[str, Any]]]:
     """For ``hpc-ddp status SWEEP_DIR``: the count per state and one plain dict per task.
 
@@ -387,7 +345,7 @@ def sweep_status(
     Slurm could not be asked, call :func:`gather_results` with ``live=None`` instead, so that
     the states come from the ledgers alone rather than from an empty queue.
     """
-    rows = gather_results(sweep_dir, live_states)
+    rows = gather_results(sweep_dir, runner, live_states)
     return sweep_summary(rows), [row_dict(r) for r in rows]
 
 

@@ -13,7 +13,7 @@ from hpc_ddp.backends.base import Backend, Cancel, Launcher, PlanRequest, Word
 from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.local.backend import LocalBackend
 from hpc_ddp.backends.local.launcher import LocalLauncher
-from hpc_ddp.backends.registry import backend_for
+from hpc_ddp.backends.registry import Registry
 from hpc_ddp.backends.slurm.backend import SlurmBackend
 from hpc_ddp.backends.slurm.fake import FakeSlurm
 from hpc_ddp.backends.slurm.step import SrunLauncher
@@ -73,21 +73,21 @@ def _manifest(backend: str, job_id: str | None = "123", **more: object) -> Manif
 def test_backend_for_picks_the_manifests_backend_and_hands_slurm_the_client() -> None:
     fake = FakeSlurm()
     client = fake.client()
-    local = backend_for(_manifest("local"), slurm=client)
-    slurm = backend_for(_manifest("slurm"), slurm=client)
+    local = Registry(client).backend(_manifest("local"))
+    slurm = Registry(client).backend(_manifest("slurm"))
     assert isinstance(local, LocalBackend)
     assert local.name == "local"
     assert isinstance(slurm, SlurmBackend)
     assert slurm.name == "slurm"
     assert slurm.client is client
-    assert isinstance(backend_for("local"), LocalBackend)
-    assert isinstance(backend_for("slurm"), SlurmBackend)
+    assert isinstance(Registry().backend("local"), LocalBackend)
+    assert isinstance(Registry().backend("slurm"), SlurmBackend)
 
 
 def test_a_slurm_backend_without_a_client_makes_the_real_one_when_first_needed() -> None:
     from hpc_ddp.backends.slurm.client import SlurmClient, subprocess_runner
 
-    backend = backend_for("slurm")
+    backend = Registry().backend("slurm")
     assert isinstance(backend, SlurmBackend)
     made = backend.client
     assert isinstance(made, SlurmClient)
@@ -108,7 +108,7 @@ def _request() -> PlanRequest:
 def test_the_slurm_plan_is_a_script_and_its_sbatch_command_and_moves_with_the_run(
     tmp_path: Path,
 ) -> None:
-    backend = backend_for("slurm")
+    backend = Registry().backend("slurm")
     paths = RunPaths(tmp_path / "run-a")
     plan = backend.plan(_cfg(), paths, _request())
     assert plan.command == ("sbatch", "--parsable", str(paths.script))
@@ -125,7 +125,7 @@ def test_the_slurm_plan_is_a_script_and_its_sbatch_command_and_moves_with_the_ru
 
 def test_the_local_plan_renders_nothing_and_runs_submitits_controller(tmp_path: Path) -> None:
     paths = RunPaths(tmp_path / "run-a")
-    plan = backend_for("local").plan(_cfg(), paths, _request())
+    plan = Registry().backend("local").plan(_cfg(), paths, _request())
     assert plan.script is None
     assert plan.command[1:] == ("-m", "submitit.local._local", str(paths.root / "submitit"))
     assert plan.summary.startswith("# backend: local; would start 2 process(es) on this machine")
@@ -135,8 +135,8 @@ def test_the_local_plan_renders_nothing_and_runs_submitits_controller(tmp_path: 
 def test_only_slurm_jobs_are_asked_of_a_queue(tmp_path: Path) -> None:
     fake = FakeSlurm()
     fake.add_job("123", state=JobState.RUNNING)
-    slurm = backend_for("slurm", slurm=fake.client())
-    local = backend_for("local")
+    slurm = Registry(fake.client()).backend("slurm")
+    local = Registry().backend("local")
     assert slurm.job_refs(tmp_path, _manifest("slurm", array_jobs=["124"])) == ["123", "124"]
     assert local.job_refs(tmp_path, _manifest("local")) == []
     assert set(slurm.states(["123"])) == {"123"}
@@ -149,17 +149,17 @@ def test_only_slurm_jobs_are_asked_of_a_queue(tmp_path: Path) -> None:
 
 def test_each_backend_says_what_it_can_of_a_job_itself(tmp_path: Path) -> None:
     """Slurm leaves it to the queue; a local run's processes speak (none run here)."""
-    assert backend_for("slurm").word(tmp_path, "123") is None
-    assert backend_for("local").word(tmp_path, "123") == Word(running=False, cancelled=False)
-    assert backend_for("slurm").settled(tmp_path, "123")
-    assert backend_for("local").settled(tmp_path, "123")
-    assert backend_for("slurm").ledger_since_submit is False
-    assert backend_for("local").ledger_since_submit is True
+    assert Registry().backend("slurm").word(tmp_path, "123") is None
+    assert Registry().backend("local").word(tmp_path, "123") == Word(running=False, cancelled=False)
+    assert Registry().backend("slurm").settled(tmp_path, "123")
+    assert Registry().backend("local").settled(tmp_path, "123")
+    assert Registry().backend("slurm").ledger_since_submit is False
+    assert Registry().backend("local").ledger_since_submit is True
 
 
 def test_the_ids_a_cancel_acts_on(tmp_path: Path) -> None:
-    slurm = backend_for("slurm")
-    assert backend_for("local").cancel_ids(tmp_path, _manifest("local", "4711")) == ["4711"]
+    slurm = Registry().backend("slurm")
+    assert Registry().backend("local").cancel_ids(tmp_path, _manifest("local", "4711")) == ["4711"]
     assert slurm.cancel_ids(tmp_path, _manifest("slurm", "12")) == ["12"]
     with pytest.raises(RunDirError, match="no job id; nothing to cancel"):
         slurm.cancel_ids(tmp_path, _manifest("slurm", None))
@@ -170,7 +170,7 @@ def test_a_slurm_cancel_goes_through_the_client_it_was_given(tmp_path: Path) -> 
     run = tmp_path / "run"
     run.mkdir()
     fake.add_job("12", state=JobState.RUNNING, command=str(run / "job.sbatch"))
-    backend = backend_for("slurm", slurm=fake.client())
+    backend = Registry(fake.client()).backend("slurm")
     done = backend.cancel(Cancel(run, run / "manifest.json", ("12",)))
     assert done.outcome == "cancelled", done.message
     assert fake.commands("scancel") == ["scancel 12"]

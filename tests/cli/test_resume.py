@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from hpc_ddp.backends.registry import Registry
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.manifest import read_manifest
 from hpc_ddp.state.resumable import ENDED_UNFINISHED, check_resumable
@@ -265,7 +266,7 @@ def _ended_local_run(runs: Path) -> Path:
     config = REPO / "jobs" / "quickstart.yaml"
     cfg = load_job_config(config, [], site_profile=None)
     prepared = materialize(
-        prepare(cfg, backend="local", config_path=config, runs_dir=runs,
+        prepare(cfg, backend=Registry().backend("local"), config_path=config, runs_dir=runs,
                 python=sys.executable, invocation=["hpc-ddp", "submit"])
     )  # fmt: skip
     record(prepared, job_id="4194304", command=["submitit-local", "4194304"])
@@ -314,7 +315,7 @@ def _slurm_run(runs: Path, job_id: str) -> Path:
     config = REPO / "jobs" / "quickstart.yaml"
     cfg = load_job_config(config, [], site_profile=None)
     prepared = materialize(
-        prepare(cfg, backend="slurm", config_path=config, runs_dir=runs,
+        prepare(cfg, backend=Registry().backend("slurm"), config_path=config, runs_dir=runs,
                 python=sys.executable, invocation=["hpc-ddp", "submit"])
     )  # fmt: skip
     record(prepared, job_id=job_id, command=["sbatch", "--parsable"])
@@ -600,7 +601,7 @@ def test_a_resume_killed_while_it_submits_is_undone_by_the_next_one(tmp_path: Pa
 
     run_dir = _trained_slurm_run(tmp_path)
     before = _run_files(run_dir)
-    plan = plan_resume(run_dir, ["train.lr=0.3"], FakeSlurm().client())
+    plan = plan_resume(run_dir, ["train.lr=0.3"], Registry(FakeSlurm().client()))
     killed = rewriting(plan.prepared.paths, "77")
     killed.__enter__()
     write_run_files(plan.prepared)
@@ -619,7 +620,7 @@ def test_a_resume_recorded_before_the_kill_keeps_its_new_files(tmp_path: Path) -
     from hpc_ddp.submission.submit import REWRITE_UNDO, record, rewriting, write_run_files
 
     run_dir = _trained_slurm_run(tmp_path)
-    plan = plan_resume(run_dir, ["train.lr=0.3"], FakeSlurm().client())
+    plan = plan_resume(run_dir, ["train.lr=0.3"], Registry(FakeSlurm().client()))
     killed = rewriting(plan.prepared.paths, "77")
     killed.__enter__()
     write_run_files(plan.prepared)
@@ -725,8 +726,8 @@ def test_a_resume_of_a_command_without_checkpoints_says_its_own_snapshot_goes_on
     config.write_text(f"name: plain\ncommand: [python, {script}]\nslurm: {{nodes: 1}}\n")
     cfg = load_job_config(config, [], site_profile=None)
     prepared = materialize(
-        prepare(cfg, backend="local", config_path=config, runs_dir=tmp_path / "runs",
-                python=sys.executable, invocation=["hpc-ddp", "submit"])
+        prepare(cfg, backend=Registry().backend("local"), config_path=config,
+                runs_dir=tmp_path / "runs", python=sys.executable, invocation=["hpc-ddp", "submit"])
     )  # fmt: skip
     record(prepared, job_id="4194304", command=["submitit-local", "4194304"])
     assert main(["resume", str(prepared.paths.root), "--dry-run"]) == 0

@@ -24,6 +24,7 @@ import hpc_ddp.cli.main as cli_main
 from hpc_ddp.api.targets import resolve_targets
 from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.local.process import identify, identify_started, write_identity
+from hpc_ddp.backends.registry import Registry
 from hpc_ddp.backends.slurm.client import SlurmClient
 from hpc_ddp.backends.slurm.fake import FakeSlurm
 from hpc_ddp.backends.slurm.jobstate import CompletedCommand, parse_job_state
@@ -616,7 +617,7 @@ class Polls:
 
 def test_wait_backs_off_and_asks_for_its_job_only(capsys: pytest.CaptureFixture[str]) -> None:
     polls = Polls(running=12, final="COMPLETED")
-    code = wait_for_jobs(SlurmClient(polls), ["5"], sleep=polls.sleeps.append)
+    code = wait_for_jobs(Registry(SlurmClient(polls)), ["5"], sleep=polls.sleeps.append)
     assert code == 0
     assert polls.sleeps[:4] == [0.5, 0.75, 1.125, 1.6875]
     assert polls.sleeps[-1] == wait.MAX_POLL_S
@@ -631,7 +632,9 @@ def test_wait_with_the_run_dir_does_not_call_an_unfinished_run_completed(
 ) -> None:
     run_dir = make_run(tmp_path, "a", "5", [EndCause.TIME_LIMIT])
     polls = Polls(running=1, final="COMPLETED", script=script(run_dir))
-    code = wait_for_jobs(SlurmClient(polls), ["5"], run_dirs=[run_dir], sleep=polls.sleeps.append)
+    code = wait_for_jobs(
+        Registry(SlurmClient(polls)), ["5"], run_dirs=[run_dir], sleep=polls.sleeps.append
+    )
     assert code == 1
     assert "finished: 5 INCOMPLETE" in capsys.readouterr().err
 

@@ -18,6 +18,7 @@ import pytest
 
 from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.local.process import identify_started, mark_cancelled, write_rank_identity
+from hpc_ddp.backends.registry import Registry
 from hpc_ddp.backends.slurm.fake import FakeSlurm
 from hpc_ddp.cli.main import main
 from hpc_ddp.rundir.endcause import EndCause
@@ -109,7 +110,7 @@ def test_a_local_run_that_crashed_before_its_attempt_names_the_rank_and_error(
     run_dir = make_run(tmp_path, "a")
     crash_end(run_dir, 1, T0 + 3)
     crash_end(run_dir, 0, T0 + 3.1)  # the peer's word: the first written is named
-    row = run_status(run_dir, LOCAL)
+    row = run_status(run_dir, LOCAL, Registry())
     assert (row["state"], row["attempts"], row["causes"]) == ("FAILED", 1, "crash")
     assert "the local job's process has exited" in row["note"]
     assert "rank 1 on n2: AttributeError: no model 'Nope'" in row["note"]
@@ -123,7 +124,7 @@ def test_a_local_run_with_no_ledger_is_judged_by_its_tasks_result_files(tmp_path
     trace = "Traceback (most recent call last):\n  ...\nbuiltins.ValueError: bad entry point\n"
     write_result(run_dir, 0, ("success", 0))
     write_result(run_dir, 1, ("error", trace))
-    row = run_status(run_dir, LOCAL)
+    row = run_status(run_dir, LOCAL, Registry())
     assert row["state"] == "FAILED"
     assert "no attempt started: rank 1 failed: ValueError: bad entry point" in row["note"]
     assert reason_lines(row) == [f"{run_dir}: {row['note']}"]
@@ -137,7 +138,7 @@ def test_a_result_file_that_names_code_is_not_run(tmp_path: Path) -> None:
     # Protocol 0 for os.system("touch WITNESS"): what plain pickle.load would run.
     evil = b"cos\nsystem\n(S'touch " + str(witness).encode() + b"'\ntR."
     (run_dir / "submitit" / f"{DEAD_PID}_0_result.pkl").write_bytes(evil)
-    row = run_status(run_dir, LOCAL)
+    row = run_status(run_dir, LOCAL, Registry())
     assert not witness.exists()
     assert row["state"] == "FAILED"
     assert "rank 0 failed: unreadable result" in row["note"]
@@ -146,7 +147,7 @@ def test_a_result_file_that_names_code_is_not_run(tmp_path: Path) -> None:
 def test_a_local_run_cancelled_before_any_attempt_is_cancelled(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, "a")
     mark_cancelled(run_dir)
-    row = run_status(run_dir, LOCAL)
+    row = run_status(run_dir, LOCAL, Registry())
     assert (row["state"], row["note"]) == ("CANCELLED", None)
 
 
@@ -160,7 +161,7 @@ def test_a_local_run_is_live_while_any_recorded_rank_runs(
     write_rank_identity(run_dir, 1, ident)
     record_start(RunPaths(run_dir).ledger, attempt=0, job_id=None, job_ref=None, nodelist="",
                  world_size=2, resumed_from_step=None, checkpoint=None, now=T0)  # fmt: skip
-    row = run_status(run_dir, LOCAL)
+    row = run_status(run_dir, LOCAL, Registry())
     assert row["state"] == "RUNNING"
     assert row["note"] == (
         f"the local controller has exited, but rank 1 still run: `hpc-ddp cancel {run_dir}` "
@@ -171,7 +172,7 @@ def test_a_local_run_is_live_while_any_recorded_rank_runs(
     assert "two jobs must never write one run directory" in refusal
     sleeper.kill()
     sleeper.wait()
-    assert run_status(run_dir, LOCAL)["state"] == "GONE?"
+    assert run_status(run_dir, LOCAL, Registry())["state"] == "GONE?"
 
 
 def test_a_slurm_run_that_crashed_before_its_start_is_failed_with_the_ranks_words(
@@ -221,7 +222,7 @@ def test_a_resumed_local_run_that_crashes_before_its_start_is_failed_not_cancell
                checkpoint="step-00000040.pt", requeue_requested=False, now=T0 - 90)  # fmt: skip
     crash_end(run_dir, 1, T0 + 3)
     crash_end(run_dir, 0, T0 + 3.2)
-    row = run_status(run_dir, LOCAL)
+    row = run_status(run_dir, LOCAL, Registry())
     assert (row["state"], row["causes"]) == ("FAILED", "cancelled,crash")
     assert "rank 1 on n2: AttributeError" in row["note"]
 

@@ -30,6 +30,7 @@ import pytest
 
 from hpc_ddp.backends.arrays import read_arrays
 from hpc_ddp.backends.jobs import JobState
+from hpc_ddp.backends.registry import Registry
 from hpc_ddp.backends.slurm.fake import FakeSlurm
 from hpc_ddp.cli.main import main
 from hpc_ddp.config.load import dump_job_config
@@ -318,7 +319,7 @@ def _cancelled_slurm_run(tmp_path: Path) -> tuple[Path, FakeSlurm]:
     cfg = load_job_config(config, [], site_profile=None)
     slurm = FakeSlurm()
     prepared = materialize(
-        prepare(cfg, backend="slurm", config_path=config, runs_dir=tmp_path,
+        prepare(cfg, backend=Registry().backend("slurm"), config_path=config, runs_dir=tmp_path,
                 python=sys.executable, invocation=["hpc-ddp", "submit"])
     )  # fmt: skip
     record(prepared, job_id="77", command=["sbatch", "--parsable"], previous_jobs=["60"])
@@ -331,11 +332,11 @@ def test_a_resume_that_waited_for_another_ones_record_submits_nothing(tmp_path: 
     second finds the other's job, submits nothing and names it; no job id is lost."""
     run, slurm = _cancelled_slurm_run(tmp_path)
     client = slurm.client()
-    first_plan = plan_resume(run, (), client)
-    second_plan = plan_resume(run, (), client)
-    first = resume(first_plan, client)
+    first_plan = plan_resume(run, (), Registry(client))
+    second_plan = plan_resume(run, (), Registry(client))
+    first = resume(first_plan, Registry(client))
     with pytest.raises(TargetError) as info:
-        resume(second_plan, client)
+        resume(second_plan, Registry(client))
     assert info.value.exit_code == 2
     assert f"job {first.job_id} (PENDING) was submitted into this run directory while this " in (
         str(info.value)

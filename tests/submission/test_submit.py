@@ -10,14 +10,17 @@ import sys
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from hpc_ddp.backends.registry import Registry
 from hpc_ddp.backends.slurm.client import SlurmClient
 from hpc_ddp.backends.slurm.jobstate import CompletedCommand
+from hpc_ddp.backends.slurm.sweeps import submit_sweep
 from hpc_ddp.cli.main import main
 from hpc_ddp.config.load import load_job_config, load_resolved_config
 from hpc_ddp.errors import RunsDirError
@@ -31,7 +34,6 @@ from hpc_ddp.submission.submit import (
     record,
 )
 from hpc_ddp.sweep.spec import load_sweep
-from hpc_ddp.sweep.submit import submit_sweep
 from tests import e2e_util as e2e
 from tests.conftest import Cluster
 
@@ -67,7 +69,7 @@ def _prepared(runs: Path):  # type: ignore[no-untyped-def]
     )
     return prepare(
         cfg,
-        backend="slurm",
+        backend=Registry().backend("slurm"),
         config_path=Path("jobs/quickstart.yaml"),
         runs_dir=runs,
         python="/opt/venv/bin/python",
@@ -93,7 +95,9 @@ def test_site_profile_plus_overrides_golden(tmp_path: Path) -> None:
 def test_launch_writes_the_run_dir_and_manifest(tmp_path: Path) -> None:
     runner = FakeRunner()
     prepared = _prepared(tmp_path)
-    manifest = launch(prepared, SlurmClient(runner)).manifest
+    manifest = launch(
+        replace(prepared, face=Registry(SlurmClient(runner)).backend(prepared.backend))
+    ).manifest
     assert manifest.job_id == "4242"
     assert runner.calls == [("sbatch", "--parsable", str(prepared.paths.script))]
     assert prepared.paths.script.read_text() == prepared.script
@@ -151,7 +155,9 @@ def test_many_concurrent_submits_in_one_second_each_get_their_own_run(tmp_path: 
 
     def submit(i: int) -> tuple[Path, str]:
         prepared = _prepared(tmp_path)
-        manifest = launch(prepared, client).manifest
+        manifest = launch(
+            replace(prepared, face=Registry(client).backend(prepared.backend))
+        ).manifest
         return Path(manifest.run_dir), prepared.script
 
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -171,7 +177,7 @@ def test_launch_materializes_once(tmp_path: Path) -> None:
     runner = FakeRunner()
     client = SlurmClient(runner)
     prepared = materialize(_prepared(tmp_path))
-    manifest = launch(prepared, client).manifest
+    manifest = launch(replace(prepared, face=Registry(client).backend(prepared.backend))).manifest
     assert manifest.run_dir == str(prepared.paths.root)
     assert [p.name for p in tmp_path.iterdir()] == [prepared.paths.root.name]
 
@@ -263,7 +269,7 @@ def test_two_real_jobs_submitted_in_the_same_second_each_train_in_their_own_dir(
         cfg = load_job_config(Path("jobs/quickstart.yaml"), overrides)
         return prepare(
             cfg,
-            backend="slurm",
+            backend=Registry().backend("slurm"),
             config_path=Path("jobs/quickstart.yaml"),
             runs_dir=runs,
             python=sys.executable,
@@ -273,7 +279,10 @@ def test_two_real_jobs_submitted_in_the_same_second_each_train_in_their_own_dir(
 
     first, second = prepared(1), prepared(2)
     assert first.paths.root == second.paths.root  # the same forecast: the same second
-    manifests = [launch(first, client).manifest, launch(second, client).manifest]
+    manifests = [
+        launch(replace(first, face=Registry(client).backend(first.backend))).manifest,
+        launch(replace(second, face=Registry(client).backend(second.backend))).manifest,
+    ]
     dirs = [Path(m.run_dir) for m in manifests]
     assert [d.name for d in dirs] == ["quickstart-20260101-120000", "quickstart-20260101-120000-2"]
     for manifest, run_dir, seed in zip(manifests, dirs, (1, 2), strict=True):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.backends.jobs import JobState
+from hpc_ddp.backends.registry import Registry
 from hpc_ddp.backends.slurm.fake import FakeSlurm
 from hpc_ddp.cli.main import main
 from hpc_ddp.rundir.endcause import EndCause
@@ -56,7 +57,7 @@ def test_wait_prints_the_failed_rank_and_the_error_as_status_does(
         del seconds
         slurm.jobs["5"].state = JobState.FAILED  # the first poll saw it running
 
-    assert wait_for_jobs(slurm.client(), ["5"], run_dirs=[run_dir], sleep=finish) == 1
+    assert wait_for_jobs(Registry(slurm.client()), ["5"], run_dirs=[run_dir], sleep=finish) == 1
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "finished: 5 FAILED"
     assert err[1] == f"{run_dir}: failed first: rank 1 on n2: Exited with exit code 1 (srun, " + (
@@ -80,7 +81,10 @@ def test_a_completed_run_prints_no_reason(
     (RunPaths(run_dir).logs / "batch-5.err").write_text("")
     slurm = FakeSlurm()
     slurm.add_job("5", state=JobState.COMPLETED, command=str(run_dir / "job.sbatch"))
-    assert wait_for_jobs(slurm.client(), ["5"], run_dirs=[run_dir], sleep=lambda s: None) == 0
+    assert (
+        wait_for_jobs(Registry(slurm.client()), ["5"], run_dirs=[run_dir], sleep=lambda s: None)
+        == 0
+    )
     assert capsys.readouterr().err == "finished: 5 COMPLETED\n"
 
 
@@ -114,7 +118,7 @@ def test_ctrl_c_while_waiting_on_slurm_stops_the_wait_not_the_job(
 
     monkeypatch.setattr(wait, "wait_for_jobs", interrupted)
     launched = SimpleNamespace(local=None, job_id="5", paths=RunPaths(tmp_path))
-    assert wait.wait_for(cast("Any", launched), FakeSlurm().client()) == 130
+    assert wait.wait_for(cast("Any", launched), Registry(FakeSlurm().client())) == 130
     said = capsys.readouterr().err.strip()
     assert said == (
         f"stopped waiting; job 5 goes on (`hpc-ddp status {tmp_path}`; "

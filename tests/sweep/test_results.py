@@ -20,6 +20,7 @@ from hpc_ddp.backends.arrays import (
     read_arrays,
 )
 from hpc_ddp.backends.jobs import JobInfo, JobState
+from hpc_ddp.backends.registry import Registry
 from hpc_ddp.errors import RunDirError, TargetError
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.ledger import Attempt
@@ -224,7 +225,7 @@ LIVE = {
 
 
 def test_gather_results_keeps_every_task_with_its_state(tmp_path: Path) -> None:
-    rows = gather_results(populated(tmp_path), LIVE)
+    rows = gather_results(populated(tmp_path), Registry().sweeps("slurm"), LIVE)
     assert [r.index for r in rows] == [0, 1, 2, 3, 4]
     assert [r.state for r in rows] == [TaskState.FINISHED, TaskState.FINISHED, TaskState.FAILED,
                                        TaskState.RUNNING, TaskState.PENDING]  # fmt: skip
@@ -243,7 +244,9 @@ def test_gather_results_keeps_every_task_with_its_state(tmp_path: Path) -> None:
 
 
 def test_gather_results_without_slurm_uses_the_ledgers(tmp_path: Path) -> None:
-    states = [r.state for r in gather_results(populated(tmp_path), None)]
+    states = [
+        r.state for r in gather_results(populated(tmp_path), Registry().sweeps("slurm"), None)
+    ]
     assert states == [TaskState.FINISHED, TaskState.FINISHED, TaskState.FAILED,
                       TaskState.RUNNING, TaskState.UNKNOWN]  # fmt: skip
 
@@ -281,7 +284,7 @@ def test_sort_rows_with_mixed_types_compares_text() -> None:
 
 
 def test_summary_and_sweep_status(tmp_path: Path) -> None:
-    summary, rows = sweep_status(populated(tmp_path), LIVE)
+    summary, rows = sweep_status(populated(tmp_path), Registry().sweeps("slurm"), LIVE)
     assert summary == {"pending": 1, "running": 1, "requeued": 0, "finished": 2, "failed": 1,
                        "cancelled": 0, "unknown": 0}  # fmt: skip
     assert sweep_summary([]) == dict.fromkeys(summary, 0)
@@ -350,7 +353,7 @@ def test_a_wrongly_typed_arrays_json_is_a_run_dir_error_with_a_hint(
     assert why in message
     assert "HINT: it is written by `hpc-ddp sweep`" in message
     with pytest.raises(RunDirError, match="damaged array record"):
-        gather_results(sweep, {})
+        gather_results(sweep, Registry().sweeps_of(sweep), {})
 
 
 @pytest.mark.parametrize("content", [b"\xff\xfe\x00[", b'[{"job_id": "10", '])
@@ -373,7 +376,7 @@ def test_a_good_arrays_json_reads_and_keys_of_newer_versions_are_ignored(tmp_pat
 
 
 def test_logged_metrics_names_every_numeric_key_but_step_and_time(tmp_path: Path) -> None:
-    rows = gather_results(populated(tmp_path), LIVE)
+    rows = gather_results(populated(tmp_path), Registry().sweeps("slurm"), LIVE)
     task_files(tmp_path / "demo-sweep", 4, [{"step": 1, "time": 3.0, "note": "x", "acc": 1}], [])
     assert logged_metrics(rows) == ["acc", "loss", "val_loss"]
 
@@ -449,8 +452,8 @@ def test_local_task_words_read_the_live_controller_once_for_every_point(
 ) -> None:
     """The controller's record names every point it runs: reading it per point made a
     10,000-point sweep's status quadratic (benchmarks/bench_local_sweep_status.py times it)."""
-    import hpc_ddp.sweep.local as local_sweep
-    from hpc_ddp.sweep.results import local_task_words
+    import hpc_ddp.backends.local.sweeps as local_sweep
+    from hpc_ddp.backends.local.sweeps import local_task_words
 
     # Point 1 started by an earlier controller and queued again; 0-3 queued, 4-5 not.
     sweep = _local_sweep_dir(tmp_path, {1: "2026-01-01T00:00:00+00:00"})
@@ -461,7 +464,7 @@ def test_local_task_words_read_the_live_controller_once_for_every_point(
         return frozenset(range(4))
 
     monkeypatch.setattr(local_sweep, "controller_points", controller_points)
-    words = local_task_words(sweep, range(6))
+    words = local_task_words(sweep, range(6), Registry())
     assert looked == [sweep]
     assert words == [
         (TaskState.PENDING, None),

@@ -24,7 +24,9 @@ import yaml
 
 from hpc_ddp.backends.arrays import current_refs, read_arrays
 from hpc_ddp.backends.jobs import JobState
+from hpc_ddp.backends.registry import Registry
 from hpc_ddp.backends.slurm.fake import FakeSlurm
+from hpc_ddp.backends.slurm.sweeps import submit_sweep
 from hpc_ddp.config.load import dump_job_config, load_resolved_config
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import SubmissionError
@@ -36,7 +38,6 @@ from hpc_ddp.rundir.taskconfig import load_task_config
 from hpc_ddp.sweep.configtext import ConfigTexts
 from hpc_ddp.sweep.records import read_sweep_record
 from hpc_ddp.sweep.spec import load_sweep
-from hpc_ddp.sweep.submit import resubmit_failed, submit_sweep
 from tests.ledgers import record_end, record_start
 
 DATA = Path(__file__).parents[1] / "data" / "config"
@@ -391,8 +392,10 @@ def test_resubmit_failed_submits_exactly_the_failed_tasks(tmp_path: Path) -> Non
         ],
     )
     before = len(sbatch_calls(fake))
-    result = resubmit_failed(
-        sweep_dir, client=fake.client(), python="/venv/bin/python", invocation=["x"]
+    result = (
+        Registry(fake.client())
+        .sweeps_of(sweep_dir)
+        .resubmit(sweep_dir, now=None, dry_run=False, python="/venv/bin/python", invocation=["x"])
     )
     assert result.points == [1, 2, 5, 7]
     assert len(sbatch_calls(fake)) == before + 1
@@ -413,7 +416,11 @@ def test_resubmit_with_nothing_failed_submits_nothing(tmp_path: Path) -> None:
     sweep_dir = submit(tmp_path, {"grid": {"train.seed": [0, 1]}}, fake)
     set_queue(fake, [squeue_row(101, 0, "RUNNING"), squeue_row(101, 1, "PENDING")])
     before = list(fake.calls)
-    result = resubmit_failed(sweep_dir, client=fake.client(), python="p", invocation=["x"])
+    result = (
+        Registry(fake.client())
+        .sweeps_of(sweep_dir)
+        .resubmit(sweep_dir, now=None, dry_run=False, python="p", invocation=["x"])
+    )
     assert (result.points, result.records) == ([], [])
     assert [a[:6] for a in fake.calls[len(before) :]] == [
         ("squeue", "-h", "-t", "all", "-j", "101")
@@ -426,8 +433,10 @@ def test_resubmit_dry_run_plans_but_submits_nothing(tmp_path: Path) -> None:
     sweep_dir = submit(tmp_path, {"grid": {"train.seed": [0, 1, 2]}}, fake)
     _ledger(sweep_dir, 1, EndCause.CRASH)
     set_queue(fake, [squeue_row(101, 0, "RUNNING"), squeue_row(101, 2, "RUNNING")])
-    result = resubmit_failed(
-        sweep_dir, client=fake.client(), python="p", invocation=["x"], dry_run=True
+    result = (
+        Registry(fake.client())
+        .sweeps_of(sweep_dir)
+        .resubmit(sweep_dir, now=None, python="p", invocation=["x"], dry_run=True)
     )
     assert result.points == [1]
     assert [a.array for a in result.arrays] == ["1"]
@@ -441,7 +450,11 @@ def test_resubmit_past_max_array_size_uses_an_offset(tmp_path: Path) -> None:
     for index in (0, 1, 2, 3, 4, 5, 7):
         _ledger(sweep_dir, index, EndCause.FINISHED)
     set_queue(fake, [])
-    result = resubmit_failed(sweep_dir, client=fake.client(), python="p", invocation=["x"])
+    result = (
+        Registry(fake.client())
+        .sweeps_of(sweep_dir)
+        .resubmit(sweep_dir, now=None, dry_run=False, python="p", invocation=["x"])
+    )
     assert result.points == [6]
     [record] = result.records
     assert (record.offset, record.array, record.points) == (6, "0", "6")

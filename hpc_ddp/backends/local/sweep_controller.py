@@ -60,6 +60,11 @@ _STARTED: list[subprocess.Popen[bytes]] = []
 it runs (``Popen.__del__`` warns), and collected once it has exited (:func:`_reap`)."""
 
 
+CONTROLLER_MODULE = "hpc_ddp.backends.local.sweep_controller"
+"""The module the controller runs as (``python -m``): its command line names its points after
+it."""
+
+
 def local_parallel(max_parallel: int | None) -> int:
     """How many points a local sweep runs at once."""
     return max_parallel or DEFAULT_LOCAL_PARALLEL
@@ -68,7 +73,7 @@ def local_parallel(max_parallel: int | None) -> int:
 def controller_command(sweep_dir: Path, points: Sequence[int], parallel: int) -> list[str]:
     """The sweep controller's command line."""
     listed = ",".join(str(p) for p in points)
-    return [sys.executable, "-m", "hpc_ddp.sweep.local", str(sweep_dir), listed, str(parallel)]
+    return [sys.executable, "-m", CONTROLLER_MODULE, str(sweep_dir), listed, str(parallel)]
 
 
 def start_controller(sweep_dir: Path, points: Sequence[int], parallel: int) -> str:
@@ -116,7 +121,7 @@ def controller_points(sweep_dir: Path) -> frozenset[int] | None:
     if expected is None or identify(expected.pid) != expected:
         return None
     try:
-        listed = expected.cmdline[expected.cmdline.index("hpc_ddp.sweep.local") + 2]
+        listed = expected.cmdline[expected.cmdline.index(CONTROLLER_MODULE) + 2]
         return frozenset(int(p) for p in listed.split(",") if p)
     except (ValueError, IndexError):
         return frozenset()
@@ -198,7 +203,7 @@ def start_point(sweep_dir: Path, index: int) -> LocalJob:
     packed configs the first time, then the local backend's launch, which records the run's
     ``manifest.json`` (a point started again keeps its earlier job ids)."""
     from hpc_ddp.backends.base import PlanRequest
-    from hpc_ddp.backends.registry import backend_for
+    from hpc_ddp.backends.local.backend import LocalBackend
     from hpc_ddp.config.load import load_resolved_config
     from hpc_ddp.errors import RunDirError
     from hpc_ddp.rundir.layout import MANIFEST_FILE
@@ -219,12 +224,12 @@ def start_point(sweep_dir: Path, index: int) -> LocalJob:
     if (task.root / MANIFEST_FILE).exists():
         earlier = read_manifest(task.root)
         previous = [*earlier.previous_jobs, *([earlier.job_id] if earlier.job_id else [])]
-    backend = backend_for("local")
+    backend = LocalBackend()
     now = datetime.now(timezone.utc)
     invocation = f"hpc-ddp sweep (local): point {index}"
     request = PlanRequest(sys.executable, sweep_dir, invocation, now.isoformat(timespec="seconds"))
     prepared = Prepared(
-        cfg, "local", task, backend.plan(cfg, task, request), invocation, str(sweep_dir),
+        cfg, backend, task, backend.plan(cfg, task, request), invocation, str(sweep_dir),
         sweep_dir, stamp_of(now), created=True,
     )  # fmt: skip
     with record_lock(task.root):
@@ -273,8 +278,9 @@ def run_points(sweep_dir: Path, points: Sequence[int], parallel: int) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hpc_ddp.sweep.local SWEEP_DIR POINTS PARALLEL``: the sweep controller."""
-    parser = argparse.ArgumentParser(prog="python -m hpc_ddp.sweep.local")
+    """``python -m hpc_ddp.backends.local.sweep_controller SWEEP_DIR POINTS PARALLEL``: the
+    sweep controller."""
+    parser = argparse.ArgumentParser(prog=f"python -m {CONTROLLER_MODULE}")
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("points", help="comma-separated point indices, in order")
     parser.add_argument("parallel", type=int)
