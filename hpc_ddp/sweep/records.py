@@ -1,7 +1,8 @@
 """A sweep directory's record of its points: ``sweep.yaml`` (its job arrays, ``arrays.json``,
 are :mod:`hpc_ddp.backends.arrays`: each array task reads that record when it starts).
 
-A sweep directory (written by :mod:`hpc_ddp.sweep.submit`)::
+A sweep directory (written by :mod:`hpc_ddp.backends.slurm.sweeps` or
+:mod:`hpc_ddp.backends.local.sweeps`)::
 
     SWEEP_DIR/
       sweep.yaml       the expanded points and what they set (one JSON-valued line per point)

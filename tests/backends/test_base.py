@@ -1,4 +1,4 @@
-"""The backend interface: both backends implement both faces, and backend_for picks the one a
+"""The backend interface: both backends implement both faces, and the registry picks the one a
 run's manifest names. Real backend objects throughout (Slurm's commands go to FakeSlurm, the
 scripted runner, which is a runner, not the backend)."""
 
@@ -51,7 +51,7 @@ def _parameters(member: object) -> list[str]:
 def test_each_backend_implements_each_face_member_by_member(
     face: type, some: set[str], implementations: tuple[type, ...]
 ) -> None:
-    """mypy checks the types (backend_for returns each as a Backend; the supervisor takes each
+    """mypy checks the types (the registry returns each as a Backend; the supervisor takes each
     launcher as a Launcher); this checks that no member is missing or takes other arguments."""
     members = _members(face)
     assert some <= set(members)
@@ -70,7 +70,7 @@ def _manifest(backend: str, job_id: str | None = "123", **more: object) -> Manif
     )  # fmt: skip
 
 
-def test_backend_for_picks_the_manifests_backend_and_hands_slurm_the_client() -> None:
+def test_the_registry_picks_the_manifests_backend_and_hands_slurm_the_client() -> None:
     fake = FakeSlurm()
     client = fake.client()
     local = Registry(client).backend(_manifest("local"))

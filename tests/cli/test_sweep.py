@@ -545,7 +545,7 @@ def test_a_full_disk_while_writing_the_sweep_is_a_failure_with_a_hint(
     def full(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("hpc_ddp.sweep.submit.submit_sweep", full)  # what the API calls
+    monkeypatch.setattr("hpc_ddp.backends.slurm.sweeps.submit_sweep", full)  # what the API calls
     runs = tmp_path / "runs"
     assert main(["sweep", str(sweep_file(tmp_path)), "--runs-dir", str(runs)]) == 1
     err = capsys.readouterr().err

@@ -41,7 +41,7 @@ def test_each_runner_implements_every_member(runner: type) -> None:
         ), name
 
 
-def test_runner_for_reads_the_sweeps_manifest(tmp_path: Path) -> None:
+def test_the_registry_picks_the_runner_the_sweeps_manifest_names(tmp_path: Path) -> None:
     sweep = fabricate(tmp_path)
     assert isinstance(Registry().sweeps_of(sweep), ArraySweeps)  # no manifest: Slurm's, as always
     _manifest(sweep, "slurm", None)
