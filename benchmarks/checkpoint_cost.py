@@ -1,7 +1,7 @@
 """Measure what a checkpoint costs, round by round against ``dd conv=fsync`` of the same bytes.
 
 Usage: ``python -m benchmarks.checkpoint_cost DIR [STATE ...] [--rounds N]``. One process, CPU,
-through :class:`~hpc_ddp.runtime.session.Session` as a training script uses it. States:
+through :class:`~hpc_ddp.sessions.session.Session` as a training script uses it. States:
 
 ``mlp``, ``resnet18``
     the built-in models with SGD and momentum (the optimizer state as large as the weights):
@@ -46,7 +46,7 @@ from torch import nn
 from hpc_ddp.checkpoint.format import load_checkpoint
 from hpc_ddp.config.model import JobConfig, TrainConfig
 from hpc_ddp.rundir.layout import checkpoint_name
-from hpc_ddp.runtime.session import Session
+from hpc_ddp.sessions.session import Session
 from hpc_ddp.train.models import build_model
 
 STATES = ("mlp", "resnet18", "1GB")

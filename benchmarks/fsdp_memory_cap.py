@@ -40,7 +40,7 @@ def rank_main(args: argparse.Namespace) -> None:
         from torch import nn
 
         from hpc_ddp.config.model import JobConfig
-        from hpc_ddp.runtime.session import Session
+        from hpc_ddp.sessions.session import Session
 
         torch.manual_seed(0)
         with Session(Path(args.run_dir), JobConfig(name="memory-cap")) as s:

@@ -1,7 +1,7 @@
 """What a sharded (FSDP) checkpoint costs on 2 ranks, against ``dd conv=fsync`` of the same bytes.
 
 Usage: ``python -m benchmarks.sharded_checkpoint_cost DIR [--mb MB] [--rounds N]``. Starts 2 CPU
-ranks (:mod:`benchmarks.ranks`), each a :class:`~hpc_ddp.runtime.session.Session` with a model
+ranks (:mod:`benchmarks.ranks`), each a :class:`~hpc_ddp.sessions.session.Session` with a model
 of four square linear layers sharded by ``s.wrap(model, strategy="fsdp")`` and AdamW after one
 step (weights and two moments: about MB megabytes in all, half per rank). Each round, on every
 rank: the time ``s.checkpoint()`` blocks the training thread (the copy of its shard into kept
@@ -41,7 +41,7 @@ def rank_main(directory: Path, mb: int, rounds: int) -> None:
     from torch import nn
 
     from hpc_ddp.config.model import JobConfig, TrainConfig
-    from hpc_ddp.runtime.session import Session
+    from hpc_ddp.sessions.session import Session
 
     torch.set_num_threads(1)
     # 4 layers of w x w float32, x 3 (weights and AdamW's two moments): mb megabytes.

@@ -1,4 +1,4 @@
-"""A :class:`~hpc_ddp.runtime.session.Session` that times its steps, for ``bench_trainer``.
+"""A :class:`~hpc_ddp.sessions.session.Session` that times its steps, for ``bench_trainer``.
 
 Its own module, imported only by the rank processes: it imports torch (through the session),
 which the benchmark's parent process need not pay for.
@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from hpc_ddp.runtime.session import Session
+from hpc_ddp.sessions.session import Session
 
 AGREE_MODES = ("sync", "off")
 """How :meth:`TimedSession._stop_between_steps` agrees: the session's own way (at the steps

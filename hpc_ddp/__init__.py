@@ -38,9 +38,9 @@ from hpc_ddp.version import __version__
 
 # public name -> module that defines it (imported on first attribute access)
 _LAZY = {
-    "session": "hpc_ddp.runtime.session",
-    "Session": "hpc_ddp.runtime.session",
-    "RequeueExit": "hpc_ddp.runtime.session",
+    "session": "hpc_ddp.sessions.session",
+    "Session": "hpc_ddp.sessions.session",
+    "RequeueExit": "hpc_ddp.sessions.session",
     "REQUEUE_EXIT_CODE": "hpc_ddp.exitcodes",
     "unwrap": "hpc_ddp.runtime.procgroup",
     "Progress": "hpc_ddp.runtime.progress",
@@ -123,7 +123,7 @@ if TYPE_CHECKING:
     from hpc_ddp.runtime.procgroup import unwrap
     from hpc_ddp.runtime.progress import Progress
     from hpc_ddp.runtime.sampler import ResumableLoader, ResumableSampler
-    from hpc_ddp.runtime.session import RequeueExit, Session, session
+    from hpc_ddp.sessions.session import RequeueExit, Session, session
     from hpc_ddp.train.trainer import TrainResult, run_training
 
 

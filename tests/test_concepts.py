@@ -18,7 +18,7 @@ import pytest
 import hpc_ddp
 from hpc_ddp.cli.main import COMMANDS, build_parser
 from hpc_ddp.config.reference import config_reference
-from hpc_ddp.runtime.session import Session
+from hpc_ddp.sessions.session import Session
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "concepts.md"
 SECTIONS = ("slurm", "env", "dist", "train", "requeue", "fault", "params")

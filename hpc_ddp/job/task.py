@@ -656,7 +656,7 @@ def _run(
     if cfg.command:
         collector.release()  # this process only waits on the command from here
         return run_command(cfg, paths, env, dist, allocation=allocation)
-    from hpc_ddp.runtime.session import RequeueExit
+    from hpc_ddp.sessions.session import RequeueExit
 
     try:
         if cfg.entrypoint:
@@ -676,7 +676,7 @@ def _run(
 def run_entrypoint(spec: str, paths: RunPaths, cfg: JobConfig) -> int:
     """Call the job's ``pkg.mod:fn`` with the run directory and id in the environment; a
     session it opens on the run takes ``cfg`` (this task loaded it) rather than load it again."""
-    from hpc_ddp.runtime.session import handed_config
+    from hpc_ddp.sessions.startup import handed_config
 
     fn = resolve_entrypoint(spec)
     os.environ[RUN_DIR_ENV] = str(paths.root)
@@ -690,7 +690,7 @@ def run_builtin_trainer(
     cfg: JobConfig, paths: RunPaths, env: Mapping[str, str], dist: DistEnv
 ) -> int:
     """Train ``cfg.train`` in a session on ``paths.root``, at this task's place ``dist``."""
-    from hpc_ddp.runtime.session import Session
+    from hpc_ddp.sessions.session import Session
     from hpc_ddp.train.trainer import run_training
 
     with Session(paths.root, cfg, {**env, RUN_DIR_ENV: str(paths.root)}, dist=dist) as session:

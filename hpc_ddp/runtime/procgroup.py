@@ -583,7 +583,7 @@ def wrap_model(
     model: nn.Module, device: torch.device, *, exact: bool | None = None, **ddp_kwargs: Any
 ) -> nn.Module:
     """``model`` moved to ``device`` and wrapped in DistributedDataParallel (see
-    :meth:`hpc_ddp.runtime.session.Session.wrap`)."""
+    :meth:`hpc_ddp.sessions.session.Session.wrap`)."""
     from torch import nn
 
     model = model.to(device)

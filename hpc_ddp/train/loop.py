@@ -25,8 +25,8 @@ from torch import nn
 from hpc_ddp.config.exactness import DETERMINISTIC_ENV
 from hpc_ddp.config.model import TrainConfig
 from hpc_ddp.runtime.metrics import Throughput
-from hpc_ddp.runtime.session import Session
 from hpc_ddp.runtime.sharding import no_sync
+from hpc_ddp.sessions.session import Session
 
 log = logging.getLogger("hpc_ddp.train.trainer")
 

@@ -1,8 +1,9 @@
 """The built-in trainer: DDP or FSDP (``train.strategy``) image classification, written only
 against the session API.
 
-Checkpoints, stop signals and requeues all go through :class:`~hpc_ddp.runtime.session.Session`, the
-same way a user's own script uses them; nothing here has a second path for them.
+Checkpoints, stop signals and requeues all go through
+:class:`~hpc_ddp.sessions.session.Session`, the same way a user's own script uses them; nothing
+here has a second path for them.
 
 Per step: ``grad_accum`` micro-batches (DDP's ``no_sync`` on all but the last, so gradients are
 all-reduced once), optional autocast on GPU (bf16 where supported, else fp16 with a GradScaler),
@@ -50,8 +51,8 @@ from hpc_ddp.config.model import FaultConfig, JobConfig, TrainConfig
 from hpc_ddp.errors import ConfigError
 from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.sampler import mix_seed
-from hpc_ddp.runtime.session import Session
 from hpc_ddp.runtime.sharding import full_state_dict
+from hpc_ddp.sessions.session import Session
 from hpc_ddp.train.data import build_dataset
 from hpc_ddp.train.loop import (
     DeterministicKernels,
@@ -305,7 +306,7 @@ def run_training(cfg: JobConfig, session: Session) -> TrainResult:
     """Train ``cfg.train`` to the end, resuming from the newest checkpoint in the session.
 
     On an agreed stop signal the session saves, requeues and raises
-    :class:`~hpc_ddp.runtime.session.RequeueExit`; this function then never returns.
+    :class:`~hpc_ddp.sessions.session.RequeueExit`; this function then never returns.
     """
     if not cfg.train.deterministic:
         with TunedKernels(session.device):

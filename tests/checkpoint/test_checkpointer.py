@@ -28,7 +28,7 @@ from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import PeerError
 from hpc_ddp.runtime.handoff import Handoff
 from hpc_ddp.runtime.progress import Progress
-from hpc_ddp.runtime.session import Session
+from hpc_ddp.sessions.session import Session
 from tests.helpers.launch import HELPERS, run_ranks
 
 pytestmark = pytest.mark.torch

@@ -41,7 +41,7 @@ from hpc_ddp.errors import CheckpointError
 from hpc_ddp.rundir.layout import LATEST_CHECKPOINT, checkpoint_name, parse_checkpoint_name
 from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.progress import Progress
-from hpc_ddp.runtime.session import Session
+from hpc_ddp.sessions.session import Session
 
 pytestmark = pytest.mark.torch
 

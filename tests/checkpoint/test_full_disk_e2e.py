@@ -28,7 +28,7 @@ from torch import nn
 
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import CheckpointError
-from hpc_ddp.runtime.session import Session
+from hpc_ddp.sessions.session import Session
 from tests import e2e_util as e2e
 from tests.conftest import IN_CI, Cluster
 

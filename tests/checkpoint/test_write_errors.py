@@ -22,7 +22,7 @@ from torch import nn
 
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import CheckpointError
-from hpc_ddp.runtime.session import Session
+from hpc_ddp.sessions.session import Session
 
 pytestmark = pytest.mark.torch
 

@@ -23,7 +23,7 @@ from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import CheckpointError
 from hpc_ddp.rundir.layout import LATEST_CHECKPOINT, checkpoint_name
 from hpc_ddp.runtime.progress import Progress
-from hpc_ddp.runtime.session import Session
+from hpc_ddp.sessions.session import Session
 from tests.checkpoint.test_format import CPU, real_payload, save, small_model
 from tests.helpers.launch import HELPERS, base_env
 

@@ -29,8 +29,8 @@ from torch.utils.data import TensorDataset
 from hpc_ddp.checkpoint import sharded
 from hpc_ddp.checkpoint.digest import weights_digest
 from hpc_ddp.config.model import JobConfig, KeepBestConfig, TrainConfig
-from hpc_ddp.runtime.session import Session
 from hpc_ddp.runtime.sharding import full_state_dict
+from hpc_ddp.sessions.session import Session
 
 VAL_LOSS = {1: 1.0, 2: 0.5, 3: 0.8, 4: 0.9, 5: 0.7, 6: 0.6}
 

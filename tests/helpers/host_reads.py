@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from hpc_ddp.config.model import JobConfig, TrainConfig
-from hpc_ddp.runtime.session import Session
 from hpc_ddp.runtime.stopflag import StopFlag
+from hpc_ddp.sessions.session import Session
 
 PACKAGE = str(Path(__file__).resolve().parents[2] / "hpc_ddp") + os.sep
 READS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__", "numpy", "cpu")

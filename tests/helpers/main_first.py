@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.config.model import DistConfig, JobConfig
-from hpc_ddp.runtime.session import RequeueExit, Session
+from hpc_ddp.sessions.session import RequeueExit, Session
 
 PIECES = 5
 SLOW_TIMEOUT_S = 8

@@ -27,7 +27,7 @@ import hpc_ddp.checkpoint.writer as checkpoint_module
 from hpc_ddp.checkpoint.digest import weights_digest
 from hpc_ddp.config.model import DistConfig, FaultConfig, JobConfig, TrainConfig
 from hpc_ddp.runtime.procgroup import unwrap
-from hpc_ddp.runtime.session import Session
+from hpc_ddp.sessions.session import Session
 
 
 def slow_down(write_s: float, load_s: float) -> None:

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from hpc_ddp.config.model import JobConfig, TrainConfig
-from hpc_ddp.runtime.session import RequeueExit, Session
 from hpc_ddp.runtime.stopflag import AgreementCadence
+from hpc_ddp.sessions.session import RequeueExit, Session
 from hpc_ddp.train.trainer import run_training
 
 

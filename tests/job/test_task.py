@@ -128,7 +128,7 @@ def test_a_task_derives_its_dist_env_once_and_passes_it_down(
     """The code record, the watchdog and the built-in trainer's session each derived it again
     from the environment (three times per rank)."""
     derived = _counted(
-        monkeypatch, "derive_dist_env", "hpc_ddp.runtime.distenv", "hpc_ddp.runtime.session"
+        monkeypatch, "derive_dist_env", "hpc_ddp.runtime.distenv", "hpc_ddp.sessions.startup"
     )
     train = TrainConfig(epochs=None, max_steps=2, batch_size=16, synthetic_samples=64)
     cfg = JobConfig(name="once", train=train)
@@ -156,7 +156,7 @@ def test_an_entry_points_session_takes_the_config_the_task_loaded(
     """The task loaded and checked RUN_DIR/config.yaml, then the entry point's session loaded
     it again; a session opened later, outside the task, loads it itself."""
     loaded = _counted(
-        monkeypatch, "load_resolved_config", "hpc_ddp.config.load", "hpc_ddp.runtime.session"
+        monkeypatch, "load_resolved_config", "hpc_ddp.config.load", "hpc_ddp.sessions.startup"
     )
     cfg = JobConfig(name="entry", entrypoint="tests.job.test_task:entry_opening_a_session")
     run = _run_dir(tmp_path / "entry", cfg)

@@ -15,8 +15,8 @@ from torch import nn
 
 from hpc_ddp.config.model import JobConfig, TrainConfig
 from hpc_ddp.errors import ConfigError
-from hpc_ddp.runtime.session import Session
 from hpc_ddp.runtime.sharding import full_state_dict, is_sharded, no_sync, shard_units
+from hpc_ddp.sessions.session import Session
 
 pytestmark = pytest.mark.torch
 

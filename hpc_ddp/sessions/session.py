@@ -45,12 +45,8 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import itertools
 import logging
-import math
 import os
-import signal
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -66,35 +62,28 @@ from hpc_ddp.backends.node_registry import allocation_for
 from hpc_ddp.checkpoint.checkpointer import Checkpointer, broadcast_object
 from hpc_ddp.checkpoint.tracked import Tracked
 from hpc_ddp.config.elastic import Resize, planned_accum
-from hpc_ddp.config.load import load_resolved_config
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.params import Params
 from hpc_ddp.errors import ConfigError, HpcDdpError
 from hpc_ddp.exitcodes import REQUEUE_EXIT_CODE
-from hpc_ddp.fault.blame import ExitNote, fault_cause
+from hpc_ddp.fault.blame import FaultRecord
 from hpc_ddp.fault.coordinator import Coordinator
-from hpc_ddp.fault.requeue import signal_number
-from hpc_ddp.fault.watchdog import (
-    Watchdog,
-    exit_note_path,
-    launch_paths,
-    start_watchdog,
-    write_exit_note,
-)
-from hpc_ddp.rundir.layout import PER_RANK_LOGS_ENV, RUN_DIR_ENV, RunPaths
+from hpc_ddp.fault.rankwatch import RankWatch, record_fault
+from hpc_ddp.rundir.layout import RUN_DIR_ENV, RunPaths
 from hpc_ddp.rundir.numbering import DefaultRunDir, pick_default_run_dir
 from hpc_ddp.rundir.run_id import read_run_id
-from hpc_ddp.runtime.distenv import DistEnv, derive_dist_env
-from hpc_ddp.runtime.evaluation import EvalLoader
+from hpc_ddp.runtime.distenv import DistEnv
 from hpc_ddp.runtime.handoff import MAIN_FIRST_PREFIX, MAIN_FIRST_TIMEOUT_S, Turn, leader_first
-from hpc_ddp.runtime.metrics import MetricsWriter, metric_row, setup_rank_logging
-from hpc_ddp.runtime.procgroup import destroy_process_group, init_process_group, wrap_model
+from hpc_ddp.runtime.metrics import MetricsWriter, metric_row
+from hpc_ddp.runtime.procgroup import destroy_process_group, wrap_model
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.progress_log import ProgressLog
-from hpc_ddp.runtime.rankclaim import claim_rank
 from hpc_ddp.runtime.sampler import ResumableLoader
 from hpc_ddp.runtime.sharding import STRATEGIES, mixed_precision, shard_model
 from hpc_ddp.runtime.stopflag import AgreementCadence, StopFlag
+from hpc_ddp.sessions.attempt import begin_attempt, end_attempt, let_data_workers_go
+from hpc_ddp.sessions.evaluation import EvalLoader
+from hpc_ddp.sessions.startup import StartupMarks, session_config, start_rank
 
 log = logging.getLogger("hpc_ddp")
 
@@ -133,71 +122,6 @@ class Phase(enum.Enum):
     """Process group left; nothing collective works any more."""
 
 
-def begin_attempt(
-    coordinator: Coordinator,
-    step: int,
-    checkpoint: str | None,
-    *,
-    grad_accum: int | None = None,
-    resize: Resize | None = None,
-) -> int | None:
-    """Rank 0 writes the attempt's start; every rank gets the exit code of an attempt past the
-    budget (it must end at once), else None."""
-    outcome = coordinator.begin(
-        resumed_from_step=step if checkpoint else None,
-        checkpoint=checkpoint,
-        grad_accum=grad_accum,
-        resize=resize,
-    )
-    code: int | None = broadcast_object(None if outcome is None else outcome.exit_code)
-    return code
-
-
-def let_data_workers_go() -> None:
-    """From here on a data-loader worker that dies is no error in this process.
-
-    Once rank 0 asks Slurm to requeue, Slurm SIGTERMs every process of the step, the
-    data-loader workers too (even ``scontrol`` itself, before it returns), and torch's SIGCHLD
-    handler would raise "DataLoader worker ... is killed by signal" in whatever the rank does
-    next: asking Slurm what became of the request, writing the ledger, hearing rank 0's answer.
-    A clean stop would be recorded as a crash. The attempt is over and no batch is wanted, so
-    the default disposition comes back (not SIG_IGN, which would break ``waitpid``), and stays
-    until the process is gone. Only the main thread may set a handler."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-
-
-def end_attempt(
-    coordinator: Coordinator, signum: int, step: int, checkpoint: str | None
-) -> tuple[bool, int]:
-    """Rank 0 handles the agreed stop (ledger, requeue); every rank gets (requeue asked, exit
-    code)."""
-    outcome = None
-    if coordinator.dist.is_main:
-        outcome = coordinator.stop(signum, step=step, checkpoint=checkpoint)
-    asked, code = broadcast_object(
-        (False, 0) if outcome is None else (outcome.requeue_requested, outcome.exit_code)
-    )
-    return bool(asked), int(code)
-
-
-_handed: tuple[Path, JobConfig] | None = None
-"""The run directory (resolved) and config the task handed to its entry point's sessions."""
-
-
-@contextlib.contextmanager
-def handed_config(run_dir: Path, config: JobConfig) -> Iterator[None]:
-    """While the task (``hpc-ddp run``) calls a job's entry point: a session it opens on
-    ``run_dir`` without a config takes ``config``, which the task loaded from that run's
-    ``config.yaml`` a moment before, rather than load and check the file again."""
-    global _handed
-    before, _handed = _handed, (Path(run_dir).resolve(), config)
-    try:
-        yield
-    finally:
-        _handed = before
-
-
 class Session:
     """One process's view of a distributed run; see the module docstring."""
 
@@ -230,11 +154,10 @@ class Session:
             self._picked = pick_default_run_dir(Path.cwd())
             self.run_dir = self._picked.path.resolve()
         self.paths = RunPaths(self.run_dir)
-        self.config = config if config is not None else self._load_config()
+        self.config = config if config is not None else session_config(self.paths)
         self._run_id: str | None = None
         self.progress = Progress()
         self.device = torch.device("cpu")
-        self._signal_name = self.config.requeue.signal
         self.stop_flag = StopFlag(())
         self.cadence = AgreementCadence()
         """When :meth:`steps` agrees on stops; ``AgreementCadence(fixed=1)`` for every step."""
@@ -247,63 +170,31 @@ class Session:
         self._coordinator: Coordinator | None = None
         self._began = time.time()  # before any peer of this attempt can write its start
         self._turns: dict[str, int] = {}  # main_first calls so far, per group: the store keys
-        self._watchdog: Watchdog | None = None
-        self._own_watchdog = False  # started here (not by `hpc-ddp run`): stopped at close
+        self._watch: RankWatch | None = None  # the rank's watchdog and exit note (at start)
         self._recorded: int | None = None  # the step of the last save recorded in the ledger
         self._training_data = False  # s.loader() called: its Progress is the data position
         self._progress_log = ProgressLog(self.config.train.log_every, self.paths.live_progress)
-        self.startup: list[tuple[str, float]] = [("process", _process_started_at())]
+        self._startup = StartupMarks()
+        self.startup: list[tuple[str, float]] = self._startup.marks
         """Wall-clock marks of this launch's start-up, in order: the process's start, then
         the end of each phase (``session``: its imports done, ``process group``, ``model``:
         wrapped and on its device, ``restore``, ``first step``). Logged at the first step."""
-        self._mark_startup("session")
-        self._exit_note: Path | None = None  # where this rank says how it left (fault.enabled)
+        self._startup.mark("session")
         self._left: tuple[int, int] | None = None  # (step, total) of a steps loop left early
-
-    def _load_config(self) -> JobConfig:
-        if _handed is not None and _handed[0] == self.run_dir:
-            return _handed[1]  # the task's entry point: it loaded this run's config already
-        if self.paths.config.is_file():
-            return load_resolved_config(self.paths.config)
-        return JobConfig(name=self.run_dir.name)
 
     # --- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> Session:
         """Catch stop signals, join the process group, pick the device."""
-        given = self._given_dist
-        self.dist = (
-            given if given is not None else derive_dist_env(self.env, port=self.config.dist.port)
-        )
+        rank = start_rank(self.config, self.run_dir, self.env, self._given_dist)
+        self.dist, self._watch, self.stop_flag = rank.dist, rank.watch, rank.stop_flag
+        self.requeue_signal, self._log_handler = rank.requeue_signal, rank.log_handler
         self.grad_accum = planned_accum(self.config, self.dist.world_size)
-        self._watchdog, self._own_watchdog = start_watchdog(
-            self.config.fault, self.run_dir, self.env, self.dist
-        )
-        if self._watchdog is not None:
-            self._watchdog.on_declared = self._record_fault
-        self._exit_note = exit_note_path(self.config.fault, self.run_dir, self.env, self.dist)
-        self.requeue_signal = signal_number(self._signal_name)
-        signals = [self.requeue_signal, signal.SIGTERM]
-        # A person at a terminal (srun handles ^C itself). A SIGINT this process was started
-        # with ignored stays ignored, as Python leaves it: whoever started it answers Ctrl-C
-        # (the local backend's `submit --wait` turns it into a cancel), or nobody should (nohup).
-        if self.dist.launcher != "slurm" and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-            signals.append(signal.SIGINT)
-        self.stop_flag = StopFlag(signals).install()  # before anything slow: no window unguarded
-        self._log_handler = setup_rank_logging(
-            log, self.dist.rank, every_rank=self.env.get(PER_RANK_LOGS_ENV) == "1"
-        )
-        try:
-            # Before the rendezvous: a forked twin of this rank must not join anything.
-            claim_rank(launch_paths(self.run_dir, self.env, self.dist).root, self.dist.rank)
-            info = init_process_group(self.dist, self.config.dist, self.run_dir, self.env)
-        except BaseException:
-            self.stop_flag.close()
-            raise
-        self.device = torch.device(info.device)
-        self.backend = info.backend
+        self.device = torch.device(rank.group.device)
+        self.backend = rank.group.backend
         self.phase = Phase.STARTED
-        self._mark_startup("process group")
+        self._watch.on_fault(self._record_fault)  # recorded once the coordinator is there
+        self._startup.mark("process group")
         self._checkpointer = Checkpointer(
             self.paths.checkpoints,
             self.config,
@@ -324,7 +215,7 @@ class Session:
             self.rank,
             self.world_size,
             self.dist.launcher,
-            info.backend,
+            self.backend,
             self.device,
             self.run_dir,
             self.run_id,
@@ -361,8 +252,8 @@ class Session:
                 self.stop_flag.close()
             if self._log_handler is not None:
                 log.removeHandler(self._log_handler)
-            if self._own_watchdog and self._watchdog is not None:
-                self._watchdog.stop()
+            if self._watch is not None:
+                self._watch.stop()
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is None or isinstance(exc, SystemExit):
@@ -387,10 +278,8 @@ class Session:
             self._coordinator.crash(
                 step=self.progress.step, checkpoint=self._last_name(), error=exc
             )
-        if self._watchdog is not None and isinstance(exc, BaseException):
-            # Claims the launch's fault (unless this rank only lost a peer) before the slow
-            # part: the others learn of it from the beats, not from a collective.
-            self._watchdog.crashed(f"{type(exc).__name__}: {exc}")
+        if self._watch is not None and isinstance(exc, BaseException):
+            self._watch.crashed(exc)
         try:
             self.close(together=False)
         except Exception:  # do not hide the error that is already on its way out
@@ -403,14 +292,9 @@ class Session:
             self._note_exit(total=None if left is None else left[1])
 
     def _note_exit(self, *, total: int | None = None, error: str | None = None) -> None:
-        """This rank's exit note (see :class:`~hpc_ddp.fault.blame.ExitNote`): the
-        supervisor ends a launch whose rank left its loop while its peers train on."""
-        if self._exit_note is None:
-            return
-        node = self.dist.node_name or "local"
-        note = ExitNote(self.rank, node, os.getpid(), time.time(), self.progress.step, total, error)
-        with contextlib.suppress(OSError, ValueError):
-            write_exit_note(self._exit_note, note)
+        """This rank's exit note (:meth:`RankWatch.note_exit`)."""
+        if self._watch is not None:
+            self._watch.note_exit(self.progress.step, total=total, error=error)
 
     def _save_final(self) -> None:
         """A clean end saves the final step (collective, durable before ``finished`` is
@@ -431,37 +315,24 @@ class Session:
         else:
             ckpt.sync_errors()
 
-    def _record_fault(self, record: Any) -> None:
+    def _record_fault(self, record: FaultRecord) -> None:
         """The watchdog declared a fault (on its thread): the attempt ends with it."""
-        if self._coordinator is None:
-            return
-        cause = fault_cause(record.kind)
-        where = ", ".join(f"rank {r}" for r in record.ranks) or "no rank"
-        nodes = f" on {','.join(record.nodes)}" if record.nodes else ""
-        self._coordinator.fault(
-            cause=cause,
-            step=self.progress.step,
-            checkpoint=self._last_name(),
-            message=f"{cause.value}: {where}{nodes}: {record.why} (declared by {record.by})",
-        )
+        if self._coordinator is not None:
+            record_fault(
+                self._coordinator, record, step=self.progress.step, checkpoint=self._last_name()
+            )
 
-    def _enter(self, phase: str, limit: float | None = None) -> None:
-        if self._watchdog is not None:
-            self._watchdog.enter(phase, limit)
+    def _enter(self, phase: str) -> None:
+        if self._watch is not None:
+            self._watch.enter(phase)
 
-    @contextlib.contextmanager
-    def section(self, name: str, *, timeout_s: float | None = None) -> Iterator[None]:
+    def section(self, name: str, *, timeout_s: float | None = None) -> AbstractContextManager[None]:
         """``with s.section("eval"):`` long work outside a training step, timed against its own
         deadline (``timeout_s``, default ``fault.checkpoint_timeout_s``) instead of the step
         timeout, which follows the observed step times and would call it a hang."""
-        watchdog = self._watchdog
-        before = None if watchdog is None else watchdog.phase
-        self._enter(name, timeout_s)
-        try:
-            yield
-        finally:
-            if before is not None:
-                self._enter(before)
+        if self._watch is None:
+            return contextlib.nullcontext()
+        return self._watch.section(name, timeout_s)
 
     # --- who and where --------------------------------------------------------------------
 
@@ -597,7 +468,7 @@ class Session:
             wrapped = shard_model(model, self.device, shard=shard, mp_policy=policy)
         else:
             wrapped = wrap_model(model, self.device, exact=exact, **ddp_kwargs)
-        self._mark_startup("model")
+        self._startup.mark("model")
         return wrapped
 
     def loader(
@@ -634,7 +505,7 @@ class Session:
     def eval_loader(self, dataset: Any, *, batch_size: int, **kwargs: Any) -> EvalLoader:
         """This rank's batches of an evaluation set: every sample exactly once over all ranks
         (contiguous shards, no padding duplicates), in order, and sums that reduce exactly
-        over the ranks (:meth:`~hpc_ddp.runtime.evaluation.EvalLoader.add`, ``reduce``).
+        over the ranks (:meth:`~hpc_ddp.sessions.evaluation.EvalLoader.add`, ``reduce``).
 
         It never touches the training data position (:attr:`progress`) or the global RNG, so
         training after an evaluation goes on exactly as without one. Keyword arguments:
@@ -692,7 +563,7 @@ class Session:
         with self.section("checkpoint"):
             tracked = Tracked(model, optimizer, scheduler, scaler, objects)
             loaded = self._ckpt().restore(tracked, self.progress, elastic=elastic)
-        self._mark_startup("restore")
+        self._startup.mark("restore")
         self._begin_attempt(None if loaded is None else loaded.name)
         return None if loaded is None else self.progress
 
@@ -791,11 +662,11 @@ class Session:
             while self.progress.step < total:
                 self.progress.step += 1
                 yield self.progress.step
-                if self._startup_open:
-                    self._mark_startup("first step")
-                    self._log_startup()
-                if self._watchdog is not None:
-                    self._watchdog.step_done(self.progress.step)
+                if self._startup.open:
+                    self._startup.mark("first step")
+                    self._startup.log()
+                if self._watch is not None:
+                    self._watch.step_done(self.progress.step)
                 if checkpoint_every > 0 and self.progress.step % checkpoint_every == 0:
                     self.checkpoint()
                 # At the last step a stop changes nothing: the run ends and saves anyway.
@@ -866,27 +737,6 @@ class Session:
         self.close(keep_signal_handlers=True)
         raise RequeueExit(signum, asked and self.is_main, code)
 
-    # --- start-up -------------------------------------------------------------------------
-
-    @property
-    def _startup_open(self) -> bool:
-        return self.startup[-1][0] != "first step"
-
-    def _mark_startup(self, phase: str) -> None:
-        if self._startup_open and phase not in (name for name, _ in self.startup):
-            self.startup.append((phase, time.time()))
-
-    def _log_startup(self) -> None:
-        """One line on where this launch's start-up went (a restart pays it on every launch)."""
-        marks = [(name, t) for name, t in self.startup if not math.isnan(t)]  # no /proc
-        parts = [f"{b[0]} {b[1] - a[1]:.2f} s" for a, b in itertools.pairwise(marks)]
-        log.info(
-            "start-up %.2f s from %s to the end of the first step: %s",
-            marks[-1][1] - marks[0][1],
-            marks[0][0],
-            ", ".join(parts),
-        )
-
     # --- metrics --------------------------------------------------------------------------
 
     def log(self, **metrics: Any) -> None:
@@ -910,18 +760,6 @@ class Session:
             line = self._progress_log.row(metrics, epoch=self.progress.epoch)
             if line is not None:
                 log.info(line)
-
-
-def _process_started_at() -> float:
-    """When this process started, wall clock (NaN where ``/proc`` cannot say): its age from
-    ``/proc/self/stat`` (clock ticks since boot) and ``/proc/uptime``, both to 10 ms."""
-    try:
-        stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        age = uptime - int(stat[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
-    except (OSError, ValueError, IndexError):
-        return float("nan")
-    return time.time() - age
 
 
 def session(

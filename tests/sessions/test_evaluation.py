@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from hpc_ddp.runtime.evaluation import EvalLoader, eval_shard
+from hpc_ddp.sessions.evaluation import EvalLoader, eval_shard
 
 pytestmark = pytest.mark.torch
 

@@ -33,7 +33,7 @@ from hpc_ddp.rundir.layout import RUN_DIR_ENV, LaunchPaths
 from hpc_ddp.rundir.ledger import read_ledger
 from hpc_ddp.rundir.numbering import DEFAULT_RUN_DIR
 from hpc_ddp.runtime.procgroup import unwrap
-from hpc_ddp.runtime.session import Phase, RequeueExit, Session
+from hpc_ddp.sessions.session import Phase, RequeueExit, Session
 from tests.helpers.launch import REPO, base_env, free_port
 from tests.runtime.array_task import TASK
 
@@ -425,7 +425,7 @@ def test_a_data_worker_slurm_ends_during_the_requeue_is_no_crash() -> None:
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from hpc_ddp.runtime.session import let_data_workers_go
+    from hpc_ddp.sessions.attempt import let_data_workers_go
 
     before = signals.getsignal(signals.SIGCHLD)
     loader = DataLoader(TensorDataset(torch.arange(64.0)), batch_size=4, num_workers=2)

@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from hpc_ddp.config.model import JobConfig
-from hpc_ddp.runtime.session import Session
+from hpc_ddp.sessions.session import Session
 
 pytestmark = pytest.mark.torch
 

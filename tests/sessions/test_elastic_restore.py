@@ -19,7 +19,7 @@ from hpc_ddp.errors import ConfigError
 from hpc_ddp.rundir.ledger import read_ledger
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.sampler import reseed_rng
-from hpc_ddp.runtime.session import Session
+from hpc_ddp.sessions.session import Session
 
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("own_process")]
 

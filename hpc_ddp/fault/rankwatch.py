@@ -1,0 +1,111 @@
+"""A rank's side of the fault model, as its session wires it: the watchdog told where the rank is
+(each phase against its own deadline), the exit note that says how the rank left, and a fault
+the watchdog declared recorded as the attempt's end.
+
+Without ``fault.enabled`` (or a watchdog not wanted: a lone process without a supervisor) every
+call here does nothing, so the session calls them unconditionally.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpc_ddp.config.model import FaultConfig
+from hpc_ddp.fault.blame import ExitNote, FaultRecord, fault_cause
+from hpc_ddp.fault.coordinator import Coordinator
+from hpc_ddp.fault.watchdog import Watchdog, exit_note_path, start_watchdog, write_exit_note
+from hpc_ddp.runtime.distenv import DistEnv
+
+
+@dataclass(frozen=True)
+class RankWatch:
+    """This rank's watchdog (None: none runs) and where its exit note goes (None: none)."""
+
+    dist: DistEnv
+    watchdog: Watchdog | None
+    own: bool
+    """The watchdog was started here (not by ``hpc-ddp run``): :meth:`stop` stops it."""
+    exit_note: Path | None
+
+    @classmethod
+    def start(
+        cls, cfg: FaultConfig, run_dir: Path, env: Mapping[str, str], dist: DistEnv
+    ) -> RankWatch:
+        """The running watchdog, or one started now when it is wanted, and the exit note's
+        path (see :func:`~hpc_ddp.fault.watchdog.start_watchdog`)."""
+        watchdog, own = start_watchdog(cfg, run_dir, env, dist)
+        return cls(dist, watchdog, own, exit_note_path(cfg, run_dir, env, dist))
+
+    def on_fault(self, declared: Callable[[FaultRecord], None]) -> None:
+        """Call ``declared`` (on the watchdog's thread) when the watchdog declares a fault."""
+        if self.watchdog is not None:
+            self.watchdog.on_declared = declared
+
+    @property
+    def phase(self) -> str | None:
+        """The phase the watchdog times now (None: no watchdog)."""
+        return None if self.watchdog is None else self.watchdog.phase
+
+    def enter(self, phase: str, limit: float | None = None) -> None:
+        """This rank now works in ``phase``; ``limit`` overrides the phase's own timeout."""
+        if self.watchdog is not None:
+            self.watchdog.enter(phase, limit)
+
+    @contextlib.contextmanager
+    def section(self, name: str, timeout_s: float | None = None) -> Iterator[None]:
+        """``name`` timed against ``timeout_s`` (default: the phase's own), then back to the
+        phase it interrupted."""
+        before = self.phase
+        self.enter(name, timeout_s)
+        try:
+            yield
+        finally:
+            if before is not None:
+                self.enter(before)
+
+    def step_done(self, step: int) -> None:
+        """Step ``step`` is complete: its time joins the step timeout's sample."""
+        if self.watchdog is not None:
+            self.watchdog.step_done(step)
+
+    def note_exit(self, step: int, *, total: int | None = None, error: str | None = None) -> None:
+        """This rank's exit note (see :class:`~hpc_ddp.fault.blame.ExitNote`): the supervisor
+        ends a launch whose rank left its loop while its peers train on. Best effort: a note
+        that cannot be written is no reason to fail the rank."""
+        if self.exit_note is None:
+            return
+        node = self.dist.node_name or "local"
+        note = ExitNote(self.dist.rank, node, os.getpid(), time.time(), step, total, error)
+        with contextlib.suppress(OSError, ValueError):
+            write_exit_note(self.exit_note, note)
+
+    def crashed(self, exc: BaseException) -> None:
+        """Claims the launch's fault (unless this rank only lost a peer) before the slow part of
+        leaving: the others learn of it from the beats, not from a collective."""
+        if self.watchdog is not None:
+            self.watchdog.crashed(f"{type(exc).__name__}: {exc}")
+
+    def stop(self) -> None:
+        """Stop the watchdog if it was started here."""
+        if self.own and self.watchdog is not None:
+            self.watchdog.stop()
+
+
+def record_fault(
+    coordinator: Coordinator, record: FaultRecord, *, step: int, checkpoint: str | None
+) -> None:
+    """A fault the watchdog declared, as the attempt's end in the ledger."""
+    cause = fault_cause(record.kind)
+    where = ", ".join(f"rank {r}" for r in record.ranks) or "no rank"
+    nodes = f" on {','.join(record.nodes)}" if record.nodes else ""
+    coordinator.fault(
+        cause=cause,
+        step=step,
+        checkpoint=checkpoint,
+        message=f"{cause.value}: {where}{nodes}: {record.why} (declared by {record.by})",
+    )
