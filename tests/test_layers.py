@@ -75,7 +75,7 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(("runtime",), pure=("runtime.distenv", "runtime.progress", "runtime.handoff")),
     Layer(("checkpoint",)),
-    Layer(("fault",), pure=("fault.blame", "fault.plan")),
+    Layer(("fault",), pure=("fault.blame", "fault.plan", "fault.requeue")),
     Layer(("sessions",)),
     Layer(("train",)),
     Layer(("doctor",)),
@@ -307,14 +307,13 @@ BACKEND_PACKAGES = tuple(
     sorted(p.parent.name for p in (PACKAGE / "backends").glob("*/__init__.py"))
 )
 """Each backend's own package under ``hpc_ddp/backends/`` (``local``, ``slurm``)."""
-BACKEND_PICKER = "hpc_ddp.backends.registry"
-"""The one module outside a backend's package that imports it: it makes each backend by name."""
-NODE_FACE_PENDING: dict[str, str] = {
-    # Issue 40: the node side's face per backend is being built beside this check; its picker
-    # by environment imports the backends' node faces as the registry does their login faces.
-    "hpc_ddp.backends.node_registry": "picks the node faces; to join backends/registry.py",
+BACKEND_PICKERS: dict[str, str] = {
+    "hpc_ddp.backends.registry": "the login side's registry: each backend's login face and its "
+    "sweep runner, made by name",
+    "hpc_ddp.backends.node_registry": "the node side's: each backend's node face (allocation, "
+    "launcher), picked by the environment; the node side may not import the login side's",
 }
-"""Node-side modules allowed to import a backend's package for now, each with its reason."""
+"""The modules outside a backend's package that import it, one per side, each with its reason."""
 SEAM_PENDING: dict[str, str] = {
     # Issue 40 item 1 left these for the one `backends=` injection and the sweep runners moved
     # beside their backend: each still names the Slurm client (a `slurm=` parameter), a Slurm
@@ -338,12 +337,12 @@ SEAM_PENDING: dict[str, str] = {
 def backend_reaches(module: str) -> list[str]:
     """Every import in ``module`` of a backend's own package (``hpc_ddp.backends.<name>``),
     function-level ones included, unless ``module`` is in that package or is the registry."""
-    if module == BACKEND_PICKER:
+    if module in BACKEND_PICKERS:
         return []
     own = [f"hpc_ddp.backends.{name}" for name in BACKEND_PACKAGES]
     home = next((p for p in own if module == p or module.startswith(p + ".")), None)
     return [
-        f"{module}:{line} imports {target} (only {BACKEND_PICKER} may)"
+        f"{module}:{line} imports {target} (only the registries may)"
         for target, line in _imports(module)
         for package in own
         if package != home and (target == package or target.startswith(package + "."))
@@ -355,18 +354,23 @@ def test_only_the_registry_imports_a_backends_own_package(module: str) -> None:
     """Code that works with any backend reaches one through :mod:`hpc_ddp.backends.registry`
     and the shared types (:mod:`hpc_ddp.backends.base`, ``jobs``, ``arrays``): a PBS backend
     then adds a package and a registry line, and changes nothing else."""
-    if module in NODE_FACE_PENDING or module in SEAM_PENDING:
+    if module in SEAM_PENDING:
         return
     assert backend_reaches(module) == []
 
 
 def test_the_backend_check_sees_a_reach_and_every_pending_entry_is_one() -> None:
     assert backend_reaches("hpc_ddp.backends.slurm.backend") == []  # its own package
-    assert backend_reaches(BACKEND_PICKER) == []
+    assert all(backend_reaches(picker) == [] for picker in BACKEND_PICKERS)
+    assert side_of("hpc_ddp.backends.node_registry") != "login"  # the node side may import it
     assert backend_reaches("hpc_ddp.backends.base") == []
     assert {"local", "slurm"} <= set(BACKEND_PACKAGES)
     # A stale entry would hide the next real reach: each one still reaches a backend.
-    for module in (*NODE_FACE_PENDING, *SEAM_PENDING):
+    for module in (*BACKEND_PICKERS, *SEAM_PENDING):
+        if module in BACKEND_PICKERS:
+            own = tuple(f"hpc_ddp.backends.{name}." for name in BACKEND_PACKAGES)
+            assert any(target.startswith(own) for target, _ in _imports(module)), module
+            continue
         assert backend_reaches(module), f"{module} no longer reaches a backend: drop its entry"
 
 

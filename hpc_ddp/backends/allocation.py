@@ -118,12 +118,12 @@ class Allocation(Protocol):
 
     def standing(self, job_ref: str) -> JobStanding:
         """What the scheduler says of job ``job_ref`` now; raises
-        :class:`~hpc_ddp.errors.SlurmError` when it cannot be asked."""
+        :class:`~hpc_ddp.errors.BackendError` when it cannot be asked."""
         ...
 
     def requeue(self, job_ref: str) -> None:
         """Ask the scheduler to requeue job ``job_ref``; raises
-        :class:`~hpc_ddp.errors.SlurmError` when it refuses or cannot be asked."""
+        :class:`~hpc_ddp.errors.BackendError` when it refuses or cannot be asked."""
         ...
 
     def down(self, nodes: Sequence[str]) -> dict[str, str]:

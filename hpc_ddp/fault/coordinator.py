@@ -40,19 +40,19 @@ from hpc_ddp.backends.allocation import Allocation, JobStanding
 from hpc_ddp.config.elastic import Resize
 from hpc_ddp.config.model import RequeueConfig
 from hpc_ddp.durable import append_line
-from hpc_ddp.errors import DistEnvError, RunDirError, SlurmError
+from hpc_ddp.errors import BackendError, DistEnvError, RunDirError
 from hpc_ddp.exitcodes import BUDGET_EXIT_CODE, REQUEUE_FAILED_EXIT_CODE
 from hpc_ddp.fault.blame import PEER_ERROR
 from hpc_ddp.fault.requeue import (
     RequeueDecision,
     StopVerdict,
+    backend_failure_summary,
     classify_stop,
     classify_unanswered_stop,
     decide_requeue,
     outside_slurm_message,
     requeue_failed_message,
     signal_number,
-    slurm_failure_summary,
     unconfirmed_message,
 )
 from hpc_ddp.rundir.checkpoints import checkpoint_on_disk
@@ -184,9 +184,9 @@ class Coordinator:
         assert self.dist.job_ref is not None
         try:
             return self.allocation.standing(self.dist.job_ref), ""
-        except SlurmError as exc:
+        except BackendError as exc:
             log.warning("could not ask Slurm about job %s: %s", self.dist.job_ref, exc)
-            return None, slurm_failure_summary(exc)
+            return None, backend_failure_summary(exc)
 
     def stop(
         self,
@@ -232,7 +232,7 @@ class Coordinator:
         nodes = standing.nodes or self.dist.nodelist
         try:
             down = self.allocation.down(nodes) if nodes else {}
-        except (SlurmError, DistEnvError) as exc:
+        except (BackendError, DistEnvError) as exc:
             log.warning("could not ask Slurm about the job's nodes: %s", exc)
             return []
         return list(down)
@@ -282,9 +282,9 @@ class Coordinator:
         assert self.dist.job_ref is not None
         try:
             self.allocation.requeue(self.dist.job_ref)
-        except SlurmError as exc:
+        except BackendError as exc:
             log.warning("scontrol requeue %s failed: %s", self.dist.job_ref, exc)
-            return slurm_failure_summary(exc)
+            return backend_failure_summary(exc)
         log.info("asked Slurm to requeue job %s", self.dist.job_ref)
         return None
 

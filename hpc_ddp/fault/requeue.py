@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hpc_ddp.backends.allocation import JobStanding
-from hpc_ddp.errors import SlurmError
+from hpc_ddp.errors import BackendError
 from hpc_ddp.rundir.endcause import EndCause, RequeueRule, meaning
 
 
@@ -266,8 +266,8 @@ def outside_slurm_message(run_dir: str) -> str:
     )
 
 
-def slurm_failure_summary(exc: SlurmError) -> str:
-    """A Slurm failure on one line for the ledger: what failed and what Slurm said, no hint."""
+def backend_failure_summary(exc: BackendError) -> str:
+    """A scheduler's failure on one line for the ledger: what failed and what it said, no hint."""
     text = str(exc).split("HINT:", 1)[0]
     lines = (line.strip().rstrip(".") for line in text.splitlines())
     return "; ".join(line for line in lines if line and not line.startswith("command:"))

@@ -46,7 +46,7 @@ from hpc_ddp.backends.base import Launcher
 from hpc_ddp.config.elastic import nodes_for_launch
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.durable import write_text_atomic
-from hpc_ddp.errors import SlurmError
+from hpc_ddp.errors import BackendError
 from hpc_ddp.fault.blame import (
     BEAT_BYTES,
     Beat,
@@ -620,8 +620,8 @@ class Supervisor:
         if finding.cause is not EndCause.NODE_FAIL and finding.blame.nodes:
             try:
                 down = self.launcher.down(finding.blame.nodes)
-            except SlurmError as exc:
-                log.warning("supervisor: could not ask Slurm about the nodes: %s", exc)
+            except BackendError as exc:
+                log.warning("supervisor: could not ask the scheduler about the nodes: %s", exc)
                 down = {}
             if down:
                 said = ", ".join(f"{n} is {s}" for n, s in down.items())

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hpc_ddp.backends.allocation import NO_JOB, JobIdentity, JobStanding, Placement, Scheduler
-from hpc_ddp.errors import SlurmError
+from hpc_ddp.errors import BackendError
 
 _NO_SCHEDULER = "not a Slurm job: nothing requeues a local run (`hpc-ddp resume` does)"
 
@@ -47,12 +47,12 @@ class LocalAllocation:
         return None
 
     def standing(self, job_ref: str) -> JobStanding:
-        """Never asked (there is no job); raises :class:`~hpc_ddp.errors.SlurmError`."""
-        raise SlurmError(f"{_NO_SCHEDULER}; no job {job_ref} to ask about")
+        """Never asked (there is no job); raises :class:`~hpc_ddp.errors.BackendError`."""
+        raise BackendError(f"{_NO_SCHEDULER}; no job {job_ref} to ask about")
 
     def requeue(self, job_ref: str) -> None:
-        """Nothing requeues a local run; raises :class:`~hpc_ddp.errors.SlurmError`."""
-        raise SlurmError(f"{_NO_SCHEDULER}; job {job_ref} not requeued")
+        """Nothing requeues a local run; raises :class:`~hpc_ddp.errors.BackendError`."""
+        raise BackendError(f"{_NO_SCHEDULER}; job {job_ref} not requeued")
 
     def down(self, nodes: Sequence[str]) -> dict[str, str]:
         """None: this machine is up."""

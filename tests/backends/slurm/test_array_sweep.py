@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp.backends.slurm.array_sweep import ArrayPlan, plan_arrays, script_groups
+from hpc_ddp.backends.arrays import ArrayPlan
+from hpc_ddp.backends.slurm.array_sweep import plan_arrays, script_groups
 from hpc_ddp.sweep.spec import chunk_array, load_sweep
 
 DATA = Path(__file__).parents[2] / "data" / "config"
