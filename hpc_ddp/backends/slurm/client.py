@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import shlex
+import signal
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,11 @@ def subprocess_runner(argv: Sequence[str], *, timeout: float | None = None) -> C
     import subprocess  # here: a dry run renders ``sbatch`` argv but never runs one
 
     command = shlex.join(argv)
+    # The command starts with SIGTERM blocked (a blocked signal stays blocked across fork and
+    # exec) and so finishes what it asked: a rank's own `scontrol requeue` runs inside the job's
+    # step, and the SIGTERM that the accepted requeue sends the whole step would otherwise kill
+    # it before it exits 0, so our own requeue would read as failed, and as someone else's.
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
         proc = subprocess.run(
             list(argv),
@@ -87,6 +93,8 @@ def subprocess_runner(argv: Sequence[str], *, timeout: float | None = None) -> C
         raise SlurmUnavailableError(
             f"`{command}` did not finish within {timeout} s. {_UNREACHABLE_HINT}"
         ) from None
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
     return CompletedCommand(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
 
 

@@ -7,6 +7,7 @@ cluster (Debian's 22.05.8). ``subprocess_runner`` is tested on real processes.
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -560,6 +561,16 @@ def test_subprocess_runner_captures_output_and_never_uses_a_shell(tmp_path: Path
     assert (result.returncode, result.stdout, result.stderr) == (3, hostile + "\n", "err\n")
     assert result.argv == (sys.executable, "-c", code, hostile)
     assert not sentinel.exists()
+
+
+def test_a_command_finishes_through_the_sigterm_its_own_request_brings() -> None:
+    """A rank's ``scontrol requeue`` is in the job's step: the SIGTERM its accepted requeue
+    sends the step reaches it too. It must still finish and exit 0 (a real signal, sent to the
+    real child), and this process hears SIGTERM again afterwards."""
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGTERM); print('finished')"
+    result = subprocess_runner([sys.executable, "-c", code], timeout=30)
+    assert (result.returncode, result.stdout) == (0, "finished\n")
+    assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
 def test_subprocess_runner_missing_command_is_slurm_unavailable() -> None:
