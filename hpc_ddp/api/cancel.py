@@ -40,7 +40,7 @@ from hpc_ddp.backends.jobs import is_job_ref
 from hpc_ddp.backends.registry import Registry
 from hpc_ddp.errors import TargetError
 from hpc_ddp.rundir.layout import MANIFEST_FILE
-from hpc_ddp.rundir.manifest import Backend, read_manifest
+from hpc_ddp.rundir.manifest import BackendName, read_manifest
 
 if TYPE_CHECKING:
     from hpc_ddp.backends.slurm.client import SlurmClient
@@ -65,7 +65,7 @@ class CancelResult:
 
     run_dir: Path
     """The run, sweep or sweep task directory."""
-    backend: Backend
+    backend: BackendName
     jobs: tuple[str, ...]
     """The job ids (a local run: its controller's pid) it was about."""
     outcome: Outcome

@@ -37,7 +37,7 @@ from hpc_ddp.backends.registry import Registry
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import ConfigError, OverrideError, RunFailedError, TargetError
 from hpc_ddp.rundir.layout import MANIFEST_FILE, RunPaths
-from hpc_ddp.rundir.manifest import Backend, read_manifest
+from hpc_ddp.rundir.manifest import BackendName, read_manifest
 from hpc_ddp.submission.submit import Launched, Prepared
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ class Job:
     job_id: str
     """The Slurm job id (a local run: its controller's pid; a sweep task: ``ARRAYJOB_TASK``;
     empty for a sweep point never submitted)."""
-    backend: Backend
+    backend: BackendName
     """``slurm`` or ``local``."""
     index: int | None = None
     """The sweep point, for a task of a :class:`~hpc_ddp.api.sweep.Sweep`."""
@@ -415,7 +415,7 @@ def follow(job: Job) -> int:
 
 def dry_run_json(planned: Prepared | ResumePlan) -> dict[str, object]:
     """``submit --dry-run --json`` (and ``resume``'s, which adds where the run stands): the
-    backend's plan (:class:`~hpc_ddp.backends.base.LaunchPlan`), the script it would write
+    backend's plan (:class:`~hpc_ddp.backends.base.SubmitPlan`), the script it would write
     and the command it would run, else its plan in words (schema ``hpc-ddp.submit/1``)."""
     from hpc_ddp.output import SUBMIT, document
 

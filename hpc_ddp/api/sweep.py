@@ -42,7 +42,7 @@ from hpc_ddp.errors import (
     RunsDirError,
 )
 from hpc_ddp.rundir.layout import MANIFEST_FILE, RUNS_DIR_ENV
-from hpc_ddp.rundir.manifest import Backend, read_manifest
+from hpc_ddp.rundir.manifest import BackendName, read_manifest
 from hpc_ddp.sweep.records import SweepRecord, read_sweep_record
 from hpc_ddp.sweep.results import ResultRow
 from hpc_ddp.sweep.runner import Resubmission
@@ -266,12 +266,12 @@ class SweepPlan:
     """Each job array: its points, ``--array`` range, script and sbatch command."""
     note: str = ""
     """Set when Slurm could not be asked for ``MaxArraySize`` (its default was assumed)."""
-    backend: Backend = "slurm"
+    backend: BackendName = "slurm"
     at_once: int | None = None
     """How many points would run at once (:func:`at_once`)."""
 
 
-def at_once(spec: SweepSpec, backend: Backend) -> int | None:
+def at_once(spec: SweepSpec, backend: BackendName) -> int | None:
     """How many points of a sweep run at once: Slurm's array throttle, ``max_parallel``
     (None: no limit); a local sweep's controller, ``max_parallel`` or its default."""
     return Registry().sweeps(backend).at_once(spec)
@@ -284,7 +284,7 @@ def plan_sweep(
     runs_dir: Path,
     slurm: SlurmClient | None = None,
     invocation: Sequence[str] = (),
-    backend: Backend = "slurm",
+    backend: BackendName = "slurm",
 ) -> SweepPlan:
     """What :func:`launch_sweep` would write and start for ``spec``, and where: the arrays
     rendered (none for a local sweep: its points run as local runs), nothing written."""
@@ -418,7 +418,7 @@ def resubmission_json(sweep_dir: Path, result: Resubmission, *, dry_run: bool) -
     return document(SWEEP, shown)
 
 
-def choose_sweep_backend(backend: BackendChoice) -> Backend:
+def choose_sweep_backend(backend: BackendChoice) -> BackendName:
     """``auto``: Slurm when ``sbatch`` is on PATH, else local processes (as for a run)."""
     import shutil
 
@@ -434,7 +434,7 @@ def launch_sweep(
     runs_dir: Path,
     slurm: SlurmClient | None = None,
     invocation: Sequence[str] = (),
-    backend: Backend = "slurm",
+    backend: BackendName = "slurm",
 ) -> Sweep:
     """Write a new sweep directory for ``spec`` under ``runs_dir`` and submit its job array
     (or as few as ``MaxArraySize`` allows); ``backend="local"``: start its points as local

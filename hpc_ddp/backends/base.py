@@ -28,8 +28,7 @@ from hpc_ddp.rundir.layout import RunPaths
 
 if TYPE_CHECKING:  # types only: loading this module loads no reader of files, nor Slurm's parsers
     from hpc_ddp.backends.jobs import AccountingRecord, JobInfo
-    from hpc_ddp.rundir.manifest import Backend as BackendName
-    from hpc_ddp.rundir.manifest import Manifest
+    from hpc_ddp.rundir.manifest import BackendName, Manifest
 
 # --- the login face ---------------------------------------------------------------------------
 
@@ -49,7 +48,7 @@ class PlanRequest:
 
 
 @dataclass(frozen=True)
-class LaunchPlan:
+class SubmitPlan:
     """What a start would write and run: made without running or writing anything (the dry
     run shows it)."""
 
@@ -139,12 +138,12 @@ class Backend(Protocol):
         ended, so a job's entries are told by its id)."""
         ...
 
-    def plan(self, cfg: JobConfig, paths: RunPaths, request: PlanRequest) -> LaunchPlan:
+    def plan(self, cfg: JobConfig, paths: RunPaths, request: PlanRequest) -> SubmitPlan:
         """What a start of ``cfg`` in ``paths`` would write and run; runs and writes nothing
         (raises :class:`~hpc_ddp.errors.ConfigError` for a job this backend cannot run)."""
         ...
 
-    def moved(self, plan: LaunchPlan, cfg: JobConfig, paths: RunPaths) -> LaunchPlan:
+    def moved(self, plan: SubmitPlan, cfg: JobConfig, paths: RunPaths) -> SubmitPlan:
         """``plan`` for another run directory (a name another submit took first)."""
         ...
 

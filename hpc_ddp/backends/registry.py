@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpc_ddp.rundir.layout import MANIFEST_FILE
-from hpc_ddp.rundir.manifest import Backend as BackendName
-from hpc_ddp.rundir.manifest import Manifest, read_manifest
+from hpc_ddp.rundir.manifest import BackendName, Manifest, read_manifest
 
 if TYPE_CHECKING:
     from hpc_ddp.backends.base import Backend

@@ -34,7 +34,7 @@ __all__ = [
     "BACKENDS",
     "MANIFEST_VERSION",
     "RECORD_LOCK_TIMEOUT_S",
-    "Backend",
+    "BackendName",
     "Manifest",
     "read_manifest",
     "record_lock",
@@ -49,7 +49,7 @@ class Manifest:
     """What was submitted, where and when; written once per submission."""
 
     name: str
-    backend: Backend
+    backend: BackendName
     job_id: str | None
     submitted_at: str
     command: list[str]
@@ -129,9 +129,9 @@ def read_manifest(run_dir: Path) -> Manifest:
     return Manifest(**{k: v for k, v in data.items() if k in known})
 
 
-Backend = Literal["slurm", "local"]
+BackendName = Literal["slurm", "local"]
 """Where a run's jobs go: Slurm, or processes on this machine."""
-BACKENDS: tuple[Backend, ...] = ("slurm", "local")
+BACKENDS: tuple[BackendName, ...] = ("slurm", "local")
 """The backends a run can have been submitted to (``backend``)."""
 
 

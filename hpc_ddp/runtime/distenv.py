@@ -35,7 +35,7 @@ from hpc_ddp.rundir.layout import (
     TASK_LAUNCHER_ENV,
 )
 
-Launcher = Literal["slurm", "torchrun", "local", "single"]
+Origin = Literal["slurm", "torchrun", "local", "single"]
 PortSource = Literal["derived", "config", "launcher"]
 
 PORT_BASE = 20000
@@ -77,7 +77,7 @@ class DistEnv:
     """``SLURM_RESTART_COUNT``: 0 on the first attempt, +1 per requeue."""
     node_name: str | None
     nodelist: tuple[str, ...]
-    launcher: Launcher
+    launcher: Origin
     port_source: PortSource = "derived"
     """Where ``master_port`` came from; only a ``derived`` port may be moved to dodge a clash."""
     launch: int = 0
@@ -177,7 +177,7 @@ def derive_dist_env(env: Mapping[str, str], *, port: int | None = None) -> DistE
     return _make(env, allocation, SINGLE, "single", port)
 
 
-def _launcher_of(env: Mapping[str, str]) -> Launcher:
+def _launcher_of(env: Mapping[str, str]) -> Origin:
     """Who set RANK and WORLD_SIZE: the local backend, ``hpc-ddp run`` for its command child
     (the task's own place, under Slurm), or a torchrun (also any other launcher)."""
     if env.get(LOCAL_JOB_ENV):
@@ -191,7 +191,7 @@ def _make(
     env: Mapping[str, str],
     allocation: Allocation,
     where: Placement,
-    launcher: Launcher,
+    launcher: Origin,
     port: int | None,
     launcher_port: int | None = None,
 ) -> DistEnv:

@@ -30,14 +30,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.backends.base import Backend, LaunchPlan, PlanRequest
+from hpc_ddp.backends.base import Backend, PlanRequest, SubmitPlan
 from hpc_ddp.config.load import dump_job_config
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import ConfigError, RunsDirError
 from hpc_ddp.rundir.layout import RUNS_DIR_ENV, STAMP_FORMAT, RunPaths, run_dir_name
-from hpc_ddp.rundir.manifest import BACKENDS, Manifest, record_lock, write_manifest
-from hpc_ddp.rundir.manifest import Backend as BackendName
+from hpc_ddp.rundir.manifest import BACKENDS, BackendName, Manifest, record_lock, write_manifest
 from hpc_ddp.rundir.run_id import ensure_run_id
 
 
@@ -148,7 +147,7 @@ class Prepared:
     face: Backend
     """The backend's login face that planned it and starts it."""
     paths: RunPaths
-    plan: LaunchPlan
+    plan: SubmitPlan
     invocation: str
     config_source: str
     runs_dir: Path

@@ -24,7 +24,7 @@ from hpc_ddp.cli.main import main
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.ledger import Attempt
-from hpc_ddp.rundir.manifest import Backend, Manifest, write_manifest
+from hpc_ddp.rundir.manifest import BackendName, Manifest, write_manifest
 from hpc_ddp.state.report import reason_lines, run_status
 from hpc_ddp.state.resumable import check_resumable
 from hpc_ddp.state.verdict import BackendView, Source, current_attempts, describe_attempt, judge
@@ -34,7 +34,7 @@ T0 = 1_767_268_800.0  # 2026-01-01T12:00:00Z, the manifests' submit time
 DEAD_PID = "4194304"  # the largest pid Linux hands out: never this test's neighbour
 
 
-def make_run(runs: Path, name: str, *, backend: Backend = "local", job: str = DEAD_PID) -> Path:
+def make_run(runs: Path, name: str, *, backend: BackendName = "local", job: str = DEAD_PID) -> Path:
     run_dir = runs / name
     paths = RunPaths(run_dir)
     paths.logs.mkdir(parents=True)

@@ -40,7 +40,13 @@ from hpc_ddp.exitcodes import NOT_CURRENT_EXIT_CODE
 from hpc_ddp.job.task import not_current_refusal, run_job
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.manifest import Backend, Manifest, read_manifest, record_lock, write_manifest
+from hpc_ddp.rundir.manifest import (
+    BackendName,
+    Manifest,
+    read_manifest,
+    record_lock,
+    write_manifest,
+)
 from hpc_ddp.submission.resume import plan_resume, resume
 from tests import e2e_util as e2e
 from tests.conftest import REPO, Cluster
@@ -129,7 +135,7 @@ SLURM_TASK = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_NODEID": "0", "SL
               "SLURM_JOB_NODELIST": "n1", "SLURMD_NODENAME": "n1"}  # fmt: skip
 
 
-def _run_dir(root: Path, job_id: str | None, backend: Backend = "slurm") -> Path:
+def _run_dir(root: Path, job_id: str | None, backend: BackendName = "slurm") -> Path:
     """A run directory (a one-task ``command`` job) whose manifest names ``job_id``."""
     root.mkdir(parents=True)
     (root / "config.yaml").write_text(

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpc_ddp.backends.base import Cancel, Cancelled, LaunchPlan, PlanRequest, Started, Word
+from hpc_ddp.backends.base import Cancel, Cancelled, PlanRequest, Started, SubmitPlan, Word
 from hpc_ddp.backends.local.process import (
     IDENTITY_FILE,
     KILL_WAIT_S,
@@ -63,8 +63,7 @@ from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RUN_DIR_ENV, Checkpoint, RunPaths
 from hpc_ddp.rundir.ledger import read_ledger
 from hpc_ddp.rundir.ledger_events import end_event
-from hpc_ddp.rundir.manifest import Backend as BackendName
-from hpc_ddp.rundir.manifest import Manifest
+from hpc_ddp.rundir.manifest import BackendName, Manifest
 from hpc_ddp.rundir.metrics import drop_replayed
 from hpc_ddp.rundir.run_id import recorded_run_id
 
@@ -681,14 +680,14 @@ class LocalBackend:
         """True: a resumed local job starts only once its old ranks are provably gone."""
         return True
 
-    def plan(self, cfg: JobConfig, paths: RunPaths, request: PlanRequest) -> LaunchPlan:
+    def plan(self, cfg: JobConfig, paths: RunPaths, request: PlanRequest) -> SubmitPlan:
         """No script: submitit's controller starts the processes. Checks that this machine
         can run them (a dry run says so too, rather than show a job that cannot start)."""
         check_local_job(cfg)
         command = (sys.executable, "-m", "submitit.local._local", str(paths.root / "submitit"))
-        return LaunchPlan(None, command, describe_local_plan(cfg, paths.root), request)
+        return SubmitPlan(None, command, describe_local_plan(cfg, paths.root), request)
 
-    def moved(self, plan: LaunchPlan, cfg: JobConfig, paths: RunPaths) -> LaunchPlan:
+    def moved(self, plan: SubmitPlan, cfg: JobConfig, paths: RunPaths) -> SubmitPlan:
         """The plan for ``paths``: nothing was rendered, so it is made again."""
         return self.plan(cfg, paths, plan.request)
 

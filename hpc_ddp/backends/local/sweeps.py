@@ -25,8 +25,13 @@ from hpc_ddp.backends.local.sweep_controller import (
 )
 from hpc_ddp.errors import TargetError
 from hpc_ddp.rundir.layout import MANIFEST_FILE, RunPaths
-from hpc_ddp.rundir.manifest import Backend as BackendName
-from hpc_ddp.rundir.manifest import Manifest, read_manifest, record_lock, write_manifest
+from hpc_ddp.rundir.manifest import (
+    BackendName,
+    Manifest,
+    read_manifest,
+    record_lock,
+    write_manifest,
+)
 from hpc_ddp.state.report import run_status
 from hpc_ddp.state.task import RESUBMITTABLE, TaskState, verdict_task_state
 from hpc_ddp.state.verdict import BackendView

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpc_ddp.backends.base import Cancel, Cancelled, LaunchPlan, PlanRequest, Started, Word
+from hpc_ddp.backends.base import Cancel, Cancelled, PlanRequest, Started, SubmitPlan, Word
 from hpc_ddp.backends.slurm.render import (
     RenderContext,
     load_template,
@@ -24,8 +24,7 @@ from hpc_ddp.backends.slurm.render import (
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.manifest import Backend as BackendName
-from hpc_ddp.rundir.manifest import Manifest
+from hpc_ddp.rundir.manifest import BackendName, Manifest
 from hpc_ddp.version import __version__
 
 if TYPE_CHECKING:  # a dry run never loads the client (nor its parsers): ~2.5 ms of every submit
@@ -61,19 +60,19 @@ class SlurmBackend:
 
     # --- plan and start ---------------------------------------------------------------------
 
-    def plan(self, cfg: JobConfig, paths: RunPaths, request: PlanRequest) -> LaunchPlan:
+    def plan(self, cfg: JobConfig, paths: RunPaths, request: PlanRequest) -> SubmitPlan:
         """The batch script for ``paths`` and the sbatch command that submits it."""
         template = load_template(cfg, request.config_path.parent)
         return self._render(cfg, paths, request, template)
 
-    def moved(self, plan: LaunchPlan, cfg: JobConfig, paths: RunPaths) -> LaunchPlan:
+    def moved(self, plan: SubmitPlan, cfg: JobConfig, paths: RunPaths) -> SubmitPlan:
         """The script rendered again for ``paths``, from the template text read once."""
         return self._render(cfg, paths, plan.request, plan.template)
 
     @staticmethod
     def _render(
         cfg: JobConfig, paths: RunPaths, request: PlanRequest, template: str | None
-    ) -> LaunchPlan:
+    ) -> SubmitPlan:
         argv = tuple(sbatch_command(paths.script))
         ctx = RenderContext(
             run_dir=str(paths.root),
@@ -85,7 +84,7 @@ class SlurmBackend:
         )
         script = render_sbatch(cfg, ctx, template_text=template)
         summary = f"# backend: slurm; would run: {' '.join(argv)}"
-        return LaunchPlan(script, argv, summary, request, template)
+        return SubmitPlan(script, argv, summary, request, template)
 
     def check(self, cfg: JobConfig) -> None:
         """Nothing to check here: Slurm's ``sbatch`` says what it refuses."""

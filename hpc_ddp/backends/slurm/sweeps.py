@@ -39,8 +39,13 @@ from hpc_ddp.backends.slurm.backend import SlurmBackend
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import SlurmError, SubmissionError, TargetError
 from hpc_ddp.rundir.layout import MANIFEST_FILE, RunPaths
-from hpc_ddp.rundir.manifest import Backend as BackendName
-from hpc_ddp.rundir.manifest import Manifest, read_manifest, record_lock, write_manifest
+from hpc_ddp.rundir.manifest import (
+    BackendName,
+    Manifest,
+    read_manifest,
+    record_lock,
+    write_manifest,
+)
 from hpc_ddp.rundir.taskconfig import load_task_config
 from hpc_ddp.submission.submit import create_run_dir, stamp_of
 from hpc_ddp.sweep.records import read_sweep_record
