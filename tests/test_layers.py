@@ -691,3 +691,38 @@ def test_no_package_shadows_a_public_name() -> None:
     top = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
     top |= {p.stem for p in PACKAGE.glob("*.py")}
     assert top & set(hpc_ddp.__all__) == set()
+
+
+def _package(module: str) -> str:
+    """The top package (or top-level module) of ``hpc_ddp`` that holds ``module``."""
+    return module.removeprefix("hpc_ddp").removeprefix(".").split(".")[0] or "__init__"
+
+
+MUTUAL_PACKAGES: dict[tuple[str, str], str] = {
+    ("backends", other): (
+        "backends/ holds the shared types every layer speaks (base, jobs, arrays, allocation) at "
+        f"the bottom and each backend's faces above {other}/, which they drive"
+    )
+    for other in ("fault", "job", "state", "submission", "sweep")
+}
+"""Pairs of packages that import each other, each with its reason; any other pair fails."""
+
+
+def mutual_packages() -> set[tuple[str, str]]:
+    """Every pair of packages of which each imports the other, function-level imports counted."""
+    arrows = {
+        (_package(module), _package(target))
+        for module in MODULES
+        for target, _ in _imports(module)
+        if target in MODULES and _package(module) != _package(target)
+    }
+    return {tuple(sorted(pair)) for pair in arrows if pair[::-1] in arrows}  # type: ignore[misc]
+
+
+def test_no_two_packages_import_each_other_but_those_declared() -> None:
+    """A package is one layer, or declares why it is not: a pair that imports both ways is a
+    cycle at the package level (two packages that cannot be read, tested or moved apart)."""
+    found = mutual_packages()
+    assert found - set(MUTUAL_PACKAGES) == set()
+    assert set(MUTUAL_PACKAGES) - found == set(), "a declared pair no longer is one: drop it"
+    assert ("config", "rundir") not in found  # SITE_ENV is config's: config needs no rundir

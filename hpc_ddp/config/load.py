@@ -34,10 +34,11 @@ from hpc_ddp.config.yaml_dialect import (
     read_yaml,
 )
 from hpc_ddp.errors import ConfigError, OverrideError, RunDirError
-from hpc_ddp.rundir.layout import SITE_ENV
 
-SITE_ENV_VAR = SITE_ENV
-"""Environment variable naming the site profile (after ``--site``, before the default path)."""
+SITE_ENV = "HPC_DDP_SITE"
+"""Environment variable naming the site profile (after ``--site``, before the default path):
+config's own, read on the login side only, so not part of the run directory's contract
+(:mod:`hpc_ddp.rundir.layout`)."""
 SITE_DEFAULT = Path(".config", "hpc-ddp", "site.yaml")
 """The site profile looked for under the home directory when none is named."""
 
@@ -166,7 +167,7 @@ def find_site_profile(explicit: str | None, env: Mapping[str, str], home: Path) 
 
     A named profile (option or variable) that does not exist is a :class:`ConfigError`.
     """
-    for text, origin in ((explicit, "--site"), (env.get(SITE_ENV_VAR), f"${SITE_ENV_VAR}")):
+    for text, origin in ((explicit, "--site"), (env.get(SITE_ENV), f"${SITE_ENV}")):
         if text:
             path = home / text[2:] if text == "~" or text.startswith("~/") else Path(text)
             if not path.is_file():

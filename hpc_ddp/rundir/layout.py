@@ -74,8 +74,6 @@ PER_RANK_LOGS_ENV = "HPC_DDP_PER_RANK_LOGS"
 """Set where each rank has its own log file, so every rank may log at INFO."""
 RUNS_DIR_ENV = "HPC_DDP_RUNS_DIR"
 """Login side: where runs are created and looked for (default ``./runs``)."""
-SITE_ENV = "HPC_DDP_SITE"
-"""Login side: the site profile YAML (default ``$XDG_CONFIG_HOME/hpc-ddp/site.yaml``)."""
 DEV_CLUSTER_DIR_ENV = "HPC_DDP_DEV_CLUSTER_DIR"
 """Contributors: the dev cluster's state directory."""
 RUN_ID_ENV = "HPC_DDP_RUN_ID"
@@ -317,7 +315,6 @@ __all__ = [
     "RUN_ID_ENV",
     "RUN_ID_FILE",
     "SHARDED_RECORD",
-    "SITE_ENV",
     "STAMP_FORMAT",
     "SUBMIT_LOCK_FILE",
     "SUPERVISED_ENV",
