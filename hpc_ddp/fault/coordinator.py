@@ -114,8 +114,8 @@ class Coordinator:
         self.cfg = cfg
         self.allocation = allocation
         """The scheduler's node face: what it says of the job, its requeue, its nodes."""
-        # Inside a Slurm job, also for a `command:` child that got torchrun-style variables.
-        self.under_slurm = dist.job_ref is not None
+        # Inside a scheduler's job, also for a `command:` child that got torchrun-style variables.
+        self.scheduled = dist.job_ref is not None
         self._ended = False
         self.since = time.time() if since is None else since
         """When this process's attempt began at the latest: entries of a run without job ids
@@ -179,7 +179,7 @@ class Coordinator:
             return StopOutcome(EndCause.BUDGET_EXHAUSTED, False, BUDGET_EXIT_CODE, message)
         return None
 
-    def _ask_slurm(self) -> tuple[JobStanding | None, str]:
+    def _ask_scheduler(self) -> tuple[JobStanding | None, str]:
         """``scontrol show job`` of this job: (its standing, "") or (None, why it failed)."""
         assert self.dist.job_ref is not None
         try:
@@ -208,8 +208,8 @@ class Coordinator:
     def verdict(self, signum: int) -> StopVerdict:
         """Why a stop for ``signum`` came, as Slurm's answer (or the signal alone) says."""
         requeue_signum = signal_number(self.cfg.signal)
-        standing, error = self._ask_slurm() if self.under_slurm else (None, "")
-        if self.under_slurm and standing is None:
+        standing, error = self._ask_scheduler() if self.scheduled else (None, "")
+        if self.scheduled and standing is None:
             # Never read "Slurm did not answer" as "Slurm is requeueing it" (see preemption).
             verdict = classify_unanswered_stop(signum, requeue_signum=requeue_signum, error=error)
         else:
@@ -257,7 +257,7 @@ class Coordinator:
             self._end(EndCause.BUDGET_EXHAUSTED, step, checkpoint, False, message)
             return StopOutcome(EndCause.BUDGET_EXHAUSTED, False, BUDGET_EXIT_CODE, message)
         requested = False
-        if verdict.request_requeue and self.under_slurm:
+        if verdict.request_requeue and self.scheduled:
             error = self._request_requeue()
             if error is None:
                 requested = True
@@ -270,7 +270,7 @@ class Coordinator:
         if not verdict.slurm_answered and not requested:
             return self._unconfirmed(verdict, step, checkpoint)
         reason = decision.reason
-        if verdict.request_requeue and not self.under_slurm:
+        if verdict.request_requeue and not self.scheduled:
             reason = outside_slurm_message(self.run_dir)
         message = f"{verdict.cause.value}: {verdict.explanation}; {reason}"
         log.info("stopping at step %s: %s", step, message)
@@ -295,7 +295,7 @@ class Coordinator:
         cancelled the job by hand meanwhile): only a ``Restarts`` count that went up, or a
         cancellation, in Slurm's own answer says so. No answer proves nothing.
         """
-        standing, _ = self._ask_slurm()
+        standing, _ = self._ask_scheduler()
         if standing is None:
             return None
         verdict = classify_stop(
@@ -377,7 +377,7 @@ class Coordinator:
             self._end(EndCause.CRASH, step, checkpoint, False, message, witness=witness)
             return
         decision = self._decide(EndCause.CRASH)
-        if not (decision.requeue and self.under_slurm):
+        if not (decision.requeue and self.scheduled):
             why = outside_slurm_message(self.run_dir) if decision.requeue else decision.reason
             self._end(EndCause.CRASH, step, checkpoint, False, f"{message}; {why}")
             return

@@ -134,7 +134,8 @@ class Budget:
     requeue: RequeueConfig
     restart_count: int
     """Slurm's restart count of this attempt (what ``requeue.max_requeues`` counts)."""
-    under_slurm: bool
+    scheduled: bool
+    """The run is a scheduler's job, which a requeue can start again (not a local run)."""
 
 
 def no_progress_message(streak: Sequence[Attempt], limit: int, run_dir: str) -> str:
@@ -175,7 +176,7 @@ def decide_next(
     if f.no_progress_limit and len(streak) >= f.no_progress_limit:
         message = no_progress_message(streak, f.no_progress_limit, run_dir)
         return Stop(EndCause.NO_PROGRESS, NO_PROGRESS_EXIT_CODE, message)
-    requeues_left = budget.under_slurm and budget.restart_count < rq.max_requeues
+    requeues_left = budget.scheduled and budget.restart_count < rq.max_requeues
     if healthy < needed:
         why = (
             f"{what}; {healthy} healthy node(s) left of the {needed} a launch needs "
@@ -232,14 +233,14 @@ def with_own_words(finding: Finding, entry: Attempt | None) -> Finding:
 
 
 def decide_refused(
-    why: str, bad: Sequence[str], *, under_slurm: bool, requeues_left: bool, now: float
+    why: str, bad: Sequence[str], *, scheduled: bool, requeues_left: bool, now: float
 ) -> tuple[Requeue | Stop, Blame]:
     """What follows a step srun could not create (``why``: its words), and the blame: too few
     usable nodes left means a requeue avoiding ``bad`` (under Slurm, with requeues left);
     anything else ends the job."""
     blame = Blame((), tuple(bad), f"srun could not start the step: {why}", True, now)
     too_few = "node configuration is not available" in why
-    if too_few and under_slurm and requeues_left:
+    if too_few and scheduled and requeues_left:
         return Requeue(
             EndCause.NODE_FAIL, tuple(bad), f"node_fail: {blame.evidence}; requeued"
         ), blame

@@ -667,7 +667,7 @@ class Supervisor:
         nxt, blame = decide_refused(
             why,
             tuple(bad),
-            under_slurm=self.me.job_id is not None,
+            scheduled=self.me.job_id is not None,
             requeues_left=self.me.restart < self.cfg.requeue.max_requeues,
             now=self._clock(),
         )

@@ -64,7 +64,7 @@ def budget(**fault: object) -> Budget:
         dataclasses.replace(FaultConfig(), **fault),  # type: ignore[arg-type]
         RequeueConfig(max_requeues=2),
         restart_count=0,
-        under_slurm=True,
+        scheduled=True,
     )
 
 
@@ -156,7 +156,7 @@ def test_too_few_healthy_nodes_requeue_avoiding_the_bad_one_or_stop_without_requ
     )  # fmt: skip
     assert isinstance(nxt, Requeue)
     assert (nxt.cause, nxt.exclude) == (EndCause.NODE_FAIL, ("n2",))
-    local = dataclasses.replace(budget(), under_slurm=False)
+    local = dataclasses.replace(budget(), scheduled=False)
     stop = decide_next(
         finding(EndCause.NODE_FAIL), history, healthy=1, needed=2, bad=["n2"], budget=local,
         run_dir=RUN,
@@ -198,16 +198,16 @@ def test_which_nodes_a_fault_leaves_out(
 
 def test_a_step_srun_refused_for_want_of_nodes_is_requeued_avoiding_the_bad_ones() -> None:
     why = "Requested node configuration is not available"
-    nxt, blame = decide_refused(why, ("n2",), under_slurm=True, requeues_left=True, now=5.0)
+    nxt, blame = decide_refused(why, ("n2",), scheduled=True, requeues_left=True, now=5.0)
     assert isinstance(nxt, Requeue)
     assert (nxt.cause, nxt.exclude, nxt.word) == (EndCause.NODE_FAIL, ("n2",), "requeue")
     assert nxt.message == f"node_fail: srun could not start the step: {why}; requeued"
     assert (blame.nodes, blame.node_level, blame.detected_at) == (("n2",), True, 5.0)
-    for under_slurm, left in ((False, True), (True, False)):
-        stop, _ = decide_refused(why, (), under_slurm=under_slurm, requeues_left=left, now=5.0)
+    for scheduled, left in ((False, True), (True, False)):
+        stop, _ = decide_refused(why, (), scheduled=scheduled, requeues_left=left, now=5.0)
         assert isinstance(stop, Stop)
         assert (stop.cause, stop.exit_code, stop.word) == (EndCause.CRASH, 1, "stop")
-    other, _ = decide_refused("Invalid account", (), under_slurm=True, requeues_left=True, now=5)
+    other, _ = decide_refused("Invalid account", (), scheduled=True, requeues_left=True, now=5)
     assert isinstance(other, Stop)
     assert other.message == "crash: srun could not start the step: Invalid account"
 
