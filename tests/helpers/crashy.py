@@ -14,12 +14,24 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
+from pathlib import Path
 
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
 import hpc_ddp
+
+
+def wait_durable(checkpoints: Path, step: int) -> None:
+    """Wait (at most 60 s) until rank 0's background save of ``step`` is on disk: the crash
+    then comes after a checkpoint the attempt can name, however slow the machine's disk is (a
+    crash during a save in flight names the one before it, which is another test's)."""
+    path = checkpoints / f"step-{step:08d}.pt"
+    deadline = time.monotonic() + 60
+    while step > 0 and not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def crash(how: str, step: int) -> None:
@@ -50,6 +62,7 @@ def main() -> None:
             opt.step()
             s.log(step=step, loss=loss.item(), attempt=s.dist.restart_count)
             if step == crash_at and s.rank == 1 and s.dist.restart_count == 0:
+                wait_durable(s.paths.checkpoints, crash_at // every * every)
                 crash(how, step)
 
 
