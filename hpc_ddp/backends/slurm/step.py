@@ -268,11 +268,11 @@ class SrunLauncher:
         keeps enough others for the job: a list that left too few would hold it pending
         forever (``BadConstraints``)."""
         avoid = self._avoidable(exclude)
-        # The moment the requeue is accepted Slurm SIGTERMs every process of the batch step,
-        # the `scontrol update` started right after it included: blocked here, the signal is
-        # blocked in that child too (a signal mask survives fork and exec), so the update is
-        # not cut short (it was, exit -15, in two full test runs). This process gets its own
-        # SIGTERM once the mask is back, and ignores it as its own requeue's.
+        # The moment the requeue is accepted Slurm SIGTERMs every process of the batch step.
+        # Each Slurm command starts with SIGTERM blocked already (client.subprocess_runner), so
+        # neither it nor the `scontrol update` after it is cut short; blocked here too, this
+        # process's own SIGTERM waits until both have run, then it ignores it as its own
+        # requeue's.
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         try:
             try:
