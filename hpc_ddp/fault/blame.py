@@ -43,6 +43,10 @@ place and never truncated, so a reader never sees an empty file or a shorter rec
 STARTING, ALIVE, FAULT, EXITED = "starting", "alive", "fault", "exited"
 """A beat's ``state``: before the first step, training, declared a fault, gone."""
 
+RESCUE_PHASE = "rescue"
+"""A beat's ``phase`` while its rank writes the survivor's save (:mod:`hpc_ddp.fault.rescue`)
+after a fault: the supervisor lets it finish, up to ``fault.checkpoint_timeout_s``."""
+
 FAULT_KINDS: Mapping[str, EndCause] = MappingProxyType(
     {
         "hang": EndCause.HANG,

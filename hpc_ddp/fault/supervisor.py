@@ -49,6 +49,7 @@ from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import BackendError
 from hpc_ddp.fault.blame import (
     BEAT_BYTES,
+    RESCUE_PHASE,
     Beat,
     ExitNote,
     FaultRecord,
@@ -444,7 +445,13 @@ class Supervisor:
         if watch.fault is not None and watch.fault.kind == "node_fail":
             lost |= set(watch.fault.nodes)
         left = self._unaccounted(beats, ends, lost)
-        if (waited >= DUMP_GRACE_S or not left) and watch.killed_at is None:
+        # A survivor writing the step every rank completed (fault/rescue) is let finish.
+        rescuing = waited < self.cfg.fault.checkpoint_timeout_s and any(
+            b is not None and b.phase == RESCUE_PHASE and not b.exited
+            for r, b in beats.items()
+            if r in left
+        )
+        if (waited >= DUMP_GRACE_S or not left) and watch.killed_at is None and not rescuing:
             step.kill(beats)  # every rank that could write its stacks has
             watch.killed_at = now
         if not self._done_waiting(watch, left, waited, now):

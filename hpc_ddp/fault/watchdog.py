@@ -51,6 +51,7 @@ from hpc_ddp.fault.blame import (
     FAULT,
     HARDWARE_ERROR,
     PEER_ERROR,
+    RESCUE_PHASE,
     STARTING,
     Beat,
     ExitNote,
@@ -282,6 +283,11 @@ class Watchdog:
         session records it in the ledger)."""
         self.before_exit: list[Callable[[], None]] = []
         """Called before the process ends for a fault (a command's parent kills its child)."""
+        self.rescue: Callable[[FaultRecord], None] | None = None
+        """A survivor's save (:mod:`hpc_ddp.fault.rescue`), run on this thread once a fault is
+        known and before the process ends; the beat says ``rescue`` meanwhile, so that the
+        supervisor does not end the launch under it."""
+        self._gone = threading.Event()
         self._clock, self._mono, self._exit = clock, mono, exit
         self.started = clock()
         self.step = 0
@@ -340,6 +346,12 @@ class Watchdog:
     def crashed(self, error: str) -> None:
         """This rank raised ``error``: unless it only lost a peer, that is the launch's fault
         (claimed now, so the others leave at their next beat instead of blocking)."""
+        if PEER_ERROR.search(error) and self._fault is None and self.rescue is not None:
+            # A lost peer: the fault is about to be declared (by the supervisor, a peer or
+            # this thread), and this process may be the survivor that saves the step every
+            # rank completed. Leaving now would end it before the save.
+            self._gone.wait(self.cfg.stale_s + 3 * self.cfg.beat_s)
+            return
         if PEER_ERROR.search(error) or self._fault is not None:
             return
         record = FaultRecord(
@@ -565,6 +577,14 @@ class Watchdog:
         with contextlib.suppress(OSError):
             write_beat(self.launch.beat(self.me.rank), self._beat())
         self._write_stacks(record, declared=declared)
+        if self.rescue is not None:
+            self.phase, self.since = RESCUE_PHASE, self._clock()
+            with contextlib.suppress(OSError):
+                write_beat(self.launch.beat(self.me.rank), self._beat())
+            try:
+                self.rescue(record)
+            except Exception:  # the way out must stay open
+                log.exception("watchdog: the survivor's save failed")
         for hook in self.before_exit:
             with contextlib.suppress(Exception):
                 hook()
@@ -577,6 +597,7 @@ class Watchdog:
             sys.stdout.flush()
             sys.stderr.flush()
         self._exit(code)
+        self._gone.set()  # only where ``exit`` returns (a test)
 
     def _write_stacks(self, record: FaultRecord, *, declared: bool) -> None:
         """Every thread's stacks to hpc-ddp's stacks file; a hang's main thread to stderr.
