@@ -84,6 +84,26 @@ class Save:
 
 
 @dataclass(frozen=True)
+class Rescue:
+    """A survivor's save after the launch's fault (a ``rescue`` event): the checkpoint of the
+    last step every rank completed, or why there is none."""
+
+    rank: int
+    step: int | None
+    checkpoint: str | None
+    why: str | None
+    took_s: float
+
+    @property
+    def words(self) -> str:
+        """``rank 0 saved step-00000022.pt (step 22) in 0.04 s`` or why not."""
+        if self.checkpoint is not None:
+            took = f"{self.took_s:.2f} s"
+            return f"rank {self.rank} saved {self.checkpoint} (step {self.step}) in {took}"
+        return f"no survivor's save: {self.why}"
+
+
+@dataclass(frozen=True)
 class Attempt:
     """One attempt folded from its ledger events."""
 
@@ -139,6 +159,8 @@ class Attempt:
     resize: Resize | None = None
     """Set when it went on from a checkpoint of another world size (an elastic resume):
     how steps were made before and now, and that it is sample-exact, not bit-exact."""
+    rescue: Rescue | None = None
+    """The survivor's save after its fault (None: none was tried)."""
     witnesses: tuple[str, ...] = ()
     """What ranks that only lost a peer said of its end (``"witness": true`` ends: "rank 0 on
     n1: ... Connection reset by peer"): the fault's witnesses, never its blame."""
@@ -553,11 +575,26 @@ def _fold_checkpoint(attempts: list[Attempt], event: Any, launched: _Launched) -
     attempts[index] = replace(entry, saves=(*entry.saves, save))
 
 
+def _fold_rescue(attempts: list[Attempt], event: Any, launched: _Launched) -> None:
+    index = _find(attempts, _event_key(event), None)
+    if index is None:
+        return
+    rescue = Rescue(
+        rank=_count(event["rank"], "rank"),
+        step=_opt_count(event.get("step"), "step"),
+        checkpoint=_opt_str(event.get("checkpoint")),
+        why=_opt_str(event.get("why")),
+        took_s=max(0.0, float(event.get("took_s") or 0.0)),
+    )
+    attempts[index] = replace(attempts[index], rescue=rescue)
+
+
 _SUPERVISED = {
     "launch": _fold_launch,
     "launch_end": _fold_launch_end,
     "node_fail": _fold_node_fail,
     "checkpoint": _fold_checkpoint,
+    "rescue": _fold_rescue,
 }
 """The events of launches (the supervisor's, and rank 0's checkpoints), folded by their key."""
 

@@ -279,6 +279,29 @@ def checkpoint_event(
     return _launch_line("checkpoint", key, step=step, stall_s=round(stall_s, 6))
 
 
+def rescue_event(
+    *,
+    job_id: str | None,
+    job_ref: str | None,
+    restart: int,
+    launch: int,
+    rank: int,
+    step: int | None,
+    checkpoint: str | None,
+    why: str | None,
+    took_s: float,
+    now: float | None = None,
+) -> str:
+    """A survivor's ``rescue`` line (:mod:`hpc_ddp.fault.rescue`): after the launch's fault,
+    rank ``rank`` wrote ``checkpoint``, the last step every rank completed (``step``), in
+    ``took_s``; or wrote none, and ``why`` (the restart goes on from an earlier checkpoint)."""
+    key = (job_id, job_ref, restart, launch, now)
+    return _launch_line(
+        "rescue", key, rank=rank, step=step, checkpoint=checkpoint, why=why,
+        took_s=round(took_s, 6),
+    )  # fmt: skip
+
+
 def code_event(*, job_id: str | None, file: str, digest: str, now: float | None = None) -> str:
     """The ``code`` line of an attempt that is starting: which file of code it runs."""
     return _line(
