@@ -309,19 +309,20 @@ class FaultConfig:
     enabled: bool = True
     """Every rank beats and watches its peers, and a supervisor restarts a launch that failed,
     inside the allocation. ``false``: one srun step, no watchdog, no in-job restart."""
-    beat_s: float = 1.0
+    beat_s: float = 0.5
     """Seconds between a rank's heartbeats (a small file rewritten in place in the run
-    directory)."""
-    stale_s: float = 10.0
+    directory, by a thread of its own: a long step, an evaluation or a save never delays it)."""
+    stale_s: float = 4.0
     """A peer whose heartbeat has not changed for this long is frozen, killed or cut off: the
-    step ends and the peer is named. At least 3 beats."""
+    step ends and the peer is named. At least 3 beats. On NFS with long attribute caching,
+    raise it (or mount the run directory with ``actimeo=1``)."""
     startup_timeout_s: int = 900
     """Longest start-up: launch to the first steps (imports, rendezvous, restoring the
     checkpoint). More than ``dist.timeout_s``."""
-    step_timeout_s: int = 60
+    step_timeout_s: int = 10
     """The step timeout's floor: a step is hung after max(this, ``step_timeout_factor`` x the
     99th percentile of the recent step times)."""
-    step_timeout_factor: float = 10.0
+    step_timeout_factor: float = 5.0
     """How many times the 99th percentile of the last 200 step times a step may take."""
     warmup_steps: int = 5
     """The first steps of each launch run under ``startup_timeout_s`` (compilation,
