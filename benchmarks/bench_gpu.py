@@ -317,7 +317,7 @@ def worker(spec: dict[str, Any]) -> None:
 
 def _run(spec: dict[str, Any], world: int, timeout_s: float) -> dict[str, Any]:
     from benchmarks.ranks import run_ranks
-    from hpc_ddp.backends.local.launcher import free_port
+    from hpc_ddp.backends.local.plan import free_port
 
     spec = {**spec, "port": free_port()}
     argv = ["-m", "benchmarks.bench_gpu", "--worker", json.dumps(spec)]

@@ -208,7 +208,7 @@ def run_training_bench(
     cases: list[Case], repeats: int, diagnose: bool, work: Path
 ) -> list[dict[str, Any]]:
     from benchmarks.ranks import run_ranks
-    from hpc_ddp.backends.local.launcher import free_port
+    from hpc_ddp.backends.local.plan import free_port
 
     runs = sum(len(variants(c, diagnose)) for c in cases) * repeats + 1
     ports = ",".join(str(free_port()) for _ in range(runs))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from benchmarks.common import REPO
-from hpc_ddp.backends.local.launcher import free_port
+from hpc_ddp.backends.local.plan import free_port
 
 # Set by a launcher or by Slurm around us: a rank must see only the variables given to it.
 _LAUNCH_PREFIXES = ("SLURM_", "TORCHELASTIC_", "HPC_DDP_")

@@ -1,10 +1,11 @@
 """The local backend's node face (:class:`~hpc_ddp.backends.allocation.Allocation`): this
 machine, where no scheduler holds the job.
 
-A local run's ranks get torchrun-style variables from their controller or supervisor
-(:mod:`hpc_ddp.backends.local.launcher`), never Slurm's (those are removed: a local run is not
-a Slurm job), so this face places no task itself, names no job, and has nothing to requeue. It
-also stands for a process no scheduler started (torchrun by hand, one plain process).
+A local run's ranks get torchrun-style variables from their task (:mod:`hpc_ddp.job.local_task`)
+or their supervisor's launcher (:mod:`hpc_ddp.backends.local.launcher`), never Slurm's (those
+are removed: a local run is not a Slurm job), so this face places no task itself, names no job,
+and has nothing to requeue. It also stands for a process no scheduler started (torchrun by
+hand, one plain process).
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
-"""The local backend's launches: the supervisor's ranks as processes of this machine.
+"""The local backend's launcher: the supervisor's ranks as processes of this machine.
 
 With ``fault.enabled`` a local run's controller (submitit's) runs one task, the supervisor
-(:func:`run_supervisor`), and the supervisor starts each launch's ``nodes x tasks_per_node``
-ranks itself (:class:`LocalLauncher`): ``python -m hpc_ddp run RUN_DIR`` with the
-torchrun-style variables, a free port per launch, each rank's own GPUs, its output appended to
-``logs/rank-N.{out,err}``. So a crash, a hang or a killed rank is restarted in the same process
-tree from the newest checkpoint, exactly as on Slurm (:mod:`hpc_ddp.fault.supervisor`), and the
-supervisor knows each rank's exit status exactly (``waitpid``: -9 is SIGKILL).
+(:func:`hpc_ddp.job.local_task.run_supervisor`), and the supervisor starts each launch's
+``nodes x tasks_per_node`` ranks itself (:class:`LocalLauncher`, the
+:class:`~hpc_ddp.backends.base.Launcher` of this backend): ``python -m hpc_ddp run RUN_DIR``
+with the torchrun-style variables, a free port per launch, each rank's own GPUs, its output
+appended to ``logs/rank-N.{out,err}``. So a crash, a hang or a killed rank is restarted in the
+same process tree from the newest checkpoint, exactly as on Slurm
+(:mod:`hpc_ddp.fault.supervisor`), and the supervisor knows each rank's exit status exactly
+(``waitpid``: -9 is SIGKILL).
 
 No rank outlives the supervisor (``PR_SET_PDEATHSIG``), nor the supervisor its controller; each
 rank's identity goes to ``RUN_DIR/local-ranks/`` as it starts, so that ``status``, ``cancel`` and
@@ -17,19 +19,17 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import IO, Any
 
 from hpc_ddp.backends.base import LaunchShape
-from hpc_ddp.backends.local.process import identify, identify_started, write_rank_identity
+from hpc_ddp.backends.local.plan import free_port
+from hpc_ddp.backends.local.process import identify_started, write_rank_identity
 from hpc_ddp.fault.blame import TaskEnd
 from hpc_ddp.rundir.layout import (
     LOCAL_GPUS_ENV,
@@ -39,8 +39,6 @@ from hpc_ddp.rundir.layout import (
     PER_RANK_LOGS_ENV,
     RunPaths,
 )
-
-log = logging.getLogger("hpc_ddp.supervisor")
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -216,137 +214,3 @@ class LocalLauncher:
         """Nothing requeues a local run."""
         del exclude
         return "not a Slurm job: nothing requeues a local run (`hpc-ddp resume` does)"
-
-
-def run_supervisor(run_dir: str, gpus: list[str] | None = None, per_task: int | None = None) -> int:
-    """The body of a supervised local run's one controller task: supervise its launches."""
-    import submitit
-
-    from hpc_ddp.backends.local.process import was_cancelled
-    from hpc_ddp.config.load import load_resolved_config
-    from hpc_ddp.exitcodes import NOT_CURRENT_EXIT_CODE
-    from hpc_ddp.fault.launch_ledger import Identity
-    from hpc_ddp.fault.supervisor import Supervisor
-    from hpc_ddp.job.task import not_current_refusal
-
-    job = submitit.JobEnvironment().job_id
-    if os.environ.get(NO_PDEATHSIG_ENV) != "1":
-        die_with_controller(int(job) if job.isdigit() else os.getppid())
-    root = Path(run_dir)
-    paths = RunPaths(root)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    refusal = not_current_refusal(root, root, os.environ, job)
-    if refusal is not None:
-        print(f"hpc-ddp supervise: refused: {refusal}", file=sys.stderr, flush=True)
-        return NOT_CURRENT_EXIT_CODE
-    cfg = load_resolved_config(paths.config)
-    launcher = LocalLauncher(root, cfg.slurm.ntasks, job, gpus=gpus, per_task=per_task)
-    me = Identity(None, None, 0, tag=f"local-{job}")
-    supervisor = Supervisor(
-        paths, cfg, launcher, me, env=os.environ, cancelled=lambda: was_cancelled(root)
-    )
-    supervisor.install_signals()
-    return supervisor.run()
-
-
-def free_port() -> int:
-    """A TCP port that is free on loopback right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class _StoppedEarly(BaseException):
-    """SIGTERM while no session catches it (before training started): nothing to save."""
-
-
-def _stop_early(signum: int, frame: FrameType | None) -> None:
-    del frame
-    raise _StoppedEarly(signum)
-
-
-def die_with_controller(controller: int) -> None:
-    """Ask the kernel to SIGTERM this task when its controller dies (``PR_SET_PDEATHSIG``).
-
-    A controller killed outright (SIGKILL, the OOM killer) forwards nothing: without this its
-    ranks would train on, orphaned, and a resume would start a second job in the run dir.
-    """
-    libc = ctypes.CDLL(None, use_errno=True)
-    args = [ctypes.c_ulong(int(signal.SIGTERM))] + [ctypes.c_ulong(0)] * 3  # prctl is variadic
-    if libc.prctl(ctypes.c_int(_PR_SET_PDEATHSIG), *args) != 0:
-        log.warning("prctl(PR_SET_PDEATHSIG) failed: %s", os.strerror(ctypes.get_errno()))
-        return
-    # A controller that died before the prctl sends nothing: this task was reparented already.
-    if os.getppid() != controller:
-        raise _StoppedEarly(signal.SIGTERM)
-
-
-def _give_gpus(gpus: list[str], rank: int, per_task: int | None) -> None:
-    # submitit gives every task the same CUDA_VISIBLE_DEVICES ("" unless told its own numbers,
-    # and never a UUID): replaced here, before anything in this process can start CUDA.
-    mine = gpus[rank]
-    os.environ["CUDA_VISIBLE_DEVICES"] = mine
-    os.environ[LOCAL_GPUS_ENV] = str(len([d for d in mine.split(",") if d]))
-    if per_task:
-        os.environ[LOCAL_GPUS_PER_TASK_ENV] = str(per_task)
-
-
-def run_task(
-    run_dir: str, master_port: int, gpus: list[str] | None = None, per_task: int | None = None
-) -> int:
-    """Body of one local task: set the dist variables from submitit's, then run the job.
-
-    ``gpus``: each rank's ``CUDA_VISIBLE_DEVICES`` (:func:`local_gpu_plan`), ``per_task`` the
-    job's ``slurm.gpus_per_task``; None leaves the environment's as it is.
-    """
-    import submitit
-
-    from hpc_ddp.job.task import run_job
-
-    env = submitit.JobEnvironment()
-    if gpus is not None:
-        _give_gpus(gpus, env.global_rank, per_task)
-    # Until the session catches stop signals, a SIGTERM (a cancel, the controller's death)
-    # ends the task at once: submitit's own handler would only log it and train on.
-    signal.signal(signal.SIGTERM, _stop_early)
-    try:
-        if os.environ.get(NO_PDEATHSIG_ENV) != "1":
-            die_with_controller(int(env.job_id) if env.job_id.isdigit() else os.getppid())
-        me = identify(os.getpid())
-        if me is not None:
-            write_rank_identity(Path(run_dir), env.global_rank, me)
-        _set_dist_env(env.global_rank, env.local_rank, env.num_tasks, master_port, env.job_id)
-        from hpc_ddp.job.task import redirect_to_rank_logs, task_run_dir
-
-        redirect_to_rank_logs(RunPaths(task_run_dir(Path(run_dir), os.environ)), env.global_rank)
-        # The controller's pid is the job id the run's manifest records.
-        return run_job(Path(run_dir), os.environ, job_id=env.job_id)
-    except _StoppedEarly as stop:
-        name = signal.Signals(stop.args[0]).name
-        raise RuntimeError(
-            f"{name} before training started (the run was cancelled or its controller "
-            "exited): stopped, nothing to save"
-        ) from None
-    finally:
-        # The task is over: a late SIGTERM must not turn its result into a failure.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-
-def _set_dist_env(rank: int, local_rank: int, world: int, master_port: int, job: str) -> None:
-    # Started from inside a Slurm allocation, the tasks would inherit its job id and ask Slurm
-    # to requeue a job that is not theirs: a local run is not a Slurm job.
-    for key in [k for k in os.environ if k.startswith(("SLURM_", "SLURMD_"))]:
-        del os.environ[key]
-    os.environ.update(
-        {
-            "RANK": str(rank),
-            "LOCAL_RANK": str(local_rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(world),
-            "GROUP_RANK": "0",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(master_port),
-            PER_RANK_LOGS_ENV: "1",
-            LOCAL_JOB_ENV: job,  # the launcher is this backend (not torchrun), and its job
-        }
-    )

@@ -11,8 +11,7 @@ directory (``RUN_DIR/submitit``: a copied run directory keeps the original's rec
 original's processes are not the copy's); ``cancel`` signals a process only while both hold,
 through a pidfd opened before the check, so the pid cannot change hands between the check and
 the signal. (Ranks also ask to be SIGTERMed when the controller dies,
-:func:`hpc_ddp.backends.local.launcher.run_task`; their records still find them if that
-failed.)
+:func:`hpc_ddp.job.local_task.run_task`; their records still find them if that failed.)
 Processes no record names (a ``command``'s children) are found through the session the
 controller leads (:func:`session_members`).
 
@@ -308,7 +307,7 @@ def _state_and_session(pid: int, proc: Path) -> tuple[str, int] | None:
 def session_members(leader: ProcIdentity, proc: Path = PROC) -> list[ProcIdentity]:
     """Every live process of the session that the recorded controller ``leader`` leads.
 
-    The local controller leads a session of its own (:func:`hpc_ddp.backends.local.backend.
+    The local controller leads a session of its own (:func:`hpc_ddp.backends.local.controller.
     _start_controller`), and everything the run starts stays in it: the tasks, the
     supervisor's ranks, a ``command``'s children, even once their parent is gone. A session id
     is a pid, and the kernel hands that number to no new process while any member of the
@@ -365,12 +364,12 @@ KILL_WAIT_S = 30.0
 before it SIGKILLs those left: Slurm's ``KillWait`` (30 s by default) does the same after
 ``scancel``. A run that stops as asked (the ranks agree on a step, rank 0 saves) is gone well
 before; one whose program ignores the signal is killed. ``hpc-ddp cancel --kill-wait S``;
-the wait is :func:`hpc_ddp.backends.local.backend.stop_local`'s."""
+the wait is :func:`hpc_ddp.backends.local.stop.stop_local`'s."""
 
 LocalOutcome = Literal["cancelled", "already_finished", "not_this_run", "still_running"]
 """What a local cancel did: stopped the run, found it ended, found its records naming processes
 of another run directory (and signalled nothing), or could not stop every process of it
-(:func:`hpc_ddp.backends.local.backend.stop_local` says which still run)."""
+(:func:`hpc_ddp.backends.local.stop.stop_local` says which still run)."""
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from hpc_ddp.errors import HpcDdpError
 from hpc_ddp.rundir.layout import RunPaths
 
 if TYPE_CHECKING:
-    from hpc_ddp.backends.local.backend import LocalJob
+    from hpc_ddp.backends.local.controller import LocalJob
     from hpc_ddp.backends.local.process import LocalCancel
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ def cancel_local_sweep(sweep_dir: Path) -> LocalCancel:
     """Cancel a local sweep and wait until it has stopped, as a local run's cancel waits.
 
     Its controller, while it runs as recorded, gets the SIGTERM: it starts no further point and
-    stops the running ones (:func:`~hpc_ddp.backends.local.backend.stop_local`: each at an agreed
+    stops the running ones (:func:`~hpc_ddp.backends.local.stop.stop_local`: each at an agreed
     step with a checkpoint, SIGKILLed after the grace), then exits; a controller still there past
     :func:`_stop_deadline_s` is SIGKILLed. Any point still running without it is stopped the
     same way. Points not started are then ``cancelled`` (``--resubmit-failed`` starts them).
@@ -169,16 +169,16 @@ def cancel_local_sweep(sweep_dir: Path) -> LocalCancel:
 
 def _stop_deadline_s() -> float:
     """How long a cancel waits for the sweep controller: its points' grace and then some."""
-    from hpc_ddp.backends.local.backend import GONE_WAIT_S
     from hpc_ddp.backends.local.process import KILL_WAIT_S
+    from hpc_ddp.backends.local.stop import GONE_WAIT_S
 
     return KILL_WAIT_S + GONE_WAIT_S + 10.0
 
 
 def _stop_points(sweep_dir: Path) -> tuple[list[str], list[str]]:
     """Stop every point of the sweep still running (:func:`stop_local`); (stopped, left)."""
-    from hpc_ddp.backends.local.backend import stop_local
     from hpc_ddp.backends.local.process import local_alive
+    from hpc_ddp.backends.local.stop import stop_local
     from hpc_ddp.rundir.manifest import read_manifest
 
     stopped: list[str] = []
@@ -242,7 +242,7 @@ def start_point(sweep_dir: Path, index: int) -> LocalJob:
 def run_points(sweep_dir: Path, points: Sequence[int], parallel: int) -> int:
     """Run ``points`` in order, ``parallel`` at once, until each has ended; 0 once all ran
     (a point that failed is the sweep's to show, not the controller's to fail on)."""
-    from hpc_ddp.backends.local.backend import stop_local
+    from hpc_ddp.backends.local.stop import stop_local
 
     stopping: list[int] = []
 

@@ -1,4 +1,5 @@
-"""No local rank outlives its run unseen: real local runs whose controller is killed outright.
+"""No local rank outlives its run unseen (:mod:`hpc_ddp.job.local_task`: a task dies with its
+controller): real local runs whose controller is killed outright.
 
 submitit's controller is the local job's only process that ``cancel`` used to know. Killed
 with SIGKILL it forwards nothing, and its ranks (reparented to pid 1) used to train on while
