@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ from hpc_ddp.checkpoint.writer import CheckpointWriter
 from hpc_ddp.config.elastic import Resize, Shape, rescaled_accum
 from hpc_ddp.config.load import job_config_to_dict
 from hpc_ddp.config.model import JobConfig
-from hpc_ddp.errors import CheckpointError, ConfigError
+from hpc_ddp.errors import CheckpointError, ConfigError, HpcDdpError
 from hpc_ddp.rundir.checkpoint_label import config_digest, shaping_config
 from hpc_ddp.rundir.checkpoints import shard_dirs
 from hpc_ddp.rundir.layout import Checkpoint, checkpoint_name
@@ -89,7 +90,9 @@ class Checkpointer:
     ``handoff``: how rank 0's results reach the others; by default over the default process
     group's store (made on first use, so the group must exist by then). ``run_id``: the run
     (``RUN_DIR/run_id``) its checkpoints are recorded as; another run's are never restored
-    (None: neither recorded nor checked).
+    (None: neither recorded nor checked). ``on_saved``: told on rank 0 of each step saved, once
+    per step, with how long training waited for the save and when it was asked for, once the
+    save is durable and off the training thread (the ledger's ``checkpoint`` line).
     """
 
     def __init__(
@@ -103,6 +106,7 @@ class Checkpointer:
         handoff: Handoff | None = None,
         grad_accum: int = 1,
         run_id: str | None = None,
+        on_saved: Callable[[int, float, float], None] | None = None,
     ) -> None:
         self.directory = directory
         self.run_id = run_id
@@ -134,6 +138,8 @@ class Checkpointer:
         self._handoff = handoff
         self.sharded: ShardedCheckpoints | None = None
         """Set by :meth:`restore` for an FSDP-sharded model: its checkpoints are sharded."""
+        self._on_saved = on_saved
+        self._recorded: int | None = None  # the step of the last save told to on_saved
 
     def observe(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Note a metrics row logged at ``step`` (rank 0): under ``train.keep_best`` a
@@ -202,7 +208,21 @@ class Checkpointer:
         accumulation keeps its global batch; then the RNG states are reseeded
         (:func:`reseed_rng`) and :attr:`resize` says so. Otherwise a :class:`ConfigError`,
         the same on every rank.
+
+        At a world size other than the one ``slurm.nodes`` asks for (a ``slurm.min_nodes``
+        allocation), where :attr:`grad_accum` is not ``train.grad_accum``, a restore without
+        ``elastic`` is refused before anything is read, checkpoint or not.
         """
+        if not elastic and self.grad_accum != self.config.train.grad_accum:
+            raise ConfigError(
+                f"this launch has {self.world_size} ranks of the {self.config.slurm.ntasks} "
+                "that slurm.nodes x slurm.tasks_per_node ask for (slurm.min_nodes), so each "
+                f"rank must accumulate {self.grad_accum} micro-batches per step, not "
+                f"{self.config.train.grad_accum}, but this training loop did not say it "
+                "adapts. HINT: run `s.grad_accum` micro-batches per optimizer step, take the "
+                "data from `s.loader(...)` and pass `elastic=True` to `s.restore(...)`; or drop "
+                "slurm.min_nodes."
+            )
         self.tracked = tracked
         if is_sharded(tracked.model):  # every rank reads and writes its own shard
             return self._restore_sharded(tracked, progress, elastic)
@@ -384,10 +404,27 @@ class Checkpointer:
         """Save the tracked objects at ``progress.step`` (every rank calls it; rank 0 writes).
 
         A second call at the same step saves nothing. ``wait=True`` returns once the file is
-        durable. Returns the path on rank 0.
+        durable. Returns the path on rank 0, where ``on_saved`` is told of the step (once).
         """
+        began = time.monotonic()
+        step = progress.step
+        path = self._save(progress, wait)
+        if path is not None and self._on_saved is not None and step != self._recorded:
+            self._recorded = step  # a second save of a step is told nothing
+            stall, now, told = time.monotonic() - began, time.time(), self._on_saved
+            # Told by the checkpoint's writer thread once the file is durable, not by the
+            # training thread: the ledger line (a directory check and an fsync'd append) held
+            # it up for longer than the snapshot itself with a small model.
+            self.then(lambda: told(step, stall, now))
+        return path
+
+    def _save(self, progress: Progress, wait: bool) -> Path | None:
         t = self.tracked
-        assert t is not None, "restore() names what to save"
+        if t is None:
+            raise HpcDdpError(
+                "nothing to checkpoint. HINT: call session.restore(model=..., optimizer=...) "
+                "first: it names the objects a checkpoint saves."
+            )
         if self.sharded is not None:
             if self.last is None or self.last.step != progress.step:
                 self.sync_errors()  # the save before: its error, if any, raised here

@@ -1,6 +1,6 @@
 """The attempt recorder: one attempt's ledger entries and the one requeue request.
 
-Acting (:class:`Coordinator`). The session calls it at four moments, on every rank (only global
+Acting (:class:`Coordinator`). The session calls it at these moments, on every rank (only global
 rank 0 acts):
 
 * :meth:`Coordinator.begin` when the attempt starts: a ledger ``attempt_start``; an attempt
@@ -11,7 +11,8 @@ rank 0 acts):
   attempt ``requeue_failed`` with :data:`REQUEUE_FAILED_EXIT_CODE`: the job must end FAILED,
   never COMPLETED with training unfinished.
 * :meth:`Coordinator.finish` when training ended normally, :meth:`Coordinator.crash` when it
-  raised (on whichever rank it raised).
+  raised (on whichever rank it raised), :meth:`Coordinator.fault` when the rank's watchdog
+  declared a fault (on its thread).
 
 Exactly one process asks for a requeue, once, for ``ARRAYJOB_TASK`` in an array: after a stop
 signal global rank 0; after a crash with ``requeue.on_crash`` the first rank to crash, chosen by
@@ -42,7 +43,7 @@ from hpc_ddp.config.model import RequeueConfig
 from hpc_ddp.durable import append_line
 from hpc_ddp.errors import BackendError, DistEnvError, RunDirError
 from hpc_ddp.exitcodes import BUDGET_EXIT_CODE, REQUEUE_FAILED_EXIT_CODE
-from hpc_ddp.fault.blame import PEER_ERROR
+from hpc_ddp.fault.blame import PEER_ERROR, FaultRecord, fault_cause
 from hpc_ddp.fault.requeue import (
     RequeueDecision,
     StopVerdict,
@@ -398,11 +399,13 @@ class Coordinator:
         log.error("%s", message)
         self._end(EndCause.CRASH, step, checkpoint, False, message)
 
-    def fault(
-        self, *, cause: EndCause, step: int | None, checkpoint: str | None, message: str
-    ) -> None:
+    def fault(self, record: FaultRecord, *, step: int | None, checkpoint: str | None) -> None:
         """Record a fault this rank's watchdog declared (the first end of an attempt wins).
         The process ends without waiting for a save in flight: only one on disk is named."""
+        cause = fault_cause(record.kind)
+        where = ", ".join(f"rank {r}" for r in record.ranks) or "no rank"
+        nodes = f" on {','.join(record.nodes)}" if record.nodes else ""
+        message = f"{cause.value}: {where}{nodes}: {record.why} (declared by {record.by})"
         self._end(cause, step, self._on_disk(checkpoint), False, message)
 
     def _on_disk(self, checkpoint: str | None) -> str | None:

@@ -1,9 +1,11 @@
 """A rank's side of the fault model, as its session wires it: the watchdog told where the rank is
-(each phase against its own deadline), the exit note that says how the rank left, and a fault
-the watchdog declared recorded as the attempt's end.
+(each phase against its own deadline), and the exit note that says how the rank left (its
+``steps`` loop before its end, or an error). A fault the watchdog declares goes to whoever the
+session names (:meth:`RankWatch.on_fault`): the attempt's end in the ledger.
 
-Without ``fault.enabled`` (or a watchdog not wanted: a lone process without a supervisor) every
-call here does nothing, so the session calls them unconditionally.
+Without ``fault.enabled`` (or a watchdog not wanted: a lone process without a supervisor), and
+before the session starts (:meth:`RankWatch.off`), every call here does nothing, so the session
+calls them unconditionally.
 """
 
 from __future__ import annotations
@@ -16,21 +18,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_ddp.config.model import FaultConfig
-from hpc_ddp.fault.blame import ExitNote, FaultRecord, fault_cause
-from hpc_ddp.fault.coordinator import Coordinator
+from hpc_ddp.fault.blame import ExitNote, FaultRecord
 from hpc_ddp.fault.watchdog import Watchdog, exit_note_path, start_watchdog, write_exit_note
 from hpc_ddp.runtime.distenv import DistEnv
 
 
-@dataclass(frozen=True)
+@dataclass
 class RankWatch:
     """This rank's watchdog (None: none runs) and where its exit note goes (None: none)."""
 
-    dist: DistEnv
+    rank: int
+    node: str
     watchdog: Watchdog | None
     own: bool
     """The watchdog was started here (not by ``hpc-ddp run``): :meth:`stop` stops it."""
     exit_note: Path | None
+    left: tuple[int, int] | None = None
+    """(step, total) of the ``steps`` loop this rank left before its end, as its exit note says
+    (None: it did not, or it went on to an agreed stop or a failure)."""
 
     @classmethod
     def start(
@@ -39,7 +44,13 @@ class RankWatch:
         """The running watchdog, or one started now when it is wanted, and the exit note's
         path (see :func:`~hpc_ddp.fault.watchdog.start_watchdog`)."""
         watchdog, own = start_watchdog(cfg, run_dir, env, dist)
-        return cls(dist, watchdog, own, exit_note_path(cfg, run_dir, env, dist))
+        note = exit_note_path(cfg, run_dir, env, dist)
+        return cls(dist.rank, dist.node_name or "local", watchdog, own, note)
+
+    @classmethod
+    def off(cls) -> RankWatch:
+        """No watchdog and no exit note: every call does nothing (a session not started)."""
+        return cls(0, "local", None, False, None)
 
     def on_fault(self, declared: Callable[[FaultRecord], None]) -> None:
         """Call ``declared`` (on the watchdog's thread) when the watchdog declares a fault."""
@@ -73,14 +84,20 @@ class RankWatch:
         if self.watchdog is not None:
             self.watchdog.step_done(step)
 
+    def left_loop(self, step: int, left: tuple[int, int] | None) -> None:
+        """Note (or take back, ``left`` None) that this rank left its ``steps`` loop at
+        ``left`` (step, total), before its end: its exit note says so from ``step`` on."""
+        if left != self.left:
+            self.left = left
+            self.note_exit(step, total=None if left is None else left[1])
+
     def note_exit(self, step: int, *, total: int | None = None, error: str | None = None) -> None:
         """This rank's exit note (see :class:`~hpc_ddp.fault.blame.ExitNote`): the supervisor
         ends a launch whose rank left its loop while its peers train on. Best effort: a note
         that cannot be written is no reason to fail the rank."""
         if self.exit_note is None:
             return
-        node = self.dist.node_name or "local"
-        note = ExitNote(self.dist.rank, node, os.getpid(), time.time(), step, total, error)
+        note = ExitNote(self.rank, self.node, os.getpid(), time.time(), step, total, error)
         with contextlib.suppress(OSError, ValueError):
             write_exit_note(self.exit_note, note)
 
@@ -94,18 +111,3 @@ class RankWatch:
         """Stop the watchdog if it was started here."""
         if self.own and self.watchdog is not None:
             self.watchdog.stop()
-
-
-def record_fault(
-    coordinator: Coordinator, record: FaultRecord, *, step: int, checkpoint: str | None
-) -> None:
-    """A fault the watchdog declared, as the attempt's end in the ledger."""
-    cause = fault_cause(record.kind)
-    where = ", ".join(f"rank {r}" for r in record.ranks) or "no rank"
-    nodes = f" on {','.join(record.nodes)}" if record.nodes else ""
-    coordinator.fault(
-        cause=cause,
-        step=step,
-        checkpoint=checkpoint,
-        message=f"{cause.value}: {where}{nodes}: {record.why} (declared by {record.by})",
-    )

@@ -1,36 +1,189 @@
-"""A session's attempt, as the ledger sees it: its start (rank 0 writes it; an attempt past the
-requeue budget ends there) and its agreed stop (rank 0 records it and asks for the requeue),
-each answered to every rank.
+"""A session's attempt of its run: the checkpoints it saves and the ledger entries it writes
+(through the attempt recorder, :class:`~hpc_ddp.fault.coordinator.Coordinator`), in the order
+that keeps every checkpoint an entry names on disk.
+
+* Its start: rank 0 writes it; an attempt past the requeue budget ends there, on every rank.
+* Its restore and its saves: each timed by the watchdog as a checkpoint; a save is recorded in
+  the ledger by rank 0 once it is durable (with how long training waited for it).
+* Its end: at an agreed stop the step is saved and durable first, then rank 0 records the stop
+  and asks for the requeue, its answer heard by every rank; at a clean end the final step is
+  saved, then ``finished`` written; a crash or a fault the rank's watchdog declared is written
+  as it happens, naming only a checkpoint on disk.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+from pathlib import Path
 
-from hpc_ddp.checkpoint.checkpointer import broadcast_object
-from hpc_ddp.config.elastic import Resize
+from hpc_ddp.backends.allocation import Allocation
+from hpc_ddp.checkpoint.checkpointer import Checkpointer, broadcast_object
+from hpc_ddp.checkpoint.tracked import Tracked
+from hpc_ddp.config.model import JobConfig
+from hpc_ddp.fault.blame import FaultRecord
 from hpc_ddp.fault.coordinator import Coordinator
+from hpc_ddp.fault.rankwatch import RankWatch
+from hpc_ddp.rundir.layout import RunPaths
+from hpc_ddp.runtime.progress import Progress
+from hpc_ddp.runtime.stopflag import StopFlag
+from hpc_ddp.sessions.startup import Rank
 
 
-def begin_attempt(
-    coordinator: Coordinator,
-    step: int,
-    checkpoint: str | None,
-    *,
-    grad_accum: int | None = None,
-    resize: Resize | None = None,
-) -> int | None:
-    """Rank 0 writes the attempt's start; every rank gets the exit code of an attempt past the
-    budget (it must end at once), else None."""
-    outcome = coordinator.begin(
-        resumed_from_step=step if checkpoint else None,
-        checkpoint=checkpoint,
-        grad_accum=grad_accum,
-        resize=resize,
-    )
-    code: int | None = broadcast_object(None if outcome is None else outcome.exit_code)
-    return code
+class SessionAttempt:
+    """One session's attempt: its checkpoints and its ledger entries (see the module docstring).
+
+    ``progress`` is the session's own: each entry names the step it holds then. ``watch`` times
+    the saves and says where the rank left its loop; ``stop_flag``'s agreement in flight is
+    settled before the final save, a collective.
+    """
+
+    def __init__(
+        self,
+        checkpointer: Checkpointer,
+        coordinator: Coordinator,
+        progress: Progress,
+        watch: RankWatch,
+        stop_flag: StopFlag,
+    ) -> None:
+        self.checkpointer = checkpointer
+        self.coordinator = coordinator
+        self._progress = progress
+        self._watch = watch
+        self._stop_flag = stop_flag
+
+    @classmethod
+    def open(
+        cls,
+        rank: Rank,
+        paths: RunPaths,
+        config: JobConfig,
+        progress: Progress,
+        *,
+        run_id: str,
+        allocation: Allocation,
+        since: float,
+    ) -> SessionAttempt:
+        """The attempt of a rank just started: its recorder (asking ``allocation`` for
+        requeues; ``since``: when the session began, before any peer could write the start),
+        its checkpointer (each save recorded in the ledger), a fault its watchdog declares
+        recorded as its end, and rank 0 makes the checkpoint directory."""
+        dist = rank.dist
+        coordinator = Coordinator(dist, paths.ledger, config.requeue, allocation, since=since)
+        checkpointer = Checkpointer(
+            paths.checkpoints,
+            config,
+            rank=dist.rank,
+            world_size=dist.world_size,
+            device=rank.device,
+            grad_accum=rank.grad_accum,
+            run_id=run_id,
+            on_saved=lambda step, stall, now: coordinator.record_checkpoint(step, stall, now=now),
+        )
+        attempt = cls(checkpointer, coordinator, progress, rank.watch, rank.stop_flag)
+        rank.watch.on_fault(attempt.fault)
+        if dist.is_main:
+            paths.checkpoints.mkdir(parents=True, exist_ok=True)
+        return attempt
+
+    @property
+    def checkpoint(self) -> str | None:
+        """The checkpoint this attempt resumed from or saved last (None: none yet)."""
+        last = self.checkpointer.last
+        return None if last is None else last.name
+
+    def restore(self, tracked: Tracked, *, elastic: bool) -> str | None:
+        """Track ``tracked`` and load the newest good checkpoint into it and the progress
+        (collective; see :meth:`Checkpointer.restore`), timed against the checkpoint deadline;
+        the name of the one loaded (None: none)."""
+        with self._watch.section("checkpoint"):
+            loaded = self.checkpointer.restore(tracked, self._progress, elastic=elastic)
+        return None if loaded is None else loaded.name
+
+    def save(self, *, wait: bool) -> Path | None:
+        """Save the tracked objects at this step (collective; see :meth:`Checkpointer.save`),
+        timed against the checkpoint deadline; rank 0 records it once it is durable."""
+        with self._watch.section("checkpoint"):
+            return self.checkpointer.save(self._progress, wait=wait)
+
+    def begin(self, checkpoint: str | None) -> int | None:
+        """Rank 0 writes the attempt's start (from ``checkpoint``, None: from scratch; with the
+        run's accumulation and, after an elastic resume, its resize); every rank gets the exit
+        code of an attempt past the budget (it must end at once), else None. Collective."""
+        ckpt = self.checkpointer
+        outcome = self.coordinator.begin(
+            resumed_from_step=self._progress.step if checkpoint else None,
+            checkpoint=checkpoint,
+            grad_accum=ckpt.grad_accum,
+            resize=ckpt.resize,
+        )
+        code: int | None = broadcast_object(None if outcome is None else outcome.exit_code)
+        return code
+
+    def save_at_stop(self) -> None:
+        """At an agreed stop (collective): the tracked objects saved at this step and durable
+        (nothing new when this step is saved); without any, rank 0's write errors heard."""
+        if self.checkpointer.tracked is not None:
+            self.save(wait=True)
+        else:
+            self.checkpointer.sync_errors()  # every rank got here, nothing is being written
+
+    def stop(self, signum: int) -> tuple[bool, int]:
+        """The agreed stop, its checkpoint durable (:meth:`save_at_stop`): the data workers are
+        let go (:func:`let_data_workers_go`), rank 0 records the stop and asks for the requeue;
+        every rank gets (requeue asked, exit code). Collective."""
+        let_data_workers_go()
+        outcome = None
+        if self.coordinator.dist.is_main:
+            step = self._progress.step
+            outcome = self.coordinator.stop(signum, step=step, checkpoint=self.checkpoint)
+        asked, code = broadcast_object(
+            (False, 0) if outcome is None else (outcome.requeue_requested, outcome.exit_code)
+        )
+        return bool(asked), int(code)
+
+    def finish(self, *, began: bool) -> None:
+        """A clean end: the final step saved (when the attempt ``began``: see
+        :meth:`_save_final`), then rank 0 writes ``finished``, or where this rank left its
+        ``steps`` loop before its end. After a stop the end is written already: none is added."""
+        if began:
+            self._save_final()
+        left = self._watch.left
+        said = "training finished" if left is None else (
+            f"left the training loop at step {left[0]} of {left[1]}"
+        )  # fmt: skip
+        self.coordinator.finish(step=self._progress.step, checkpoint=self.checkpoint, message=said)
+
+    def _save_final(self) -> None:
+        """The final step saved (collective, durable before ``finished`` is written), so a loop
+        that never saves after its last step loses nothing; a step already saved (a
+        ``checkpoint_every`` multiple, an explicit ``s.checkpoint()``, the step resumed from) is
+        not saved twice. Nothing is saved without tracked objects (no ``restore``)."""
+        ckpt = self.checkpointer
+        if ckpt.tracked is None:
+            return
+        if self._watch.left is not None and self.coordinator.dist.world_size > 1:
+            # This rank left its loop early: its peers may still be training, and a save is
+            # a collective they would never join (the supervisor ends the launch instead).
+            return
+        self._stop_flag.settle()  # a loop left early: its agreement in flight goes first
+        if self._progress.step > 0:
+            self.save(wait=True)
+        else:
+            ckpt.sync_errors()
+
+    def crash(self, exc: BaseException) -> None:
+        """An exception left the session on this rank: its exit note names the error (in place
+        of a note of the loop it unwound), the ledger records the crash (see
+        :meth:`Coordinator.crash`), and the watchdog claims the launch's fault."""
+        step = self._progress.step
+        self._watch.note_exit(step, error=f"{type(exc).__name__}: {exc}".splitlines()[0][:400])
+        self.coordinator.crash(step=step, checkpoint=self.checkpoint, error=exc)
+        self._watch.crashed(exc)
+
+    def fault(self, record: FaultRecord) -> None:
+        """The rank's watchdog declared a fault (on its thread): the attempt ends with it."""
+        self.coordinator.fault(record, step=self._progress.step, checkpoint=self.checkpoint)
 
 
 def let_data_workers_go() -> None:
@@ -45,17 +198,3 @@ def let_data_workers_go() -> None:
     until the process is gone. Only the main thread may set a handler."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-
-
-def end_attempt(
-    coordinator: Coordinator, signum: int, step: int, checkpoint: str | None
-) -> tuple[bool, int]:
-    """Rank 0 handles the agreed stop (ledger, requeue); every rank gets (requeue asked, exit
-    code)."""
-    outcome = None
-    if coordinator.dist.is_main:
-        outcome = coordinator.stop(signum, step=step, checkpoint=checkpoint)
-    asked, code = broadcast_object(
-        (False, 0) if outcome is None else (outcome.requeue_requested, outcome.exit_code)
-    )
-    return bool(asked), int(code)

@@ -43,7 +43,6 @@ resumes from the newest checkpoint.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import logging
 import os
@@ -61,29 +60,32 @@ from hpc_ddp.backends.allocation import Allocation
 from hpc_ddp.backends.node_registry import allocation_for
 from hpc_ddp.checkpoint.checkpointer import Checkpointer, broadcast_object
 from hpc_ddp.checkpoint.tracked import Tracked
-from hpc_ddp.config.elastic import Resize, planned_accum
+from hpc_ddp.config.elastic import Resize
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.params import Params
 from hpc_ddp.errors import ConfigError, HpcDdpError
 from hpc_ddp.exitcodes import REQUEUE_EXIT_CODE
-from hpc_ddp.fault.blame import FaultRecord
-from hpc_ddp.fault.coordinator import Coordinator
-from hpc_ddp.fault.rankwatch import RankWatch, record_fault
-from hpc_ddp.rundir.layout import RUN_DIR_ENV, RunPaths
-from hpc_ddp.rundir.numbering import DefaultRunDir, pick_default_run_dir
+from hpc_ddp.fault.rankwatch import RankWatch
+from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.run_id import read_run_id
 from hpc_ddp.runtime.distenv import DistEnv
 from hpc_ddp.runtime.handoff import MAIN_FIRST_PREFIX, MAIN_FIRST_TIMEOUT_S, Turn, leader_first
 from hpc_ddp.runtime.metrics import MetricsWriter, metric_row
-from hpc_ddp.runtime.procgroup import destroy_process_group, wrap_model
+from hpc_ddp.runtime.procgroup import wrap_model
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.progress_log import ProgressLog
 from hpc_ddp.runtime.sampler import ResumableLoader
 from hpc_ddp.runtime.sharding import STRATEGIES, mixed_precision, shard_model
 from hpc_ddp.runtime.stopflag import AgreementCadence, StopFlag
-from hpc_ddp.sessions.attempt import begin_attempt, end_attempt, let_data_workers_go
+from hpc_ddp.sessions.attempt import SessionAttempt
 from hpc_ddp.sessions.evaluation import EvalLoader
-from hpc_ddp.sessions.startup import StartupMarks, session_config, start_rank
+from hpc_ddp.sessions.startup import (
+    Rank,
+    StartupMarks,
+    session_config,
+    session_run_dir,
+    start_rank,
+)
 
 log = logging.getLogger("hpc_ddp")
 
@@ -146,13 +148,7 @@ class Session:
     ) -> None:
         self.env: Mapping[str, str] = dict(os.environ if env is None else env)
         self._given_dist = dist  # the task's, derived from this env (None: derived at start)
-        named = run_dir or self.env.get(RUN_DIR_ENV)
-        self._picked: DefaultRunDir | None = None
-        if named:
-            self.run_dir = Path(named).resolve()
-        else:  # started by hand: ./hpc-ddp-run, unless a run there finished (see rundir)
-            self._picked = pick_default_run_dir(Path.cwd())
-            self.run_dir = self._picked.path.resolve()
+        self.run_dir, self._picked = session_run_dir(run_dir, self.env)
         self.paths = RunPaths(self.run_dir)
         self.config = config if config is not None else session_config(self.paths)
         self._run_id: str | None = None
@@ -165,13 +161,11 @@ class Session:
         self._allocation = allocation  # None: the one this env belongs to, made at start
         tensorboard = self.paths.tensorboard if self.config.train.tensorboard else None
         self._metrics = MetricsWriter(self.paths.metrics, tensorboard_dir=tensorboard)
-        self._log_handler: logging.Handler | None = None
-        self._checkpointer: Checkpointer | None = None
-        self._coordinator: Coordinator | None = None
+        self._rank: Rank | None = None  # what start() set up, and close() takes down
+        self._attempt: SessionAttempt | None = None  # its checkpoints and ledger (at start)
         self._began = time.time()  # before any peer of this attempt can write its start
         self._turns: dict[str, int] = {}  # main_first calls so far, per group: the store keys
-        self._watch: RankWatch | None = None  # the rank's watchdog and exit note (at start)
-        self._recorded: int | None = None  # the step of the last save recorded in the ledger
+        self._watch = RankWatch.off()  # the rank's watchdog and exit note (at start)
         self._training_data = False  # s.loader() called: its Progress is the data position
         self._progress_log = ProgressLog(self.config.train.log_every, self.paths.live_progress)
         self._startup = StartupMarks()
@@ -180,49 +174,24 @@ class Session:
         the end of each phase (``session``: its imports done, ``process group``, ``model``:
         wrapped and on its device, ``restore``, ``first step``). Logged at the first step."""
         self._startup.mark("session")
-        self._left: tuple[int, int] | None = None  # (step, total) of a steps loop left early
 
     # --- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> Session:
         """Catch stop signals, join the process group, pick the device."""
         rank = start_rank(self.config, self.run_dir, self.env, self._given_dist)
-        self.dist, self._watch, self.stop_flag = rank.dist, rank.watch, rank.stop_flag
-        self.requeue_signal, self._log_handler = rank.requeue_signal, rank.log_handler
-        self.grad_accum = planned_accum(self.config, self.dist.world_size)
-        self.device = torch.device(rank.group.device)
+        self._rank, self.dist, self._watch = rank, rank.dist, rank.watch
+        self.stop_flag, self.requeue_signal = rank.stop_flag, rank.requeue_signal
+        self.device, self.grad_accum = rank.device, rank.grad_accum
         self.backend = rank.group.backend
         self.phase = Phase.STARTED
-        self._watch.on_fault(self._record_fault)  # recorded once the coordinator is there
         self._startup.mark("process group")
-        self._checkpointer = Checkpointer(
-            self.paths.checkpoints,
-            self.config,
-            rank=self.rank,
-            world_size=self.world_size,
-            device=self.device,
-            grad_accum=self.grad_accum,
-            run_id=self.run_id,
-        )
         allocation = self._allocation or allocation_for(self.env)
-        self._coordinator = Coordinator(
-            self.dist, self.paths.ledger, self.config.requeue, allocation, since=self._began
-        )
-        if self.is_main:
-            self.paths.checkpoints.mkdir(parents=True, exist_ok=True)
-        log.info(
-            "session: rank %d/%d (%s, %s on %s), run dir %s, run id %s",
-            self.rank,
-            self.world_size,
-            self.dist.launcher,
-            self.backend,
-            self.device,
-            self.run_dir,
-            self.run_id,
-        )
-        if self._picked is not None:
-            log.info("session: no run directory given (HPC_DDP_RUN_DIR): %s",
-                     self._picked.describe())  # fmt: skip
+        self._attempt = SessionAttempt.open(
+            rank, self.paths, self.config, self.progress,
+            run_id=self.run_id, allocation=allocation, since=self._began,
+        )  # fmt: skip
+        rank.log_start(self.run_dir, self.run_id, self._picked)
         return self
 
     def close(self, *, keep_signal_handlers: bool = False, together: bool = True) -> None:
@@ -234,104 +203,42 @@ class Session:
         """
         if self.phase is Phase.CLOSED:
             return
-        started = self.phase is not Phase.NEW
         self.phase = Phase.CLOSED
-        self._enter("closing")
+        self._watch.enter("closing")
         try:
             if together:
                 self.stop_flag.settle()  # a loop left early may leave an agreement in flight
-            if self._checkpointer is not None:
+            if self._attempt is not None:
                 # Together: the others wait for rank 0's write on the store, not in the
                 # leaving barrier (a collective, which dist.timeout_s would cut short).
-                self._checkpointer.wait(together=together)
+                self._attempt.checkpointer.wait(together=together)
         finally:
             self._metrics.close()
-            if started:
-                destroy_process_group(together=together)
-            if not keep_signal_handlers:
-                self.stop_flag.close()
-            if self._log_handler is not None:
-                log.removeHandler(self._log_handler)
-            if self._watch is not None:
-                self._watch.stop()
+            if self._rank is not None:
+                self._rank.leave(together=together, keep_signal_handlers=keep_signal_handlers)
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is None or isinstance(exc, SystemExit):
             stopped = isinstance(exc, SystemExit) and exc.code not in (0, None)
             if isinstance(exc, RequeueExit) or stopped:
-                self._left_loop(None)  # an agreed stop or a failure, not a loop left early
+                # An agreed stop or a failure, not a loop left early.
+                self._watch.left_loop(self.progress.step, None)
             # After a stop the coordinator has written the attempt's end: finish() adds none.
-            if exc_type is None and self._coordinator is not None:
-                self._save_final()
-                left = self._left
-                said = "training finished" if left is None else (
-                    f"left the training loop at step {left[0]} of {left[1]}"
-                )  # fmt: skip
-                self._coordinator.finish(
-                    step=self.progress.step, checkpoint=self._last_name(), message=said
-                )
+            if exc_type is None and self._attempt is not None:
+                self._attempt.finish(began=self.phase is Phase.TRAINING)
             self.close()
             return
-        if isinstance(exc, BaseException):  # replaces a note of the loop it unwound
-            self._note_exit(error=f"{type(exc).__name__}: {exc}".splitlines()[0][:400])
-        if self._coordinator is not None and isinstance(exc, BaseException):
-            self._coordinator.crash(
-                step=self.progress.step, checkpoint=self._last_name(), error=exc
-            )
-        if self._watch is not None and isinstance(exc, BaseException):
-            self._watch.crashed(exc)
+        if self._attempt is not None and isinstance(exc, BaseException):
+            self._attempt.crash(exc)
         try:
             self.close(together=False)
         except Exception:  # do not hide the error that is already on its way out
             log.exception("while closing the session after an error")
 
-    def _left_loop(self, left: tuple[int, int] | None) -> None:
-        """Note (or take back) that this rank left its ``steps`` loop before its end."""
-        if left != self._left:
-            self._left = left
-            self._note_exit(total=None if left is None else left[1])
-
-    def _note_exit(self, *, total: int | None = None, error: str | None = None) -> None:
-        """This rank's exit note (:meth:`RankWatch.note_exit`)."""
-        if self._watch is not None:
-            self._watch.note_exit(self.progress.step, total=total, error=error)
-
-    def _save_final(self) -> None:
-        """A clean end saves the final step (collective, durable before ``finished`` is
-        written), so a loop that never calls :meth:`checkpoint` after its last step loses
-        nothing; a step already saved (a ``checkpoint_every`` multiple, an explicit
-        ``s.checkpoint()``, the step resumed from) is not saved twice. Nothing is saved
-        without tracked objects (no :meth:`restore`) or before the attempt began."""
-        ckpt = self._checkpointer
-        if ckpt is None or ckpt.tracked is None or self.phase is not Phase.TRAINING:
-            return
-        if self._left is not None and self.world_size > 1:
-            # This rank left its loop early: its peers may still be training, and a save is
-            # a collective they would never join (the supervisor ends the launch instead).
-            return
-        self.stop_flag.settle()  # a loop left early: its agreement in flight goes first
-        if self.progress.step > 0:
-            self._save(wait=True)
-        else:
-            ckpt.sync_errors()
-
-    def _record_fault(self, record: FaultRecord) -> None:
-        """The watchdog declared a fault (on its thread): the attempt ends with it."""
-        if self._coordinator is not None:
-            record_fault(
-                self._coordinator, record, step=self.progress.step, checkpoint=self._last_name()
-            )
-
-    def _enter(self, phase: str) -> None:
-        if self._watch is not None:
-            self._watch.enter(phase)
-
     def section(self, name: str, *, timeout_s: float | None = None) -> AbstractContextManager[None]:
         """``with s.section("eval"):`` long work outside a training step, timed against its own
         deadline (``timeout_s``, default ``fault.checkpoint_timeout_s``) instead of the step
         timeout, which follows the observed step times and would call it a hang."""
-        if self._watch is None:
-            return contextlib.nullcontext()
         return self._watch.section(name, timeout_s)
 
     # --- who and where --------------------------------------------------------------------
@@ -422,13 +329,15 @@ class Session:
         """Rank 0's ``obj`` on every rank (a small picklable value)."""
         return broadcast_object(obj)
 
-    def _ckpt(self) -> Checkpointer:
-        assert self._checkpointer is not None, "the session is not started"
-        return self._checkpointer
+    def _started(self) -> SessionAttempt:
+        if self._attempt is None:
+            raise HpcDdpError(
+                "the session is not started. HINT: use it inside `with hpc_ddp.session() as s:`."
+            )
+        return self._attempt
 
-    def _last_name(self) -> str | None:
-        last = self._checkpointer.last if self._checkpointer is not None else None
-        return None if last is None else last.name
+    def _ckpt(self) -> Checkpointer:
+        return self._started().checkpointer
 
     def __enter__(self) -> Session:
         return self if self.phase is not Phase.NEW else self.start()
@@ -550,27 +459,16 @@ class Session:
         not bit-exact; the log and the ledger say so). Without it a world size other than the
         checkpoint's, or than ``slurm.nodes`` asks for, is refused (:class:`ConfigError`).
         """
-        if not elastic and self.grad_accum != self.config.train.grad_accum:
-            raise ConfigError(
-                f"this launch has {self.world_size} ranks of the {self.config.slurm.ntasks} "
-                "that slurm.nodes x slurm.tasks_per_node ask for (slurm.min_nodes), so each "
-                f"rank must accumulate {self.grad_accum} micro-batches per step, not "
-                f"{self.config.train.grad_accum}, but this training loop did not say it "
-                "adapts. HINT: run `s.grad_accum` micro-batches per optimizer step, take the "
-                "data from `s.loader(...)` and pass `elastic=True` to `s.restore(...)`; or drop "
-                "slurm.min_nodes."
-            )
-        with self.section("checkpoint"):
-            tracked = Tracked(model, optimizer, scheduler, scaler, objects)
-            loaded = self._ckpt().restore(tracked, self.progress, elastic=elastic)
+        tracked = Tracked(model, optimizer, scheduler, scaler, objects)
+        loaded = self._started().restore(tracked, elastic=elastic)
         self._startup.mark("restore")
-        self._begin_attempt(None if loaded is None else loaded.name)
+        self._begin_attempt(loaded)
         return None if loaded is None else self.progress
 
     @property
     def resize(self) -> Resize | None:
         """How :meth:`restore` changed the world size (None: it did not), for the log."""
-        return None if self._checkpointer is None else self._checkpointer.resize
+        return None if self._attempt is None else self._attempt.checkpointer.resize
 
     def _begin_attempt(self, checkpoint: str | None) -> None:
         """Ledger ``attempt_start``, once (collective): see :meth:`_write_start`."""
@@ -582,14 +480,7 @@ class Session:
 
     def _write_start(self, checkpoint: str | None) -> None:
         """Rank 0 writes the start; an attempt past the budget ends right here, on every rank."""
-        assert self._coordinator is not None
-        code = begin_attempt(
-            self._coordinator,
-            self.progress.step,
-            checkpoint,
-            grad_accum=self.grad_accum,
-            resize=self.resize,
-        )
+        code = self._started().begin(checkpoint)
         if code is not None:
             self.phase = Phase.STOPPING
             self.close(keep_signal_handlers=True)
@@ -601,28 +492,7 @@ class Session:
         The file is written on a background thread; ``wait=True`` returns only once it is
         durable. A second call at the same step saves nothing. Returns the path on rank 0.
         """
-        if self._checkpointer is None or self._checkpointer.tracked is None:
-            raise HpcDdpError(
-                "nothing to checkpoint. HINT: call session.restore(model=..., optimizer=...) "
-                "first: it names the objects a checkpoint saves."
-            )
-        return self._save(wait=wait)
-
-    def _save(self, *, wait: bool) -> Path | None:
-        """Save (checkpoint phase); rank 0 records how long training waited for it."""
-        began = time.monotonic()
-        step = self.progress.step
-        with self.section("checkpoint"):
-            path = self._ckpt().save(self.progress, wait=wait)
-        coordinator = self._coordinator
-        if path is not None and coordinator is not None and step != self._recorded:
-            self._recorded = step  # a second save of a step writes nothing
-            stall, now = time.monotonic() - began, time.time()
-            # The ledger line (a directory check and an fsync'd append) is written by the
-            # checkpoint's writer thread once the file is durable, not by the training thread
-            # (which it held up for longer than the snapshot itself with a small model).
-            self._ckpt().then(lambda: coordinator.record_checkpoint(step, stall, now=now))
-        return path
+        return self._started().save(wait=wait)
 
     # --- stopping -----------------------------------------------------------------------
 
@@ -655,9 +525,9 @@ class Session:
         signals; on a stop, :meth:`requeue` saves a checkpoint and ends the attempt.
         """
         self._begin_attempt(None)
-        self._enter("step")
+        self._watch.enter("step")
         self._progress_log.begin(self.progress.step, total)
-        self._left_loop(None)  # a new loop
+        self._watch.left_loop(self.progress.step, None)  # a new loop
         try:
             while self.progress.step < total:
                 self.progress.step += 1
@@ -665,8 +535,7 @@ class Session:
                 if self._startup.open:
                     self._startup.mark("first step")
                     self._startup.log()
-                if self._watch is not None:
-                    self._watch.step_done(self.progress.step)
+                self._watch.step_done(self.progress.step)
                 if checkpoint_every > 0 and self.progress.step % checkpoint_every == 0:
                     self.checkpoint()
                 # At the last step a stop changes nothing: the run ends and saves anyway.
@@ -677,7 +546,7 @@ class Session:
             # Left mid-loop (a break, sys.exit, or an exception unwinding, which __exit__
             # then corrects): said now, before a later collective can block this rank.
             if self.phase is Phase.TRAINING and self.progress.step < total:
-                self._left_loop((self.progress.step, total))
+                self._watch.left_loop(self.progress.step, (self.progress.step, total))
             raise
         self.stop_flag.settle()  # an agreement launched before the last step
 
@@ -717,21 +586,11 @@ class Session:
             raise RequeueExit(signum, False)
         begun = self.phase is Phase.TRAINING
         self.phase = Phase.STOPPING
-        ckpt = self._ckpt()
-        if ckpt.tracked is not None:
-            self._save(wait=True)  # saves nothing new when this step is saved
-        else:
-            ckpt.sync_errors()  # every rank got here, nothing is being written
+        attempt = self._started()
+        attempt.save_at_stop()
         if not begun:
             self._write_start(None)
-        assert self._coordinator is not None
-        let_data_workers_go()
-        asked, code = end_attempt(
-            self._coordinator,
-            signum if signum is not None else self.requeue_signal,
-            self.progress.step,
-            self._last_name(),
-        )
+        asked, code = attempt.stop(signum if signum is not None else self.requeue_signal)
         # The handlers stay installed until the process is gone: the SIGTERM Slurm sends after
         # a requeue must not kill a process that is exiting cleanly.
         self.close(keep_signal_handlers=True)
@@ -752,9 +611,9 @@ class Session:
         metrics = metric_row(metrics, convert=self.is_main)
         if self.is_main:
             self._metrics.write({"time": time.time(), **metrics})
-            if self._checkpointer is not None:  # train.keep_best ranks checkpoints by them
+            if self._attempt is not None:  # train.keep_best ranks checkpoints by them
                 step = metrics.get("step")
-                self._checkpointer.observe(
+                self._attempt.checkpointer.observe(
                     step if isinstance(step, int) else self.progress.step, metrics
                 )
             line = self._progress_log.row(metrics, epoch=self.progress.epoch)

@@ -1,6 +1,6 @@
-"""A session's start-up: the config it runs with, the rank it becomes (its place in the run,
-its stop signals, its log, the process group and device), and the marks that say where the
-launch's start-up time went.
+"""A session's start-up: the run directory it opens and the config it runs with, the rank it
+becomes (its place in the run, its stop signals, its log, the process group and device) and how
+it stops being one, and the marks that say where the launch's start-up time went.
 """
 
 from __future__ import annotations
@@ -16,15 +16,19 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from hpc_ddp.config.elastic import planned_accum
 from hpc_ddp.config.load import load_resolved_config
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.fault.rankwatch import RankWatch
 from hpc_ddp.fault.requeue import signal_number
 from hpc_ddp.fault.watchdog import launch_paths
-from hpc_ddp.rundir.layout import PER_RANK_LOGS_ENV, RunPaths
+from hpc_ddp.rundir.layout import PER_RANK_LOGS_ENV, RUN_DIR_ENV, RunPaths
+from hpc_ddp.rundir.numbering import DefaultRunDir, pick_default_run_dir
 from hpc_ddp.runtime.distenv import DistEnv, derive_dist_env
 from hpc_ddp.runtime.metrics import setup_rank_logging
-from hpc_ddp.runtime.procgroup import ProcessGroupInfo, init_process_group
+from hpc_ddp.runtime.procgroup import ProcessGroupInfo, destroy_process_group, init_process_group
 from hpc_ddp.runtime.rankclaim import claim_rank
 from hpc_ddp.runtime.stopflag import StopFlag
 
@@ -47,6 +51,19 @@ def handed_config(run_dir: Path, config: JobConfig) -> Iterator[None]:
         _handed = before
 
 
+def session_run_dir(
+    run_dir: str | Path | None, env: Mapping[str, str]
+) -> tuple[Path, DefaultRunDir | None]:
+    """The run directory a session opens (resolved): ``run_dir``, else ``$HPC_DDP_RUN_DIR``,
+    else, started by hand, the one :func:`~hpc_ddp.rundir.numbering.pick_default_run_dir`
+    picks in the working directory (returned too, to say why)."""
+    named = run_dir or env.get(RUN_DIR_ENV)
+    if named:
+        return Path(named).resolve(), None
+    picked = pick_default_run_dir(Path.cwd())  # ./hpc-ddp-run, unless a run there finished
+    return picked.path.resolve(), picked
+
+
 def session_config(paths: RunPaths) -> JobConfig:
     """The config of a session on ``paths`` given none: the task's (:func:`handed_config`),
     else ``RUN_DIR/config.yaml``, else the defaults."""
@@ -67,13 +84,40 @@ class Rank:
     stop_flag: StopFlag
     log_handler: logging.Handler | None
     group: ProcessGroupInfo
+    device: torch.device
+    grad_accum: int
+    """Micro-batches this rank runs per optimizer step at this world size
+    (:func:`~hpc_ddp.config.elastic.planned_accum`)."""
+
+    def log_start(self, run_dir: Path, run_id: str, picked: DefaultRunDir | None) -> None:
+        """One line on who this rank is and where it writes (and why there, when the run
+        directory was picked: :func:`session_run_dir`)."""
+        d = self.dist
+        how = f"{d.launcher}, {self.group.backend} on {self.device}"
+        log.info("session: rank %d/%d (%s), run dir %s, run id %s",
+                 d.rank, d.world_size, how, run_dir, run_id)  # fmt: skip
+        if picked is not None:
+            log.info("session: no run directory given (HPC_DDP_RUN_DIR): %s", picked.describe())
+
+    def leave(self, *, together: bool, keep_signal_handlers: bool) -> None:
+        """Stop being this rank: leave the process group (``together``: every rank leaves now,
+        see :func:`~hpc_ddp.runtime.procgroup.destroy_process_group`), give the stop signals
+        back (unless ``keep_signal_handlers``: a process that exits after a requeue), drop the
+        log handler and stop the watchdog if it was started here."""
+        destroy_process_group(together=together)
+        if not keep_signal_handlers:
+            self.stop_flag.close()
+        if self.log_handler is not None:
+            log.removeHandler(self.log_handler)
+        self.watch.stop()
 
 
 def start_rank(
     config: JobConfig, run_dir: Path, env: Mapping[str, str], given: DistEnv | None
 ) -> Rank:
     """Become this run's rank: its place (``given``, the task's, else derived from ``env``), its
-    watchdog, its stop signals caught, its log, its claim on the rank, and the process group.
+    watchdog, its stop signals caught, its log, its claim on the rank, the process group and
+    its device, and the accumulation that keeps the run's global batch at this world size.
 
     The stop signals are caught before anything slow, so no window is left unguarded; a
     start-up that fails gives them back."""
@@ -95,7 +139,9 @@ def start_rank(
     except BaseException:
         stop_flag.close()
         raise
-    return Rank(dist, watch, requeue_signal, stop_flag, handler, group)
+    device = torch.device(group.device)
+    accum = planned_accum(config, dist.world_size)
+    return Rank(dist, watch, requeue_signal, stop_flag, handler, group, device, accum)
 
 
 class StartupMarks:
