@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from hpc_ddp.checkpoint.checkpointer import Checkpointer
 from hpc_ddp.checkpoint.format import list_checkpoints
 from hpc_ddp.checkpoint.tracked import Tracked
 from hpc_ddp.config.model import JobConfig
-from hpc_ddp.errors import PeerError
+from hpc_ddp.errors import HpcDdpError, PeerError
 from hpc_ddp.runtime.handoff import Handoff
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.sessions.session import Session
@@ -94,6 +95,32 @@ def test_values_travel_as_json_not_pickles() -> None:
     store = dist.HashStore()  # type: ignore[attr-defined]
     Handoff(store, rank=0, world_size=2, timeout_s=1).share("v", {"a": [1, None]})
     assert store.get("hpc-ddp/handoff/1/v") == b'{"a": [1, null]}'
+
+
+# --- what a save tells its owner ---------------------------------------------------------------
+
+
+def test_each_step_saved_is_told_once_when_durable_and_nothing_is_saved_untracked(
+    tmp_path: Path,
+) -> None:
+    """Rank 0 tells ``on_saved`` (the session: the ledger's ``checkpoint`` line) of each step
+    saved once, with the time it was asked for and how long training waited; a second save of
+    a step tells nothing. Before ``restore`` names what to save, a save is refused."""
+    told: list[tuple[int, float, float]] = []
+    ckpt = Checkpointer(
+        tmp_path, JobConfig(name="t"), rank=0, world_size=1, device=torch.device("cpu"),
+        on_saved=lambda step, stall, now: told.append((step, stall, now)),
+    )  # fmt: skip
+    with pytest.raises(HpcDdpError, match=r"nothing to checkpoint\. HINT: .*restore"):
+        ckpt.save(Progress(step=1))
+    assert ckpt.restore(Tracked(nn.Linear(3, 2)), Progress()) is None  # a first run
+    asked = time.time()
+    for step in (2, 2, 3):
+        ckpt.save(Progress(step=step))
+    ckpt.wait(together=True)  # the writes, and what was queued after them
+    assert [step for step, _, _ in told] == [2, 3]
+    assert all(stall >= 0.0 and asked <= now <= time.time() for _, stall, now in told)
+    assert [c.step for c in list_checkpoints(tmp_path)] == [2, 3]
 
 
 # --- real ranks, rank 0's checkpoint I/O slower than dist.timeout_s ----------------------------
