@@ -575,11 +575,10 @@ class Session:
         First the tracked objects are checkpointed (if :meth:`restore` named any) and the file
         is made durable. Then rank 0 asks ``scontrol show job`` why the stop came and asks
         Slurm to requeue the job (``scontrol requeue``) unless Slurm is already requeueing or
-        cancelling it (:class:`hpc_ddp.fault.coordinator.Coordinator`).
-        All ranks leave the process group
-        and raise :class:`RequeueExit`, with a non-zero code when the job will not come back
-        (budget spent, requeue request failed). Signals arriving meanwhile (Slurm's SIGTERM
-        after a requeue) are only recorded.
+        cancelling it (:class:`hpc_ddp.fault.coordinator.Coordinator`). All ranks leave the
+        process group and raise :class:`RequeueExit`, with a non-zero code when the job will not
+        come back (budget spent, requeue request failed). Signals arriving meanwhile (Slurm's
+        SIGTERM after a requeue) are only recorded.
         """
         signum = self.stop_flag.agreed
         if self.phase not in (Phase.STARTED, Phase.TRAINING):
