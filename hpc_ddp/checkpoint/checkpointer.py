@@ -19,6 +19,7 @@ the snapshot and the writer in :mod:`hpc_ddp.checkpoint.snapshot` and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -43,13 +44,13 @@ from hpc_ddp.checkpoint.format import (
 from hpc_ddp.checkpoint.sharded import ShardedCheckpoints
 from hpc_ddp.checkpoint.snapshot import SnapshotBuffers
 from hpc_ddp.checkpoint.tracked import Tracked
-from hpc_ddp.checkpoint.writer import CheckpointWriter
+from hpc_ddp.checkpoint.writer import CheckpointWriter, write_checkpoint
 from hpc_ddp.config.elastic import Resize, Shape, rescaled_accum
 from hpc_ddp.config.load import job_config_to_dict
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import CheckpointError, ConfigError, HpcDdpError
 from hpc_ddp.rundir.checkpoint_label import config_digest, shaping_config
-from hpc_ddp.rundir.checkpoints import shard_dirs
+from hpc_ddp.rundir.checkpoints import newest_checkpoint, shard_dirs
 from hpc_ddp.rundir.layout import Checkpoint, checkpoint_name
 from hpc_ddp.runtime.handoff import Handoff
 from hpc_ddp.runtime.procgroup import unwrap
@@ -451,20 +452,30 @@ class Checkpointer:
         return self.directory / record.name if self.is_main else None
 
     def _payload(self, t: Tracked, rng: list[Any], progress: Progress) -> dict[str, Any]:
-        state = {
+        return self._build(self._buffers.snapshot(self.live_state()), rng, progress)
+
+    def live_state(self) -> dict[str, Any]:
+        """The tracked objects' state dicts as they are now (``model``, ``optimizer``,
+        ``scheduler``, ``scaler``, ``objects``), their tensors not copied."""
+        t = self.tracked
+        assert t is not None, "restore() names what to save"
+        return {
             "model": unwrap(t.model).state_dict(),
             "optimizer": None if t.optimizer is None else t.optimizer.state_dict(),
             "scheduler": None if t.scheduler is None else t.scheduler.state_dict(),
             "scaler": None if t.scaler is None else t.scaler.state_dict(),
             "objects": {k: _stateful(obj).state_dict() for k, obj in t.objects.items()},
         }
-        copy = self._buffers.snapshot(state)
+
+    def _build(
+        self, state: Mapping[str, Any], rng: list[Any], progress: Progress
+    ) -> dict[str, Any]:
         payload = build_payload(
-            model=copy["model"],
-            optimizer=copy["optimizer"],
-            scheduler=copy["scheduler"],
-            scaler=copy["scaler"],
-            objects=copy["objects"] or None,
+            model=state["model"],
+            optimizer=state["optimizer"],
+            scheduler=state["scheduler"],
+            scaler=state["scaler"],
+            objects=state["objects"] or None,
             progress=progress,
             rng=rng,
             config=self._config,
@@ -477,6 +488,23 @@ class Checkpointer:
             # resume goes on ranking against it.
             payload["meta"]["best"] = dataclasses.asdict(best)
         return payload
+
+    # --- a survivor's save (fault/rescue), on the watchdog's thread ------------------------
+
+    def newest_saved(self) -> Checkpoint | None:
+        """The newest checkpoint of this run on disk, once rank 0's write in flight (if this is
+        rank 0) has ended (its error is the periodic save's, not the rescue's)."""
+        if self.is_main:
+            with contextlib.suppress(Exception):
+                self._writer.wait()
+        return newest_checkpoint(self.directory, run_id=self.run_id)
+
+    def write_now(self, state: Mapping[str, Any], progress: Progress, rng: list[Any]) -> Path:
+        """Write ``state`` (as :meth:`live_state` gives it) as the checkpoint of
+        ``progress.step`` on the calling thread, durably (temp file, fsync, rename), as any
+        checkpoint of the run: its digests, run id and config; older ones pruned."""
+        payload = self._build(state, rng, progress)
+        return write_checkpoint(self.directory, payload, self.config.train.keep_last)
 
     def sync_errors(self) -> None:
         """Rank 0 waits for its writer; a failure becomes the same error on every rank (the

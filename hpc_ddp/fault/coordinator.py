@@ -60,7 +60,7 @@ from hpc_ddp.rundir.checkpoints import checkpoint_on_disk
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.ledger import Attempt, attempt_number, read_ledger
-from hpc_ddp.rundir.ledger_events import checkpoint_event, end_event, start_event
+from hpc_ddp.rundir.ledger_events import checkpoint_event, end_event, rescue_event, start_event
 from hpc_ddp.runtime.distenv import DistEnv
 
 log = logging.getLogger(__name__)
@@ -429,6 +429,32 @@ class Coordinator:
                 launch=self.dist.launch,
                 step=step,
                 stall_s=stall_s,
+                now=now,
+            )
+        )
+
+    def record_rescue(
+        self,
+        *,
+        step: int | None,
+        checkpoint: str | None,
+        why: str | None,
+        took_s: float,
+        now: float | None = None,
+    ) -> None:
+        """The survivor's save after the launch's fault (:mod:`hpc_ddp.fault.rescue`), from the
+        rank that wrote it, or tried to: any rank, on the watchdog's thread."""
+        self._append(
+            rescue_event(
+                job_id=self.dist.job_id,
+                job_ref=self.dist.job_ref,
+                restart=self.restart,
+                launch=self.dist.launch,
+                rank=self.dist.rank,
+                step=step,
+                checkpoint=checkpoint,
+                why=why,
+                took_s=took_s,
                 now=now,
             )
         )

@@ -18,8 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_ddp.config.model import FaultConfig
-from hpc_ddp.fault.blame import ExitNote, FaultRecord
-from hpc_ddp.fault.watchdog import Watchdog, exit_note_path, start_watchdog, write_exit_note
+from hpc_ddp.fault.blame import PEER_ERROR, ExitNote, FaultRecord
+from hpc_ddp.fault.watchdog import (
+    FaultListener,
+    Identity,
+    Watchdog,
+    exit_note_path,
+    launch_paths,
+    start_watchdog,
+    write_exit_note,
+)
+from hpc_ddp.rundir.layout import WATCHDOG_OWNER_ENV
 from hpc_ddp.runtime.distenv import DistEnv
 
 
@@ -36,6 +45,9 @@ class RankWatch:
     left: tuple[int, int] | None = None
     """(step, total) of the ``steps`` loop this rank left before its end, as its exit note says
     (None: it did not, or it went on to an agreed stop or a failure)."""
+    listener: FaultListener | None = None
+    """A ``command:`` child's ear for its launch's fault, whose parent beats for it (None: this
+    rank has a watchdog of its own, or nothing watches it)."""
 
     @classmethod
     def start(
@@ -45,7 +57,13 @@ class RankWatch:
         path (see :func:`~hpc_ddp.fault.watchdog.start_watchdog`)."""
         watchdog, own = start_watchdog(cfg, run_dir, env, dist)
         note = exit_note_path(cfg, run_dir, env, dist)
-        return cls(dist.rank, dist.node_name or "local", watchdog, own, note)
+        node = dist.node_name or "local"
+        listener = None
+        if watchdog is None and cfg.enabled and env.get(WATCHDOG_OWNER_ENV) and dist.world_size > 1:
+            me = Identity(dist.rank, dist.world_size, node, env.get("SLURM_STEP_ID") or None)
+            paths = launch_paths(run_dir, env, dist)
+            listener = FaultListener(cfg, paths, me, supervised=dist.supervised)
+        return cls(dist.rank, node, watchdog, own, note, listener=listener)
 
     @classmethod
     def off(cls) -> RankWatch:
@@ -106,6 +124,8 @@ class RankWatch:
         leaving: the others learn of it from the beats, not from a collective."""
         if self.watchdog is not None:
             self.watchdog.crashed(f"{type(exc).__name__}: {exc}")
+        elif self.listener is not None and PEER_ERROR.search(f"{type(exc).__name__}: {exc}"):
+            self.listener.lost_peer()  # the rescue, if this child is the survivor that saves
 
     def stop(self) -> None:
         """Stop the watchdog if it was started here."""

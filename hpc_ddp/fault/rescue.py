@@ -44,6 +44,7 @@ from typing import Any, Protocol
 import torch
 
 from hpc_ddp.checkpoint.tracked import Tracked
+from hpc_ddp.rundir.layout import Checkpoint
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.rng import step_rng_state
 
@@ -73,19 +74,22 @@ class CompletedStep:
 
 @dataclass(frozen=True)
 class RescueOutcome:
-    """What a rescue did: the checkpoint it wrote, or why it wrote none."""
+    """What a rescue did: the checkpoint of the last step every rank completed, and why it
+    wrote none (None: it wrote ``checkpoint``)."""
 
     step: int | None
-    path: Path | None
+    """The last step every rank completed (None: none known)."""
+    checkpoint: str | None
+    """The checkpoint that holds it (written now, or saved already); None: none does."""
     why: str | None
 
 
 class RescueWriter(Protocol):
     """What the rescue needs of the session's checkpointer."""
 
-    def newest_saved_step(self) -> int | None:
-        """The step of the newest checkpoint this rank knows is durable (a periodic save in
-        flight is waited for first)."""
+    def newest_saved(self) -> Checkpoint | None:
+        """The newest checkpoint of the run on disk (a periodic save in flight is waited for
+        first)."""
         ...
 
     def live_state(self) -> dict[str, Any]:
@@ -277,9 +281,11 @@ class Rescue:
     def _write(self, last: CompletedStep) -> RescueOutcome:
         """Write ``last`` (the lock is held: the training thread cannot change the state)."""
         try:
-            newest = self.writer.newest_saved_step()
-            if newest is not None and newest >= last.step:
-                return RescueOutcome(last.step, None, f"step {last.step} is saved already")
+            newest = self.writer.newest_saved()
+            if newest is not None and newest.step >= last.step:
+                return RescueOutcome(
+                    newest.step, newest.name, f"step {newest.step} is saved already"
+                )
             state = self._state(last)
             progress = Progress()
             progress.update_from(last.progress, last.extra)
@@ -288,7 +294,7 @@ class Rescue:
         except Exception as exc:  # a second fault, a full disk: the periodic one stands
             log.exception("rescue: writing step %d failed", last.step)
             return RescueOutcome(last.step, None, f"the write failed: {type(exc).__name__}: {exc}")
-        return RescueOutcome(last.step, path, None)
+        return RescueOutcome(last.step, path.name, None)
 
     def _state(self, last: CompletedStep) -> dict[str, Any]:
         state = self.writer.live_state()

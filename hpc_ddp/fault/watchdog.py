@@ -37,7 +37,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -490,18 +490,7 @@ class Watchdog:
 
     def _declared_elsewhere(self) -> FaultRecord | None:
         """A fault the supervisor, the fault record or a ring peer declared in this launch."""
-        found: list[FaultRecord | None] = []
-        if self.supervised:
-            beat = read_beat(self.launch.supervisor)
-            found.append(beat.fault if beat is not None else None)
-        else:
-            found.append(read_fault(self.launch.fault))
-        for peer in self._peers:
-            beat = read_beat(self.launch.beat(peer))
-            found.append(beat.fault if beat is not None else None)
-        # A record from before this process started belongs to an earlier run of the same key.
-        fresh = [f for f in found if f is not None and f.time >= self.started - 1.0]
-        return fresh[0] if fresh else None
+        return declared_fault(self.launch, self._peers, self.supervised, self.started)
 
     def _child_frozen(self, now: float) -> bool:
         if self.child is None:
@@ -630,6 +619,91 @@ class Watchdog:
                 + "".join(reversed(traceback.format_stack(frame)))
             )
             sys.stderr.flush()
+
+
+def declared_fault(
+    launch: LaunchPaths, peers: Sequence[int], supervised: bool, since: float
+) -> FaultRecord | None:
+    """A fault the supervisor (or, unsupervised, the fault record) or one of ``peers``
+    declared in ``launch`` since ``since``: a record from before belongs to an earlier run of
+    the same launch key."""
+    found: list[FaultRecord | None] = []
+    if supervised:
+        beat = read_beat(launch.supervisor)
+        found.append(beat.fault if beat is not None else None)
+    else:
+        found.append(read_fault(launch.fault))
+    for peer in peers:
+        beat = read_beat(launch.beat(peer))
+        found.append(beat.fault if beat is not None else None)
+    fresh = [f for f in found if f is not None and f.time >= since - 1.0]
+    return fresh[0] if fresh else None
+
+
+class FaultListener:
+    """The ear of a ``command:`` child's session for its launch's fault.
+
+    The child has no watchdog (its parent, ``hpc-ddp run``, beats for it and ends it when the
+    launch ends); but the child holds the training state, so a survivor's save
+    (:mod:`hpc_ddp.fault.rescue`) must run here. Once :meth:`start` ed, a thread reads what the
+    watchdog reads for a declared fault, once a beat; on one it runs ``on_fault`` and ends the
+    process with the peer-fault code. :meth:`start` writes the rescue note that tells the
+    parent to let this process finish before ending it.
+    """
+
+    def __init__(
+        self,
+        cfg: FaultConfig,
+        launch: LaunchPaths,
+        me: Identity,
+        *,
+        supervised: bool,
+        exit: Callable[[int], NoReturn] = os._exit,
+    ) -> None:
+        self.cfg, self.launch, self.me, self.supervised = cfg, launch, me, supervised
+        self.on_fault: Callable[[FaultRecord], None] | None = None
+        self._exit = exit
+        self._peers = sorted({(me.rank + d) % me.world for d in (1, 2)} - {me.rank})
+        self._since = time.time()
+        self._gone = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, on_fault: Callable[[FaultRecord], None]) -> None:
+        """Listen, and run ``on_fault`` (on this thread) when a fault is declared."""
+        if self._thread is not None:
+            return
+        self.on_fault = on_fault
+        with contextlib.suppress(OSError):
+            self.launch.rescue_note(self.me.rank).write_text(f"{os.getpid()}\n")
+        self._thread = threading.Thread(target=self._run, name="hpc-ddp-fault-ear", daemon=True)
+        self._thread.start()
+
+    def lost_peer(self) -> None:
+        """The main thread lost a peer: wait for the fault to be declared and this process to
+        end after the rescue (or, if none is declared, go on leaving)."""
+        if self._thread is not None:
+            self._gone.wait(self.cfg.stale_s + 3 * self.cfg.beat_s)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.cfg.beat_s)
+            try:
+                record = declared_fault(self.launch, self._peers, self.supervised, self._since)
+            except Exception:  # a bad file: listen on
+                continue
+            if record is None:
+                continue
+            if self.on_fault is not None:
+                try:
+                    self.on_fault(record)
+                except Exception:
+                    log.exception("the survivor's save failed")
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            self._exit(PEER_FAULT_EXIT_CODE)
+            self._gone.set()  # only where ``exit`` returns (a test)
+            return
 
 
 def _proc_state(pid: int) -> str | None:

@@ -21,6 +21,7 @@ nothing and writes nothing: it exits :data:`NOT_CURRENT_EXIT_CODE`, its reason i
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -32,6 +33,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -57,6 +59,7 @@ from hpc_ddp.rundir.run_id import read_run_id
 
 if TYPE_CHECKING:
     from hpc_ddp.backends.allocation import Allocation
+    from hpc_ddp.fault.blame import FaultRecord
     from hpc_ddp.fault.coordinator import Coordinator
     from hpc_ddp.fault.watchdog import Watchdog
     from hpc_ddp.rundir.ledger import Attempt
@@ -257,6 +260,7 @@ def run_command(
         # stopped, and ended with this process when the launch ends for a fault.
         watchdog.enter("command")
         watchdog.child = proc.pid
+        watchdog.rescue = partial(_let_child_rescue, proc, watchdog, cfg, dist)
         watchdog.before_exit.append(proc.kill)
     forward = _Forwarder(proc, coordinator, began, requeue_signum, grace)
     for sig in forwarded:
@@ -269,6 +273,24 @@ def run_command(
         record_child_end(coordinator, code, program, began)
         return exit_status(code)
     return _record_stopped(forward, code, program)
+
+
+def _let_child_rescue(
+    proc: subprocess.Popen[bytes], watchdog: Watchdog, cfg: JobConfig, dist: DistEnv,
+    record: FaultRecord,
+) -> None:  # fmt: skip
+    """The launch's fault is known: when the child's session is the survivor that writes the
+    last step every rank completed (it wrote its rescue note, and this rank is the lowest not
+    blamed), let it finish that save (it then ends itself) before this process ends it, up to
+    ``fault.checkpoint_timeout_s``."""
+    from hpc_ddp.fault.rescue import writer_rank
+
+    if writer_rank(dist.world_size, record.ranks) != dist.rank:
+        return
+    if not watchdog.launch.rescue_note(dist.rank).exists():
+        return  # no session in the child, or not one that can save
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=cfg.fault.checkpoint_timeout_s)
 
 
 def _record_stopped(forward: _Forwarder, code: int, program: str) -> int:

@@ -281,6 +281,12 @@ class LaunchPaths:
         or an error (one fixed-size record, rewritten in place like a beat)."""
         return self.root / f"rank-{rank}.exit"
 
+    def rescue_note(self, rank: int) -> Path:
+        """Written by rank ``rank``'s session in a ``command:`` child when it can make the
+        survivor's save: its parent, which beats for it, then lets it finish before ending it
+        (the child's pid in it)."""
+        return self.root / f"rank-{rank}.rescue"
+
     def stacks(self, rank: int) -> Path:
         """Rank ``rank``'s thread stacks, every thread, hpc-ddp's own included: written when
         the supervisor asks for them after a fault and when the rank leaves for one. hpc-ddp's

@@ -91,12 +91,16 @@ class Rescue:
     rank: int
     step: int | None
     checkpoint: str | None
+    """The checkpoint that holds ``step`` (written by the rescue, or saved already)."""
     why: str | None
+    """Why the rescue wrote nothing (None: it wrote ``checkpoint``)."""
     took_s: float
 
     @property
     def words(self) -> str:
         """``rank 0 saved step-00000022.pt (step 22) in 0.04 s`` or why not."""
+        if self.checkpoint is not None and self.why is not None:
+            return f"{self.why} ({self.checkpoint})"
         if self.checkpoint is not None:
             took = f"{self.took_s:.2f} s"
             return f"rank {self.rank} saved {self.checkpoint} (step {self.step}) in {took}"

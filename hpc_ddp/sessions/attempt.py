@@ -13,8 +13,10 @@ that keeps every checkpoint an entry names on disk.
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
+import time
 from pathlib import Path
 
 from hpc_ddp.backends.allocation import Allocation
@@ -24,10 +26,19 @@ from hpc_ddp.config.model import JobConfig
 from hpc_ddp.fault.blame import FaultRecord
 from hpc_ddp.fault.coordinator import Coordinator
 from hpc_ddp.fault.rankwatch import RankWatch
+from hpc_ddp.fault.rescue import Rescue, RescueOutcome, writer_rank
 from hpc_ddp.rundir.layout import RunPaths
+from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.stopflag import StopFlag
 from hpc_ddp.sessions.startup import Rank
+
+log = logging.getLogger("hpc_ddp")
+
+SHARDED_WHY = (
+    "an FSDP model's shards of the lost rank exist nowhere else: the newest committed shard set "
+    "stands"
+)
 
 
 class SessionAttempt:
@@ -51,6 +62,8 @@ class SessionAttempt:
         self._progress = progress
         self._watch = watch
         self._stop_flag = stop_flag
+        self._rescue: Rescue | None = None
+        self._armed = False
 
     @classmethod
     def open(
@@ -180,6 +193,58 @@ class SessionAttempt:
         self._watch.note_exit(step, error=f"{type(exc).__name__}: {exc}".splitlines()[0][:400])
         self.coordinator.crash(step=step, checkpoint=self.checkpoint, error=exc)
         self._watch.crashed(exc)
+
+    def arm_rescue(self, seed: int) -> None:
+        """As training starts (once): when a peer dies, hangs or loses its node, the lowest
+        surviving rank writes the last step every rank completed (:mod:`hpc_ddp.fault.rescue`),
+        or the ledger says why it cannot (a sharded model). Nothing without a watchdog, tracked
+        objects or a peer."""
+        watchdog, listener = self._watch.watchdog, self._watch.listener
+        ckpt, dist = self.checkpointer, self.coordinator.dist
+        if self._armed or ckpt.tracked is None or dist.world_size < 2:
+            return
+        if watchdog is None and listener is None:
+            return
+        self._armed = True
+        if ckpt.sharded is None:
+            self._rescue = Rescue(
+                ckpt.tracked, ckpt, seed=seed, rank=dist.rank, world=dist.world_size,
+                device=ckpt.device, model=unwrap(ckpt.tracked.model),
+            )  # fmt: skip
+        if watchdog is not None:
+            watchdog.rescue = self._rescued
+        elif listener is not None:
+            listener.start(self._rescued)
+
+    def completed(self) -> None:
+        """This rank completed the step :attr:`progress` holds (every step: see
+        :meth:`Rescue.completed`)."""
+        if self._rescue is not None:
+            self._rescue.completed(self._progress)
+
+    def _rescued(self, record: FaultRecord) -> None:
+        """The launch's fault is known (on the watchdog's thread): the rescue, recorded."""
+        began = time.monotonic()
+        if self._rescue is not None:
+            outcome = self._rescue.save(record.ranks)
+        elif (
+            writer_rank(self.coordinator.dist.world_size, record.ranks)
+            == self.coordinator.dist.rank
+        ):
+            outcome = RescueOutcome(None, None, SHARDED_WHY)
+        else:
+            return
+        if outcome.checkpoint is None and outcome.why is None:
+            return  # another rank writes
+        took = time.monotonic() - began
+        if outcome.why is None:
+            log.warning("rescue: saved step %s, the last every rank completed, as %s in %.2f s",
+                        outcome.step, outcome.checkpoint, took)  # fmt: skip
+        else:
+            log.warning("rescue: no survivor's save: %s", outcome.why)
+        self.coordinator.record_rescue(
+            step=outcome.step, checkpoint=outcome.checkpoint, why=outcome.why, took_s=took
+        )
 
     def fault(self, record: FaultRecord) -> None:
         """The rank's watchdog declared a fault (on its thread): the attempt ends with it."""

@@ -74,6 +74,7 @@ from hpc_ddp.runtime.metrics import MetricsWriter, metric_row
 from hpc_ddp.runtime.procgroup import wrap_model
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.progress_log import ProgressLog
+from hpc_ddp.runtime.rng import StepSeeds
 from hpc_ddp.runtime.sampler import ResumableLoader
 from hpc_ddp.runtime.sharding import STRATEGIES, mixed_precision, shard_model
 from hpc_ddp.runtime.stopflag import AgreementCadence, StopFlag
@@ -525,13 +526,18 @@ class Session:
         signals; on a stop, :meth:`requeue` saves a checkpoint and ends the attempt.
         """
         self._begin_attempt(None)
+        attempt = self._started()
+        attempt.arm_rescue(self.config.train.seed)
+        seeds = StepSeeds(self.config.train.seed, self.rank, self.device)
         self._watch.enter("step")
         self._progress_log.begin(self.progress.step, total)
         self._watch.left_loop(self.progress.step, None)  # a new loop
         try:
             while self.progress.step < total:
                 self.progress.step += 1
+                seeds.seed_step(self.progress.step)  # no rank's streams are its own alone
                 yield self.progress.step
+                attempt.completed()
                 if self._startup.open:
                     self._startup.mark("first step")
                     self._startup.log()

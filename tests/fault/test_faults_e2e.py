@@ -83,6 +83,17 @@ def _launches(run_dir: Path) -> list[Attempt]:
     return e2e.ledger(run_dir)
 
 
+def _rescued(faulted: Attempt, again: Attempt) -> None:
+    """The survivor (rank 0) saved the last step every rank completed, at or after the periodic
+    checkpoint the fault came after, and the next launch went on from exactly that step."""
+    assert faulted.rescue is not None, faulted
+    assert faulted.rescue.rank == 0, faulted.rescue
+    assert faulted.rescue.step is not None, faulted.rescue
+    assert faulted.rescue.step >= FAULT_AT, faulted.rescue
+    assert faulted.rescue.checkpoint == f"step-{faulted.rescue.step:08d}.pt", faulted.rescue
+    assert again.resumed_from_step == faulted.rescue.step
+
+
 def _batch_logs(run_dir: Path) -> str:
     """The batch scripts' stderr (the supervisors' word on each attempt), for a failure's
     message."""
@@ -109,7 +120,8 @@ def test_a_hung_rank_is_found_in_seconds_named_and_restarted_to_the_twins_weight
     assert 2.0 < hung.blame.detected_at - stopped < 30.0  # stale_s 3 s; gloo would take 60
     assert hung.launch_ended is not None
     assert hung.launch_ended - stopped < 40.0
-    assert (again.launch, again.restart, again.resumed_from_step) == (1, 0, FAULT_AT)
+    assert (again.launch, again.restart) == (1, 0)
+    _rescued(hung, again)
     assert again.cause is EndCause.FINISHED
     rank1 = (job.run_dir / "logs" / "rank-1.err").read_text(errors="replace")
     # Its log: where its main thread stood (the program's part), none of hpc-ddp's threads;
@@ -130,6 +142,7 @@ def test_a_hung_rank_is_found_in_seconds_named_and_restarted_to_the_twins_weight
     assert sum(parts) == pytest.approx(goodput["wall_s"])
     assert goodput["hang_undetected_s"] > 2.0
     assert goodput["requeue_wait_s"] == 0.0
+    assert goodput["redone_steps"] == 0  # the survivor's save: no step trained twice
     assert 0.0 < goodput["ettr"] < 1.0
     # `status --attempts`: one row per launch, the same Slurm attempt (restart 0), launches 0
     # and 1; what followed the hang, and nothing after the finished one.
@@ -162,7 +175,7 @@ def test_a_killed_rank_is_named_not_its_survivor_and_restarted_to_the_twins_weig
     assert dead.blame.detected_at - killed < 10.0
     assert again.launched_at is not None
     assert again.launched_at - killed < 20.0
-    assert again.resumed_from_step == FAULT_AT
+    _rescued(dead, again)
     assert e2e.final_digest(slurm_cluster, job.run_dir) == twin
 
 
@@ -293,7 +306,7 @@ def test_a_lost_node_is_replaced_by_a_spare_in_the_allocation(
     assert gone.blame.detected_at is not None
     assert gone.blame.detected_at - lost < 15.0
     assert again.nodelist == ",".join(others)
-    assert again.resumed_from_step == FAULT_AT
+    _rescued(gone, again)
     bad = json.loads((job.run_dir / "launches" / "bad_nodes.json").read_text())
     assert list(bad["nodes"]) == [node]
     assert e2e.final_digest(three_nodes, job.run_dir) == twin

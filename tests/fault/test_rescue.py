@@ -22,6 +22,7 @@ from torch import nn
 
 from hpc_ddp.checkpoint.tracked import Tracked
 from hpc_ddp.fault.rescue import Rescue, writer_rank
+from hpc_ddp.rundir.layout import Checkpoint
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.rng import StepSeeds, step_rng_state
 
@@ -35,8 +36,8 @@ class Writer:
         self.model, self.opt, self.newest = model, opt, newest
         self.written: list[tuple[dict[str, Any], Progress, list[Any]]] = []
 
-    def newest_saved_step(self) -> int | None:
-        return self.newest
+    def newest_saved(self) -> Checkpoint | None:
+        return None if self.newest is None else Checkpoint(self.newest, f"step-{self.newest}.pt")
 
     def live_state(self) -> dict[str, Any]:
         return {
@@ -147,7 +148,7 @@ def test_a_thread_that_never_ends_its_step_falls_back_with_the_reason() -> None:
     rescue.completed(progress)
     _step(model, opt, 2)  # updated, and then blocked before the step's end (a collective)
     outcome = rescue.save(blamed=(1,), wait_s=0.2)
-    assert outcome.path is None
+    assert outcome.checkpoint is None
     assert outcome.why is not None
     assert "past the optimizer update of step 2" in outcome.why
     assert writer.written == []
@@ -158,7 +159,8 @@ def test_a_step_saved_already_is_not_written_again() -> None:
     writer.newest = 1
     rescue.completed(Progress(step=1))
     outcome = rescue.save(blamed=(1,))
-    assert (outcome.path, outcome.why) == (None, "step 1 is saved already")
+    assert (outcome.checkpoint, outcome.why) == ("step-1.pt", "step 1 is saved already")
+    assert writer.written == []
 
 
 def test_only_the_lowest_survivor_writes() -> None:
