@@ -67,6 +67,7 @@ LAYERS: tuple[Layer, ...] = (
             "backends.base",
             "backends.allocation",
             "backends.jobs",
+            "backends.nodelist",
             "backends.slurm.render",
             "backends.slurm.default_script",
             "backends.slurm.nodelist",
@@ -315,21 +316,9 @@ BACKEND_PICKERS: dict[str, str] = {
 }
 """The modules outside a backend's package that import it, one per side, each with its reason."""
 SEAM_PENDING: dict[str, str] = {
-    # Issue 40 item 1 left these for the one `backends=` injection and the sweep runners moved
-    # beside their backend: each still names the Slurm client (a `slurm=` parameter), a Slurm
-    # or local module, or a backend's sweep code. Remove an entry when its module is done.
-    "hpc_ddp.api.cancel": "slurm= (SlurmClient)",
-    "hpc_ddp.api.doctor": "slurm=; the doctor's rank places (nodelist, postmortem, wait_local)",
-    "hpc_ddp.api.job": "slurm= (SlurmClient)",
-    "hpc_ddp.api.logs": "slurm= (SlurmClient)",
-    "hpc_ddp.api.status": "slurm= (SlurmClient)",
-    "hpc_ddp.api.sweep": "slurm= (SlurmClient)",
+    # Issue 40 item 1 left these for the one `backends=` injection: each still names a Slurm
+    # or local module. Remove an entry when its module is done.
     "hpc_ddp.backends.local.backend": "startup_failure reads rank logs with Slurm's postmortem",
-    "hpc_ddp.cli.cmd_cancel": "--kill-wait's default, local.process.KILL_WAIT_S",
-    "hpc_ddp.cli.main": "main(argv, slurm=) makes the Slurm client",
-    "hpc_ddp.state.goodput": "a ledger nodelist counted with Slurm's parse_nodelist",
-    "hpc_ddp.state.report": "failed_rank and has_logs read srun's words (postmortem)",
-    "hpc_ddp.submission.wait": "a local run's wait and Ctrl-C (local.backend, local.process)",
 }
 """Login-side modules still reaching a backend's package directly (issue 40 item 1, open)."""
 
@@ -386,17 +375,13 @@ CLI_BASE = ("hpc_ddp.api", "hpc_ddp.cli", "hpc_ddp.errors", "hpc_ddp.output",
 """What every other CLI module imports from hpc-ddp: the API, the CLI itself, and the ground."""
 CLI_DATA: dict[tuple[str, str], tuple[str, str]] = {
     ("*", "hpc_ddp.rundir.layout.RUNS_DIR_ENV"): ("data", "the variable's name, in --help"),
-    ("cli.cmd_cancel", "hpc_ddp.backends.local.process.KILL_WAIT_S"): (
-        "data",
-        "--kill-wait's default, a number shown in --help",
-    ),
-    ("cli.main", "hpc_ddp.backends.slurm.client.SlurmClient"): (
+    ("cli.main", "hpc_ddp.backends.registry.Registry"): (
         "injection point",
-        "main(argv, slurm=) takes the client tests pass; it makes the real one",
+        "main(argv, backends=) takes the registry tests pass; it makes the real one",
     ),
 }
 """Names a CLI module may import from below the API: plain data (a constant), or the
-injection point of the Slurm client."""
+injection point of the backends."""
 
 
 def _imported_names(tree: ast.Module) -> list[tuple[str, int]]:

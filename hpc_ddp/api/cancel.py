@@ -13,10 +13,10 @@ sweep) directory, else nothing of that target is cancelled (``not_this_run``). A
 already ended, or that Slurm does not know, is not cancelled either, and is said to be so
 (``already_finished`` with its state, ``unknown``): ``scancel`` would return 0 for both.
 
-A local run's job id is a pid, and pids are reused: it is signalled only while
-:mod:`hpc_ddp.backends.local.process` proves the process under it is still that run's own, and that
-its command line names this run directory. A local cancel returns once every process of the run
-has ended: what ignores the SIGTERM is SIGKILLed after a grace (Slurm's ``KillWait``).
+A local run's job id is a pid, and pids are reused: it is signalled only while the local backend
+proves the process under it is still that run's own, and that its command line names this run
+directory. A local cancel returns once every process of the run has ended: what ignores the
+SIGTERM is SIGKILLed after a grace (:func:`default_kill_wait`, as Slurm's ``KillWait``).
 
 ``hpc-ddp cancel``, :meth:`hpc_ddp.Job.cancel` and :meth:`hpc_ddp.Sweep.cancel` all cancel
 through :func:`cancel_targets`.
@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hpc_ddp.api.targets import (
     find_array_task,
@@ -37,13 +37,10 @@ from hpc_ddp.api.targets import (
 )
 from hpc_ddp.backends.base import Cancel, Outcome
 from hpc_ddp.backends.jobs import is_job_ref
-from hpc_ddp.backends.registry import Registry
+from hpc_ddp.backends.registry import Registry, registry_of
 from hpc_ddp.errors import TargetError
 from hpc_ddp.rundir.layout import MANIFEST_FILE
 from hpc_ddp.rundir.manifest import BackendName, read_manifest
-
-if TYPE_CHECKING:
-    from hpc_ddp.backends.slurm.client import SlurmClient
 
 
 def check_targets(targets: Sequence[str]) -> None:
@@ -90,7 +87,7 @@ def cancel_targets(
     targets: Sequence[str],
     *,
     runs_dir: Path,
-    slurm: SlurmClient | None,
+    backends: Registry | None,
     kill_wait_s: float | None = None,
 ) -> Iterator[CancelResult]:
     """Cancel every target (run, sweep or sweep task directories, job ids, ``ARRAYJOB_TASK``),
@@ -99,19 +96,28 @@ def cancel_targets(
     Every target is resolved, and every job id checked, before the first is cancelled: a
     wrong target raises (:class:`TargetError`, :class:`RunDirError`) and nothing is cancelled.
     ``runs_dir`` is where job ids are looked up. Each run's backend cancels it
-    (:meth:`~hpc_ddp.backends.base.Backend.cancel`; ``slurm``: the client Slurm's runs through,
-    None: the real commands): a local run is waited for until every process of it has ended,
-    SIGKILLed after ``kill_wait_s`` (default :data:`~hpc_ddp.backends.local.process.KILL_WAIT_S`,
-    as Slurm's ``KillWait``).
+    (:meth:`~hpc_ddp.backends.base.Backend.cancel`, of ``backends``; None: the real ones): a
+    local run is waited for until every process of it has ended, SIGKILLed after
+    ``kill_wait_s`` (default :func:`default_kill_wait`, as Slurm's ``KillWait``).
     """
+    registry = registry_of(backends)
     check_targets(targets)
     plans = [plan for t in targets for plan in plan_cancel(t, runs_dir)]
     for plan in plans:
         if plan.what == "sweep":  # a local sweep's controller, which starts its points
-            result = Registry(slurm).sweeps(plan.backend).cancel(plan.where)
+            result = registry.sweeps(plan.backend).cancel(plan.where)
         else:
-            result = Registry(slurm).backend(plan.backend).cancel(plan, kill_wait_s=kill_wait_s)
+            result = registry.backend(plan.backend).cancel(plan, kill_wait_s=kill_wait_s)
         yield CancelResult(plan.where, plan.backend, plan.jobs, result.outcome, result.message)
+
+
+def default_kill_wait() -> float:
+    """How long a cancel of a local run gives its processes after the SIGTERM before it
+    SIGKILLs those left (``cancel --kill-wait``'s default): the local backend's, as Slurm's
+    ``KillWait``."""
+    wait = Registry().kill_wait_s("local")
+    assert wait is not None  # the local backend's own processes: it always has one
+    return wait
 
 
 def plan_cancel(target: str, runs_dir: Path) -> list[Cancel]:

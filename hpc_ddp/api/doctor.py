@@ -20,10 +20,11 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hpc_ddp.backends.base import Cancel
-from hpc_ddp.backends.registry import Registry
+from hpc_ddp.backends.nodelist import parse_nodelist
+from hpc_ddp.backends.registry import Registry, registry_of
 from hpc_ddp.config.load import (
     find_site_profile,
     job_config_from_dict,
@@ -45,9 +46,6 @@ from hpc_ddp.submission.submit import (
     prepare,
     runs_dir_from,
 )
-
-if TYPE_CHECKING:
-    from hpc_ddp.backends.slurm.client import SlurmClient
 
 ENTRYPOINT = "hpc_ddp.doctor.exam:main"
 DOCTOR_DIR = "doctor"
@@ -99,7 +97,7 @@ class DoctorJob:
     cfg: JobConfig
     """The doctor's job (:func:`doctor_config`)."""
     token: str
-    slurm: SlurmClient | None
+    backends: Registry
 
 
 def start_doctor(
@@ -111,19 +109,21 @@ def start_doctor(
     backend: str = "auto",
     site: str | None = None,
     runs_dir: str | None = None,
-    slurm: SlurmClient | None = None,
+    backends: Registry | None = None,
     invocation: Sequence[str] = (),
 ) -> DoctorJob:
     """Submit the checks with ``config``'s resources (None: the defaults and the site
     profile; a first ``KEY=VALUE`` in its place is an override), on ``nodes`` nodes (default
-    the config's), each wait bounded by ``timeout_s``; under ``runs_dir``'s ``doctor/``."""
+    the config's), each wait bounded by ``timeout_s``; under ``runs_dir``'s ``doctor/``;
+    through ``backends`` (None: the real ones)."""
+    registry = registry_of(backends)
     cfg, config_path = _load(config, list(overrides), site)
     cfg = doctor_config(cfg, nodes=nodes, timeout_s=timeout_s)
     sbatch = shutil.which("sbatch") if backend == "auto" else None
     chosen = choose_backend(backend, sbatch)
     prepared = prepare(
         cfg,
-        backend=Registry(slurm).backend(chosen),
+        backend=registry.backend(chosen),
         config_path=config_path,
         runs_dir=runs_dir_from(runs_dir, os.environ) / DOCTOR_DIR,
         python=sys.executable,
@@ -133,7 +133,7 @@ def start_doctor(
     token = secrets.token_hex(16)  # each node must read it back: the run dir is shared
     prepared.paths.doctor.mkdir(parents=True, exist_ok=True)
     write_text_atomic(prepared.paths.doctor / TOKEN_FILE, token + "\n")
-    return DoctorJob(launch(prepared), cfg, token, slurm)
+    return DoctorJob(launch(prepared), cfg, token, registry)
 
 
 @dataclass(frozen=True)
@@ -188,8 +188,8 @@ def _wait(job: DoctorJob) -> dict[int, tuple[str, str]]:
     backend = launched.prepared.face
     try:
         if launched.local is not None:
-            return _wait_local(launched)
-        wait_for_jobs(Registry(job.slurm), [launched.job_id])
+            return _wait_local(job)
+        wait_for_jobs(job.backends, [launched.job_id])
     except KeyboardInterrupt:
         # A doctor nobody waits for is of no use to anyone: do not leave it queued.
         if launched.local is None:
@@ -201,11 +201,11 @@ def _wait(job: DoctorJob) -> dict[int, tuple[str, str]]:
     return _slurm_missing(job)
 
 
-def _wait_local(launched: Launched) -> dict[int, tuple[str, str]]:
-    from hpc_ddp.backends.local.backend import wait_local
-
-    assert launched.local is not None
-    result = wait_local(launched.local)
+def _wait_local(job: DoctorJob) -> dict[int, tuple[str, str]]:
+    """Wait for a doctor job this process holds (a local one): each task's outcome."""
+    launched = job.launched
+    backend, root = launched.prepared.backend, launched.paths.root
+    result = job.backends.held(backend, launched.local, root, launched.job_id).wait()
     host = socket.gethostname()
     return {o.rank: (host, o.detail) for o in result.outcomes if not o.ok}
 
@@ -213,13 +213,10 @@ def _wait_local(launched: Launched) -> dict[int, tuple[str, str]]:
 def _slurm_missing(job: DoctorJob) -> dict[int, tuple[str, str]]:
     """Where each rank ran (the job's nodes, block distribution), and srun's word on the first
     task that failed."""
-    from hpc_ddp.backends.slurm.nodelist import parse_nodelist
-    from hpc_ddp.backends.slurm.postmortem import failed_rank
-
     launched, cfg = job.launched, job.cfg
     nodes: list[str] = []
     with contextlib.suppress(HpcDdpError):  # best effort: only adds detail
-        backend = Registry(job.slurm).backend("slurm")
+        backend = job.backends.backend("slurm")
         info = backend.states([launched.job_id]).get(launched.job_id)
         if info is not None and info.nodes:
             nodes = parse_nodelist(info.nodes)
@@ -228,7 +225,7 @@ def _slurm_missing(job: DoctorJob) -> dict[int, tuple[str, str]]:
         rank: (nodes[rank // per_node] if rank // per_node < len(nodes) else "?", "")
         for rank in range(cfg.slurm.ntasks)
     }
-    failure = failed_rank(launched.paths.logs)
+    failure = job.backends.postmortem("slurm").failed_rank(launched.paths.logs)
     if failure is not None:
         out[failure.rank] = (failure.node, f"srun: {failure.reason}")
     return out

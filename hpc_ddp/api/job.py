@@ -16,9 +16,11 @@ new process (a notebook restarted, another login node) is the same job. The ``su
 with the same hints. Nothing here imports torch, torchvision or submitit on a login node (a
 local run's processes import what they need).
 
-Every function takes ``slurm=``, the :class:`~hpc_ddp.backends.slurm.client.SlurmClient` to talk to
-Slurm through (None: the real commands on PATH); tests pass one over
-:class:`~hpc_ddp.backends.slurm.fake.FakeSlurm`, as ``hpc_ddp.cli.main.main(argv, slurm=)`` does.
+Every function takes ``backends=``, the :class:`~hpc_ddp.backends.registry.Registry` its runs'
+backends come from (None: the real ones, Slurm's commands on PATH); tests pass
+``Registry(FakeSlurm().client())`` (:class:`~hpc_ddp.backends.slurm.fake.FakeSlurm`), as
+``hpc_ddp.cli.main.main(argv, backends=)`` does. The public functions also take ``slurm=``, a
+Slurm client alone: the older, deprecated spelling of ``backends=Registry(slurm)``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from hpc_ddp.backends.registry import Registry
+from hpc_ddp.backends.registry import Registry, registry_of
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import ConfigError, OverrideError, RunFailedError, TargetError
 from hpc_ddp.rundir.layout import MANIFEST_FILE, RunPaths
@@ -43,7 +45,7 @@ from hpc_ddp.submission.submit import Launched, Prepared
 if TYPE_CHECKING:
     from hpc_ddp.api.cancel import CancelResult
     from hpc_ddp.api.status import RunStatus, SweepStatus
-    from hpc_ddp.backends.slurm.client import SlurmClient
+    from hpc_ddp.backends.registry import SlurmClient
     from hpc_ddp.submission.resume import ResumePlan
 
 log = logging.getLogger(__name__)
@@ -129,27 +131,35 @@ class Job:
     """``slurm`` or ``local``."""
     index: int | None = None
     """The sweep point, for a task of a :class:`~hpc_ddp.api.sweep.Sweep`."""
-    slurm: SlurmClient | None = field(default=None, compare=False, repr=False)
-    """The Slurm client its methods use (None: the real commands)."""
+    backends: Registry = field(default_factory=Registry, compare=False, repr=False)
+    """The backends its methods ask (default: the real ones)."""
     launched: Launched | None = field(default=None, compare=False, repr=False)
     """The launch record when this process started the job (a local run's processes among
     it); None for a job rebuilt from its run directory."""
 
     @classmethod
-    def from_run_dir(cls, path: str | Path, *, slurm: SlurmClient | None = None) -> Job:
+    def from_run_dir(
+        cls,
+        path: str | Path,
+        *,
+        backends: Registry | None = None,
+        slurm: SlurmClient | None = None,
+    ) -> Job:
         """The job of a run directory (or of a sweep task's, ``SWEEP_DIR/tasks/N``), read from
-        its files: no pickles, nothing kept from the process that submitted it.
+        its files: no pickles, nothing kept from the process that submitted it. ``backends``
+        (or, deprecated, ``slurm``): what its methods ask.
 
         A path that is no run directory is a :class:`~hpc_ddp.errors.TargetError` (a sweep's:
         use :meth:`hpc_ddp.Sweep.from_dir`).
         """
         from hpc_ddp.api.targets import point_task, require_dir, sweep_task_of
 
+        registry = registry_of(backends, slurm)
         path = Path(path)
         # A sweep task that has not started has no directory yet: its Job says it is pending.
         task = None if (path / MANIFEST_FILE).exists() else sweep_task_of(path)
         if task is not None:
-            return cls(path, point_task(*task).ref, "slurm", index=task[1], slurm=slurm)
+            return cls(path, point_task(*task).ref, "slurm", index=task[1], backends=registry)
         require_dir(str(path))
         if (path / "tasks").is_dir() and (path / MANIFEST_FILE).exists():
             raise TargetError(
@@ -157,7 +167,7 @@ class Job:
                 f"({str(path)!r}), or one of its tasks: Job.from_run_dir('{path}/tasks/N')."
             )
         manifest = read_manifest(path)  # no manifest.json: a RunDirError with its hint
-        return cls(path, manifest.job_id or "", manifest.backend, slurm=slurm)
+        return cls(path, manifest.job_id or "", manifest.backend, backends=registry)
 
     @property
     def paths(self) -> RunPaths:
@@ -169,7 +179,7 @@ class Job:
         of the sweep's table, ``state`` ``finished``, ``failed``, ``running`` ...)."""
         from hpc_ddp.api.status import RunStatus, collect_status
 
-        [found] = collect_status([str(self.run_dir)], self.run_dir.parent, self.slurm)
+        [found] = collect_status([str(self.run_dir)], self.run_dir.parent, self.backends)
         return found if isinstance(found, RunStatus) else _task_status(found)
 
     def wait(
@@ -204,7 +214,7 @@ class Job:
     def _exited(self) -> bool:
         """True unless a local run's controller or a rank still runs: its ledger may say
         finished a moment before its processes have exited, and the wait waits for those."""
-        return Registry(self.slurm).backend(self.backend).settled(self.run_dir, self.job_id)
+        return self.backends.backend(self.backend).settled(self.run_dir, self.job_id)
 
     def metrics(self) -> list[dict[str, Any]]:
         """The rows of ``metrics.jsonl`` that count, in order: a step logged again after a
@@ -233,7 +243,7 @@ class Job:
         from hpc_ddp.api.cancel import cancel_targets
 
         [result] = cancel_targets(
-            [str(self.run_dir)], runs_dir=self.run_dir.parent, slurm=self.slurm
+            [str(self.run_dir)], runs_dir=self.run_dir.parent, backends=self.backends
         )
         return result
 
@@ -241,7 +251,7 @@ class Job:
         self, overrides: Overrides = (), *, force: bool = False, elastic: bool = False
     ) -> Job:
         """:func:`resume` this run (its new job, in the same run directory)."""
-        return resume(self.run_dir, overrides, force=force, elastic=elastic, slurm=self.slurm)
+        return resume(self.run_dir, overrides, force=force, elastic=elastic, backends=self.backends)
 
 
 def _task_status(entry: SweepStatus) -> RunStatus:
@@ -282,6 +292,7 @@ def plan_submit(
     backend: BackendChoice = "auto",
     runs_dir: str | Path | None = None,
     site: str | Path | None = None,
+    backends: Registry | None = None,
     slurm: SlurmClient | None = None,
     invocation: Sequence[str] | None = None,
     for_test_only: bool = False,
@@ -295,8 +306,8 @@ def plan_submit(
     (taken as it is). ``backend`` ``auto`` is Slurm when ``sbatch`` is on PATH, else local
     processes. ``runs_dir``: else ``$HPC_DDP_RUNS_DIR``, else ``./runs``. ``invocation`` is
     the command recorded in the script's header. ``for_test_only``: the plan is for
-    :func:`sbatch_test_only` (which asks Slurm, so a local backend is refused). ``slurm`` is
-    not asked anything: planning is pure (the parameter is here as on every function).
+    :func:`sbatch_test_only` (which asks Slurm, so a local backend is refused). ``backends``
+    (or, deprecated, ``slurm``) plans it and is asked nothing: planning is pure.
     """
     from hpc_ddp.api.targets import path_arg
     from hpc_ddp.config.preflight import preflight_job
@@ -315,7 +326,7 @@ def plan_submit(
         warn_of_leftovers(planned_runs, Path.cwd())
     return prepare(
         cfg,
-        backend=Registry(slurm).backend(chosen),
+        backend=registry_of(backends, slurm).backend(chosen),
         config_path=config_path,
         runs_dir=planned_runs,
         python=sys.executable,
@@ -374,34 +385,41 @@ def _sbatch_on_path() -> str | None:
     return shutil.which("sbatch")
 
 
-def launch(planned: Prepared | ResumePlan, *, slurm: SlurmClient | None = None) -> Job:
+def launch(
+    planned: Prepared | ResumePlan,
+    *,
+    backends: Registry | None = None,
+    slurm: SlurmClient | None = None,
+) -> Job:
     """Start a planned submission (:func:`plan_submit`) or resume (:func:`plan_resume`) and
     return its job: the run directory is written (a new one is claimed atomically, never one
-    another submission holds) and the job started on its backend and recorded."""
+    another submission holds) and the job started on its backend (of ``backends``, or,
+    deprecated, ``slurm``'s) and recorded."""
+    registry = registry_of(backends, slurm)
     if isinstance(planned, Prepared):
         from hpc_ddp.submission.submit import launch as launch_prepared
 
-        launched = launch_prepared(_on(planned, slurm))
+        launched = launch_prepared(_on(planned, registry))
     else:
         from hpc_ddp.submission.resume import resume as resume_planned
 
-        planned = dataclasses.replace(planned, prepared=_on(planned.prepared, slurm))
-        launched = resume_planned(planned, Registry(slurm))
+        planned = dataclasses.replace(planned, prepared=_on(planned.prepared, registry))
+        launched = resume_planned(planned, registry)
     backend = launched.prepared.backend
-    return Job(launched.paths.root, launched.job_id, backend, slurm=slurm, launched=launched)
+    return Job(launched.paths.root, launched.job_id, backend, backends=registry, launched=launched)
 
 
-def sbatch_test_only(prepared: Prepared, *, slurm: SlurmClient | None = None) -> str:
+def sbatch_test_only(prepared: Prepared, *, backends: Registry | None = None) -> str:
     """``sbatch --test-only`` for a planned submission: Slurm's word on whether and when it
     would start. Nothing is submitted (the run directory sbatch reads is removed again)."""
     from hpc_ddp.submission.submit import test_only as ask
 
-    return ask(_on(prepared, slurm))
+    return ask(_on(prepared, registry_of(backends)))
 
 
-def _on(prepared: Prepared, slurm: SlurmClient | None) -> Prepared:
-    """``prepared`` started through ``slurm``'s backend (the one a launch is given)."""
-    return dataclasses.replace(prepared, face=Registry(slurm).backend(prepared.backend))
+def _on(prepared: Prepared, backends: Registry) -> Prepared:
+    """``prepared`` started through ``backends``' backend (the one a launch is given)."""
+    return dataclasses.replace(prepared, face=backends.backend(prepared.backend))
 
 
 def follow(job: Job) -> int:
@@ -410,7 +428,7 @@ def follow(job: Job) -> int:
     from hpc_ddp.submission.wait import wait_for  # the run's state: not needed to submit it
 
     assert job.launched is not None, "follow() a job this process started"
-    return wait_for(job.launched, Registry(job.slurm))
+    return wait_for(job.launched, job.backends)
 
 
 def dry_run_json(planned: Prepared | ResumePlan) -> dict[str, object]:
@@ -458,6 +476,7 @@ def submit(
     backend: BackendChoice = "auto",
     runs_dir: str | Path | None = None,
     site: str | Path | None = None,
+    backends: Registry | None = None,
     slurm: SlurmClient | None = None,
 ) -> Job:
     """Submit a job, as ``hpc-ddp submit CONFIG KEY=VALUE ...`` does, and return it.
@@ -467,14 +486,17 @@ def submit(
     ``sbatch`` is on PATH, else local processes), ``slurm`` or ``local``. ``runs_dir``: where
     the run directory goes (else ``$HPC_DDP_RUNS_DIR``, else ``./runs``). ``site``: the site
     profile (else ``$HPC_DDP_SITE``, else ``$XDG_CONFIG_HOME/hpc-ddp/site.yaml``).
+    ``backends``: the :class:`~hpc_ddp.backends.registry.Registry` to submit through (default:
+    the real backends); ``slurm``, a Slurm client alone, is its deprecated older spelling.
 
     A bad config is a :class:`~hpc_ddp.errors.ConfigError` naming the key, with a hint, and
     nothing is written; a refused submission a :class:`~hpc_ddp.errors.SubmissionError`.
     """
+    registry = registry_of(backends, slurm)
     prepared = plan_submit(
-        config, overrides, backend=backend, runs_dir=runs_dir, site=site, slurm=slurm
+        config, overrides, backend=backend, runs_dir=runs_dir, site=site, backends=registry
     )
-    return launch(prepared, slurm=slurm)
+    return launch(prepared, backends=registry)
 
 
 # --- resuming -----------------------------------------------------------------------------------
@@ -486,6 +508,7 @@ def plan_resume(
     *,
     force: bool = False,
     elastic: bool = False,
+    backends: Registry | None = None,
     slurm: SlurmClient | None = None,
     invocation: Sequence[str] | None = None,
 ) -> ResumePlan:
@@ -500,7 +523,7 @@ def plan_resume(
     return plan(
         Path(run_dir),
         tuple(args),
-        Registry(slurm),
+        registry_of(backends, slurm),
         force=force,
         elastic=elastic,
         invocation=invocation or ["hpc_ddp.resume", shown, *args],
@@ -513,6 +536,7 @@ def resume(
     *,
     force: bool = False,
     elastic: bool = False,
+    backends: Registry | None = None,
     slurm: SlurmClient | None = None,
 ) -> Job:
     """Submit a stopped run's job again, in its run directory, to go on from its newest good
@@ -523,7 +547,9 @@ def resume(
     run still queued or running is refused (:class:`~hpc_ddp.errors.TargetError`: two jobs
     must never share a run directory); a finished one, or one whose state Slurm could not
     confirm, needs ``force`` (e.g. ``{"train.max_steps": 2000}, force=True`` trains further).
-    Overrides apply over the run's resolved config; its name cannot change.
+    Overrides apply over the run's resolved config; its name cannot change. ``backends`` (or,
+    deprecated, ``slurm``) as for :func:`submit`.
     """
-    plan = plan_resume(run_dir, overrides, force=force, elastic=elastic, slurm=slurm)
-    return launch(plan, slurm=slurm)
+    registry = registry_of(backends, slurm)
+    plan = plan_resume(run_dir, overrides, force=force, elastic=elastic, backends=registry)
+    return launch(plan, backends=registry)

@@ -11,7 +11,7 @@ errors) is Python logging, which writes to stderr. The batch script's own log is
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from hpc_ddp.api.targets import (
     find_array_task,
@@ -22,14 +22,11 @@ from hpc_ddp.api.targets import (
 )
 from hpc_ddp.backends.arrays import batch_logs, format_index_ranges, live_task
 from hpc_ddp.backends.jobs import is_job_ref
-from hpc_ddp.backends.registry import Registry
+from hpc_ddp.backends.registry import Registry, registry_of
 from hpc_ddp.errors import BackendError, HpcDdpError, RunDirError, TargetError
 from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.manifest import read_manifest
 from hpc_ddp.sweep.records import read_sweep_record
-
-if TYPE_CHECKING:
-    from hpc_ddp.backends.slurm.client import SlurmClient
 
 LOG_STREAMS = ("err", "out")
 """The streams a log is read from: a rank's (or the batch script's) stderr and stdout."""
@@ -205,30 +202,32 @@ def read_log(paths: RunPaths, *, rank: int = 0, stream: Literal["err", "out"] = 
 
 
 def job_waiting(
-    client: SlurmClient | None, target: Path, task: int | None, paths: RunPaths
+    backends: Registry | None, target: Path, task: int | None, paths: RunPaths
 ) -> str | None:
     """``job 12 is PENDING`` while the job that writes ``paths``' logs is queued or running;
     None once it has ended, or when that cannot be told (no job id, Slurm not answering)."""
-    live, said = job_liveness(client, target, task, paths)
+    live, said = job_liveness(backends, target, task, paths)
     return said if live else None
 
 
 def job_liveness(
-    client: SlurmClient | None, target: Path, task: int | None, paths: RunPaths
+    backends: Registry | None, target: Path, task: int | None, paths: RunPaths
 ) -> tuple[bool | None, str]:
     """Whether the job that writes ``paths``' logs is queued or running: (True, ``job 12 is
     PENDING``), (False, "") once it has ended (squeue no longer holds it, or holds it in a
     finished state; a local run's processes are gone), (None, "") when that cannot be told
-    (no job id, Slurm not answering)."""
+    (no job id, Slurm not answering). ``backends``: where the run's backend is picked (None:
+    the real ones)."""
+    registry = registry_of(backends)
     sweep = (target, task) if task is not None else sweep_task_of(target)
     try:
         if sweep is not None:
             ref = point_task(*sweep).ref
             job, _, index = ref.partition("_")
-            info = live_task(Registry(client).backend("slurm").states([job]), job, int(index))
+            info = live_task(registry.backend("slurm").states([job]), job, int(index))
         else:
             manifest = read_manifest(paths.root)
-            backend = Registry(client).backend(manifest)
+            backend = registry.backend(manifest)
             return backend.running(paths.root, manifest.job_id, str(paths.manifest))
     except (RunDirError, BackendError):
         return None, ""

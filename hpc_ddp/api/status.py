@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from hpc_ddp.api.targets import path_arg, resolve_targets, sweep_task_of
 from hpc_ddp.backends.jobs import JobState
-from hpc_ddp.backends.registry import Registry
+from hpc_ddp.backends.registry import Registry, registry_of
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.rundir.layout import MANIFEST_FILE
 from hpc_ddp.rundir.manifest import Manifest, read_manifest
@@ -39,7 +39,7 @@ from hpc_ddp.state.task import TaskState
 from hpc_ddp.state.verdict import BackendView
 
 if TYPE_CHECKING:
-    from hpc_ddp.backends.slurm.client import SlurmClient
+    from hpc_ddp.backends.registry import SlurmClient
 
 RUN_ENDED = frozenset({*(s.value for s in JobState if s.finished), "INCOMPLETE", "GONE?", DAMAGED})
 """A run's verdicts after which it does not go on by itself: Slurm's final states, a job that
@@ -266,24 +266,24 @@ def goodput_lines(shown: dict[str, Any]) -> list[str]:
 
 
 def collect_status(
-    targets: Sequence[str], runs_dir: Path, slurm: SlurmClient | None
+    targets: Sequence[str], runs_dir: Path, backends: Registry | None
 ) -> list[RunStatus | SweepStatus]:
     """What ``hpc-ddp status TARGETS`` shows: one :class:`RunStatus` per plain or damaged run,
     then one :class:`SweepStatus` per sweep, then one per sweep task asked for by its
     directory (``SWEEP_DIR/tasks/N``). No targets: every run and sweep under ``runs_dir``.
 
     A target that names nothing is a :class:`~hpc_ddp.errors.TargetError` with a hint.
-    ``slurm``: the client Slurm is asked through (None: the real commands).
+    ``backends``: where each run's backend is picked, and the queue asked (None: the real ones).
     """
     tasks = {t: found for t in targets if (found := _sweep_task(t)) is not None}
     others = [t for t in targets if t not in tasks]
     dirs = resolve_targets(others, runs_dir) if others or not tasks else []
-    manifests = _read_manifests(dirs)
+    registry = registry_of(backends)
+    manifests = _read_manifests(dirs, registry)
     good = {d: m for d, m in manifests.items() if isinstance(m, Manifest)}
     sweeps = [d for d in good if (d / "tasks").is_dir()]
     # The ids a queue holds (a local run's are pids, which no queue knows), asked all at once
     # of the one queue there is, Slurm's.
-    registry = Registry(slurm)
     plain = [
         j for d, m in good.items() if d not in sweeps for j in registry.backend(m).job_refs(d, m)
     ]
@@ -292,33 +292,38 @@ def collect_status(
     queue = registry.backend("slurm")
     view = ask_backend(queue, list(dict.fromkeys([*plain, *arrays])), plain)
     view = with_accounting(queue, view, _unheld(sweeps, tasks, view))
-    rows, entries = _collect(dirs, manifests, sweeps, view)
-    entries += [_task_entry(sweep, index, view) for sweep, index in tasks.values()]
+    rows, entries = _collect(dirs, manifests, sweeps, view, registry)
+    entries += [_task_entry(sweep, index, view, registry) for sweep, index in tasks.values()]
     return [*(RunStatus.from_row(r) for r in rows), *(SweepStatus(**e) for e in entries)]
 
 
 def runs(
-    runs_dir: str | Path | None = None, *, slurm: SlurmClient | None = None
+    runs_dir: str | Path | None = None,
+    *,
+    backends: Registry | None = None,
+    slurm: SlurmClient | None = None,
 ) -> list[RunStatus | SweepStatus]:
     """Every run and sweep under ``runs_dir`` (else ``$HPC_DDP_RUNS_DIR``, else ``./runs``),
     as ``hpc-ddp status`` lists them: one :class:`RunStatus` per run (a damaged one included,
     ``DAMAGED``), then one :class:`SweepStatus` per sweep. Slurm is asked once for them all
-    (``slurm``: the client to ask through; None: the real commands)."""
+    (``backends``: the registry to ask through, or, deprecated, ``slurm``, a Slurm client
+    alone; None: the real commands)."""
+    registry = registry_of(backends, slurm)
     import os
 
     from hpc_ddp.submission.submit import runs_dir_from
 
     base = runs_dir_from(path_arg("runs_dir", runs_dir), os.environ)
-    return collect_status([], base, slurm)
+    return collect_status([], base, registry)
 
 
-def _sweep_entry(sweep_dir: Path, view: BackendView) -> dict[str, Any]:
+def _sweep_entry(sweep_dir: Path, view: BackendView, backends: Registry) -> dict[str, Any]:
     # Imported here: a listing of plain runs needs none of the sweep's readers.
     from hpc_ddp.sweep.results import gather_results, row_dict, sweep_summary
 
     # live None: states from the ledgers alone; sacct for the tasks squeue no longer holds.
     rows = gather_results(
-        sweep_dir, Registry().sweeps_of(sweep_dir), view.live, accounting=view.accounting
+        sweep_dir, backends.sweeps_of(sweep_dir), view.live, accounting=view.accounting
     )
     tasks = tuple(row_dict(r) for r in rows)
     return {"sweep": str(sweep_dir), "summary": sweep_summary(rows), "tasks": tasks}
@@ -345,9 +350,11 @@ def _sweep_task(target: str) -> tuple[Path, int] | None:
     return sweep_task_of(path)
 
 
-def _task_entry(sweep_dir: Path, index: int, view: BackendView) -> dict[str, Any]:
+def _task_entry(
+    sweep_dir: Path, index: int, view: BackendView, backends: Registry
+) -> dict[str, Any]:
     """One sweep task, as the sweep's own entry shows it, alone."""
-    entry = _sweep_entry(sweep_dir, view)
+    entry = _sweep_entry(sweep_dir, view, backends)
     entry["tasks"] = tuple(t for t in entry["tasks"] if t["index"] == index)
     entry["summary"] = {state: sum(t["state"] == state for t in entry["tasks"])
                         for state in entry["summary"]}  # fmt: skip
@@ -355,7 +362,7 @@ def _task_entry(sweep_dir: Path, index: int, view: BackendView) -> dict[str, Any
     return entry
 
 
-def _read_manifests(dirs: list[Path]) -> dict[Path, Manifest | RunDirError]:
+def _read_manifests(dirs: list[Path], backends: Registry) -> dict[Path, Manifest | RunDirError]:
     """Each run's manifest, or why it cannot be read (that run becomes a DAMAGED row).
 
     A Slurm run's job ids must be job ids: ``--me`` or ``1,2`` there is a damaged manifest,
@@ -365,7 +372,7 @@ def _read_manifests(dirs: list[Path]) -> dict[Path, Manifest | RunDirError]:
     for d in dirs:
         try:
             manifest = read_manifest(d)
-            Registry().backend(manifest).job_refs(d, manifest)  # raises for an id that is no job id
+            backends.backend(manifest).job_refs(d, manifest)  # raises for an id that is no job id
             manifests[d] = manifest
         except RunDirError as exc:
             manifests[d] = exc
@@ -377,6 +384,7 @@ def _collect(
     manifests: dict[Path, Manifest | RunDirError],
     sweeps: list[Path],
     view: BackendView,
+    backends: Registry,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(one row per plain or damaged run, one entry per sweep), in the order of ``dirs``."""
     rows = []
@@ -387,11 +395,11 @@ def _collect(
             rows.append(damaged_row(d, manifest))
         elif d in sweeps:
             try:
-                entries.append(_sweep_entry(d, view))
+                entries.append(_sweep_entry(d, view, backends))
             except (RunDirError, OSError) as exc:
                 rows.append(damaged_row(d, exc))
         else:
-            rows.append(run_status(d, view, Registry()))
+            rows.append(run_status(d, view, backends))
     return rows, entries
 
 

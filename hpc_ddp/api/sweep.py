@@ -33,7 +33,7 @@ from hpc_ddp.api.status import SweepStatus, collect_status, wait_until_ended
 from hpc_ddp.api.targets import path_arg, require_dir
 from hpc_ddp.backends.arrays import ArrayRecord, PreparedArray, read_arrays
 from hpc_ddp.backends.jobs import AccountingRecord, JobInfo
-from hpc_ddp.backends.registry import Registry
+from hpc_ddp.backends.registry import Registry, registry_of
 from hpc_ddp.errors import (
     BackendError,
     ConfigError,
@@ -49,7 +49,7 @@ from hpc_ddp.sweep.runner import Resubmission
 from hpc_ddp.sweep.spec import SweepSpec
 
 if TYPE_CHECKING:
-    from hpc_ddp.backends.slurm.client import SlurmClient
+    from hpc_ddp.backends.registry import SlurmClient
 
 RESULT_COLUMNS = ("best", "final", "loss", "steps", "attempts", "index")
 """Columns of the results table that rows can be sorted by, besides a logged metric or a
@@ -74,22 +74,29 @@ class Sweep:
     backend: str = "slurm"
     """``slurm`` (job arrays) or ``local`` (a sweep controller on this machine starts each
     point as a local run: :mod:`hpc_ddp.backends.local.sweeps`)."""
-    slurm: SlurmClient | None = field(default=None, compare=False, repr=False)
-    """The Slurm client its methods use (None: the real commands)."""
+    backends: Registry = field(default_factory=Registry, compare=False, repr=False)
+    """The backends its methods ask (default: the real ones)."""
 
     @classmethod
-    def from_dir(cls, path: str | Path, *, slurm: SlurmClient | None = None) -> Sweep:
+    def from_dir(
+        cls,
+        path: str | Path,
+        *,
+        backends: Registry | None = None,
+        slurm: SlurmClient | None = None,
+    ) -> Sweep:
         """The sweep of a sweep directory, read from its records (``sweep.yaml``,
-        ``arrays.json``). A path that is no sweep directory is a
-        :class:`~hpc_ddp.errors.TargetError` or :class:`~hpc_ddp.errors.RunDirError` with a
-        hint."""
+        ``arrays.json``); ``backends`` (or, deprecated, ``slurm``): what its methods ask. A
+        path that is no sweep directory is a :class:`~hpc_ddp.errors.TargetError` or
+        :class:`~hpc_ddp.errors.RunDirError` with a hint."""
+        registry = registry_of(backends, slurm)
         sweep_dir = require_dir(str(path), "sweep directory")
         read_sweep_record(sweep_dir)  # no sweep.yaml: not a sweep, said with a hint
         jobs = tuple(dict.fromkeys(a.job_id for a in read_arrays(sweep_dir)))
         backend = "slurm"
         if (sweep_dir / MANIFEST_FILE).exists():
             backend = read_manifest(sweep_dir).backend
-        return cls(sweep_dir, jobs, backend, slurm=slurm)
+        return cls(sweep_dir, jobs, backend, backends=registry)
 
     def record(self) -> SweepRecord:
         """``sweep.yaml``: the points, what each sets, and the metric the sweep ranks by."""
@@ -102,19 +109,19 @@ class Sweep:
     def tasks(self) -> list[Job]:
         """One :class:`~hpc_ddp.api.job.Job` per point, in index order, each with the array
         task that runs it now (its ``job_id``; empty for a point never submitted)."""
-        runner = Registry(self.slurm).sweeps_of(self.sweep_dir)
+        runner = self.backends.sweeps_of(self.sweep_dir)
         points = [p.index for p in self.record().points]
         jobs = runner.task_jobs(self.sweep_dir, points)
         return [
             Job(self.sweep_dir / "tasks" / str(i), jobs.get(i, ""), runner.backend, index=i,
-                slurm=self.slurm)
+                backends=self.backends)
             for i in points
         ]  # fmt: skip
 
     def status(self) -> SweepStatus:
         """How many tasks are in each state, and each task's row, as ``hpc-ddp status
         SWEEP_DIR --json`` shows them."""
-        [found] = collect_status([str(self.sweep_dir)], self.sweep_dir.parent, self.slurm)
+        [found] = collect_status([str(self.sweep_dir)], self.sweep_dir.parent, self.backends)
         if not isinstance(found, SweepStatus):  # DAMAGED: its note says why
             raise RunDirError(
                 f"{self.sweep_dir}: {found.note}. HINT: `hpc-ddp status {self.sweep_dir}` "
@@ -170,13 +177,13 @@ class Sweep:
                 f"mode={mode!r} is not a ranking mode. HINT: pass 'min' (lower is better), "
                 "'max' (higher is better), or None for the sweep's own."
             )
-        gathered = gather(self.sweep_dir, self.slurm, sort=sort, mode=mode)
+        gathered = gather(self.sweep_dir, self.backends, sort=sort, mode=mode)
         return [row_dict(r) for r in gathered.rows]
 
     def cancel(self) -> CancelResult:
         """Cancel every array of the sweep, as ``hpc-ddp cancel SWEEP_DIR`` does."""
         [result] = cancel_targets(
-            [str(self.sweep_dir)], runs_dir=self.sweep_dir.parent, slurm=self.slurm
+            [str(self.sweep_dir)], runs_dir=self.sweep_dir.parent, backends=self.backends
         )
         return result
 
@@ -185,13 +192,13 @@ class Sweep:
         points, each going on from its checkpoint in its own directory; returns the sweep with
         the new array (unchanged when nothing failed). Refused (:class:`TargetError`) while
         tasks run and none has failed."""
-        resubmit(self.sweep_dir, slurm=self.slurm)
-        return Sweep.from_dir(self.sweep_dir, slurm=self.slurm)
+        resubmit(self.sweep_dir, backends=self.backends)
+        return Sweep.from_dir(self.sweep_dir, backends=self.backends)
 
     def _settled(self) -> bool:
         """True unless a local sweep's controller still runs: every point may read ended a
         moment before it has reaped the last one and exited."""
-        return Registry(self.slurm).sweeps_of(self.sweep_dir).settled(self.sweep_dir)
+        return self.backends.sweeps_of(self.sweep_dir).settled(self.sweep_dir)
 
 
 # --- submitting ---------------------------------------------------------------------------------
@@ -282,17 +289,19 @@ def plan_sweep(
     *,
     sweep_file: str | Path,
     runs_dir: Path,
+    backends: Registry | None = None,
     slurm: SlurmClient | None = None,
     invocation: Sequence[str] = (),
     backend: BackendName = "slurm",
 ) -> SweepPlan:
     """What :func:`launch_sweep` would write and start for ``spec``, and where: the arrays
-    rendered (none for a local sweep: its points run as local runs), nothing written."""
+    rendered (none for a local sweep: its points run as local runs), nothing written.
+    ``backends`` (or, deprecated, ``slurm``): whose sweep runner plans it."""
     from hpc_ddp.submission.submit import new_run_dir, stamp_of
 
     now = datetime.now(timezone.utc)
     sweep_dir = new_run_dir(runs_dir.resolve(), spec.name, stamp_of(now))
-    runner = Registry(slurm).sweeps(backend)
+    runner = registry_of(backends, slurm).sweeps(backend)
     arrays, note = runner.plan(
         spec,
         sweep_file=Path(sweep_file),
@@ -432,30 +441,27 @@ def launch_sweep(
     *,
     sweep_file: str | Path,
     runs_dir: Path,
-    slurm: SlurmClient | None = None,
+    backends: Registry | None = None,
     invocation: Sequence[str] = (),
     backend: BackendName = "slurm",
 ) -> Sweep:
     """Write a new sweep directory for ``spec`` under ``runs_dir`` and submit its job array
     (or as few as ``MaxArraySize`` allows); ``backend="local"``: start its points as local
     runs, ``max_parallel`` at once (default 1), under a detached sweep controller."""
+    registry = registry_of(backends)
     try:
-        sweep_dir, jobs = (
-            Registry(slurm)
-            .sweeps(backend)
-            .start(
-                spec,
-                sweep_file=Path(sweep_file),
-                runs_dir=runs_dir,
-                invocation=list(invocation) or ["hpc_ddp.submit_sweep", str(sweep_file)],
-            )
+        sweep_dir, jobs = registry.sweeps(backend).start(
+            spec,
+            sweep_file=Path(sweep_file),
+            runs_dir=runs_dir,
+            invocation=list(invocation) or ["hpc_ddp.submit_sweep", str(sweep_file)],
         )
     except OSError as exc:  # the checks passed, and then the disk said no
         raise RunDirError(
             f"writing the sweep directory under {runs_dir} failed: {exc}. HINT: check the "
             "space and permissions there, or choose another --runs-dir"
         ) from None
-    return Sweep(sweep_dir, jobs, backend, slurm=slurm)
+    return Sweep(sweep_dir, jobs, backend, backends=registry)
 
 
 def submit_sweep(
@@ -464,6 +470,7 @@ def submit_sweep(
     *,
     runs_dir: str | Path | None = None,
     site: str | Path | None = None,
+    backends: Registry | None = None,
     slurm: SlurmClient | None = None,
     backend: BackendChoice = "auto",
 ) -> Sweep:
@@ -475,23 +482,24 @@ def submit_sweep(
     is a grid axis (:func:`hpc_ddp.sweep.spec.split_sweep_overrides`). ``backend``: ``auto``
     (Slurm when ``sbatch`` is on PATH, else local), ``slurm``, or ``local`` (every point a
     local run on this machine, ``max_parallel`` at once, default 1). ``runs_dir`` and ``site``
-    as for :func:`hpc_ddp.submit`. A bad sweep file or point is a
-    :class:`~hpc_ddp.errors.ConfigError` naming it, and nothing is submitted.
+    ``backends`` (or, deprecated, ``slurm``) as for :func:`hpc_ddp.submit`. A bad sweep file or
+    point is a :class:`~hpc_ddp.errors.ConfigError` naming it, and nothing is submitted.
     """
+    registry = registry_of(backends, slurm)
     path_arg("runs_dir", runs_dir)  # before the sweep file is read
     chosen = choose_sweep_backend(backend)
     spec = load_sweep_spec(sweep_file, overrides, site=site)
     where = sweep_runs_dir(runs_dir)
     args = override_args(overrides)
     invocation = ["hpc_ddp.submit_sweep", str(sweep_file), *args]
-    return launch_sweep(spec, sweep_file=sweep_file, runs_dir=where, slurm=slurm,
+    return launch_sweep(spec, sweep_file=sweep_file, runs_dir=where, backends=registry,
                         invocation=invocation, backend=chosen)  # fmt: skip
 
 
 def resubmit(
     sweep_dir: Path,
     *,
-    slurm: SlurmClient | None,
+    backends: Registry | None,
     invocation: Sequence[str] = (),
     dry_run: bool = False,
 ) -> Resubmission:
@@ -504,7 +512,7 @@ def resubmit(
     to its ledger, metrics and logs. The sweep directory's record lock is held from the choice
     of the points to the record of what started them: a second resubmit waits, then finds
     those points live and starts nothing."""
-    runner = Registry(slurm).sweeps_of(sweep_dir)  # job arrays, or a local sweep's controller
+    runner = registry_of(backends).sweeps_of(sweep_dir)  # job arrays, or a local sweep's controller
     result = runner.resubmit(
         sweep_dir,
         python=sys.executable,
@@ -539,7 +547,7 @@ class Results:
 
 def gather(
     sweep_dir: Path,
-    slurm: SlurmClient | None,
+    backends: Registry | None,
     *,
     sort: str | None = None,
     mode: str | None = None,
@@ -552,11 +560,12 @@ def gather(
     """
     from hpc_ddp.sweep.results import gather_results, logged_metrics, sort_rows
 
+    registry = registry_of(backends)
     record = read_sweep_record(sweep_dir)
-    live = _live(sweep_dir, slurm) if ask_backend else None
-    accounting = None if live is None else _accounting(sweep_dir, live, slurm)
+    live = _live(sweep_dir, registry) if ask_backend else None
+    accounting = None if live is None else _accounting(sweep_dir, live, registry)
     sort_key, metric, chosen = choose_sort(record, sort, mode)
-    runner = Registry(slurm).sweeps_of(sweep_dir)
+    runner = registry.sweeps_of(sweep_dir)
     rows = sort_rows(gather_results(sweep_dir, runner, live, metric, accounting), sort_key, chosen)
     if metric != record.metric and all(r.best is None for r in rows):
         raise unlogged_metric(record, metric, logged_metrics(rows))
@@ -607,22 +616,22 @@ def unlogged_metric(record: SweepRecord, metric: str, logged: list[str]) -> Conf
     )
 
 
-def _live(sweep_dir: Path, client: SlurmClient | None) -> dict[str, JobInfo] | None:
+def _live(sweep_dir: Path, backends: Registry) -> dict[str, JobInfo] | None:
     job_ids = list(dict.fromkeys(a.job_id for a in read_arrays(sweep_dir)))
     try:
-        return Registry(client).backend("slurm").states(job_ids) if job_ids else {}
+        return backends.backend("slurm").states(job_ids) if job_ids else {}
     except BackendError:
         return None
 
 
 def _accounting(
-    sweep_dir: Path, live: dict[str, JobInfo], client: SlurmClient | None
+    sweep_dir: Path, live: dict[str, JobInfo], backends: Registry
 ) -> dict[str, AccountingRecord] | None:
     """sacct's records of the tasks squeue no longer holds; None without accounting."""
     from hpc_ddp.sweep.results import unheld_arrays
 
     unheld = unheld_arrays(sweep_dir, live)
     try:
-        return Registry(client).backend("slurm").accounting(unheld) if unheld else None
+        return backends.backend("slurm").accounting(unheld) if unheld else None
     except BackendError:
         return None

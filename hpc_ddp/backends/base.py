@@ -5,9 +5,12 @@
   ``logs`` ask of the place a run's job goes: the plan (the dry run, pure), the start, what the
   backend says of a job, the cancel. :mod:`hpc_ddp.backends.slurm.backend` (a batch script
   through ``sbatch``) and :mod:`hpc_ddp.backends.local.backend` (processes of this machine)
-  implement it. Login code that works with any backend is handed :class:`Backends`, which
-  picks one by name (:class:`hpc_ddp.backends.registry.Registry`: every backend, and the CLI's
-  and the API's one injection point).
+  implement it. Beside it, what the backend's own logs say of a job's end (:class:`Postmortem`:
+  srun's words in the batch log) and, for a job this process started and holds on this
+  machine, its wait and its stop (:class:`Held`: a local run). Login code that works with any
+  backend is handed :class:`Backends`, which picks each by name
+  (:class:`hpc_ddp.backends.registry.Registry`: every backend, and the CLI's and the API's one
+  injection point).
 * The node face, :class:`Launcher`: how the supervisor starts each launch (one set of ranks)
   inside the allocation it holds: :class:`hpc_ddp.backends.slurm.step.SrunLauncher` (srun
   steps), :class:`hpc_ddp.backends.local.launcher.LocalLauncher` (local processes).
@@ -18,13 +21,13 @@ through it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from hpc_ddp.config.model import JobConfig
-from hpc_ddp.rundir.layout import RunPaths
+from hpc_ddp.rundir.layout import Checkpoint, RunPaths
 
 if TYPE_CHECKING:  # types only: loading this module loads no reader of files, nor Slurm's parsers
     from hpc_ddp.backends.jobs import AccountingRecord, JobInfo
@@ -72,7 +75,7 @@ class Started:
     """What the manifest records as the command that started it."""
     handle: Any = None
     """The backend's own handle on a job this process started
-    (:class:`hpc_ddp.backends.local.backend.LocalJob`); None where there is none."""
+    (:class:`hpc_ddp.backends.local.controller.LocalJob`); None where there is none."""
     follow_from: int = 0
     """Where rank 0's log ended before the start (``--wait`` follows it from there)."""
 
@@ -207,6 +210,124 @@ class Backend(Protocol):
         ...
 
 
+# --- what a backend's own logs say of a job's end ---------------------------------------------
+
+
+class FailedTask(Protocol):
+    """One task (global rank) a backend's launcher saw fail (srun: ``n2: task 1: Killed``)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def node(self) -> str: ...
+    @property
+    def reason(self) -> str:
+        """The launcher's words: ``Killed``, ``Exited with exit code 1`` ..."""
+        ...
+
+    def describe(self) -> str:
+        """``rank 1 on n2: Killed``."""
+        ...
+
+
+class Postmortem(Protocol):
+    """What a backend's own logs say of how a job ended, beside its ledger and its ranks' logs
+    (Slurm: srun's words in the batch script's log). A rank killed outright writes nothing, and
+    its peers' complaints name the wrong rank: the launcher saw it die."""
+
+    def failed_rank(self, logs_dir: Path) -> FailedTask | None:
+        """The task the launcher saw fail first in the job's last failure, from the logs of the
+        run whose ``logs/`` is ``logs_dir``; None when it saw none (or keeps no log of its own)."""
+        ...
+
+    def no_log(self, logs_dir: Path) -> str | None:
+        """What to say of a job that failed before any attempt and left no log in
+        ``logs_dir`` at all (``the batch script left no log ...``); None once it wrote one, or
+        where the backend writes no log of its own."""
+        ...
+
+
+# --- a job this process started and holds -----------------------------------------------------
+
+
+class TaskEnd(Protocol):
+    """How one task (global rank) of a held job ended."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def detail(self) -> str:
+        """``exit code 0``, ``ConfigError: ...``, or why the task left no result."""
+        ...
+
+
+class Waited(Protocol):
+    """A held job waited on to its end: every task's outcome."""
+
+    @property
+    def outcomes(self) -> Sequence[TaskEnd]: ...
+
+    def describe(self, state: str) -> str:
+        """One line: the run's ``state`` (the verdict ``status`` gives it) and, for a failure,
+        the rank to blame."""
+        ...
+
+
+class Forced(Protocol):
+    """What a forced stop of a held job killed, and what it lost."""
+
+    @property
+    def ranks(self) -> Sequence[int]:
+        """The rank processes killed."""
+        ...
+
+    @property
+    def checkpoint(self) -> Checkpoint | None:
+        """The newest whole checkpoint on disk: the run goes on from there."""
+        ...
+
+    def lost(self) -> str:
+        """What was lost, in words: the steps since :attr:`checkpoint`."""
+        ...
+
+
+class Held(Protocol):
+    """A job this process started and holds, whose processes are this machine's (a local run:
+    :attr:`Started.handle`): waited on and stopped here, not through a scheduler."""
+
+    @property
+    def started(self) -> float:
+        """When it was started (``time.time()``): its attempt's ledger entries come later."""
+        ...
+
+    def ended(self) -> bool:
+        """True once every process of it has exited."""
+        ...
+
+    def wait(
+        self,
+        *,
+        follow: Path | None = None,
+        follow_from: int = 0,
+        on_poll: Callable[[], None] | None = None,
+    ) -> Waited:
+        """Wait until it has ended, copying ``follow`` (a log) to stderr from byte
+        ``follow_from`` on; ``on_poll`` runs between polls."""
+        ...
+
+    def stop(self) -> None:
+        """Ask it to stop as a cancel does (the ranks agree on a step, rank 0 saves); returns
+        at once."""
+        ...
+
+    def force(self) -> Forced:
+        """Stop it at once: noted as cancelled by a person, every process of it killed, the
+        attempt's end recorded."""
+        ...
+
+
 class Backends(Protocol):
     """Every backend, by name: what login code that works with any backend is handed (the
     registry, :class:`hpc_ddp.backends.registry.Registry`, is one; tests pass one whose Slurm
@@ -214,6 +335,15 @@ class Backends(Protocol):
 
     def backend(self, which: Manifest | BackendName) -> Backend:
         """The backend a run's manifest names (or the one named ``which``)."""
+        ...
+
+    def postmortem(self, which: Manifest | BackendName) -> Postmortem:
+        """What the logs of that backend's jobs say of their end."""
+        ...
+
+    def held(self, which: BackendName, handle: object, run_dir: Path, job_id: str) -> Held:
+        """The job ``job_id`` of ``run_dir`` that this process started on the backend
+        ``which`` and holds (``handle``: its :attr:`Started.handle`)."""
         ...
 
 

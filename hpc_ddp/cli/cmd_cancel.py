@@ -22,9 +22,8 @@ import json
 import math
 import sys
 
-from hpc_ddp.api.cancel import cancel_targets
+from hpc_ddp.api.cancel import cancel_targets, default_kill_wait
 from hpc_ddp.api.targets import runs_dir_of
-from hpc_ddp.backends.local.process import KILL_WAIT_S
 from hpc_ddp.rundir.layout import RUNS_DIR_ENV
 
 
@@ -37,13 +36,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(SWEEP_DIR/tasks/N), job ids or array tasks (1234_5)",
     )
     parser.add_argument("--runs-dir", help=f"where to look for job ids (default ${RUNS_DIR_ENV})")
+    kill_wait = default_kill_wait()
     parser.add_argument(
         "--kill-wait",
         type=_seconds,
-        default=KILL_WAIT_S,
+        default=kill_wait,
         metavar="S",
         help="local runs: seconds from the SIGTERM to the SIGKILL of whatever still runs "
-        f"(default {KILL_WAIT_S:g}, as Slurm's KillWait)",
+        f"(default {kill_wait:g}, as Slurm's KillWait)",
     )
     parser.add_argument(
         "--json",
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     refused = survived = False
     shown = []
     results = cancel_targets(
-        args.targets, runs_dir=runs_dir, slurm=args.slurm, kill_wait_s=args.kill_wait
+        args.targets, runs_dir=runs_dir, backends=args.backends, kill_wait_s=args.kill_wait
     )
     for result in results:
         refused |= result.outcome == "not_this_run"

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         backend=args.backend,
         site=args.site,
         runs_dir=args.runs_dir,
-        slurm=args.slurm,
+        backends=args.backends,
         invocation=["hpc-ddp", "doctor", *sys.argv[2:]],
     )
     launched, slurm = started.launched, started.cfg.slurm

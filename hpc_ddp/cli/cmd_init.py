@@ -156,11 +156,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def needs_slurm(args: argparse.Namespace) -> bool:
-    """Writing two files needs no Slurm."""
-    return False
-
-
 def files(name: str, byo: bool) -> dict[str, str]:
     """File name -> text that ``init`` writes for a job called ``name``."""
     if byo:

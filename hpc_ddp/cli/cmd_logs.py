@@ -285,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
     if not found and args.follow:
 
         def waiting() -> str | None:
-            return job_waiting(args.slurm, target, task, paths)
+            return job_waiting(args.backends, target, task, paths)
 
         why = waiting()
         if why is not None:
@@ -297,7 +297,7 @@ def run(args: argparse.Namespace) -> int:
 
     def ended() -> bool:
         # Only a job known to have ended stops the following: not one Slurm cannot speak for.
-        return job_liveness(args.slurm, target, task, paths)[0] is False
+        return job_liveness(args.backends, target, task, paths)[0] is False
 
     copy_logs(
         found,

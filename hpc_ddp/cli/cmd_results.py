@@ -56,11 +56,11 @@ def run(args: argparse.Namespace) -> int:
             f"--top {args.top}: must be at least 1 (the number of rows to show). HINT: leave "
             "--top out to show every task"
         )
-    sweep = Sweep.from_dir(args.sweep_dir, slurm=args.slurm)
+    sweep = Sweep.from_dir(args.sweep_dir, backends=args.backends)
     plot_out = None
     if args.plot:
         plot_out = check_plot(args.plot)  # before anything is computed
-    found = gather(sweep.sweep_dir, args.slurm, sort=args.sort, mode=args.mode,
+    found = gather(sweep.sweep_dir, args.backends, sort=args.sort, mode=args.mode,
                    ask_backend=not args.no_slurm)  # fmt: skip
     rows = found.rows
     shown = rows[: args.top] if args.top is not None else rows

@@ -55,14 +55,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Resume one run."""
-    client = args.slurm
     flags = ["--elastic"] if args.elastic else []
     plan = plan_resume(
         args.run_dir,
         args.overrides,
         force=args.force,
         elastic=args.elastic,
-        slurm=client,
+        backends=args.backends,
         invocation=["hpc-ddp", "resume", args.run_dir, *args.overrides, *flags],
     )
     say = sys.stderr if args.json else sys.stdout
@@ -82,6 +81,6 @@ def run(args: argparse.Namespace) -> int:
         print(prepared.plan.script or "", end="")
         print(prepared.plan.summary)
         return 0
-    job = launch(plan, slurm=client)
+    job = launch(plan, backends=args.backends)
     report(job, args.json)
     return follow(job) if args.wait else 0

@@ -101,7 +101,7 @@ def _watch(args: argparse.Namespace, every: float) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     runs_dir = runs_dir_of(args.runs_dir)
-    found = collect_status(args.targets, runs_dir, args.slurm)
+    found = collect_status(args.targets, runs_dir, args.backends)
     statuses = [s for s in found if isinstance(s, RunStatus)]
     sweeps = [s for s in found if isinstance(s, SweepStatus)]
     shown = status_json(found)

@@ -39,12 +39,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", action="store_true", help="wait until the job has finished")
 
 
-def needs_slurm(args: argparse.Namespace) -> bool:
-    """A dry run asks Slurm nothing (its plan is pure): :func:`hpc_ddp.cli.main.main` then
-    builds no Slurm client (``args.slurm`` is None)."""
-    return not args.dry_run
-
-
 def run(args: argparse.Namespace) -> int:
     """Submit (or show) one job: :func:`hpc_ddp.api.job.plan_submit`, then
     :func:`~hpc_ddp.api.job.launch` (what ``hpc_ddp.submit()`` does), printed."""
@@ -53,14 +47,13 @@ def run(args: argparse.Namespace) -> int:
             "submit needs a job config. HINT: `hpc-ddp submit jobs/x.yaml`; to go on with a "
             "stopped run, `hpc-ddp resume RUN_DIR`."
         )
-    client = args.slurm
     prepared = plan_submit(
         args.config,
         args.overrides,
         backend=args.backend,
         runs_dir=args.runs_dir,
         site=args.site,
-        slurm=client,
+        backends=args.backends,
         invocation=["hpc-ddp", "submit", *sys.argv[2:]]
         if sys.argv[1:2] == ["submit"]
         else ["hpc-ddp", "submit", args.config, *args.overrides],
@@ -75,9 +68,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"# run directory: {prepared.paths.root}")
         return 0
     if args.test_only:
-        print(sbatch_test_only(prepared, slurm=client))
+        print(sbatch_test_only(prepared, backends=args.backends))
         return 0
-    job = launch(prepared, slurm=client)
+    job = launch(prepared, backends=args.backends)
     report(job, args.json)
     return follow(job) if args.wait else 0
 

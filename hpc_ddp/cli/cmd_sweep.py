@@ -69,7 +69,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Submit (or show) a sweep, or resubmit its failed tasks."""
     invocation = ["hpc-ddp", "sweep", *sys.argv[2:]] if sys.argv[1:2] == ["sweep"] else []
-    client = args.slurm
     if args.resubmit_failed:
         if args.sweep_file or args.overrides:
             raise ConfigError(
@@ -87,11 +86,13 @@ def run(args: argparse.Namespace) -> int:
     runs_dir = sweep_runs_dir(args.runs_dir)
     invocation = invocation or ["hpc-ddp", "sweep", args.sweep_file, *args.overrides]
     if args.dry_run:
-        plan = plan_sweep(spec, sweep_file=args.sweep_file, runs_dir=runs_dir, slurm=client,
-                          invocation=invocation, backend=backend)  # fmt: skip
+        plan = plan_sweep(spec, sweep_file=args.sweep_file, runs_dir=runs_dir,
+                          backends=args.backends, invocation=invocation,
+                          backend=backend)  # fmt: skip
         return _dry_run(plan, as_json=args.json)
-    sweep = launch_sweep(spec, sweep_file=args.sweep_file, runs_dir=runs_dir, slurm=client,
-                         invocation=invocation, backend=backend)  # fmt: skip
+    sweep = launch_sweep(spec, sweep_file=args.sweep_file, runs_dir=runs_dir,
+                         backends=args.backends, invocation=invocation,
+                         backend=backend)  # fmt: skip
     if args.json:
         print(json.dumps(submitted_json(sweep, len(spec.points))))
         return 0
@@ -139,7 +140,9 @@ def _dry_run(plan: SweepPlan, *, as_json: bool) -> int:
 
 
 def _resubmit(sweep_dir: Path, invocation: list[str], args: argparse.Namespace) -> int:
-    result = resubmit(sweep_dir, slurm=args.slurm, invocation=invocation, dry_run=args.dry_run)
+    result = resubmit(
+        sweep_dir, backends=args.backends, invocation=invocation, dry_run=args.dry_run
+    )
     if args.json:
         print(json.dumps(resubmission_json(sweep_dir, result, dry_run=bool(args.dry_run))))
         return 0

@@ -21,7 +21,7 @@ from hpc_ddp.output import error_document
 from hpc_ddp.version import __version__
 
 if TYPE_CHECKING:
-    from hpc_ddp.backends.slurm.client import SlurmClient
+    from hpc_ddp.backends.registry import Registry
 
 # sub-command -> (module under hpc_ddp.cli, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -81,11 +81,13 @@ def _command_name(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
-def main(argv: list[str] | None = None, *, slurm: SlurmClient | None = None) -> int:
+def main(argv: list[str] | None = None, *, backends: Registry | None = None) -> int:
     """Run the CLI on ``argv`` and return the exit code (2: usage/config, 1: failure).
 
-    ``slurm`` is the client every handler talks to Slurm through (``args.slurm``); None: the
-    real one. Tests pass one over :class:`~hpc_ddp.backends.slurm.fake.FakeSlurm`.
+    ``backends`` is the registry every handler's runs go through (``args.backends``); None:
+    the real backends, each made when first asked for (a dry run makes no Slurm client).
+    Tests pass ``Registry(FakeSlurm().client())``
+    (:class:`~hpc_ddp.backends.slurm.fake.FakeSlurm`).
     """
     argv = sys.argv[1:] if argv is None else argv
     # Build only the parser of the sub-command asked for: importing every handler would pull
@@ -115,12 +117,8 @@ def main(argv: list[str] | None = None, *, slurm: SlurmClient | None = None) -> 
         # first training step or where it hands over to the job's own code.
         if args.command != "run":
             collector.release()
-        # A handler module may say it needs no Slurm for these arguments (`needs_slurm`): it
-        # then gets no client, and the client's modules stay unloaded (a submit --dry-run).
-        needs_slurm = getattr(module, "needs_slurm", None)
-        if slurm is None and (needs_slurm is None or needs_slurm(args)):
-            slurm = _real_slurm()
-        args.slurm = slurm
+        args.backends = backends if backends is not None else _real_backends()
+        args.slurm = args.backends.slurm  # the node verb `supervise` takes Slurm's client alone
         handler: Handler = module.run
         with _watched_stdout(as_json) as printed:
             code = handler(args)
@@ -193,11 +191,11 @@ def _reader_gone() -> int:
     return PIPE_CLOSED_EXIT_CODE
 
 
-def _real_slurm() -> SlurmClient:
-    # Imported here: building the parser must not pull in the Slurm client for --help.
-    from hpc_ddp.backends.slurm.client import SlurmClient
+def _real_backends() -> Registry:
+    # Imported here: --help and a usage error need no backend.
+    from hpc_ddp.backends.registry import Registry
 
-    return SlurmClient()
+    return Registry()
 
 
 class _Formatter(argparse.HelpFormatter):

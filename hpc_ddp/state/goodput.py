@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hpc_ddp.backends.slurm.nodelist import parse_nodelist
+from hpc_ddp.backends.nodelist import parse_nodelist
 from hpc_ddp.rundir.endcause import Bucket, meaning
 from hpc_ddp.rundir.ledger import Attempt
 
@@ -233,13 +233,17 @@ def _one(
     stall = min(stall, span)
     redone = 0.0
     resumed = _resumed_step(nxt)
-    if nxt is not None and resumed is not None and a.steps_done is not None:  # noqa: SIM102
-        if resumed < a.steps_done:  # the next launch trains these steps again
+    done = a.steps_done
+    if a.rescue is not None and a.rescue.checkpoint is not None and done is not None:
+        # The step in flight at the fault was never completed by every rank: not redone.
+        done = min(done, a.rescue.step if a.rescue.step is not None else done)
+    if nxt is not None and resumed is not None and done is not None:  # noqa: SIM102
+        if resumed < done:  # the next launch trains these steps again
             since = _reached(steps, resumed, first, last) if resumed > _start(a) else first
             redone = max(0.0, last - since)
             inside = sum(s.stall_s for s in a.saves if since <= s.time <= last + 1.0)
             redone = max(0.0, min(redone - inside, span - stall))
-            sums.redone_steps += a.steps_done - max(resumed, _start(a))
+            sums.redone_steps += done - max(resumed, _start(a))
     sums.checkpoint_stall += stall
     sums.redone += redone
     productive = max(0.0, span - stall - redone)

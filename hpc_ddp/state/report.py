@@ -15,9 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.backends.base import Backend, Backends
+from hpc_ddp.backends.base import Backend, Backends, Postmortem
 from hpc_ddp.backends.jobs import JobState
-from hpc_ddp.backends.slurm.postmortem import failed_rank, has_logs
 from hpc_ddp.errors import BackendError, RunDirError
 from hpc_ddp.rundir.checkpoints import newest_step
 from hpc_ddp.rundir.endcause import EndCause, is_failure
@@ -97,9 +96,12 @@ def fmt_elapsed(seconds: float | None) -> str:
 _FAILED_STATES = frozenset({"FAILED", "NODE_FAIL", "OUT_OF_MEMORY"})
 
 
-def _failed_rank(paths: RunPaths, state: str, attempts: list[Attempt]) -> str | None:
+def _failed_rank(
+    paths: RunPaths, state: str, attempts: list[Attempt], postmortem: Postmortem
+) -> str | None:
     """The rank (and node) to blame for a run whose last attempt failed: the supervisor's word
-    in the ledger (``fault:``), else srun's account of the rank that failed first.
+    in the ledger (``fault:``), else the launcher's account of the rank that failed first
+    (``postmortem``: srun's, in Slurm's batch log).
 
     A rank killed outright leaves no word of its own; the ledger then holds a peer's
     "connection reset", which names the wrong rank. The supervisor (beats, srun's lines, the
@@ -111,7 +113,7 @@ def _failed_rank(paths: RunPaths, state: str, attempts: list[Attempt]) -> str | 
     crashed = last is not None and last.cause in (None, EndCause.CRASH)
     if state not in _FAILED_STATES or not crashed:
         return None
-    failure = failed_rank(paths.logs)
+    failure = postmortem.failed_rank(paths.logs)
     return None if failure is None else failure.describe()
 
 
@@ -192,7 +194,12 @@ def _scripts(run_dir: Path, manifest: Manifest, paths: RunPaths) -> list[str]:
 
 
 def _notes(
-    verdict: Verdict, source: Source, view: BackendView, attempts: list[Attempt], paths: RunPaths
+    verdict: Verdict,
+    source: Source,
+    view: BackendView,
+    attempts: list[Attempt],
+    paths: RunPaths,
+    postmortem: Postmortem,
 ) -> list[str]:
     """What the row's note says beside the verdict's own word."""
     notes = [verdict.note] if verdict.note else []
@@ -201,9 +208,11 @@ def _notes(
         notes.append(describe_attempt(last))  # Slurm's FAILED stands; the ledger says why
     if source is Source.GONE_NO_ACCOUNTING and view.error:
         notes.append(view.error)
-    slurm_job = source not in (Source.LOCAL_RUNNING, Source.LOCAL_ENDED)
-    if slurm_job and not attempts and verdict.state in _FAILED_STATES and not has_logs(paths.logs):
-        notes.append("the batch script left no log in logs/ (it never started?)")
+    queued_job = source not in (Source.LOCAL_RUNNING, Source.LOCAL_ENDED)
+    if queued_job and not attempts and verdict.state in _FAILED_STATES:
+        silence = postmortem.no_log(paths.logs)  # the batch script never started?
+        if silence is not None:
+            notes.append(silence)
     return notes
 
 
@@ -263,7 +272,8 @@ def _row(
     elif source is Source.LOST:
         detail = record.raw_state
     verdict = judge(slurm_state, source, current, _startup(run_dir, manifest, backend), detail)
-    notes = _notes(verdict, source, view, current, paths)
+    postmortem = backends.postmortem(manifest)
+    notes = _notes(verdict, source, view, current, paths, postmortem)
     if word_note:
         notes.append(word_note)
     rows = metric_rows(paths)
@@ -294,7 +304,7 @@ def _row(
         "causes": ",".join(a.cause.value if a.cause else "running" for a in attempts) or "-",
         "ckpt step": step,
         "loss": last_metric(rows, "loss"),
-        "failed_rank": _failed_rank(paths, verdict.state, current),
+        "failed_rank": _failed_rank(paths, verdict.state, current, postmortem),
         "note": "; ".join(notes) or None,
         "code_changed": None if changed is None else code_change_json(*changed),
         "attempt_list": [

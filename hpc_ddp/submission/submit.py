@@ -346,8 +346,9 @@ class Launched:
     job_id: str
     manifest: Manifest
     local: Any = None
-    """The local backend's job handle (:class:`hpc_ddp.backends.local.backend.LocalJob`); None on
-    Slurm."""
+    """The handle of a job this process holds (a local run's
+    :class:`~hpc_ddp.backends.local.controller.LocalJob`, asked through
+    :meth:`~hpc_ddp.backends.base.Backends.held`); None on Slurm."""
     follow_from: int = 0
     """Local: where rank 0's log ended before the start (``--wait`` follows it from there)."""
 

@@ -25,8 +25,7 @@ from hpc_ddp.state.report import reason_lines, run_status
 from hpc_ddp.state.verdict import BackendView, current_attempts, describe_attempt
 
 if TYPE_CHECKING:
-    from hpc_ddp.backends.base import Backend, Backends
-    from hpc_ddp.backends.local.backend import ForcedStop
+    from hpc_ddp.backends.base import Backend, Backends, Forced, Held
     from hpc_ddp.submission.submit import Launched
 
 FIRST_POLL_S = 0.5
@@ -115,12 +114,10 @@ def wait_for(launched: Launched, backends: Backends) -> int:
                 file=sys.stderr,
             )
             return INTERRUPTED_EXIT_CODE
-    from hpc_ddp.backends.local.backend import wait_local
-
     paths = launched.paths
-    with _CtrlC(launched) as ctrl_c:
-        result = wait_local(
-            launched.local,
+    held = backends.held(launched.prepared.backend, launched.local, paths.root, launched.job_id)
+    with _CtrlC(launched, held) as ctrl_c:
+        result = held.wait(
             follow=paths.rank_log(0, "err"),
             follow_from=launched.follow_from,
             on_poll=ctrl_c.act,
@@ -147,16 +144,18 @@ class _CtrlC:
 
     The handler only counts (printing or signalling inside a handler can interrupt this very
     process's own writes); :meth:`act`, called between polls, does the rest. The run's
-    controller and ranks ignore SIGINT (:func:`hpc_ddp.backends.local.backend.submit_local`), so the
-    same happens whether Ctrl-C reached the whole process group or this process alone. A
-    process started with SIGINT ignored (nohup, a background job) keeps ignoring it.
+    controller and ranks ignore SIGINT (:func:`hpc_ddp.backends.local.controller.submit_local`),
+    so the same happens whether Ctrl-C reached the whole process group or this process alone.
+    A process started with SIGINT ignored (nohup, a background job) keeps ignoring it.
+    ``held``: the run, as this process holds it (its stop and forced stop).
     """
 
-    def __init__(self, launched: Launched) -> None:
+    def __init__(self, launched: Launched, held: Held) -> None:
         self.launched = launched
+        self.held = held
         self.count = 0
         self.done = 0
-        self.forced: ForcedStop | None = None
+        self.forced: Forced | None = None
         self._previous: Any = None
 
     def __enter__(self) -> _CtrlC:
@@ -181,20 +180,16 @@ class _CtrlC:
     def act(self) -> None:
         """Cancel the run at the first Ctrl-C, kill its ranks at the second (at once when both
         came before the first was acted on)."""
-        from hpc_ddp.backends.local.backend import force_stop
-        from hpc_ddp.backends.local.process import cancel_local, mark_cancelled
-
-        root, job = self.launched.paths.root, self.launched.job_id
+        root = self.launched.paths.root
         if self.count == 0 or self.done >= min(self.count, 2):
             return
-        if self.done == 0 and self.launched.local.ended():
+        if self.done == 0 and self.held.ended():
             self.done = 2  # it ended by itself: nothing to stop
             return
         if self.count >= 2:
             self.done = 2
             print("\nCtrl-C again: killing the ranks now", file=sys.stderr)
-            mark_cancelled(root)  # a person stopped it: `status` says CANCELLED
-            self.forced = force_stop(root, job, self.launched.local.started)
+            self.forced = self.held.force()  # noted as a person's stop: `status` says CANCELLED
             return
         self.done = 1
         print(
@@ -203,7 +198,7 @@ class _CtrlC:
             "the last checkpoint",
             file=sys.stderr,
         )
-        cancel_local(root, job)
+        self.held.stop()
 
     def outcome(self, state: str) -> str:
         """The one line that says where the stopped run stands and how to go on."""
@@ -229,5 +224,4 @@ class _CtrlC:
     @property
     def since(self) -> float:
         """When this job started: the ledger's entries since are its own."""
-        started: float = self.launched.local.started
-        return started
+        return self.held.started

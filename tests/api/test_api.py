@@ -23,6 +23,7 @@ import hpc_ddp
 from hpc_ddp.api.job import override_args
 from hpc_ddp.api.status import status_json
 from hpc_ddp.backends.jobs import JobState
+from hpc_ddp.backends.registry import Registry
 from hpc_ddp.backends.slurm.fake import FakeSlurm
 from hpc_ddp.backends.slurm.jobstate import CompletedCommand
 from hpc_ddp.cli.main import main
@@ -51,7 +52,7 @@ def cli_json(slurm: FakeSlurm, *argv: str) -> tuple[int, Any]:
     """``hpc-ddp ARGV`` (which must print JSON) over ``slurm``: (exit code, parsed output)."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = main(list(argv), slurm=slurm.client())
+        code = main(list(argv), backends=Registry(slurm.client()))
     return code, json.loads(out.getvalue())
 
 
@@ -67,7 +68,7 @@ def ended(job: hpc_ddp.Job, cause: EndCause, steps: int, message: str = "") -> N
 
 def submitted(tmp_path: Path, slurm: FakeSlurm, **overrides: Any) -> hpc_ddp.Job:
     return hpc_ddp.submit(QUICKSTART, overrides, backend="slurm", runs_dir=tmp_path / "runs",
-                          slurm=slurm.client())  # fmt: skip
+                          backends=Registry(slurm.client()))  # fmt: skip
 
 
 # --- submit -------------------------------------------------------------------------------------
@@ -87,12 +88,27 @@ def test_submit_writes_the_run_and_returns_its_job(tmp_path: Path) -> None:
     assert "hpc_ddp.submit" in script  # the header says how it was submitted
 
 
+def test_the_older_slurm_spelling_still_reaches_the_same_fake(tmp_path: Path) -> None:
+    """``slurm=`` (a Slurm client alone) is the deprecated spelling of
+    ``backends=Registry(client)``: the same submit, job and listing, through that client."""
+    slurm = FakeSlurm(first_job_id=710)
+    client = slurm.client()
+    job = hpc_ddp.submit(QUICKSTART, backend="slurm", runs_dir=tmp_path / "runs", slurm=client)
+    assert job.job_id == "710"
+    assert job.backends.slurm is client
+    again = hpc_ddp.Job.from_run_dir(job.run_dir, slurm=client)
+    assert again.status().state == "PENDING"
+    assert len(hpc_ddp.runs(tmp_path / "runs", slurm=client)) == 1
+    with pytest.raises(TypeError, match="backends= and slurm= both given"):
+        hpc_ddp.runs(tmp_path / "runs", backends=Registry(client), slurm=client)
+
+
 def test_submit_takes_a_job_config_object(tmp_path: Path) -> None:
     from hpc_ddp.config.load import load_job_config
 
     cfg = load_job_config(QUICKSTART, ["train.epochs=1"])
     job = hpc_ddp.submit(cfg, ["train.lr=0.3"], backend="slurm", runs_dir=tmp_path,
-                         slurm=FakeSlurm().client())  # fmt: skip
+                         backends=Registry(FakeSlurm().client()))  # fmt: skip
     resolved = load_resolved_config(RunPaths(job.run_dir).config)
     assert (resolved.train.epochs, resolved.train.lr) == (1, 0.3)
     assert read_manifest(job.run_dir).config_source == "<JobConfig from Python>"
@@ -135,7 +151,7 @@ def test_a_mapping_value_goes_through_the_config_checks() -> None:
 )
 def test_overrides_that_cannot_be_values_are_refused(overrides: Any, words: str) -> None:
     with pytest.raises(hpc_ddp.OverrideError, match="HINT") as caught:
-        hpc_ddp.submit(QUICKSTART, overrides, slurm=FakeSlurm().client())
+        hpc_ddp.submit(QUICKSTART, overrides, backends=Registry(FakeSlurm().client()))
     assert words in str(caught.value)
 
 
@@ -153,9 +169,11 @@ def test_a_bad_config_is_the_error_the_cli_prints_and_nothing_is_written(
     runs = tmp_path / "runs"
     slurm = FakeSlurm()
     with pytest.raises(hpc_ddp.ConfigError) as caught:
-        hpc_ddp.submit(QUICKSTART, api, backend="slurm", runs_dir=runs, slurm=slurm.client())
+        hpc_ddp.submit(
+            QUICKSTART, api, backend="slurm", runs_dir=runs, backends=Registry(slurm.client())
+        )
     code = main(["submit", str(QUICKSTART), *cli, "--backend", "slurm", "--runs-dir",
-                 str(runs)], slurm=slurm.client())  # fmt: skip
+                 str(runs)], backends=Registry(slurm.client()))  # fmt: skip
     assert code == caught.value.exit_code == 2
     assert capsys.readouterr().err == f"hpc-ddp submit: error: {caught.value}\n"
     assert "HINT" in str(caught.value)
@@ -185,7 +203,7 @@ def test_status_is_the_row_status_prints(tmp_path: Path) -> None:
     )
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        main(["status", str(job.run_dir)], slurm=slurm.client())
+        main(["status", str(job.run_dir)], backends=Registry(slurm.client()))
     assert out.getvalue().endswith("\n" + "\n".join(status.reasons) + "\n")  # under the table
 
 
@@ -296,7 +314,7 @@ def test_cancel_says_what_it_came_to_as_the_cli_does(tmp_path: Path) -> None:
     job = submitted(tmp_path, slurm)
     copy = job.run_dir.with_name("copied")
     shutil.copytree(job.run_dir, copy)  # keeps the original's manifest: its job is not copy's
-    refused = hpc_ddp.Job.from_run_dir(copy, slurm=slurm.client()).cancel()
+    refused = hpc_ddp.Job.from_run_dir(copy, backends=Registry(slurm.client())).cancel()
     assert refused.outcome == "not_this_run"
     assert slurm.jobs[job.job_id].state is JobState.PENDING
     done = job.cancel()
@@ -337,20 +355,20 @@ def test_a_path_argument_of_another_type_is_a_type_error_and_makes_nothing(
     slurm = FakeSlurm()
     with pytest.raises(TypeError, match=rf"^{name}=123: expected a path \(a str or os\.PathLike"
                        r"\), not int\. HINT: pass a path such as "):  # fmt: skip
-        hpc_ddp.submit(backend="slurm", slurm=slurm.client(), **args)
+        hpc_ddp.submit(backend="slurm", backends=Registry(slurm.client()), **args)
     assert list(tmp_path.iterdir()) == []
     assert slurm.commands("sbatch") == []
     with pytest.raises(TypeError, match=r"^runs_dir=123: expected a path"):
         hpc_ddp.runs(123)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"^runs_dir=2\.5: expected a path"):
-        hpc_ddp.submit_sweep(sweep_lr(tmp_path), runs_dir=2.5, slurm=slurm.client())  # type: ignore[arg-type]
+        hpc_ddp.submit_sweep(sweep_lr(tmp_path), runs_dir=2.5, backends=Registry(slurm.client()))  # type: ignore[arg-type]
 
 
 def test_resume_submits_the_run_again_in_its_directory(tmp_path: Path) -> None:
     slurm = FakeSlurm(first_job_id=800)
     job = submitted(tmp_path, slurm)
     with pytest.raises(hpc_ddp.TargetError, match="HINT"):  # still queued: refused
-        hpc_ddp.resume(job.run_dir, slurm=slurm.client())
+        hpc_ddp.resume(job.run_dir, backends=Registry(slurm.client()))
     slurm.jobs[job.job_id].state = JobState.CANCELLED
     ended(job, EndCause.CANCELLED, 30)
     again = job.resume({"requeue.max_requeues": 7})
@@ -372,7 +390,7 @@ def test_runs_lists_every_run_and_sweep_as_status_does(tmp_path: Path) -> None:
     (runs / "broken" / "manifest.json").write_text("{")
     write_sweep(runs)
     slurm.jobs[first.job_id].state = JobState.RUNNING
-    listed = hpc_ddp.runs(runs, slurm=slurm.client())
+    listed = hpc_ddp.runs(runs, backends=Registry(slurm.client()))
     code, shown = cli_json(slurm, "status", "--runs-dir", str(runs), "--json")
     assert code == 1  # the damaged run
     assert json.loads(json.dumps(status_json(listed))) == shown
@@ -410,7 +428,7 @@ def test_a_sweep_from_submit_to_results_and_resubmission(tmp_path: Path) -> None
     slurm = FakeSlurm(first_job_id=900)
     runs = tmp_path / "runs"
     sweep = hpc_ddp.submit_sweep(sweep_lr(tmp_path), {"train.max_steps": 8}, runs_dir=runs,
-                                 slurm=slurm.client(), backend="slurm")  # fmt: skip
+                                 backends=Registry(slurm.client()), backend="slurm")  # fmt: skip
     assert sweep.array_jobs == ("900",)
     assert hpc_ddp.Sweep.from_dir(sweep.sweep_dir) == sweep
     tasks = sweep.tasks()
@@ -450,7 +468,9 @@ def test_a_sweep_from_submit_to_results_and_resubmission(tmp_path: Path) -> None
 
 
 def test_results_sort_by_a_metric_nobody_logged_is_the_clis_error(tmp_path: Path) -> None:
-    sweep = hpc_ddp.Sweep.from_dir(write_sweep(tmp_path / "runs"), slurm=FakeSlurm().client())
+    sweep = hpc_ddp.Sweep.from_dir(
+        write_sweep(tmp_path / "runs"), backends=Registry(FakeSlurm().client())
+    )
     with pytest.raises(hpc_ddp.ConfigError, match=r"no task logged a metric 'val_los'.*HINT"):
         sweep.results(sort="val_los")
     with pytest.raises(ValueError, match=r"mode='up' is not a ranking mode\. HINT: pass 'min'"):

@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp.backends.base import Backend, Cancel, Launcher, PlanRequest, Word
+from hpc_ddp.backends.base import Backend, Cancel, Held, Launcher, PlanRequest, Postmortem, Word
 from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.local.backend import LocalBackend
 from hpc_ddp.backends.local.launcher import LocalLauncher
-from hpc_ddp.backends.registry import Registry
+from hpc_ddp.backends.ranklogs import RankLogsOnly
+from hpc_ddp.backends.registry import Registry, _LocalHeld, registry_of
 from hpc_ddp.backends.slurm.backend import SlurmBackend
 from hpc_ddp.backends.slurm.fake import FakeSlurm
+from hpc_ddp.backends.slurm.postmortem import SrunPostmortem
 from hpc_ddp.backends.slurm.step import SrunLauncher
 from hpc_ddp.config.load import load_job_config
 from hpc_ddp.config.model import JobConfig
@@ -46,6 +48,8 @@ def _parameters(member: object) -> list[str]:
     [
         (Backend, {"plan", "start", "states", "cancel", "name"}, (SlurmBackend, LocalBackend)),
         (Launcher, {"start", "nodes", "down", "requeue"}, (SrunLauncher, LocalLauncher)),
+        (Postmortem, {"failed_rank", "no_log"}, (SrunPostmortem, RankLogsOnly)),
+        (Held, {"started", "ended", "wait", "stop", "force"}, (_LocalHeld,)),
     ],
 )
 def test_each_backend_implements_each_face_member_by_member(
@@ -82,6 +86,37 @@ def test_the_registry_picks_the_manifests_backend_and_hands_slurm_the_client() -
     assert slurm.client is client
     assert isinstance(Registry().backend("local"), LocalBackend)
     assert isinstance(Registry().backend("slurm"), SlurmBackend)
+
+
+def test_the_registry_picks_what_each_backends_logs_say_and_what_it_holds(tmp_path: Path) -> None:
+    """srun's words for a Slurm job; a local run's tasks leave only their rank logs. Only a
+    local run is held by this process (waited on and stopped here), with its cancel's grace."""
+    registry = Registry()
+    assert isinstance(registry.postmortem(_manifest("slurm")), SrunPostmortem)
+    assert isinstance(registry.postmortem("local"), RankLogsOnly)
+    assert registry.postmortem("slurm").no_log(tmp_path) is not None  # no batch log at all
+    (tmp_path / "batch-7.err").write_text("srun: error: n2: task 1: Killed\n")
+    assert registry.postmortem("slurm").no_log(tmp_path) is None
+    failed = registry.postmortem("slurm").failed_rank(tmp_path)
+    assert failed is not None
+    assert failed.describe() == "rank 1 on n2: Killed"
+    assert registry.postmortem("local").failed_rank(tmp_path) is None
+    assert registry.postmortem("local").no_log(tmp_path) is None
+    assert isinstance(registry.held("local", object(), tmp_path, "1"), _LocalHeld)
+    with pytest.raises(ValueError, match="held by its scheduler"):
+        registry.held("slurm", None, tmp_path, "1")
+    assert registry.kill_wait_s("local") == 30.0  # as Slurm's KillWait
+    assert registry.kill_wait_s("slurm") is None  # the cluster's own
+
+
+def test_the_apis_older_slurm_spelling_builds_the_same_registry() -> None:
+    client = FakeSlurm().client()
+    assert registry_of(None, client).slurm is client
+    given = Registry(client)
+    assert registry_of(given) is given
+    assert registry_of(None).slurm is None
+    with pytest.raises(TypeError, match="backends= and slurm= both given"):
+        registry_of(given, client)
 
 
 def test_a_slurm_backend_without_a_client_makes_the_real_one_when_first_needed() -> None:

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from hpc_ddp.backends.jobs import JobState
+from hpc_ddp.backends.registry import Registry
 from hpc_ddp.backends.slurm.fake import FakeSlurm
 from hpc_ddp.cli.main import main
 from tests import e2e_util as e2e
@@ -36,7 +37,7 @@ def cancel(slurm: FakeSlurm, *targets: str) -> tuple[int, list[dict[str, Any]]]:
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = main(["cancel", *targets, "--json"], slurm=slurm.client())
+        code = main(["cancel", *targets, "--json"], backends=Registry(slurm.client()))
     shown = json.loads(out.getvalue())
     assert shown["schema"] == "hpc-ddp.cancel/1"
     return code, shown["results"]
@@ -49,7 +50,7 @@ def _status(slurm: FakeSlurm, *runs: Path) -> dict[str, dict[str, Any]]:
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        main(["status", *map(str, runs), "--json"], slurm=slurm.client())
+        main(["status", *map(str, runs), "--json"], backends=Registry(slurm.client()))
     return {Path(row["run_dir"]).name: row for row in json.loads(out.getvalue())["runs"]}
 
 

@@ -27,6 +27,7 @@ import pytest
 
 from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.local.process import identify_started, write_identity
+from hpc_ddp.backends.registry import Registry
 from hpc_ddp.backends.slurm.fake import FakeSlurm
 from hpc_ddp.backends.slurm.jobstate import parse_scontrol_oneliner
 from hpc_ddp.cli import cmd_logs
@@ -573,7 +574,7 @@ def test_logs_follow_waits_for_the_log_of_a_pending_job(
     sleeps = Sleeps(lambda: (run_dir / "logs" / "rank-0.err").write_text("step 1/9\n"))
     monkeypatch.setattr(time, "sleep", sleeps)
     argv = ["logs", str(run_dir), "-f", "--poll", "0.25", "--follow-for", "0"]
-    assert main(argv, slurm=slurm.client()) == 0
+    assert main(argv, backends=Registry(slurm.client())) == 0
     captured = capsys.readouterr()
     assert captured.out == "step 1/9\n"
     assert "hpc-ddp logs: job 77 is PENDING; waiting for its log to appear" in captured.err
@@ -594,7 +595,7 @@ def test_logs_follow_does_not_wait_for_a_job_that_has_ended(
         slurm.add_job("78", state=state)
     sleeps = Sleeps(None)
     monkeypatch.setattr(time, "sleep", sleeps)
-    assert main(["logs", str(run_dir), "-f"], slurm=slurm.client()) == 1
+    assert main(["logs", str(run_dir), "-f"], backends=Registry(slurm.client())) == 1
     assert "no rank-0.err log yet. HINT:" in capsys.readouterr().err
     assert sleeps.calls == []
 
@@ -614,7 +615,7 @@ def test_logs_follow_stops_waiting_when_the_job_ends_without_a_log(
     sleeps = Sleeps(ends)
     monkeypatch.setattr(time, "sleep", sleeps)
     monkeypatch.setattr(cmd_logs, "ASK_EVERY_S", 0.0)
-    assert main(["logs", str(sweep), "--task", "1", "-f"], slurm=slurm.client()) == 1
+    assert main(["logs", str(sweep), "--task", "1", "-f"], backends=Registry(slurm.client())) == 1
     captured = capsys.readouterr()
     assert "job 1003_1 is PENDING; waiting for its log to appear" in captured.err
     assert f"{sweep / 'tasks' / '1' / 'logs'}: no rank-0.err log yet" in captured.err
@@ -637,7 +638,10 @@ def test_logs_follow_of_a_finished_job_prints_the_log_and_stops(
         slurm.add_job("79", state=state)
     sleeps = Sleeps(None)
     monkeypatch.setattr(time, "sleep", sleeps)
-    assert main(["logs", str(run_dir), "-f", "--follow-for", "600"], slurm=slurm.client()) == 0
+    assert (
+        main(["logs", str(run_dir), "-f", "--follow-for", "600"], backends=Registry(slurm.client()))
+        == 0
+    )
     assert capsys.readouterr().out == "step 9/9\n"
     assert sleeps.calls == []
 
@@ -660,7 +664,7 @@ def test_logs_follow_stops_once_the_job_ends_with_what_it_wrote_last(
     monkeypatch.setattr(time, "sleep", sleeps)
     monkeypatch.setattr(cmd_logs, "ASK_EVERY_S", 0.0)
     argv = ["logs", str(run_dir), "-f", "--poll", "0.25", "--follow-for", "600"]
-    assert main(argv, slurm=slurm.client()) == 0
+    assert main(argv, backends=Registry(slurm.client())) == 0
     assert capsys.readouterr().out == "step 1/2\nstep 2/2\n"
     assert sleeps.calls == [0.25]  # one wait while it ran; none once it had ended
 

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from hpc_ddp.backends.jobs import JobState
+from hpc_ddp.backends.registry import Registry
 from hpc_ddp.backends.slurm.fake import FakeSlurm
 from hpc_ddp.backends.slurm.jobstate import CompletedCommand
 from hpc_ddp.cli.main import main
@@ -52,7 +53,7 @@ def test_the_doctor_job_is_the_jobs_resources_with_the_checks_instead(
         "doctor", "jobs/quickstart.yaml", "slurm.partition=gpu", "--nodes", "2",
         "--backend", "slurm", "--runs-dir", str(tmp_path), "--json", "--timeout", "20",
     ]  # fmt: skip
-    assert main(argv, slurm=slurm.client()) == 1
+    assert main(argv, backends=Registry(slurm.client())) == 1
     result = json.loads(capsys.readouterr().out)
     run_dir = Path(result["run_dir"])
     assert run_dir.parent == tmp_path / "doctor"
@@ -74,7 +75,7 @@ def test_a_rank_that_left_no_report_is_named_with_srun_s_word(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["doctor", "slurm.nodes=2", "--backend", "slurm", "--runs-dir", str(tmp_path)]
-    assert main([*argv, "--json"], slurm=DoctorSlurm().client()) == 1
+    assert main([*argv, "--json"], backends=Registry(DoctorSlurm().client())) == 1
     result = json.loads(capsys.readouterr().out)
     assert result["ok"] is False
     assert result["culprits"] == {"n2": ["report"]}
@@ -82,7 +83,7 @@ def test_a_rank_that_left_no_report_is_named_with_srun_s_word(
     rows = {(f["rank"], f["check"]): f for f in result["findings"]}
     assert rows[(1, "report")]["note"] == "srun: Killed"
     assert rows[(0, "run dir shared")]["verdict"] == "ok"  # rank 0 read the token back
-    assert main(argv, slurm=DoctorSlurm().client()) == 1
+    assert main(argv, backends=Registry(DoctorSlurm().client())) == 1
     out = capsys.readouterr().out
     assert out.splitlines()[0].split() == ["node", "rank", "check", "value", "verdict"]
     assert "FAIL  n2 rank 1 report: srun: Killed" in out
@@ -101,7 +102,7 @@ def test_bad_arguments_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
 ) -> None:
     argv = ["doctor", *args, "--backend", "slurm", "--runs-dir", str(tmp_path)]
-    assert main(argv, slurm=DoctorSlurm().client()) == 2
+    assert main(argv, backends=Registry(DoctorSlurm().client())) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "doctor").exists()
 
@@ -109,10 +110,11 @@ def test_bad_arguments_exit_2(
 def test_the_login_side_imports_no_torch(tmp_path: Path) -> None:
     probe = (
         "import sys\n"
+        "from hpc_ddp.backends.registry import Registry\n"
         "from hpc_ddp.cli.main import main\n"
         "from tests.cli.test_doctor import DoctorSlurm\n"
         "argv = ['doctor', 'slurm.nodes=2', '--backend', 'slurm', '--runs-dir', sys.argv[-1]]\n"
-        "assert main(argv, slurm=DoctorSlurm().client()) == 1\n"
+        "assert main(argv, backends=Registry(DoctorSlurm().client())) == 1\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'submitit')))\n"
     )
     out = subprocess.run(

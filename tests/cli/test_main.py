@@ -176,20 +176,21 @@ def test_the_python_api_on_a_login_node_imports_no_torch_or_submitit(tmp_path: P
         "import sys\n"
         "import hpc_ddp\n"
         "from hpc_ddp.api.job import plan_submit\n"
+        "from hpc_ddp.backends.registry import Registry\n"
         "from hpc_ddp.backends.slurm.fake import FakeSlurm\n"
         "runs = sys.argv[-1]\n"
-        "slurm = FakeSlurm().client()\n"
+        "fake = Registry(FakeSlurm().client())\n"
         "for backend in ('slurm', 'local'):  # what --dry-run shows\n"
         "    assert plan_submit('jobs/quickstart.yaml', {'train.lr': 0.1}, backend=backend,\n"
-        "                       runs_dir=runs, slurm=slurm).cfg.train.lr == 0.1\n"
+        "                       runs_dir=runs, backends=fake).cfg.train.lr == 0.1\n"
         "job = hpc_ddp.submit('jobs/quickstart.yaml', {'train.lr': 0.1}, backend='slurm',\n"
-        "                     runs_dir=runs, slurm=slurm)\n"
-        "assert hpc_ddp.Job.from_run_dir(job.run_dir, slurm=slurm).status().state == 'PENDING'\n"
+        "                     runs_dir=runs, backends=fake)\n"
+        "assert hpc_ddp.Job.from_run_dir(job.run_dir, backends=fake).status().state == 'PENDING'\n"
         "assert job.metrics() == []\n"
-        "sweep = hpc_ddp.submit_sweep('jobs/sweep-lr.yaml', runs_dir=runs, slurm=slurm)\n"
+        "sweep = hpc_ddp.submit_sweep('jobs/sweep-lr.yaml', runs_dir=runs, backends=fake)\n"
         "assert len(sweep.results()) == len(sweep.tasks()) == 6\n"
         "assert sweep.status().summary['pending'] == 6\n"
-        "assert len(hpc_ddp.runs(runs, slurm=slurm)) == 2\n"
+        "assert len(hpc_ddp.runs(runs, backends=fake)) == 2\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in\n"
         "               ('torch', 'torchvision', 'submitit', 'numpy'))\n"
         "print(heavy)\n"
@@ -327,7 +328,6 @@ def test_an_error_after_the_verbs_own_object_prints_no_second_one(
 
     fake = types.SimpleNamespace(
         add_arguments=lambda p: p.add_argument("--json", action="store_true"),
-        needs_slurm=lambda args: False,
         run=run,
     )
     monkeypatch.setitem(cli.COMMANDS, "fake", ("cmd_fake", "a test verb"))

@@ -333,7 +333,7 @@ def test_a_live_slurm_run_is_never_submitted_again(
     run_dir = _slurm_run(tmp_path, "77")
     slurm = FakeSlurm()
     slurm.add_job("77", state=JobState(state))
-    assert main(["resume", str(run_dir), "--force"], slurm=slurm.client()) == 2
+    assert main(["resume", str(run_dir), "--force"], backends=Registry(slurm.client())) == 2
     assert f"still {state}" in capsys.readouterr().err
     assert slurm.commands("sbatch") == []
     assert read_manifest(run_dir).job_id == "77"
@@ -347,7 +347,7 @@ def test_a_slurm_run_slurm_forgot_is_resubmitted_and_keeps_its_history(
 
     run_dir = _slurm_run(tmp_path, "77")
     slurm = FakeSlurm()  # job 77 is known to no squeue, and there is no accounting
-    assert main(["resume", str(run_dir)], slurm=slurm.client()) == 0
+    assert main(["resume", str(run_dir)], backends=Registry(slurm.client())) == 0
     (submitted,) = slurm.commands("sbatch")
     assert str(run_dir / "job.sbatch") in submitted
     manifest = read_manifest(run_dir)
@@ -391,7 +391,7 @@ def _resume_here(run_dir: Path, *args: str) -> tuple[int, str, list[str]]:
     slurm = FakeSlurm()
     err, out = io.StringIO(), io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-        code = main(["resume", str(run_dir), *args], slurm=slurm.client())
+        code = main(["resume", str(run_dir), *args], backends=Registry(slurm.client()))
     return code, err.getvalue(), slurm.commands("sbatch")
 
 
@@ -451,7 +451,7 @@ def _resume_out(run_dir: Path, *args: str) -> tuple[int, str, str, list[str]]:
     slurm = FakeSlurm()
     err, out = io.StringIO(), io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-        code = main(["resume", str(run_dir), *args], slurm=slurm.client())
+        code = main(["resume", str(run_dir), *args], backends=Registry(slurm.client()))
     return code, out.getvalue(), err.getvalue(), slurm.commands("sbatch")
 
 
@@ -581,7 +581,7 @@ def test_a_resume_that_sbatch_refuses_leaves_the_run_as_it_was(
     slurm = FakeSlurm()
     slurm.fail("sbatch", "sbatch: error: invalid partition specified: nosuch")
     args = ["resume", str(run_dir), "slurm.partition=nosuch", "train.lr=0.3"]
-    assert main(args, slurm=slurm.client()) == 1
+    assert main(args, backends=Registry(slurm.client())) == 1
     assert "invalid partition specified: nosuch" in capsys.readouterr().err
     assert _run_files(run_dir) == before
     assert not (run_dir / REWRITE_UNDO).exists()

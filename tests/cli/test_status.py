@@ -244,9 +244,9 @@ class StatusSlurm:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> StatusSlurm:
     """A fake Slurm behind every ``main([...])`` of these tests: the CLI's one seam that
-    would build the real client answers with it (``main(argv, slurm=...)`` is the same)."""
+    would build the real backends answers with it (``main(argv, backends=...)`` is the same)."""
     slurm = StatusSlurm()
-    monkeypatch.setattr(cli_main, "_real_slurm", slurm.slurm.client)
+    monkeypatch.setattr(cli_main, "_real_backends", lambda: Registry(slurm.slurm.client()))
     return slurm
 
 

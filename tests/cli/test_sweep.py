@@ -18,6 +18,7 @@ import pytest
 import hpc_ddp.cli.main as cli_main
 from hpc_ddp.backends.arrays import read_arrays
 from hpc_ddp.backends.jobs import JobState
+from hpc_ddp.backends.registry import Registry
 from hpc_ddp.backends.slurm.fake import FakeSlurm
 from hpc_ddp.cli.main import main
 from hpc_ddp.errors import SlurmUnavailableError
@@ -32,7 +33,7 @@ def slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
     """A scripted Slurm behind every ``main([...])`` here (the CLI's one seam that would build
     the real client answers with it); its job ids start at 501."""
     fake = FakeSlurm(first_job_id=501)
-    monkeypatch.setattr(cli_main, "_real_slurm", fake.client)
+    monkeypatch.setattr(cli_main, "_real_backends", lambda: Registry(fake.client()))
     # A login node: `sbatch` on PATH, so that --backend auto means Slurm (never run: the fake
     # client answers).
     bin_dir = tmp_path / "bin"
@@ -89,7 +90,10 @@ def test_dry_run_without_slurm_assumes_the_default_limit(
     slurm.script("scontrol", SlurmUnavailableError("'scontrol' is not on PATH"))
     monkeypatch.delenv("HPC_DDP_SITE", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    rc = main(["sweep", str(sweep_file(tmp_path)), "--dry-run", "--json"], slurm=slurm.client())
+    rc = main(
+        ["sweep", str(sweep_file(tmp_path)), "--dry-run", "--json"],
+        backends=Registry(slurm.client()),
+    )
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0
     assert [a["array"] for a in doc["arrays"]] == ["0-5%2"]
@@ -410,11 +414,13 @@ def test_sweep_and_results_do_not_import_torch_or_submitit(tmp_path: Path) -> No
     path = sweep_file(tmp_path)
     code = (
         "import sys\nfrom hpc_ddp.cli.main import main\n"
-        "from hpc_ddp.backends.slurm.fake import FakeSlurm\nslurm = FakeSlurm().client()\n"
+        "from hpc_ddp.backends.registry import Registry\n"
+        "from hpc_ddp.backends.slurm.fake import FakeSlurm\n"
+        "backends = Registry(FakeSlurm().client())\n"
         f"assert main(['sweep', {str(path)!r}, '--runs-dir', {str(tmp_path / 'r')!r}], "
-        "slurm=slurm) == 0\n"
+        "backends=backends) == 0\n"
         f"import pathlib; [d] = pathlib.Path({str(tmp_path / 'r')!r}).iterdir()\n"
-        "assert main(['results', str(d)], slurm=slurm) == 0\n"
+        "assert main(['results', str(d)], backends=backends) == 0\n"
         "heavy = {'torch', 'torchvision', 'submitit', 'matplotlib'} & set(sys.modules)\n"
         "assert not heavy, heavy\n"
     )

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from hpc_ddp.backends.jobs import JobState
+from hpc_ddp.backends.registry import Registry
 from hpc_ddp.backends.slurm.fake import FakeJob, FakeSlurm
 from hpc_ddp.cli.main import main
 from hpc_ddp.rundir.endcause import EndCause
@@ -54,7 +55,7 @@ def running(slurm: FakeSlurm, *refs: str, home: Path | None = None) -> list[Fake
 
 
 def cli(slurm: FakeSlurm, *argv: str) -> int:
-    return main(list(argv), slurm=slurm.client())
+    return main(list(argv), backends=Registry(slurm.client()))
 
 
 # --- a target that names nothing ---------------------------------------------------------------

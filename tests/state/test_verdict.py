@@ -182,7 +182,7 @@ def test_a_slurm_run_that_crashed_before_its_start_is_failed_with_the_ranks_word
     crash_end(run_dir, 1, T0 + 3)
     slurm = FakeSlurm()
     slurm.add_job("81", state=JobState.FAILED, command=str(run_dir / "job.sbatch"))
-    assert main(["status", str(run_dir), "--json"], slurm=slurm.client()) == 0
+    assert main(["status", str(run_dir), "--json"], backends=Registry(slurm.client())) == 0
     [row] = json.loads(capsys.readouterr().out)["runs"]
     assert (row["state"], row["causes"]) == ("FAILED", ["crash"])
     assert "attempt 0 ended 'crash' at step 0 (rank 1 on n2: AttributeError" in row["note"]
@@ -202,7 +202,7 @@ def test_one_ledger_with_times_no_clock_shows_breaks_no_status(
                  world_size=1, resumed_from_step=None, checkpoint=None, now=T0)  # fmt: skip
     slurm = FakeSlurm(accounting=False)
     slurm.add_job("82", state=JobState.RUNNING, command=str(good / "job.sbatch"))
-    assert main(["status", "--runs-dir", str(tmp_path)], slurm=slurm.client()) == 0
+    assert main(["status", "--runs-dir", str(tmp_path)], backends=Registry(slurm.client())) == 0
     out = capsys.readouterr()
     assert "Traceback" not in out.err
     table = [line.split() for line in out.out.splitlines()]

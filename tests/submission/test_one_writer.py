@@ -371,9 +371,9 @@ def test_a_second_resubmit_failed_finds_the_first_ones_array_live(
 ) -> None:
     sweep_dir, fake = _failed_sweep(tmp_path)
     argv = ["sweep", "--resubmit-failed", str(sweep_dir)]
-    assert main(argv, slurm=fake.client()) == 0
+    assert main(argv, backends=Registry(fake.client())) == 0
     assert "resubmitted 3 task(s)" in capsys.readouterr().out
-    assert main(argv, slurm=fake.client()) == 2
+    assert main(argv, backends=Registry(fake.client())) == 2
     err = capsys.readouterr().err
     assert f"nothing resubmitted: 3 task(s) of {sweep_dir} (points 0-2) are still queued or " in (
         err
@@ -387,7 +387,7 @@ def test_a_second_resubmit_failed_finds_the_first_ones_array_live(
     assert len(fake.commands("sbatch")) == 2  # the sweep's, and the first resubmit's
     # Once the tasks have left the queue they may be resubmitted again.
     set_queue(fake, [])
-    assert main(argv, slurm=fake.client()) == 0
+    assert main(argv, backends=Registry(fake.client())) == 0
 
 
 # --- on the dev cluster: real concurrent processes -----------------------------------------------

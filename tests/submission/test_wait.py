@@ -65,7 +65,7 @@ def test_wait_prints_the_failed_rank_and_the_error_as_status_does(
     )
     assert err[2].startswith(f"{run_dir}: attempt 0 ended 'crash' at step 8 ({CRASH}")
     # The same lines under status's table.
-    assert main(["status", str(run_dir)], slurm=slurm.client()) == 0
+    assert main(["status", str(run_dir)], backends=Registry(slurm.client())) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[-2:] == err[1:]
 

@@ -18,7 +18,10 @@ burst (an attempt's start, a warning, anything else) ends it.
 
 A job that dies before its first attempt starts (all checkpoints damaged, a bad import, a
 missing interpreter) leaves no ledger entry at all; :func:`startup_failure` finds its error
-in the rank logs (``hpc-ddp run: error: ...``, a traceback's last line) or the batch log.
+in srun's words, the rank logs (``hpc-ddp run: error: ...``, a traceback's last line, read as
+every backend reads them: :mod:`hpc_ddp.backends.ranklogs`) or the batch log.
+:class:`SrunPostmortem` is Slurm's :class:`~hpc_ddp.backends.base.Postmortem`: what ``status``
+and the doctor ask of a Slurm job's logs.
 
 The supervisor (``fault:``) reads srun's lines as they come (:func:`parse_srun_line`): a task
 that ended, a node that failed (``srun: error: Node failure on n2``, SlurmdTimeout after the
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_ddp.backends.arrays import batch_logs
+from hpc_ddp.backends.ranklogs import rank_error, rank_logs, tail
 
 # "srun: error: n2: task 1: Killed", "srun: error: n1: tasks 0-1: Exited with exit code 1"
 _FAILURE = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,\-]+): (?P<reason>.+)$")
@@ -165,51 +169,12 @@ def failed_rank(logs_dir: Path) -> TaskFailure | None:
     return first_failure(text)
 
 
-# "hpc-ddp run: error: ...", or the last line of a Python traceback: "ValueError: bad",
-# "torch.distributed.DistBackendError: ...", "KeyboardInterrupt".
-_ERROR_LINE = re.compile(
-    r"^(?:hpc-ddp [\w-]+: error: .+"
-    r"|(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)(?:: .*)?)$"
-)
 # The batch shell's own complaints ("line 9: /venv/bin/python: No such file or directory",
 # "module: command not found"), not srun's notes ("lacks support for cpu binding").
 _SHELL_ERROR = re.compile(
     r"error|not found|no such file|permission denied|killed|segmentation fault|cannot|failed",
     re.IGNORECASE,
 )
-_TAIL_BYTES = 64 * 1024
-"""Only the end of each log is read: the latest attempt's words are there, and a log may be big."""
-
-
-def _tail(path: Path) -> str:
-    try:
-        with path.open("rb") as f:
-            size = f.seek(0, 2)
-            f.seek(max(0, size - _TAIL_BYTES))
-            return f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
-def _rank_of(path: Path) -> int:
-    number = path.name.removeprefix("rank-").removesuffix(".err")
-    return int(number) if number.isdigit() else 1 << 30
-
-
-# torch.distributed prints a rank's uncaught exception with every line prefixed: "[rank1]: ...".
-_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s*")
-
-
-def last_error_line(text: str) -> str | None:
-    """The last line of ``text`` that states an error (``hpc-ddp run: error: ...`` or the
-    closing line of a Python traceback, also as torch prints it: ``[rank1]: ValueError: x``),
-    stripped of any such prefix; None when there is none."""
-    found = None
-    for raw in text.splitlines():
-        line = _RANK_PREFIX.sub("", raw.strip())
-        if _ERROR_LINE.match(line):
-            found = line
-    return found
 
 
 def startup_failure(logs_dir: Path) -> str | None:
@@ -225,18 +190,17 @@ def startup_failure(logs_dir: Path) -> str | None:
     if failure is not None and not failure.reason.startswith("Exited with exit code"):
         return failure.describe()
     try:
-        rank_logs = sorted(logs_dir.glob("rank-*.err"), key=_rank_of)
+        ranks = rank_logs(logs_dir)
         batch_errs = _batch_errs(logs_dir)
     except OSError:
         return None
-    for log in rank_logs:
-        line = last_error_line(_tail(log))
-        if line is not None:
-            return f"{log.name}: {line[:300]}"
+    said = rank_error(ranks)
+    if said is not None:
+        return said
     if failure is not None:
         return failure.describe()
     if batch_errs:
-        lines = [raw.strip() for raw in _tail(batch_errs[-1]).splitlines()]
+        lines = [raw.strip() for raw in tail(batch_errs[-1]).splitlines()]
         words = [x for x in lines if _SHELL_ERROR.search(x) and not _CLEANUP.match(x)]
         if words:
             return f"{batch_errs[-1].name}: {words[-1][:300]}"
@@ -250,3 +214,18 @@ def has_logs(logs_dir: Path) -> bool:
         return batch or any(logs_dir.glob("rank-*"))
     except OSError:
         return False
+
+
+class SrunPostmortem:
+    """Slurm's :class:`~hpc_ddp.backends.base.Postmortem`: srun's words in the batch log."""
+
+    def failed_rank(self, logs_dir: Path) -> TaskFailure | None:
+        """:func:`failed_rank`."""
+        return failed_rank(logs_dir)
+
+    def no_log(self, logs_dir: Path) -> str | None:
+        """``the batch script left no log in logs/ (it never started?)`` unless
+        :func:`has_logs`."""
+        if has_logs(logs_dir):
+            return None
+        return "the batch script left no log in logs/ (it never started?)"

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.backends.arrays import batch_logs
+from hpc_ddp.backends.ranklogs import last_error_line
 from hpc_ddp.backends.slurm.postmortem import (
     TaskFailure,
     failed_rank,
     first_failure,
     has_logs,
-    last_error_line,
     parse_failure_bursts,
     startup_failure,
 )
