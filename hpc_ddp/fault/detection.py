@@ -60,11 +60,15 @@ class Detection:
         world: int,
         fault: FaultConfig,
         clock: Callable[[], float],
+        *,
+        answers: Callable[[str], bool | None] | None = None,
     ) -> None:
         self.launch = launch
         self.world = world
         self.fault = fault
         self._clock = clock
+        self._answers = answers
+        """Asks a node directly whether it answers (the launcher's ``node_answers``)."""
         self.left_seen: float | None = None
         """When (monotonic) a rank was first seen to have left its loop while others went on."""
         self.complaint_seen: float | None = None
@@ -182,12 +186,29 @@ class Detection:
             said = beat.error if beat is not None and beat.error else None
             said = said or (note.error if note is not None else None)
             why = end.reason if not said else f"{said} ({end.reason})"
+            if end.exit_code is None and self._node_lost(end.node):
+                # Killed with its node: a lost node at once, before Slurm notices it, so the
+                # next launch never goes back there.
+                on_node = tuple(
+                    r for r, b in beats.items() if b is not None and b.node == end.node
+                ) or (end.rank,)
+                why = f"{why}, and {end.node}'s slurmd does not answer: the node is lost"
+                record = FaultRecord(
+                    "node_fail", "supervisor", now, on_node, (end.node,), why, True,
+                    beat.since if beat is not None else None,
+                )  # fmt: skip
+                return self._claim(record)
             record = FaultRecord(
                 "task_failed", "supervisor", now, (end.rank,), (end.node,), why, False,
                 beat.since if beat is not None else None,
             )  # fmt: skip
             return self._claim(record)
         return None
+
+    def _node_lost(self, node: str) -> bool:
+        """Whether ``node`` is known not to answer (never for the local machine, or when the
+        launcher cannot tell)."""
+        return bool(node) and self._answers is not None and self._answers(node) is False
 
     def early_exit(
         self,

@@ -156,6 +156,11 @@ class Step(Protocol):
         """Why the step could not start at all (no task ran), if so."""
         ...
 
+    def node_answers(self, node: str) -> bool | None:
+        """Whether ``node`` answers now, asked of it directly (False: it is lost; None: not
+        known)."""
+        ...
+
     def signal(self, name: str, beats: Mapping[int, Beat | None]) -> None:
         """Send signal ``name`` (``CONT``, ``URG``) to every task; never blocks for long."""
         ...
@@ -377,7 +382,9 @@ class Supervisor:
     def _watch(self, step: Step, lpaths: LaunchPaths) -> _Watch:
         """Follow the launch until it is over; end it once a fault is known."""
         watch = _Watch()
-        detection = Detection(lpaths, self.world, self.cfg.fault, self._clock)
+        detection = Detection(
+            lpaths, self.world, self.cfg.fault, self._clock, answers=step.node_answers
+        )
         seen_ends = 0
         quiet = StaleWatch()
         beats: dict[int, Beat | None] = {}

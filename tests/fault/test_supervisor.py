@@ -58,6 +58,9 @@ class _Gone:
     def node_failures(self) -> list[tuple[str, str]]:
         return []
 
+    def node_answers(self, node: str) -> bool | None:
+        return True
+
     def refused(self) -> str | None:
         return None
 

@@ -102,6 +102,10 @@ class LocalStep:
         """None: this machine is the only node."""
         return []
 
+    def node_answers(self, node: str) -> bool | None:
+        """This machine, the only node, answers while it runs this."""
+        return True
+
     def refused(self) -> str | None:
         """None: local processes always start."""
         return None

@@ -114,6 +114,10 @@ _SQUEUE_CHUNK = 500
 """Job ids per ``squeue -j`` call (keeps the command line short for a thousand runs)."""
 
 
+SLURMD_PORT = 6818
+"""slurmd's port when ``scontrol show node`` names none (``SlurmdPort``'s default)."""
+
+
 class SlurmClient:
     """Slurm's commands as methods; failures raise :class:`SlurmError` with the command."""
 
@@ -257,6 +261,17 @@ class SlurmClient:
                 f"`scontrol show job -o {job_ref}` printed nothing. {_UNREACHABLE_HINT}"
             )
         return parse_scontrol_oneliner(lines[0])
+
+    def slurmd_address(self, node: str) -> tuple[str, int]:
+        """Where ``node``'s slurmd listens (``scontrol show node``: its NodeAddr and Port,
+        Slurm's default port 6818 when none is shown)."""
+        names = _node_names([node])
+        result = self._check(
+            self._run(["scontrol", "show", "node", "-o", names]), "scontrol show node failed"
+        )
+        fields = parse_scontrol_oneliner(result.stdout.strip().splitlines()[0])
+        port = fields.get("Port", "")
+        return fields.get("NodeAddr") or node, int(port) if port.isdigit() else SLURMD_PORT
 
     def max_array_size(self) -> int:
         """The cluster's ``MaxArraySize`` (array indices must stay below it)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -61,6 +62,10 @@ class TaskEndLine:
         """srun's ``task N: REASON`` as a task end."""
         reason = failure.reason
         return cls(failure.rank, failure.node, reason, exit_code_of(reason))
+
+
+SLURMD_PROBE_S = 1.0
+"""How long a node's slurmd may take to accept a connection before the node counts as lost."""
 
 
 @dataclass
@@ -137,6 +142,21 @@ class SrunStep:
         """Nodes srun said failed under the step."""
         with self._lock:
             return list(self._seen.nodes)
+
+    def node_answers(self, node: str) -> bool | None:
+        """Whether ``node``'s slurmd takes a connection now, asked of it directly and not of
+        the controller, which notices a lost node only after ``SlurmdTimeout``: a rank that
+        died with its node is then a lost node at once, not a crash. None: not known (its
+        address could not be read)."""
+        try:
+            address = self.client.slurmd_address(node)
+        except (SlurmError, ValueError, IndexError):
+            return None
+        try:
+            with socket.create_connection(address, timeout=SLURMD_PROBE_S):
+                return True
+        except OSError:
+            return False
 
     def refused(self) -> str | None:
         """Why srun could not create the step, if it could not."""
