@@ -182,11 +182,14 @@ def test_a_killed_rank_is_named_not_its_survivor_and_restarted_to_the_twins_weig
 def test_a_crash_loop_stops_with_no_progress_and_submit_wait_names_it(
     slurm_cluster: Cluster, tmp_path: Path
 ) -> None:
-    """Rank 1 raises at step 8 in every launch (a bug, not a node): the launch from the step-5
-    checkpoint dies at step 8 again, and the supervisor stops with no_progress (exit 6) before
-    spending the rest of fault.max_restarts: the error, the step, what to fix, how to go on,
-    in the ledger, in `status` and in what `submit --wait` prints."""
-    config = e2e.crashy_job(tmp_path, 30, 5, 8, on_crash=False, fault="{max_restarts: 5}")
+    """Rank 1 raises at the start of step 8 in every launch (a bug, not a node): launch 0's
+    survivor saves step 7, the launch from it dies at step 8 again, and the supervisor stops
+    with no_progress (exit 6) before spending the rest of fault.max_restarts: the error, the
+    step, what to fix, how to go on, in the ledger, in `status` and in what `submit --wait`
+    prints."""
+    config = e2e.crashy_job(
+        tmp_path, 30, 5, 8, on_crash=False, how="early", fault="{max_restarts: 5}"
+    )
     done = e2e.hpc(
         slurm_cluster, "submit", str(config), "--runs-dir", str(tmp_path / "runs"), "--wait",
         check=False, timeout_s=300,
@@ -194,7 +197,8 @@ def test_a_crash_loop_stops_with_no_progress_and_submit_wait_names_it(
     assert done.returncode == 1, done.stderr
     [run_dir] = (tmp_path / "runs").iterdir()
     causes = [(a.launch, a.cause, a.next) for a in e2e.ledger(run_dir)]
-    # Launch 0 did save step 5 (progress), launches 1 and 2 did not: the limit of 2 is reached.
+    # Launch 0's survivor saved step 7 (progress), launches 1 and 2 saved nothing newer: the
+    # limit of 2 is reached.
     assert causes == [
         (0, EndCause.CRASH, "restart"),
         (1, EndCause.CRASH, "restart"),
@@ -202,11 +206,11 @@ def test_a_crash_loop_stops_with_no_progress_and_submit_wait_names_it(
     ]
     last = e2e.ledger(run_dir)[-1]
     assert last.message is not None
-    assert "2 launches in a row died at step 8 without a checkpoint newer than step 5" in (
+    assert "2 launches in a row died at step 8 without a checkpoint newer than step 7" in (
         last.message
     )
     assert "rank 1 on n2: RuntimeError: injected crash at step 8" in last.message
-    assert f"`hpc-ddp resume {run_dir}` goes on from step 5" in last.message
+    assert f"`hpc-ddp resume {run_dir}` goes on from step 7" in last.message
     reason = f"{run_dir}: failed first: no_progress: rank 1 on n2: RuntimeError: injected crash"
     assert any(line.startswith(reason) for line in done.stderr.splitlines()), done.stderr
     job_id = json.loads((run_dir / "manifest.json").read_text())["job_id"]

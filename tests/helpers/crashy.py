@@ -3,9 +3,11 @@ the first attempt only (``SLURM_RESTART_COUNT`` 0), and the run may then go on.
 
 Usage: crashy.py STEPS CHECKPOINT_EVERY CRASH_AT [raise|sigkill]
 
-``raise`` (the default): a RuntimeError, which the session sees. ``sigkill``: the process kills
-itself as the OOM killer would; no Python code runs after it, so only the ``hpc_ddp run``
-process above it can tell Slurm. Prints the run id each attempt reads; logs ``loss`` and
+``raise`` (the default): a RuntimeError, which the session sees, at the end of the step (after
+its update). ``early``: the same at the start of the step, before its update (the survivor's
+save then holds the step before it, and every launch dies at the same step: a crash loop).
+``sigkill``: the process kills itself as the OOM killer would; no Python code runs after it, so
+only the ``hpc_ddp run`` process above it can tell Slurm. Prints the run id each attempt reads; logs ``loss`` and
 ``attempt`` at every step.
 """
 
@@ -55,6 +57,8 @@ def main() -> None:
         data = TensorDataset(torch.randn(256, 4, generator=g), torch.arange(256) % 3)
         batches = s.loader(data, batch_size=8).forever()
         for step in s.steps(steps, checkpoint_every=every):
+            if how == "early" and step == crash_at and s.rank == 1 and s.dist.restart_count == 0:
+                raise RuntimeError(f"injected crash at step {step}")
             x, y = next(batches)
             opt.zero_grad()
             loss = nn.functional.cross_entropy(model(x), y)
