@@ -7,8 +7,8 @@ Usage: crashy.py STEPS CHECKPOINT_EVERY CRASH_AT [raise|sigkill]
 its update). ``early``: the same at the start of the step, before its update (the survivor's
 save then holds the step before it, and every launch dies at the same step: a crash loop).
 ``sigkill``: the process kills itself as the OOM killer would; no Python code runs after it, so
-only the ``hpc_ddp run`` process above it can tell Slurm. Prints the run id each attempt reads; logs ``loss`` and
-``attempt`` at every step.
+only the ``hpc_ddp run`` process above it can tell Slurm. Prints the run id each attempt reads;
+logs ``loss`` and ``attempt`` at every step.
 """
 
 from __future__ import annotations
