@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpc_ddp.backends.base import Cancel, Cancelled, PlanRequest, Started, SubmitPlan, Word
-from hpc_ddp.backends.local.controller import submit_local, wait_local
+from hpc_ddp.backends.local.controller import submit_local
 from hpc_ddp.backends.local.outcome import local_failure
 from hpc_ddp.backends.local.plan import check_local_job, describe_local_plan
 from hpc_ddp.backends.local.process import (
@@ -28,7 +28,7 @@ from hpc_ddp.backends.local.process import (
     unmark_cancelled,
     was_cancelled,
 )
-from hpc_ddp.backends.local.stop import ForcedStop, force_stop, stop_local
+from hpc_ddp.backends.local.stop import stop_local
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import ConfigError, RunDirError
 from hpc_ddp.rundir.layout import RunPaths
@@ -36,12 +36,6 @@ from hpc_ddp.rundir.manifest import BackendName, Manifest
 
 if TYPE_CHECKING:
     from hpc_ddp.backends.jobs import AccountingRecord, JobInfo
-
-__all__ = ["ForcedStop", "LocalBackend", "force_stop", "wait_local"]
-"""``LocalBackend``, and three names whose homes are ``controller`` and ``stop``, still imported
-from here by :mod:`hpc_ddp.submission.wait` and :mod:`hpc_ddp.api.doctor` until those reach a
-local run's wait and forced stop through the backend (issue 40, ``SEAM_PENDING``): drop them
-from this list then."""
 
 
 class LocalBackend:
