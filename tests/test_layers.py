@@ -80,11 +80,14 @@ LAYERS: tuple[Layer, ...] = (
     Layer(("sessions",)),
     Layer(("train",)),
     Layer(("doctor",)),
-    Layer(("job",), pure=("job.torchrun",)),
     Layer(("backends.local.launcher",)),
+    Layer(("job",), pure=("job.torchrun",)),
     Layer(
         (
             "backends.local.backend",
+            "backends.local.controller",
+            "backends.local.stop",
+            "backends.local.outcome",
             "backends.slurm.backend",
             "backends.slurm.cancel",
         )
@@ -119,6 +122,9 @@ NODE: tuple[str, ...] = (
 """What runs on the nodes (the tasks, their ranks, the supervisor), and the CLI's node verbs."""
 LOGIN: tuple[str, ...] = (
     "backends.local.backend",
+    "backends.local.controller",
+    "backends.local.stop",
+    "backends.local.outcome",
     "backends.slurm.backend",
     "backends.slurm.cancel",
     "backends.slurm.sweeps",
@@ -134,8 +140,8 @@ LOGIN: tuple[str, ...] = (
 """What runs on the login node. It shares only the run directory, config and the backends'
 common parts with the node side: it never imports the node side (:data:`CROSSINGS` aside)."""
 CROSSINGS: dict[tuple[str, str], str] = {
-    ("backends.local.backend", "backends.local.launcher"): (
-        "submitit pickles the node face's entries by name and runs them in the tasks"
+    ("backends.local.controller", "job.local_task"): (
+        "submitit pickles the local tasks' entry points by name and runs them in the tasks"
     ),
     ("cli.cmd_checkpoints", "checkpoint.format"): (
         "`hpc-ddp checkpoints` reads the files with torch on purpose, after its argument checks"
@@ -319,6 +325,8 @@ SEAM_PENDING: dict[str, str] = {
     # Issue 40 item 1 left these for the one `backends=` injection: each still names a Slurm
     # or local module. Remove an entry when its module is done.
     "hpc_ddp.backends.local.backend": "startup_failure reads rank logs with Slurm's postmortem",
+    "hpc_ddp.job.local_task": "the local tasks' own records (local.process) and the local "
+    "supervisor's LocalLauncher, not yet through the node registry",
 }
 """Login-side modules still reaching a backend's package directly (issue 40 item 1, open)."""
 
