@@ -283,11 +283,13 @@ class Watchdog:
         session records it in the ledger)."""
         self.before_exit: list[Callable[[], None]] = []
         """Called before the process ends for a fault (a command's parent kills its child)."""
-        self.rescue: Callable[[FaultRecord], None] | None = None
+        self.rescue: Callable[[FaultRecord], object] | None = None
         """A survivor's save (:mod:`hpc_ddp.fault.rescue`), run on this thread once a fault is
         known and before the process ends; the beat says ``rescue`` meanwhile, so that the
         supervisor does not end the launch under it."""
         self._gone = threading.Event()
+        self.leaving = False
+        """Set once this process leaves for a fault (the thread ends it when done)."""
         self._clock, self._mono, self._exit = clock, mono, exit
         self.started = clock()
         self.step = 0
@@ -553,6 +555,7 @@ class Watchdog:
     def _leave(self, record: FaultRecord, *, declared: bool) -> None:
         if not self._lock.acquire(blocking=False):
             return  # already leaving
+        self.leaving = True
         self._stop.set()
         self._fault = record
         self._state = FAULT
@@ -661,15 +664,17 @@ class FaultListener:
         exit: Callable[[int], NoReturn] = os._exit,
     ) -> None:
         self.cfg, self.launch, self.me, self.supervised = cfg, launch, me, supervised
-        self.on_fault: Callable[[FaultRecord], None] | None = None
+        self.on_fault: Callable[[FaultRecord], bool] | None = None
         self._exit = exit
         self._peers = sorted({(me.rank + d) % me.world for d in (1, 2)} - {me.rank})
         self._since = time.time()
         self._gone = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self, on_fault: Callable[[FaultRecord], None]) -> None:
-        """Listen, and run ``on_fault`` (on this thread) when a fault is declared."""
+    def start(self, on_fault: Callable[[FaultRecord], bool]) -> None:
+        """Listen, and run ``on_fault`` (on this thread) when a fault is declared: True when
+        this process made the rescue (or tried) and is to end now; False leaves it to its
+        parent, which ends it as before."""
         if self._thread is not None:
             return
         self.on_fault = on_fault
@@ -693,11 +698,14 @@ class FaultListener:
                 continue
             if record is None:
                 continue
+            done = True
             if self.on_fault is not None:
                 try:
-                    self.on_fault(record)
+                    done = self.on_fault(record)
                 except Exception:
                     log.exception("the survivor's save failed")
+            if not done:
+                return  # not the survivor that saves: the parent ends this process
             with contextlib.suppress(Exception):
                 sys.stdout.flush()
                 sys.stderr.flush()

@@ -265,7 +265,7 @@ def run_command(
     forward = _Forwarder(proc, coordinator, began, requeue_signum, grace)
     for sig in forwarded:
         signal.signal(sig, forward)
-    code = proc.wait()
+    code = _wait_child(proc, watchdog)
     forward.cancel()
     if dist.is_main:
         _record_workdir_files(paths.root, began)
@@ -273,6 +273,16 @@ def run_command(
         record_child_end(coordinator, code, program, began)
         return exit_status(code)
     return _record_stopped(forward, code, program)
+
+
+def _wait_child(proc: subprocess.Popen[bytes], watchdog: Watchdog | None) -> int:
+    """The child's exit status, once it ends on its own account: after a fault it may end
+    first (its survivor's save done), and then this process's end is the watchdog's, not a
+    child's end to record."""
+    code = proc.wait()
+    if watchdog is not None and watchdog.leaving:
+        threading.Event().wait()  # the watchdog ends this process
+    return code
 
 
 def _let_child_rescue(

@@ -222,8 +222,9 @@ class SessionAttempt:
         if self._rescue is not None:
             self._rescue.completed(self._progress)
 
-    def _rescued(self, record: FaultRecord) -> None:
-        """The launch's fault is known (on the watchdog's thread): the rescue, recorded."""
+    def _rescued(self, record: FaultRecord) -> bool:
+        """The launch's fault is known (on the watchdog's thread): the rescue, recorded; True
+        when this rank is the survivor that saves (it wrote, or says why it could not)."""
         began = time.monotonic()
         if self._rescue is not None:
             outcome = self._rescue.save(record.ranks)
@@ -233,9 +234,9 @@ class SessionAttempt:
         ):
             outcome = RescueOutcome(None, None, SHARDED_WHY)
         else:
-            return
+            return False
         if outcome.checkpoint is None and outcome.why is None:
-            return  # another rank writes
+            return False  # another rank writes
         took = time.monotonic() - began
         if outcome.why is None:
             log.warning("rescue: saved step %s, the last every rank completed, as %s in %.2f s",
@@ -245,6 +246,7 @@ class SessionAttempt:
         self.coordinator.record_rescue(
             step=outcome.step, checkpoint=outcome.checkpoint, why=outcome.why, took_s=took
         )
+        return True
 
     def fault(self, record: FaultRecord) -> None:
         """The rank's watchdog declared a fault (on its thread): the attempt ends with it."""
