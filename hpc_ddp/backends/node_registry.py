@@ -38,7 +38,7 @@ def launcher_for(
 ) -> tuple[Allocation, Launcher[Any]]:
     """The allocation of ``hpc-ddp supervise``'s batch script and the launcher that runs
     ``argv`` (``srun ...``) as each launch in it: srun steps of a Slurm job. The local
-    backend's supervisor makes its own (:func:`hpc_ddp.backends.local.launcher.run_supervisor`).
+    backend's supervisor makes its own (:func:`hpc_ddp.job.local_task.run_supervisor`).
     Raises :class:`~hpc_ddp.errors.SlurmError` for an ``argv`` that is no srun command."""
     from hpc_ddp.backends.slurm.allocation import SlurmAllocation
 
