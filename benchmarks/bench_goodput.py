@@ -1,0 +1,328 @@
+"""Goodput under mixed faults: a seeded schedule on the 3-node dev cluster, end to end.
+
+One job (the built-in trainer, a small MLP whose data loads at a wall-clock pace, 2 ranks on 2
+of 3 nodes, ``slurm.spare_nodes: 1``, in the preemptible ``low`` partition, hpc-ddp's default
+``fault:`` settings) is hit by a fault every few minutes, drawn by a seeded RNG from:
+
+* ``kill``: SIGKILL of rank 1;
+* ``stop``: SIGSTOP of rank 1 (a hang);
+* ``node``: rank 1's node lost (its slurmd, slurmstepd and rank SIGKILLed; brought back once
+  the job has moved away from it);
+* ``preempt``: a job in ``high`` that needs every node;
+* ``requeue``: ``scontrol requeue``.
+
+The full run (default) trains about 30 minutes with a fault every 5; ``--short`` trains about
+3 minutes with 3 faults (kill, stop, node) a minute apart, as the test suite runs it
+(``tests/fault/test_goodput_e2e.py``). Faults are placed by training step (nominally
+:data:`STEP_S` each), so the schedule is the same on a slow machine. The uninterrupted twin
+(the same job on the local backend) trains meanwhile. It prints the goodput table and checks:
+
+* ETTR >= 0.97 (full run; 0.80 for the short one, whose start-up is a larger share), from the
+  ledger, with the time the job waited in Slurm's queue left out (the preemptor's turn, Slurm's
+  hold of a requeued job: Meta's definition), shown on its own line;
+* 0 steps trained twice (the survivor's save after kill, stop and node; the agreed stop's save
+  after a preemption or a requeue);
+* the final weights bit-identical to the twin's.
+
+Run: ``python -m benchmarks.bench_goodput [--short] [--seed N]`` as root, on a quiet machine.
+It brings up its own dev cluster (``<dev-cluster-dir>-goodput``) and takes it down after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import BIN, REPO, Targets
+from hpc_ddp.devcluster import cluster as devcluster
+from hpc_ddp.errors import HpcDdpError
+from hpc_ddp.rundir.ledger import Attempt, read_ledger
+
+KINDS = ("kill", "stop", "node", "preempt", "requeue")
+SHORT_KINDS = ("kill", "stop", "node")
+STEP_S = 0.1
+"""A step's nominal time (32 samples of 2.5 ms each, and the model): faults are placed by step."""
+SEED = 41
+STATE_DIR_SUFFIX = "-goodput"
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault of the schedule: injected once training reaches ``step``."""
+
+    step: int
+    kind: str
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The run: its length in steps, its checkpoint interval, its faults."""
+
+    steps: int
+    checkpoint_every: int
+    faults: tuple[Fault, ...]
+
+
+def plan(seed: int, *, short: bool) -> Schedule:
+    """The seeded schedule: every kind once before any twice, evenly spaced by step."""
+    rng = random.Random(seed)
+    every_s, count = (60.0, 3) if short else (300.0, 6)
+    kinds = list(SHORT_KINDS if short else KINDS)
+    rng.shuffle(kinds)
+    order = (kinds * (count // len(kinds) + 1))[:count]
+    every = int(every_s / STEP_S)
+    faults = tuple(
+        Fault(int(every * (i + 1) + rng.uniform(-0.1, 0.1) * every), kind)
+        for i, kind in enumerate(order)
+    )
+    return Schedule(every * (count + 1), max(1, int(30.0 / STEP_S)), faults)
+
+
+def job_yaml(s: Schedule, *, cluster: bool) -> str:
+    """The job; ``cluster``: the Slurm run (a spare node, the preemptible partition), else the
+    twin on the local backend (the same world and data)."""
+    where = "nodes: 2, spare_nodes: 1, partition: low, " if cluster else "nodes: 2, "
+    return (
+        "name: goodput\n"
+        f"slurm: {{{where}tasks_per_node: 1, cpus_per_task: 1, time: '02:00:00'}}\n"
+        'env: {vars: {OMP_NUM_THREADS: "1"}}\n'
+        "requeue: {max_requeues: 10}\n"
+        "train: {model: mlp, dataset: 'tests.e2e_util:io_bound_synthetic', "
+        f"max_steps: {s.steps}, checkpoint_every: {s.checkpoint_every}, log_every: 50, "
+        "batch_size: 32, synthetic_samples: 4096, eval_every: 0}\n"
+    )
+
+
+def hpc(*args: str, env: Mapping[str, str]) -> str:
+    done = subprocess.run(
+        [str(BIN / "hpc-ddp"), *args], cwd=REPO, env=dict(env), capture_output=True, text=True,
+        check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"hpc-ddp {' '.join(args)}: {done.stderr[-2000:]}")
+    return done.stdout
+
+
+def wait(what: str, probe: Callable[[], Any], timeout_s: float = 600.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise RuntimeError(f"not seen within {timeout_s:.0f} s: {what}")
+
+
+def last_step(run_dir: Path) -> int:
+    """The newest step ``progress.json`` shows (0 before the first)."""
+    try:
+        return int(json.loads((run_dir / "progress.json").read_text()).get("step") or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _reached(run_dir: Path, step: int) -> bool:
+    return last_step(run_dir) >= step
+
+
+def rank_pid(job_id: str, rank: int) -> int | None:
+    """The newest ``hpc_ddp run`` process of ``rank`` in job ``job_id`` (any launch)."""
+    found: list[int] = []
+    want = {f"SLURM_JOB_ID={job_id}", f"SLURM_PROCID={rank}"}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if b"hpc_ddp" not in b" ".join(argv) or argv[0].endswith(b"srun"):
+                continue
+            env = {
+                e.decode(errors="replace") for e in (entry / "environ").read_bytes().split(b"\0")
+            }
+        except OSError:
+            continue
+        if want <= env and b"run" in argv and (entry / "stat").read_text().split()[2] != "T":
+            found.append(int(entry.name))
+    return max(found) if found else None
+
+
+def job_field(job_id: str, field: str, env: Mapping[str, str]) -> str:
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], env=dict(env), capture_output=True, text=True,
+        check=False,
+    ).stdout  # fmt: skip
+    return next((f.split("=", 1)[1] for f in out.split() if f.startswith(f"{field}=")), "")
+
+
+def inject(
+    fault: Fault, job_id: str, run_dir: Path, env: Mapping[str, str], state_dir: Path
+) -> float:
+    """Inject ``fault``; when. A lost node is brought back in the background once the job runs
+    again without it."""
+    if fault.kind in ("kill", "stop"):
+        pid = wait("rank 1's process", lambda: rank_pid(job_id, 1), 120)
+        at = time.time()
+        os.kill(pid, signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
+        return at
+    if fault.kind == "node":
+        node = read_ledger(run_dir / "ledger.jsonl")[-1].nodelist.split(",")[1]
+        launches = len(read_ledger(run_dir / "ledger.jsonl"))
+        at = time.time()
+        devcluster.kill_node(state_dir, node)
+
+        def moved_on() -> bool:
+            return len(read_ledger(run_dir / "ledger.jsonl")) > launches
+
+        def revive() -> None:
+            wait("the launch after the lost node", moved_on, 300)
+            devcluster.revive_node(state_dir, node, env, timeout_s=180)
+
+        threading.Thread(target=revive, daemon=True).start()
+        return at
+    if fault.kind == "preempt":
+        at = time.time()
+        subprocess.run(
+            ["sbatch", "--parsable", "-p", "high", "-N3", "--exclusive", "-o", "/dev/null",
+             "--wrap", "sleep 5"], env=dict(env), check=True, capture_output=True,
+        )  # fmt: skip
+        return at
+    at = time.time()
+    subprocess.run(["scontrol", "requeue", job_id], env=dict(env), check=True)
+    return at
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the run did: its final state, the faults as injected, its goodput account, its
+    attempts and final weights, and the twin's."""
+
+    state: str
+    injected: tuple[tuple[float, Fault], ...]
+    goodput: dict[str, Any]
+    attempts: tuple[Attempt, ...]
+    weights: str
+    twin: str
+
+
+def final_weights(run_dir: Path, env: Mapping[str, str]) -> str:
+    rows = json.loads(hpc("checkpoints", str(run_dir), "--json", env=env))["checkpoints"]
+    return str(rows[-1]["weights_digest"]) if rows else "none"
+
+
+def run(s: Schedule, env: Mapping[str, str], state_dir: Path, tmp: Path) -> Outcome:
+    """The faulted run on the cluster and its twin on the local backend, side by side."""
+    twin_env = {k: v for k, v in env.items() if not k.startswith("SLURM")}
+    (tmp / "twin.yaml").write_text(job_yaml(s, cluster=False))
+    twin = subprocess.Popen(
+        [str(BIN / "hpc-ddp"), "submit", str(tmp / "twin.yaml"), "--backend", "local", "--wait",
+         "--runs-dir", str(tmp / "twin"), "--json"],
+        cwd=REPO, env=twin_env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    (tmp / "job.yaml").write_text(job_yaml(s, cluster=True))
+    out = json.loads(hpc("submit", str(tmp / "job.yaml"), "--runs-dir", str(tmp / "runs"),
+                         "--json", env=env))  # fmt: skip
+    job_id, run_dir = str(out["job_id"]), Path(out["run_dir"])
+    injected = []
+    for fault in s.faults:
+        reached: Callable[[], bool] = partial(_reached, run_dir, fault.step)
+        wait(f"step {fault.step}", reached, 1800)
+        at = inject(fault, job_id, run_dir, env, state_dir)
+        injected.append((at, fault))
+        print(f"  {time.strftime('%H:%M:%S')} step {fault.step}: {fault.kind}", flush=True)
+    done = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+    wait(f"job {job_id} done", lambda: job_field(job_id, "JobState", env) in done, 3600)
+    state = job_field(job_id, "JobState", env)
+    twin_out, _ = twin.communicate(timeout=3600)
+    twin_dir = Path(json.loads(twin_out)["run_dir"]) if twin_out.strip() else tmp / "twin"
+    row = json.loads(hpc("status", str(run_dir), "--json", "--goodput", env=env))["runs"][0]
+    print(hpc("status", str(run_dir), "--goodput", env=env), flush=True)
+    return Outcome(
+        state, tuple(injected), row["goodput"], tuple(read_ledger(run_dir / "ledger.jsonl")),
+        final_weights(run_dir, env), final_weights(twin_dir, twin_env),
+    )  # fmt: skip
+
+
+def ettr_out_of_queue(goodput: Mapping[str, Any]) -> float:
+    """Productive time over the wall time less the time the job waited in Slurm's queue."""
+    queued = float(goodput["requeue_wait_s"]) + float(goodput["resume_wait_s"])
+    span = float(goodput["wall_s"]) - queued
+    return float(goodput["productive_s"]) / span if span > 0 else 0.0
+
+
+def check(o: Outcome, *, short: bool) -> Targets:
+    """Every target, one line each."""
+    t = Targets()
+    queued = float(o.goodput["requeue_wait_s"]) + float(o.goodput["resume_wait_s"])
+    print(f"time in Slurm's queue (left out of ETTR): {queued:.1f} s; ETTR with it: "
+          f"{o.goodput['ettr']:.3f}")  # fmt: skip
+    t.check("job completed (1 = yes)", float(o.state == "COMPLETED"), "==", 1, fmt=".0f")
+    t.check("faults injected", len(o.injected), "==", 3 if short else 6, fmt=".0f")
+    t.check("ETTR out of the queue", ettr_out_of_queue(o.goodput), ">=", 0.80 if short else 0.97,
+            fmt=".3f")  # fmt: skip
+    t.check("steps trained twice", float(o.goodput["redone_steps"]), "==", 0, fmt=".0f")
+    faulted = [a for a in o.attempts if a.cause is not None and a.cause.value in
+               ("crash", "hang", "node_fail")]  # fmt: skip
+    rescued = sum(1 for a in faulted if a.rescue is not None and a.rescue.checkpoint is not None)
+    t.check("in-job faults with the survivor's save", rescued, "==", len(faulted), fmt=".0f")
+    t.check("final weights equal the twin's (1 = yes)", float(o.weights == o.twin), "==", 1,
+            fmt=".0f")  # fmt: skip
+    return t
+
+
+def cluster_env(state_dir: Path | None = None) -> tuple[Path, dict[str, str], bool]:
+    """The benchmark's 3-node cluster (up now), its clients' environment, and whether it was
+    brought up here (then it is taken down at the end)."""
+    if state_dir is None:
+        default = devcluster.state_dir_from(os.environ)
+        state_dir = default.with_name(default.name + STATE_DIR_SUFFIX)
+    spec = devcluster.resolve_spec(state_dir, nodes=3, slurmd_timeout_s=5, cred_expire_s=10)
+    was_up = devcluster.pid_alive(devcluster.layout_for(state_dir, spec).ctld_pid) is not None
+    result = devcluster.up(state_dir, os.environ, spec)
+    env = {**os.environ, "SLURM_CONF": str(result.conf), "PATH": f"{BIN}:{os.environ['PATH']}"}
+    return state_dir, env, not was_up
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--short", action="store_true", help="3 faults a minute apart")
+    parser.add_argument("--seed", type=int, default=SEED)
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench_goodput needs root (it brings up its own dev cluster)", file=sys.stderr)
+        return 1
+    s = plan(args.seed, short=args.short)
+    faults = ", ".join(f"{f.kind}@{f.step}" for f in s.faults)
+    print(f"schedule (seed {args.seed}): {s.steps} steps, a checkpoint every "
+          f"{s.checkpoint_every}; {faults}")  # fmt: skip
+    try:
+        state_dir, env, started = cluster_env()
+    except HpcDdpError as exc:
+        print(f"bench_goodput: no cluster: {exc}", file=sys.stderr)
+        return 1
+    try:
+        with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
+            outcome = run(s, env, state_dir, Path(tmp))
+    finally:
+        if started:
+            devcluster.down(state_dir)
+    return check(outcome, short=args.short).exit_code()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""``benchmarks/bench_goodput.py``'s short schedule on the real 3-node cluster: a rank SIGKILLed,
+a rank SIGSTOPped and a node lost, a minute apart, in one job (the full 30-minute schedule, with
+a preemption and ``scontrol requeue`` too, is the benchmark's). Every fault is restarted inside
+the allocation from the survivor's save: no step trained twice, and the final weights are the
+uninterrupted twin's (trained meanwhile on the local backend)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bench_goodput
+from tests.conftest import Cluster
+
+pytestmark = [pytest.mark.slurm, pytest.mark.torch]
+
+
+def test_three_faults_a_minute_apart_cost_no_step_and_end_as_the_twin(
+    accounting_cluster: Cluster, tmp_path: Path
+) -> None:
+    schedule = bench_goodput.plan(bench_goodput.SEED, short=True)
+    assert sorted(f.kind for f in schedule.faults) == ["kill", "node", "stop"]
+    outcome = bench_goodput.run(
+        schedule, accounting_cluster.env, accounting_cluster.state_dir, tmp_path
+    )
+    targets = bench_goodput.check(outcome, short=True)
+    assert targets.missed == [], (targets.missed, outcome.goodput, outcome.attempts)
