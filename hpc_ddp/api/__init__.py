@@ -7,6 +7,7 @@ functions and print what they return, so there is one implementation of each. Mo
 ``job`` (one run), ``sweep`` (a job array of points, and its results), ``results`` (the
 results table and plot), ``status`` (what ``hpc-ddp status`` shows, typed, and waiting for it
 to settle), ``cancel`` (what a target cancels, and whether it is provably that target's),
-``logs``, ``doctor`` (the checks as a job, and their findings) and ``targets`` (which runs a
-command-line target means). Never imports torch, torchvision or submitit.
+``logs``, ``doctor`` (the checks as a job, and their findings), ``targets`` (which runs a
+command-line target means) and ``arguments`` (a path argument, the overrides). Never imports
+torch, torchvision or submitit.
 """

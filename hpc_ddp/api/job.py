@@ -26,7 +26,6 @@ Slurm client alone: the older, deprecated spelling of ``backends=Registry(slurm)
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import sys
@@ -35,81 +34,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from hpc_ddp.api.arguments import Overrides, override_args, path_arg
 from hpc_ddp.backends.registry import Registry, registry_of
 from hpc_ddp.config.model import JobConfig
-from hpc_ddp.errors import ConfigError, OverrideError, RunFailedError, TargetError
+from hpc_ddp.errors import ConfigError, RunFailedError, TargetError
 from hpc_ddp.rundir.layout import MANIFEST_FILE, RunPaths
-from hpc_ddp.rundir.manifest import BackendName, read_manifest
 from hpc_ddp.submission.submit import Launched, Prepared
 
 if TYPE_CHECKING:
     from hpc_ddp.api.cancel import CancelResult
     from hpc_ddp.api.status import RunStatus, SweepStatus
     from hpc_ddp.backends.registry import SlurmClient
+    from hpc_ddp.rundir.manifest import BackendName
     from hpc_ddp.submission.resume import ResumePlan
 
 log = logging.getLogger(__name__)
 
-# Reading runs back (api.status, api.targets, api.cancel, api.logs) and resuming them are
-# imported where they are used: a submit, on a login node, pays for none of it.
+# Reading runs back (api.status, api.targets, api.cancel, api.logs, the manifest) and resuming
+# them are imported where they are used: a submit, on a login node, pays for none of it.
 
-Overrides = Mapping[str, Any] | Sequence[str]
-"""Dotted overrides: ``{"train.lr": 0.1}`` (values as Python data), or ``["train.lr=0.1"]`` as
-on the command line (values read as YAML)."""
 BackendChoice = Literal["auto", "slurm", "local"]
 
 PYTHON_CONFIG = "<JobConfig from Python>"
 """What a run submitted from a :class:`JobConfig` object records as its config's source; a
 relative ``slurm.template`` is then looked up from the working directory."""
-
-
-def override_args(overrides: Overrides) -> list[str]:
-    """``KEY=VALUE`` strings for ``overrides``: a mapping's values are written so that the
-    config reader reads back the same value (``0.1``, ``"a: b"``, ``[1, 2]``, None): a string
-    that reads back as itself as it is, anything else as JSON.
-
-    A bare string is refused (it would be read as its characters), and so is a value JSON
-    cannot hold (an infinity, an object): :class:`OverrideError` naming the key.
-    """
-    if isinstance(overrides, str):
-        raise OverrideError(
-            f"overrides {overrides!r}: a single string, not a list or mapping. HINT: pass "
-            f"[{overrides!r}], or a mapping such as {{'train.lr': 0.1}}."
-        )
-    if not isinstance(overrides, Mapping):
-        return [str(o) for o in overrides]
-    return [f"{key}={_value_text(key, value)}" for key, value in overrides.items()]
-
-
-def _value_text(key: str, value: Any) -> str:
-    """``value`` as the text of an override: a string the config reader reads back as itself
-    as it is (so that messages quote ``slurm.time=25:99`` as the CLI does), else JSON."""
-    import yaml
-
-    from hpc_ddp.config.yaml_dialect import load_yaml_value
-
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    plain = isinstance(value, str) and value.strip() == value
-    if plain and not any(c in value for c in "\n\r\0"):
-        try:
-            if load_yaml_value(value) == value:
-                return str(value)
-        except (yaml.YAMLError, ValueError):  # not YAML as it is: written as JSON below
-            pass
-    try:
-        return json.dumps(value, allow_nan=False, default=_path_text)
-    except (TypeError, ValueError) as exc:
-        raise OverrideError(
-            f"override {key!r}: {value!r} cannot be a config value ({exc}). HINT: use a "
-            "number, string, bool, None, or a list or mapping of those."
-        ) from None
-
-
-def _path_text(value: object) -> str:
-    if isinstance(value, os.PathLike):
-        return str(os.fspath(value))
-    raise TypeError(f"{type(value).__name__} is not a config value")
 
 
 # --- the job ------------------------------------------------------------------------------------
@@ -153,6 +101,7 @@ class Job:
         use :meth:`hpc_ddp.Sweep.from_dir`).
         """
         from hpc_ddp.api.targets import point_task, require_dir, sweep_task_of
+        from hpc_ddp.rundir.manifest import read_manifest
 
         registry = registry_of(backends, slurm)
         path = Path(path)
@@ -309,7 +258,6 @@ def plan_submit(
     :func:`sbatch_test_only` (which asks Slurm, so a local backend is refused). ``backends``
     (or, deprecated, ``slurm``) plans it and is asked nothing: planning is pure.
     """
-    from hpc_ddp.api.targets import path_arg
     from hpc_ddp.config.preflight import preflight_job
     from hpc_ddp.submission.submit import choose_backend, prepare, runs_dir_from
 
@@ -360,7 +308,6 @@ def _job_config(
     config: str | Path | JobConfig, overrides: Sequence[str], site: str | Path | None
 ) -> tuple[JobConfig, Path]:
     """The job's config, with the overrides, and the path its source is known by."""
-    from hpc_ddp.api.targets import path_arg
     from hpc_ddp.config.load import (
         apply_overrides,
         find_site_profile,

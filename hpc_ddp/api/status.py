@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from hpc_ddp.api.targets import path_arg, resolve_targets, sweep_task_of
+from hpc_ddp.api.arguments import path_arg
+from hpc_ddp.api.targets import resolve_targets, sweep_task_of
 from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.registry import Registry, registry_of
 from hpc_ddp.errors import RunDirError

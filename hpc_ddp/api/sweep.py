@@ -27,10 +27,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from hpc_ddp.api.arguments import Overrides, override_args, path_arg
 from hpc_ddp.api.cancel import CancelResult, cancel_targets
-from hpc_ddp.api.job import BackendChoice, Job, Overrides, override_args
+from hpc_ddp.api.job import BackendChoice, Job
 from hpc_ddp.api.status import SweepStatus, collect_status, wait_until_ended
-from hpc_ddp.api.targets import path_arg, require_dir
+from hpc_ddp.api.targets import require_dir
 from hpc_ddp.backends.arrays import ArrayRecord, PreparedArray, read_arrays
 from hpc_ddp.backends.jobs import AccountingRecord, JobInfo
 from hpc_ddp.backends.registry import Registry, registry_of

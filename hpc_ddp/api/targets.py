@@ -30,27 +30,6 @@ from hpc_ddp.sweep.records import SWEEP_RECORD, read_sweep_record
 LIST_HINT = "`hpc-ddp status` lists the runs under --runs-dir (default $HPC_DDP_RUNS_DIR or ./runs)"
 
 
-_PATH_EXAMPLES = {"config": "jobs/train.yaml", "sweep_file": "sweeps/lr.yaml", "site": "site.yaml"}
-
-
-def path_arg(name: str, value: object) -> str | None:
-    """An API argument that names a path (``runs_dir``, ``site``, a job file), as text; None
-    stays None. Anything but a ``str`` or an ``os.PathLike`` is a :class:`TypeError` naming
-    it, never a path made of its text (``runs_dir=123`` used to create ``./123/``)."""
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, os.PathLike):
-        text = os.fspath(value)
-        if isinstance(text, str):
-            return text
-    example = _PATH_EXAMPLES.get(name, "runs")
-    raise TypeError(
-        f"{name}={value!r}: expected a path (a str or os.PathLike), not "
-        f"{type(value).__name__}. HINT: pass a path such as {name}={example!r} or "
-        f"{name}=pathlib.Path({example!r})."
-    )
-
-
 def runs_dir_of(arg: str | None) -> Path:
     """Where the runs are: ``--runs-dir`` (``arg``), else ``$HPC_DDP_RUNS_DIR``, else
     ``./runs``."""

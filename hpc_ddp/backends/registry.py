@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.rundir.layout import MANIFEST_FILE
-from hpc_ddp.rundir.manifest import BackendName, Manifest, read_manifest
 
 if TYPE_CHECKING:
     from hpc_ddp.backends.base import Backend, Forced, Held, Postmortem, Waited
 
     # Named for the API's deprecated `slurm=` (its type), which may not import Slurm's own.
     from hpc_ddp.backends.slurm.client import SlurmClient as SlurmClient  # noqa: PLC0414
+    from hpc_ddp.rundir.manifest import BackendName, Manifest
     from hpc_ddp.sweep.runner import SweepRunner
 
 
@@ -52,6 +52,8 @@ class Registry:
     def sweeps_of(self, sweep_dir: Path) -> SweepRunner:
         """The sweep runner of the backend a sweep directory's manifest names; a sweep
         directory without a manifest reads as Slurm's, as it always did."""
+        from hpc_ddp.rundir.manifest import read_manifest  # not needed to submit a run
+
         if not (sweep_dir / MANIFEST_FILE).exists():
             return self.sweeps("slurm")
         return self.sweeps(read_manifest(sweep_dir).backend)
@@ -81,16 +83,28 @@ def _name(which: Manifest | BackendName) -> BackendName:
     return which if isinstance(which, str) else which.backend
 
 
-@dataclass(frozen=True)
 class _Entry:
-    """One backend's faces, each made (and its module imported) only when asked for."""
+    """One backend's faces, each made (and its module imported) only when asked for. A plain
+    class, not a dataclass: every command makes the table, and a dataclass costs a dry run
+    ~0.3 ms to define."""
 
-    backend: Callable[[Registry], Backend]
-    sweeps: Callable[[Registry], SweepRunner]
-    postmortem: Callable[[], Postmortem]
-    held: Callable[[object, Path, str], Held] | None = None
-    """Its jobs that run under this process (None: a scheduler holds them)."""
-    kill_wait_s: Callable[[], float] | None = None
+    __slots__ = ("backend", "held", "kill_wait_s", "postmortem", "sweeps")
+
+    def __init__(
+        self,
+        backend: Callable[[Registry], Backend],
+        sweeps: Callable[[Registry], SweepRunner],
+        postmortem: Callable[[], Postmortem],
+        *,
+        held: Callable[[object, Path, str], Held] | None = None,
+        kill_wait_s: Callable[[], float] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.sweeps = sweeps
+        self.postmortem = postmortem
+        self.held = held
+        """Its jobs that run under this process (None: a scheduler holds them)."""
+        self.kill_wait_s = kill_wait_s
 
 
 # --- Slurm ------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ Exit codes: 0 submitted (or dry run shown), 2 usage or config error, 1 failed su
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from hpc_ddp.api.job import Job, dry_run_json, follow, launch, plan_submit, sbatch_test_only
@@ -61,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.dry_run:  # the backend's plan: the script and command, else its plan in words
         if args.json:
+            import json  # only here: a dry run in text loads no JSON writer
+
             print(json.dumps(dry_run_json(prepared)))
             return 0
         print(prepared.plan.script or "", end="")
@@ -82,6 +83,8 @@ def report(job: Job, as_json: bool) -> None:
     assert launched is not None  # started here
     paths, backend = launched.paths, launched.prepared.backend
     if as_json:
+        import json
+
         from hpc_ddp.output import SUBMIT
 
         shown = {

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.backends.base import Backend, PlanRequest, SubmitPlan
 from hpc_ddp.config.load import dump_job_config
@@ -36,8 +36,12 @@ from hpc_ddp.config.model import JobConfig
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import ConfigError, RunsDirError
 from hpc_ddp.rundir.layout import RUNS_DIR_ENV, STAMP_FORMAT, RunPaths, run_dir_name
-from hpc_ddp.rundir.manifest import BACKENDS, BackendName, Manifest, record_lock, write_manifest
-from hpc_ddp.rundir.run_id import ensure_run_id
+
+if TYPE_CHECKING:
+    from hpc_ddp.rundir.manifest import BackendName, Manifest
+
+# What only a start needs (the manifest's reader and writer, the run id) is imported where it
+# is used: a dry run (`prepare`) loads none of it.
 
 
 def runs_dir_from(arg: str | None, env: Mapping[str, str]) -> Path:
@@ -118,6 +122,8 @@ def create_run_dir(base: Path, name: str, stamp: str) -> Path:
 def make_run_dir(paths: RunPaths) -> None:
     """Create the directory, its sub-directories (logs must exist before sbatch) and the run
     id (kept if there is one: a resubmitted run keeps its id)."""
+    from hpc_ddp.rundir.run_id import ensure_run_id
+
     for d in (paths.root, paths.logs, paths.checkpoints, paths.rendezvous):
         d.mkdir(parents=True, exist_ok=True)
     ensure_run_id(paths.root)
@@ -127,11 +133,14 @@ def choose_backend(requested: str, sbatch_path: str | None) -> BackendName:
     """``auto`` means Slurm when ``sbatch`` is on PATH (``sbatch_path``), else local."""
     if requested == "auto":
         return "slurm" if sbatch_path else "local"
-    if requested not in BACKENDS:
-        raise ConfigError(
-            f"backend {requested!r} is not one of auto, {', '.join(BACKENDS)}. HINT: use auto."
-        )
-    return "slurm" if requested == "slurm" else "local"
+    if requested in ("slurm", "local"):  # rundir.manifest.BACKENDS, named here: see below
+        return "slurm" if requested == "slurm" else "local"
+    # Imported for the message alone: a dry run loads no manifest reader.
+    from hpc_ddp.rundir.manifest import BACKENDS
+
+    raise ConfigError(
+        f"backend {requested!r} is not one of auto, {', '.join(BACKENDS)}. HINT: use auto."
+    )
 
 
 @dataclass(frozen=True)
@@ -315,6 +324,7 @@ def record(
     and the digest of the job's code there (:mod:`hpc_ddp.rundir.provenance`)."""
     import sys
 
+    from hpc_ddp.rundir.manifest import Manifest, write_manifest
     from hpc_ddp.rundir.provenance import gather, search_path
 
     where = prepared.submit_dir or Path.cwd()
@@ -366,6 +376,8 @@ def launch(prepared: Prepared) -> Launched:
     submission to the record, so that the job's tasks, should they start at once, wait for the
     record that names their job before they check it.
     """
+    from hpc_ddp.rundir.manifest import record_lock
+
     if not prepared.created:
         prepared = materialize(prepared)
     with record_lock(prepared.paths.root):

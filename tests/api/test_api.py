@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import hpc_ddp
-from hpc_ddp.api.job import override_args
+from hpc_ddp.api.arguments import override_args
 from hpc_ddp.api.status import status_json
 from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.registry import Registry

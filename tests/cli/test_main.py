@@ -29,6 +29,16 @@ def test_choose_backend(requested: str, sbatch: str | None, expected: str) -> No
     assert choose_backend(requested, sbatch) == expected
 
 
+def test_choose_backend_knows_every_backend_a_manifest_may_name() -> None:
+    """It names them itself (a dry run loads no manifest reader): the same ones."""
+    from hpc_ddp.errors import ConfigError
+    from hpc_ddp.rundir.manifest import BACKENDS
+
+    assert [choose_backend(name, None) for name in BACKENDS] == list(BACKENDS)
+    with pytest.raises(ConfigError, match=r"'pbs' is not one of auto, slurm, local\. HINT"):
+        choose_backend("pbs", None)
+
+
 def test_dry_run_prints_script_and_command_and_writes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -128,6 +138,10 @@ def test_login_node_commands_import_no_torch_or_submitit(tmp_path: Path) -> None
         "    assert main(argv) == 0\n"
         "    if argv[0] == 'submit':  # only what a typo or a Slurm call needs is left out\n"
         "        assert not {'subprocess', 'difflib'} & set(sys.modules), argv\n"
+        "    if argv[-1] == 'slurm':  # nor what reads runs back: the verb uses none of it\n"
+        "        unused = {'hpc_ddp.api.targets', 'hpc_ddp.rundir.manifest', 'fcntl',\n"
+        "                  'hpc_ddp.backends.arrays', 'hpc_ddp.sweep.records'}\n"
+        "        assert not unused & set(sys.modules), argv\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in\n"
         "               ('torch', 'torchvision', 'submitit', 'numpy'))\n"
         "print(heavy)\n"

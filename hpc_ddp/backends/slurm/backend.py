@@ -24,12 +24,12 @@ from hpc_ddp.backends.slurm.render import (
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.manifest import BackendName, Manifest
 from hpc_ddp.version import __version__
 
-if TYPE_CHECKING:  # a dry run never loads the client (nor its parsers): ~2.5 ms of every submit
+if TYPE_CHECKING:  # a dry run never loads the client, its parsers nor the manifest's reader
     from hpc_ddp.backends.jobs import AccountingRecord, JobInfo
     from hpc_ddp.backends.slurm.client import SlurmClient
+    from hpc_ddp.rundir.manifest import BackendName, Manifest
 
 
 class SlurmBackend:
