@@ -27,8 +27,9 @@ from hpc_ddp.backends.allocation import (
     check_below,
     env_int,
 )
+from hpc_ddp.backends.nodelist import parse_nodelist
 from hpc_ddp.backends.slurm.jobstate import DOWN_STATES
-from hpc_ddp.backends.slurm.nodelist import parse_nodelist, parse_tasks_per_node
+from hpc_ddp.backends.slurm.nodelist import parse_tasks_per_node
 from hpc_ddp.errors import DistEnvError
 from hpc_ddp.rundir.layout import ARRAY_OFFSET_ENV
 

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import re
 
-# Slurm's step and allocation still name it here (issue 40): the node list is every backend's.
-from hpc_ddp.backends.nodelist import parse_nodelist
 from hpc_ddp.errors import DistEnvError
 
-__all__ = ["parse_nodelist", "parse_tasks_per_node"]
+__all__ = ["parse_tasks_per_node"]
 
 _TPN_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 

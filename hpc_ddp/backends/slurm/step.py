@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from hpc_ddp.backends.base import LaunchShape
+from hpc_ddp.backends.nodelist import parse_nodelist
 from hpc_ddp.backends.slurm.client import SlurmClient
 from hpc_ddp.backends.slurm.jobstate import DOWN_STATES
-from hpc_ddp.backends.slurm.nodelist import parse_nodelist
 from hpc_ddp.backends.slurm.postmortem import (
     NodeFailure,
     StepRefused,
