@@ -324,7 +324,6 @@ BACKEND_PICKERS: dict[str, str] = {
 SEAM_PENDING: dict[str, str] = {
     # Issue 40 item 1 left these for the one `backends=` injection: each still names a Slurm
     # or local module. Remove an entry when its module is done.
-    "hpc_ddp.backends.local.backend": "startup_failure reads rank logs with Slurm's postmortem",
     "hpc_ddp.job.local_task": "the local tasks' own records (local.process) and the local "
     "supervisor's LocalLauncher, not yet through the node registry",
 }

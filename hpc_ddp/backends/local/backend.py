@@ -29,6 +29,7 @@ from hpc_ddp.backends.local.process import (
     was_cancelled,
 )
 from hpc_ddp.backends.local.stop import stop_local
+from hpc_ddp.backends.ranklogs import rank_error, rank_logs
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import ConfigError, RunDirError
 from hpc_ddp.rundir.layout import RunPaths
@@ -137,12 +138,15 @@ class LocalBackend:
         return not local_alive(run_dir, job_id)
 
     def startup_failure(self, run_dir: Path, job_id: str | None) -> str | None:
-        """What its tasks reported in their result files (exactly, per rank), else what the
-        logs say."""
-        from hpc_ddp.backends.slurm.postmortem import startup_failure
-
+        """What its tasks reported in their result files (exactly, per rank), else the lowest
+        rank whose ``rank-N.err`` ends in an error (no launcher of its own writes a log)."""
         found = local_failure(run_dir, job_id) if job_id else None
-        return found or startup_failure(RunPaths(run_dir).logs)
+        if found:
+            return found
+        try:
+            return rank_error(rank_logs(RunPaths(run_dir).logs))
+        except OSError:
+            return None
 
     def running(self, run_dir: Path, job_id: str | None, source: str) -> tuple[bool, str]:
         """(True, ``local job 123 is running``) while its controller or a rank runs."""
