@@ -118,7 +118,6 @@ def main(argv: list[str] | None = None, *, backends: Registry | None = None) -> 
         if args.command != "run":
             collector.release()
         args.backends = backends if backends is not None else _real_backends()
-        args.slurm = args.backends.slurm  # the node verb `supervise` takes Slurm's client alone
         handler: Handler = module.run
         with _watched_stdout(as_json) as printed:
             code = handler(args)

@@ -360,3 +360,31 @@ def test_an_error_without_a_hint_has_a_null_hint() -> None:
         "exit_code": 1,
     }  # fmt: skip
     assert error_document("x", "A failed; HINT: do B.", 2)["error"] == "A failed"
+
+
+def test_supervise_asks_the_node_registry_through_the_registry_it_was_handed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``supervise`` gets its Slurm client from ``args.backends``, as every verb gets its runs'
+    backends: the one ``main(argv, backends=)`` was handed reaches the node registry."""
+    from hpc_ddp.backends import node_registry
+    from hpc_ddp.backends.registry import Registry
+    from hpc_ddp.backends.slurm.fake import FakeSlurm
+    from hpc_ddp.errors import BackendError
+
+    registry = Registry(FakeSlurm().client())
+    runs = tmp_path / "runs"
+    argv = ["submit", "jobs/quickstart.yaml", "--backend", "slurm", "--runs-dir", str(runs)]
+    assert main(argv, backends=registry) == 0
+    [run_dir] = [p for p in runs.iterdir() if p.is_dir()]
+    for key in [k for k in os.environ if k.startswith(("SLURM_", "SLURMD_"))]:
+        monkeypatch.delenv(key)
+    asked: list[object] = []
+
+    def launcher_for(env: object, argv: list[str], *, slurm: object = None) -> None:
+        asked.append((argv, slurm))
+        raise BackendError("asked")
+
+    monkeypatch.setattr(node_registry, "launcher_for", launcher_for)
+    assert main(["supervise", str(run_dir), "--", "srun", "x"], backends=registry) == 1
+    assert asked == [(["srun", "x"], registry.slurm)]
