@@ -322,12 +322,12 @@ BACKEND_PICKERS: dict[str, str] = {
 }
 """The modules outside a backend's package that import it, one per side, each with its reason."""
 SEAM_PENDING: dict[str, str] = {
-    # Issue 40 item 1 left these for the one `backends=` injection: each still names a Slurm
-    # or local module. Remove an entry when its module is done.
+    # Issue 40 item 1 left this one: it still names a local module. Remove it when it is done.
     "hpc_ddp.job.local_task": "the local tasks' own records (local.process) and the local "
-    "supervisor's LocalLauncher, not yet through the node registry",
+    "supervisor's LocalLauncher, not yet through the node registry: LocalLauncher reports its "
+    "ranks' ends as fault.blame.TaskEnd, a layer above the node registry, which may not pick it",
 }
-"""Login-side modules still reaching a backend's package directly (issue 40 item 1, open)."""
+"""Modules outside a backend's package still reaching it directly (issue 40 item 1, open)."""
 
 
 def backend_reaches(module: str) -> list[str]:
