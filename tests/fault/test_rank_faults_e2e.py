@@ -79,7 +79,8 @@ def left_at(run_dir: Path, rank: int) -> float:
 
 def assert_found_and_restarted(run_dir: Path, rank: int, node: str | None = None) -> Attempt:
     """The first launch ended in a crash blamed on ``rank`` that left its loop at step 30 of
-    100, found within seconds, restarted from the step-20 checkpoint, and the run finished."""
+    100, found within seconds; the other rank, which completed step 30 too, saved it (the
+    survivor's save), the restart went on from there, and the run finished."""
     left, again = e2e.ledger(run_dir)
     assert (left.cause, left.next, left.launch) == (EndCause.CRASH, "restart", 0), left
     assert left.blame is not None
@@ -89,8 +90,10 @@ def assert_found_and_restarted(run_dir: Path, rank: int, node: str | None = None
     assert "left its training loop at step 30 of 100" in left.blame.evidence
     assert left.blame.detected_at is not None
     assert left.blame.detected_at - left_at(run_dir, rank) < FOUND_WITHIN_S
-    assert left.checkpoint == "step-00000020.pt"
-    assert (again.launch, again.resumed_from_step, again.cause) == (1, 20, EndCause.FINISHED)
+    assert left.rescue is not None, left
+    assert (left.rescue.rank, left.rescue.step) == (1 - rank, 30), left.rescue
+    assert left.checkpoint == "step-00000030.pt"
+    assert (again.launch, again.resumed_from_step, again.cause) == (1, 30, EndCause.FINISHED)
     assert again.steps_done == 100
     return left
 
@@ -136,7 +139,9 @@ def test_a_writer_hung_in_a_save_is_blamed_not_the_rank_that_waited_for_it(
 ) -> None:
     """Rank 0's checkpoint write of step 40 hangs (fault.checkpoint_timeout_s: 15): rank 1
     gives up waiting for it at the step-60 save. The launch is blamed on rank 0, the writer,
-    and names the checkpoint on disk (step 20), not the step-40 file that was never written."""
+    and names the checkpoint on disk (step 20), not the step-40 file that was never written.
+    No survivor's save: rank 1 leaves with its complaint before the verdict that blames rank
+    0 (the complaint is what the verdict is read from)."""
     job = leaver_job(tmp_path, "ckpt_hang", 0, at=40, every=20, fault=", checkpoint_timeout_s: 15")
     run_dir, _ = submit_local(job, tmp_path / "r")
     hung, again = e2e.ledger(run_dir)
