@@ -16,6 +16,7 @@ from tests.conftest import Cluster
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
 
+@pytest.mark.timeout(1200)  # four minutes of training, three restarts, a busy machine
 def test_three_faults_a_minute_apart_cost_no_step_and_end_as_the_twin(
     accounting_cluster: Cluster, tmp_path: Path
 ) -> None:
