@@ -24,7 +24,7 @@ YAML layout (every key optional except where noted)::
     requeue: {signal, lead_time, max_requeues, on_crash}
     fault:   {enabled, beat_s, stale_s, startup_timeout_s, step_timeout_s, step_timeout_factor,
               warmup_steps, checkpoint_timeout_s, max_restarts, no_progress_limit,
-              exclude_bad_nodes}
+              rescue, exclude_bad_nodes}
     params:  {name: value, ...}   # free-form: your script's own values (see config.params)
 """
 
@@ -335,6 +335,10 @@ class FaultConfig:
     no_progress_limit: int = 2
     """Launches in a row that end in a fault without a newer checkpoint before the run stops
     with ``no_progress`` (a crash loop); 0 never stops for that."""
+    rescue: bool = True
+    """When a peer dies, hangs or loses its node, the lowest surviving rank saves the last step
+    every rank completed, so the restart trains no step twice (DDP; see docs/resilience.md).
+    ``false``: the restart goes on from the newest periodic checkpoint."""
     exclude_bad_nodes: bool = True
     """Leave out of the next launch (and ask a requeue to avoid) a node that was lost, that
     failed twice in a row, or whose rank failed while a spare node was free."""

@@ -197,10 +197,12 @@ class SessionAttempt:
     def arm_rescue(self, seed: int) -> None:
         """As training starts (once): when a peer dies, hangs or loses its node, the lowest
         surviving rank writes the last step every rank completed (:mod:`hpc_ddp.fault.rescue`),
-        or the ledger says why it cannot (a sharded model). Nothing without a watchdog, tracked
-        objects or a peer."""
+        or the ledger says why it cannot (a sharded model). Nothing without ``fault.rescue``, a
+        watchdog, tracked objects or a peer."""
         watchdog, listener = self._watch.watchdog, self._watch.listener
         ckpt, dist = self.checkpointer, self.coordinator.dist
+        if not ckpt.config.fault.rescue:
+            return
         if self._armed or ckpt.tracked is None or dist.world_size < 2:
             return
         if watchdog is None and listener is None:

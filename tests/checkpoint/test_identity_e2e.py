@@ -192,6 +192,7 @@ def test_a_restart_after_a_killed_rank_falls_back_past_damaged_checkpoints(
         "train.dataset=tests.e2e_util:io_bound_synthetic",
         "fault.beat_s=0.5",
         "fault.stale_s=5",
+        "fault.rescue=false",  # the survivor's save would write a good step 20 over the damage
     )
     e2e.wait_checkpoint(job.run_dir, 20, timeout_s=180)
     [rank0] = e2e.wait_for("rank 0", lambda: e2e.rank_pids(job.job_id, 0, launch=0))
