@@ -35,11 +35,11 @@ class StepSeeds:
 
     def __init__(self, seed: int, rank: int, device: torch.device) -> None:
         self.seed, self.rank = seed, rank
-        self._cuda = (
-            torch.cuda.default_generators[device.index if device.index is not None else 0]
-            if device.type == "cuda"
-            else None
-        )
+        self._cuda: torch.Generator | None = None
+        if device.type == "cuda":
+            torch.cuda.init()  # type: ignore[no-untyped-call]  # the generators exist after it
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            self._cuda = torch.cuda.default_generators[index]
 
     def seed_step(self, step: int) -> None:
         """Seed python, numpy (if imported) and torch for step ``step``."""
