@@ -4,10 +4,10 @@ One job (the built-in trainer, a small MLP whose data loads at a wall-clock pace
 of 3 nodes, ``slurm.spare_nodes: 1``, in the preemptible ``low`` partition, hpc-ddp's default
 ``fault:`` settings) is hit by a fault every few minutes, drawn by a seeded RNG from:
 
-* ``kill``: SIGKILL of rank 1;
-* ``stop``: SIGSTOP of rank 1 (a hang);
-* ``node``: rank 1's node lost (its slurmd, slurmstepd and rank SIGKILLed; brought back once
-  the job has moved away from it);
+* ``kill``: SIGKILL of a rank;
+* ``stop``: SIGSTOP of a rank (a hang);
+* ``node``: a rank's node lost (its slurmd, slurmstepd and rank SIGKILLed; brought back once
+  the launch on it has ended);
 * ``preempt``: a job in ``high`` that needs every node;
 * ``requeue``: ``scontrol requeue``.
 
@@ -66,10 +66,12 @@ STATE_DIR_SUFFIX = "-goodput"
 
 @dataclass(frozen=True)
 class Fault:
-    """One fault of the schedule: injected once training reaches ``step``."""
+    """One fault of the schedule: injected once training reaches ``step``, at rank ``rank``
+    (its process, or its node)."""
 
     step: int
     kind: str
+    rank: int = 1
 
 
 @dataclass(frozen=True)
@@ -90,8 +92,10 @@ def plan(seed: int, *, short: bool) -> Schedule:
         rng.shuffle(kinds)
     order = (kinds * (count // len(kinds) + 1))[:count]
     every = int(every_s / STEP_S)
+    # Ranks take turns: faults at one node twice in a row would make it a bad node (as they
+    # should), which is the lemon memory's test, not this one's.
     faults = tuple(
-        Fault(int(every * (i + 1) + rng.uniform(-0.1, 0.1) * every), kind)
+        Fault(int(every * (i + 1) + rng.uniform(-0.1, 0.1) * every), kind, (i + 1) % 2)
         for i, kind in enumerate(order)
     )
     return Schedule(every * (count + 1), max(1, int(30.0 / STEP_S)), faults)
@@ -187,12 +191,12 @@ def inject(
     """Inject ``fault``; when. A lost node is brought back in the background once the job runs
     again without it."""
     if fault.kind in ("kill", "stop"):
-        pid = wait("rank 1's process", lambda: rank_pid(job_id, 1), 120)
+        pid = wait(f"rank {fault.rank}'s process", lambda: rank_pid(job_id, fault.rank), 120)
         at = time.time()
         os.kill(pid, signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
         return at
     if fault.kind == "node":
-        node = read_ledger(run_dir / "ledger.jsonl")[-1].nodelist.split(",")[1]
+        node = read_ledger(run_dir / "ledger.jsonl")[-1].nodelist.split(",")[fault.rank]
         ended = _launch_ends(run_dir)
         at = time.time()
         devcluster.kill_node(state_dir, node)
@@ -254,7 +258,8 @@ def run(s: Schedule, env: Mapping[str, str], state_dir: Path, tmp: Path) -> Outc
         wait(f"step {fault.step}", reached, 1800)
         at = inject(fault, job_id, run_dir, env, state_dir)
         injected.append((at, fault))
-        print(f"  {time.strftime('%H:%M:%S')} step {fault.step}: {fault.kind}", flush=True)
+        print(f"  {time.strftime('%H:%M:%S')} step {fault.step}: {fault.kind} (rank {fault.rank})",
+              flush=True)  # fmt: skip
     done = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
     wait(f"job {job_id} done", lambda: job_field(job_id, "JobState", env) in done, 3600)
     state = job_field(job_id, "JobState", env)

@@ -314,7 +314,7 @@ class Supervisor:
 
     def run(self) -> int:
         """Launch until the job ends; the job's exit status."""
-        bad = read_bad_nodes(self.paths, self.me.job_ref)
+        bad = self._still_avoidable(read_bad_nodes(self.paths, self.me.job_ref))
         launch = 0
         overlap = False
         while True:
@@ -346,6 +346,23 @@ class Supervisor:
             if isinstance(nxt, Requeue):
                 return self._requeue(nxt)
             return nxt.exit_code
+
+    def _still_avoidable(self, bad: dict[str, str]) -> dict[str, str]:
+        """The nodes found bad before this attempt (a requeued job), while this allocation has
+        enough others to leave them out. Slurm gave them to it again when it could not leave
+        them out (``ExcNodeList`` is asked only while the partition keeps enough nodes): then
+        every launch short of them would be refused, and they are tried again."""
+        alloc = self.launcher.nodes()
+        healthy = [n for n in alloc if n not in bad]
+        needed = self.cfg.slurm.min_nodes or self.cfg.slurm.nodes
+        if not bad or not alloc or len(healthy) >= needed:
+            return bad
+        log.warning(
+            "supervisor: the nodes found bad before (%s) are in this allocation again and it "
+            "has %d other(s) of the %d a launch needs: trying them again",
+            ", ".join(sorted(bad)), len(healthy), needed,
+        )  # fmt: skip
+        return {}
 
     def _run_launch(self, plan: Plan) -> tuple[_Watch, float, LaunchPaths]:
         key = launch_key(self.me.tag or self.me.job_ref, self.me.restart, plan.launch)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from hpc_ddp.config.model import JobConfig
+from hpc_ddp.config.model import JobConfig, SlurmConfig
 from hpc_ddp.fault import supervisor
 from hpc_ddp.fault.blame import BEAT_BYTES
 from hpc_ddp.fault.launch_ledger import Identity
@@ -117,3 +117,32 @@ def test_a_launch_that_leaves_a_node_out_and_finds_no_checkpoint_says_so() -> No
         "launch 0 (2 node(s), without n3); newest committed checkpoint when relaunching: none "
         "(rank 0's log says where the ranks resume)"
     )
+
+
+class _Nodes:
+    """A launcher whose allocation holds ``nodes``."""
+
+    def __init__(self, nodes: tuple[str, ...]) -> None:
+        self._nodes = nodes
+
+    def nodes(self) -> tuple[str, ...]:
+        return self._nodes
+
+
+def test_nodes_found_bad_before_a_requeue_are_tried_again_when_the_allocation_is_short(
+    tmp_path: Path,
+) -> None:
+    """A requeued job got its bad nodes again (Slurm could not leave them out): left out, every
+    launch would be refused for want of nodes, so they are tried again; with enough others
+    they stay left out."""
+    cfg = JobConfig(name="t", slurm=SlurmConfig(nodes=2))
+    bad = {"n2": "lost", "n3": "failed twice"}
+
+    def supervisor(nodes: tuple[str, ...]) -> Supervisor:
+        return Supervisor(
+            RunPaths(tmp_path), cfg, _Nodes(nodes), Identity("42", "42", 1),  # type: ignore[arg-type]
+            env={},
+        )  # fmt: skip
+
+    assert supervisor(("n1", "n2", "n3"))._still_avoidable(bad) == {}
+    assert supervisor(("n1", "n2", "n3", "n4"))._still_avoidable({"n2": "lost"}) == {"n2": "lost"}
