@@ -291,7 +291,7 @@ def check(o: Outcome, *, short: bool) -> Targets:
     t.check("ETTR out of the queue", ettr_out_of_queue(o.goodput), ">=", 0.70 if short else 0.97,
             fmt=".3f")  # fmt: skip
     t.check("steps trained twice", float(o.goodput["redone_steps"]), "==", 0, fmt=".0f")
-    faulted = [a for a in o.attempts if a.cause is not None and a.cause.value in
+    faulted = [a for a in o.attempts if a.trained and a.cause is not None and a.cause.value in
                ("crash", "hang", "node_fail")]  # fmt: skip
     rescued = sum(1 for a in faulted if a.rescue is not None and a.rescue.checkpoint is not None)
     t.check("in-job faults with the survivor's save", rescued, "==", len(faulted), fmt=".0f")
