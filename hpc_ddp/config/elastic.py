@@ -19,8 +19,8 @@ another: they are reseeded from (``train.seed``, step, rank) (:data:`RESEEDED`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
+from hpc_ddp.config.frozen import dataclass
 from hpc_ddp.config.model import JobConfig, SlurmConfig
 from hpc_ddp.errors import ConfigError
 

@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import TYPE_CHECKING
 
-from hpc_ddp.config.elastic import SAMPLE_EXACT, Resize
 from hpc_ddp.config.model import JobConfig, SlurmConfig, TrainConfig
+
+if TYPE_CHECKING:  # a resize comes from a resume; a submit's preflight loads no elastic
+    from hpc_ddp.config.elastic import Resize
 
 DETERMINISTIC_ENV = (("CUBLAS_WORKSPACE_CONFIG", ":4096:8"),)
 """What ``train.deterministic`` sets in a task's environment (a value set by the user wins):
@@ -115,6 +118,8 @@ def resume_clause(before: JobConfig, after: JobConfig, resize: Resize | None = N
     message: ``bit-identical to an uninterrupted run (CPU)``; ``resize``: ``--elastic`` changes
     the world size; a key that shapes the schedule or the data changed (:func:`path_changes`):
     not comparable at all."""
+    from hpc_ddp.config.elastic import SAMPLE_EXACT
+
     changed = path_changes(before, after, resize)
     if changed:
         they = "it shapes" if len(changed) == 1 else "they shape"

@@ -8,7 +8,6 @@ derived from its dataclass type hint (see :mod:`hpc_ddp.config.schema`).
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from typing import Any
@@ -34,9 +33,11 @@ from hpc_ddp.errors import ConfigError
 
 __all__ = ["FIELD_CONVERTERS", "MAX_NAME_CHARS", "PAIR_KEYS"]
 
+# Patterns of values most jobs never set are compiled when first used (re caches them), not
+# on every import: the compiled ones are only the job name's.
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
-_IMPORT_RE = re.compile(rf"{_IDENT}(?:\.{_IDENT})*:{_IDENT}")
+_IMPORT = rf"{_IDENT}(?:\.{_IDENT})*:{_IDENT}"
 
 
 def _name(value: Any, key: str) -> str:
@@ -59,7 +60,7 @@ def _name(value: Any, key: str) -> str:
 
 def _import_string(value: Any, key: str) -> str:
     out = as_str(value, key)
-    if not _IMPORT_RE.fullmatch(out):
+    if not re.fullmatch(_IMPORT, out):
         raise Invalid(
             key,
             f"{short_repr(out)} is not an import string. HINT: write it as "
@@ -75,6 +76,8 @@ def _maybe_import(value: Any, key: str) -> str:
 
 def _command(value: Any, key: str) -> tuple[str, ...]:
     if isinstance(value, str):
+        import json  # only for this message: a submit that is right never pays for it
+
         try:
             argv = json.dumps(shlex.split(value))
         except ValueError:
@@ -117,7 +120,7 @@ def _mem(value: Any, key: str) -> str:
     return "0" if megabytes == 0 else str(value).strip()
 
 
-_PYTHON_RE = re.compile(r"[A-Za-z0-9_./+-]+")
+_PYTHON = r"[A-Za-z0-9_./+-]+"
 
 
 def _container_python(value: Any, key: str) -> str:
@@ -126,7 +129,7 @@ def _container_python(value: Any, key: str) -> str:
     It is rendered shell-quoted anyway; refusing anything else catches a pasted command line
     (``python3 -u``) or a value that would read as an option, with a clear message."""
     out = as_str(value, key)
-    if not _PYTHON_RE.fullmatch(out) or out.startswith("-") or out.endswith("/"):
+    if not re.fullmatch(_PYTHON, out) or out.startswith("-") or out.endswith("/"):
         raise Invalid(
             key,
             f"{short_repr(out)} is not an executable name or path. HINT: give the image's "
@@ -216,7 +219,7 @@ def _num_workers(value: Any, key: str) -> int | str:
     return count
 
 
-_METRIC = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]*")
+_METRIC = r"[A-Za-z_][A-Za-z0-9_./-]*"
 _NOT_METRICS = frozenset({"step", "epoch", "time"})
 """Keys of a metrics row that say when, never how good."""
 
@@ -224,7 +227,7 @@ _NOT_METRICS = frozenset({"step", "epoch", "time"})
 def _metric_name(value: Any, key: str) -> str:
     """The name of a metric a ``s.log(...)`` row carries (``val_loss``)."""
     name = as_str(value, key)
-    if name in _NOT_METRICS or not _METRIC.fullmatch(name):
+    if name in _NOT_METRICS or not re.fullmatch(_METRIC, name):
         raise Invalid(
             key,
             f"{short_repr(name)} is not a metric a checkpoint can be ranked by. HINT: name a "

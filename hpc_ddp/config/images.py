@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
+from hpc_ddp.config.frozen import dataclass
 from hpc_ddp.config.loginnode import LoginNode
 from hpc_ddp.config.model import ContainerConfig
 

@@ -11,12 +11,14 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
+
+from hpc_ddp.config.frozen import dataclass
 
 __all__ = ["LoginNode", "expand_path", "installed_torchvision", "this_machine", "unset_vars"]
 
-_VAR = re.compile(r"\$(\w+|\{[^}]*\})", re.ASCII)
+_VAR = r"\$(\w+|\{[^}]*\})"  # with re.ASCII; compiled at first use (re caches it)
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ def expand_path(value: str, env: Mapping[str, str]) -> str:
         name = match.group(1).removeprefix("{").removesuffix("}")
         return env.get(name, match.group(0))
 
-    return _VAR.sub(lookup, value)
+    return re.sub(_VAR, lookup, value, flags=re.ASCII)
 
 
 def installed_torchvision() -> tuple[int, int] | None:
@@ -88,4 +90,4 @@ def _version(text: str) -> tuple[int, int] | None:
 
 def unset_vars(expanded: str) -> list[str]:
     """The ``$NAME``/``${NAME}`` references an :func:`expand_path` result still holds."""
-    return sorted({m.group(0) for m in _VAR.finditer(expanded)})
+    return sorted({m.group(0) for m in re.finditer(_VAR, expanded, re.ASCII)})

@@ -30,10 +30,11 @@ YAML layout (every key optional except where noted)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import cached_property
 from typing import Literal
 
+from hpc_ddp.config.frozen import dataclass
 from hpc_ddp.config.params import Params
 from hpc_ddp.config.units import parse_slurm_time
 

@@ -65,8 +65,9 @@ _FLAG_OWNERS = {flag[:i]: flag for flag in _REFUSED_FLAGS for i in range(1, len(
 _FLAG_OWNERS.update({flag: flag for flag in _REFUSED_FLAGS})
 for _flag in _PREFIX_FLAGS:
     _FLAG_OWNERS.pop(_flag, None)
-_FLAG_RE = re.compile(r"[a-z][a-z0-9-]*")
-_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Compiled at first use (re caches them): most jobs set neither mapping.
+_FLAG = r"[a-z][a-z0-9-]*"
+_ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _CONTROLLED_VARS = frozenset(
     {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"}
 )
@@ -109,7 +110,7 @@ def extra_flags(value: Any, key: str) -> tuple[tuple[str, str | None], ...]:
     for flag, flag_value in _pairs(value, key).items():
         _check_name_length(flag, key)
         where = f"{key}.{flag}"
-        if not isinstance(flag, str) or not _FLAG_RE.fullmatch(flag):
+        if not isinstance(flag, str) or not re.fullmatch(_FLAG, flag):
             bare = str(flag).lstrip("-")
             hint = (
                 f"write it without leading dashes: '{bare}'"
@@ -137,7 +138,7 @@ def env_vars(value: Any, key: str) -> tuple[tuple[str, str], ...]:
     for name, var_value in _pairs(value, key).items():
         _check_name_length(name, key)
         where = f"{key}.{name}"
-        if not isinstance(name, str) or not _ENV_NAME_RE.fullmatch(name):
+        if not isinstance(name, str) or not re.fullmatch(_ENV_NAME, name):
             raise Invalid(
                 where,
                 f"{short_repr(name)} is not a valid environment variable name. HINT: use "

@@ -26,9 +26,9 @@ from hpc_ddp.config.values import MAX_NAME_CHARS, Invalid, check_chars, describe
 TREE_KEYS = frozenset({"params"})
 """Keys whose sub-keys are free names, any depth (``params.opt.lr``), unlike the schema's."""
 
-_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+_NAME = r"[A-Za-z_][A-Za-z0-9_-]*"  # compiled at first use (re caches it): few jobs have params
 # An escaped placeholder, a placeholder, or the start of a malformed one.
-_PLACEHOLDER_RE = re.compile(r"\{\{params\.([^{}]*)\}\}|\{params\.([^{}]*)\}|\{params\.")
+_PLACEHOLDER = r"\{\{params\.([^{}]*)\}\}|\{params\.([^{}]*)\}|\{params\."
 
 
 class Params(Mapping[str, object]):
@@ -93,7 +93,7 @@ def _check_name(name: Any, key: str) -> None:
             f"the name {short_repr(name)} is over hpc-ddp's limit of {MAX_NAME_CHARS} "
             "characters for a param name. HINT: shorten it",
         )
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+    if not isinstance(name, str) or not re.fullmatch(_NAME, name):
         raise Invalid(
             key,
             f"{short_repr(name)} is not a valid param name. HINT: use letters, digits, '_' and "
@@ -148,7 +148,7 @@ def substitute(text: str, params: Params, key: str) -> str:
             )
         return param_text(_lookup(params, name, key))
 
-    return _PLACEHOLDER_RE.sub(replace, text)
+    return re.sub(_PLACEHOLDER, replace, text)
 
 
 def _lookup(params: Params, name: str, key: str) -> object:

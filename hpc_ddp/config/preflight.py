@@ -33,10 +33,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 from hpc_ddp.config.exactness import asks_for_gpus
-from hpc_ddp.config.images import check_charliecloud_image
+from hpc_ddp.config.frozen import dataclass
 from hpc_ddp.config.loginnode import LoginNode, expand_path, this_machine, unset_vars
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.pairs import CLUSTERS_REFUSAL, CLUSTERS_VARS
@@ -187,6 +186,8 @@ def _check_container(cfg: JobConfig, node: LoginNode, warnings: list[tuple[str, 
     container = cfg.env.container
     if container is None or container.runtime != "charliecloud":
         return
+    from hpc_ddp.config.images import check_charliecloud_image  # a Charliecloud job's only
+
     path_may_change = bool(cfg.env.modules or cfg.env.setup)
     chdir = dict(cfg.slurm.extra).get("chdir")
     workdir = node.cwd / expand_path(chdir, node.environ) if chdir else node.cwd

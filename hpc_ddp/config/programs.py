@@ -7,7 +7,6 @@ string (searched for, never imported), the program of ``command``, the script or
 from __future__ import annotations
 
 import importlib.machinery
-import importlib.util
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -22,7 +21,7 @@ __all__ = ["Missing", "check_command", "check_import", "find_module", "search_pa
 Missing = Callable[[str, str, str], None]
 """(key, what is missing, how to fix it): reports something not found on this machine."""
 
-_PYTHON_RE = re.compile(r"python[0-9.]*")
+_PYTHON = r"python[0-9.]*"  # compiled at first use (re caches it): a command job's only
 _OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "-Q"})  # python options whose value is the next arg
 
 
@@ -51,8 +50,10 @@ def find_module(name: str, search: Sequence[str], use_import_system: bool = True
     top, *rest = name.split(".")
     spec = importlib.machinery.PathFinder.find_spec(top, list(search))
     if spec is None and use_import_system:
+        from importlib.util import find_spec  # only past the search path: seldom needed
+
         try:  # editable installs and other finders on sys.meta_path; a top-level name is
-            spec = importlib.util.find_spec(top)  # looked up, never imported
+            spec = find_spec(top)  # looked up, never imported
         except (ImportError, ValueError):
             spec = None
     for part in rest:
@@ -69,7 +70,7 @@ def check_command(cfg: JobConfig, node: LoginNode, missing: Missing) -> None:
     # `python`/`python3` run the task's own interpreter (the one running hpc-ddp), not PATH's.
     if program not in PYTHON_NAMES and not _program_found(program, node, missing):
         return
-    if _PYTHON_RE.fullmatch(Path(program).name):
+    if re.fullmatch(_PYTHON, Path(program).name):
         _check_python_args(args, cfg, node, missing)
 
 

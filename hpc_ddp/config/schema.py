@@ -11,13 +11,15 @@ checked for combinations no single key can catch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
+import sys
 import types
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, Union, get_args, get_origin
 
-from hpc_ddp.config.elastic import range_problem
 from hpc_ddp.config.fields import FIELD_CONVERTERS
+from hpc_ddp.config.frozen import dataclass
 from hpc_ddp.config.model import JobConfig, SlurmConfig
 from hpc_ddp.config.pairs import PAIR_KEYS
 from hpc_ddp.config.params import PYTHON_NAMES, TREE_KEYS, Params, resolve_command
@@ -38,8 +40,10 @@ from hpc_ddp.config.values import (
 from hpc_ddp.errors import ConfigError
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True)
 class _Field:
+    """One key of a schema: its field, dotted key and converter, and its section's class."""
+
     name: str
     key: str
     convert: Converter
@@ -47,7 +51,7 @@ class _Field:
     section: type[Any] | None  # a nested config dataclass
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True)
 class Schema:
     """The keys of one root dataclass and its sections; build one with :func:`build_schema`."""
 
@@ -134,7 +138,7 @@ def build_schema(
     key_kinds: dict[str, str] = {}
 
     def register(cls: type[Any], prefix: str) -> None:
-        hints = get_type_hints(cls)
+        hints = _type_hints(cls)
         out = {}
         for f in dataclasses.fields(cls):
             key, tp = f"{prefix}{f.name}", hints[f.name]
@@ -160,6 +164,23 @@ def build_schema(
         root, fields, key_kinds, {k: tuple(v) for k, v in children.items()},
         required_hints, shape, check,
     )  # fmt: skip
+
+
+def _type_hints(cls: type[Any]) -> dict[str, Any]:
+    """``typing.get_type_hints(cls)`` for a dataclass's fields (the module's names first, then
+    the class's), each distinct annotation compiled once: a job's 89 fields have 28,
+    and get_type_hints compiles every one on every import."""
+    module = vars(sys.modules[cls.__module__])
+    namespace = dict(vars(cls))
+    return {
+        f.name: eval(_compiled(f.type), namespace, module) if isinstance(f.type, str) else f.type
+        for f in dataclasses.fields(cls)
+    }
+
+
+@functools.cache
+def _compiled(annotation: str) -> types.CodeType:
+    return compile(annotation, "<annotation>", "eval")
 
 
 def _none_is_empty(value: Any, key: str) -> Any:
@@ -299,7 +320,7 @@ def _check_combinations(cfg: JobConfig, placeholders: bool) -> None:
             )
 
 
-_LOCAL_RANK_ARG_RE = re.compile(r"--[A-Za-z][A-Za-z0-9_-]*")
+_LOCAL_RANK_ARG = r"--[A-Za-z][A-Za-z0-9_-]*"  # compiled at first use (re caches it)
 
 
 def _check_launcher(cfg: JobConfig) -> None:
@@ -307,7 +328,7 @@ def _check_launcher(cfg: JobConfig) -> None:
     job: torchrun starts a ``command`` once per node; the argument is one option name."""
     dist, slurm = cfg.dist, cfg.slurm
     arg = dist.local_rank_arg
-    if arg is not None and not _LOCAL_RANK_ARG_RE.fullmatch(arg):
+    if arg is not None and not re.fullmatch(_LOCAL_RANK_ARG, arg):
         raise Invalid(
             "dist.local_rank_arg",
             f"{short_repr(arg)} is not an option name. HINT: --local_rank (or --local-rank), "
@@ -358,6 +379,10 @@ def _check_launcher(cfg: JobConfig) -> None:
 
 def _check_range(cfg: JobConfig) -> None:
     """A ``slurm.min_nodes`` range must keep one global batch at every node count in it."""
+    if cfg.slurm.min_nodes is None:
+        return
+    from hpc_ddp.config.elastic import range_problem  # only for a range: most jobs have none
+
     problem = range_problem(cfg)
     if problem is not None:
         raise Invalid("slurm.min_nodes", problem)

@@ -13,9 +13,10 @@ from __future__ import annotations
 import math
 import reprlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal
 
+from hpc_ddp.config.frozen import dataclass
 from hpc_ddp.config.schema import Schema, build_schema
 from hpc_ddp.config.values import Invalid, as_int, bounded, check_chars, describe
 

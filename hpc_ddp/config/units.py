@@ -30,11 +30,12 @@ MAX_TIME_MINUTES = 0xFFFFFFFD
 MAX_MEM_MB = 2**63 - 1
 """Slurm keeps a memory size as 64-bit megabytes, its top bit a flag."""
 
-_MEM_RE = re.compile(r"([0-9]+)([KMGTkmgt]?)")
+# The memory patterns are compiled at first use (re caches them): most jobs set no slurm.mem.
+_MEM = r"([0-9]+)([KMGTkmgt]?)"
 _MEM_FACTOR_MB = {"": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
 _MEM_HINT_FORMS = "an integer number of megabytes or an integer with K, M, G or T (e.g. 16G, 4000M)"
-_MEM_WITH_B_RE = re.compile(r"([0-9]+)\s*([KMGTkmgt])i?[Bb]")
-_MEM_FRACTION_RE = re.compile(r"([0-9]*\.[0-9]+)\s*([KMGTkmgt]?)")
+_MEM_WITH_B = r"([0-9]+)\s*([KMGTkmgt])i?[Bb]"
+_MEM_FRACTION = r"([0-9]*\.[0-9]+)\s*([KMGTkmgt]?)"
 
 
 @functools.lru_cache(maxsize=256)  # pure; a sweep checks the same limit for every point
@@ -132,7 +133,7 @@ def parse_mem(text: str | int) -> int:
         raise ConfigError(
             f"invalid memory size {text!r}: it is negative. HINT: use {_MEM_HINT_FORMS}"
         )
-    match = _MEM_RE.fullmatch(raw)
+    match = re.fullmatch(_MEM, raw)
     if match is None:
         raise ConfigError(f"invalid memory size {text!r}. HINT: {_mem_fix(raw)}")
     number, unit = int(match.group(1)), match.group(2).upper()
@@ -152,13 +153,13 @@ def _short(text: str) -> str:
 
 
 def _mem_fix(raw: str) -> str:
-    if _MEM_RE.fullmatch("".join(raw.split())):
+    if re.fullmatch(_MEM, "".join(raw.split())):
         return f"write it without spaces: '{''.join(raw.split())}'"
-    with_b = _MEM_WITH_B_RE.fullmatch(raw)
+    with_b = re.fullmatch(_MEM_WITH_B, raw)
     if with_b:
         number, unit = with_b.groups()
         return f"Slurm's units are one letter and binary: write '{number}{unit.upper()}'"
-    fraction = _MEM_FRACTION_RE.fullmatch(raw)
+    fraction = re.fullmatch(_MEM_FRACTION, raw)
     if fraction:
         value, unit = float(fraction.group(1)), fraction.group(2).upper()
         if unit in ("", "M"):

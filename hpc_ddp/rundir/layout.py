@@ -110,7 +110,8 @@ LATEST_CHECKPOINT = "latest"
 """``checkpoints/latest``: names the newest checkpoint file, a hint for people and tools."""
 CHECKPOINT_TMP_PREFIX = ".tmp-"
 """Temp files of a checkpoint writer start with this, so that they never match ``step-*.pt``."""
-_CHECKPOINT_RE = re.compile(r"^step-(\d+)\.pt$")
+# Compiled at first use (re caches them): a submit lists no checkpoints.
+_CHECKPOINT = r"^step-(\d+)\.pt$"
 
 
 def checkpoint_name(step: int) -> str:
@@ -120,11 +121,11 @@ def checkpoint_name(step: int) -> str:
 
 def parse_checkpoint_name(name: str) -> int | None:
     """The step in a checkpoint file name, or None for any other file."""
-    m = _CHECKPOINT_RE.match(name)
+    m = re.match(_CHECKPOINT, name)
     return int(m.group(1)) if m else None
 
 
-_SHARDED_RE = re.compile(r"^step-(\d+)$")
+_SHARDED = r"^step-(\d+)$"
 SHARDED_RECORD = "digests.json"
 """Inside a sharded checkpoint's ``step-N/``: the digest record, written last (see
 :mod:`hpc_ddp.checkpoint.sharded`)."""
@@ -137,7 +138,7 @@ def sharded_checkpoint_name(step: int) -> str:
 
 def parse_sharded_checkpoint_name(name: str) -> int | None:
     """The step in a sharded checkpoint's directory name, or None for any other name."""
-    m = _SHARDED_RE.match(name)
+    m = re.match(_SHARDED, name)
     return int(m.group(1)) if m else None
 
 

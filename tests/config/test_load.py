@@ -408,6 +408,36 @@ def test_shipped_job_files_load_and_validate(job: str) -> None:
     assert job_config_from_dict(job_config_to_dict(cfg), "x") == cfg
 
 
+def test_loading_and_checking_a_plain_job_loads_only_what_it_uses() -> None:
+    """Every submit loads, validates and preflights its job: what a plain job does not use is
+    imported where it is used (issue 40 item 6): JSON (for an argv's error only), elastic (a
+    node range), the Charliecloud image checks, the import system's lookup (a module off the
+    search path) and difflib (a typo's hint)."""
+    probe = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "before = set(sys.modules)\n"
+        "from hpc_ddp.config.load import load_job_config\n"
+        "from hpc_ddp.config.preflight import preflight_job\n"
+        "preflight_job(load_job_config(Path(sys.argv[1])), 'job')\n"
+        "print(sorted(set(sys.modules) - before))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(JOBS / "quickstart.yaml")],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    loaded = set(out.strip().strip("[]").replace("'", "").split(", "))
+    assert "hpc_ddp.config.schema" in loaded
+    unused = {
+        "json",
+        "hpc_ddp.config.elastic",
+        "hpc_ddp.config.images",
+        "importlib.util",
+        "difflib",
+    }
+    assert not unused & loaded
+
+
 def test_shipped_gpu_example_runs_one_task_per_gpu_with_gpus_per_node() -> None:
     slurm = load_job_config(JOBS / "resnet18-cifar10.yaml").slurm
     assert slurm.gpus_per_task is None  # per-task isolation can cut NCCL P2P/NVLink
