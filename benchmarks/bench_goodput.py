@@ -111,7 +111,7 @@ def job_yaml(s: Schedule, *, cluster: bool) -> str:
         'env: {vars: {OMP_NUM_THREADS: "1"}}\n'
         "requeue: {max_requeues: 10}\n"
         "train: {model: mlp, dataset: 'tests.e2e_util:io_bound_synthetic', "
-        f"max_steps: {s.steps}, checkpoint_every: {s.checkpoint_every}, log_every: 50, "
+        f"max_steps: {s.steps}, checkpoint_every: {s.checkpoint_every}, log_every: 7, "
         "batch_size: 32, synthetic_samples: 4096, eval_every: 0}\n"
     )
 
@@ -137,7 +137,8 @@ def wait(what: str, probe: Callable[[], Any], timeout_s: float = 600.0) -> Any:
 
 
 def last_step(run_dir: Path) -> int:
-    """The newest step ``progress.json`` shows (0 before the first)."""
+    """The newest step ``progress.json`` shows (0 before the first; written every
+    ``train.log_every`` steps, 7 here, so that a fault seldom lands on a checkpoint's step)."""
     try:
         return int(json.loads((run_dir / "progress.json").read_text()).get("step") or 0)
     except (OSError, ValueError):
@@ -183,6 +184,24 @@ def job_field(job_id: str, field: str, env: Mapping[str, str]) -> str:
         check=False,
     ).stdout  # fmt: skip
     return next((f.split("=", 1)[1] for f in out.split() if f.startswith(f"{field}=")), "")
+
+
+DONE = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+
+
+def job_end(job_id: str, run_dir: Path, env: Mapping[str, str]) -> str | None:
+    """The job's final state once it has ended: Slurm's word, else (a controller that no longer
+    knows the job) the ledger's, whose last launch the supervisor stopped after."""
+    state = job_field(job_id, "JobState", env)
+    if state in DONE:
+        return state
+    if state:
+        return None
+    attempts = read_ledger(run_dir / "ledger.jsonl")
+    last = attempts[-1] if attempts else None
+    if last is None or last.next != "stop" or last.cause is None:
+        return None
+    return "COMPLETED" if last.cause.value == "finished" else "FAILED"
 
 
 def inject(
@@ -260,9 +279,8 @@ def run(s: Schedule, env: Mapping[str, str], state_dir: Path, tmp: Path) -> Outc
         injected.append((at, fault))
         print(f"  {time.strftime('%H:%M:%S')} step {fault.step}: {fault.kind} (rank {fault.rank})",
               flush=True)  # fmt: skip
-    done = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
-    wait(f"job {job_id} done", lambda: job_field(job_id, "JobState", env) in done, 3600)
-    state = job_field(job_id, "JobState", env)
+    done: Callable[[], str | None] = partial(job_end, job_id, run_dir, env)
+    state = str(wait(f"job {job_id} done", done, 3600))
     twin_out, _ = twin.communicate(timeout=3600)
     twin_dir = Path(json.loads(twin_out)["run_dir"]) if twin_out.strip() else tmp / "twin"
     row = json.loads(hpc("status", str(run_dir), "--json", "--goodput", env=env))["runs"][0]
