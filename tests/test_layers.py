@@ -50,8 +50,8 @@ class Layer:
 
 LAYERS: tuple[Layer, ...] = (
     Layer(
-        ("errors", "version", "exitcodes", "collector", "output"),
-        pure=("errors", "version", "exitcodes", "output"),
+        ("errors", "version", "exitcodes", "collector", "output", "frozen"),
+        pure=("errors", "version", "exitcodes", "output", "frozen"),
     ),
     Layer(("durable", "rundir.layout"), pure=("rundir.layout",)),
     Layer(("config",), pure=("config.*",), impure=("preflight", "loginnode", "programs", "images")),

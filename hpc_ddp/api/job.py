@@ -30,7 +30,7 @@ import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -38,6 +38,7 @@ from hpc_ddp.api.arguments import Overrides, override_args, path_arg
 from hpc_ddp.backends.registry import Registry, registry_of
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import ConfigError, RunFailedError, TargetError
+from hpc_ddp.frozen import dataclass
 from hpc_ddp.rundir.layout import MANIFEST_FILE, RunPaths
 from hpc_ddp.submission.submit import Launched, Prepared
 

@@ -22,11 +22,11 @@ through it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from hpc_ddp.config.model import JobConfig
+from hpc_ddp.frozen import dataclass
 from hpc_ddp.rundir.layout import Checkpoint, RunPaths
 
 if TYPE_CHECKING:  # types only: loading this module loads no reader of files, nor Slurm's parsers

@@ -17,10 +17,11 @@ A new backend adds its package under ``hpc_ddp/backends/`` and one entry to :dat
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpc_ddp.frozen import dataclass
 from hpc_ddp.rundir.layout import MANIFEST_FILE
 
 if TYPE_CHECKING:

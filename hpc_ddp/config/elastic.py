@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import math
 
-from hpc_ddp.config.frozen import dataclass
 from hpc_ddp.config.model import JobConfig, SlurmConfig
 from hpc_ddp.errors import ConfigError
+from hpc_ddp.frozen import dataclass
 
 SAMPLE_EXACT = "sample-exact, not bit-exact"
 """What a resume at another world size keeps (the resume's ``changed:`` lines, the ledger's

@@ -16,9 +16,9 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from hpc_ddp.config.frozen import dataclass
 from hpc_ddp.config.loginnode import LoginNode
 from hpc_ddp.config.model import ContainerConfig
+from hpc_ddp.frozen import dataclass
 
 __all__ = ["ImageFinding", "check_charliecloud_image"]
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import field
 from pathlib import Path
 
-from hpc_ddp.config.frozen import dataclass
+from hpc_ddp.frozen import dataclass
 
 __all__ = ["LoginNode", "expand_path", "installed_torchvision", "this_machine", "unset_vars"]
 

@@ -34,9 +34,9 @@ from dataclasses import field
 from functools import cached_property
 from typing import Literal
 
-from hpc_ddp.config.frozen import dataclass
 from hpc_ddp.config.params import Params
 from hpc_ddp.config.units import parse_slurm_time
+from hpc_ddp.frozen import dataclass
 
 ContainerRuntime = Literal["apptainer", "pyxis", "charliecloud"]
 Backend = Literal["auto", "gloo", "nccl"]

@@ -35,13 +35,13 @@ import logging
 from collections.abc import Iterable, Sequence
 
 from hpc_ddp.config.exactness import asks_for_gpus
-from hpc_ddp.config.frozen import dataclass
 from hpc_ddp.config.loginnode import LoginNode, expand_path, this_machine, unset_vars
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.pairs import CLUSTERS_REFUSAL, CLUSTERS_VARS
 from hpc_ddp.config.params import resolve_command
 from hpc_ddp.config.programs import Missing, check_command, check_import
 from hpc_ddp.errors import ConfigError
+from hpc_ddp.frozen import dataclass
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,6 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal, Union, get_args, get_origin
 
 from hpc_ddp.config.fields import FIELD_CONVERTERS
-from hpc_ddp.config.frozen import dataclass
 from hpc_ddp.config.model import JobConfig, SlurmConfig
 from hpc_ddp.config.pairs import PAIR_KEYS
 from hpc_ddp.config.params import PYTHON_NAMES, TREE_KEYS, Params, resolve_command
@@ -39,6 +38,7 @@ from hpc_ddp.config.values import (
     short_repr,
 )
 from hpc_ddp.errors import ConfigError
+from hpc_ddp.frozen import dataclass
 
 
 @dataclass(frozen=True)

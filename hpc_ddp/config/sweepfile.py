@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import field
 from typing import Any, Literal
 
-from hpc_ddp.config.frozen import dataclass
 from hpc_ddp.config.schema import Schema, build_schema
 from hpc_ddp.config.values import Invalid, as_int, bounded, check_chars, describe
+from hpc_ddp.frozen import dataclass
 
 MAX_SWEEP_POINTS = 10_000
 """Points in one sweep: Slurm's default ``MaxJobCount`` is 10,000 jobs, array tasks included,

@@ -45,8 +45,9 @@ writes its ``config.yaml`` from ``task_configs.jsonl`` before it reads it
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
+
+from hpc_ddp.frozen import dataclass
 
 MANIFEST_FILE = "manifest.json"
 """What was submitted, where and when: see :mod:`hpc_ddp.rundir.manifest`."""

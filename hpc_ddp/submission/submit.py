@@ -25,7 +25,6 @@ import os
 import shlex
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +34,7 @@ from hpc_ddp.config.load import dump_job_config
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import ConfigError, RunsDirError
+from hpc_ddp.frozen import dataclass
 from hpc_ddp.rundir.layout import RUNS_DIR_ENV, STAMP_FORMAT, RunPaths, run_dir_name
 
 if TYPE_CHECKING:

@@ -25,7 +25,6 @@ import importlib
 import re
 import shlex
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from hpc_ddp.backends.slurm.default_script import render_default_script
 from hpc_ddp.config.model import JobConfig, SlurmConfig
 from hpc_ddp.config.units import format_slurm_time
 from hpc_ddp.errors import RenderError
+from hpc_ddp.frozen import dataclass
 
 DEFAULT_TEMPLATE = "default.sbatch.j2"
 

@@ -1,5 +1,7 @@
 """Frozen dataclasses made without compiling code: ``@dataclass(frozen=True)`` for the config
-model and the values derived from it, as the standard library's, cheaper to define. Pure.
+model, the values derived from it and the rest of what ``submit --dry-run`` defines (the run
+directory's paths, a backend's plan, the rendered script's context), as the standard
+library's, cheaper to define. Pure, and it imports nothing of hpc_ddp: the bottom layer.
 
 The standard library writes a dataclass's ``__init__``, ``__repr__``, ``__eq__``, ``__hash__``,
 ``__setattr__`` and ``__delattr__`` as source text and compiles it when the class is defined,
@@ -49,13 +51,13 @@ else:
     def dataclass(cls: type[Any] | None = None, /, *, frozen: bool = False) -> Any:
         """``@dataclass(frozen=True)``, as the standard library's (see the module docstring)."""
         if not frozen:
-            raise TypeError("hpc_ddp.config.frozen makes frozen dataclasses: pass frozen=True")
+            raise TypeError("hpc_ddp.frozen makes frozen dataclasses: pass frozen=True")
         return _make if cls is None else _make(cls)
 
 
 def _refuse(cls: type[Any], what: str) -> TypeError:
     return TypeError(
-        f"{cls.__qualname__}: {what}, which hpc_ddp.config.frozen does not make. HINT: use "
+        f"{cls.__qualname__}: {what}, which hpc_ddp.frozen does not make. HINT: use "
         "dataclasses.dataclass(frozen=True) for this class"
     )
 
