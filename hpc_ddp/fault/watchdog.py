@@ -288,8 +288,6 @@ class Watchdog:
         known and before the process ends; the beat says ``rescue`` meanwhile, so that the
         supervisor does not end the launch under it."""
         self._gone = threading.Event()
-        self.leaving = False
-        """Set once this process leaves for a fault (the thread ends it when done)."""
         self._clock, self._mono, self._exit = clock, mono, exit
         self.started = clock()
         self.step = 0
@@ -306,14 +304,19 @@ class Watchdog:
         self._error: str | None = None
         self._frozen: float | None = None
         self._fault: FaultRecord | None = None
-        self._peers = sorted({(me.rank + d) % me.world for d in (1, 2)} - {me.rank})
+        self._peers = ring_peers(me)
         self._watch = StaleWatch()
         self._stop = threading.Event()
-        self._leaving = False
         self._lock = threading.Lock()  # one way out, even if the main thread leaves too
         self._child_stopped: float | None = None
         self._left_seen: float | None = None
         self._thread = threading.Thread(target=self._run, name="hpc-ddp-watchdog", daemon=True)
+
+    @property
+    def leaving(self) -> bool:
+        """This process is leaving for a fault (the thread ends it when done): the one way
+        out is taken, and never given back."""
+        return self._lock.locked()
 
     # --- the main thread's side: plain stores, no I/O ---------------------------------------
 
@@ -555,7 +558,6 @@ class Watchdog:
     def _leave(self, record: FaultRecord, *, declared: bool) -> None:
         if not self._lock.acquire(blocking=False):
             return  # already leaving
-        self.leaving = True
         self._stop.set()
         self._fault = record
         self._state = FAULT
@@ -624,6 +626,11 @@ class Watchdog:
             sys.stderr.flush()
 
 
+def ring_peers(me: Identity) -> list[int]:
+    """The two ranks after ``me`` in the ring (fewer in a smaller world): whose beats it reads."""
+    return sorted({(me.rank + d) % me.world for d in (1, 2)} - {me.rank})
+
+
 def declared_fault(
     launch: LaunchPaths, peers: Sequence[int], supervised: bool, since: float
 ) -> FaultRecord | None:
@@ -666,7 +673,7 @@ class FaultListener:
         self.cfg, self.launch, self.me, self.supervised = cfg, launch, me, supervised
         self.on_fault: Callable[[FaultRecord], bool] | None = None
         self._exit = exit
-        self._peers = sorted({(me.rank + d) % me.world for d in (1, 2)} - {me.rank})
+        self._peers = ring_peers(me)
         self._since = time.time()
         self._gone = threading.Event()
         self._thread: threading.Thread | None = None
