@@ -38,12 +38,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.cluster import rank_pids
 from benchmarks.common import BIN, REPO, Targets
 from hpc_ddp.devcluster import cluster as devcluster
 from hpc_ddp.errors import HpcDdpError
@@ -114,22 +116,8 @@ def _wait(what: str, probe, timeout_s: float = 300.0):  # type: ignore[no-untype
 
 
 def _rank_pid(job_id: str, rank: int) -> int | None:
-    want = {f"SLURM_JOB_ID={job_id}", f"SLURM_PROCID={rank}", "HPC_DDP_LAUNCH=0"}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            if b"hpc_ddp" not in b" ".join(argv) or argv[0].endswith(b"srun"):
-                continue
-            env = {
-                e.decode(errors="replace") for e in (entry / "environ").read_bytes().split(b"\0")
-            }
-        except OSError:
-            continue
-        if want <= env and b"run" in argv:
-            return int(entry.name)
-    return None
+    pids = rank_pids(job_id, rank, launch=0)
+    return pids[0] if pids else None
 
 
 def _job_state(job_id: str, env: dict[str, str]) -> str:
@@ -155,9 +143,9 @@ def _finish(job_id: str, env: dict[str, str]) -> str:
     return _job_state(job_id, env)
 
 
-def final_weights(run_dir: Path, env: dict[str, str]) -> str:
+def final_weights(run_dir: Path, env: Mapping[str, str]) -> str:
     """The newest checkpoint's weights digest, as ``hpc-ddp checkpoints`` reports it."""
-    rows = json.loads(_hpc("checkpoints", str(run_dir), "--json", env=env))["checkpoints"]
+    rows = json.loads(_hpc("checkpoints", str(run_dir), "--json", env=dict(env)))["checkpoints"]
     return str(rows[-1]["weights_digest"]) if rows else "none"
 
 

@@ -51,6 +51,8 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.bench_faults import final_weights
+from benchmarks.cluster import poll, rank_pids
 from benchmarks.common import BIN, REPO, Targets
 from hpc_ddp.devcluster import cluster as devcluster
 from hpc_ddp.errors import HpcDdpError
@@ -127,13 +129,8 @@ def hpc(*args: str, env: Mapping[str, str]) -> str:
 
 
 def wait(what: str, probe: Callable[[], Any], timeout_s: float = 600.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise RuntimeError(f"not seen within {timeout_s:.0f} s: {what}")
+    """:func:`benchmarks.cluster.poll` every 0.1 s."""
+    return poll(what, probe, timeout_s, every_s=0.1)
 
 
 def last_step(run_dir: Path) -> int:
@@ -158,24 +155,17 @@ def _launch_ends(run_dir: Path) -> int:
 
 
 def rank_pid(job_id: str, rank: int) -> int | None:
-    """The newest ``hpc_ddp run`` process of ``rank`` in job ``job_id`` (any launch)."""
-    found: list[int] = []
-    want = {f"SLURM_JOB_ID={job_id}", f"SLURM_PROCID={rank}"}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            if b"hpc_ddp" not in b" ".join(argv) or argv[0].endswith(b"srun"):
-                continue
-            env = {
-                e.decode(errors="replace") for e in (entry / "environ").read_bytes().split(b"\0")
-            }
-        except OSError:
-            continue
-        if want <= env and b"run" in argv and (entry / "stat").read_text().split()[2] != "T":
-            found.append(int(entry.name))
-    return max(found) if found else None
+    """The newest ``hpc_ddp run`` process of ``rank`` in job ``job_id`` (any launch) that is
+    not stopped (a rank an earlier fault froze may linger until its launch is ended)."""
+    running = [p for p in rank_pids(job_id, rank) if _state(p) not in ("T", None)]
+    return max(running) if running else None
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return None
 
 
 def job_field(job_id: str, field: str, env: Mapping[str, str]) -> str:
@@ -251,11 +241,6 @@ class Outcome:
     attempts: tuple[Attempt, ...]
     weights: str
     twin: str
-
-
-def final_weights(run_dir: Path, env: Mapping[str, str]) -> str:
-    rows = json.loads(hpc("checkpoints", str(run_dir), "--json", env=env))["checkpoints"]
-    return str(rows[-1]["weights_digest"]) if rows else "none"
 
 
 def run(s: Schedule, env: Mapping[str, str], state_dir: Path, tmp: Path) -> Outcome:

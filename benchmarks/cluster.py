@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 from benchmarks.common import BIN
@@ -72,6 +73,28 @@ def poll(what: str, probe: Callable[[], T | None], timeout_s: float, every_s: fl
             return value
         time.sleep(every_s)
     raise RuntimeError(f"not seen within {timeout_s:.0f} s: {what}")
+
+
+def rank_pids(job_id: str, rank: int, *, launch: int | None = None) -> list[int]:
+    """The ``hpc_ddp run`` processes of ``rank`` in job ``job_id`` (of launch ``launch`` only,
+    when given), in pid order, read from ``/proc``."""
+    want = {f"SLURM_JOB_ID={job_id}", f"SLURM_PROCID={rank}"}
+    if launch is not None:
+        want.add(f"HPC_DDP_LAUNCH={launch}")
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if b"hpc_ddp" not in b" ".join(argv) or argv[0].endswith(b"srun"):
+                continue
+            raw = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if want <= {e.decode(errors="replace") for e in raw} and b"run" in argv:
+            found.append(int(entry.name))
+    return sorted(found)
 
 
 def state_of(fields: dict[str, str]) -> JobState:
