@@ -158,7 +158,7 @@ def rank_pid(job_id: str, rank: int) -> int | None:
     """The newest ``hpc_ddp run`` process of ``rank`` in job ``job_id`` (any launch) that is
     not stopped (a rank an earlier fault froze may linger until its launch is ended)."""
     running = [p for p in rank_pids(job_id, rank) if _state(p) not in ("T", None)]
-    return max(running) if running else None
+    return running[-1] if running else None
 
 
 def _state(pid: int) -> str | None:
@@ -252,20 +252,43 @@ def run(s: Schedule, env: Mapping[str, str], state_dir: Path, tmp: Path) -> Outc
          "--runs-dir", str(tmp / "twin"), "--json"],
         cwd=REPO, env=twin_env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip
+    try:
+        return _faulted(s, env, state_dir, tmp, twin, twin_env)
+    finally:  # a failed or timed-out run leaves neither its twin nor its job behind
+        if twin.poll() is None:
+            for started in (tmp / "twin").glob("*/manifest.json"):
+                subprocess.run([str(BIN / "hpc-ddp"), "cancel", str(started.parent)], cwd=REPO,
+                               env=twin_env, capture_output=True, check=False)  # fmt: skip
+            twin.kill()
+        twin.wait()
+
+
+def _faulted(
+    s: Schedule,
+    env: Mapping[str, str],
+    state_dir: Path,
+    tmp: Path,
+    twin: subprocess.Popen[str],
+    twin_env: Mapping[str, str],
+) -> Outcome:
     (tmp / "job.yaml").write_text(job_yaml(s, cluster=True))
     out = json.loads(hpc("submit", str(tmp / "job.yaml"), "--runs-dir", str(tmp / "runs"),
                          "--json", env=env))  # fmt: skip
     job_id, run_dir = str(out["job_id"]), Path(out["run_dir"])
-    injected = []
-    for fault in s.faults:
-        reached: Callable[[], bool] = partial(_reached, run_dir, fault.step)
-        wait(f"step {fault.step}", reached, 1800)
-        at = inject(fault, job_id, run_dir, env, state_dir)
-        injected.append((at, fault))
-        print(f"  {time.strftime('%H:%M:%S')} step {fault.step}: {fault.kind} (rank {fault.rank})",
-              flush=True)  # fmt: skip
-    done: Callable[[], str | None] = partial(job_end, job_id, run_dir, env)
-    state = str(wait(f"job {job_id} done", done, 3600))
+    try:
+        injected = []
+        for fault in s.faults:
+            reached: Callable[[], bool] = partial(_reached, run_dir, fault.step)
+            wait(f"step {fault.step}", reached, 1800)
+            at = inject(fault, job_id, run_dir, env, state_dir)
+            injected.append((at, fault))
+            print(f"  {time.strftime('%H:%M:%S')} step {fault.step}: {fault.kind} "
+                  f"(rank {fault.rank})", flush=True)  # fmt: skip
+        done: Callable[[], str | None] = partial(job_end, job_id, run_dir, env)
+        state = str(wait(f"job {job_id} done", done, 3600))
+    except BaseException:
+        subprocess.run(["scancel", job_id], env=dict(env), capture_output=True, check=False)
+        raise
     twin_out, _ = twin.communicate(timeout=3600)
     twin_dir = Path(json.loads(twin_out)["run_dir"]) if twin_out.strip() else tmp / "twin"
     row = json.loads(hpc("status", str(run_dir), "--json", "--goodput", env=env))["runs"][0]

@@ -77,7 +77,13 @@ def poll(what: str, probe: Callable[[], T | None], timeout_s: float, every_s: fl
 
 def rank_pids(job_id: str, rank: int, *, launch: int | None = None) -> list[int]:
     """The ``hpc_ddp run`` processes of ``rank`` in job ``job_id`` (of launch ``launch`` only,
-    when given), in pid order, read from ``/proc``."""
+    when given), oldest first, read from ``/proc``.
+
+    The verb is the word after ``hpc_ddp`` (or ``hpc-ddp``): the batch step's supervisor has the
+    same ``SLURM_PROCID=0`` and names ``run`` later in its srun command line (and that srun
+    itself is left out). Oldest by start
+    time, not by pid: pids wrap around on a machine that has run for a while.
+    """
     want = {f"SLURM_JOB_ID={job_id}", f"SLURM_PROCID={rank}"}
     if launch is not None:
         want.add(f"HPC_DDP_LAUNCH={launch}")
@@ -87,14 +93,23 @@ def rank_pids(job_id: str, rank: int, *, launch: int | None = None) -> list[int]
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-            if b"hpc_ddp" not in b" ".join(argv) or argv[0].endswith(b"srun"):
+            if _verb(argv) != b"run" or argv[0].endswith(b"srun"):  # srun: the supervisor's
                 continue
             raw = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
+            started = int((entry / "stat").read_text().rsplit(")", 1)[-1].split()[19])
+        except (OSError, IndexError, ValueError):
             continue
-        if want <= {e.decode(errors="replace") for e in raw} and b"run" in argv:
-            found.append(int(entry.name))
-    return sorted(found)
+        if want <= {e.decode(errors="replace") for e in raw}:
+            found.append((started, int(entry.name)))
+    return [pid for _, pid in sorted(found)]
+
+
+def _verb(argv: list[bytes]) -> bytes | None:
+    """``run`` of ``python -m hpc_ddp run DIR`` or ``.../hpc-ddp run DIR``; None for others."""
+    for i, word in enumerate(argv[:-1]):
+        if word == b"hpc_ddp" or word.rsplit(b"/", 1)[-1] == b"hpc-ddp":
+            return argv[i + 1]
+    return None
 
 
 def state_of(fields: dict[str, str]) -> JobState:

@@ -293,6 +293,7 @@ FIELD_CONVERTERS: dict[str, Converter] = {
     "slurm.spare_nodes": bounded(as_int, 0, MAX_NODES, "0 runs without spare nodes"),
     "fault.beat_s": bounded(as_float, 0.1, 60, "beat every 0.1 to 60 s (1 is the default)"),
     "fault.stale_s": bounded(as_float, 0.3),
+    "fault.startup_stale_s": bounded(as_float, 0.3),
     "fault.startup_timeout_s": bounded(as_int, 1),
     "fault.step_timeout_s": bounded(as_int, 1),
     "fault.step_timeout_factor": bounded(as_float, 1, hint="use 1 or more (10 is the default)"),

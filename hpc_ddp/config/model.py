@@ -22,9 +22,9 @@ YAML layout (every key optional except where noted)::
               checkpoint_every, keep_last, keep_best: {metric, mode}, eval_every, log_every,
               num_workers, deterministic}
     requeue: {signal, lead_time, max_requeues, on_crash}
-    fault:   {enabled, beat_s, stale_s, startup_timeout_s, step_timeout_s, step_timeout_factor,
-              warmup_steps, checkpoint_timeout_s, max_restarts, no_progress_limit,
-              rescue, exclude_bad_nodes}
+    fault:   {enabled, beat_s, stale_s, startup_stale_s, startup_timeout_s, step_timeout_s,
+              step_timeout_factor, warmup_steps, checkpoint_timeout_s, max_restarts,
+              no_progress_limit, rescue, exclude_bad_nodes}
     params:  {name: value, ...}   # free-form: your script's own values (see config.params)
 """
 
@@ -317,6 +317,10 @@ class FaultConfig:
     """A peer whose heartbeat has not changed for this long is frozen, killed or cut off: the
     step ends and the peer is named. At least 3 beats. On NFS with long attribute caching,
     raise it (or mount the run directory with ``actimeo=1``)."""
+    startup_stale_s: float = 30.0
+    """``stale_s`` for a peer still starting (before its first step): loading torch's libraries
+    from a shared file system or initialising CUDA holds the GIL in C for seconds, and stops the
+    heartbeat of a rank that is not hung. The longer of the two applies."""
     startup_timeout_s: int = 900
     """Longest start-up: launch to the first steps (imports, rendezvous, restoring the
     checkpoint). More than ``dist.timeout_s``."""

@@ -308,15 +308,22 @@ class StaleWatch:
     earlier launch (or a file made before the peer started) never does, and is covered by the
     start-up deadline instead. Times are the observer's (``now`` passed in), so the clocks of
     other nodes never matter.
+
+    A peer whose last beat says it is still starting is given ``startup_stale_s`` rather than
+    ``stale_s``: start-up holds the GIL inside C for seconds at a time (an extension's
+    ``dlopen`` from a shared file system, CUDA's initialisation), which stops the beat thread
+    of a rank that is not hung. A busy 2-core machine showed ``import torch`` doing so for 4 s.
     """
 
     def __init__(self) -> None:
         self._seen: dict[int, tuple[int, float, bool]] = {}
+        self._starting: dict[int, bool] = {}
 
     def observe(self, rank: int, beat: Beat | None, now: float) -> None:
         """Note what rank ``rank``'s beat says at ``now`` (None: unreadable, no news)."""
         if beat is None:
             return
+        self._starting[rank] = beat.state == STARTING
         seq, since, alive = self._seen.get(rank, (beat.seq, now, False))
         if beat.seq != seq:
             self._seen[rank] = (beat.seq, now, True)
@@ -330,9 +337,21 @@ class StaleWatch:
             return None
         return now - seq_since[1]
 
-    def stale(self, ranks: Sequence[int], now: float, stale_s: float) -> list[int]:
-        """The ranks among ``ranks`` that have beaten and then been quiet for ``stale_s``."""
-        return [r for r in ranks if (q := self.quiet_for(r, now)) is not None and q >= stale_s]
+    def stale(
+        self, ranks: Sequence[int], now: float, stale_s: float, startup_stale_s: float = 0.0
+    ) -> list[int]:
+        """The ranks among ``ranks`` that have beaten and then been quiet for ``stale_s`` (for
+        ``startup_stale_s``, if longer, while their last beat said they were starting)."""
+        quiet = {r: self.quiet_for(r, now) for r in ranks}
+        return [
+            r
+            for r, q in quiet.items()
+            if q is not None and q >= self.limit(r, stale_s, startup_stale_s)
+        ]
+
+    def limit(self, rank: int, stale_s: float, startup_stale_s: float) -> float:
+        """How long ``rank`` may be quiet: ``stale_s``, or ``startup_stale_s`` while starting."""
+        return max(stale_s, startup_stale_s) if self._starting.get(rank, False) else stale_s
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,8 @@ class Detection:
     ) -> FaultRecord | None:
         """Ranks that stopped beating with nobody left to see it: silent while their peers
         lost the connection to them (and no word of their end came from their node: gone with
-        it), or quiet for ``fault.stale_s`` (a backstop for the ranks' own watchdogs)."""
+        it), or quiet for ``fault.stale_s`` (``fault.startup_stale_s`` while starting: a backstop
+        for the ranks' own watchdogs)."""
         fault = self.fault
         reported = {e.rank for e in ends}
         exited = {r for r, b in beats.items() if b is not None and b.exited}
@@ -148,7 +149,7 @@ class Detection:
                 "node_fail", "supervisor", now, tuple(gone), nodes, why, True, last
             )
             return self._claim(record)
-        stale = quiet.stale(candidates, mono, fault.stale_s)
+        stale = quiet.stale(candidates, mono, fault.stale_s, fault.startup_stale_s)
         if not stale:
             return None
         nodes = tuple(dict.fromkeys(b.node for r in stale if (b := beats.get(r)) is not None))

@@ -1,7 +1,7 @@
 """Every rank's watchdog: its heartbeat, its phase deadlines, its peers' beats, and the way out.
 
-One daemon thread per rank (``hpc-ddp-watchdog``), started by ``hpc-ddp run`` before torch is
-imported (or by a session of its own). Once per ``fault.beat_s`` it
+One daemon thread per rank (``hpc-ddp-watchdog``), started by ``hpc-ddp run`` once torch is
+imported, before the rendezvous (or by a session of its own). Once per ``fault.beat_s`` it
 
 1. rewrites this rank's beat (:mod:`hpc_ddp.fault.blame`: rank, node, step, phase, ``seq``)
    in place in ``RUN_DIR/launches/<key>/rank-<r>.beat``: one ``open``/``pwrite``/``close``, no
@@ -458,7 +458,7 @@ class Watchdog:
             self._watch.observe(peer, beats[peer], now)
         stale = [
             p
-            for p in self._watch.stale(self._peers, now, self.cfg.stale_s)
+            for p in self._watch.stale(self._peers, now, self.cfg.stale_s, self.cfg.startup_stale_s)
             if not ((b := beats.get(p)) is not None and b.exited)
         ]
         if stale:

@@ -9,9 +9,12 @@ that crashes (killed by a signal, or a non-zero exit that is not one of hpc-ddp'
 the session's crash path from here, ``requeue.on_crash`` included. A command that opened no
 session is judged by its exit status, which this process records in the ledger for it.
 
-With ``fault.enabled`` the rank's watchdog (:mod:`hpc_ddp.fault.watchdog`) starts here,
-before torch is imported, so that a rank stuck in its imports or its rendezvous is seen too;
-its last beat says how the task left. For a ``command:`` this process beats for its child.
+With ``fault.enabled`` the rank's watchdog (:mod:`hpc_ddp.fault.watchdog`) starts here, just
+after torch is imported (its C libraries load holding the GIL, which would stop the beat of a
+rank that is not hung) and before the rendezvous and the job's own code, so that a rank stuck
+in those is seen too (one stuck in its imports never beats: the supervisor's
+``fault.startup_timeout_s``); its last beat says how the task left. For a ``command:`` this
+process beats for its child.
 
 Before any of that, every task of every attempt checks that its job is the run's current job,
 the one ``manifest.json`` (a sweep task: the sweep's ``arrays.json``) records
@@ -629,6 +632,12 @@ def run_job(
     cfg = load_resolved_config(paths.config)
     dist = derive_dist_env(env, port=cfg.dist.port)  # once: everything below is given it
     _enter_code(cfg, run_dir, paths, env, dist)
+    _set_torch_env(cfg, env)
+    if not cfg.command:
+        # torch's C libraries load holding the GIL (seconds from a shared file system, 4 s on
+        # a busy machine): before the first beat, so the load counts against
+        # fault.startup_timeout_s like a rank that never started, not as a stopped heartbeat.
+        import hpc_ddp.sessions.session  # noqa: F401
     watchdog = _start_watchdog(cfg, paths, env, dist)
     try:
         code = _run(cfg, paths, env, dist, allocation)
@@ -661,6 +670,17 @@ def _enter_code(
             log.warning("cannot record which code this attempt runs: %s", exc)
 
 
+def _set_torch_env(cfg: JobConfig, env: Mapping[str, str]) -> None:
+    """What torch reads once, set before it is imported (here, or by a ``command:`` child that
+    inherits it)."""
+    # One intra-op thread per CPU Slurm gave this task, not one per core of the node (which
+    # oversubscribes a shared node and slows every rank).
+    os.environ.setdefault("OMP_NUM_THREADS", env.get("SLURM_CPUS_PER_TASK", "1"))
+    if cfg.train.deterministic:  # cuBLAS reads its workspace setting once, at its first call
+        for name, value in DETERMINISTIC_ENV:
+            os.environ.setdefault(name, value)
+
+
 def _start_watchdog(
     cfg: JobConfig, paths: RunPaths, env: Mapping[str, str], dist: DistEnv
 ) -> Watchdog | None:
@@ -679,12 +699,6 @@ def _run(
     allocation: Allocation | None,
 ) -> int:
     """The job itself: a command, an entry point or the built-in trainer."""
-    # Before torch is imported: one intra-op thread per CPU Slurm gave this task, not one per
-    # core of the node (which oversubscribes a shared node and slows every rank).
-    os.environ.setdefault("OMP_NUM_THREADS", env.get("SLURM_CPUS_PER_TASK", "1"))
-    if cfg.train.deterministic:  # cuBLAS reads its workspace setting once, at its first call
-        for name, value in DETERMINISTIC_ENV:
-            os.environ.setdefault(name, value)
     if cfg.command:
         collector.release()  # this process only waits on the command from here
         return run_command(cfg, paths, env, dist, allocation=allocation)

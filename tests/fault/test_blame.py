@@ -12,6 +12,7 @@ import pytest
 
 from hpc_ddp.exitcodes import FAULT_EXIT_CODE, PEER_FAULT_EXIT_CODE
 from hpc_ddp.fault.blame import (
+    ALIVE,
     BEAT_BYTES,
     EXITED,
     FAULT_KINDS,
@@ -91,6 +92,20 @@ def test_stale_counts_only_peers_seen_beating_by_the_observers_own_clock() -> No
     assert watch.stale([1], now=211.0, stale_s=10) == [1]
     watch.observe(1, beat(1, "n2", seq=9), now=212.0)
     assert watch.stale([1], now=212.0, stale_s=10) == []
+
+
+def test_a_peer_still_starting_may_be_quiet_for_startup_stale_s_and_then_only_stale_s() -> None:
+    # import torch held a busy machine's GIL for 4 s (the beat thread with it): not a hang
+    watch = StaleWatch()
+    watch.observe(1, beat(1, "n2", seq=1), now=100.0)
+    watch.observe(1, beat(1, "n2", seq=2), now=101.0)  # starting (the default state)
+    assert watch.stale([1], now=106.0, stale_s=4, startup_stale_s=30) == []
+    assert watch.stale([1], now=131.0, stale_s=4, startup_stale_s=30) == [1]
+    assert watch.stale([1], now=106.0, stale_s=4) == [1]  # no start-up allowance asked for
+    watch.observe(1, beat(1, "n2", seq=3, state=ALIVE), now=140.0)  # its first steps
+    assert watch.stale([1], now=144.0, stale_s=4, startup_stale_s=30) == [1]
+    assert watch.stale([1], now=143.0, stale_s=4, startup_stale_s=30) == []
+    assert watch.limit(1, stale_s=40, startup_stale_s=30) == 40  # the longer one applies
 
 
 # --- blame ---------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from hpc_ddp.config.model import FaultConfig
-from hpc_ddp.fault.blame import FaultRecord, StaleWatch, TaskEnd
+from hpc_ddp.fault.blame import ALIVE, Beat, FaultRecord, StaleWatch, TaskEnd
 from hpc_ddp.fault.detection import Detection
 from hpc_ddp.fault.supervisor import prepare_launch
 from hpc_ddp.rundir.layout import RunPaths
@@ -56,3 +56,35 @@ def test_an_exit_status_never_asks_the_node(tmp_path: Path) -> None:
     assert record is not None
     assert record.kind == "task_failed"
     assert asked == []  # the program's own exit says nothing of its node
+
+
+def test_a_rank_quiet_in_its_start_up_is_a_hang_only_after_startup_stale_s(tmp_path: Path) -> None:
+    launch = RunPaths(tmp_path).launch("42.0.0")
+    prepare_launch(launch, 2)
+    fault = FaultConfig(stale_s=4.0, startup_stale_s=30.0)
+    detection = Detection(launch, 2, fault, time.time, answers=lambda node: True)
+    quiet = StaleWatch()
+    beats = {
+        0: Beat(rank=0, node="n1", pid=10, seq=2, time=0.0, state=ALIVE),
+        1: Beat(rank=1, node="n2", pid=11, seq=2, time=0.0),  # still importing, say
+    }
+    for r, b in beats.items():
+        quiet.observe(r, Beat(rank=r, node=b.node, pid=b.pid, seq=1, time=0.0), 0.0)
+        quiet.observe(r, b, 1.0)
+
+    def beats_again(mono: float) -> None:  # rank 0 trains on
+        beats[0] = Beat(rank=0, node="n1", pid=10, seq=int(mono), time=0.0, state=ALIVE)
+        quiet.observe(0, beats[0], mono)
+
+    def find(mono: float) -> FaultRecord | None:
+        return detection.find(
+            lost=[], new_ends=[], ends=[], beats=beats, notes={}, quiet=quiet, mono=mono,
+            waited=mono,
+        )  # fmt: skip
+
+    beats_again(9.0)
+    assert find(10.0) is None  # 9 s quiet while starting: under startup_stale_s
+    beats_again(31.0)
+    record = find(31.5)
+    assert record is not None
+    assert (record.kind, record.ranks) == ("hang", (1,))
