@@ -24,7 +24,8 @@ YAML layout (every key optional except where noted)::
     requeue: {signal, lead_time, max_requeues, on_crash}
     fault:   {enabled, beat_s, stale_s, startup_stale_s, startup_timeout_s, step_timeout_s,
               step_timeout_factor, warmup_steps, checkpoint_timeout_s, max_restarts,
-              no_progress_limit, rescue, exclude_bad_nodes}
+              no_progress_limit, rescue, exclude_bad_nodes, lemon_nodes,
+              lemon_window_days}
     params:  {name: value, ...}   # free-form: your script's own values (see config.params)
 """
 
@@ -347,6 +348,13 @@ class FaultConfig:
     exclude_bad_nodes: bool = True
     """Leave out of the next launch (and ask a requeue to avoid) a node that was lost, that
     failed twice in a row, or whose rank failed while a spare node was free."""
+    lemon_nodes: bool = True
+    """Remember the nodes blamed for faults across runs, in the user's state directory
+    (``$XDG_STATE_HOME/hpc-ddp/nodes``), and leave out a "lemon" (lost, a hardware error, or
+    faults in 2 runs within ``lemon_window_days``): at submit (``--exclude``, while the
+    partition keeps enough nodes) and in the supervisor's launches. See ``hpc-ddp nodes``."""
+    lemon_window_days: float = 7.0
+    """How long a fault counts against its node in the lemon record."""
 
 
 @dataclass(frozen=True)

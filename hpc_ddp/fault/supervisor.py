@@ -314,7 +314,7 @@ class Supervisor:
 
     def run(self) -> int:
         """Launch until the job ends; the job's exit status."""
-        bad = self._still_avoidable(read_bad_nodes(self.paths, self.me.job_ref))
+        bad = self._with_lemons(self._still_avoidable(read_bad_nodes(self.paths, self.me.job_ref)))
         launch = 0
         overlap = False
         while True:
@@ -363,6 +363,73 @@ class Supervisor:
             ", ".join(sorted(bad)), len(healthy), needed,
         )  # fmt: skip
         return {}
+
+    # --- the lemon record (across runs) ----------------------------------------------------
+
+    def _with_lemons(self, bad: dict[str, str]) -> dict[str, str]:
+        """``bad`` and the lemon record's nodes in this allocation (:mod:`hpc_ddp.lemons`),
+        while it keeps enough others for a launch: Slurm may have given them to this job
+        (they became lemons while it waited, or the partition was too small to exclude them
+        at submit). A record that cannot be read only warns."""
+        if not self.cfg.fault.lemon_nodes:
+            return bad
+        from hpc_ddp.lemons.record import judge
+        from hpc_ddp.lemons.store import read_record, where
+
+        record = read_record(where(self.env))
+        for warning in record.warnings:
+            log.warning("supervisor: %s", warning)
+        window_s = self.cfg.fault.lemon_window_days * 86400
+        alloc = self.launcher.nodes()
+        lemons = {
+            x.node: f"lemon node: {x.reason}"
+            for x in judge(record.values, now=self._clock(), window_s=window_s)
+            if x.node in alloc and x.node not in bad
+        }
+        if not lemons:
+            return bad
+        needed = self.cfg.slurm.min_nodes or self.cfg.slurm.nodes
+        healthy = [n for n in alloc if n not in bad and n not in lemons]
+        if len(healthy) < needed:
+            log.warning(
+                "supervisor: lemon node(s) %s are in this allocation, which has %d other(s) of "
+                "the %d a launch needs: using them",
+                ", ".join(sorted(lemons)), len(healthy), needed,
+            )  # fmt: skip
+            return bad
+        for node, why in lemons.items():
+            log.warning("supervisor: leaving out %s (%s)", node, why)
+        return {**bad, **lemons}
+
+    def _remember(self, plan: Plan, finding: Finding, own_error: bool) -> None:
+        """Add the nodes a fault points at to the lemon record (a Slurm job's only: a local
+        run has one machine to avoid). A record that cannot be written only warns."""
+        if not self.cfg.fault.lemon_nodes or self.me.job_id is None:
+            return
+        from hpc_ddp.lemons.record import LemonEntry, entry_kind
+        from hpc_ddp.lemons.store import add_entry, where
+
+        blame = finding.blame
+        nodes = [n for n in dict.fromkeys(blame.nodes) if n and n != "?"]
+        kind = entry_kind(
+            finding.cause.value,
+            node_level=blame.node_level,
+            own_error=own_error,
+            singled_out=len(nodes) < plan.nodes,
+        )
+        if kind is None or not nodes:
+            return
+        run = recorded_run_id(self.paths) or str(self.paths.root)
+        when = blame.detected_at or self._clock()
+        for node in nodes:
+            entry = LemonEntry(
+                node, kind, finding.cause.value, blame.evidence, run, str(self.paths.root),
+                self.me.job_ref, when,
+            )  # fmt: skip
+            try:
+                add_entry(where(self.env), entry)
+            except OSError as exc:
+                log.warning("supervisor: cannot add %s to the lemon record: %s", node, exc)
 
     def _run_launch(self, plan: Plan) -> tuple[_Watch, float, LaunchPaths]:
         key = launch_key(self.me.tag or self.me.job_ref, self.me.restart, plan.launch)
@@ -576,6 +643,7 @@ class Supervisor:
             return self._refused(plan, launched_at, refused, reached, ckpt, bad)
         finding = self._blame(watch, beats, lpaths, entry)
         own_error = self._own_error(watch, finding)
+        self._remember(plan, finding, own_error)
         previous = self.ledger.previous_blame(attempts, plan.launch)
         alloc = self.launcher.nodes()
         spare = len([n for n in alloc if n not in bad]) - len(finding.blame.nodes) >= plan.nodes
