@@ -31,6 +31,7 @@ CHECKPOINTS_EXPORT = f"hpc-ddp.checkpoints-export/{SCHEMA_VERSION}"
 CANCEL = f"hpc-ddp.cancel/{SCHEMA_VERSION}"
 DOCTOR = f"hpc-ddp.doctor/{SCHEMA_VERSION}"
 DEV_CLUSTER = f"hpc-ddp.dev-cluster/{SCHEMA_VERSION}"
+NODES = f"hpc-ddp.nodes/{SCHEMA_VERSION}"
 ERROR = f"hpc-ddp.error/{SCHEMA_VERSION}"
 """What any verb's ``--json`` prints instead when it fails with an error of hpc-ddp's
 (:func:`error_document`)."""

@@ -244,6 +244,18 @@ TASK_ENV_KEYS = (
 
 
 @pytest.fixture(autouse=True)
+def _own_state_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """Every test gets an empty ``$XDG_STATE_HOME`` of its own (what the lemon record,
+    :mod:`hpc_ddp.lemons`, lives in), so that the developer's own record never excludes a
+    node from a golden script or a dry run, and no test's faults reach another's."""
+    state = tmp_path_factory.mktemp("xdg-state")
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    return state
+
+
+@pytest.fixture(autouse=True)
 def _no_task_env_leaks() -> Iterator[None]:
     """Put back, after every test, the task variables (``TASK_ENV_KEYS``, ``HPC_DDP_*`` but
     the user's own settings, ``SLURM_*`` but ``SLURM_CONF``) as they were before it."""

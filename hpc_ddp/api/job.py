@@ -45,7 +45,9 @@ from hpc_ddp.submission.submit import Launched, Prepared
 if TYPE_CHECKING:
     from hpc_ddp.api.cancel import CancelResult
     from hpc_ddp.api.status import RunStatus, SweepStatus
+    from hpc_ddp.backends.base import Backend
     from hpc_ddp.backends.registry import SlurmClient
+    from hpc_ddp.lemons.record import Exclusion
     from hpc_ddp.rundir.manifest import BackendName
     from hpc_ddp.submission.resume import ResumePlan
 
@@ -273,14 +275,25 @@ def plan_submit(
     planned_runs = runs_dir_from(None if runs_dir is None else str(runs_dir), os.environ)
     if cfg.command is not None:
         warn_of_leftovers(planned_runs, Path.cwd())
+    face = registry_of(backends, slurm).backend(chosen)
     return prepare(
         cfg,
-        backend=registry_of(backends, slurm).backend(chosen),
+        backend=face,
+        lemons=_lemons(cfg, face),
         config_path=config_path,
         runs_dir=planned_runs,
         python=sys.executable,
         invocation=invocation or ["hpc_ddp.submit", shown, *args],
     )
+
+
+def _lemons(cfg: JobConfig, face: Backend) -> Exclusion:
+    """The lemon nodes this submission leaves out (:mod:`hpc_ddp.lemons`)."""
+    import time
+
+    from hpc_ddp.submission.exclusion import lemon_exclusion
+
+    return lemon_exclusion(cfg, face, os.environ, time.time())
 
 
 def warn_of_leftovers(runs_dir: Path, workdir: Path) -> None:
@@ -347,6 +360,9 @@ def launch(
     if isinstance(planned, Prepared):
         from hpc_ddp.submission.submit import launch as launch_prepared
 
+        for line in planned.lemons.lines() if planned.lemons is not None else ():
+            log.warning("%s", line)
+
         launched = launch_prepared(_on(planned, registry))
     else:
         from hpc_ddp.submission.resume import resume as resume_planned
@@ -398,6 +414,8 @@ def dry_run_json(planned: Prepared | ResumePlan) -> dict[str, object]:
             shown["plan"] = plan.summary.removeprefix("# ")
         else:
             shown["script"] = plan.script
+        if planned.lemons is not None and planned.lemons.lemons:
+            shown["lemons"] = planned.lemons.to_dict()
         return shown
     prepared = planned.prepared
     shown = {

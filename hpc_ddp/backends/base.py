@@ -48,6 +48,9 @@ class PlanRequest:
     """The command that asked for the run, as one line (shown in a batch script's header)."""
     generated_at: str
     """When the plan was made (ISO 8601)."""
+    exclude: tuple[str, ...] = ()
+    """Nodes to ask Slurm to leave out (``--exclude``): the lemon record's
+    (:mod:`hpc_ddp.lemons`), where the partition keeps enough others."""
 
 
 @dataclass(frozen=True)
@@ -201,6 +204,13 @@ class Backend(Protocol):
 
     def startup_failure(self, run_dir: Path, job_id: str | None) -> str | None:
         """Why a job ended without a word in its ledger, as far as the backend can tell."""
+        ...
+
+    def partition_nodes(self, partition: str | None) -> tuple[str, list[str]] | None:
+        """(the partition, its nodes) a job of ``partition`` (None: the default one) may run
+        on, which a submission may leave lemons out of (:mod:`hpc_ddp.lemons`); None where
+        nodes cannot be left out (local runs). Raises :class:`~hpc_ddp.errors.BackendError`
+        when it cannot be asked."""
         ...
 
     def running(self, run_dir: Path, job_id: str | None, source: str) -> tuple[bool | None, str]:

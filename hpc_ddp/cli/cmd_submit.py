@@ -66,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
         print(prepared.plan.script or "", end="")
         print(prepared.plan.summary)
+        for line in prepared.lemons.lines() if prepared.lemons is not None else ():
+            print(f"# {line}")
         print(f"# run directory: {prepared.paths.root}")
         return 0
     if args.test_only:

@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "checkpoints": ("cmd_checkpoints", "list a run's checkpoints"),
     "sweep": ("cmd_sweep", "expand a sweep file into one Slurm job array and submit it"),
     "results": ("cmd_results", "gather every sweep task's metrics into one table"),
+    "nodes": ("cmd_nodes", "list the lemon record (nodes blamed for faults); --forget NODE"),
     "doctor": (
         "cmd_doctor",
         "check an allocation's nodes: software, GPUs, port, clock, disk, bandwidth",

@@ -38,6 +38,7 @@ from hpc_ddp.frozen import dataclass
 from hpc_ddp.rundir.layout import RUNS_DIR_ENV, STAMP_FORMAT, RunPaths, run_dir_name
 
 if TYPE_CHECKING:
+    from hpc_ddp.lemons.record import Exclusion
     from hpc_ddp.rundir.manifest import BackendName, Manifest
 
 # What only a start needs (the manifest's reader and writer, the run id) is imported where it
@@ -165,6 +166,9 @@ class Prepared:
     submit_dir: Path | None = None
     """Where the run was submitted from: a resume keeps the first submit's (its ``command:``
     runs there); None: this process's working directory."""
+    lemons: Exclusion | None = None
+    """The lemon record's nodes and what the submission does with them (``--exclude``);
+    None: the record was not asked."""
 
     @property
     def backend(self) -> BackendName:
@@ -192,20 +196,26 @@ def prepare(
     python: str,
     invocation: Sequence[str],
     now: datetime | None = None,
+    lemons: Exclusion | None = None,
 ) -> Prepared:
     """Everything a run of ``cfg`` on ``backend`` (its login face, from the registry) will
     write and run, for a new run directory
     path (:meth:`~hpc_ddp.backends.base.Backend.plan`: on Slurm the script and the sbatch
     command; locally, only the checks that the machine can run it). Asks Slurm nothing (a dry
-    run needs no Slurm client)."""
+    run needs no Slurm client). ``lemons``: the nodes it leaves out, decided before
+    (:func:`~hpc_ddp.submission.exclusion.lemon_exclusion`, which may ask Slurm)."""
     now = now or datetime.now(timezone.utc)
     base = runs_dir.resolve()
     stamp = stamp_of(now)
     paths = RunPaths(new_run_dir(base, cfg.name, stamp))
     invocation_text = shlex.join(invocation)
-    request = PlanRequest(python, config_path, invocation_text, now.isoformat(timespec="seconds"))
+    exclude = lemons.nodes if lemons is not None else ()
+    generated = now.isoformat(timespec="seconds")
+    request = PlanRequest(python, config_path, invocation_text, generated, exclude)
     plan = backend.plan(cfg, paths, request)
-    return Prepared(cfg, backend, paths, plan, invocation_text, str(config_path), base, stamp)
+    return Prepared(
+        cfg, backend, paths, plan, invocation_text, str(config_path), base, stamp, lemons=lemons
+    )
 
 
 def relocate(prepared: Prepared, run_dir: Path) -> Prepared:

@@ -267,6 +267,7 @@ FAILING_JSON = {
     "cancel": ["cancel", "/nonexistent/run", "--json"],
     "checkpoints": ["checkpoints", "/nonexistent/run", "--json"],
     "doctor": ["doctor", "/nonexistent/job.yaml", "--json"],
+    "nodes": ["nodes", "--forget", "a b", "--json"],
     "dev-cluster": [
         "dev-cluster",
         "up",

@@ -137,6 +137,11 @@ class LocalBackend:
         moment before its processes have exited."""
         return not local_alive(run_dir, job_id)
 
+    def partition_nodes(self, partition: str | None) -> tuple[str, list[str]] | None:
+        """None: a local run has this machine alone, no node to leave out."""
+        del partition
+        return None
+
     def startup_failure(self, run_dir: Path, job_id: str | None) -> str | None:
         """What its tasks reported in their result files (exactly, per rank), else the lowest
         rank whose ``rank-N.err`` ends in an error (no launcher of its own writes a log)."""

@@ -81,6 +81,7 @@ class SlurmBackend:
             submit_command=f"{request.invocation}  ->  {shlex.join(argv)}",
             generated_at=request.generated_at,
             version=__version__,
+            exclude=request.exclude,
         )
         script = render_sbatch(cfg, ctx, template_text=template)
         summary = f"# backend: slurm; would run: {' '.join(argv)}"
@@ -118,6 +119,16 @@ class SlurmBackend:
         """squeue's rows of the jobs it still holds
         (:meth:`~hpc_ddp.backends.slurm.client.SlurmClient.job_states`)."""
         return self.client.job_states(job_ids)
+
+    def partition_nodes(self, partition: str | None) -> tuple[str, list[str]] | None:
+        """(the partition, its nodes): ``partition``, else the cluster's default one
+        (:class:`~hpc_ddp.errors.SlurmError` when Slurm cannot be asked)."""
+        from hpc_ddp.errors import SlurmError
+
+        name = partition or self.client.default_partition()
+        if name is None:
+            raise SlurmError("sinfo names no default partition")
+        return name, self.client.partition_nodes(name)
 
     def max_array_size(self) -> int:
         """The cluster's ``MaxArraySize``: a job array's task ids must stay below it

@@ -213,6 +213,14 @@ class SlurmClient:
         result = self._run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%T"])
         return list(parse_node_states(self._check(result, "sinfo failed").stdout))
 
+    def default_partition(self) -> str | None:
+        """The cluster's default partition (``sinfo``'s name marked ``*``), else None."""
+        result = self._run(["sinfo", "-h", "-o", "%P"])
+        for line in self._check(result, "sinfo failed").stdout.split():
+            if line.endswith("*"):
+                return line.rstrip("*")
+        return None
+
     def node_states(self, nodes: Sequence[str]) -> dict[str, str]:
         """Each node's state as ``sinfo -N`` says it (``idle``, ``alloc``, ``mixed``, ``down``,
         ``not_responding``...); a node sinfo does not list is left out."""

@@ -262,7 +262,10 @@ class FakeSlurm:
         raise NotImplementedError(f"FakeSlurm does not answer {' '.join(args)!r}")
 
     def _sinfo(self, args: tuple[str, ...]) -> CompletedCommand:
-        # sinfo -h -N -n NODES -o '%N|%T', or -p PARTITION: every node the fake knows
+        # sinfo -h -N -n NODES -o '%N|%T', or -p PARTITION: every node the fake knows;
+        # sinfo -h -o %P: its one partition, the default
+        if _option(args, "-o") == "%P":
+            return CompletedCommand(args, 0, "debug*\n", "")
         nodes = _option(args, "-n").split(",") if "-n" in args else list(self.node_states)
         lines = [f"{n}|{self.node_states.get(n, 'allocated')}\n" for n in nodes if n]
         return CompletedCommand(args, 0, "".join(lines), "")

@@ -87,6 +87,9 @@ class RenderContext:
     submit_command: str
     generated_at: str
     version: str
+    exclude: tuple[str, ...] = ()
+    """Nodes the job asks Slurm to leave out (``--exclude``, the lemon record's), besides any
+    ``slurm.extra`` names."""
     array: str | None = None
     """Slurm array spec (``0-5%2``); each task then runs in ``RUN_DIR/tasks/<index>``."""
     array_offset: int = 0
@@ -186,6 +189,10 @@ def sbatch_flags(cfg: JobConfig, ctx: RenderContext) -> list[Flag]:
                 f"slurm.extra sets --{name}, which hpc-ddp writes itself. HINT: {_OWN_FLAGS[name]}"
             )
         flags[name] = value
+    if ctx.exclude:
+        # Added to the user's own --exclude (slurm.extra), never in its place.
+        given = [n for n in (flags.get("exclude") or "").split(",") if n]
+        flags["exclude"] = ",".join(dict.fromkeys([*given, *ctx.exclude]))
     return sorted(flags.items())
 
 
