@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 from hpc_ddp.sessions.session import Session
 
@@ -31,7 +31,7 @@ class TimedSession(Session):
     first_wall = float("nan")
     """Wall-clock time step 1 was done (set by a benchmark that syncs the GPU there)."""
 
-    def steps(self, total: int, *, checkpoint_every: int = 0) -> Iterator[int]:
+    def steps(self, total: int, *, checkpoint_every: int | Literal["auto"] = 0) -> Iterator[int]:
         """The session's steps, with a time mark (and the agreement time so far) after each."""
         self.marks, self.agree_marks = [], []
         for step in super().steps(total, checkpoint_every=checkpoint_every):

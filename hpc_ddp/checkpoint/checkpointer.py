@@ -85,6 +85,21 @@ def broadcast_object(obj: Any) -> Any:
     return box[0]
 
 
+@dataclasses.dataclass(frozen=True)
+class SavedNote:
+    """What rank 0 is told of a durable save (``on_saved``)."""
+
+    step: int
+    stall_s: float
+    """C: how long the training thread waited in :meth:`Checkpointer.save`."""
+    durable_s: float
+    """W: from the call of :meth:`Checkpointer.save` until the file was durable."""
+    asked_at: float
+    """Wall-clock time of the call."""
+    note: Any = None
+    """What the caller passed along with the save (the auto interval in force)."""
+
+
 class Checkpointer:
     """One process's side of the run's checkpoints (see the module docstring).
 
@@ -92,8 +107,9 @@ class Checkpointer:
     group's store (made on first use, so the group must exist by then). ``run_id``: the run
     (``RUN_DIR/run_id``) its checkpoints are recorded as; another run's are never restored
     (None: neither recorded nor checked). ``on_saved``: told on rank 0 of each step saved, once
-    per step, with how long training waited for the save and when it was asked for, once the
-    save is durable and off the training thread (the ledger's ``checkpoint`` line).
+    per step, once the save is durable and off the training thread, with how long training
+    waited for the save, how long it took to be durable and when it was asked for
+    (:class:`SavedNote`: the ledger's ``checkpoint`` line).
     """
 
     def __init__(
@@ -107,7 +123,7 @@ class Checkpointer:
         handoff: Handoff | None = None,
         grad_accum: int = 1,
         run_id: str | None = None,
-        on_saved: Callable[[int, float, float], None] | None = None,
+        on_saved: Callable[[SavedNote], None] | None = None,
     ) -> None:
         self.directory = directory
         self.run_id = run_id
@@ -141,6 +157,17 @@ class Checkpointer:
         """Set by :meth:`restore` for an FSDP-sharded model: its checkpoints are sharded."""
         self._on_saved = on_saved
         self._recorded: int | None = None  # the step of the last save told to on_saved
+
+    def on_saved(self, told: Callable[[SavedNote], None]) -> None:
+        """Set who is told of each durable save (see the class docstring)."""
+        self._on_saved = told
+
+    def settle(self) -> None:
+        """Rank 0 waits until its write in flight is durable and what was queued after it
+        has run; a failed write's error is left for the next save to raise on every rank.
+        A sharded save is not waited for (its writers are every rank's)."""
+        if self.is_main and self.sharded is None:
+            self._writer.idle()
 
     def observe(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Note a metrics row logged at ``step`` (rank 0): under ``train.keep_best`` a
@@ -401,11 +428,12 @@ class Checkpointer:
                 )
         return Resize(before, None if accum is None else int(accum), world, self.grad_accum)
 
-    def save(self, progress: Progress, *, wait: bool = False) -> Path | None:
+    def save(self, progress: Progress, *, wait: bool = False, note: Any = None) -> Path | None:
         """Save the tracked objects at ``progress.step`` (every rank calls it; rank 0 writes).
 
         A second call at the same step saves nothing. ``wait=True`` returns once the file is
-        durable. Returns the path on rank 0, where ``on_saved`` is told of the step (once).
+        durable. Returns the path on rank 0, where ``on_saved`` is told of the step (once),
+        with ``note`` as it was at this call.
         """
         began = time.monotonic()
         step = progress.step
@@ -415,8 +443,9 @@ class Checkpointer:
             stall, now, told = time.monotonic() - began, time.time(), self._on_saved
             # Told by the checkpoint's writer thread once the file is durable, not by the
             # training thread: the ledger line (a directory check and an fsync'd append) held
-            # it up for longer than the snapshot itself with a small model.
-            self.then(lambda: told(step, stall, now))
+            # it up for longer than the snapshot itself with a small model. The same thread
+            # reads the clock for W: the write job before this one is the save.
+            self.then(lambda: told(SavedNote(step, stall, time.monotonic() - began, now, note)))
         return path
 
     def _save(self, progress: Progress, wait: bool) -> Path | None:

@@ -380,6 +380,10 @@ class CheckpointWriter:
         except Exception:
             log.warning("after checkpoint %s: bookkeeping failed", self.last_path, exc_info=True)
 
+    def idle(self) -> None:
+        """Block until no write is in flight, leaving its error, if any, to :meth:`wait`."""
+        self._idle.wait()
+
     def wait(self) -> None:
         """Block until no write is in flight; raise if the last one failed."""
         self._idle.wait()

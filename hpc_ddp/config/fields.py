@@ -219,6 +219,24 @@ def _num_workers(value: Any, key: str) -> int | str:
     return count
 
 
+_CHECKPOINT_EVERY = bounded(as_int, 0, hint="0 saves only on stop and at the end")
+
+
+def _checkpoint_every(value: Any, key: str) -> int | str:
+    """Steps between checkpoints (0: only on stop and at the end), or ``auto``."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, str):
+        raise Invalid(
+            key,
+            f"{short_repr(value)} is neither a number of steps nor auto. HINT: write auto (the "
+            "interval is chosen from the measured save cost and interruption rate) or a step "
+            "count such as 100",
+        )
+    every: int = _CHECKPOINT_EVERY(value, key)
+    return every
+
+
 _METRIC = r"[A-Za-z_][A-Za-z0-9_./-]*"
 _NOT_METRICS = frozenset({"step", "epoch", "time"})
 """Keys of a metrics row that say when, never how good."""
@@ -280,7 +298,9 @@ FIELD_CONVERTERS: dict[str, Converter] = {
     "train.weight_decay": bounded(as_float, 0),
     "train.warmup_steps": bounded(as_int, 0),
     "train.seed": bounded(as_int, 0, 2**32 - 1),
-    "train.checkpoint_every": bounded(as_int, 0, hint="0 saves only on stop and at the end"),
+    "train.checkpoint_every": _checkpoint_every,
+    "train.checkpoint_min_s": bounded(as_float, 0, hint="0 (the default) sets no minimum"),
+    "train.checkpoint_max_s": bounded(as_float, 1, hint="3600 (the default) saves hourly at most"),
     "train.keep_last": bounded(as_int, 1, hint="keep at least the newest checkpoint"),
     "train.keep_best.metric": _metric_name,
     "train.eval_every": bounded(as_int, 0, hint="0 never evaluates during training"),

@@ -19,8 +19,8 @@ YAML layout (every key optional except where noted)::
     train:   {model, dataset, data_root, num_classes, image_size, synthetic_samples,
               max_steps, epochs, batch_size, grad_accum, optimizer, lr, momentum,
               weight_decay, lr_schedule, warmup_steps, compile, strategy, amp, seed,
-              checkpoint_every, keep_last, keep_best: {metric, mode}, eval_every, log_every,
-              num_workers, deterministic}
+              checkpoint_every, checkpoint_min_s, checkpoint_max_s, keep_last,
+              keep_best: {metric, mode}, eval_every, log_every, num_workers, deterministic}
     requeue: {signal, lead_time, max_requeues, on_crash}
     fault:   {enabled, beat_s, stale_s, startup_stale_s, startup_timeout_s, step_timeout_s,
               step_timeout_factor, warmup_steps, checkpoint_timeout_s, max_restarts,
@@ -259,8 +259,16 @@ class TrainConfig:
     float16 with a grad scaler on older ones); ignored on CPU, with a warning."""
     seed: int = 0
     """Seed of weights, data order and augmentation: the same seed gives the same run."""
-    checkpoint_every: int = 100
-    """Optimizer steps between periodic checkpoints; 0 saves only on stop and at the end."""
+    checkpoint_every: int | Literal["auto"] = 100
+    """Optimizer steps between periodic checkpoints; 0 saves only on stop and at the end.
+    ``auto``: the interval that loses the least expected time to saves and interruptions,
+    from the measured save cost, step time and interruption rate, re-chosen after every save
+    (docs/resilience.md, "checkpoint_every: auto")."""
+    checkpoint_min_s: float = 0.0
+    """Under ``checkpoint_every: auto``: never save more often than this (seconds)."""
+    checkpoint_max_s: float = 3600.0
+    """Under ``checkpoint_every: auto``: save at least this often (seconds), however rare
+    interruptions are. Neither bound goes below the time a save takes to be durable."""
     keep_last: int = 3
     """Checkpoints kept on disk, newest first; older ones are deleted."""
     keep_best: KeepBestConfig | None = None

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal, Union, get_args, get_origin
 
 from hpc_ddp.config.fields import FIELD_CONVERTERS
-from hpc_ddp.config.model import JobConfig, SlurmConfig
+from hpc_ddp.config.model import JobConfig, SlurmConfig, TrainConfig
 from hpc_ddp.config.pairs import PAIR_KEYS
 from hpc_ddp.config.params import PYTHON_NAMES, TREE_KEYS, Params, resolve_command
 from hpc_ddp.config.values import (
@@ -324,6 +324,7 @@ def _check_combinations(cfg: JobConfig, placeholders: bool) -> None:
         resolve_command(cfg.command, cfg.params)  # a placeholder naming no param fails here
     _check_fault(cfg)
     _check_range(cfg)
+    _check_checkpoint_bounds(train)
     flags = dict(slurm.extra)
     for flag in ("mem-per-cpu", "mem-per-gpu"):
         if flag in flags and slurm.mem is not None:
@@ -331,6 +332,34 @@ def _check_combinations(cfg: JobConfig, placeholders: bool) -> None:
                 f"slurm.extra.{flag}",
                 "is set together with slurm.mem; sbatch refuses both. HINT: keep one",
             )
+
+
+def _check_checkpoint_bounds(train: TrainConfig) -> None:
+    """``train.checkpoint_min_s``/``checkpoint_max_s`` bound ``checkpoint_every: auto`` only,
+    and the minimum may not exceed the maximum."""
+    defaults = TrainConfig()
+    bounded = (
+        train.checkpoint_min_s != defaults.checkpoint_min_s
+        or train.checkpoint_max_s != defaults.checkpoint_max_s
+    )
+    if bounded and train.checkpoint_every != "auto":
+        key = (
+            "train.checkpoint_min_s"
+            if train.checkpoint_min_s != defaults.checkpoint_min_s
+            else "train.checkpoint_max_s"
+        )
+        raise Invalid(
+            key,
+            f"is set but train.checkpoint_every is {train.checkpoint_every}, not auto: the "
+            "bounds apply to the auto interval only. HINT: set train.checkpoint_every: auto, "
+            "or remove the bound",
+        )
+    if train.checkpoint_min_s > train.checkpoint_max_s:
+        raise Invalid(
+            "train.checkpoint_min_s",
+            f"{train.checkpoint_min_s:g} s is more than train.checkpoint_max_s "
+            f"({train.checkpoint_max_s:g} s). HINT: make the minimum at most the maximum",
+        )
 
 
 _LOCAL_RANK_ARG = r"--[A-Za-z][A-Za-z0-9_-]*"  # compiled at first use (re caches it)

@@ -59,7 +59,7 @@ from hpc_ddp.fault.requeue import (
 from hpc_ddp.rundir.checkpoints import checkpoint_on_disk
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.ledger import Attempt, attempt_number, read_ledger
+from hpc_ddp.rundir.ledger import Attempt, AutoInterval, attempt_number, read_ledger
 from hpc_ddp.rundir.ledger_events import checkpoint_event, end_event, rescue_event, start_event
 from hpc_ddp.runtime.distenv import DistEnv
 
@@ -416,9 +416,18 @@ class Coordinator:
             return None
         return checkpoint_on_disk(RunPaths(self.ledger.parent).checkpoints, checkpoint)
 
-    def record_checkpoint(self, step: int, stall_s: float, *, now: float | None = None) -> None:
-        """Rank 0 notes a save at ``now`` (default: now) and how long training waited for it
-        (for the goodput account). Thread-safe: the checkpoint writer calls it."""
+    def record_checkpoint(
+        self,
+        step: int,
+        stall_s: float,
+        *,
+        durable_s: float | None = None,
+        auto: AutoInterval | None = None,
+        now: float | None = None,
+    ) -> None:
+        """Rank 0 notes a save at ``now`` (default: now), how long training waited for it and
+        how long it took to be durable (for the goodput account and the auto interval), and
+        the auto interval in force. Thread-safe: the checkpoint writer calls it."""
         if not self.dist.is_main:
             return
         self._append(
@@ -429,6 +438,8 @@ class Coordinator:
                 launch=self.dist.launch,
                 step=step,
                 stall_s=stall_s,
+                durable_s=durable_s,
+                auto=auto,
                 now=now,
             )
         )

@@ -81,6 +81,25 @@ class Save:
     step: int
     stall_s: float
     """How long training waited for it (snapshot, gather, the previous write)."""
+    durable_s: float | None = None
+    """From asking for it until it was durable (W); None in ledgers from before it was kept."""
+    auto: AutoInterval | None = None
+    """The interval in force under ``train.checkpoint_every: auto`` (None: a fixed one)."""
+
+
+@dataclass(frozen=True)
+class AutoInterval:
+    """The interval ``train.checkpoint_every: auto`` chose, and its inputs (see
+    :mod:`hpc_ddp.checkpoint.interval`)."""
+
+    interval_s: float
+    interval_steps: int
+    step_s: float
+    """The measured seconds per step that turned the interval into steps."""
+    mtbf_s: float
+    mtbf_from: str
+    """``prior``, ``run``, ``history`` or ``run+history``."""
+    restart_s: float
 
 
 @dataclass(frozen=True)
@@ -570,13 +589,37 @@ def _fold_checkpoint(attempts: list[Attempt], event: Any, launched: _Launched) -
     index = _find(attempts, _event_key(event), None)
     if index is None:
         return
+    durable = event.get("durable_s")
     save = Save(
         _time(event["time"]),
         _count(event["step"], "step"),
         max(0.0, float(event.get("stall_s") or 0.0)),
+        None if durable is None else max(0.0, float(durable)),
+        _auto_interval(event.get("auto")),
     )
     entry = attempts[index]
     attempts[index] = replace(entry, saves=(*entry.saves, save))
+
+
+def _auto_interval(raw: Any) -> AutoInterval | None:
+    """The ``auto`` part of a checkpoint line; None when absent or not sane (a hand edit)."""
+    if not isinstance(raw, dict):
+        return None
+    try:
+        auto = AutoInterval(
+            float(raw["interval_s"]),
+            int(raw["interval_steps"]),
+            float(raw["step_s"]),
+            float(raw["mtbf_s"]),
+            str(raw["mtbf_from"]),
+            float(raw.get("restart_s") or 0.0),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+    numbers = (auto.interval_s, auto.step_s, auto.mtbf_s, auto.restart_s)
+    if not all(math.isfinite(n) and n >= 0 for n in numbers) or auto.interval_steps < 1:
+        return None
+    return auto
 
 
 def _fold_rescue(attempts: list[Attempt], event: Any, launched: _Launched) -> None:

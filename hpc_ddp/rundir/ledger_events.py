@@ -25,7 +25,13 @@ keyed by (job, restart, launch) rather than by number::
      "checkpoint": "step-00000140.pt", "next": "restart",
      "message": "hang: rank 1 on n2 ...; restart 1 of 3 (fault.max_restarts)"}
     {"event": "node_fail", ..., "launch": 0, "time": ..., "node": "n2", "evidence": "..."}
-    {"event": "checkpoint", ..., "launch": 1, "time": ..., "step": 160, "stall_s": 0.012}
+    {"event": "checkpoint", ..., "launch": 1, "time": ..., "step": 160, "stall_s": 0.012,
+     "durable_s": 0.41}
+
+``durable_s`` (W: from asking for the save until it was durable) is absent from ledgers written
+before it was recorded. Under ``train.checkpoint_every: auto`` the line also carries the
+interval in force and its inputs: ``"auto": {"interval_s": 95.2, "interval_steps": 380,
+"step_s": 0.25, "mtbf_s": 28800.0, "mtbf_from": "prior", "restart_s": 12.0}``.
 
 A ``command:`` job's program may never open a session, and then nothing above is written
 while it runs: rank 0's ``hpc-ddp run`` appends a ``command_start`` as it starts the program,
@@ -56,7 +62,7 @@ from typing import Any
 from hpc_ddp.config.elastic import Resize
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import Checkpoint
-from hpc_ddp.rundir.ledger import Blame
+from hpc_ddp.rundir.ledger import AutoInterval, Blame
 
 __all__ = [
     "checkpoint_event",
@@ -272,11 +278,27 @@ def checkpoint_event(
     launch: int,
     step: int,
     stall_s: float,
+    durable_s: float | None = None,
+    auto: AutoInterval | None = None,
     now: float | None = None,
 ) -> str:
-    """Rank 0's ``checkpoint`` line: a save at ``step`` held training up ``stall_s``."""
+    """Rank 0's ``checkpoint`` line: a save at ``step`` held training up ``stall_s`` and was
+    durable ``durable_s`` after it was asked for; under ``checkpoint_every: auto``, the
+    interval in force and what it was chosen from."""
     key = (job_id, job_ref, restart, launch, now)
-    return _launch_line("checkpoint", key, step=step, stall_s=round(stall_s, 6))
+    extra: dict[str, Any] = {}
+    if durable_s is not None:
+        extra["durable_s"] = round(durable_s, 6)
+    if auto is not None:
+        extra["auto"] = {
+            "interval_s": round(auto.interval_s, 3),
+            "interval_steps": auto.interval_steps,
+            "step_s": round(auto.step_s, 6),
+            "mtbf_s": round(auto.mtbf_s, 3),
+            "mtbf_from": auto.mtbf_from,
+            "restart_s": round(auto.restart_s, 3),
+        }
+    return _launch_line("checkpoint", key, step=step, stall_s=round(stall_s, 6), **extra)
 
 
 def rescue_event(

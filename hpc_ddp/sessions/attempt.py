@@ -17,10 +17,11 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hpc_ddp.backends.allocation import Allocation
-from hpc_ddp.checkpoint.checkpointer import Checkpointer, broadcast_object
+from hpc_ddp.checkpoint.checkpointer import Checkpointer, SavedNote, broadcast_object
 from hpc_ddp.checkpoint.tracked import Tracked
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.fault.blame import FaultRecord
@@ -28,6 +29,7 @@ from hpc_ddp.fault.coordinator import Coordinator
 from hpc_ddp.fault.rankwatch import RankWatch
 from hpc_ddp.fault.rescue import Rescue, RescueOutcome, writer_rank
 from hpc_ddp.rundir.layout import RunPaths
+from hpc_ddp.rundir.ledger import AutoInterval
 from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.stopflag import StopFlag
@@ -64,6 +66,8 @@ class SessionAttempt:
         self._stop_flag = stop_flag
         self._rescue: Rescue | None = None
         self._armed = False
+        self.on_durable: Callable[[SavedNote], None] | None = None
+        """Told of each durable save after its ledger line (rank 0; the auto interval)."""
 
     @classmethod
     def open(
@@ -91,9 +95,9 @@ class SessionAttempt:
             device=rank.device,
             grad_accum=rank.grad_accum,
             run_id=run_id,
-            on_saved=lambda step, stall, now: coordinator.record_checkpoint(step, stall, now=now),
         )
         attempt = cls(checkpointer, coordinator, progress, rank.watch, rank.stop_flag)
+        checkpointer.on_saved(attempt._saved)
         rank.watch.on_fault(attempt.fault)
         if dist.is_main:
             paths.checkpoints.mkdir(parents=True, exist_ok=True)
@@ -113,11 +117,22 @@ class SessionAttempt:
             loaded = self.checkpointer.restore(tracked, self._progress, elastic=elastic)
         return None if loaded is None else loaded.name
 
-    def save(self, *, wait: bool) -> Path | None:
+    def save(self, *, wait: bool, auto: AutoInterval | None = None) -> Path | None:
         """Save the tracked objects at this step (collective; see :meth:`Checkpointer.save`),
-        timed against the checkpoint deadline; rank 0 records it once it is durable."""
+        timed against the checkpoint deadline; rank 0 records it once it is durable, with the
+        auto interval in force (``auto``)."""
         with self._watch.section("checkpoint"):
-            return self.checkpointer.save(self._progress, wait=wait)
+            return self.checkpointer.save(self._progress, wait=wait, note=auto)
+
+    def _saved(self, note: SavedNote) -> None:
+        """Rank 0's writer thread: a save is durable; the ledger's line, then the listener."""
+        auto = note.note if isinstance(note.note, AutoInterval) else None
+        self.coordinator.record_checkpoint(
+            note.step, note.stall_s, durable_s=note.durable_s, auto=auto, now=note.asked_at
+        )
+        listener = self.on_durable
+        if listener is not None:
+            listener(note)
 
     def begin(self, checkpoint: str | None) -> int | None:
         """Rank 0 writes the attempt's start (from ``checkpoint``, None: from scratch; with the

@@ -50,7 +50,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -79,6 +79,7 @@ from hpc_ddp.runtime.sampler import ResumableLoader
 from hpc_ddp.runtime.sharding import STRATEGIES, mixed_precision, shard_model
 from hpc_ddp.runtime.stopflag import AgreementCadence, StopFlag
 from hpc_ddp.sessions.attempt import SessionAttempt
+from hpc_ddp.sessions.autointerval import AutoCheckpoints
 from hpc_ddp.sessions.evaluation import EvalLoader
 from hpc_ddp.sessions.startup import (
     Rank,
@@ -517,16 +518,29 @@ class Session:
         self.cadence.agreed(step, self.stop_flag.every)
         return stop
 
-    def steps(self, total: int, *, checkpoint_every: int = 0) -> Iterator[int]:
+    def steps(self, total: int, *, checkpoint_every: int | Literal["auto"] = 0) -> Iterator[int]:
         """The step numbers still to run, ``progress.step + 1`` to ``total``.
 
         Inside the loop body ``progress.step`` already is the step being run, so a checkpoint
         taken at the end of the body records it as done. When the body comes back, a periodic
         checkpoint is saved every ``checkpoint_every`` steps and the ranks agree on stop
         signals; on a stop, :meth:`requeue` saves a checkpoint and ends the attempt.
+        ``checkpoint_every="auto"``: the interval is chosen from the measured save cost, step
+        time and interruption rate, within ``train.checkpoint_min_s``/``checkpoint_max_s``,
+        and chosen again after every save (:mod:`hpc_ddp.sessions.autointerval`).
         """
+        if checkpoint_every != "auto" and (
+            not isinstance(checkpoint_every, int) or checkpoint_every < 0
+        ):
+            raise ConfigError(
+                f"checkpoint_every={checkpoint_every!r} is neither a step count nor 'auto'. "
+                "HINT: pass a number of steps (0: only on stop and at the end) or 'auto'"
+            )
         self._begin_attempt(None)
         attempt = self._started()
+        auto = self._auto_checkpoints(attempt) if checkpoint_every == "auto" else None
+        every = checkpoint_every if isinstance(checkpoint_every, int) else 0
+        first = self.progress.step + 1
         attempt.arm_rescue(self.config.train.seed)
         seeds = StepSeeds(self.config.train.seed, self.rank, self.device)
         self._watch.enter("step")
@@ -542,7 +556,9 @@ class Session:
                     self._startup.mark("first step")
                     self._startup.log()
                 self._watch.step_done(self.progress.step)
-                if checkpoint_every > 0 and self.progress.step % checkpoint_every == 0:
+                if auto is not None:
+                    self._auto_step(auto, attempt, first)
+                elif every and self.progress.step % every == 0:
                     self.checkpoint()
                 # At the last step a stop changes nothing: the run ends and saves anyway.
                 step = self.progress.step
@@ -555,6 +571,33 @@ class Session:
                 self._watch.left_loop(self.progress.step, (self.progress.step, total))
             raise
         self.stop_flag.settle()  # an agreement launched before the last step
+
+    def _auto_checkpoints(self, attempt: SessionAttempt) -> AutoCheckpoints:
+        auto = AutoCheckpoints(
+            self.config.train,
+            is_main=self.is_main,
+            broadcast=broadcast_object if self.world_size > 1 else lambda value: value,
+            settle=attempt.checkpointer.settle,
+            ledger=self.paths.ledger,
+            env=self.env,
+            run_id=self.run_id,
+            began=self._began,
+        )
+        if self.is_main:
+            attempt.on_durable = auto.durable
+        return auto
+
+    def _auto_step(self, auto: AutoCheckpoints, attempt: SessionAttempt, first: int) -> None:
+        """After each step under ``checkpoint_every="auto"``: save when due, then decide again
+        (every rank at the same steps; rank 0's choice broadcast)."""
+        step = self.progress.step
+        auto.step_done(step)
+        if auto.due(step):
+            began = time.monotonic()
+            attempt.save(wait=False, auto=auto.plan)
+            auto.saved(step, time.monotonic() - began)
+        if auto.deciding(step, first):
+            auto.decide(step)
 
     def _stop_between_steps(self) -> bool:
         """The stop agreement of :meth:`steps`, at a boundary its :attr:`cadence` picked.

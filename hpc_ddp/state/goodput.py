@@ -32,12 +32,12 @@ disagree by a little, so every span is clipped at 0.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from hpc_ddp.backends.nodelist import parse_nodelist
 from hpc_ddp.rundir.endcause import Bucket, meaning
-from hpc_ddp.rundir.ledger import Attempt
+from hpc_ddp.rundir.ledger import Attempt, AutoInterval
 
 PARTS = (
     ("productive", "productive"),
@@ -78,10 +78,41 @@ class Goodput:
     node_s: float | None
     """Node-seconds held (None when no launch's node count is known)."""
     productive_node_s: float | None
+    checkpoints: CheckpointCosts | None = None
+    """What the run's periodic saves cost, and the auto interval in force (None: no save
+    recorded, or several runs added up)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The account as JSON values."""
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class CheckpointCosts:
+    """The run's saves, as rank 0 recorded them: the inputs of ``checkpoint_every: auto``."""
+
+    saves: int
+    stall_s: float
+    """C: the mean stall of a save."""
+    durable_s: float | None
+    """W: the mean time until a save was durable (None: a ledger from before it was kept)."""
+    auto: AutoInterval | None
+    """The newest auto interval in force (None: a fixed ``checkpoint_every``)."""
+
+
+def checkpoint_costs(attempts: Sequence[Attempt]) -> CheckpointCosts | None:
+    """The saves of ``attempts`` summed up (None: none recorded)."""
+    saves = [s for a in attempts for s in a.saves]
+    if not saves:
+        return None
+    durable = [s.durable_s for s in saves if s.durable_s is not None]
+    autos = [s.auto for s in sorted(saves, key=lambda s: s.time) if s.auto is not None]
+    return CheckpointCosts(
+        saves=len(saves),
+        stall_s=sum(s.stall_s for s in saves) / len(saves),
+        durable_s=sum(durable) / len(durable) if durable else None,
+        auto=autos[-1] if autos else None,
+    )
 
 
 def _nodes(a: Attempt) -> int | None:
@@ -177,7 +208,9 @@ def account(
                 sums.resumes += 1
     if running:
         end_of_run = max(end_of_run, now)
-    return _finish(sums, end_of_run - begin, len(ordered))
+    return replace(
+        _finish(sums, end_of_run - begin, len(ordered)), checkpoints=checkpoint_costs(attempts)
+    )
 
 
 def _launched(a: Attempt) -> float:
@@ -341,7 +374,31 @@ def describe(g: Goodput) -> list[str]:
     if g.node_s is not None:
         useful = g.productive_node_s or 0.0
         lines.append(f"  {'node-seconds':<18} {g.node_s:,.0f} s (productive {useful:,.0f} s)")
+    if g.checkpoints is not None:
+        lines.extend(_describe_costs(g.checkpoints))
     return lines
 
 
-__all__ = ["PARTS", "Goodput", "account", "describe", "total"]
+def _describe_costs(c: CheckpointCosts) -> list[str]:
+    """``  saves  12, C 0.012 s, W 0.41 s`` and the auto interval's line."""
+    w = "W not recorded" if c.durable_s is None else f"W {c.durable_s:.3g} s"
+    lines = [f"  {'saves':<18} {c.saves}, C {c.stall_s:.3g} s, {w} (mean)"]
+    a = c.auto
+    if a is not None:
+        lines.append(
+            f"  {'auto interval':<18} {a.interval_s:.1f} s = {a.interval_steps} steps at "
+            f"{a.step_s:.3g} s/step; M {a.mtbf_s:,.0f} s from {a.mtbf_from}, "
+            f"restart {a.restart_s:.1f} s"
+        )
+    return lines
+
+
+__all__ = [
+    "PARTS",
+    "CheckpointCosts",
+    "Goodput",
+    "account",
+    "checkpoint_costs",
+    "describe",
+    "total",
+]

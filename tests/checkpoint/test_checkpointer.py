@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpc_ddp.checkpoint.checkpointer import Checkpointer
+from hpc_ddp.checkpoint.checkpointer import Checkpointer, SavedNote
 from hpc_ddp.checkpoint.format import list_checkpoints
 from hpc_ddp.checkpoint.tracked import Tracked
 from hpc_ddp.config.model import JobConfig
@@ -106,20 +106,23 @@ def test_each_step_saved_is_told_once_when_durable_and_nothing_is_saved_untracke
     """Rank 0 tells ``on_saved`` (the session: the ledger's ``checkpoint`` line) of each step
     saved once, with the time it was asked for and how long training waited; a second save of
     a step tells nothing. Before ``restore`` names what to save, a save is refused."""
-    told: list[tuple[int, float, float]] = []
+    told: list[SavedNote] = []
     ckpt = Checkpointer(
         tmp_path, JobConfig(name="t"), rank=0, world_size=1, device=torch.device("cpu"),
-        on_saved=lambda step, stall, now: told.append((step, stall, now)),
+        on_saved=told.append,
     )  # fmt: skip
     with pytest.raises(HpcDdpError, match=r"nothing to checkpoint\. HINT: .*restore"):
         ckpt.save(Progress(step=1))
     assert ckpt.restore(Tracked(nn.Linear(3, 2)), Progress()) is None  # a first run
     asked = time.time()
     for step in (2, 2, 3):
-        ckpt.save(Progress(step=step))
+        ckpt.save(Progress(step=step), note=f"n{step}")
     ckpt.wait(together=True)  # the writes, and what was queued after them
-    assert [step for step, _, _ in told] == [2, 3]
-    assert all(stall >= 0.0 and asked <= now <= time.time() for _, stall, now in told)
+    assert [n.step for n in told] == [2, 3]
+    assert [n.note for n in told] == ["n2", "n3"]  # as passed with the save that was told
+    assert all(n.stall_s >= 0.0 and asked <= n.asked_at <= time.time() for n in told)
+    # W runs until the file is durable, past the stall (the write is in the background).
+    assert all(n.durable_s >= n.stall_s and n.durable_s > 0 for n in told)
     assert [c.step for c in list_checkpoints(tmp_path)] == [2, 3]
 
 

@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -38,7 +38,7 @@ class Watched(Session):
 
     looping = False
 
-    def steps(self, total: int, *, checkpoint_every: int = 0) -> Iterator[int]:
+    def steps(self, total: int, *, checkpoint_every: int | Literal["auto"] = 0) -> Iterator[int]:
         Watched.looping = True
         try:
             yield from super().steps(total, checkpoint_every=checkpoint_every)
