@@ -43,8 +43,16 @@ class Cluster:
 
     state_dir: Path
     conf: Path
-    env: dict[str, str]
+    base_env: dict[str, str]
     hosts_before: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The clients' environment, with the running test's own ``$XDG_STATE_HOME``
+        (:func:`_own_state_dir`): the cluster outlives a test, a lemon record must not (a
+        node one test killed would be excluded from the next test's jobs)."""
+        state = os.environ.get("XDG_STATE_HOME")
+        return {**self.base_env, "XDG_STATE_HOME": state} if state else dict(self.base_env)
 
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client command against this cluster."""
