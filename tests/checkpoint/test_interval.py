@@ -37,7 +37,7 @@ REGIMES = [
 def _grid_optimum(cost: SaveCost, mtbf_s: float, low: float, high: float) -> float:
     """The model's optimum by brute force: 20,000 log-spaced intervals."""
     n = 20_000
-    grid = [low * (high / low) ** (i / (n - 1)) for i in range(n)]
+    grid: list[float] = [low * (high / low) ** (i / (n - 1)) for i in range(n)]
     return max(grid, key=lambda t: efficiency(t, cost, mtbf_s))
 
 
@@ -79,25 +79,31 @@ def test_the_work_lost_per_fault_is_half_an_interval_plus_w_to_first_order() -> 
 def test_the_interval_never_goes_below_w_nor_outside_the_users_bounds() -> None:
     cost = SaveCost(0.01, 50.0)  # a cheap stall, a slow write: the model wants T << W
     choice = choose_interval(cost, Mtbf(60.0, "run"), upper_s=3600.0)
-    assert choice.seconds == pytest.approx(50.0) and choice.bound == "W"
+    assert choice.seconds == pytest.approx(50.0)
+    assert choice.bound == "W"
     cheap = SaveCost(0.01, 0.02)
     low = choose_interval(cheap, Mtbf(60.0, "run"), lower_s=10.0)
-    assert low.seconds == pytest.approx(10.0) and low.bound == "min"
+    assert low.seconds == pytest.approx(10.0)
+    assert low.bound == "min"
     high = choose_interval(cheap, Mtbf(1e9, "run"), upper_s=900.0)
-    assert high.seconds == pytest.approx(900.0) and high.bound == "max"
+    assert high.seconds == pytest.approx(900.0)
+    assert high.bound == "max"
     # W wins over a maximum below it: saving faster than a write takes only stalls training.
     assert choose_interval(cost, Mtbf(1e9, "run"), upper_s=10.0).seconds == pytest.approx(50.0)
 
 
 def test_m_is_the_prior_without_data_and_the_rate_seen_with_it() -> None:
     none = estimate_mtbf(Exposure(), Exposure())
-    assert none.seconds == PRIOR_MTBF_S and none.source == "prior"
+    assert none.seconds == PRIOR_MTBF_S
+    assert none.source == "prior"
     quiet = estimate_mtbf(Exposure(3600.0, 0), Exposure())
-    assert quiet.seconds == PRIOR_MTBF_S and quiet.source == "run"
+    assert quiet.seconds == PRIOR_MTBF_S
+    assert quiet.source == "run"
     long_quiet = estimate_mtbf(Exposure(40 * 3600.0, 0), Exposure())
     assert long_quiet.seconds == 40 * 3600.0  # a long quiet run earns a longer M
     pooled = estimate_mtbf(Exposure(600.0, 1), Exposure(1800.0, 3))
-    assert pooled.seconds == pytest.approx(600.0) and pooled.source == "run+history"
+    assert pooled.seconds == pytest.approx(600.0)
+    assert pooled.source == "run+history"
     assert "4 interruption(s)" in pooled.describe()
     assert estimate_mtbf(Exposure(), Exposure(900.0, 3)).source == "history"
 

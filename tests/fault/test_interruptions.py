@@ -91,10 +91,13 @@ def test_the_history_keeps_one_entry_per_run_and_pools_the_others_on_the_same_ke
 def test_a_damaged_history_warns_and_keeps_what_it_can() -> None:
     assert parse_history("") == ({}, None)
     runs, warning = parse_history("{not json")
-    assert runs == {} and warning is not None and "not JSON" in warning
+    assert runs == {}
+    assert warning is not None
+    assert "not JSON" in warning
     assert parse_history("[1, 2]")[1] is not None
     doc = {"runs": {"ok": {"key": "k", "seconds": 5, "interruptions": 1, "updated": 1},
                     "neg": {"key": "k", "seconds": -5, "interruptions": 1, "updated": 1},
                     "junk": "x"}}  # fmt: skip
     runs, warning = parse_history(json.dumps(doc))
-    assert set(runs) == {"ok"} and warning == "2 damaged entries skipped"
+    assert set(runs) == {"ok"}
+    assert warning == "2 damaged entries skipped"

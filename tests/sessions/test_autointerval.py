@@ -4,6 +4,7 @@ the measured step time, M from the ledger and the user's history, which rank 0 u
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -79,7 +80,8 @@ def test_the_first_save_measures_and_the_next_ones_follow_the_models_interval(
     first = 1 + WARMUP_STEPS + 1  # decided after the warm-up: a save next, to measure
     assert saved[0] == (first, None)
     plan = auto.plan
-    assert plan is not None and plan.mtbf_from == "run+history"
+    assert plan is not None
+    assert plan.mtbf_from == "run+history"
     assert plan.step_s == pytest.approx(0.5)
     # The interval is the model's for the measured C, W and R, and M from the pool.
     choice = choose_interval(SaveCost(0.2, 1.0, 5.0), Mtbf(plan.mtbf_s, "x"))
@@ -87,15 +89,19 @@ def test_the_first_save_measures_and_the_next_ones_follow_the_models_interval(
     assert plan.interval_steps == interval_steps(choice.seconds, 0.5)
     # Each save comes the chosen steps after the one before (re-chosen at each: M grows as
     # the run trains without an interruption, and so does the interval).
-    for (before, _), (step, in_force) in zip(saved, saved[1:], strict=False):
-        assert in_force is not None and step - before == in_force.interval_steps
-    assert saved[-1][1] is not None and saved[1][1] is not None
+    for (before, _), (step, in_force) in itertools.pairwise(saved):
+        assert in_force is not None
+        assert step - before == in_force.interval_steps
+    assert saved[-1][1] is not None
+    assert saved[1][1] is not None
     assert saved[-1][1].interval_s > saved[1][1].interval_s
     assert plan.mtbf_s < 400.0  # not the 8 h prior
     # Rank 0 keeps its own entry in the history, beside the other run's.
     runs, warning = parse_history(history.read_text())
-    assert warning is None and set(runs) == {"other", "run-1"}
-    assert runs["run-1"].seconds > 0 and runs["run-1"].interruptions == 0
+    assert warning is None
+    assert set(runs) == {"other", "run-1"}
+    assert runs["run-1"].seconds > 0
+    assert runs["run-1"].interruptions == 0
 
 
 def test_without_history_m_is_the_prior_and_the_users_maximum_caps_the_interval(
@@ -105,9 +111,12 @@ def test_without_history_m_is_the_prior_and_the_users_maximum_caps_the_interval(
     auto = _auto(tmp_path, clock, checkpoint_max_s=20.0)
     saved = [step for step, _ in _run(auto, clock, range(1, 200), 0.5)]
     plan = auto.plan
-    assert plan is not None and plan.mtbf_from == "run" and plan.mtbf_s == 8 * 3600.0
-    assert plan.interval_s == pytest.approx(20.0) and plan.interval_steps == 40
-    assert all(b - a == 40 for a, b in zip(saved[1:], saved[2:], strict=False))
+    assert plan is not None
+    assert plan.mtbf_from == "run"
+    assert plan.mtbf_s == 8 * 3600.0
+    assert plan.interval_s == pytest.approx(20.0)
+    assert plan.interval_steps == 40
+    assert all(b - a == 40 for a, b in itertools.pairwise(saved))
 
 
 def test_a_damaged_history_costs_only_the_history(tmp_path: Path) -> None:
@@ -117,7 +126,8 @@ def test_a_damaged_history_costs_only_the_history(tmp_path: Path) -> None:
     path.write_text("{oops")
     auto = _auto(tmp_path, clock)
     _run(auto, clock, range(1, 50), 0.5)
-    assert auto.plan is not None and auto.plan.mtbf_from == "run"
+    assert auto.plan is not None
+    assert auto.plan.mtbf_from == "run"
     assert parse_history(path.read_text())[1] is None  # rewritten with this run's entry
 
 

@@ -3,6 +3,7 @@ save, and the saves come at the interval it chose, which every rank followed."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -46,7 +47,7 @@ def test_two_ranks_save_at_the_chosen_interval_and_record_w(tmp_path: Path) -> N
     # of steps after the one before; the last is the final save at the end.
     periodic = [s for s in saves if s.step < 300]
     assert periodic[0].auto is None
-    for before, save in zip(periodic, periodic[1:], strict=False):
+    for before, save in itertools.pairwise(periodic):
         assert save.auto is not None
         assert save.step - before.step == save.auto.interval_steps
         assert save.auto.mtbf_from == "run+history"
