@@ -368,6 +368,9 @@ def launch(
         from hpc_ddp.submission.resume import resume as resume_planned
 
         planned = dataclasses.replace(planned, prepared=_on(planned.prepared, registry))
+        lemons = planned.prepared.lemons
+        for line in lemons.lines() if lemons is not None else ():
+            log.warning("%s", line)
         launched = resume_planned(planned, registry)
     backend = launched.prepared.backend
     return Job(launched.paths.root, launched.job_id, backend, backends=registry, launched=launched)
@@ -432,6 +435,8 @@ def dry_run_json(planned: Prepared | ResumePlan) -> dict[str, object]:
         shown["plan"] = launch_plan.summary.removeprefix("# ")
     else:
         shown.update(command=list(launch_plan.command), script=launch_plan.script)
+    if prepared.lemons is not None and prepared.lemons.lemons:
+        shown["lemons"] = prepared.lemons.to_dict()
     return document(SUBMIT, shown)
 
 

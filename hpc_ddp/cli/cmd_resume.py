@@ -80,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(prepared.plan.script or "", end="")
         print(prepared.plan.summary)
+        for line in prepared.lemons.lines() if prepared.lemons is not None else ():
+            print(f"# {line}")
         return 0
     job = launch(plan, backends=args.backends)
     report(job, args.json)

@@ -381,6 +381,11 @@ def _prepare_in_place(
     invocation: Sequence[str],
     backend: Backend,
 ) -> Prepared:
+    import os
+    import time
+
+    from hpc_ddp.submission.exclusion import lemon_exclusion
+
     prepared = prepare(
         cfg,
         backend=backend,
@@ -388,6 +393,7 @@ def _prepare_in_place(
         runs_dir=run_dir.parent,
         python=sys.executable,
         invocation=invocation,
+        lemons=lemon_exclusion(cfg, backend, os.environ, time.time()),
     )
     # The run's code is found where it was first submitted, not where `resume` runs.
     submit_dir = Path(manifest.submit_dir) if manifest.submit_dir else None

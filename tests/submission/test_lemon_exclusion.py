@@ -130,3 +130,32 @@ def test_a_damaged_record_warns_and_submits(
     damaged = [r.getMessage() for r in caplog.records if "damaged entry" in r.getMessage()]
     assert len(damaged) == 2
     assert "time 'soon'" in " ".join(damaged)
+
+
+def test_a_resume_excludes_the_lemon_too(tmp_path: Path) -> None:
+    from tests.cli.test_resume import _slurm_run
+
+    run_dir = _slurm_run(tmp_path / "runs", "77")  # forgotten by the fake Slurm: resumable
+    assert "--exclude" not in RunPaths(run_dir).script.read_text()
+    lost("n3")
+    slurm = cluster("n1", "n2", "n3")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        argv = ["resume", str(run_dir), "--dry-run"]
+        assert main(argv, backends=Registry(slurm.client())) == 0
+    assert "#SBATCH --exclude=n3\n" in out.getvalue()
+    assert "# lemon node n3: excluding" in out.getvalue()
+    assert main(["resume", str(run_dir)], backends=Registry(slurm.client())) == 0
+    assert "#SBATCH --exclude=n3\n" in RunPaths(run_dir).script.read_text()
+
+
+def test_a_local_run_reads_no_partition(tmp_path: Path) -> None:
+    lost("n3")
+    slurm = cluster("n1", "n2", "n3")
+    out = io.StringIO()
+    argv = ["submit", str(QUICKSTART), "--backend", "local", "--dry-run",
+            "--runs-dir", str(tmp_path / "runs")]  # fmt: skip
+    with contextlib.redirect_stdout(out):
+        assert main(argv, backends=Registry(slurm.client())) == 0
+    assert "lemon" not in out.getvalue()
+    assert slurm.calls == []
