@@ -31,6 +31,7 @@ BENCHMARKS = {
     "bench_local_sweep_status": False,
     "bench_requeue": True,
     "bench_faults": True,  # on a dev cluster of its own (3 nodes, Slurm's default cred_expire)
+    "bench_interval": False,
 }
 
 

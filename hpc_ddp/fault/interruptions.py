@@ -87,11 +87,18 @@ def lost_state(attempt: Attempt, *, followed: bool) -> bool:
     return False
 
 
+def _begun(attempt: Attempt) -> float:
+    # From its launch where the supervisor recorded one: M is wall time between faults, and
+    # they strike start-ups too.
+    launched = attempt.launched_at
+    return attempt.started if launched is None else min(launched, attempt.started)
+
+
 def _span(attempt: Attempt) -> float:
     end = attempt.ended
     if end is None:  # died unrecorded: the last thing known of it
         end = max([attempt.started, *(s.time for s in attempt.saves)])
-    return max(0.0, end - attempt.started)
+    return max(0.0, end - _begun(attempt))
 
 
 def exposure(
@@ -104,7 +111,7 @@ def exposure(
     for i, attempt in enumerate(attempts):
         last = i == len(attempts) - 1 and not more
         if last and attempt.ended is None and now is not None:
-            seconds += max(0.0, now - attempt.started)
+            seconds += max(0.0, now - _begun(attempt))
         elif attempt.trained:
             seconds += _span(attempt)
         count += lost_state(attempt, followed=not last)

@@ -198,7 +198,8 @@ class AutoCheckpoints:
         if cost is None:
             return step + 1  # nothing measured yet: a save next, to measure it
         restart = max(0.0, (self._started_at or self._began) - self._began)
-        trained = Exposure(max(0.0, now - (self._started_at or now)), 0)
+        # Wall time since the session began: M counts faults in start-ups too.
+        trained = Exposure(max(0.0, now - self._began), 0)
         mtbf = estimate_mtbf(self._run.plus(trained), self._history_total(now, trained))
         choice = choose_interval(
             SaveCost(cost[0], cost[1], restart), mtbf, lower_s=self.lower_s, upper_s=self.upper_s
