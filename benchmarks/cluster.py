@@ -44,7 +44,14 @@ def ping() -> str | None:
 def use_dev_cluster() -> str | None:
     """Point this process (and its children) at the dev cluster unless ``SLURM_CONF`` names
     another; put this interpreter's ``bin`` first on PATH. None when it answers, else why not.
+
+    The lemon record (:mod:`hpc_ddp.lemons`) is a fresh one of this process's: the nodes a
+    benchmark kills on purpose must not become the user's lemons, nor the user's lemons move a
+    benchmark's jobs off the nodes it expects.
     """
+    import tempfile
+
+    os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="hpc-ddp-bench-state-")
     os.environ.setdefault("SLURM_CONF", dev_conf())
     os.environ["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
     reason = ping()

@@ -54,7 +54,7 @@ LAYERS: tuple[Layer, ...] = (
         pure=("errors", "version", "exitcodes", "output", "frozen"),
     ),
     Layer(("durable", "rundir.layout"), pure=("rundir.layout",)),
-    Layer(("lemons",), pure=("lemons.record",)),
+    Layer(("lemons",), pure=("lemons", "lemons.record")),
     Layer(("config",), pure=("config.*",), impure=("preflight", "loginnode", "programs", "images")),
     Layer(
         ("rundir",),

@@ -287,7 +287,7 @@ def plan_submit(
     )
 
 
-def _lemons(cfg: JobConfig, face: Backend) -> Exclusion:
+def _lemons(cfg: JobConfig, face: Backend) -> Exclusion | None:
     """The lemon nodes this submission leaves out (:mod:`hpc_ddp.lemons`)."""
     import time
 

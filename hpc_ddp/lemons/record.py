@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from hpc_ddp.frozen import dataclass
+from hpc_ddp.lemons import STATE_DIR_ENV, record_dir
 
 __all__ = [
     "DEFAULT_WINDOW_S",
@@ -45,9 +46,6 @@ __all__ = [
     "record_dir",
     "submit_exclusion",
 ]
-
-STATE_DIR_ENV = "XDG_STATE_HOME"
-"""The XDG base directory of a user's state; hpc-ddp's is ``$XDG_STATE_HOME/hpc-ddp``."""
 
 DEFAULT_WINDOW_S = 7 * 86400.0
 """How long a fault counts against its node (``fault.lemon_window_days``' default)."""
@@ -140,14 +138,6 @@ def entry_name(entry: LemonEntry, unique: str) -> str:
     """The entry's file name: its time and node (readable in ``ls``), then ``unique`` (a pid
     and random part), so that no two writers, on any host, ever pick the same name."""
     return f"{int(entry.time)}-{_SAFE.sub('_', entry.node)[:64]}-{unique}.json"
-
-
-def record_dir(env: Mapping[str, str], home: Path) -> Path:
-    """Where the record lives: ``$XDG_STATE_HOME/hpc-ddp/nodes`` (an absolute one; XDG says to
-    ignore a relative value), else ``~/.local/state/hpc-ddp/nodes``."""
-    base = env.get(STATE_DIR_ENV, "")
-    root = Path(base) if base and Path(base).is_absolute() else home / ".local" / "state"
-    return root / "hpc-ddp" / "nodes"
 
 
 def entry_kind(cause: str, *, node_level: bool, own_error: bool, singled_out: bool) -> str | None:

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpc_ddp.backends.base import Backend
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import BackendError
-from hpc_ddp.lemons.record import Exclusion, judge, submit_exclusion
-from hpc_ddp.lemons.store import read_record, where
+from hpc_ddp.lemons import record_dir
+
+if TYPE_CHECKING:
+    from hpc_ddp.lemons.record import Exclusion
 
 __all__ = ["lemon_exclusion"]
 
@@ -24,13 +28,18 @@ log = logging.getLogger(__name__)
 
 def lemon_exclusion(
     cfg: JobConfig, backend: Backend, env: Mapping[str, str], now: float
-) -> Exclusion:
+) -> Exclusion | None:
     """What a submission of ``cfg`` to ``backend`` does with the lemon record of ``env``'s
     user at ``now``: the nodes to exclude, and why (nothing for a backend without nodes to
-    leave out, a local run, or with ``fault.lemon_nodes: false``)."""
-    if not cfg.fault.lemon_nodes:
-        return Exclusion((), ())
-    record = read_record(where(env))
+    leave out, a local run, or with ``fault.lemon_nodes: false``); None without a record (the
+    rest of :mod:`hpc_ddp.lemons` is not even loaded: a submit pays for it only then)."""
+    directory = record_dir(env, Path.home())
+    if not cfg.fault.lemon_nodes or not (directory.exists() or directory.is_symlink()):
+        return None
+    from hpc_ddp.lemons.record import Exclusion, judge, submit_exclusion
+    from hpc_ddp.lemons.store import read_record
+
+    record = read_record(directory)
     for warning in record.warnings:
         log.warning("%s", warning)
     lemons = judge(record.values, now=now, window_s=cfg.fault.lemon_window_days * 86400)
