@@ -221,8 +221,9 @@ def compare(costs: Costs, mtbf: float, seed: int, horizon_faults: int) -> dict[s
         estimate_mtbf(Exposure(horizon, horizon_faults), Exposure()),
         upper_s=DEFAULT_MAX_S,
     ).seconds
+    stall = costs.stall_s / (chosen + costs.stall_s)  # the share of training time saves stall
     return {"mtbf_s": mtbf, "auto": auto, "best_fixed": best, "best_fixed_s": best_t,
-            "auto_s_at_true_m": chosen}  # fmt: skip
+            "auto_s_at_true_m": chosen, "stall_share": stall}  # fmt: skip
 
 
 # --- 3. reporting ---------------------------------------------------------------------------
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"schedule: seed {args.seed}, {horizon} MTBFs of wall time each\n")
     print(
         f"{'MTBF':>8} {'auto ETTR':>10} {'auto T*':>9} {'best fixed':>11} {'at T':>9} "
-        f"{'gap (pt)':>9}"
+        f"{'gap (pt)':>9} {'C/(T*+C)':>9}"
     )
     targets = Targets()
     rows = [compare(costs, m, args.seed, horizon) for m in MTBFS]
@@ -259,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{row['mtbf_s']:>7.0f}s {row['auto']:>10.4f} {row['auto_s_at_true_m']:>8.1f}s "
             f"{row['best_fixed']:>11.4f} "
-            f"{row['best_fixed_s']:>8.1f}s {gap:>9.2f}"
+            f"{row['best_fixed_s']:>8.1f}s {gap:>9.2f} {100 * row['stall_share']:>8.2f}%"
         )
     print()
     for row in rows:
