@@ -52,8 +52,9 @@ def test_two_ranks_save_at_the_chosen_interval_and_record_w(tmp_path: Path) -> N
         assert save.step - before.step == save.auto.interval_steps
         assert save.auto.mtbf_from == "run+history"
         assert save.auto.interval_s >= WRITE_S  # never below W
-        # Steps are padded to STEP_S; a busy machine only makes them longer.
-        assert STEP_S * 0.9 <= save.auto.step_s <= STEP_S * 5
+        # Steps are padded to STEP_S (a busy machine only makes them longer): measured, not
+        # guessed.
+        assert save.auto.step_s >= STEP_S * 0.9
     # The interval is the model's optimum for what rank 0 measured.
     plan = periodic[-1].auto
     assert plan is not None
