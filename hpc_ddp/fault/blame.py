@@ -96,6 +96,15 @@ class FaultRecord:
     last_progress: float | None = None
     """When the blamed ranks last made progress (a step, a phase change), if known."""
 
+    def for_program(self, per_task: int) -> FaultRecord:
+        """This record in the numbering of a program that runs ``per_task`` ranks in each task
+        (torchrun's workers, task ``t`` holding ranks ``t * per_task ...``): every rank of a
+        blamed task is blamed, as torchrun ends them all when one fails."""
+        if per_task == 1:
+            return self
+        ranks = tuple(t * per_task + local for t in self.ranks for local in range(per_task))
+        return replace(self, ranks=ranks)
+
     def to_dict(self) -> dict[str, Any]:
         """The record as plain JSON values."""
         data = asdict(self)

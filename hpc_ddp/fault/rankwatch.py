@@ -26,9 +26,10 @@ from hpc_ddp.fault.watchdog import (
     exit_note_path,
     launch_paths,
     start_watchdog,
+    task_place,
     write_exit_note,
 )
-from hpc_ddp.rundir.layout import WATCHDOG_OWNER_ENV
+from hpc_ddp.rundir.layout import TASK_PLACE_ENV, WATCHDOG_OWNER_ENV
 from hpc_ddp.runtime.distenv import DistEnv
 
 
@@ -60,9 +61,14 @@ class RankWatch:
         node = dist.node_name or "local"
         listener = None
         if watchdog is None and cfg.enabled and env.get(WATCHDOG_OWNER_ENV) and dist.world_size > 1:
-            me = Identity(dist.rank, dist.world_size, node, env.get("SLURM_STEP_ID") or None)
-            paths = launch_paths(run_dir, env, dist)
-            listener = FaultListener(cfg, paths, me, supervised=dist.supervised)
+            place = task_place(env.get(TASK_PLACE_ENV), dist.rank, dist.world_size)
+            if place is not None:
+                task, tasks = place
+                me = Identity(task, tasks, node, env.get("SLURM_STEP_ID") or None)
+                paths = launch_paths(run_dir, env, dist)
+                listener = FaultListener(
+                    cfg, paths, me, supervised=dist.supervised, per_task=dist.world_size // tasks
+                )
         return cls(dist.rank, node, watchdog, own, note, listener=listener)
 
     @classmethod
@@ -119,12 +125,19 @@ class RankWatch:
         with contextlib.suppress(OSError, ValueError):
             write_exit_note(self.exit_note, note)
 
-    def crashed(self, exc: BaseException) -> None:
+    def crashed(self, exc: BaseException, *, stopping: bool = False) -> None:
         """Claims the launch's fault (unless this rank only lost a peer) before the slow part of
-        leaving: the others learn of it from the beats, not from a collective."""
+        leaving: the others learn of it from the beats, not from a collective. ``stopping``: a
+        stop signal came already (torchrun ending the workers of a node whose other worker
+        failed, or Slurm's stop): a ``command:`` child that lost a peer then leaves at once
+        rather than wait to be the survivor that saves."""
         if self.watchdog is not None:
             self.watchdog.crashed(f"{type(exc).__name__}: {exc}")
-        elif self.listener is not None and PEER_ERROR.search(f"{type(exc).__name__}: {exc}"):
+        elif (
+            self.listener is not None
+            and not stopping
+            and PEER_ERROR.search(f"{type(exc).__name__}: {exc}")
+        ):
             self.listener.lost_peer()  # the rescue, if this child is the survivor that saves
 
     def stop(self) -> None:

@@ -40,6 +40,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import NoReturn
 
 from hpc_ddp.config.model import FaultConfig
@@ -68,6 +69,7 @@ from hpc_ddp.fault.blame import (
 )
 from hpc_ddp.rundir.layout import (
     LAUNCH_DIR_ENV,
+    TASK_PLACE_ENV,
     WATCHDOG_OWNER_ENV,
     LaunchPaths,
     RunPaths,
@@ -192,10 +194,32 @@ def exit_note_path(
     cfg: FaultConfig, run_dir: Path, env: Mapping[str, str], dist: DistEnv
 ) -> Path | None:
     """Where this rank's session writes its exit note: its launch's directory (a ``command:``
-    child's too, whose parent beats for it); None without ``fault.enabled``."""
+    child's too, whose parent beats for it); None without ``fault.enabled``, and for one of
+    several ranks of a task (torchrun's workers): the notes are numbered by task, and the
+    task's end is its parent's to tell."""
     if not cfg.enabled:
         return None
+    place = task_place(env.get(TASK_PLACE_ENV), dist.rank, dist.world_size)
+    if place is None or place[1] != dist.world_size:
+        return None
     return launch_paths(run_dir, env, dist).exit_note(dist.rank)
+
+
+def task_place(given: str | None, rank: int, world: int) -> tuple[int, int] | None:
+    """(task, tasks) of the parent task running program rank ``rank`` of ``world``, from its
+    ``RANK/WORLD`` (:data:`TASK_PLACE_ENV`; none given: the rank is the task). None when the
+    program's ranks are not the tasks' in order, ``world // tasks`` to each (torchrun's workers
+    under a rendezvous that numbered the nodes otherwise): its faults cannot be mapped, so it
+    has no survivor's save, and the restart goes on from the newest checkpoint."""
+    if not given:
+        return rank, world
+    try:
+        task, tasks = (int(x) for x in given.split("/"))
+    except ValueError:
+        return None
+    if tasks < 1 or world % tasks or rank // (world // tasks) != task:
+        return None
+    return task, tasks
 
 
 def claim_fault(path: Path, record: FaultRecord) -> bool:
@@ -659,6 +683,10 @@ class FaultListener:
     watchdog reads for a declared fault, once a beat; on one it runs ``on_fault`` and ends the
     process with the peer-fault code. :meth:`start` writes the rescue note that tells the
     parent to let this process finish before ending it.
+
+    ``me`` is the parent's task (the launch's numbering: beats, fault records, rescue notes);
+    ``per_task``: the program's ranks in each task (torchrun's workers), onto which a record's
+    ranks are mapped before ``on_fault`` sees it (:meth:`FaultRecord.for_program`).
     """
 
     def __init__(
@@ -668,14 +696,17 @@ class FaultListener:
         me: Identity,
         *,
         supervised: bool,
+        per_task: int = 1,
         exit: Callable[[int], NoReturn] = os._exit,
     ) -> None:
         self.cfg, self.launch, self.me, self.supervised = cfg, launch, me, supervised
+        self.per_task = per_task
         self.on_fault: Callable[[FaultRecord], bool] | None = None
         self._exit = exit
         self._peers = ring_peers(me)
         self._since = time.time()
         self._gone = threading.Event()
+        self._saving = False
         self._thread: threading.Thread | None = None
 
     def start(self, on_fault: Callable[[FaultRecord], bool]) -> None:
@@ -692,9 +723,28 @@ class FaultListener:
 
     def lost_peer(self) -> None:
         """The main thread lost a peer: wait for the fault to be declared and this process to
-        end after the rescue (or, if none is declared, go on leaving)."""
-        if self._thread is not None:
+        end after the rescue (or, if none is declared, go on leaving).
+
+        A SIGTERM ends the wait unless this process is saving: its own launcher is ending it
+        (torchrun, whose other worker failed, ends its node's workers and waits for them before
+        its task can tell the launch; or a stop forwarded by the parent)."""
+        if self._thread is None:
+            return
+        if threading.current_thread() is not threading.main_thread():
             self._gone.wait(self.cfg.stale_s + 3 * self.cfg.beat_s)
+            return
+        before = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, self._woken)
+        try:
+            self._gone.wait(self.cfg.stale_s + 3 * self.cfg.beat_s)
+        finally:
+            signal.signal(signal.SIGTERM, before)
+
+    def _woken(self, signum: int, frame: FrameType | None) -> None:
+        """SIGTERM during :meth:`lost_peer`: stop waiting, unless saving."""
+        del signum, frame
+        if not self._saving:
+            self._gone.set()
 
     def _run(self) -> None:
         while True:
@@ -707,11 +757,13 @@ class FaultListener:
                 continue
             done = True
             if self.on_fault is not None:
+                self._saving = True  # and so it stays if it saved: the process ends next
                 try:
-                    done = self.on_fault(record)
+                    done = self.on_fault(record.for_program(self.per_task))
                 except Exception:
                     log.exception("the survivor's save failed")
             if not done:
+                self._saving = False
                 return  # not the survivor that saves: the parent ends this process
             with contextlib.suppress(Exception):
                 sys.stdout.flush()

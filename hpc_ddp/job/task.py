@@ -54,6 +54,7 @@ from hpc_ddp.rundir.layout import (
     RUN_DIR_ENV,
     RUN_ID_ENV,
     TASK_LAUNCHER_ENV,
+    TASK_PLACE_ENV,
     WATCHDOG_OWNER_ENV,
     RunPaths,
 )
@@ -224,6 +225,7 @@ def run_command(
     watchdog = current()
     if watchdog is not None:
         child_env[WATCHDOG_OWNER_ENV] = "1"  # this process beats for the child
+        child_env[TASK_PLACE_ENV] = f"{dist.rank}/{dist.world_size}"
     # With MASTER_PORT set, the child's session takes the port as given (launcher-set).
     interpreter = task_interpreter(cfg)
     command = with_local_rank(cfg, command_argv(cfg, interpreter), dist.local_rank)
@@ -270,12 +272,31 @@ def run_command(
         signal.signal(sig, forward)
     code = _wait_child(proc, watchdog)
     forward.cancel()
+    _claim_torchrun_failure(cfg, watchdog, code, program, stopped=bool(forward.stops))
     if dist.is_main:
         _record_workdir_files(paths.root, began)
     if not forward.stops:
         record_child_end(coordinator, code, program, began)
         return exit_status(code)
     return _record_stopped(forward, code, program)
+
+
+def _claim_torchrun_failure(
+    cfg: JobConfig, watchdog: Watchdog | None, code: int, program: str, *, stopped: bool
+) -> None:
+    """Under ``dist.launcher: torchrun``, torchrun ended with ``code``, no stop signal given
+    (``stopped``): a failure is this task's crash, claimed as the launch's fault before the
+    task ends.
+
+    torchrun exits 1 whichever of its workers failed, and ends the others: from the srun
+    task's status alone, a node whose worker died and a node that lost its peer look alike. A
+    survivor's torchrun ends only after the fault is declared (its workers wait for it, to
+    save), so the claim made here names the node the failure came from."""
+    if cfg.dist.launcher != "torchrun" or stopped or watchdog is None:
+        return
+    failure = child_failure(code, program)
+    if failure is not None:
+        watchdog.crashed(failure)
 
 
 def _wait_child(proc: subprocess.Popen[bytes], watchdog: Watchdog | None) -> int:

@@ -107,6 +107,11 @@ WATCHDOG_OWNER_ENV = "HPC_DDP_WATCHDOG_OWNER"
 """Set by a ``command:`` task's ``hpc-ddp run`` parent for its child: the parent beats for the
 rank, so a session in the child starts no watchdog of its own."""
 
+TASK_PLACE_ENV = "HPC_DDP_TASK_PLACE"
+"""Set with :data:`WATCHDOG_OWNER_ENV`: ``RANK/WORLD`` of the parent's task among the launch's
+tasks, the numbering its beat and the launch's fault records use. A program that runs several
+ranks per task (torchrun's workers) maps a fault onto its own ranks with it."""
+
 LATEST_CHECKPOINT = "latest"
 """``checkpoints/latest``: names the newest checkpoint file, a hint for people and tools."""
 CHECKPOINT_TMP_PREFIX = ".tmp-"
@@ -328,6 +333,7 @@ __all__ = [
     "SUPERVISED_ENV",
     "TASK_CONFIGS_FILE",
     "TASK_LAUNCHER_ENV",
+    "TASK_PLACE_ENV",
     "WATCHDOG_OWNER_ENV",
     "WORKDIR_FILES_FILE",
     "Checkpoint",

@@ -207,7 +207,7 @@ class SessionAttempt:
         step = self._progress.step
         self._watch.note_exit(step, error=f"{type(exc).__name__}: {exc}".splitlines()[0][:400])
         self.coordinator.crash(step=step, checkpoint=self.checkpoint, error=exc)
-        self._watch.crashed(exc)
+        self._watch.crashed(exc, stopping=self._stop_flag.received is not None)
 
     def arm_rescue(self, seed: int) -> None:
         """As training starts (once): when a peer dies, hangs or loses its node, the lowest

@@ -94,3 +94,43 @@ def test_without_rank_0_a_batchnorm_model_falls_back_and_the_ledger_says_why(
     assert again.resumed_from_step == periodic
     assert _goodput(slurm_cluster, run_dir)["redone_steps"] >= KILL_AT - periodic - 1
     assert e2e.final_digest(slurm_cluster, run_dir) == twins[True]
+
+
+def _torchrun_job(tmp: Path, kill_at: int, kill_rank: int) -> Path:
+    script = Path(__file__).resolve().parents[1] / "helpers" / "rescued.py"
+    config = tmp / "torchrun.yaml"
+    config.write_text(
+        "name: rescued-torchrun\n"
+        f"command: [python, {script}, '{STEPS}', '{EVERY}', '{kill_at}', '{kill_rank}']\n"
+        "slurm: {nodes: 2, tasks_per_node: 1, cpus_per_task: 2, time: '00:05:00'}\n"
+        'env: {vars: {OMP_NUM_THREADS: "1"}}\n'
+        "train: {keep_last: 10}\n"
+        "dist: {launcher: torchrun, procs_per_node: 2, timeout_s: 60}\n"
+        "fault: {beat_s: 0.5, stale_s: 3, startup_timeout_s: 120, step_timeout_s: 10}\n"
+    )
+    return config
+
+
+def test_torchrun_workers_lost_with_their_node_task_are_rescued_by_the_next_nodes_first(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """torchrun's worker 1 (node 0's second) dies inside its update: torchrun ends node 0's
+    workers, the launch blames task 0, and worker 2 (node 1's first, the lowest survivor in
+    the workers' numbering) writes the step."""
+    runs = []
+    for kill_at in (0, KILL_AT):
+        job = e2e.submit(slurm_cluster, tmp_path / f"runs-{kill_at}",
+                         str(_torchrun_job(tmp_path, kill_at, 1)))  # fmt: skip
+        fields = e2e.wait_done(slurm_cluster, job.job_id, timeout_s=300)
+        assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "0"), fields
+        runs.append(job.run_dir)
+    twin, run_dir = runs
+    dead, again = e2e.ledger(run_dir)
+    assert dead.blame is not None
+    assert dead.blame.ranks == (0,)  # the launch's numbering: node 0's task
+    assert dead.rescue is not None, dead
+    assert (dead.rescue.rank, dead.rescue.step) == (2, KILL_AT), dead.rescue
+    assert (again.resumed_from_step, again.cause) == (KILL_AT, EndCause.FINISHED)
+    assert (dead.world_size, again.world_size) == (4, 4)
+    assert _goodput(slurm_cluster, run_dir)["redone_steps"] == 0
+    assert e2e.final_digest(slurm_cluster, run_dir) == e2e.final_digest(slurm_cluster, twin)
