@@ -112,6 +112,24 @@ class FaultRecord:
         return data
 
 
+def task_place(given: str | None, rank: int, world: int) -> tuple[int, int] | None:
+    """(task, tasks) of the parent task running program rank ``rank`` of ``world``, from its
+    ``RANK/WORLD`` (:data:`~hpc_ddp.rundir.layout.TASK_PLACE_ENV`; none given: the rank is the
+    task). None when the program's ranks are not the tasks' in order, ``world // tasks`` to
+    each (torchrun's workers under a rendezvous that numbered the nodes otherwise): its faults
+    cannot be mapped, so it has no survivor's save, and the restart goes on from the newest
+    checkpoint."""
+    if not given:
+        return rank, world
+    try:
+        task, tasks = (int(x) for x in given.split("/"))
+    except ValueError:
+        return None
+    if tasks < 1 or world % tasks or rank // (world // tasks) != task:
+        return None
+    return task, tasks
+
+
 @dataclass(frozen=True)
 class Beat:
     """One rank's heartbeat record (see the module docstring)."""

@@ -18,15 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_ddp.config.model import FaultConfig
-from hpc_ddp.fault.blame import PEER_ERROR, ExitNote, FaultRecord
+from hpc_ddp.fault.blame import PEER_ERROR, ExitNote, FaultRecord, task_place
+from hpc_ddp.fault.listener import FaultListener
 from hpc_ddp.fault.watchdog import (
-    FaultListener,
     Identity,
     Watchdog,
     exit_note_path,
     launch_paths,
     start_watchdog,
-    task_place,
     write_exit_note,
 )
 from hpc_ddp.rundir.layout import TASK_PLACE_ENV, WATCHDOG_OWNER_ENV

@@ -40,7 +40,6 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import NoReturn
 
 from hpc_ddp.config.model import FaultConfig
@@ -66,6 +65,7 @@ from hpc_ddp.fault.blame import (
     parse_beat,
     parse_exit_note,
     parse_fault,
+    task_place,
 )
 from hpc_ddp.rundir.layout import (
     LAUNCH_DIR_ENV,
@@ -203,23 +203,6 @@ def exit_note_path(
     if place is None or place[1] != dist.world_size:
         return None
     return launch_paths(run_dir, env, dist).exit_note(dist.rank)
-
-
-def task_place(given: str | None, rank: int, world: int) -> tuple[int, int] | None:
-    """(task, tasks) of the parent task running program rank ``rank`` of ``world``, from its
-    ``RANK/WORLD`` (:data:`TASK_PLACE_ENV`; none given: the rank is the task). None when the
-    program's ranks are not the tasks' in order, ``world // tasks`` to each (torchrun's workers
-    under a rendezvous that numbered the nodes otherwise): its faults cannot be mapped, so it
-    has no survivor's save, and the restart goes on from the newest checkpoint."""
-    if not given:
-        return rank, world
-    try:
-        task, tasks = (int(x) for x in given.split("/"))
-    except ValueError:
-        return None
-    if tasks < 1 or world % tasks or rank // (world // tasks) != task:
-        return None
-    return task, tasks
 
 
 def claim_fault(path: Path, record: FaultRecord) -> bool:
@@ -672,105 +655,6 @@ def declared_fault(
         found.append(beat.fault if beat is not None else None)
     fresh = [f for f in found if f is not None and f.time >= since - 1.0]
     return fresh[0] if fresh else None
-
-
-class FaultListener:
-    """The ear of a ``command:`` child's session for its launch's fault.
-
-    The child has no watchdog (its parent, ``hpc-ddp run``, beats for it and ends it when the
-    launch ends); but the child holds the training state, so a survivor's save
-    (:mod:`hpc_ddp.fault.rescue`) must run here. Once :meth:`start` ed, a thread reads what the
-    watchdog reads for a declared fault, once a beat; on one it runs ``on_fault`` and ends the
-    process with the peer-fault code. :meth:`start` writes the rescue note that tells the
-    parent to let this process finish before ending it.
-
-    ``me`` is the parent's task (the launch's numbering: beats, fault records, rescue notes);
-    ``per_task``: the program's ranks in each task (torchrun's workers), onto which a record's
-    ranks are mapped before ``on_fault`` sees it (:meth:`FaultRecord.for_program`).
-    """
-
-    def __init__(
-        self,
-        cfg: FaultConfig,
-        launch: LaunchPaths,
-        me: Identity,
-        *,
-        supervised: bool,
-        per_task: int = 1,
-        exit: Callable[[int], NoReturn] = os._exit,
-    ) -> None:
-        self.cfg, self.launch, self.me, self.supervised = cfg, launch, me, supervised
-        self.per_task = per_task
-        self.on_fault: Callable[[FaultRecord], bool] | None = None
-        self._exit = exit
-        self._peers = ring_peers(me)
-        self._since = time.time()
-        self._gone = threading.Event()
-        self._saving = False
-        self._thread: threading.Thread | None = None
-
-    def start(self, on_fault: Callable[[FaultRecord], bool]) -> None:
-        """Listen, and run ``on_fault`` (on this thread) when a fault is declared: True when
-        this process made the rescue (or tried) and is to end now; False leaves it to its
-        parent, which ends it as before."""
-        if self._thread is not None:
-            return
-        self.on_fault = on_fault
-        with contextlib.suppress(OSError):
-            self.launch.rescue_note(self.me.rank).write_text(f"{os.getpid()}\n")
-        self._thread = threading.Thread(target=self._run, name="hpc-ddp-fault-ear", daemon=True)
-        self._thread.start()
-
-    def lost_peer(self) -> None:
-        """The main thread lost a peer: wait for the fault to be declared and this process to
-        end after the rescue (or, if none is declared, go on leaving).
-
-        A SIGTERM ends the wait unless this process is saving: its own launcher is ending it
-        (torchrun, whose other worker failed, ends its node's workers and waits for them before
-        its task can tell the launch; or a stop forwarded by the parent)."""
-        if self._thread is None:
-            return
-        if threading.current_thread() is not threading.main_thread():
-            self._gone.wait(self.cfg.stale_s + 3 * self.cfg.beat_s)
-            return
-        before = signal.getsignal(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, self._woken)
-        try:
-            self._gone.wait(self.cfg.stale_s + 3 * self.cfg.beat_s)
-        finally:
-            signal.signal(signal.SIGTERM, before)
-
-    def _woken(self, signum: int, frame: FrameType | None) -> None:
-        """SIGTERM during :meth:`lost_peer`: stop waiting, unless saving."""
-        del signum, frame
-        if not self._saving:
-            self._gone.set()
-
-    def _run(self) -> None:
-        while True:
-            time.sleep(self.cfg.beat_s)
-            try:
-                record = declared_fault(self.launch, self._peers, self.supervised, self._since)
-            except Exception:  # a bad file: listen on
-                continue
-            if record is None:
-                continue
-            done = True
-            if self.on_fault is not None:
-                self._saving = True  # and so it stays if it saved: the process ends next
-                try:
-                    done = self.on_fault(record.for_program(self.per_task))
-                except Exception:
-                    log.exception("the survivor's save failed")
-            if not done:
-                self._saving = False
-                return  # not the survivor that saves: the parent ends this process
-            with contextlib.suppress(Exception):
-                sys.stdout.flush()
-                sys.stderr.flush()
-            self._exit(PEER_FAULT_EXIT_CODE)
-            self._gone.set()  # only where ``exit`` returns (a test)
-            return
 
 
 def _proc_state(pid: int) -> str | None:

@@ -13,9 +13,10 @@ import pytest
 
 from hpc_ddp.config.model import FaultConfig
 from hpc_ddp.exitcodes import PEER_FAULT_EXIT_CODE
-from hpc_ddp.fault.blame import FaultRecord
+from hpc_ddp.fault.blame import FaultRecord, task_place
+from hpc_ddp.fault.listener import FaultListener
 from hpc_ddp.fault.rescue import writer_rank
-from hpc_ddp.fault.watchdog import FaultListener, Identity, claim_fault, task_place
+from hpc_ddp.fault.watchdog import Identity, claim_fault
 from hpc_ddp.rundir.layout import LaunchPaths
 
 
