@@ -253,7 +253,7 @@ def test_sigkill_during_saves_always_leaves_a_loadable_checkpoint(tmp_path: Path
     assert all(r["step"] is not None and r["intact"] for r in rounds), rounds
     steps = [r["step"] for r in rounds]
     assert steps == sorted(steps)  # never went back to an older checkpoint
-    assert steps[-1] > kills // 2  # the writers made progress between kills
+    assert steps[-1] > kills // 3  # the writers made progress between kills
     assert sum(r["torn"] for r in rounds) >= 5  # many kills did land in the middle of a write
     found = find_latest(tmp_path)
     assert found is not None

@@ -3,7 +3,8 @@
 Usage: ckpt_killer.py DIR KILLS SEED. Imports torch once, then forks a writer per round (a
 fresh interpreter per round would cost seconds of torch import each). Each writer saves
 checkpoints in a loop, continuing from the newest one it finds; the parent kills it after a
-random delay and then loads the newest complete checkpoint. Prints one JSON list with, per
+random delay (0.1 to 3 times one save, as timed on this machine at the start) and then loads
+the newest complete checkpoint. Prints one JSON list with, per
 round, the step found, whether its tensors are intact, and whether the kill left a torn
 temporary file behind (proof that it landed mid-write).
 """
@@ -51,7 +52,11 @@ def main() -> None:
     directory, kills, seed = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     torch.set_num_threads(1)
     rng = random.Random(seed)
+    began = time.monotonic()
     write(directory, payload(0), keep_last=2)
+    # Kill delays in units of one save as this machine runs it now: a busy machine's saves
+    # are slower, and delays in fixed milliseconds would then land before any save ends.
+    unit = max(time.monotonic() - began, 0.02)
     rounds: list[dict[str, object]] = []
     last = 0
     for _ in range(kills):
@@ -61,7 +66,7 @@ def main() -> None:
                 writer(directory, last)
             finally:
                 os._exit(0)
-        time.sleep(rng.uniform(0.005, 0.12))
+        time.sleep(rng.uniform(0.1, 3.0) * unit)
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         torn = any(p.name.startswith(".tmp-") for p in directory.iterdir())
