@@ -247,13 +247,23 @@ def collective_device(backend: str) -> torch.device:
 
 
 def init_process_group(
-    dist: DistEnv, cfg: DistConfig, run_dir: Path, env: Mapping[str, str]
+    dist: DistEnv,
+    cfg: DistConfig,
+    run_dir: Path,
+    env: Mapping[str, str],
+    *,
+    startup_timeout_s: float | None = None,
 ) -> ProcessGroupInfo:
     """Set this rank's device and join the default process group.
 
     Every wait (rendezvous, store, collectives) is bounded by ``cfg.timeout_s``, so a rank
     whose peers never come fails with an error instead of hanging. With ``init_method: env``
     this writes the rank variables into ``os.environ``.
+
+    ``startup_timeout_s`` (longer): the collectives' bound until :func:`end_startup`. The
+    ranks leave the rendezvous together, but each then builds its model and restores at its
+    own pace (a busy node, a compile): DDP's first broadcast may wait on a peer for longer
+    than a ``dist.timeout_s`` that suits the training steps.
     """
     import torch
     import torch.distributed as tdist
@@ -297,13 +307,16 @@ def init_process_group(
         url = _init_url(dist, cfg.init_method, rendezvous, env, port)
         if port is not None and _owns_store(dist, cfg):
             store = _tcp_store(dist, port, timeout)
+    collectives = timeout
+    if startup_timeout_s is not None and startup_timeout_s > cfg.timeout_s:
+        collectives = timedelta(seconds=startup_timeout_s)
     tdist.init_process_group(
         backend,
         init_method=None if store is not None else url,
         store=store,
         rank=dist.rank,
         world_size=dist.world_size,
-        timeout=timeout,
+        timeout=collectives,
         device_id=device_id,
     )
     log.info(
@@ -315,6 +328,15 @@ def init_process_group(
         url,
     )
     return ProcessGroupInfo(backend=backend, device=device, init_method=url, master_port=port)
+
+
+def end_startup(cfg: DistConfig) -> None:
+    """The start-up is over (the first step ended): the default group's collectives are bounded
+    by ``cfg.timeout_s`` from now on (see :func:`init_process_group`)."""
+    import torch.distributed as tdist
+
+    if tdist.is_initialized() and tdist.get_world_size() > 1:
+        tdist.set_timeout(timedelta(seconds=cfg.timeout_s))
 
 
 def _usable_gpus(count: int, grant: GpuGrant, backend: str) -> int:

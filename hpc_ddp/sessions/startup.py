@@ -135,7 +135,10 @@ def start_rank(
     try:
         # Before the rendezvous: a forked twin of this rank must not join anything.
         claim_rank(launch_paths(run_dir, env, dist).root, dist.rank)
-        group = init_process_group(dist, config.dist, run_dir, env)
+        # Under the fault model start-up has its own deadline (fault.startup_timeout_s), and
+        # so do its collectives, until the first step ends (Session.steps: end_startup).
+        startup_s = config.fault.startup_timeout_s if config.fault.enabled else None
+        group = init_process_group(dist, config.dist, run_dir, env, startup_timeout_s=startup_s)
     except BaseException:
         stop_flag.close()
         raise

@@ -130,9 +130,16 @@ def test_each_step_saved_is_told_once_when_durable_and_nothing_is_saved_untracke
 
 
 def _slow_run(
-    run_dir: Path, total: int, *, write_s: float, load_s: float, io_timeout_s: int = 60
+    run_dir: Path,
+    total: int,
+    *,
+    write_s: float,
+    load_s: float,
+    io_timeout_s: int = 60,
+    late_s: float = 0.0,
 ) -> list[tuple[int, str, str]]:
-    argv = [SLOW_IO, str(run_dir), str(total), str(write_s), str(load_s), "3", str(io_timeout_s)]
+    argv = [SLOW_IO, str(run_dir), str(total), str(write_s), str(load_s), "3", str(io_timeout_s),
+            str(late_s)]  # fmt: skip
     return run_ranks(argv, 2, timeout=180)
 
 
@@ -155,6 +162,17 @@ def test_slow_checkpoint_writes_and_loads_outlast_the_collective_timeout(tmp_pat
     whole = _results(_slow_run(tmp_path / "whole", 6, write_s=0, load_s=0))
     assert resumed[0]["digest"] == whole[0]["digest"]
     assert [i.step for i in list_checkpoints(tmp_path / "run", verify=True)] == [2, 4, 6]
+
+
+def test_a_rank_later_than_dist_timeout_to_its_first_collective_is_waited_for(
+    tmp_path: Path,
+) -> None:
+    """dist.timeout_s 3 bounds the training steps' collectives, not the start-up's: a rank that
+    builds its model 6 s after its peer (a busy node) meets it in DDP's first broadcast, under
+    fault.startup_timeout_s, and both train to the end."""
+    done = _results(_slow_run(tmp_path / "run", 4, write_s=0, load_s=0, late_s=6))
+    assert [r["step"] for r in done] == [4, 4]
+    assert done[0]["digest"] == done[1]["digest"]
 
 
 def test_rank_0_io_past_the_checkpoint_timeout_fails_every_rank_and_says_why(

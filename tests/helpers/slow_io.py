@@ -1,6 +1,6 @@
 """One rank of a run whose rank 0 reads and writes checkpoints slower than ``dist.timeout_s``.
 
-Usage: slow_io.py RUN_DIR TOTAL SLOW_WRITE_S SLOW_LOAD_S TIMEOUT_S CHECKPOINT_TIMEOUT_S
+Usage: slow_io.py RUN_DIR TOTAL SLOW_WRITE_S SLOW_LOAD_S TIMEOUT_S CHECKPOINT_TIMEOUT_S [LATE_S]
 
 A session with ``dist.timeout_s = TIMEOUT_S`` and ``fault.checkpoint_timeout_s =
 CHECKPOINT_TIMEOUT_S`` trains a small DDP model to step TOTAL, checkpointing every 2 steps and at
@@ -8,7 +8,8 @@ the end. On rank 0 every checkpoint write first sleeps SLOW_WRITE_S and every ``
 SLOW_LOAD_S (a large state on a slow shared file system). The ranks start their sessions
 together (each waits for the others' ready file first), so that only the slow I/O, and not a
 slow ``import torch`` on a busy machine, can outlast the short timeout. Prints
-``{"rank", "resumed_from", "step", "digest"}`` as JSON.
+``{"rank", "resumed_from", "step", "digest"}`` as JSON. LATE_S: rank 1 builds its model that
+much later than rank 0 (a slow node's start-up), after the process group is joined.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def start_together(run_dir: Path, rank: int, world: int) -> None:
 def main() -> None:
     run_dir, total = Path(sys.argv[1]), int(sys.argv[2])
     write_s, load_s, timeout_s, io_timeout_s = (float(a) for a in sys.argv[3:7])
+    late_s = float(sys.argv[7]) if len(sys.argv) > 7 else 0.0
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if rank == 0:
         slow_down(write_s, load_s)
@@ -70,6 +72,8 @@ def main() -> None:
     start_together(run_dir, rank, world)
     with Session(run_dir, config) as s:
         torch.manual_seed(0)
+        if rank == 1:
+            time.sleep(late_s)
         model = s.wrap(nn.Linear(8, 4))
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         loaded = s.restore(model=model, optimizer=opt)
