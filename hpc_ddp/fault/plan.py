@@ -11,6 +11,8 @@ decided here, from the finding, the submission's launches so far (the ledger) an
   launches in a row that died without a newer checkpoint (:func:`no_progress_streak`);
 - :func:`exclusion`: which nodes a fault makes bad for the rest of the submission;
 - :func:`decide_refused`: what follows a step srun could not start at all;
+- :func:`with_own_words`, :func:`with_scheduler_words`, :func:`with_detected_at`: a finding
+  with better evidence (the rank's own words, the scheduler's) or the time it was detected;
 - :func:`ended_on_purpose`: whether a launch ended without a fault (finished, an agreed stop),
   so the job ends with the ranks' own exit status.
 
@@ -20,7 +22,7 @@ the checkpoints on disk, Slurm's restart count) comes in as an argument.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -232,6 +234,31 @@ def with_own_words(finding: Finding, entry: Attempt | None) -> Finding:
     )  # fmt: skip
 
 
+def with_scheduler_words(finding: Finding, down: Mapping[str, str]) -> Finding:
+    """A finding whose blamed nodes the scheduler says are down (``down``: node -> its state,
+    none when it says nothing): a lost node (``node_fail``), the scheduler's words added to the
+    evidence."""
+    if not down:
+        return finding
+    said = ", ".join(f"{n} is {s}" for n, s in down.items())
+    blame = finding.blame
+    return Finding(
+        EndCause.NODE_FAIL,
+        Blame(blame.ranks, blame.nodes, f"{blame.evidence}; Slurm: {said}", True,
+              blame.detected_at, blame.last_progress_at),
+    )  # fmt: skip
+
+
+def with_detected_at(finding: Finding, detected: float | None) -> Finding:
+    """The finding with ``detected`` as the time its fault was detected."""
+    blame = finding.blame
+    return Finding(
+        finding.cause,
+        Blame(blame.ranks, blame.nodes, blame.evidence, blame.node_level, detected,
+              blame.last_progress_at),
+    )  # fmt: skip
+
+
 def decide_refused(
     why: str, bad: Sequence[str], *, scheduled: bool, requeues_left: bool, now: float
 ) -> tuple[Requeue | Stop, Blame]:
@@ -281,5 +308,7 @@ __all__ = [
     "recorded_cause",
     "restarts_used",
     "started_from",
+    "with_detected_at",
     "with_own_words",
+    "with_scheduler_words",
 ]

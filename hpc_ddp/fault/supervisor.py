@@ -70,7 +70,9 @@ from hpc_ddp.fault.plan import (
     ended_on_purpose,
     exclusion,
     recorded_cause,
+    with_detected_at,
     with_own_words,
+    with_scheduler_words,
 )
 from hpc_ddp.fault.watchdog import (
     read_beats,
@@ -89,7 +91,7 @@ from hpc_ddp.rundir.layout import (
     RunPaths,
     launch_key,
 )
-from hpc_ddp.rundir.ledger import Attempt, Blame
+from hpc_ddp.rundir.ledger import Attempt
 from hpc_ddp.rundir.run_id import recorded_run_id
 
 log = logging.getLogger("hpc_ddp.supervisor")
@@ -367,69 +369,40 @@ class Supervisor:
     # --- the lemon record (across runs) ----------------------------------------------------
 
     def _with_lemons(self, bad: dict[str, str]) -> dict[str, str]:
-        """``bad`` and the lemon record's nodes in this allocation (:mod:`hpc_ddp.lemons`),
-        while it keeps enough others for a launch: Slurm may have given them to this job
-        (they became lemons while it waited, or the partition was too small to exclude them
-        at submit). A record that cannot be read only warns."""
+        """``bad`` and the lemon record's nodes this allocation's launches leave out
+        (:func:`~hpc_ddp.lemons.record.launch_exclusion`). A record that cannot be read only
+        warns."""
         if not self.cfg.fault.lemon_nodes:
             return bad
-        from hpc_ddp.lemons.record import judge
+        from hpc_ddp.lemons.record import launch_exclusion
         from hpc_ddp.lemons.store import read_record, where
 
         record = read_record(where(self.env))
-        for warning in record.warnings:
-            log.warning("supervisor: %s", warning)
-        window_s = self.cfg.fault.lemon_window_days * 86400
-        alloc = self.launcher.nodes()
-        lemons = {
-            x.node: f"lemon node: {x.reason}"
-            for x in judge(record.values, now=self._clock(), window_s=window_s)
-            if x.node in alloc and x.node not in bad
-        }
-        if not lemons:
-            return bad
-        needed = self.cfg.slurm.min_nodes or self.cfg.slurm.nodes
-        healthy = [n for n in alloc if n not in bad and n not in lemons]
-        if len(healthy) < needed:
-            log.warning(
-                "supervisor: lemon node(s) %s are in this allocation, which has %d other(s) of "
-                "the %d a launch needs: using them",
-                ", ".join(sorted(lemons)), len(healthy), needed,
-            )  # fmt: skip
-            return bad
-        for node, why in lemons.items():
-            log.warning("supervisor: leaving out %s (%s)", node, why)
-        return {**bad, **lemons}
+        lemons, said = launch_exclusion(
+            record.values, alloc=self.launcher.nodes(), bad=bad, now=self._clock(),
+            needed=self.cfg.slurm.min_nodes or self.cfg.slurm.nodes,
+            window_s=self.cfg.fault.lemon_window_days * 86400,
+        )  # fmt: skip
+        for line in (*record.warnings, *said):
+            log.warning("supervisor: %s", line)
+        return {**bad, **lemons} if lemons else bad
 
     def _remember(self, plan: Plan, finding: Finding, own_error: bool) -> None:
         """Add the nodes a fault points at to the lemon record (a Slurm job's only: a local
         run has one machine to avoid). A record that cannot be written only warns."""
         if not self.cfg.fault.lemon_nodes or self.me.job_id is None:
             return
-        from hpc_ddp.lemons.record import LemonEntry, entry_kind
-        from hpc_ddp.lemons.store import add_entry, where
+        from hpc_ddp.lemons.record import fault_entries
+        from hpc_ddp.lemons.store import add_entries, where
 
-        blame = finding.blame
-        nodes = [n for n in dict.fromkeys(blame.nodes) if n and n != "?"]
-        kind = entry_kind(
-            finding.cause.value,
-            node_level=blame.node_level,
-            own_error=own_error,
-            singled_out=len(nodes) < plan.nodes,
-        )
-        if kind is None or not nodes:
-            return
-        run = recorded_run_id(self.paths) or str(self.paths.root)
-        when = blame.detected_at or self._clock()
-        for node in nodes:
-            entry = LemonEntry(
-                node, kind, finding.cause.value, blame.evidence, run, str(self.paths.root),
-                self.me.job_ref, when,
-            )  # fmt: skip
-            try:
-                add_entry(where(self.env), entry)
-            except OSError as exc:
-                log.warning("supervisor: cannot add %s to the lemon record: %s", node, exc)
+        b, root = finding.blame, str(self.paths.root)
+        entries = fault_entries(
+            finding.cause.value, b.nodes, node_level=b.node_level, own_error=own_error,
+            launch_nodes=plan.nodes, evidence=b.evidence, run=recorded_run_id(self.paths) or root,
+            run_dir=root, job=self.me.job_ref, time=b.detected_at or self._clock(),
+        )  # fmt: skip
+        for warning in add_entries(where(self.env), entries):
+            log.warning("supervisor: %s", warning)
 
     def _run_launch(self, plan: Plan) -> tuple[_Watch, float, LaunchPaths]:
         key = launch_key(self.me.tag or self.me.job_ref, self.me.restart, plan.launch)
@@ -722,35 +695,11 @@ class Supervisor:
             except BackendError as exc:
                 log.warning("supervisor: could not ask the scheduler about the nodes: %s", exc)
                 down = {}
-            if down:
-                said = ", ".join(f"{n} is {s}" for n, s in down.items())
-                blame = finding.blame
-                finding = Finding(
-                    EndCause.NODE_FAIL,
-                    Blame(
-                        blame.ranks,
-                        blame.nodes,
-                        f"{blame.evidence}; Slurm: {said}",
-                        True,
-                        blame.detected_at,
-                        blame.last_progress_at,
-                    ),
-                )
+            finding = with_scheduler_words(finding, down)
         finding = with_own_words(finding, entry)
         if finding.blame.detected_at is None or watch.fault_at is not None:
-            blame = finding.blame
             detected = watch.fault.time if watch.fault is not None else watch.fault_at
-            finding = Finding(
-                finding.cause,
-                Blame(
-                    blame.ranks,
-                    blame.nodes,
-                    blame.evidence,
-                    blame.node_level,
-                    detected,
-                    blame.last_progress_at,
-                ),
-            )
+            finding = with_detected_at(finding, detected)
         return finding
 
     def _refused(

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,9 @@ __all__ = [
     "entry_from_dict",
     "entry_kind",
     "entry_name",
+    "fault_entries",
     "judge",
+    "launch_exclusion",
     "record_dir",
     "submit_exclusion",
 ]
@@ -157,6 +159,31 @@ def entry_kind(cause: str, *, node_level: bool, own_error: bool, singled_out: bo
     return FAULT
 
 
+def fault_entries(
+    cause: str,
+    blamed: Sequence[str],
+    *,
+    node_level: bool,
+    own_error: bool,
+    launch_nodes: int,
+    evidence: str,
+    run: str,
+    run_dir: str,
+    job: str | None,
+    time: float,
+) -> list[LemonEntry]:
+    """The entries a launch's fault adds to the record: one for each node it blames (``?``, an
+    unknown node, is none), of the kind :func:`entry_kind` gives it (none when it gives none).
+    ``launch_nodes``: the nodes the launch ran on (a fault blaming every one singles none out)."""
+    nodes = [n for n in dict.fromkeys(blamed) if n and n != "?"]
+    kind = entry_kind(
+        cause, node_level=node_level, own_error=own_error, singled_out=len(nodes) < launch_nodes
+    )
+    if kind is None:
+        return []
+    return [LemonEntry(n, kind, cause, evidence, run, run_dir, job, time) for n in nodes]
+
+
 @dataclass(frozen=True)
 class Lemon:
     """A node the record says to avoid, and why."""
@@ -202,6 +229,37 @@ def judge(entries: Iterable[LemonEntry], *, now: float, window_s: float) -> tupl
             reason = f"faults in {len(runs)} runs within {_days(window_s)}: {said}"
             found.append(Lemon(node, reason, tuple(mine)))
     return tuple(found)
+
+
+def launch_exclusion(
+    entries: Iterable[LemonEntry],
+    *,
+    alloc: Sequence[str],
+    bad: Collection[str],
+    needed: int,
+    now: float,
+    window_s: float,
+) -> tuple[dict[str, str], list[str]]:
+    """The lemons a supervisor leaves out of its launches (node -> why), and what it says.
+
+    The lemons of ``entries`` (:func:`judge`) in the allocation ``alloc`` and not in ``bad``
+    (already left out): Slurm may have given them to the job (they became lemons while it
+    waited, or the partition was too small to exclude them at submit). They are left out while
+    the allocation keeps ``needed`` other nodes for a launch; else none is, and it says so."""
+    lemons = {
+        x.node: f"lemon node: {x.reason}"
+        for x in judge(entries, now=now, window_s=window_s)
+        if x.node in alloc and x.node not in bad
+    }
+    if not lemons:
+        return {}, []
+    healthy = [n for n in alloc if n not in bad and n not in lemons]
+    if len(healthy) < needed:
+        return {}, [
+            f"lemon node(s) {', '.join(sorted(lemons))} are in this allocation, which has "
+            f"{len(healthy)} other(s) of the {needed} a launch needs: using them"
+        ]
+    return lemons, [f"leaving out {node} ({why})" for node, why in lemons.items()]
 
 
 @dataclass(frozen=True)

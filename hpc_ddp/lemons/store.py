@@ -16,14 +16,14 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from hpc_ddp.durable import create_atomic
 from hpc_ddp.frozen import dataclass
 from hpc_ddp.lemons.record import RETENTION_S, LemonEntry, entry_from_dict, entry_name, record_dir
 
-__all__ = ["Record", "add_entry", "forget_node", "read_record", "where"]
+__all__ = ["Record", "add_entries", "add_entry", "forget_node", "read_record", "where"]
 
 _HINT = "HINT: remove the file, or `hpc-ddp nodes --forget NODE`"
 
@@ -85,6 +85,18 @@ def add_entry(directory: Path, entry: LemonEntry, *, now: float | None = None) -
             break
     _prune(directory, time.time() if now is None else now)
     return path
+
+
+def add_entries(directory: Path, entries: Iterable[LemonEntry]) -> list[str]:
+    """Write each of ``entries`` (:func:`add_entry`); what could not be written, in words (the
+    caller warns: a record is never worth a failed job)."""
+    failed = []
+    for entry in entries:
+        try:
+            add_entry(directory, entry)
+        except OSError as exc:
+            failed.append(f"cannot add {entry.node} to the lemon record: {exc}")
+    return failed
 
 
 def _prune(directory: Path, now: float) -> None:

@@ -3,8 +3,8 @@
 The events themselves (one JSON line each, who writes which) are
 :mod:`hpc_ddp.rundir.ledger_events`. Here is what they fold into (:class:`Attempt`, with its
 :class:`~hpc_ddp.rundir.endcause.EndCause`, :class:`Blame` and :class:`Save`), reading them
-back (:func:`read_ledger`), the number a process writes its attempt's events with
-(:func:`attempt_number`), and which code each attempt ran (:func:`read_code_runs`).
+back (:func:`read_ledger`), and the number a process writes its attempt's events with
+(:func:`attempt_number`). Which code each attempt ran is :mod:`hpc_ddp.rundir.provenance`'s.
 
 ``attempt`` numbers the run's attempts from 0 across all its jobs (Slurm's requeues and
 ``hpc-ddp resume`` alike); ``restart`` is the attempt's ``SLURM_RESTART_COUNT`` within its job,
@@ -784,50 +784,3 @@ def _cause(value: Any) -> EndCause:
 
 def _opt_str(value: Any) -> str | None:
     return None if value is None else str(value)
-
-
-# --- which code each attempt ran ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CodeRun:
-    """One ``code`` event: the file of the job's own code and its digest when an attempt
-    started (rank 0's task appends it, :mod:`hpc_ddp.rundir.provenance`)::
-
-        {"event": "code", "time": ..., "job_id": "4242", "file": "/home/u/train.py",
-         "digest": "sha256:..."}
-    """
-
-    time: float
-    job_id: str | None
-    file: str
-    digest: str
-
-
-def read_code_runs(path: Path) -> list[CodeRun]:
-    """Every ``code`` event in the ledger at ``path``, oldest first ([] without a ledger, or
-    when it cannot be read: the code is a note of ``status``, never its verdict)."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return []
-    runs: list[CodeRun] = []
-    for line in text.splitlines():
-        try:
-            event = json.loads(line)
-            if not isinstance(event, dict) or event.get("event") != "code":
-                continue
-            file, digest = event["file"], event["digest"]
-            if isinstance(file, str) and isinstance(digest, str):
-                job_id = _opt_str(event.get("job_id"))
-                runs.append(CodeRun(_time(event["time"]), job_id, file, digest))
-        except (ValueError, TypeError, KeyError, OverflowError):
-            continue
-    return runs
-
-
-def code_change(runs: list[CodeRun]) -> tuple[CodeRun, CodeRun] | None:
-    """(the first attempt's code, the latest attempt's) when they differ, else None."""
-    if not runs or runs[-1].digest == runs[0].digest:
-        return None
-    return runs[0], runs[-1]

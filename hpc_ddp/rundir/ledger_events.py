@@ -41,7 +41,7 @@ keyed like a launch's events::
      "nodelist": "n[1-2]", "world_size": 8}
 
 And each attempt's task notes which code it runs, a ``code`` line
-(:class:`~hpc_ddp.rundir.ledger.CodeRun`).
+(:class:`~hpc_ddp.rundir.provenance.CodeRun`).
 
 ``requeue_requested`` is true only when hpc-ddp asked ``scontrol requeue`` and Slurm accepted;
 a request that failed is recorded as the cause ``requeue_failed`` with ``requeue_requested``

@@ -12,8 +12,9 @@ never torchrun's own file. Modules are found, never imported
 
 On each attempt the task computes the same digest (:func:`code_of`) where the job runs, and
 rank 0 appends it to the ledger as a ``code`` event
-(:func:`hpc_ddp.rundir.ledger_events.code_event`): ``status`` says when a requeued or resumed
-attempt ran other code than the first.
+(:func:`hpc_ddp.rundir.ledger_events.code_event`), read back as :class:`CodeRun`
+(:func:`read_code_runs`): ``status`` says when a requeued or resumed attempt ran other code
+than the first (:func:`code_change`).
 
 A ``command:`` runs in the directory it was submitted from (:func:`submit_dir_of`): a relative
 script path means the same file on a resume started elsewhere.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.machinery
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,15 +32,19 @@ from pathlib import Path
 
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.params import resolve_command
+from hpc_ddp.rundir.ledger import _time
 
 __all__ = [
     "GIT_TIMEOUT_S",
     "Code",
+    "CodeRun",
     "Provenance",
+    "code_change",
     "code_of",
     "file_digest",
     "gather",
     "git_state",
+    "read_code_runs",
     "torchrun_split",
 ]
 
@@ -273,3 +279,50 @@ def record_code(cfg: JobConfig, ledger: Path, *, job_id: str | None) -> Code | N
         ledger.parent.mkdir(parents=True, exist_ok=True)
         append_line(ledger, code_event(job_id=job_id, file=code.file, digest=code.digest))
     return code
+
+
+# --- which code each attempt ran ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CodeRun:
+    """One ``code`` event: the file of the job's own code and its digest when an attempt
+    started (rank 0's task appends it, :mod:`hpc_ddp.rundir.provenance`)::
+
+        {"event": "code", "time": ..., "job_id": "4242", "file": "/home/u/train.py",
+         "digest": "sha256:..."}
+    """
+
+    time: float
+    job_id: str | None
+    file: str
+    digest: str
+
+
+def read_code_runs(path: Path) -> list[CodeRun]:
+    """Every ``code`` event in the ledger at ``path``, oldest first ([] without a ledger, or
+    when it cannot be read: the code is a note of ``status``, never its verdict)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    runs: list[CodeRun] = []
+    for line in text.splitlines():
+        try:
+            event = json.loads(line)
+            if not isinstance(event, dict) or event.get("event") != "code":
+                continue
+            file, digest = event["file"], event["digest"]
+            if isinstance(file, str) and isinstance(digest, str):
+                job_id = None if event.get("job_id") is None else str(event["job_id"])
+                runs.append(CodeRun(_time(event["time"]), job_id, file, digest))
+        except (ValueError, TypeError, KeyError, OverflowError):
+            continue
+    return runs
+
+
+def code_change(runs: list[CodeRun]) -> tuple[CodeRun, CodeRun] | None:
+    """(the first attempt's code, the latest attempt's) when they differ, else None."""
+    if not runs or runs[-1].digest == runs[0].digest:
+        return None
+    return runs[0], runs[-1]

@@ -224,6 +224,19 @@ class StopFlag:
             self._agreed = decode(code)
         return self._agreed
 
+    def between_steps(
+        self, device: torch.device | str | None, cadence: AgreementCadence, step: int
+    ) -> bool:
+        """Collective, at a step boundary ``cadence`` picked: whether a stop is agreed. The
+        agreement launched at the last boundary is read (:meth:`collect`) and the next one
+        launched (:meth:`launch`): reading an all-reduce the moment it is launched would make a
+        GPU rank wait for every kernel queued before it."""
+        stop = self.collect() is not None  # None when nothing is in flight yet
+        if not stop:
+            self.launch(device, every=cadence.propose(step))
+        cadence.agreed(step, self.every)
+        return stop
+
     def settle(self) -> None:
         """Wait for an agreement in flight and forget its answer (the loop ended before it was
         due: a stop then changes nothing), so no collective is left running at close."""

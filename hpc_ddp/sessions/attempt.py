@@ -17,7 +17,8 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 
 from hpc_ddp.backends.allocation import Allocation
@@ -33,6 +34,7 @@ from hpc_ddp.rundir.ledger import AutoInterval
 from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.stopflag import StopFlag
+from hpc_ddp.sessions.autointerval import AutoCheckpoints
 from hpc_ddp.sessions.startup import Rank
 
 log = logging.getLogger("hpc_ddp")
@@ -68,6 +70,7 @@ class SessionAttempt:
         self._armed = False
         self.on_durable: Callable[[SavedNote], None] | None = None
         """Told of each durable save after its ledger line (rank 0; the auto interval)."""
+        self._auto: Callable[[], AutoCheckpoints] | None = None
 
     @classmethod
     def open(
@@ -80,11 +83,13 @@ class SessionAttempt:
         run_id: str,
         allocation: Allocation,
         since: float,
+        env: Mapping[str, str],
     ) -> SessionAttempt:
         """The attempt of a rank just started: its recorder (asking ``allocation`` for
         requeues; ``since``: when the session began, before any peer could write the start),
         its checkpointer (each save recorded in the ledger), a fault its watchdog declares
-        recorded as its end, and rank 0 makes the checkpoint directory."""
+        recorded as its end, and rank 0 makes the checkpoint directory; ``env``: the session's
+        environment (the auto interval's history)."""
         dist = rank.dist
         coordinator = Coordinator(dist, paths.ledger, config.requeue, allocation, since=since)
         checkpointer = Checkpointer(
@@ -97,6 +102,11 @@ class SessionAttempt:
             run_id=run_id,
         )
         attempt = cls(checkpointer, coordinator, progress, rank.watch, rank.stop_flag)
+        attempt._auto = partial(
+            AutoCheckpoints, config.train, is_main=dist.is_main,
+            broadcast=broadcast_object if dist.world_size > 1 else lambda value: value,
+            settle=checkpointer.settle, ledger=paths.ledger, env=env, run_id=run_id, began=since,
+        )  # fmt: skip
         checkpointer.on_saved(attempt._saved)
         rank.watch.on_fault(attempt.fault)
         if dist.is_main:
@@ -123,6 +133,16 @@ class SessionAttempt:
         auto interval in force (``auto``)."""
         with self._watch.section("checkpoint"):
             return self.checkpointer.save(self._progress, wait=wait, note=auto)
+
+    def auto_checkpoints(self) -> AutoCheckpoints:
+        """The interval of this attempt's loop under ``checkpoint_every="auto"``
+        (:class:`~hpc_ddp.sessions.autointerval.AutoCheckpoints`); rank 0's is told of each
+        durable save (W)."""
+        assert self._auto is not None, "SessionAttempt.open makes an attempt's auto interval"
+        auto = self._auto()
+        if auto.is_main:
+            self.on_durable = auto.durable
+        return auto
 
     def _saved(self, note: SavedNote) -> None:
         """Rank 0's writer thread: a save is durable; the ledger's line, then the listener."""

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Protocol
 
 from hpc_ddp.checkpoint.checkpointer import SavedNote
 from hpc_ddp.checkpoint.interval import (
@@ -36,6 +37,7 @@ from hpc_ddp.checkpoint.interval import (
 )
 from hpc_ddp.config.model import TrainConfig
 from hpc_ddp.durable import write_text_atomic
+from hpc_ddp.errors import ConfigError
 from hpc_ddp.fault.interruptions import (
     HISTORY_FILE,
     HistoryEntry,
@@ -50,6 +52,25 @@ log = logging.getLogger("hpc_ddp")
 
 WARMUP_STEPS = 3
 """Steps timed before the first decision (the first step, with its start-up, is not)."""
+
+
+class Save(Protocol):
+    """A loop's save (:meth:`~hpc_ddp.sessions.attempt.SessionAttempt.save`)."""
+
+    def __call__(self, *, wait: bool, auto: AutoInterval | None = None) -> object: ...
+
+
+def loop_interval(checkpoint_every: object) -> int | None:
+    """A loop's ``checkpoint_every`` checked: a fixed interval in steps (0: only on stop and at
+    the end), or None for ``"auto"``; ConfigError for anything else."""
+    if checkpoint_every == "auto":
+        return None
+    if not isinstance(checkpoint_every, int) or checkpoint_every < 0:
+        raise ConfigError(
+            f"checkpoint_every={checkpoint_every!r} is neither a step count nor 'auto'. "
+            "HINT: pass a number of steps (0: only on stop and at the end) or 'auto'"
+        )
+    return checkpoint_every
 
 
 def state_dir(env: Mapping[str, str]) -> Path:
@@ -153,6 +174,17 @@ class AutoCheckpoints:
             self._cost = (stall, max(note.durable_s, stall))
 
     # --- the loop ---------------------------------------------------------------------------
+
+    def after_step(self, step: int, first_step: int, save: Save) -> None:
+        """After each step of the loop: save when due (``save``, timed: C), then decide again
+        (every rank at the same steps; rank 0's choice broadcast)."""
+        self.step_done(step)
+        if self.due(step):
+            began = time.monotonic()
+            save(wait=False, auto=self.plan)
+            self.saved(step, time.monotonic() - began)
+        if self.deciding(step, first_step):
+            self.decide(step)
 
     def due(self, step: int) -> bool:
         """Is a save due at ``step`` (every rank gets the same answer)?"""

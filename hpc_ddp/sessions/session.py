@@ -79,7 +79,7 @@ from hpc_ddp.runtime.sampler import ResumableLoader
 from hpc_ddp.runtime.sharding import STRATEGIES, mixed_precision, shard_model
 from hpc_ddp.runtime.stopflag import AgreementCadence, StopFlag
 from hpc_ddp.sessions.attempt import SessionAttempt
-from hpc_ddp.sessions.autointerval import AutoCheckpoints
+from hpc_ddp.sessions.autointerval import loop_interval
 from hpc_ddp.sessions.evaluation import EvalLoader
 from hpc_ddp.sessions.startup import (
     Rank,
@@ -191,7 +191,7 @@ class Session:
         allocation = self._allocation or allocation_for(self.env)
         self._attempt = SessionAttempt.open(
             rank, self.paths, self.config, self.progress,
-            run_id=self.run_id, allocation=allocation, since=self._began,
+            run_id=self.run_id, allocation=allocation, since=self._began, env=self.env,
         )  # fmt: skip
         rank.log_start(self.run_dir, self.run_id, self._picked)
         return self
@@ -529,17 +529,10 @@ class Session:
         time and interruption rate, within ``train.checkpoint_min_s``/``checkpoint_max_s``,
         and chosen again after every save (:mod:`hpc_ddp.sessions.autointerval`).
         """
-        if checkpoint_every != "auto" and (
-            not isinstance(checkpoint_every, int) or checkpoint_every < 0
-        ):
-            raise ConfigError(
-                f"checkpoint_every={checkpoint_every!r} is neither a step count nor 'auto'. "
-                "HINT: pass a number of steps (0: only on stop and at the end) or 'auto'"
-            )
+        every = loop_interval(checkpoint_every)  # None: "auto"
         self._begin_attempt(None)
         attempt = self._started()
-        auto = self._auto_checkpoints(attempt) if checkpoint_every == "auto" else None
-        every = checkpoint_every if isinstance(checkpoint_every, int) else 0
+        auto = attempt.auto_checkpoints() if every is None else None
         first = self.progress.step + 1
         attempt.arm_rescue(self.config.train.seed)
         seeds = StepSeeds(self.config.train.seed, self.rank, self.device)
@@ -557,7 +550,7 @@ class Session:
                     self._startup.log()
                 self._watch.step_done(self.progress.step)
                 if auto is not None:
-                    self._auto_step(auto, attempt, first)
+                    auto.after_step(self.progress.step, first, attempt.save)
                 elif every and self.progress.step % every == 0:
                     self.checkpoint()
                 # At the last step a stop changes nothing: the run ends and saves anyway.
@@ -572,51 +565,14 @@ class Session:
             raise
         self.stop_flag.settle()  # an agreement launched before the last step
 
-    def _auto_checkpoints(self, attempt: SessionAttempt) -> AutoCheckpoints:
-        auto = AutoCheckpoints(
-            self.config.train,
-            is_main=self.is_main,
-            broadcast=broadcast_object if self.world_size > 1 else lambda value: value,
-            settle=attempt.checkpointer.settle,
-            ledger=self.paths.ledger,
-            env=self.env,
-            run_id=self.run_id,
-            began=self._began,
-        )
-        if self.is_main:
-            attempt.on_durable = auto.durable
-        return auto
-
-    def _auto_step(self, auto: AutoCheckpoints, attempt: SessionAttempt, first: int) -> None:
-        """After each step under ``checkpoint_every="auto"``: save when due, then decide again
-        (every rank at the same steps; rank 0's choice broadcast)."""
-        step = self.progress.step
-        auto.step_done(step)
-        if auto.due(step):
-            began = time.monotonic()
-            attempt.save(wait=False, auto=auto.plan)
-            auto.saved(step, time.monotonic() - began)
-        if auto.deciding(step, first):
-            auto.decide(step)
-
     def _stop_between_steps(self) -> bool:
-        """The stop agreement of :meth:`steps`, at a boundary its :attr:`cadence` picked.
-
-        Alone (a rank agrees with itself, at the very step) or at a fixed cadence (a test that
-        needs the stop after an exact step) it is :meth:`should_stop`. Otherwise the agreement
-        launched at the last boundary is read and the next one launched
-        (:meth:`StopFlag.launch`): reading an all-reduce the moment it is launched would make a
-        GPU rank wait for every kernel queued before it.
-        """
+        """The stop agreement of :meth:`steps`, at a boundary its :attr:`cadence` picked: alone
+        (a rank agrees with itself, at the very step) or at a fixed cadence (a test that needs
+        the stop after an exact step) :meth:`should_stop`, else the agreement in flight
+        (:meth:`StopFlag.between_steps`)."""
         if self.world_size == 1 or self.cadence.fixed is not None:
             return self.should_stop()
-        flag = self.stop_flag
-        step = self.progress.step
-        stop = flag.collect() is not None  # None when nothing is in flight yet
-        if not stop:
-            flag.launch(self.device, every=self.cadence.propose(step))
-        self.cadence.agreed(step, flag.every)
-        return stop
+        return self.stop_flag.between_steps(self.device, self.cadence, self.progress.step)
 
     def requeue(self) -> NoReturn:
         """End this attempt so the job can come back (every rank calls it).

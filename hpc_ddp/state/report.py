@@ -21,9 +21,10 @@ from hpc_ddp.errors import BackendError, RunDirError
 from hpc_ddp.rundir.checkpoints import newest_step
 from hpc_ddp.rundir.endcause import EndCause, is_failure
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.ledger import Attempt, CodeRun, code_change, read_code_runs, read_ledger
+from hpc_ddp.rundir.ledger import Attempt, read_ledger
 from hpc_ddp.rundir.live_progress import read_live_progress
 from hpc_ddp.rundir.manifest import Manifest, read_manifest
+from hpc_ddp.rundir.provenance import CodeRun, code_change, read_code_runs
 from hpc_ddp.rundir.run_id import recorded_run_id
 from hpc_ddp.state.artifacts import last_metric, metric_rows, step_times
 from hpc_ddp.state.goodput import Goodput, account

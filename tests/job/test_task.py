@@ -33,7 +33,8 @@ from hpc_ddp.job.task import (
     task_run_dir,
 )
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.ledger import read_code_runs, read_ledger
+from hpc_ddp.rundir.ledger import read_ledger
+from hpc_ddp.rundir.provenance import read_code_runs
 from hpc_ddp.runtime.distenv import derive_dist_env
 from tests.conftest import REPO
 from tests.ledgers import record_end, record_start

@@ -12,16 +12,18 @@ import pytest
 
 from hpc_ddp.config.load import job_config_from_dict
 from hpc_ddp.config.model import JobConfig
-from hpc_ddp.rundir.ledger import CodeRun, code_change, read_code_runs
 from hpc_ddp.rundir.ledger_events import code_event
 from hpc_ddp.rundir.provenance import (
     Code,
+    CodeRun,
     Provenance,
+    code_change,
     code_file,
     code_of,
     file_digest,
     gather,
     git_state,
+    read_code_runs,
     record_code,
 )
 from hpc_ddp.state.report import describe_code_change

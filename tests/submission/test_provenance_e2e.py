@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.rundir.ledger import read_code_runs
-from hpc_ddp.rundir.provenance import file_digest
+from hpc_ddp.rundir.provenance import file_digest, read_code_runs
 
 V1 = "import time\nprint('v1', flush=True)\ntime.sleep(600)\n"
 V2 = "print('v2', flush=True)\n"
