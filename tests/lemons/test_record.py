@@ -13,7 +13,9 @@ from hpc_ddp.lemons.record import (
     entry_from_dict,
     entry_kind,
     entry_name,
+    fault_entries,
     judge,
+    launch_exclusion,
     record_dir,
     submit_exclusion,
 )
@@ -119,3 +121,29 @@ def test_submit_excludes_while_the_partition_keeps_enough() -> None:
     assert unknown.nodes == ()
     assert "not known: x" in unknown.notes[0]
     assert submit_exclusion((), partition="p", partition_nodes=None, needed=1).lines() == []
+
+
+def test_a_launch_leaves_out_the_lemons_in_its_allocation_while_enough_others_remain() -> None:
+    lost = [entry("n2", "lost"), entry("n9", "lost")]
+    found, said = launch_exclusion(lost, alloc=["n1", "n2", "n3"], bad={}, needed=2, now=NOW,
+                                   window_s=DEFAULT_WINDOW_S)  # fmt: skip
+    assert list(found) == ["n2"]
+    assert found["n2"].startswith("lemon node: lost in run r1")
+    assert said == [f"leaving out n2 ({found['n2']})"]
+    found, said = launch_exclusion(lost, alloc=["n1", "n2"], bad={}, needed=2, now=NOW,
+                                   window_s=DEFAULT_WINDOW_S)  # fmt: skip
+    assert found == {}
+    assert "which has 1 other(s) of the 2 a launch needs: using them" in said[0]
+    assert launch_exclusion(lost, alloc=["n1", "n2", "n3"], bad={"n2": "x"}, needed=2, now=NOW,
+                            window_s=DEFAULT_WINDOW_S) == ({}, [])  # fmt: skip
+
+
+def test_a_fault_becomes_one_entry_per_blamed_node_of_its_kind() -> None:
+    made = fault_entries("hang", ("n2", "n2", "?"), node_level=False, own_error=False,
+                         launch_nodes=2, evidence="e", run="r", run_dir="/runs/r", job="12",
+                         time=NOW)  # fmt: skip
+    assert made == [LemonEntry("n2", "fault", "hang", "e", "r", "/runs/r", "12", NOW)]
+    every = fault_entries("hang", ("n1", "n2"), node_level=False, own_error=False,
+                          launch_nodes=2, evidence="e", run="r", run_dir="/runs/r", job=None,
+                          time=NOW)  # fmt: skip
+    assert every == []  # every node alike: none singled out
