@@ -546,8 +546,7 @@ class Session:
                 yield self.progress.step
                 attempt.completed()
                 if self._startup.open:
-                    self._startup.mark("first step")
-                    self._startup.log()
+                    self._startup.first_step_done(self.config.dist)
                 self._watch.step_done(self.progress.step)
                 if auto is not None:
                     auto.after_step(self.progress.step, first, attempt.save)

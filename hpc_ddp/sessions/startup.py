@@ -20,7 +20,7 @@ import torch
 
 from hpc_ddp.config.elastic import planned_accum
 from hpc_ddp.config.load import load_resolved_config
-from hpc_ddp.config.model import JobConfig
+from hpc_ddp.config.model import DistConfig, JobConfig
 from hpc_ddp.fault.rankwatch import RankWatch
 from hpc_ddp.fault.requeue import signal_number
 from hpc_ddp.fault.watchdog import launch_paths
@@ -28,7 +28,12 @@ from hpc_ddp.rundir.layout import PER_RANK_LOGS_ENV, RUN_DIR_ENV, RunPaths
 from hpc_ddp.rundir.numbering import DefaultRunDir, pick_default_run_dir
 from hpc_ddp.runtime.distenv import DistEnv, derive_dist_env
 from hpc_ddp.runtime.metrics import setup_rank_logging
-from hpc_ddp.runtime.procgroup import ProcessGroupInfo, destroy_process_group, init_process_group
+from hpc_ddp.runtime.procgroup import (
+    ProcessGroupInfo,
+    destroy_process_group,
+    end_startup,
+    init_process_group,
+)
 from hpc_ddp.runtime.rankclaim import claim_rank
 from hpc_ddp.runtime.stopflag import StopFlag
 
@@ -164,6 +169,13 @@ class StartupMarks:
         """``phase`` ended now (its first end only, and none after the first step)."""
         if self.open and phase not in (name for name, _ in self.marks):
             self.marks.append((phase, time.time()))
+
+    def first_step_done(self, cfg: DistConfig) -> None:
+        """The first step ended: marked and logged, and the collectives' bound is
+        ``dist.timeout_s`` from now on (:func:`~hpc_ddp.runtime.procgroup.end_startup`)."""
+        self.mark("first step")
+        self.log()
+        end_startup(cfg)
 
     def log(self) -> None:
         """One line on where this launch's start-up went (a restart pays it on every launch)."""

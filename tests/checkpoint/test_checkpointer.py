@@ -137,9 +137,10 @@ def _slow_run(
     load_s: float,
     io_timeout_s: int = 60,
     late_s: float = 0.0,
+    late_at: str = "model",
 ) -> list[tuple[int, str, str]]:
     argv = [SLOW_IO, str(run_dir), str(total), str(write_s), str(load_s), "3", str(io_timeout_s),
-            str(late_s)]  # fmt: skip
+            str(late_s), late_at]  # fmt: skip
     return run_ranks(argv, 2, timeout=180)
 
 
@@ -173,6 +174,11 @@ def test_a_rank_later_than_dist_timeout_to_its_first_collective_is_waited_for(
     done = _results(_slow_run(tmp_path / "run", 4, write_s=0, load_s=0, late_s=6))
     assert [r["step"] for r in done] == [4, 4]
     assert done[0]["digest"] == done[1]["digest"]
+    # Once the first step has ended, dist.timeout_s is the bound again.
+    (code, _, err), _ = _slow_run(tmp_path / "late", 4, write_s=0, load_s=0, late_s=6,
+                                  late_at="step")  # fmt: skip
+    assert code != 0
+    assert "Timed out" in err, err[-2000:]
 
 
 def test_rank_0_io_past_the_checkpoint_timeout_fails_every_rank_and_says_why(

@@ -1,6 +1,7 @@
 """One rank of a run whose rank 0 reads and writes checkpoints slower than ``dist.timeout_s``.
 
-Usage: slow_io.py RUN_DIR TOTAL SLOW_WRITE_S SLOW_LOAD_S TIMEOUT_S CHECKPOINT_TIMEOUT_S [LATE_S]
+Usage: slow_io.py RUN_DIR TOTAL SLOW_WRITE_S SLOW_LOAD_S TIMEOUT_S CHECKPOINT_TIMEOUT_S [LATE_S
+[LATE_AT]]
 
 A session with ``dist.timeout_s = TIMEOUT_S`` and ``fault.checkpoint_timeout_s =
 CHECKPOINT_TIMEOUT_S`` trains a small DDP model to step TOTAL, checkpointing every 2 steps and at
@@ -9,7 +10,8 @@ SLOW_LOAD_S (a large state on a slow shared file system). The ranks start their 
 together (each waits for the others' ready file first), so that only the slow I/O, and not a
 slow ``import torch`` on a busy machine, can outlast the short timeout. Prints
 ``{"rank", "resumed_from", "step", "digest"}`` as JSON. LATE_S: rank 1 builds its model that
-much later than rank 0 (a slow node's start-up), after the process group is joined.
+much later than rank 0 (a slow node's start-up), after the process group is joined; LATE_AT
+``step``: rank 1 is that late to its second step instead (training has begun).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def main() -> None:
     run_dir, total = Path(sys.argv[1]), int(sys.argv[2])
     write_s, load_s, timeout_s, io_timeout_s = (float(a) for a in sys.argv[3:7])
     late_s = float(sys.argv[7]) if len(sys.argv) > 7 else 0.0
+    late_at = sys.argv[8] if len(sys.argv) > 8 else "model"
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if rank == 0:
         slow_down(write_s, load_s)
@@ -72,14 +75,16 @@ def main() -> None:
     start_together(run_dir, rank, world)
     with Session(run_dir, config) as s:
         torch.manual_seed(0)
-        if rank == 1:
+        if rank == 1 and late_at == "model":
             time.sleep(late_s)
         model = s.wrap(nn.Linear(8, 4))
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         loaded = s.restore(model=model, optimizer=opt)
         resumed_from = None if loaded is None else loaded.step
         x = torch.linspace(-1, 1, 16).reshape(2, 8) * (rank + 1)
-        for _ in s.steps(total, checkpoint_every=2):
+        for step in s.steps(total, checkpoint_every=2):
+            if rank == 1 and late_at == "step" and step == 2:
+                time.sleep(late_s)
             opt.zero_grad()
             model(x).square().mean().backward()
             opt.step()
