@@ -173,7 +173,10 @@ class DistConfig:
     port: int | None = None
     """Fixed MASTER_PORT; ``None`` derives one from the job id (collision-checked)."""
     timeout_s: int = 300
-    """Collective timeout: a dead peer fails the job after this long instead of hanging."""
+    """Collective timeout: a dead peer fails the job after this long instead of hanging. With
+    ``fault.enabled`` the start-up's collectives (DDP's first broadcast, up to the end of the
+    first step) wait up to ``fault.startup_timeout_s`` instead: ranks build and restore at
+    their own pace."""
     launcher: TaskLauncher = "srun"
     """What starts a ``command``'s processes: ``srun``, one process per Slurm task (the
     default); or ``torchrun``, one per node (``slurm.tasks_per_node: 1``), which starts
@@ -332,7 +335,8 @@ class FaultConfig:
     heartbeat of a rank that is not hung. The longer of the two applies."""
     startup_timeout_s: int = 900
     """Longest start-up: launch to the first steps (imports, rendezvous, restoring the
-    checkpoint). More than ``dist.timeout_s``."""
+    checkpoint), and the collectives' bound until the first step ends. More than
+    ``dist.timeout_s``."""
     step_timeout_s: int = 10
     """The step timeout's floor: a step is hung after max(this, ``step_timeout_factor`` x the
     99th percentile of the recent step times)."""
