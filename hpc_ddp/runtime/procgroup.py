@@ -334,9 +334,23 @@ def end_startup(cfg: DistConfig) -> None:
     """The start-up is over (the first step ended): the default group's collectives are bounded
     by ``cfg.timeout_s`` from now on (see :func:`init_process_group`)."""
     import torch.distributed as tdist
+    from torch.distributed import distributed_c10d
 
-    if tdist.is_initialized() and tdist.get_world_size() > 1:
-        tdist.set_timeout(timedelta(seconds=cfg.timeout_s))
+    if not (tdist.is_initialized() and tdist.get_world_size() > 1):
+        return
+    # Public from torch 2.14; earlier ones (the supported range starts at 2.3) have the
+    # private name only.
+    set_timeout = getattr(tdist, "set_timeout", None) or getattr(
+        distributed_c10d, "_set_pg_timeout", None
+    )
+    if set_timeout is None:
+        log.warning(
+            "this torch cannot change a process group's timeout: collectives keep the start-up "
+            "bound (fault.startup_timeout_s) instead of dist.timeout_s=%s",
+            cfg.timeout_s,
+        )
+        return
+    set_timeout(timedelta(seconds=cfg.timeout_s))
 
 
 def _usable_gpus(count: int, grant: GpuGrant, backend: str) -> int:
