@@ -28,6 +28,10 @@ from hpc_ddp.rundir.layout import LaunchPaths
 
 log = logging.getLogger(__name__)
 
+TORCHRUN_END_S = 10.0
+"""How much longer a torchrun worker that lost a peer waits for the launch's fault than a
+rank of its own task does: torchrun's time to end a failed node's workers."""
+
 __all__ = ["FaultListener"]
 
 
@@ -87,13 +91,18 @@ class FaultListener:
         its task can tell the launch; or a stop forwarded by the parent)."""
         if self._thread is None:
             return
+        wait_s = self.cfg.stale_s + 3 * self.cfg.beat_s
+        if self.per_task > 1:
+            # The failed node's torchrun ends its other workers before its task can claim the
+            # fault: seconds more on a busy machine (5.5 s after the kill was seen on CI's).
+            wait_s += TORCHRUN_END_S
         if threading.current_thread() is not threading.main_thread():
-            self._gone.wait(self.cfg.stale_s + 3 * self.cfg.beat_s)
+            self._gone.wait(wait_s)
             return
         before = signal.getsignal(signal.SIGTERM)
         signal.signal(signal.SIGTERM, self._woken)
         try:
-            self._gone.wait(self.cfg.stale_s + 3 * self.cfg.beat_s)
+            self._gone.wait(wait_s)
         finally:
             signal.signal(signal.SIGTERM, before)
 
