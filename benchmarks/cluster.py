@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from benchmarks.common import BIN
 from hpc_ddp.backends.jobs import JobState
+from hpc_ddp.backends.local.process import parse_stat
 from hpc_ddp.backends.slurm.client import SlurmClient
 from hpc_ddp.backends.slurm.jobstate import parse_job_state
 from hpc_ddp.devcluster import cluster as devcluster
@@ -103,7 +104,7 @@ def rank_pids(job_id: str, rank: int, *, launch: int | None = None) -> list[int]
             if _verb(argv) != b"run" or argv[0].endswith(b"srun"):  # srun: the supervisor's
                 continue
             raw = (entry / "environ").read_bytes().split(b"\0")
-            started = int((entry / "stat").read_text().rsplit(")", 1)[-1].split()[19])
+            _, _, started = parse_stat((entry / "stat").read_text())
         except (OSError, IndexError, ValueError):
             continue
         if want <= {e.decode(errors="replace") for e in raw}:
