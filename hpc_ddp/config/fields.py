@@ -237,6 +237,23 @@ def _checkpoint_every(value: Any, key: str) -> int | str:
     return every
 
 
+_LEAD_TIME = bounded(as_int, 1, 65535, hint="auto sizes it from your measured save times")
+
+
+def _lead_time(value: Any, key: str) -> int | str:
+    """Seconds of warning before the time limit, or ``auto``."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, str):
+        raise Invalid(
+            key,
+            f"{short_repr(value)} is neither a number of seconds nor auto. HINT: write auto "
+            "(sized from your measured save times) or seconds such as 120",
+        )
+    seconds: int = _LEAD_TIME(value, key)
+    return seconds
+
+
 _METRIC = r"[A-Za-z_][A-Za-z0-9_./-]*"
 _NOT_METRICS = frozenset({"step", "epoch", "time"})
 """Keys of a metrics row that say when, never how good."""
@@ -308,7 +325,7 @@ FIELD_CONVERTERS: dict[str, Converter] = {
     "train.num_workers": _num_workers,
     "requeue.signal": _signal,
     # sbatch --signal=SIG@TIME takes 0..65535 seconds.
-    "requeue.lead_time": bounded(as_int, 1, 65535),
+    "requeue.lead_time": _lead_time,
     "requeue.max_requeues": bounded(as_int, 0),
     "slurm.spare_nodes": bounded(as_int, 0, MAX_NODES, "0 runs without spare nodes"),
     "fault.beat_s": bounded(as_float, 0.1, 60, "beat every 0.1 to 60 s (1 is the default)"),

@@ -35,6 +35,7 @@ from dataclasses import field
 from functools import cached_property
 from typing import Literal
 
+from hpc_ddp.config.leadtime import PRIOR_LEAD_S
 from hpc_ddp.config.params import Params
 from hpc_ddp.config.units import parse_slurm_time
 from hpc_ddp.frozen import dataclass
@@ -307,12 +308,20 @@ class RequeueConfig:
     """Signal Slurm sends ahead of the time limit. USR2 by default, as submitit's: USR1 is
     claimed by other tools (PyTorch Lightning handles it; NCCL takes it when
     ``NCCL_PROXY_DUMP_SIGNAL=10`` is set, and NCCL 2.12 always did)."""
-    lead_time: int = 120
-    """Seconds before the time limit at which the signal is sent."""
+    lead_time: int | Literal["auto"] = 120
+    """Seconds before the time limit at which the signal is sent. ``auto``: sized at submit
+    from this user's measured save times, twice the slowest recent save plus the stop, or 120 s
+    before any save was measured (docs/resilience.md, "lead_time: auto"); the number chosen is
+    what the run directory's config records, kept across requeues."""
     max_requeues: int = 5
     """Requeues allowed before the job stops unfinished (exit 3); 0 never requeues."""
     on_crash: bool = False
     """Requeue after a crash too (off: a crash is not a preemption and fails fast)."""
+
+    @property
+    def lead_s(self) -> int:
+        """The lead time in seconds: ``auto`` not yet resolved at submit reads as the prior."""
+        return PRIOR_LEAD_S if self.lead_time == "auto" else self.lead_time
 
 
 @dataclass(frozen=True)

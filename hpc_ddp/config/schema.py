@@ -303,7 +303,7 @@ def _check_combinations(cfg: JobConfig, placeholders: bool) -> None:
     if cfg.command is None and cfg.entrypoint is None:
         _check_trainer_gpus(slurm)
     limit = slurm.time_s
-    if cfg.requeue.lead_time >= limit:
+    if cfg.requeue.lead_time != "auto" and cfg.requeue.lead_time >= limit:
         raise Invalid(
             "requeue.lead_time",
             f"{cfg.requeue.lead_time} s is not shorter than slurm.time ({slurm.time}). HINT: "

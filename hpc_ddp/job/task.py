@@ -445,7 +445,7 @@ def command_grace_s(cfg: JobConfig) -> float:
     """Seconds a ``command`` child without a session has between its SIGTERM and SIGKILL:
     :data:`COMMAND_STOP_GRACE_S`, at most half of ``requeue.lead_time``, so that the requeue
     is asked for well before the time limit."""
-    return min(COMMAND_STOP_GRACE_S, cfg.requeue.lead_time / 2)
+    return min(COMMAND_STOP_GRACE_S, cfg.requeue.lead_s / 2)
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

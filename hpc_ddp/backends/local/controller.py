@@ -82,7 +82,7 @@ def submit_local(cfg: JobConfig, paths: RunPaths) -> LocalJob:
         nodes=1,
         timeout_min=max(1, cfg.slurm.time_s // 60),
         # Mirror the rendered --signal: submitit sends USR2 this long before the timeout.
-        signal_delay_s=cfg.requeue.lead_time,
+        signal_delay_s=cfg.requeue.lead_s,
     )
     gpus = local_gpu_plan(cfg.slurm, os.environ.get("CUDA_VISIBLE_DEVICES"))
     started = time.time()

@@ -98,7 +98,7 @@ def describe_local_plan(cfg: JobConfig, run_dir: Path) -> str:
         f"# backend: local; would start {n} process(es) on this machine (ranks 0-{n - 1}, "
         f"MASTER_ADDR=127.0.0.1) {how} in {run_dir}/submitit, each "
         f"running the job as `hpc-ddp run {run_dir}` does on a Slurm task; time limit "
-        f"{minutes} min, USR2 {cfg.requeue.lead_time} s before it"
+        f"{minutes} min, USR2 {cfg.requeue.lead_s} s before it"
     ) + _gpu_words(_local_gpus(cfg))
 
 

@@ -151,7 +151,7 @@ def sbatch_flags(cfg: JobConfig, ctx: RenderContext) -> list[Flag]:
         "nodes": _nodes_flag(s),
         "ntasks-per-node": str(s.tasks_per_node),
         "time": format_slurm_time(s.time_s),
-        "signal": f"{_signal_name(cfg.requeue.signal)}@{cfg.requeue.lead_time}",
+        "signal": f"{_signal_name(cfg.requeue.signal)}@{cfg.requeue.lead_s}",
         "requeue": None,
         # A requeued job reopens its logs: without append Slurm truncates them.
         "open-mode": "append",
