@@ -338,6 +338,7 @@ FIELD_CONVERTERS: dict[str, Converter] = {
     "fault.checkpoint_timeout_s": bounded(as_int, 1),
     "fault.max_restarts": bounded(as_int, 0, hint="0 never restarts in the job"),
     "fault.no_progress_limit": bounded(as_int, 0, hint="0 never stops for a crash loop"),
+    "fault.standby_after_s": bounded(as_float, 0, hint="0 starts the standby at the first step"),
     "fault.lemon_window_days": bounded(
         as_float, 0.01, 365, "count a node's faults for 0.01 to 365 days (7 is the default)"
     ),

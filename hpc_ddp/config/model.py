@@ -25,7 +25,7 @@ YAML layout (every key optional except where noted)::
     fault:   {enabled, beat_s, stale_s, startup_stale_s, startup_timeout_s, step_timeout_s,
               step_timeout_factor, warmup_steps, checkpoint_timeout_s, max_restarts,
               no_progress_limit, rescue, exclude_bad_nodes, lemon_nodes,
-              lemon_window_days}
+              lemon_window_days, standby, standby_after_s}
     params:  {name: value, ...}   # free-form: your script's own values (see config.params)
 """
 
@@ -376,6 +376,15 @@ class FaultConfig:
     partition keeps enough nodes) and in the supervisor's launches. See ``hpc-ddp nodes``."""
     lemon_window_days: float = 7.0
     """How long a fault counts against its node in the lemon record."""
+    standby: bool = True
+    """Keep the next launch's processes started on the same nodes, their Python and torch
+    imported, waiting: a restart of the same shape (a dead, crashed or hung rank) calls them
+    instead of starting cold, which saves seconds per restart. Costs one idle process per rank
+    (a few hundred MB of memory each) once a launch has trained ``standby_after_s``. Built-in
+    trainer and ``entrypoint`` jobs (a ``command`` or torchrun launch starts cold)."""
+    standby_after_s: float = 20.0
+    """How long a launch trains before its standby starts: a short job never pays for one, and
+    its imports never compete with the launch's own start-up."""
 
 
 @dataclass(frozen=True)
