@@ -81,7 +81,6 @@ LAYERS: tuple[Layer, ...] = (
     Layer(("sessions",)),
     Layer(("train",)),
     Layer(("doctor",)),
-    Layer(("backends.local.launcher",)),
     Layer(("job",), pure=("job.torchrun",)),
     Layer(
         (
@@ -322,13 +321,9 @@ BACKEND_PICKERS: dict[str, str] = {
     "launcher), picked by the environment; the node side may not import the login side's",
 }
 """The modules outside a backend's package that import it, one per side, each with its reason."""
-SEAM_PENDING: dict[str, str] = {
-    # Issue 40 item 1 left this one: it still names a local module. Remove it when it is done.
-    "hpc_ddp.job.local_task": "the local tasks' own records (local.process) and the local "
-    "supervisor's LocalLauncher, not yet through the node registry: LocalLauncher reports its "
-    "ranks' ends as fault.blame.TaskEnd, a layer above the node registry, which may not pick it",
-}
-"""Modules outside a backend's package still reaching it directly (issue 40 item 1, open)."""
+SEAM_PENDING: dict[str, str] = {}
+"""Modules outside a backend's package still reaching it directly, each with its reason (none:
+the local tasks reach theirs through the node registry too)."""
 
 
 def backend_reaches(module: str) -> list[str]:
@@ -696,7 +691,7 @@ MUTUAL_PACKAGES: dict[tuple[str, str], str] = {
         "backends/ holds the shared types every layer speaks (base, jobs, arrays, allocation) at "
         f"the bottom and each backend's faces above {other}/, which they drive"
     )
-    for other in ("fault", "job", "state", "submission", "sweep")
+    for other in ("job", "state", "submission", "sweep")
 }
 """Pairs of packages that import each other, each with its reason; any other pair fails."""
 

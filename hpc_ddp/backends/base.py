@@ -260,7 +260,7 @@ class Postmortem(Protocol):
 # --- a job this process started and holds -----------------------------------------------------
 
 
-class TaskEnd(Protocol):
+class TaskOutcome(Protocol):
     """How one task (global rank) of a held job ended."""
 
     @property
@@ -277,7 +277,7 @@ class Waited(Protocol):
     """A held job waited on to its end: every task's outcome."""
 
     @property
-    def outcomes(self) -> Sequence[TaskEnd]: ...
+    def outcomes(self) -> Sequence[TaskOutcome]: ...
 
     def describe(self, state: str) -> str:
         """One line: the run's ``state`` (the verdict ``status`` gives it) and, for a failure,
@@ -371,6 +371,21 @@ class LaunchShape(Protocol):
     def exclude(self) -> tuple[str, ...]: ...
     @property
     def overlap(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class TaskEnd:
+    """One task of a launch that ended badly, as its launcher saw it: srun's ``task N: REASON``
+    line, or a local ``waitpid``; the fault model weighs it (:mod:`hpc_ddp.fault.blame`)."""
+
+    rank: int
+    node: str
+    reason: str
+    """``Killed``, ``Exited with exit code 1``, ``Segmentation fault``..."""
+    exit_code: int | None = None
+    """The exit status, when it exited (None: killed by a signal)."""
+    said_by: str = "srun"
+    """Who reported it, as a blame quotes it (``Killed (srun)``): srun, or the local launcher."""
 
 
 StepT_co = TypeVar("StepT_co", covariant=True)

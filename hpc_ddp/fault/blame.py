@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
+from hpc_ddp.backends.base import TaskEnd
 from hpc_ddp.exitcodes import FAULT_EXIT_CODE, OWN_OUTCOMES, PEER_FAULT_EXIT_CODE
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.ledger import Blame
@@ -379,20 +380,6 @@ class StaleWatch:
     def limit(self, rank: int, stale_s: float, startup_stale_s: float) -> float:
         """How long ``rank`` may be quiet: ``stale_s``, or ``startup_stale_s`` while starting."""
         return max(stale_s, startup_stale_s) if self._starting.get(rank, False) else stale_s
-
-
-@dataclass(frozen=True)
-class TaskEnd:
-    """One task that ended badly: srun's ``task N: REASON`` line, or a local ``waitpid``."""
-
-    rank: int
-    node: str
-    reason: str
-    """``Killed``, ``Exited with exit code 1``, ``Segmentation fault``..."""
-    exit_code: int | None = None
-    """The exit status, when it exited (None: killed by a signal)."""
-    said_by: str = "srun"
-    """Who reported it, as a blame quotes it (``Killed (srun)``): srun, or the local launcher."""
 
 
 @dataclass(frozen=True)

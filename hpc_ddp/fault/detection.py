@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+from hpc_ddp.backends.base import TaskEnd
 from hpc_ddp.config.model import FaultConfig
 from hpc_ddp.exitcodes import OWN_OUTCOMES
 from hpc_ddp.fault.blame import (
@@ -28,7 +29,6 @@ from hpc_ddp.fault.blame import (
     ExitNote,
     FaultRecord,
     StaleWatch,
-    TaskEnd,
     early_exit_why,
     left_early,
 )

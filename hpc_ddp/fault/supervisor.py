@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import Protocol
 
-from hpc_ddp.backends.base import Launcher
+from hpc_ddp.backends.base import Launcher, TaskEnd
 from hpc_ddp.config.elastic import nodes_for_launch
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.durable import write_text_atomic
@@ -55,7 +55,6 @@ from hpc_ddp.fault.blame import (
     FaultRecord,
     Finding,
     StaleWatch,
-    TaskEnd,
     assign_blame,
 )
 from hpc_ddp.fault.detection import SILENT_GRACE_BEATS, Detection

@@ -7,12 +7,13 @@ tasks (:mod:`hpc_ddp.job.task`) and the batch script ``hpc-ddp supervise``.
   what ``hpc-ddp run`` runs (:func:`~hpc_ddp.job.task.run_job`).
 * :func:`run_supervisor`: with ``fault.enabled``, the controller's one task, the supervisor
   (:mod:`hpc_ddp.fault.supervisor`), whose launcher starts each launch's ranks as processes of
-  this machine (:class:`~hpc_ddp.backends.local.launcher.LocalLauncher`).
+  this machine (the local backend's launcher, from
+  :func:`~hpc_ddp.backends.node_registry.local_launcher`).
 
 No task outlives its controller: each asks the kernel for a SIGTERM when the controller dies
 (the stop a cancel gives: the ranks agree on a step, rank 0 saves), and a rank records its
 identity in ``RUN_DIR/local-ranks/`` so that ``status``, ``cancel`` and ``resume`` still see it
-if that failed (:mod:`hpc_ddp.backends.local.process`).
+if that failed (:func:`~hpc_ddp.backends.node_registry.record_local_rank`).
 
 submitit pickles these entries by name in the login process, which imports this module: it
 imports submitit, the supervisor and the job only when they run, in the task.
@@ -28,7 +29,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from hpc_ddp.backends.local.process import identify, write_rank_identity
+from hpc_ddp.backends.node_registry import record_local_rank
 from hpc_ddp.rundir.layout import (
     LOCAL_GPUS_ENV,
     LOCAL_GPUS_PER_TASK_ENV,
@@ -47,8 +48,7 @@ def run_supervisor(run_dir: str, gpus: list[str] | None = None, per_task: int | 
     """The body of a supervised local run's one controller task: supervise its launches."""
     import submitit
 
-    from hpc_ddp.backends.local.launcher import LocalLauncher
-    from hpc_ddp.backends.local.process import was_cancelled
+    from hpc_ddp.backends.node_registry import local_launcher
     from hpc_ddp.config.load import load_resolved_config
     from hpc_ddp.exitcodes import NOT_CURRENT_EXIT_CODE
     from hpc_ddp.fault.launch_ledger import Identity
@@ -66,11 +66,9 @@ def run_supervisor(run_dir: str, gpus: list[str] | None = None, per_task: int | 
         print(f"hpc-ddp supervise: refused: {refusal}", file=sys.stderr, flush=True)
         return NOT_CURRENT_EXIT_CODE
     cfg = load_resolved_config(paths.config)
-    launcher = LocalLauncher(root, cfg.slurm.ntasks, job, gpus=gpus, per_task=per_task)
+    launcher, cancelled = local_launcher(root, cfg.slurm.ntasks, job, gpus=gpus, per_task=per_task)
     me = Identity(None, None, 0, tag=f"local-{job}")
-    supervisor = Supervisor(
-        paths, cfg, launcher, me, env=os.environ, cancelled=lambda: was_cancelled(root)
-    )
+    supervisor = Supervisor(paths, cfg, launcher, me, env=os.environ, cancelled=cancelled)
     supervisor.install_signals()
     return supervisor.run()
 
@@ -132,9 +130,7 @@ def run_task(
     try:
         if os.environ.get(NO_PDEATHSIG_ENV) != "1":
             die_with_controller(int(env.job_id) if env.job_id.isdigit() else os.getppid())
-        me = identify(os.getpid())
-        if me is not None:
-            write_rank_identity(Path(run_dir), env.global_rank, me)
+        record_local_rank(Path(run_dir), env.global_rank, os.getpid())
         _set_dist_env(env.global_rank, env.local_rank, env.num_tasks, master_port, env.job_id)
         from hpc_ddp.job.task import redirect_to_rank_logs, task_run_dir
 

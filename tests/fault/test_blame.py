@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from hpc_ddp.backends.base import TaskEnd
 from hpc_ddp.exitcodes import FAULT_EXIT_CODE, PEER_FAULT_EXIT_CODE
 from hpc_ddp.fault.blame import (
     ALIVE,
@@ -19,7 +20,6 @@ from hpc_ddp.fault.blame import (
     Beat,
     FaultRecord,
     StaleWatch,
-    TaskEnd,
     assign_blame,
     encode_beat,
     encode_fault,

@@ -6,8 +6,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from hpc_ddp.backends.base import TaskEnd
 from hpc_ddp.config.model import FaultConfig
-from hpc_ddp.fault.blame import ALIVE, Beat, FaultRecord, StaleWatch, TaskEnd
+from hpc_ddp.fault.blame import ALIVE, Beat, FaultRecord, StaleWatch
 from hpc_ddp.fault.detection import Detection
 from hpc_ddp.fault.supervisor import prepare_launch
 from hpc_ddp.rundir.layout import RunPaths

@@ -27,10 +27,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from hpc_ddp.backends.base import LaunchShape
+from hpc_ddp.backends.base import LaunchShape, TaskEnd
 from hpc_ddp.backends.local.plan import free_port
 from hpc_ddp.backends.local.process import identify_started, write_rank_identity
-from hpc_ddp.fault.blame import TaskEnd
 from hpc_ddp.rundir.layout import (
     LOCAL_GPUS_ENV,
     LOCAL_GPUS_PER_TASK_ENV,
