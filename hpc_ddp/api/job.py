@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from hpc_ddp.api.status import RunStatus, SweepStatus
     from hpc_ddp.backends.base import Backend
     from hpc_ddp.backends.registry import SlurmClient
+    from hpc_ddp.config.leadtime import LeadTime
     from hpc_ddp.lemons.record import Exclusion
     from hpc_ddp.rundir.manifest import BackendName
     from hpc_ddp.submission.resume import ResumePlan
@@ -362,6 +363,8 @@ def launch(
 
         for line in planned.lemons.lines() if planned.lemons is not None else ():
             log.warning("%s", line)
+        if planned.lead is not None:
+            log.info("%s", planned.lead.describe())
 
         launched = launch_prepared(_on(planned, registry))
     else:
@@ -419,6 +422,8 @@ def dry_run_json(planned: Prepared | ResumePlan) -> dict[str, object]:
             shown["script"] = plan.script
         if planned.lemons is not None and planned.lemons.lemons:
             shown["lemons"] = planned.lemons.to_dict()
+        if planned.lead is not None:
+            shown["lead_time"] = _lead_json(planned.lead)
         return shown
     prepared = planned.prepared
     shown = {
@@ -438,6 +443,17 @@ def dry_run_json(planned: Prepared | ResumePlan) -> dict[str, object]:
     if prepared.lemons is not None and prepared.lemons.lemons:
         shown["lemons"] = prepared.lemons.to_dict()
     return document(SUBMIT, shown)
+
+
+def _lead_json(lead: LeadTime) -> dict[str, object]:
+    """What ``requeue.lead_time: auto`` chose, for ``--json``."""
+    return {
+        "seconds": lead.seconds,
+        "source": lead.source,
+        "saves": lead.saves,
+        "slowest_s": lead.slowest_s,
+        "bound": lead.bound,
+    }
 
 
 def submit(

@@ -68,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
         print(prepared.plan.summary)
         for line in prepared.lemons.lines() if prepared.lemons is not None else ():
             print(f"# {line}")
+        if prepared.lead is not None:
+            print(f"# {prepared.lead.describe()}")
         print(f"# run directory: {prepared.paths.root}")
         return 0
     if args.test_only:

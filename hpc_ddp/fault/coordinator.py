@@ -60,7 +60,14 @@ from hpc_ddp.rundir.checkpoints import checkpoint_on_disk
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.ledger import Attempt, AutoInterval, attempt_number, read_ledger
-from hpc_ddp.rundir.ledger_events import checkpoint_event, end_event, rescue_event, start_event
+from hpc_ddp.rundir.ledger_events import (
+    checkpoint_event,
+    end_event,
+    lost_stop_lines,
+    rescue_event,
+    start_event,
+    stop_save_event,
+)
 from hpc_ddp.runtime.distenv import DistEnv
 
 log = logging.getLogger(__name__)
@@ -444,6 +451,22 @@ class Coordinator:
             )
         )
 
+    def record_stop_save(self, step: int) -> None:
+        """Rank 0: an agreed stop begins saving ``step`` (its ``checkpoint`` line follows once
+        durable; without one, the next attempt finds the save lost)."""
+        if not self.dist.is_main:
+            return
+        self._append(
+            stop_save_event(
+                job_id=self.dist.job_id,
+                job_ref=self.dist.job_ref,
+                restart=self.restart,
+                launch=self.dist.launch,
+                step=step,
+                lead_time_s=self.cfg.lead_s,
+            )
+        )
+
     def record_rescue(
         self,
         *,
@@ -509,8 +532,14 @@ class Coordinator:
         resize: Resize | None = None,
     ) -> None:
         """Append this attempt's ``attempt_start`` to the ledger (no budget check), with the
-        run's next attempt number. ``now``: when the attempt started (default: now)."""
-        self._number = len(self._attempts())
+        run's next attempt number. ``now``: when the attempt started (default: now). First,
+        an earlier attempt's stop whose save the kill beat is recorded (its ranks died with the
+        save: only a later reader can say so)."""
+        attempts = self._attempts()
+        for line in lost_stop_lines(attempts, found_by="attempt", now=time.time()):
+            log.warning("the last stop's save was lost: %s", line.strip())
+            self._append(line)
+        self._number = len(attempts)
         self._append(
             start_event(
                 attempt=self._number,

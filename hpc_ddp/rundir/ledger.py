@@ -127,6 +127,50 @@ class Rescue:
 
 
 @dataclass(frozen=True)
+class StopSave:
+    """An agreed stop's save begun by rank 0 (a ``stop_save`` event): the step it saves."""
+
+    time: float
+    step: int
+    lead_s: int | None
+    """The warning the job was given (``requeue.lead_time``), for the words of a loss."""
+
+
+@dataclass(frozen=True)
+class LostStop:
+    """A stop whose save was not durable before the kill (a ``stop_save_lost`` event, or
+    found in the ledger by :func:`lost_stop`): the steps from ``saved_step`` to ``step`` are
+    trained again."""
+
+    step: int
+    """The step the stop was saving."""
+    saved_step: int | None
+    """The newest step durable before it (None: none; the run starts over)."""
+    stop_at: float
+    lead_s: int | None
+    recorded: bool = False
+    """A ``stop_save_lost`` line says so (False: found only now)."""
+
+    @property
+    def lost_steps(self) -> int:
+        """The steps trained again."""
+        return self.step - (self.saved_step or 0)
+
+    def describe(self) -> str:
+        """``the stop's save of step 40 was not durable before the kill (lead time 120 s):
+        steps 20-40 are trained again. HINT: ...``."""
+        lead = f"requeue.lead_time {self.lead_s} s" if self.lead_s is not None else "its warning"
+        since = "the start" if self.saved_step is None else f"step {self.saved_step}"
+        return (
+            f"the stop's save of step {self.step} was not durable before the kill ({lead}, or "
+            f"a preemption's GraceTime): {self.lost_steps} step(s) since {since} are trained "
+            "again. HINT: raise requeue.lead_time, or set requeue.lead_time: auto (sized from "
+            "your measured saves); under preemption ask for a partition or QOS with a longer "
+            "GraceTime"
+        )
+
+
+@dataclass(frozen=True)
 class Attempt:
     """One attempt folded from its ledger events."""
 
@@ -187,6 +231,10 @@ class Attempt:
     witnesses: tuple[str, ...] = ()
     """What ranks that only lost a peer said of its end (``"witness": true`` ends: "rank 0 on
     n1: ... Connection reset by peer"): the fault's witnesses, never its blame."""
+    stop_save: StopSave | None = None
+    """The save of an agreed stop, begun (None: no stop saved in it)."""
+    lost: LostStop | None = None
+    """Its stop's save that the kill beat, as a later reader recorded it."""
 
     @property
     def stall_s(self) -> float:
@@ -321,6 +369,26 @@ def _then(attempts: list[Attempt]) -> list[Attempt]:
         said = requeued and a.next == "stop" and a.cause is not EndCause.FINISHED
         out.append(replace(a, next="requeue") if said else a)
     return out
+
+
+def lost_stop(attempt: Attempt, *, over: bool) -> LostStop | None:
+    """The stop of ``attempt`` whose save was not durable before the kill, or None: a stop's
+    save was begun (``stop_save``) and no durable save of that step (a ``checkpoint`` line,
+    written once it is durable) followed. ``over``: nothing more of the attempt will come (a
+    later attempt started, or its job has ended); an attempt still saving is never judged."""
+    if attempt.lost is not None:
+        return attempt.lost
+    stop = attempt.stop_save
+    if stop is None or not over:
+        return None
+    if any(save.step >= stop.step for save in attempt.saves):
+        return None
+    if attempt.resumed_from_step is not None and attempt.resumed_from_step >= stop.step:
+        return None  # the step was on disk already: the stop had nothing new to save
+    steps = [s.step for s in attempt.saves if s.step < stop.step]
+    if attempt.resumed_from_step is not None:
+        steps.append(attempt.resumed_from_step)
+    return LostStop(stop.step, max(steps) if steps else None, stop.time, stop.lead_s)
 
 
 def attempt_number(
@@ -636,12 +704,40 @@ def _fold_rescue(attempts: list[Attempt], event: Any, launched: _Launched) -> No
     attempts[index] = replace(attempts[index], rescue=rescue)
 
 
+def _fold_stop_save(attempts: list[Attempt], event: Any, launched: _Launched) -> None:
+    index = _find(attempts, _event_key(event), None)
+    if index is None:
+        return
+    stop = StopSave(
+        _time(event["time"]),
+        _count(event["step"], "step"),
+        _opt_count(event.get("lead_time_s"), "lead_time_s"),
+    )
+    attempts[index] = replace(attempts[index], stop_save=stop)
+
+
+def _fold_stop_save_lost(attempts: list[Attempt], event: Any, launched: _Launched) -> None:
+    index = _find(attempts, _event_key(event), None)
+    if index is None or attempts[index].lost is not None:
+        return  # the next attempt and status may both have recorded it: the first stands
+    lost = LostStop(
+        step=_count(event["step"], "step"),
+        saved_step=_opt_count(event.get("saved_step"), "saved_step"),
+        stop_at=_time(event["stop_at"]),
+        lead_s=_opt_count(event.get("lead_time_s"), "lead_time_s"),
+        recorded=True,
+    )
+    attempts[index] = replace(attempts[index], lost=lost)
+
+
 _SUPERVISED = {
     "launch": _fold_launch,
     "launch_end": _fold_launch_end,
     "node_fail": _fold_node_fail,
     "checkpoint": _fold_checkpoint,
     "rescue": _fold_rescue,
+    "stop_save": _fold_stop_save,
+    "stop_save_lost": _fold_stop_save_lost,
 }
 """The events of launches (the supervisor's, and rank 0's checkpoints), folded by their key."""
 

@@ -28,6 +28,14 @@ keyed by (job, restart, launch) rather than by number::
     {"event": "checkpoint", ..., "launch": 1, "time": ..., "step": 160, "stall_s": 0.012,
      "durable_s": 0.41}
 
+An agreed stop's save is announced before it begins, and a stop whose save the kill beat is
+recorded by whoever finds it (the next attempt, or ``status``), keyed by the attempt that lost
+it::
+
+    {"event": "stop_save", ..., "launch": 0, "time": ..., "step": 40, "lead_time_s": 120}
+    {"event": "stop_save_lost", ..., "launch": 0, "time": ..., "step": 40, "saved_step": 20,
+     "lost_steps": 20, "stop_at": ..., "lead_time_s": 120, "found_by": "attempt"}
+
 ``durable_s`` (W: from asking for the save until it was durable) is absent from ledgers written
 before it was recorded. Under ``train.checkpoint_every: auto`` the line also carries the
 interval in force and its inputs: ``"auto": {"interval_s": 95.2, "interval_steps": 380,
@@ -57,12 +65,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from hpc_ddp.config.elastic import Resize
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import Checkpoint
-from hpc_ddp.rundir.ledger import AutoInterval, Blame
+from hpc_ddp.rundir.ledger import Attempt, AutoInterval, Blame, LostStop, lost_stop
 
 __all__ = [
     "checkpoint_event",
@@ -71,8 +80,11 @@ __all__ = [
     "end_event",
     "launch_end_event",
     "launch_event",
+    "lost_stop_lines",
     "node_fail_event",
     "start_event",
+    "stop_save_event",
+    "stop_save_lost_event",
 ]
 
 
@@ -322,6 +334,66 @@ def rescue_event(
         "rescue", key, rank=rank, step=step, checkpoint=checkpoint, why=why,
         took_s=round(took_s, 6),
     )  # fmt: skip
+
+
+def stop_save_event(
+    *,
+    job_id: str | None,
+    job_ref: str | None,
+    restart: int,
+    launch: int,
+    step: int,
+    lead_time_s: int,
+    now: float | None = None,
+) -> str:
+    """Rank 0's ``stop_save`` line: an agreed stop begins saving ``step`` (the job had a
+    warning of ``lead_time_s``). The ``checkpoint`` line of that step follows once it is
+    durable; a kill before it leaves this line alone, which the next attempt or ``status``
+    finds (:func:`~hpc_ddp.rundir.ledger.lost_stop`) and records (:func:`stop_save_lost_event`)."""
+    key = (job_id, job_ref, restart, launch, now)
+    return _launch_line("stop_save", key, step=step, lead_time_s=lead_time_s)
+
+
+def stop_save_lost_event(
+    *,
+    job_id: str | None,
+    job_ref: str | None,
+    restart: int,
+    launch: int,
+    lost: LostStop,
+    found_by: str,
+    now: float | None = None,
+) -> str:
+    """The ``stop_save_lost`` line of a stop whose save the kill beat, keyed by the attempt
+    that lost it, written by whoever found it (``found_by``: ``attempt`` or ``status``)."""
+    key = (job_id, job_ref, restart, launch, now)
+    return _launch_line(
+        "stop_save_lost", key, step=lost.step, saved_step=lost.saved_step,
+        lost_steps=lost.lost_steps, stop_at=lost.stop_at, lead_time_s=lost.lead_s,
+        found_by=found_by,
+    )  # fmt: skip
+
+
+def lost_stop_lines(attempts: Sequence[Attempt], *, found_by: str, now: float) -> list[str]:
+    """The ``stop_save_lost`` lines of ``attempts`` (a ledger read back, every one of them
+    over: a later attempt is starting, or the job has ended) whose stop's save the kill beat
+    and that no line records yet."""
+    lines = []
+    for a in attempts:
+        lost = lost_stop(a, over=True)
+        if lost is None or lost.recorded:
+            continue
+        line = stop_save_lost_event(
+            job_id=a.job_id,
+            job_ref=a.job_ref,
+            restart=a.restart or 0,
+            launch=a.launch,
+            lost=lost,
+            found_by=found_by,
+            now=now,
+        )
+        lines.append(line)
+    return lines
 
 
 def code_event(*, job_id: str | None, file: str, digest: str, now: float | None = None) -> str:

@@ -31,6 +31,7 @@ from hpc_ddp.fault.rankwatch import RankWatch
 from hpc_ddp.fault.rescue import Rescue, RescueOutcome, writer_rank
 from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.ledger import AutoInterval
+from hpc_ddp.rundir.savetimes import SaveTimes, history_path
 from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.progress import Progress
 from hpc_ddp.runtime.stopflag import StopFlag
@@ -71,6 +72,8 @@ class SessionAttempt:
         self.on_durable: Callable[[SavedNote], None] | None = None
         """Told of each durable save after its ledger line (rank 0; the auto interval)."""
         self._auto: Callable[[], AutoCheckpoints] | None = None
+        self._save_times: SaveTimes | None = None
+        """Rank 0's record of its saves' W in the user's history (requeue.lead_time: auto)."""
 
     @classmethod
     def open(
@@ -102,6 +105,9 @@ class SessionAttempt:
             run_id=run_id,
         )
         attempt = cls(checkpointer, coordinator, progress, rank.watch, rank.stop_flag)
+        if dist.is_main:  # requeue.lead_time: auto is sized from these at the next submit
+            path = history_path(env, Path.home())
+            attempt._save_times = SaveTimes(path, run_id=run_id, name=config.name)
         attempt._auto = partial(
             AutoCheckpoints, config.train, is_main=dist.is_main,
             broadcast=broadcast_object if dist.world_size > 1 else lambda value: value,
@@ -150,6 +156,8 @@ class SessionAttempt:
         self.coordinator.record_checkpoint(
             note.step, note.stall_s, durable_s=note.durable_s, auto=auto, now=note.asked_at
         )
+        if self._save_times is not None:
+            self._save_times.saved(note.durable_s)
         listener = self.on_durable
         if listener is not None:
             listener(note)
@@ -172,6 +180,9 @@ class SessionAttempt:
         """At an agreed stop (collective): the tracked objects saved at this step and durable
         (nothing new when this step is saved); without any, rank 0's write errors heard."""
         if self.checkpointer.tracked is not None:
+            # Said before it begins: a kill before it is durable leaves this line alone, and
+            # the next attempt (or status) records the save as lost.
+            self.coordinator.record_stop_save(self._progress.step)
             self.save(wait=True)
         else:
             self.checkpointer.sync_errors()  # every rank got here, nothing is being written

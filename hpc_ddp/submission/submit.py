@@ -38,6 +38,7 @@ from hpc_ddp.frozen import dataclass
 from hpc_ddp.rundir.layout import RUNS_DIR_ENV, STAMP_FORMAT, RunPaths, run_dir_name
 
 if TYPE_CHECKING:
+    from hpc_ddp.config.leadtime import LeadTime
     from hpc_ddp.lemons.record import Exclusion
     from hpc_ddp.rundir.manifest import BackendName, Manifest
 
@@ -169,6 +170,9 @@ class Prepared:
     lemons: Exclusion | None = None
     """The lemon record's nodes and what the submission does with them (``--exclude``);
     None: the record was not asked."""
+    lead: LeadTime | None = None
+    """What ``requeue.lead_time: auto`` chose (``cfg`` holds the number); None: a number was
+    given."""
 
     @property
     def backend(self) -> BackendName:
@@ -205,6 +209,11 @@ def prepare(
     run needs no Slurm client). ``lemons``: the nodes it leaves out, decided before
     (:func:`~hpc_ddp.submission.exclusion.lemon_exclusion`, which may ask Slurm)."""
     now = now or datetime.now(timezone.utc)
+    lead = None
+    if cfg.requeue.lead_time == "auto":  # the history is read only then
+        from hpc_ddp.submission.leadtime import resolve_lead_time
+
+        cfg, lead = resolve_lead_time(cfg, os.environ, now.timestamp())
     base = runs_dir.resolve()
     stamp = stamp_of(now)
     paths = RunPaths(new_run_dir(base, cfg.name, stamp))
@@ -214,8 +223,9 @@ def prepare(
     request = PlanRequest(python, config_path, invocation_text, generated, exclude)
     plan = backend.plan(cfg, paths, request)
     return Prepared(
-        cfg, backend, paths, plan, invocation_text, str(config_path), base, stamp, lemons=lemons
-    )
+        cfg, backend, paths, plan, invocation_text, str(config_path), base, stamp, lemons=lemons,
+        lead=lead,
+    )  # fmt: skip
 
 
 def relocate(prepared: Prepared, run_dir: Path) -> Prepared:
