@@ -6,6 +6,7 @@ never hides the others. Never imports torch: checkpoints are judged by their zip
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -17,11 +18,13 @@ from typing import Any
 
 from hpc_ddp.backends.base import Backend, Backends, Postmortem
 from hpc_ddp.backends.jobs import JobState
+from hpc_ddp.durable import append_line
 from hpc_ddp.errors import BackendError, RunDirError
 from hpc_ddp.rundir.checkpoints import newest_step
 from hpc_ddp.rundir.endcause import EndCause, is_failure
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.ledger import Attempt, read_ledger
+from hpc_ddp.rundir.ledger import Attempt, lost_stop, read_ledger
+from hpc_ddp.rundir.ledger_events import lost_stop_lines
 from hpc_ddp.rundir.live_progress import read_live_progress
 from hpc_ddp.rundir.manifest import Manifest, read_manifest
 from hpc_ddp.rundir.provenance import CodeRun, code_change, read_code_runs
@@ -37,6 +40,8 @@ from hpc_ddp.state.verdict import (
     describe_attempt,
     judge,
 )
+
+log = logging.getLogger(__name__)
 
 DAMAGED = "DAMAGED"
 _CAUSE_WORDS = frozenset(c.value for c in EndCause if is_failure(c))
@@ -217,6 +222,26 @@ def _notes(
     return notes
 
 
+def _lost_stops(
+    paths: RunPaths, attempts: list[Attempt], *, running: bool, now: float
+) -> list[str]:
+    """The note of each stop whose save the kill beat (:func:`lost_stop`), and the ledger
+    line of the last attempt's, when its job has ended and no later attempt recorded it (the
+    ranks died with the save; an earlier attempt's is recorded by the attempt after it)."""
+    notes = []
+    for index, a in enumerate(attempts):
+        lost = lost_stop(a, over=index < len(attempts) - 1 or not running)
+        if lost is not None:
+            notes.append(f"attempt {a.attempt}: {lost.describe()}")
+    if attempts and not running:
+        for line in lost_stop_lines(attempts[-1:], found_by="status", now=now):
+            try:
+                append_line(paths.ledger, line)
+            except OSError as exc:  # a run directory status may not write: shown, not kept
+                log.warning("%s: the lost stop not recorded (%s)", paths.ledger, exc)
+    return notes
+
+
 def _startup(run_dir: Path, manifest: Manifest, backend: Backend) -> Callable[[], str | None]:
     """Why a job ended without a word in its ledger, as its backend tells it
     (:meth:`~hpc_ddp.backends.base.Backend.startup_failure`), asked only when needed."""
@@ -279,6 +304,7 @@ def _row(
         notes.append(word_note)
     rows = metric_rows(paths)
     now = time.time()
+    notes.extend(_lost_stops(paths, attempts, running=still_running(verdict.state), now=now))
     attempts, unkept = restarts_kept(attempts, running=still_running(verdict.state))
     if unkept is not None:
         notes.append(unkept)
