@@ -4,9 +4,13 @@ Measured as a user's login node runs it: hpc-ddp installed from a wheel of this 
 its own virtual environment (a regular install, byte-compiled by pip; an editable one adds an
 import finder that costs ~15 ms of every command), its dependencies and submitit taken from the
 interpreter running the benchmark. The dry run is the quickstart job on ``--backend slurm`` (the
-script rendered, nothing submitted). The commands run interleaved, one of each per round with
-the order rotated, so the machine's busy spells fall on all of them alike; wall time and CPU
-time (user + sys of the child) are both taken, and their per-round ratios.
+script rendered, nothing submitted), by a user with no state of hpc-ddp's yet: every command runs
+with an empty ``$XDG_STATE_HOME`` of the benchmark's own. A lemon record there (one that another
+run left in ``~/.local/state/hpc-ddp/nodes``) would have the dry run ask Slurm for its
+partition's nodes (``sinfo``: a query to the controller, not the login path's weight), and the
+number would depend on what else ran on the machine. The commands run interleaved, one of each
+per round with the order rotated, so the machine's busy spells fall on all of them alike; wall
+time and CPU time (user + sys of the child) are both taken, and their per-round ratios.
 
 Beside the milliseconds, what a shared file system charges for: the modules each command
 imports (``-X importtime``) and the files it opens (``strace -f -e openat``, when strace is
@@ -140,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         hpc_ddp = python.parent / "hpc-ddp"
         jobs = Path(tmp) / "jobs"
         jobs.mkdir()
+        state = Path(tmp) / "state"  # a user without a lemon record (the module docstring)
+        state.mkdir()
+        os.environ["XDG_STATE_HOME"] = str(state)
         shutil.copy(REPO / "jobs" / "quickstart.yaml", jobs / "quickstart.yaml")
         commands = {
             DRY_RUN_LABEL: [str(hpc_ddp), *DRY_RUN.split()[1:]],

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from enum import Enum
+
+from hpc_ddp.frozen import dataclass
 
 JOB_REF = re.compile(r"[1-9][0-9]*(?:_(?:0|[1-9][0-9]*))?")
 """A job id as hpc-ddp stores and sends it: a job or array job (``123``; a local run's is its
