@@ -132,6 +132,9 @@ def _submit(kind: str, tmp: Path, env: dict[str, str], job: str) -> tuple[str, P
     tmp.mkdir(parents=True, exist_ok=True)
     config = tmp / f"{kind.replace(' ', '-')}.yaml"
     config.write_text(job)
+    # A lemon record of its own per run: the faults injected on purpose, one kind after
+    # another on rank 1's node, would otherwise make that node a lemon for the next kind.
+    env = {**env, "XDG_STATE_HOME": str(tmp / "state")}
     out = json.loads(_hpc("submit", str(config), "--runs-dir", str(tmp / kind), "--json", env=env))
     return str(out["job_id"]), Path(out["run_dir"])
 

@@ -73,6 +73,7 @@ from hpc_ddp.fault.plan import (
     with_own_words,
     with_scheduler_words,
 )
+from hpc_ddp.fault.standby import Shape, Standby, standby_fits
 from hpc_ddp.fault.watchdog import (
     read_beats,
     read_exit_notes,
@@ -289,6 +290,9 @@ class Supervisor:
         self._requeueing = False
         self._step: Step | None = None
         self._lock = threading.Lock()
+        self._standby = Standby(
+            launcher, enabled=standby_fits(cfg), after_s=cfg.fault.standby_after_s
+        )
 
     # --- signals ---------------------------------------------------------------------------
 
@@ -315,6 +319,12 @@ class Supervisor:
 
     def run(self) -> int:
         """Launch until the job ends; the job's exit status."""
+        try:
+            return self._launches()
+        finally:
+            self._standby.dismiss()
+
+    def _launches(self) -> int:
         bad = self._with_lemons(self._still_avoidable(read_bad_nodes(self.paths, self.me.job_ref)))
         launch = 0
         overlap = False
@@ -403,9 +413,15 @@ class Supervisor:
         for warning in add_entries(where(self.env), entries):
             log.warning("supervisor: %s", warning)
 
+    def _launch_env(self, launch: int) -> tuple[LaunchPaths, dict[str, str]]:
+        lpaths = self.paths.launch(launch_key(self.me.tag or self.me.job_ref, self.me.restart,
+                                              launch))  # fmt: skip
+        env = {**self.env, LAUNCH_ENV: str(launch), SUPERVISED_ENV: "1",
+               LAUNCH_DIR_ENV: str(lpaths.root)}  # fmt: skip
+        return lpaths, env
+
     def _run_launch(self, plan: Plan) -> tuple[_Watch, float, LaunchPaths]:
-        key = launch_key(self.me.tag or self.me.job_ref, self.me.restart, plan.launch)
-        lpaths = self.paths.launch(key)
+        lpaths, env = self._launch_env(plan.launch)
         prepare_launch(lpaths, self.world)
         from_step = newest_step(self.paths.checkpoints, run_id=recorded_run_id(self.paths))
         self._from_steps[plan.launch] = from_step
@@ -420,18 +436,16 @@ class Supervisor:
             from_step=from_step,
             now=launched_at,
         )
-        env = {
-            **self.env,
-            LAUNCH_ENV: str(plan.launch),
-            SUPERVISED_ENV: "1",
-            LAUNCH_DIR_ENV: str(lpaths.root),
-        }
         # Not "from step N": the ranks choose, after this look, with their full check. A
         # checkpoint committed after it (a straggler of the launch before) or one their check
         # passes over makes them resume elsewhere, and their own start line says where.
         log.info("supervisor: %s", launch_words(plan, from_step))
+        called = self._standby.call(plan, plan.launch)
         with self._lock:
-            self._step = self.launcher.start(plan, env)
+            self._step = called or self.launcher.start(plan, env)
+        nxt_paths, nxt_env = self._launch_env(plan.launch + 1)
+        nxt = Shape(plan.launch + 1, plan.nodes, plan.tasks_per_node, plan.exclude)
+        self._standby.arm(nxt, nxt_env, nxt_paths.standby_call)
         watch = self._watch(self._step, lpaths)
         return watch, launched_at, lpaths
 
@@ -463,6 +477,7 @@ class Supervisor:
                 for rank, beat in beats.items():
                     quiet.observe(rank, beat, mono)
                 next_read = mono + self.cfg.fault.beat_s
+                self._standby.tend(beats, mono, settled=watch.fault is None and not self.stopping)
             ends = _task_ends(step)
             if watch.fault is None and not self.stopping:
                 watch.fault = detection.find(

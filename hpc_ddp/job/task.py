@@ -53,6 +53,7 @@ from hpc_ddp.rundir.layout import (
     MANIFEST_FILE,
     RUN_DIR_ENV,
     RUN_ID_ENV,
+    STANDBY_ENV,
     TASK_LAUNCHER_ENV,
     TASK_PLACE_ENV,
     WATCHDOG_OWNER_ENV,
@@ -652,13 +653,15 @@ def run_job(
     paths = RunPaths(task_dir)
     cfg = load_resolved_config(paths.config)
     dist = derive_dist_env(env, port=cfg.dist.port)  # once: everything below is given it
-    _enter_code(cfg, run_dir, paths, env, dist)
     _set_torch_env(cfg, env)
     if not cfg.command:
         # torch's C libraries load holding the GIL (seconds from a shared file system, 4 s on
         # a busy machine): before the first beat, so the load counts against
         # fault.startup_timeout_s like a rank that never started, not as a stopped heartbeat.
         import hpc_ddp.sessions.session  # noqa: F401
+    if env.get(STANDBY_ENV) and not _called_from_standby(cfg, Path(env[STANDBY_ENV])):
+        return 0
+    _enter_code(cfg, run_dir, paths, env, dist)
     watchdog = _start_watchdog(cfg, paths, env, dist)
     try:
         code = _run(cfg, paths, env, dist, allocation)
@@ -672,6 +675,18 @@ def run_job(
     if watchdog is not None:
         watchdog.exiting(code)
     return code
+
+
+def _called_from_standby(cfg: JobConfig, call_file: Path) -> bool:
+    """This task is a launch's standby (:mod:`hpc_ddp.fault.standby`): load what a rank's
+    start-up spends its seconds on, then wait; True once called, False when dismissed."""
+    import torch._dynamo  # noqa: F401  # DDP's constructor imports it to read one setting
+
+    from hpc_ddp.fault.standby import wait_to_be_called
+
+    if cfg.entrypoint is None:
+        import hpc_ddp.train.trainer  # noqa: F401
+    return wait_to_be_called(call_file)
 
 
 def _enter_code(

@@ -96,6 +96,9 @@ rank never requeues a crash itself and never waits on a collective on its way ou
 LAUNCH_DIR_ENV = "HPC_DDP_LAUNCH_DIR"
 """Node side: this launch's directory (``RUN_DIR/launches/<key>``), made by the supervisor
 with every rank's beat file in it before the ranks start."""
+STANDBY_ENV = "HPC_DDP_STANDBY"
+"""Node side: set on a launch's standby (:mod:`hpc_ddp.fault.standby`): the task loads its
+imports and waits until :attr:`LaunchPaths.standby_call` says ``go`` or ``dismiss``."""
 LOCAL_JOB_ENV = "HPC_DDP_LOCAL_JOB"
 """Local backend, on each rank: the run's job id (its controller's pid), as the manifest
 records it; a Slurm task has ``SLURM_JOB_ID`` instead."""
@@ -294,6 +297,12 @@ class LaunchPaths:
         (the child's pid in it)."""
         return self.root / f"rank-{rank}.rescue"
 
+    @property
+    def standby_call(self) -> Path:
+        """The supervisor's word to this launch's standby processes, rewritten in place
+        (``wait``, then ``go`` or ``dismiss``): made before they start, like a beat."""
+        return self.root / "standby.call"
+
     def stacks(self, rank: int) -> Path:
         """Rank ``rank``'s thread stacks, every thread, hpc-ddp's own included: written when
         the supervisor asks for them after a fault and when the rank leaves for one. hpc-ddp's
@@ -328,6 +337,7 @@ __all__ = [
     "RUN_ID_ENV",
     "RUN_ID_FILE",
     "SHARDED_RECORD",
+    "STANDBY_ENV",
     "STAMP_FORMAT",
     "SUBMIT_LOCK_FILE",
     "SUPERVISED_ENV",

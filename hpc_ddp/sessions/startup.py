@@ -21,6 +21,7 @@ import torch
 from hpc_ddp.config.elastic import planned_accum
 from hpc_ddp.config.load import load_resolved_config
 from hpc_ddp.config.model import DistConfig, JobConfig
+from hpc_ddp.fault import standby
 from hpc_ddp.fault.rankwatch import RankWatch
 from hpc_ddp.fault.requeue import signal_number
 from hpc_ddp.fault.watchdog import launch_paths
@@ -153,12 +154,14 @@ def start_rank(
 
 
 class StartupMarks:
-    """Wall-clock marks of a launch's start-up, in order: the process's start, then the end
-    of each phase (``session``: its imports done, ``process group``, ``model``: wrapped and on
-    its device, ``restore``, ``first step``)."""
+    """Wall-clock marks of a launch's start-up, in order: the process's start (a standby's
+    call), then the end of each phase (``session``: its imports done, ``process group``,
+    ``model``: wrapped and on its device, ``restore``, ``first step``)."""
 
     def __init__(self) -> None:
-        self.marks: list[tuple[str, float]] = [("process", _process_started_at())]
+        called = standby.called_at  # a standby's start-up is from its call (fault/standby)
+        first = ("call", called) if called is not None else ("process", _process_started_at())
+        self.marks: list[tuple[str, float]] = [first]
 
     @property
     def open(self) -> bool:
