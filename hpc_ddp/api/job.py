@@ -281,6 +281,7 @@ def plan_submit(
         cfg,
         backend=face,
         lemons=_lemons(cfg, face),
+        grace=_grace(cfg, face),
         config_path=config_path,
         runs_dir=planned_runs,
         python=sys.executable,
@@ -295,6 +296,15 @@ def _lemons(cfg: JobConfig, face: Backend) -> Exclusion | None:
     from hpc_ddp.submission.exclusion import lemon_exclusion
 
     return lemon_exclusion(cfg, face, os.environ, time.time())
+
+
+def _grace(cfg: JobConfig, face: Backend) -> str | None:
+    """The warning of a preemption grace time too short for this user's measured stop."""
+    import time
+
+    from hpc_ddp.submission.leadtime import check_grace
+
+    return check_grace(cfg, face, os.environ, time.time())
 
 
 def warn_of_leftovers(runs_dir: Path, workdir: Path) -> None:
@@ -365,6 +375,8 @@ def launch(
             log.warning("%s", line)
         if planned.lead is not None:
             log.info("%s", planned.lead.describe())
+        if planned.grace is not None:
+            log.warning("%s", planned.grace)
 
         launched = launch_prepared(_on(planned, registry))
     else:
@@ -424,6 +436,8 @@ def dry_run_json(planned: Prepared | ResumePlan) -> dict[str, object]:
             shown["lemons"] = planned.lemons.to_dict()
         if planned.lead is not None:
             shown["lead_time"] = _lead_json(planned.lead)
+        if planned.grace is not None:
+            shown["grace_warning"] = planned.grace
         return shown
     prepared = planned.prepared
     shown = {

@@ -128,6 +128,22 @@ class Cancelled:
     message: str
 
 
+@dataclass(frozen=True)
+class Grace:
+    """How long a preempted job has from its stop signal to its kill: the scheduler's grace
+    time (a partition's, or a QOS's) and then its kill wait."""
+
+    grace_s: int
+    kill_wait_s: int
+    source: str
+    """Whose grace time it is (``partition low``, ``QOS normal``)."""
+
+    @property
+    def total_s(self) -> int:
+        """From the stop signal to the kill."""
+        return self.grace_s + self.kill_wait_s
+
+
 class Backend(Protocol):
     """The login face of a backend: what the login side asks of where a run's job goes."""
 
@@ -210,6 +226,13 @@ class Backend(Protocol):
         """(the partition, its nodes) a job of ``partition`` (None: the default one) may run
         on, which a submission may leave lemons out of (:mod:`hpc_ddp.lemons`); None where
         nodes cannot be left out (local runs). Raises :class:`~hpc_ddp.errors.BackendError`
+        when it cannot be asked."""
+        ...
+
+    def preemption_grace(self, partition: str | None, qos: str | None) -> Grace | None:
+        """How long a preempted job of ``partition`` (None: the default one) and ``qos`` has
+        between its stop signal and its kill; None where its jobs are never preempted (local
+        runs, a partition no other preempts). Raises :class:`~hpc_ddp.errors.BackendError`
         when it cannot be asked."""
         ...
 

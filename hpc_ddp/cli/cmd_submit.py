@@ -70,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"# {line}")
         if prepared.lead is not None:
             print(f"# {prepared.lead.describe()}")
+        if prepared.grace is not None:
+            print(f"# warning: {prepared.grace}")
         print(f"# run directory: {prepared.paths.root}")
         return 0
     if args.test_only:

@@ -17,6 +17,13 @@ that came before half the job's time would cost more than it saves). The maximum
 mean: a save that missed the kill loses every step since the save before it, so the slow
 saves decide. Without any measured save, :data:`PRIOR_LEAD_S`.
 
+The grace check
+---------------
+Preemption does not wait for the lead time: Slurm sends SIGTERM and kills the job after the
+partition's (or, under ``preempt/qos``, the QOS's) ``GraceTime`` plus ``KillWait``. ``submit``
+warns (:func:`grace_warning`) when that is shorter than the measured stop, the slowest recent
+save plus :data:`STOP_ALLOWANCE_S` (no margin: a warning, not a choice).
+
 The history
 -----------
 ``$XDG_STATE_HOME/hpc-ddp/savetimes.json`` (default ``~/.local/state/hpc-ddp``): one entry per
@@ -46,9 +53,11 @@ __all__ = [
     "LeadTime",
     "SaveEntry",
     "choose_lead_time",
+    "grace_warning",
     "history_saves",
     "parse_save_history",
     "render_save_history",
+    "stop_needs_s",
 ]
 
 PRIOR_LEAD_S = 120
@@ -116,6 +125,29 @@ def choose_lead_time(durable_s: Sequence[float], *, time_limit_s: float | None) 
     if need > cap:
         need, bound = int(cap), cap_name
     return LeadTime(int(need), "history", len(recent), slowest, bound)
+
+
+def stop_needs_s(durable_s: Sequence[float]) -> float | None:
+    """What a stop at the warning takes, measured: the slowest of the newest saves plus the
+    stop itself (no margin); None without a measured save."""
+    recent = [w for w in durable_s if math.isfinite(w) and w >= 0][-RECENT:]
+    return max(recent) + STOP_ALLOWANCE_S if recent else None
+
+
+def grace_warning(grace_s: int, kill_wait_s: int, source: str, needs_s: float) -> str | None:
+    """The submit's warning when a preemption's grace (``grace_s`` of ``source``, then
+    ``kill_wait_s``) is shorter than a stop takes (``needs_s``, :func:`stop_needs_s`); None
+    when it is long enough."""
+    total = grace_s + kill_wait_s
+    if total >= needs_s:
+        return None
+    return (
+        f"a preemption gives {total} s from SIGTERM to SIGKILL (GraceTime {grace_s} s of "
+        f"{source} + KillWait {kill_wait_s} s), less than a stop takes here ({needs_s:.0f} s: "
+        f"your slowest recent save + {STOP_ALLOWANCE_S:g} s): a preempted run loses the steps "
+        "since its last periodic save. HINT: save more often (train.checkpoint_every), or "
+        "submit to a partition or QOS with a longer GraceTime"
+    )
 
 
 @dataclass(frozen=True)

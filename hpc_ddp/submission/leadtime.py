@@ -4,6 +4,9 @@
 config the run directory records and the script renders (``--signal=USR2@N``): Slurm keeps it
 across requeues, and a resume keeps it too.
 
+And the grace check (:func:`check_grace`): where the backend knows a preemption's grace time,
+a warning when it is shorter than the measured stop.
+
 Never raises: an unreadable or damaged history is a warning, and ``auto`` then gives the prior.
 """
 
@@ -14,13 +17,35 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from hpc_ddp.config.leadtime import LeadTime, choose_lead_time
+from hpc_ddp.backends.base import Backend
+from hpc_ddp.config.leadtime import LeadTime, choose_lead_time, grace_warning, stop_needs_s
 from hpc_ddp.config.model import JobConfig
+from hpc_ddp.errors import BackendError
 from hpc_ddp.rundir.savetimes import read_save_times
 
-__all__ = ["resolve_lead_time"]
+__all__ = ["check_grace", "resolve_lead_time"]
 
 log = logging.getLogger(__name__)
+
+
+def check_grace(
+    cfg: JobConfig, backend: Backend, env: Mapping[str, str], now: float, home: Path | None = None
+) -> str | None:
+    """The submit's warning when a preemption's grace on ``backend`` is shorter than this
+    user's measured stop (:func:`~hpc_ddp.config.leadtime.grace_warning`); None when it is
+    long enough, nothing is measured yet (Slurm is then not asked), or Slurm cannot say."""
+    saves, _ = read_save_times(env, home or Path.home(), name=cfg.name, now=now)
+    needs = stop_needs_s(saves)
+    if needs is None:
+        return None
+    try:
+        grace = backend.preemption_grace(cfg.slurm.partition, cfg.slurm.qos)
+    except (BackendError, OSError) as exc:
+        log.info("the preemption grace time is unknown (%s)", exc)
+        return None
+    if grace is None:
+        return None
+    return grace_warning(grace.grace_s, grace.kill_wait_s, grace.source, needs)
 
 
 def resolve_lead_time(

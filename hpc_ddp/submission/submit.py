@@ -173,6 +173,9 @@ class Prepared:
     lead: LeadTime | None = None
     """What ``requeue.lead_time: auto`` chose (``cfg`` holds the number); None: a number was
     given."""
+    grace: str | None = None
+    """The warning that a preemption's grace time is shorter than this user's measured stop
+    (:func:`~hpc_ddp.submission.leadtime.check_grace`); None: long enough, or not known."""
 
     @property
     def backend(self) -> BackendName:
@@ -201,6 +204,7 @@ def prepare(
     invocation: Sequence[str],
     now: datetime | None = None,
     lemons: Exclusion | None = None,
+    grace: str | None = None,
 ) -> Prepared:
     """Everything a run of ``cfg`` on ``backend`` (its login face, from the registry) will
     write and run, for a new run directory
@@ -224,7 +228,7 @@ def prepare(
     plan = backend.plan(cfg, paths, request)
     return Prepared(
         cfg, backend, paths, plan, invocation_text, str(config_path), base, stamp, lemons=lemons,
-        lead=lead,
+        lead=lead, grace=grace,
     )  # fmt: skip
 
 

@@ -86,3 +86,27 @@ def test_dry_run_says_what_auto_chose(tmp_path: Path, capsys: pytest.CaptureFixt
     }  # fmt: skip
     assert main(argv[:2] + argv[3:]) == 0  # a number: nothing said
     assert "lead_time auto" not in capsys.readouterr().out
+
+
+def test_a_dry_run_warns_of_a_grace_time_shorter_than_the_measured_stop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hpc_ddp.backends.registry import Registry
+    from hpc_ddp.backends.slurm.fake import FakeSlurm
+
+    slurm = FakeSlurm()
+    argv = ["submit", "jobs/quickstart.yaml", "slurm.partition=low", "--dry-run"]
+    argv += ["--backend", "slurm", "--runs-dir", str(tmp_path)]
+    assert main(argv, backends=Registry(slurm=slurm.client())) == 0
+    assert "warning" not in capsys.readouterr().out
+    assert slurm.calls == []  # nothing measured: Slurm is not asked
+    env = {"XDG_STATE_HOME": os.environ["XDG_STATE_HOME"]}
+    SaveTimes(history_path(env, Path("/x")), run_id="r1", name="quickstart").saved(20.0)
+    slurm.script("scontrol show config", "KillWait = 5 sec\nPreemptType = preempt/partition_prio")
+    slurm.script("scontrol show partition", "PartitionName=low PreemptMode=REQUEUE GraceTime=10")
+    assert main(argv, backends=Registry(slurm=slurm.client())) == 0
+    out = capsys.readouterr().out
+    assert "# warning: a preemption gives 15 s from SIGTERM to SIGKILL (GraceTime 10 s" in out
+    slurm.fail("scontrol show config")
+    assert main(argv, backends=Registry(slurm=slurm.client())) == 0  # unknown: no warning
+    assert "warning" not in capsys.readouterr().out

@@ -16,7 +16,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpc_ddp.backends.base import Cancel, Cancelled, PlanRequest, Started, SubmitPlan, Word
+from hpc_ddp.backends.base import (
+    Cancel,
+    Cancelled,
+    Grace,
+    PlanRequest,
+    Started,
+    SubmitPlan,
+    Word,
+)
 from hpc_ddp.backends.local.controller import submit_local
 from hpc_ddp.backends.local.outcome import local_failure
 from hpc_ddp.backends.local.plan import check_local_job, describe_local_plan
@@ -140,6 +148,11 @@ class LocalBackend:
     def partition_nodes(self, partition: str | None) -> tuple[str, list[str]] | None:
         """None: a local run has this machine alone, no node to leave out."""
         del partition
+        return None
+
+    def preemption_grace(self, partition: str | None, qos: str | None) -> Grace | None:
+        """None: nothing preempts a local run."""
+        del partition, qos
         return None
 
     def startup_failure(self, run_dir: Path, job_id: str | None) -> str | None:

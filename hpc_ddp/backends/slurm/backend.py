@@ -14,7 +14,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpc_ddp.backends.base import Cancel, Cancelled, PlanRequest, Started, SubmitPlan, Word
+from hpc_ddp.backends.base import (
+    Cancel,
+    Cancelled,
+    Grace,
+    PlanRequest,
+    Started,
+    SubmitPlan,
+    Word,
+)
 from hpc_ddp.backends.slurm.render import (
     RenderContext,
     load_template,
@@ -129,6 +137,29 @@ class SlurmBackend:
         if name is None:
             raise SlurmError("sinfo names no default partition")
         return name, self.client.partition_nodes(name)
+
+    def preemption_grace(self, partition: str | None, qos: str | None) -> Grace | None:
+        """From a preemption's SIGTERM to its SIGKILL: the partition's ``GraceTime`` (the QOS's
+        under ``PreemptType=preempt/qos``) plus ``KillWait``; None where Slurm preempts
+        nothing (``preempt/none``) or the partition's ``PreemptMode`` is ``OFF``."""
+        from hpc_ddp.backends.slurm.jobstate import parse_seconds
+        from hpc_ddp.errors import SlurmError
+
+        config = self.client.config_fields()
+        kind = config.get("PreemptType", "preempt/none")
+        if kind.endswith("/none"):
+            return None
+        kill_wait = parse_seconds(config.get("KillWait", "0"))
+        if kind.endswith("/qos") and qos:
+            return Grace(self.client.qos_grace_s(qos), kill_wait, f"QOS {qos}")
+        name = partition or self.client.default_partition()
+        if name is None:
+            raise SlurmError("sinfo names no default partition")
+        fields = self.client.partition_fields(name)
+        mode = fields.get("PreemptMode") or config.get("PreemptMode", "OFF")
+        if mode.upper().startswith("OFF"):
+            return None
+        return Grace(parse_seconds(fields.get("GraceTime", "0")), kill_wait, f"partition {name}")
 
     def max_array_size(self) -> int:
         """The cluster's ``MaxArraySize``: a job array's task ids must stay below it

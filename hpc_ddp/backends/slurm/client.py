@@ -38,6 +38,8 @@ from hpc_ddp.backends.slurm.jobstate import (
     parse_sacct,
     parse_sbatch_parsable,
     parse_scontrol_oneliner,
+    parse_seconds,
+    parse_show_config,
     parse_squeue,
     parse_step_ids,
 )
@@ -285,6 +287,32 @@ class SlurmClient:
         """The cluster's ``MaxArraySize`` (array indices must stay below it)."""
         result = self._check(self._run(["scontrol", "show", "config"]), "scontrol show config")
         return parse_max_array_size(result.stdout)
+
+    def partition_fields(self, partition: str) -> dict[str, str]:
+        """``scontrol show partition -o``: the partition's fields (``GraceTime``, seconds;
+        ``PreemptMode``...)."""
+        if not is_node_name(partition):
+            raise SlurmError(f"partition {partition!r} is not a plain name; nothing was asked")
+        result = self._check(
+            self._run(["scontrol", "show", "partition", "-o", partition]),
+            "scontrol show partition failed",
+        )
+        lines = result.stdout.strip().splitlines()
+        return parse_scontrol_oneliner(lines[0]) if lines else {}
+
+    def config_fields(self) -> dict[str, str]:
+        """``scontrol show config``: the cluster's settings (``KillWait``, ``PreemptType``...)."""
+        result = self._check(self._run(["scontrol", "show", "config"]), "scontrol show config")
+        return parse_show_config(result.stdout)
+
+    def qos_grace_s(self, qos: str) -> int:
+        """A QOS's ``GraceTime`` in seconds (``sacctmgr show qos``; 0: none set)."""
+        if not is_node_name(qos):
+            raise SlurmError(f"QOS {qos!r} is not a plain name; nothing was asked")
+        argv = ["sacctmgr", "-n", "-P", "show", "qos", qos, "format=GraceTime"]
+        result = self._check(self._run(argv), "sacctmgr show qos failed")
+        lines = result.stdout.strip().splitlines()
+        return parse_seconds(lines[0]) if lines else 0
 
     def sacct_states(self, job_ids: Iterable[str]) -> dict[str, AccountingRecord] | None:
         """Accounting records of jobs (an array job id: of each of its tasks), without their

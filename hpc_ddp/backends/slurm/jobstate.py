@@ -224,6 +224,32 @@ def parse_max_array_size(text: str) -> int:
     return int(match.group(1))
 
 
+def parse_show_config(text: str) -> dict[str, str]:
+    """``scontrol show config``'s ``Key = value`` lines as a mapping (other lines skipped)."""
+    fields = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() and " " not in key.strip():
+            fields[key.strip()] = value.strip()
+    return fields
+
+
+def parse_seconds(value: str) -> int:
+    """A Slurm duration as ``scontrol`` and ``sacctmgr`` print one (``30 sec``, ``10``,
+    ``00:05:00``, ``1-00:00:00``, empty: 0) in seconds; SlurmError for anything else."""
+    text = value.strip().removesuffix("sec").strip()
+    if not text:
+        return 0
+    days, _, clock = text.rpartition("-")
+    parts = clock.split(":")
+    if not all(p.isdigit() for p in parts) or len(parts) > 3 or (days and not days.isdigit()):
+        raise SlurmError(f"{value!r} is not a Slurm duration (seconds, or [D-]HH:MM:SS)")
+    seconds = 0
+    for part in parts:
+        seconds = seconds * 60 + int(part)
+    return seconds + int(days or 0) * 86400
+
+
 SACCT_FIELDS = ("JobID", "State", "ExitCode", "Elapsed", "Submit", "SubmitLine")
 """What :meth:`SlurmClient.sacct_states` asks ``sacct -o`` for; ``SubmitLine`` (a command
 line that may hold anything) comes last, so splitting at the first five ``|`` keeps it whole."""
