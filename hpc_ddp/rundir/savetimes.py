@@ -73,7 +73,7 @@ class SaveTimes:
         self._name = name
         self._clock = clock
         self._lock = threading.Lock()
-        self._mine: list[float] = []
+        self._mine: list[float] | None = None  # read at the first save
         self._broken = False
 
     def saved(self, durable_s: float) -> None:
@@ -81,10 +81,13 @@ class SaveTimes:
         with self._lock:
             if self._broken:
                 return
-            self._mine = [*self._mine, float(durable_s)][-RECENT:]
             runs, warning = _read(self.path)
             if warning:
                 log.warning("requeue.lead_time history %s: %s", self.path, warning)
+            if self._mine is None:  # the run's earlier attempts' saves go on counting
+                earlier = runs.get(self._run_id)
+                self._mine = list(earlier.durable_s) if earlier is not None else []
+            self._mine = [*self._mine, float(durable_s)][-RECENT:]
             entry = SaveEntry(self._name, tuple(self._mine), self._clock())
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)

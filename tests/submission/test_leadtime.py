@@ -42,10 +42,14 @@ def test_saves_rank_0_records_size_the_next_submit(tmp_path: Path) -> None:
     for w in (2.0, 25.0, 3.0):
         big.saved(w)
     SaveTimes(path, run_id="r2", name="small").saved(0.5)
-    assert read_save_times(env, Path("/x"), name="big", now=time.time()) == ([2.0, 25.0, 3.0], None)
+    SaveTimes(path, run_id="r1", name="big").saved(4.0)  # its next attempt adds to them
+    assert read_save_times(env, Path("/x"), name="big", now=time.time()) == (
+        [2.0, 25.0, 3.0, 4.0],
+        None,
+    )
     cfg, lead = resolve_lead_time(_cfg(), env, time.time())
     assert lead is not None
-    assert (lead.seconds, lead.source, lead.saves) == (80, "history", 3)  # 2 x (25 + 15)
+    assert (lead.seconds, lead.source, lead.saves) == (80, "history", 4)  # 2 x (25 + 15)
     assert cfg.requeue.lead_time == 80
     _, small = resolve_lead_time(_cfg(name="small"), env, time.time())
     assert small is not None
