@@ -61,6 +61,7 @@ from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.ledger import Attempt, AutoInterval, attempt_number, read_ledger
 from hpc_ddp.rundir.ledger_events import (
+    LaunchId,
     checkpoint_event,
     end_event,
     lost_stop_lines,
@@ -134,6 +135,11 @@ class Coordinator:
     def restart(self) -> int:
         """Slurm's restart count of this job (0 for its first run): the requeue budget's count."""
         return self.dist.restart_count
+
+    @property
+    def launch_id(self) -> LaunchId:
+        """Whose this process's ledger lines are: its job, restart and launch."""
+        return LaunchId(self.dist.job_id, self.dist.job_ref, self.restart, self.dist.launch)
 
     def _attempts(self) -> list[Attempt]:
         try:
@@ -439,10 +445,7 @@ class Coordinator:
             return
         self._append(
             checkpoint_event(
-                job_id=self.dist.job_id,
-                job_ref=self.dist.job_ref,
-                restart=self.restart,
-                launch=self.dist.launch,
+                launch_id=self.launch_id,
                 step=step,
                 stall_s=stall_s,
                 durable_s=durable_s,
@@ -458,10 +461,7 @@ class Coordinator:
             return
         self._append(
             stop_save_event(
-                job_id=self.dist.job_id,
-                job_ref=self.dist.job_ref,
-                restart=self.restart,
-                launch=self.dist.launch,
+                launch_id=self.launch_id,
                 step=step,
                 lead_time_s=self.cfg.lead_s,
             )
@@ -480,10 +480,7 @@ class Coordinator:
         rank that wrote it, or tried to: any rank, on the watchdog's thread."""
         self._append(
             rescue_event(
-                job_id=self.dist.job_id,
-                job_ref=self.dist.job_ref,
-                restart=self.restart,
-                launch=self.dist.launch,
+                launch_id=self.launch_id,
                 rank=self.dist.rank,
                 step=step,
                 checkpoint=checkpoint,
@@ -509,10 +506,7 @@ class Coordinator:
         self._append(
             end_event(
                 attempt=self.number(),
-                restart=self.restart,
-                launch=self.dist.launch,
-                job_id=self.dist.job_id,
-                job_ref=self.dist.job_ref,
+                launch_id=self.launch_id,
                 cause=cause,
                 steps_done=step,
                 checkpoint=checkpoint,
@@ -543,11 +537,8 @@ class Coordinator:
         self._append(
             start_event(
                 attempt=self._number,
-                restart=self.restart,
-                launch=self.dist.launch,
+                launch_id=self.launch_id,
                 now=now,
-                job_id=self.dist.job_id,
-                job_ref=self.dist.job_ref,
                 nodelist=",".join(self.dist.nodelist),
                 world_size=self.dist.world_size,
                 resumed_from_step=resumed_from_step,

@@ -19,7 +19,12 @@ from hpc_ddp.fault.blame import Finding
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import Checkpoint, RunPaths
 from hpc_ddp.rundir.ledger import Attempt, Blame, attempt_number, read_ledger
-from hpc_ddp.rundir.ledger_events import launch_end_event, launch_event, node_fail_event
+from hpc_ddp.rundir.ledger_events import (
+    LaunchId,
+    launch_end_event,
+    launch_event,
+    node_fail_event,
+)
 
 log = logging.getLogger("hpc_ddp.supervisor")
 
@@ -38,6 +43,10 @@ class Identity:
     tag: str | None = None
     """What names the launch directories when the job has no Slurm id (the local backend's
     ``local-<controller pid>``), so that a resumed run never meets an earlier job's files."""
+
+    def launch_id(self, launch: int) -> LaunchId:
+        """The key of this job's launch ``launch`` in the ledger."""
+        return LaunchId(self.job_id, self.job_ref, self.restart, launch)
 
 
 class LaunchLedger:
@@ -120,10 +129,7 @@ class LaunchLedger:
         """Launch ``launch`` starts on ``nodes``."""
         self._append(
             launch_event(
-                job_id=self.me.job_id,
-                job_ref=self.me.job_ref,
-                restart=self.me.restart,
-                launch=launch,
+                launch_id=self.me.launch_id(launch),
                 nodes=nodes,
                 alloc_nodes=alloc_nodes,
                 excluded=list(excluded),
@@ -153,10 +159,7 @@ class LaunchLedger:
         self._append(
             launch_end_event(
                 attempt=number,
-                job_id=self.me.job_id,
-                job_ref=self.me.job_ref,
-                restart=self.me.restart,
-                launch=launch,
+                launch_id=self.me.launch_id(launch),
                 launched_at=launched_at,
                 cause=cause,
                 blame=blame,
@@ -172,10 +175,7 @@ class LaunchLedger:
         """srun's late word on a node lost under an earlier launch: the cause becomes it."""
         self._append(
             node_fail_event(
-                job_id=self.me.job_id,
-                job_ref=self.me.job_ref,
-                restart=self.me.restart,
-                launch=launch,
+                launch_id=self.me.launch_id(launch),
                 node=node,
                 evidence=evidence,
             )

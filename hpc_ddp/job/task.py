@@ -369,10 +369,7 @@ def _record_command_start(coordinator: Coordinator, began: float) -> None:
 
     dist = coordinator.dist
     line = command_start_event(
-        job_id=dist.job_id,
-        job_ref=dist.job_ref,
-        restart=coordinator.restart,
-        launch=dist.launch,
+        launch_id=coordinator.launch_id,
         nodelist=",".join(dist.nodelist),
         world_size=dist.world_size,
         now=began,

@@ -13,7 +13,7 @@ when it begins and an ``attempt_end`` line when it stops on purpose::
 
 Under ``fault:`` a supervisor runs each attempt as one or more *launches* (srun steps, or
 local process sets): the ranks' events then carry ``launch``, and the supervisor adds its own,
-keyed by (job, restart, launch) rather than by number::
+keyed by (job, restart, launch), a :class:`LaunchId`, rather than by number::
 
     {"event": "launch", "job_id": "4242", "job_ref": "4242", "restart": 0, "launch": 1,
      "time": ..., "nodes": "n[1,3]", "alloc_nodes": 3, "excluded": ["n2"], "world_size": 2,
@@ -66,6 +66,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from hpc_ddp.config.elastic import Resize
@@ -74,6 +75,7 @@ from hpc_ddp.rundir.layout import Checkpoint
 from hpc_ddp.rundir.ledger import Attempt, AutoInterval, Blame, LostStop, lost_stop
 
 __all__ = [
+    "LaunchId",
     "checkpoint_event",
     "code_event",
     "command_start_event",
@@ -88,13 +90,24 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True)
+class LaunchId:
+    """Whose a ledger line is: the job (``job_id``; ``job_ref``, the name its requeue and
+    ``status`` use, an array task's ``ARRAYJOB_TASK``; both None for no scheduler's job), its
+    restart count (``SLURM_RESTART_COUNT``: 0, then +1 per requeue) and the launch within that
+    attempt (0, then +1 per restart of a supervised run). Every event of a launch is keyed by it,
+    rather than by the run's attempt number."""
+
+    job_id: str | None
+    job_ref: str | None
+    restart: int
+    launch: int = 0
+
+
 def start_event(
     *,
     attempt: int,
-    restart: int | None = None,
-    launch: int = 0,
-    job_id: str | None,
-    job_ref: str | None,
+    launch_id: LaunchId | None,
     nodelist: str,
     world_size: int,
     resumed_from_step: int | None,
@@ -104,18 +117,19 @@ def start_event(
     resize: Resize | None = None,
 ) -> str:
     """The ``attempt_start`` line of an attempt (rank 0 appends it): ``attempt`` its number in
-    the run (:func:`~hpc_ddp.rundir.ledger.attempt_number`), ``restart`` its
-    ``SLURM_RESTART_COUNT``; ``grad_accum`` and ``resize`` (an elastic resume) when a session
-    knows them."""
+    the run (:func:`~hpc_ddp.rundir.ledger.attempt_number`), ``launch_id`` its job, restart and
+    launch (None: no scheduler's job, its restart count taken to be ``attempt``);
+    ``grad_accum`` and ``resize`` (an elastic resume) when a session knows them."""
+    key = _unkeyed(attempt) if launch_id is None else launch_id
     return _line(
         {
             "event": "attempt_start",
             "attempt": attempt,
-            "restart": attempt if restart is None else restart,
-            **({"launch": launch} if launch else {}),
+            "restart": key.restart,
+            **({"launch": key.launch} if key.launch else {}),
             "time": time.time() if now is None else now,
-            "job_id": job_id,
-            "job_ref": job_ref,
+            "job_id": key.job_id,
+            "job_ref": key.job_ref,
             "nodelist": nodelist,
             "world_size": world_size,
             "resumed_from_step": resumed_from_step,
@@ -129,10 +143,7 @@ def start_event(
 def end_event(
     *,
     attempt: int,
-    restart: int | None = None,
-    launch: int = 0,
-    job_id: str | None = None,
-    job_ref: str | None = None,
+    launch_id: LaunchId | None = None,
     cause: EndCause,
     steps_done: int | None,
     checkpoint: str | None,
@@ -141,19 +152,20 @@ def end_event(
     now: float | None = None,
     witness: bool = False,
 ) -> str:
-    """The ``attempt_end`` line of an attempt. ``job_id``, ``job_ref`` and ``restart`` say whose
-    end it is when no start was written (a rank that failed before rank 0 wrote it).
-    ``witness``: the rank only lost a peer (a survivor of another rank's fault, under a
+    """The ``attempt_end`` line of an attempt. ``launch_id`` says whose end it is when no start
+    was written (a rank that failed before rank 0 wrote it); None as :func:`start_event` takes
+    it. ``witness``: the rank only lost a peer (a survivor of another rank's fault, under a
     supervisor whose ``launch_end`` gives the launch's one verdict): its word is kept as a
     witness's, never as the attempt's cause or blame."""
+    key = _unkeyed(attempt) if launch_id is None else launch_id
     return _line(
         {
             "event": "attempt_end",
             "attempt": attempt,
-            "restart": attempt if restart is None else restart,
-            **({"launch": launch} if launch else {}),
-            "job_id": job_id,
-            "job_ref": job_ref,
+            "restart": key.restart,
+            **({"launch": key.launch} if key.launch else {}),
+            "job_id": key.job_id,
+            "job_ref": key.job_ref,
             "time": time.time() if now is None else now,
             "cause": EndCause(cause).value,
             "steps_done": steps_done,
@@ -165,32 +177,30 @@ def end_event(
     )
 
 
+def _unkeyed(attempt: int) -> LaunchId:
+    """An attempt's key where none was given: no scheduler's job, its restart count its number."""
+    return LaunchId(None, None, attempt)
+
+
 def _line(event: dict[str, Any]) -> str:
     return json.dumps(event, sort_keys=True) + "\n"
 
 
 def command_start_event(
     *,
-    job_id: str | None,
-    job_ref: str | None,
-    restart: int,
-    launch: int,
+    launch_id: LaunchId,
     nodelist: str,
     world_size: int,
     now: float | None = None,
 ) -> str:
     """Rank 0's ``command_start`` line: a ``command:`` program starts (see the module
     docstring); ``world_size`` the ranks it runs (torchrun's workers, where it starts them)."""
-    key = (job_id, job_ref, restart, launch, now)
-    return _launch_line("command_start", key, nodelist=nodelist, world_size=world_size)
+    return _launch_line("command_start", launch_id, now, nodelist=nodelist, world_size=world_size)
 
 
 def launch_event(
     *,
-    job_id: str | None,
-    job_ref: str | None,
-    restart: int,
-    launch: int,
+    launch_id: LaunchId,
     nodes: str,
     alloc_nodes: int | None,
     excluded: list[str],
@@ -201,7 +211,8 @@ def launch_event(
     """The supervisor's ``launch`` line: a launch (srun step, local process set) starts."""
     return _launch_line(
         "launch",
-        (job_id, job_ref, restart, launch, now),
+        launch_id,
+        now,
         nodes=nodes,
         alloc_nodes=alloc_nodes,
         excluded=excluded,
@@ -210,26 +221,19 @@ def launch_event(
     )
 
 
-def _launch_line(
-    kind: str,
-    key: tuple[str | None, str | None, int, int, float | None],
-    **fields: Any,
-) -> str:
-    """One line of the events that belong to a launch: ``kind``, the launch's key (job id,
-    job ref, restart, launch number; and ``now``, the time, default the clock's), ``fields``."""
-    job_id, job_ref, restart, launch, now = key
-    head = {"event": kind, "job_id": job_id, "job_ref": job_ref, "restart": restart}
+def _launch_line(kind: str, launch_id: LaunchId, now: float | None, **fields: Any) -> str:
+    """One line of the events that belong to a launch: ``kind``, the launch's key, ``now`` (the
+    time, default the clock's) and ``fields``."""
+    head = {"event": kind, "job_id": launch_id.job_id, "job_ref": launch_id.job_ref}
     time_now = time.time() if now is None else now
-    return _line({**head, "launch": launch, "time": time_now, **fields})
+    key = {"restart": launch_id.restart, "launch": launch_id.launch, "time": time_now}
+    return _line({**head, **key, **fields})
 
 
 def launch_end_event(
     *,
     attempt: int,
-    job_id: str | None,
-    job_ref: str | None,
-    restart: int,
-    launch: int,
+    launch_id: LaunchId,
     launched_at: float,
     cause: EndCause,
     blame: Blame | None,
@@ -264,30 +268,23 @@ def launch_end_event(
             detected=blame.detected_at,
             last_progress=blame.last_progress_at,
         )
-    return _launch_line("launch_end", (job_id, job_ref, restart, launch, now), **event)
+    return _launch_line("launch_end", launch_id, now, **event)
 
 
 def node_fail_event(
     *,
-    job_id: str | None,
-    job_ref: str | None,
-    restart: int,
-    launch: int,
+    launch_id: LaunchId,
     node: str,
     evidence: str,
     now: float | None = None,
 ) -> str:
     """The supervisor's ``node_fail`` line: srun (or Slurm) said late that a node was lost."""
-    key = (job_id, job_ref, restart, launch, now)
-    return _launch_line("node_fail", key, node=node, evidence=evidence)
+    return _launch_line("node_fail", launch_id, now, node=node, evidence=evidence)
 
 
 def checkpoint_event(
     *,
-    job_id: str | None,
-    job_ref: str | None,
-    restart: int,
-    launch: int,
+    launch_id: LaunchId,
     step: int,
     stall_s: float,
     durable_s: float | None = None,
@@ -297,7 +294,6 @@ def checkpoint_event(
     """Rank 0's ``checkpoint`` line: a save at ``step`` held training up ``stall_s`` and was
     durable ``durable_s`` after it was asked for; under ``checkpoint_every: auto``, the
     interval in force and what it was chosen from."""
-    key = (job_id, job_ref, restart, launch, now)
     extra: dict[str, Any] = {}
     if durable_s is not None:
         extra["durable_s"] = round(durable_s, 6)
@@ -310,15 +306,12 @@ def checkpoint_event(
             "mtbf_from": auto.mtbf_from,
             "restart_s": round(auto.restart_s, 3),
         }
-    return _launch_line("checkpoint", key, step=step, stall_s=round(stall_s, 6), **extra)
+    return _launch_line("checkpoint", launch_id, now, step=step, stall_s=round(stall_s, 6), **extra)
 
 
 def rescue_event(
     *,
-    job_id: str | None,
-    job_ref: str | None,
-    restart: int,
-    launch: int,
+    launch_id: LaunchId,
     rank: int,
     step: int | None,
     checkpoint: str | None,
@@ -329,19 +322,15 @@ def rescue_event(
     """A survivor's ``rescue`` line (:mod:`hpc_ddp.fault.rescue`): after the launch's fault,
     rank ``rank`` wrote ``checkpoint``, the last step every rank completed (``step``), in
     ``took_s``; or wrote none, and ``why`` (the restart goes on from an earlier checkpoint)."""
-    key = (job_id, job_ref, restart, launch, now)
     return _launch_line(
-        "rescue", key, rank=rank, step=step, checkpoint=checkpoint, why=why,
+        "rescue", launch_id, now, rank=rank, step=step, checkpoint=checkpoint, why=why,
         took_s=round(took_s, 6),
     )  # fmt: skip
 
 
 def stop_save_event(
     *,
-    job_id: str | None,
-    job_ref: str | None,
-    restart: int,
-    launch: int,
+    launch_id: LaunchId,
     step: int,
     lead_time_s: int,
     now: float | None = None,
@@ -350,25 +339,20 @@ def stop_save_event(
     warning of ``lead_time_s``). The ``checkpoint`` line of that step follows once it is
     durable; a kill before it leaves this line alone, which the next attempt or ``status``
     finds (:func:`~hpc_ddp.rundir.ledger.lost_stop`) and records (:func:`stop_save_lost_event`)."""
-    key = (job_id, job_ref, restart, launch, now)
-    return _launch_line("stop_save", key, step=step, lead_time_s=lead_time_s)
+    return _launch_line("stop_save", launch_id, now, step=step, lead_time_s=lead_time_s)
 
 
 def stop_save_lost_event(
     *,
-    job_id: str | None,
-    job_ref: str | None,
-    restart: int,
-    launch: int,
+    launch_id: LaunchId,
     lost: LostStop,
     found_by: str,
     now: float | None = None,
 ) -> str:
     """The ``stop_save_lost`` line of a stop whose save the kill beat, keyed by the attempt
     that lost it, written by whoever found it (``found_by``: ``attempt`` or ``status``)."""
-    key = (job_id, job_ref, restart, launch, now)
     return _launch_line(
-        "stop_save_lost", key, step=lost.step, saved_step=lost.saved_step,
+        "stop_save_lost", launch_id, now, step=lost.step, saved_step=lost.saved_step,
         lost_steps=lost.lost_steps, stop_at=lost.stop_at, lead_time_s=lost.lead_s,
         found_by=found_by,
     )  # fmt: skip
@@ -384,10 +368,7 @@ def lost_stop_lines(attempts: Sequence[Attempt], *, found_by: str, now: float) -
         if lost is None or lost.recorded:
             continue
         line = stop_save_lost_event(
-            job_id=a.job_id,
-            job_ref=a.job_ref,
-            restart=a.restart or 0,
-            launch=a.launch,
+            launch_id=LaunchId(a.job_id, a.job_ref, a.restart or 0, a.launch),
             lost=lost,
             found_by=found_by,
             now=now,

@@ -662,10 +662,10 @@ import os
 from pathlib import Path
 from hpc_ddp.durable import append_line
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.ledger_events import end_event, start_event
+from hpc_ddp.rundir.ledger_events import LaunchId, end_event, start_event
 ledger = Path(os.environ["HPC_DDP_RUN_DIR"]) / "ledger.jsonl"
 job = os.environ["SLURM_JOB_ID"]
-append_line(ledger, start_event(attempt=0, job_id=job, job_ref=job, world_size=1,
+append_line(ledger, start_event(attempt=0, launch_id=LaunchId(job, job, 0), world_size=1,
             nodelist=os.environ["SLURM_NODELIST"], resumed_from_step=None, checkpoint=None))
 append_line(ledger, end_event(attempt=0, cause=EndCause.TIME_LIMIT, steps_done=7, checkpoint=None,
             requeue_requested=True, message="time-limit warning signal"))
@@ -910,7 +910,7 @@ def _first_attempt(
     """Job ``job``'s first attempt, started 100 s before ``now`` and ended with ``cause`` 40 s
     later, and its launch's end with the supervisor's ``then``."""
     from hpc_ddp.durable import append_line
-    from hpc_ddp.rundir.ledger_events import launch_end_event
+    from hpc_ddp.rundir.ledger_events import LaunchId, launch_end_event
 
     now = time.time() if now is None else now
     record_start(ledger, attempt=0, job_id=job, job_ref=job, nodelist="n1", world_size=2,
@@ -918,7 +918,7 @@ def _first_attempt(
     record_end(ledger, attempt=0, job_id=job, job_ref=job, cause=cause, steps_done=steps,
                checkpoint=None, requeue_requested=requeued, now=now - 60)  # fmt: skip
     append_line(ledger, launch_end_event(
-        attempt=0, job_id=job, job_ref=job, restart=0, launch=0, launched_at=now - 100,
+        attempt=0, launch_id=LaunchId(job, job, 0), launched_at=now - 100,
         cause=cause, blame=None, steps_reached=steps, checkpoint=None, next_step=then,
         now=now - 59,
     ))  # fmt: skip

@@ -335,9 +335,9 @@ def test_a_crash_the_childs_session_handled_is_not_handled_twice(tmp_path: Path)
 
 SESSION_START = (
     "import os, pathlib; from hpc_ddp.durable import append_line; "
-    "from hpc_ddp.rundir.ledger_events import start_event; "
+    "from hpc_ddp.rundir.ledger_events import LaunchId, start_event; "
     "append_line(pathlib.Path(os.environ['HPC_DDP_RUN_DIR']) / 'ledger.jsonl', start_event("
-    "attempt=0, restart=0, job_id='78', job_ref='77_3', nodelist='n1', world_size=1, "
+    "attempt=0, launch_id=LaunchId('78', '77_3', 0), nodelist='n1', world_size=1, "
     "resumed_from_step=None, checkpoint=None)); "
 )
 """What a child's session writes first (rank 0): the attempt's start, for job 78, restart 0."""

@@ -17,6 +17,7 @@ from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import Checkpoint, checkpoint_name
 from hpc_ddp.rundir.ledger import Attempt, Blame, attempt_number, read_ledger
 from hpc_ddp.rundir.ledger_events import (
+    LaunchId,
     checkpoint_event,
     command_start_event,
     end_event,
@@ -26,6 +27,8 @@ from hpc_ddp.rundir.ledger_events import (
     start_event,
 )
 from tests.ledgers import record_end, record_start
+
+JOB_42 = LaunchId("42", "42", 0)
 
 
 def start(path: Path, attempt: int, now: float, **kw: object) -> None:
@@ -458,17 +461,16 @@ def _events(path: Path, *lines: str) -> list[Attempt]:
 
 def test_a_launch_end_replaces_a_survivors_crash_with_the_supervisors_blame(tmp_path: Path) -> None:
     path = tmp_path / "ledger.jsonl"
-    job: dict[str, Any] = {"job_id": "42", "job_ref": "42"}
     attempts = _events(
         path,
-        launch_event(**job, restart=0, launch=0, nodes="n1,n2,n3", alloc_nodes=3, excluded=[],
+        launch_event(launch_id=JOB_42, nodes="n1,n2,n3", alloc_nodes=3, excluded=[],
                      world_size=2, from_step=None, now=1.0),
-        start_event(attempt=0, **job, nodelist="n1,n2", world_size=2, resumed_from_step=None,
-                    checkpoint=None, now=3.0),
-        end_event(attempt=0, **job, cause=EndCause.CRASH, steps_done=21, checkpoint=None,
+        start_event(attempt=0, launch_id=JOB_42, nodelist="n1,n2", world_size=2,
+                    resumed_from_step=None, checkpoint=None, now=3.0),
+        end_event(attempt=0, launch_id=JOB_42, cause=EndCause.CRASH, steps_done=21, checkpoint=None,
                   requeue_requested=False, message="rank 0 on n1: Connection reset by peer",
                   now=5.0),
-        launch_end_event(attempt=0, **job, restart=0, launch=0, launched_at=1.0,
+        launch_end_event(attempt=0, launch_id=JOB_42, launched_at=1.0,
                          cause=EndCause.CRASH,
                          blame=Blame((1,), ("n2",), "Killed", False, 4.9, 4.5),
                          steps_reached=21, checkpoint=Checkpoint(20, "step-00000020.pt"),
@@ -488,7 +490,7 @@ def test_a_launch_end_names_a_shard_set_by_its_directory(tmp_path: Path) -> None
     attempt read back from it) says so; a file checkpoint keeps its step-N.pt."""
 
     def end(name: str) -> str:
-        return launch_end_event(attempt=0, job_id="42", job_ref="42", restart=0, launch=0,
+        return launch_end_event(attempt=0, launch_id=JOB_42,
                                 launched_at=1.0, cause=EndCause.CRASH, blame=None,
                                 steps_reached=21, checkpoint=Checkpoint(20, name),
                                 next_step="restart", now=6.0)  # fmt: skip
@@ -503,20 +505,19 @@ def test_a_launch_whose_ranks_wrote_nothing_becomes_an_attempt_and_late_words_re
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "ledger.jsonl"
-    job: dict[str, Any] = {"job_id": "42", "job_ref": "42"}
     attempts = _events(
         path,
         *_launch_0(),
-        checkpoint_event(**job, restart=0, launch=0, step=10, stall_s=0.25, now=2.5),
-        launch_end_event(attempt=0, **job, restart=0, launch=0, launched_at=1.0,
+        checkpoint_event(launch_id=JOB_42, step=10, stall_s=0.25, now=2.5),
+        launch_end_event(attempt=0, launch_id=JOB_42, launched_at=1.0,
                          cause=EndCause.HANG, blame=Blame((1,), ("n2",), "heartbeat stopped"),
                          steps_reached=12, checkpoint=Checkpoint(10, "step-00000010.pt"),
                          next_step="restart", now=9.0),
-        node_fail_event(**job, restart=0, launch=0, node="n2", evidence="srun: Node failure",
+        node_fail_event(launch_id=JOB_42, node="n2", evidence="srun: Node failure",
                         now=12.0),
-        launch_event(**job, restart=0, launch=1, nodes="n1,n3", alloc_nodes=3, excluded=["n2"],
-                     world_size=2, from_step=10, now=9.5),
-        launch_end_event(attempt=1, **job, restart=0, launch=1, launched_at=9.5,
+        launch_event(launch_id=LaunchId("42", "42", 0, 1), nodes="n1,n3", alloc_nodes=3,
+                     excluded=["n2"], world_size=2, from_step=10, now=9.5),
+        launch_end_event(attempt=1, launch_id=LaunchId("42", "42", 0, 1), launched_at=9.5,
                          cause=EndCause.CRASH, blame=Blame((0,), ("n1",), "ImportError"),
                          steps_reached=None, checkpoint=Checkpoint(10, "step-00000010.pt"),
                          next_step="stop", now=11.0),
@@ -537,12 +538,11 @@ def test_a_launch_whose_ranks_wrote_nothing_becomes_an_attempt_and_late_words_re
 
 
 def _launch_0(*ends: str, verdict: str | None = None) -> list[str]:
-    job: dict[str, Any] = {"job_id": "42", "job_ref": "42"}
     return [
-        launch_event(**job, restart=0, launch=0, nodes="n1,n2", alloc_nodes=2, excluded=[],
+        launch_event(launch_id=JOB_42, nodes="n1,n2", alloc_nodes=2, excluded=[],
                      world_size=2, from_step=None, now=1.0),
-        start_event(attempt=0, **job, nodelist="n1,n2", world_size=2, resumed_from_step=None,
-                    checkpoint=None, now=2.0),
+        start_event(attempt=0, launch_id=JOB_42, nodelist="n1,n2", world_size=2,
+                    resumed_from_step=None, checkpoint=None, now=2.0),
         *ends,
         *([verdict] if verdict else []),
     ]  # fmt: skip
@@ -550,13 +550,13 @@ def _launch_0(*ends: str, verdict: str | None = None) -> list[str]:
 
 def _end(cause: EndCause, message: str, *, witness: bool = False, now: float = 5.0,
          checkpoint: str | None = None, steps: int = 30) -> str:  # fmt: skip
-    return end_event(attempt=0, job_id="42", job_ref="42", cause=cause, steps_done=steps,
+    return end_event(attempt=0, launch_id=JOB_42, cause=cause, steps_done=steps,
                      checkpoint=checkpoint, requeue_requested=False, message=message, now=now,
                      witness=witness)  # fmt: skip
 
 
 def _verdict(cause: EndCause, ranks: tuple[int, ...], evidence: str, *, ckpt: int = 20) -> str:
-    return launch_end_event(attempt=0, job_id="42", job_ref="42", restart=0, launch=0,
+    return launch_end_event(attempt=0, launch_id=JOB_42,
                             launched_at=1.0, cause=cause, blame=Blame(ranks, ("n2",), evidence),
                             steps_reached=30, checkpoint=Checkpoint(ckpt, checkpoint_name(ckpt)),
                             next_step="restart",
@@ -622,7 +622,8 @@ def _command_start(path: Path, now: float, job: str | None = "4242", **kw: Any) 
 
     fields: dict[str, Any] = {"restart": 0, "launch": 0, "nodelist": "n[1-2]", "world_size": 8}
     fields.update(kw)
-    append_line(path, command_start_event(job_id=job, job_ref=job, now=now, **fields))
+    key = LaunchId(job, job, fields.pop("restart"), fields.pop("launch"))
+    append_line(path, command_start_event(launch_id=key, now=now, **fields))
 
 
 def test_a_running_program_without_a_session_is_an_open_attempt_for_status_only(
@@ -684,7 +685,7 @@ def test_a_requeued_attempt_says_requeue_where_the_supervisor_saw_a_clean_stop(
 
     def clean_end(restart: int, cause: EndCause, now: float) -> None:
         append_line(path, launch_end_event(
-            attempt=restart, job_id="4242", job_ref="4242", restart=restart, launch=0,
+            attempt=restart, launch_id=LaunchId("4242", "4242", restart),
             launched_at=now - 10, cause=cause, blame=None, steps_reached=None,
             checkpoint=None, next_step="stop", now=now,
         ))  # fmt: skip

@@ -8,17 +8,18 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.rundir.ledger import AutoInterval, read_ledger
-from hpc_ddp.rundir.ledger_events import checkpoint_event, launch_event, start_event
+from hpc_ddp.rundir.ledger_events import LaunchId, checkpoint_event, launch_event, start_event
 
 JOB: dict[str, Any] = {"job_id": "42", "job_ref": "42"}
+KEY = LaunchId("42", "42", 0)
 AUTO = AutoInterval(95.25, 381, 0.25, 28800.0, "prior", 12.0)
 
 
 def _ledger(path: Path, *lines: str) -> None:
     head = [
-        launch_event(**JOB, restart=0, launch=0, nodes="n1", alloc_nodes=1, excluded=[],
+        launch_event(launch_id=KEY, nodes="n1", alloc_nodes=1, excluded=[],
                      world_size=2, from_step=None, now=1.0),
-        start_event(attempt=0, **JOB, nodelist="n1", world_size=2, resumed_from_step=None,
+        start_event(attempt=0, launch_id=KEY, nodelist="n1", world_size=2, resumed_from_step=None,
                     checkpoint=None, now=2.0),
     ]  # fmt: skip
     path.write_text("".join([*head, *lines]))
@@ -28,9 +29,9 @@ def test_w_and_the_auto_interval_round_trip_through_the_ledger(tmp_path: Path) -
     path = tmp_path / "ledger.jsonl"
     _ledger(
         path,
-        checkpoint_event(**JOB, restart=0, launch=0, step=10, stall_s=0.25, durable_s=1.5,
+        checkpoint_event(launch_id=KEY, step=10, stall_s=0.25, durable_s=1.5,
                          auto=AUTO, now=3.0),
-        checkpoint_event(**JOB, restart=0, launch=0, step=20, stall_s=0.5, durable_s=2.0,
+        checkpoint_event(launch_id=KEY, step=20, stall_s=0.5, durable_s=2.0,
                          now=4.0),
     )  # fmt: skip
     [attempt] = read_ledger(path)
@@ -51,7 +52,7 @@ def test_a_ledger_from_before_w_was_kept_still_reads(tmp_path: Path) -> None:
 
 def test_a_damaged_auto_part_is_read_as_none_and_the_save_kept(tmp_path: Path) -> None:
     path = tmp_path / "ledger.jsonl"
-    line = json.loads(checkpoint_event(**JOB, restart=0, launch=0, step=10, stall_s=0.25,
+    line = json.loads(checkpoint_event(launch_id=KEY, step=10, stall_s=0.25,
                                        durable_s=1.0, auto=AUTO, now=3.0))  # fmt: skip
     broken = [
         {**line, "auto": {**line["auto"], "interval_steps": 0}},

@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.ledger import lost_stop, read_ledger
 from hpc_ddp.rundir.ledger_events import (
+    LaunchId,
     checkpoint_event,
     lost_stop_lines,
     start_event,
     stop_save_event,
 )
 from hpc_ddp.state.report import _lost_stops
-
-KEY: dict[str, Any] = {"job_id": "7", "job_ref": "7", "launch": 0}
 
 
 def _ledger(tmp_path: Path, *lines: str) -> Path:
@@ -26,19 +24,23 @@ def _ledger(tmp_path: Path, *lines: str) -> Path:
     return path
 
 
+def _key(restart: int) -> LaunchId:
+    return LaunchId("7", "7", restart)
+
+
 def _start(restart: int, now: float, resumed: int | None = None) -> str:
     return start_event(
-        attempt=restart, restart=restart, job_id="7", job_ref="7", nodelist="n1",
+        attempt=restart, launch_id=_key(restart), nodelist="n1",
         world_size=1, resumed_from_step=resumed, checkpoint=None, now=now,
     )  # fmt: skip
 
 
 def _save(step: int, now: float, restart: int = 0) -> str:
-    return checkpoint_event(**KEY, restart=restart, step=step, stall_s=0.1, durable_s=2, now=now)
+    return checkpoint_event(launch_id=_key(restart), step=step, stall_s=0.1, durable_s=2, now=now)
 
 
 def _stop(step: int, now: float, restart: int = 0) -> str:
-    return stop_save_event(**KEY, restart=restart, step=step, lead_time_s=120, now=now)
+    return stop_save_event(launch_id=_key(restart), step=step, lead_time_s=120, now=now)
 
 
 def test_a_stop_save_without_its_checkpoint_line_is_lost(tmp_path: Path) -> None:

@@ -191,7 +191,7 @@ def test_a_finished_default_run_is_not_continued_by_the_next_start(tmp_path: Pat
 
 def _attempt(run_dir: Path, cause: EndCause | None) -> None:
     run_dir.mkdir()
-    lines = [start_event(attempt=0, job_id=None, job_ref=None, nodelist="local", world_size=1,
+    lines = [start_event(attempt=0, launch_id=None, nodelist="local", world_size=1,
                          resumed_from_step=None, checkpoint=None, now=1.0)]  # fmt: skip
     if cause is not None:
         lines.append(end_event(attempt=0, cause=cause, steps_done=5, checkpoint=None,

@@ -37,7 +37,7 @@ from hpc_ddp.rundir.checkpoints import newest_checkpoint
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import Checkpoint, RunPaths
 from hpc_ddp.rundir.ledger import read_ledger
-from hpc_ddp.rundir.ledger_events import end_event
+from hpc_ddp.rundir.ledger_events import LaunchId, end_event
 from hpc_ddp.rundir.metrics import drop_replayed
 from hpc_ddp.rundir.run_id import recorded_run_id
 
@@ -194,12 +194,10 @@ def _record_forced_end(paths: RunPaths, since: float, forced: ForcedStop, why: s
         return
     last = mine[-1]
     checkpoint = None if forced.checkpoint is None else forced.checkpoint.name
+    restart = last.attempt if last.restart is None else last.restart
     line = end_event(
         attempt=last.attempt,
-        restart=last.restart,
-        launch=last.launch,
-        job_id=last.job_id,
-        job_ref=last.job_ref,
+        launch_id=LaunchId(last.job_id, last.job_ref, restart, last.launch),
         cause=EndCause.CANCELLED,
         steps_done=forced.reached,
         checkpoint=checkpoint,
