@@ -22,7 +22,6 @@ import logging
 import shlex
 import signal
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -45,6 +44,7 @@ from hpc_ddp.backends.slurm.jobstate import (
 )
 from hpc_ddp.backends.slurm.render import sbatch_command
 from hpc_ddp.errors import SlurmError, SlurmUnavailableError, SubmissionError
+from hpc_ddp.frozen import dataclass
 
 logger = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ import dataclasses
 import logging
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from hpc_ddp.backends.jobs import AccountingRecord, JobInfo, JobState, is_job_ref
 from hpc_ddp.errors import RunDirError, SlurmError, SubmissionError, TargetError
+from hpc_ddp.frozen import dataclass
 
 logger = logging.getLogger(__name__)
 
