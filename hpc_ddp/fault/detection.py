@@ -25,6 +25,7 @@ from hpc_ddp.config.model import FaultConfig
 from hpc_ddp.exitcodes import OWN_OUTCOMES
 from hpc_ddp.fault.blame import (
     EARLY_EXIT_GRACE_S,
+    RESCUE_PHASE,
     Beat,
     ExitNote,
     FaultRecord,
@@ -137,12 +138,22 @@ class Detection:
         candidates = [r for r in range(self.world) if r not in exited | reported]
         now = self._clock()
         peers_lost = any(b is not None and b.exited and b.lost_a_peer for b in beats.values())
+        # A survivor saving the last step (fault/rescue) lost its peer too, but leaves only
+        # after the save: then the silent ranks' node must also refuse a connection, as a
+        # killed rank's word from srun may simply be late.
+        rescuing = any(
+            b is not None and not b.exited and b.phase == RESCUE_PHASE for b in beats.values()
+        )
         gone = quiet.stale(candidates, mono, SILENT_GRACE_BEATS * fault.beat_s)
+        nodes = tuple(dict.fromkeys(b.node for r in gone if (b := beats.get(r)) is not None))
+        probed = gone and not peers_lost and rescuing
+        if probed:
+            peers_lost = bool(nodes) and all(self._node_lost(n) for n in nodes)
         if peers_lost and gone:
-            nodes = tuple(dict.fromkeys(b.node for r in gone if (b := beats.get(r)) is not None))
             why = (
-                "went silent while its peers lost their connection to it, and its node never "
-                "reported its end: gone with its node"
+                "went silent while its peers lost their connection to it, and its node "
+                + ("does not answer" if probed else "never reported its end")
+                + ": gone with its node"
             )
             last = max((b.since for r in gone if (b := beats.get(r)) is not None), default=None)
             record = FaultRecord(

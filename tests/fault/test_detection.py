@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hpc_ddp.backends.base import TaskEnd
 from hpc_ddp.config.model import FaultConfig
-from hpc_ddp.fault.blame import ALIVE, Beat, FaultRecord, StaleWatch
+from hpc_ddp.fault.blame import ALIVE, RESCUE_PHASE, Beat, FaultRecord, StaleWatch
 from hpc_ddp.fault.detection import Detection
 from hpc_ddp.fault.supervisor import prepare_launch
 from hpc_ddp.rundir.layout import RunPaths
@@ -89,3 +89,48 @@ def test_a_rank_quiet_in_its_start_up_is_a_hang_only_after_startup_stale_s(tmp_p
     record = find(31.5)
     assert record is not None
     assert (record.kind, record.ranks) == ("hang", (1,))
+
+
+def _rescuing_and_silent(
+    tmp_path: Path, answers: dict[str, bool | None]
+) -> tuple[Detection, dict[int, Beat | None], StaleWatch]:
+    """Rank 0 is saving the last step (it lost rank 1); rank 1 has not beaten for 2 s."""
+    launch = RunPaths(tmp_path).launch("42.0.0")
+    prepare_launch(launch, 2)
+    detection = Detection(launch, 2, FaultConfig(), time.time, answers=answers.get)
+    quiet = StaleWatch()
+    beats: dict[int, Beat | None] = {
+        0: Beat(rank=0, node="n1", pid=10, seq=5, time=0.0, phase=RESCUE_PHASE, state=ALIVE),
+        1: Beat(rank=1, node="n2", pid=11, seq=4, time=0.0, state=ALIVE),
+    }
+    for r, b in beats.items():
+        assert b is not None
+        quiet.observe(r, Beat(rank=r, node=b.node, pid=b.pid, seq=1, time=0.0, state=ALIVE), -1)
+        quiet.observe(r, b, 0.0 if r == 1 else 2.0)  # rank 1's last beat change: at 0.0
+    return detection, beats, quiet
+
+
+def test_a_silent_rank_whose_node_refuses_while_its_peer_rescues_is_a_lost_node_at_once(
+    tmp_path: Path,
+) -> None:
+    """Not after fault.stale_s (4 s): the survivor's rescue says it lost the peer, and the
+    peer's node does not answer."""
+    detection, beats, quiet = _rescuing_and_silent(tmp_path, {"n2": False})
+    record = detection.find(
+        lost=[], new_ends=[], ends=[], beats=beats, notes={}, quiet=quiet, mono=2.0, waited=30.0
+    )
+    assert record is not None
+    assert (record.kind, record.ranks, record.nodes) == ("node_fail", (1,), ("n2",))
+    assert "does not answer" in record.why
+
+
+def test_a_silent_rank_on_a_node_that_answers_waits_for_srun_or_stale_s(tmp_path: Path) -> None:
+    """A killed rank's word from srun may be late: with its node answering, the silence is
+    no node loss (and no hang before stale_s)."""
+    for answer in (True, None):
+        detection, beats, quiet = _rescuing_and_silent(tmp_path / str(answer), {"n2": answer})
+        found = detection.find(
+            lost=[], new_ends=[], ends=[], beats=beats, notes={}, quiet=quiet, mono=2.0,
+            waited=30.0,
+        )  # fmt: skip
+        assert found is None
