@@ -30,7 +30,7 @@ BENCHMARKS = {
     "bench_sweep": True,
     "bench_local_sweep_status": False,
     "bench_requeue": True,
-    "bench_faults": True,  # on a dev cluster of its own (3 nodes, Slurm's default cred_expire)
+    "bench_faults": True,  # on a dev cluster of its own (3 nodes, cred_expire 10 s)
     "bench_interval": False,
 }
 

@@ -18,6 +18,7 @@ not depend on how busy the machine's cores are (the real time-limit test).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -379,7 +380,26 @@ class _Delayed:
 
     def __getitem__(self, index: int) -> Any:
         time.sleep(IO_DELAY_S)
+        while _stalled():
+            time.sleep(0.1)
         return self.inner[index]
+
+
+STALL_DIR_ENV = "HPC_DDP_TEST_STALL_DIR"
+"""A directory whose ``stall-<RANK>`` file, holding a launch number, makes that rank's data
+wait for ever in that launch: a rank stuck inside a step whose process and heartbeat live on
+(``benchmarks/bench_faults.py``)."""
+
+
+def _stalled() -> bool:
+    where = os.environ.get(STALL_DIR_ENV)
+    if not where:
+        return False
+    try:
+        with open(os.path.join(where, f"stall-{os.environ.get('RANK', '')}")) as f:
+            return f.read().strip() == os.environ.get("HPC_DDP_LAUNCH", "0")
+    except OSError:
+        return False
 
 
 __all__ = [
@@ -387,6 +407,7 @@ __all__ = [
     "HPC_DDP",
     "IO_DELAY_S",
     "REPO",
+    "STALL_DIR_ENV",
     "STEADY_THREADS",
     "Submitted",
     "batch_log",
