@@ -301,6 +301,7 @@ def plan_sweep(
     from hpc_ddp.submission.submit import new_run_dir, stamp_of
 
     now = datetime.now(timezone.utc)
+    spec = _with_lead_times(spec, now.timestamp())
     sweep_dir = new_run_dir(runs_dir.resolve(), spec.name, stamp_of(now))
     runner = registry_of(backends, slurm).sweeps(backend)
     arrays, note = runner.plan(
@@ -311,6 +312,22 @@ def plan_sweep(
         now=now,
     )
     return SweepPlan(spec, sweep_dir, arrays, note, backend=backend, at_once=runner.at_once(spec))
+
+
+def _with_lead_times(spec: SweepSpec, now: float) -> SweepSpec:
+    """``spec`` with each point's ``requeue.lead_time: auto`` resolved from the user's
+    save-time history, as a submit resolves a run's (:mod:`hpc_ddp.submission.leadtime`)."""
+    if all(p.config.requeue.lead_time != "auto" for p in spec.points):
+        return spec
+    import dataclasses
+
+    from hpc_ddp.submission.leadtime import resolve_lead_time
+
+    points = tuple(
+        dataclasses.replace(p, config=resolve_lead_time(p.config, os.environ, now)[0])
+        for p in spec.points
+    )
+    return dataclasses.replace(spec, points=points)
 
 
 # --- what the verbs show ------------------------------------------------------------------------

@@ -114,3 +114,13 @@ def test_a_dry_run_warns_of_a_grace_time_shorter_than_the_measured_stop(
     slurm.fail("scontrol show config")
     assert main(argv, backends=Registry(slurm=slurm.client())) == 0  # unknown: no warning
     assert "warning" not in capsys.readouterr().out
+
+
+def test_a_sweeps_points_resolve_auto_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = {"XDG_STATE_HOME": os.environ["XDG_STATE_HOME"]}
+    SaveTimes(history_path(env, Path("/x")), run_id="r1", name="quickstart").saved(5.0)
+    argv = ["sweep", "jobs/sweep-lr.yaml", "requeue.lead_time=auto", "--dry-run"]
+    assert main([*argv, "--backend", "slurm", "--runs-dir", str(tmp_path)]) == 0
+    assert "#SBATCH --signal=USR2@40\n" in capsys.readouterr().out  # 2 x (5 + 15)
