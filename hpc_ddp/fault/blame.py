@@ -157,6 +157,9 @@ class Beat:
     slurm_step: str | None = None
     """``SLURM_STEP_ID`` of the task (the supervisor signals the step by it)."""
     fault: FaultRecord | None = None
+    data_wait: bool = False
+    """Its main thread waits for its next batch from hpc-ddp's loader (``s.loader``): a rank
+    stuck there holds up the others, which wait for it in the step's collectives."""
 
     @property
     def exited(self) -> bool:
@@ -508,6 +511,16 @@ def _stuck(
             why = f"behind the others: at step {low} while they went on"
             blame = Blame(
                 behind, _nodes(behind, beats, ()), why, False, now, _progress(behind, beats)
+            )
+            return Finding(EndCause.HANG, blame)
+        waiting = tuple(r for r in behind if live[r].data_wait)
+        if waiting and len(waiting) < len(behind):
+            why = (
+                f"stuck waiting for its data at step {low}, while the others waited for it in "
+                "the step's collectives"
+            )
+            blame = Blame(
+                waiting, _nodes(waiting, beats, ()), why, False, now, _progress(waiting, beats)
             )
             return Finding(EndCause.HANG, blame)
         ranks = tuple(sorted(live))

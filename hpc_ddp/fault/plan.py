@@ -106,14 +106,17 @@ def exclusion(
     spare: bool,
     previous: Blame | None,
     enabled: bool,
+    launch_nodes: int = 0,
 ) -> tuple[str, ...]:
     """The nodes a fault makes bad for the rest of the submission.
 
     A lost node, a hardware error, or a node blamed in the previous launch too: always (with
     ``fault.exclude_bad_nodes``). A rank that hung or died on a node while a spare node is
     free (``spare``): that node, since leaving it out costs nothing. A Python exception
-    (``own_error``: the program's own fault) never. Otherwise the launch is retried in place:
-    without spares, leaving a node out would mean giving the whole allocation back.
+    (``own_error``: the program's own fault) never, nor a fault that blamed every one of the
+    launch's ``launch_nodes`` alike ("no rank stands out": it singles no node out). Otherwise
+    the launch is retried in place: without spares, leaving a node out would mean giving the
+    whole allocation back.
     """
     blame = finding.blame
     if not enabled or not blame.nodes:
@@ -121,6 +124,8 @@ def exclusion(
     if blame.node_level or finding.cause is EndCause.NODE_FAIL:
         return blame.nodes
     if own_error and finding.cause is EndCause.CRASH:
+        return ()
+    if launch_nodes and len(set(blame.nodes)) >= launch_nodes:
         return ()
     again = tuple(n for n in blame.nodes if previous is not None and n in previous.nodes)
     if again:

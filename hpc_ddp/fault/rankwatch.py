@@ -102,6 +102,11 @@ class RankWatch:
             if before is not None:
                 self.enter(before)
 
+    def waiting_for_data(self, waiting: bool) -> None:
+        """This rank's main thread waits (True) for its next batch, or has it (False)."""
+        if self.watchdog is not None:
+            self.watchdog.data_wait = waiting
+
     def step_done(self, step: int) -> None:
         """Step ``step`` is complete: its time joins the step timeout's sample."""
         if self.watchdog is not None:

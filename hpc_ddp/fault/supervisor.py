@@ -640,6 +640,7 @@ class Supervisor:
             spare=spare,
             previous=previous,
             enabled=self.cfg.fault.exclude_bad_nodes,
+            launch_nodes=plan.nodes,
         )
         for node in newly:
             bad.setdefault(node, finding.blame.evidence)

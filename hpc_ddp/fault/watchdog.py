@@ -301,6 +301,8 @@ class Watchdog:
         self.phase = "startup"
         self.since = self.started
         self.launch_steps = 0
+        self.data_wait = False
+        """The main thread waits for its next batch (set by the session's loader)."""
         self.limit: float | None = None
         self.times = StepTimes()
         self.child: int | None = None
@@ -417,6 +419,7 @@ class Watchdog:
             frozen_s=self._frozen,
             slurm_step=self.me.slurm_step,
             fault=self._fault,
+            data_wait=self.data_wait,
         )
 
     def _run(self) -> None:

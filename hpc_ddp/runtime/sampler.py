@@ -183,8 +183,12 @@ class ResumableLoader:
         multiple_of: int = 1,
         pin_memory: bool = False,
         collate_fn: Callable[[list[Any]], Any] | None = None,
+        on_wait: Callable[[bool], None] | None = None,
     ) -> None:
         self.dataset = dataset
+        self.on_wait = on_wait
+        """Told True while this rank waits for its next batch, False once it has it (the
+        session's heartbeat says so: a rank stuck in its data is the one to blame)."""
         self.progress = progress
         self.batch_size = batch_size
         self.world = num_replicas
@@ -246,6 +250,15 @@ class ResumableLoader:
             **how,
         )
 
+    def _next(self, batches: Iterator[Any]) -> Any:
+        if self.on_wait is None:
+            return next(batches)
+        self.on_wait(True)
+        try:
+            return next(batches)
+        finally:
+            self.on_wait(False)
+
     def _hand_out(self, batch: Any) -> Any:
         """Count ``batch`` as consumed (it is handed to the training loop now)."""
         p = self.progress
@@ -270,7 +283,7 @@ class ResumableLoader:
         with blocked_while_starting():  # workers start here (the first time)
             batches = iter(self._epoch_loader)
         for _ in range(left):
-            yield self._hand_out(next(batches))
+            yield self._hand_out(self._next(batches))
         self._roll_over_if_done()
 
     def forever(self) -> Iterator[Any]:
@@ -290,7 +303,7 @@ class ResumableLoader:
         try:
             while True:
                 self._roll_over_if_done()  # only once the next batch is asked for, as per epoch
-                yield self._hand_out(next(batches))
+                yield self._hand_out(self._next(batches))
         finally:
             del batches  # shuts the workers down when the loop is left
 

@@ -403,6 +403,7 @@ class Session:
         self._training_data = True
         self._progress_log.step_samples = batch_size * self.world_size * self.grad_accum
         kwargs.setdefault("multiple_of", self.grad_accum)
+        kwargs.setdefault("on_wait", self._watch.waiting_for_data)
         return ResumableLoader(
             dataset,
             self.progress,

@@ -264,3 +264,17 @@ def test_a_rank_that_left_its_loop_early_is_named_unless_every_rank_did() -> Non
     assert left_early(2, done, {0: None, 1: note(1)}) == ((), ())
     lost = {0: exited(0, "n1", 1, RESET), 1: beat(1, "n2")}
     assert left_early(2, lost, {0: None, 1: note(1)}) == ((1,), (0,))
+
+
+def test_among_ranks_stuck_in_one_step_the_one_waiting_for_its_data_is_the_hang() -> None:
+    """Rank 1 waits for its batch (its data source hangs) while rank 0, which has its batch,
+    waits for rank 1 in the step's all-reduce: both are at the same step, but rank 1 holds the
+    other up. All waiting for data, or none, and no rank stands out."""
+    stuck = {0: beat(0, "n1"), 1: beat(1, "n2", data_wait=True)}
+    found = assign_blame(2, stuck, now=9.0)
+    assert (found.cause, found.blame.ranks, found.blame.nodes) == (EndCause.HANG, (1,), ("n2",))
+    assert found.blame.evidence.startswith("stuck waiting for its data at step 150")
+    for alike in (False, True):
+        both = {0: beat(0, "n1", data_wait=alike), 1: beat(1, "n2", data_wait=alike)}
+        assert assign_blame(2, both, now=9.0).blame.ranks == (0, 1)
+    assert parse_beat(encode_beat(stuck[1])) == stuck[1]  # the beat carries it

@@ -252,3 +252,19 @@ def test_a_crash_blamed_on_the_rank_that_recorded_it_takes_its_own_words() -> No
     assert with_own_words(finding(), other) == finding()  # another rank's words
     assert with_own_words(finding(EndCause.HANG), said) == finding(EndCause.HANG)
     assert with_own_words(finding(), None) == finding()
+
+
+def test_a_hang_blaming_every_node_of_the_launch_leaves_none_out() -> None:
+    """ "No rank stands out": every rank stuck in one step singles no node out, however often
+    it comes (leaving them all out would only give the allocation back)."""
+    both = dataclasses.replace(
+        finding(EndCause.HANG), blame=Blame((0, 1), ("n1", "n2"), "no rank stands out")
+    )
+    before = Blame((0, 1), ("n1", "n2"), "earlier")
+    for spare in (False, True):
+        got = exclusion(both, own_error=False, spare=spare, previous=before, enabled=True,
+                        launch_nodes=2)  # fmt: skip
+        assert got == ()
+    # The same blame in a launch of 3 nodes singles out 2 of them.
+    assert exclusion(both, own_error=False, spare=False, previous=before, enabled=True,
+                     launch_nodes=3) == ("n1", "n2")  # fmt: skip

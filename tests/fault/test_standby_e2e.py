@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,7 @@ def test_a_dead_ranks_restart_runs_in_the_processes_waiting_on_standby(
     job = e2e.submit(slurm_cluster, tmp_path / "runs", str(config))
     standby = {
         rank: e2e.wait_for(
-            f"rank {rank}'s standby", lambda r=rank: e2e.rank_pids(job.job_id, r, launch=1),
+            f"rank {rank}'s standby", partial(e2e.rank_pids, job.job_id, rank, launch=1),
             timeout_s=120,
         )[-1]
         for rank in (0, 1)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 
 from hpc_ddp.config.model import TrainConfig
 from hpc_ddp.errors import ConfigError
@@ -328,3 +328,30 @@ def test_iterating_epoch_by_epoch_keeps_the_workers_too() -> None:
     pids = [{int(p) for b in it for p in b[1]} for _ in range(2)]
     assert pids[0] == pids[1]
     assert len(pids[0]) == 2
+
+
+def test_the_loader_says_when_this_rank_waits_for_its_next_batch() -> None:
+    """The session's heartbeat learns it from here (a rank stuck in its data is to blame), on
+    both ways of iterating; a failed fetch still says the wait is over."""
+    said: list[bool] = []
+    epoch = list(loader(Progress(), on_wait=said.append))
+    assert said == [True, False] * len(epoch)
+    said.clear()
+    endless = loader(Progress(), on_wait=said.append).forever()
+    take(endless, 3)
+    assert said == [True, False] * 3
+
+    class Broken:
+        def __len__(self) -> int:
+            return 64
+
+        def __getitem__(self, index: int) -> Any:
+            raise OSError("the file system went away")
+
+    said.clear()
+    data = cast("Dataset[Any]", Broken())
+    broken = ResumableLoader(data, Progress(), batch_size=4, num_replicas=1, rank=0, seed=7,
+                             on_wait=said.append)  # fmt: skip
+    with pytest.raises(OSError, match="went away"):
+        next(iter(broken))
+    assert said == [True, False]
