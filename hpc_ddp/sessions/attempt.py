@@ -14,6 +14,7 @@ that keeps every checkpoint an entry names on disk.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -105,6 +106,10 @@ class SessionAttempt:
             run_id=run_id,
         )
         attempt = cls(checkpointer, coordinator, progress, rank.watch, rank.stop_flag)
+        # The user's histories live where this process's XDG_STATE_HOME says, whatever task
+        # variables the session was handed (a given env of SLURM_* alone must not send them to
+        # ~/.local/state).
+        env = {**os.environ, **env}
         if dist.is_main:  # requeue.lead_time: auto is sized from these at the next submit
             path = history_path(env, Path.home())
             attempt._save_times = SaveTimes(path, run_id=run_id, name=config.name)

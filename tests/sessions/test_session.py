@@ -150,6 +150,20 @@ def test_single_process_stop_and_resume_is_exact(tmp_path: Path, stop_at: int) -
 
 
 @pytest.mark.usefixtures("own_process")
+def test_a_session_handed_task_variables_alone_keeps_the_users_histories_in_xdg_state_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The save-time history (requeue.lead_time: auto) is the user's, found through this
+    process's $XDG_STATE_HOME, not through the task variables a session is handed: a given
+    env without it once sent a test's saves to the real ~/.local/state."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    byo_loop(tmp_path / "run", 10, env={})
+    state = Path(os.environ["XDG_STATE_HOME"])
+    assert (state / "hpc-ddp" / "savetimes.json").is_file()
+    assert not (tmp_path / "home").exists()
+
+
+@pytest.mark.usefixtures("own_process")
 def test_checkpoint_needs_restore_first_and_corrupt_only_is_an_error(tmp_path: Path) -> None:
     with Session(tmp_path, JobConfig(name="t"), env={}) as s:
         with pytest.raises(HpcDdpError, match=r"HINT: call session\.restore"):
