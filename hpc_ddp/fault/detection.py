@@ -138,11 +138,12 @@ class Detection:
         candidates = [r for r in range(self.world) if r not in exited | reported]
         now = self._clock()
         peers_lost = any(b is not None and b.exited and b.lost_a_peer for b in beats.values())
-        # A survivor saving the last step (fault/rescue) lost its peer too, but leaves only
-        # after the save: then the silent ranks' node must also refuse a connection, as a
-        # killed rank's word from srun may simply be late.
+        # A survivor that lost its peer (its beat has the lost connection) or saves the last
+        # step (fault/rescue) leaves only after the save: then the silent ranks' node must
+        # also refuse a connection, as a killed rank's word from srun may simply be late.
         rescuing = any(
-            b is not None and not b.exited and b.phase == RESCUE_PHASE for b in beats.values()
+            b is not None and not b.exited and (b.phase == RESCUE_PHASE or b.lost_a_peer)
+            for b in beats.values()
         )
         gone = quiet.stale(candidates, mono, SILENT_GRACE_BEATS * fault.beat_s)
         nodes = tuple(dict.fromkeys(b.node for r in gone if (b := beats.get(r)) is not None))

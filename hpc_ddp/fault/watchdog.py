@@ -363,7 +363,12 @@ class Watchdog:
         if PEER_ERROR.search(error) and self._fault is None and self.rescue is not None:
             # A lost peer: the fault is about to be declared (by the supervisor, a peer or
             # this thread), and this process may be the survivor that saves the step every
-            # rank completed. Leaving now would end it before the save.
+            # rank completed. Leaving now would end it before the save. Its beat says so at
+            # once: with the peer silent and its node not answering, the supervisor needs no
+            # stale_s to call the node lost.
+            self._error = error[:400]
+            with contextlib.suppress(OSError):
+                write_beat(self.launch.beat(self.me.rank), self._beat())
             self._gone.wait(self.cfg.stale_s + 3 * self.cfg.beat_s)
             return
         if PEER_ERROR.search(error) or self._fault is not None:

@@ -91,16 +91,23 @@ def test_a_rank_quiet_in_its_start_up_is_a_hang_only_after_startup_stale_s(tmp_p
     assert (record.kind, record.ranks) == ("hang", (1,))
 
 
+LOST = "RuntimeError: [pair.cc:545] Read error [127.0.0.1]:9365: Connection reset by peer"
+
+
 def _rescuing_and_silent(
-    tmp_path: Path, answers: dict[str, bool | None]
+    tmp_path: Path, answers: dict[str, bool | None], *, saving: bool = True
 ) -> tuple[Detection, dict[int, Beat | None], StaleWatch]:
-    """Rank 0 is saving the last step (it lost rank 1); rank 1 has not beaten for 2 s."""
+    """Rank 0 is saving the last step, or (``saving`` False) waits for the fault with the lost
+    connection in its beat; rank 1 has not beaten for 2 s."""
     launch = RunPaths(tmp_path).launch("42.0.0")
     prepare_launch(launch, 2)
     detection = Detection(launch, 2, FaultConfig(), time.time, answers=answers.get)
     quiet = StaleWatch()
+    survivor = (
+        {"phase": RESCUE_PHASE} if saving else {"phase": "step", "error": LOST}
+    )  # fmt: skip
     beats: dict[int, Beat | None] = {
-        0: Beat(rank=0, node="n1", pid=10, seq=5, time=0.0, phase=RESCUE_PHASE, state=ALIVE),
+        0: Beat(rank=0, node="n1", pid=10, seq=5, time=0.0, state=ALIVE, **survivor),  # type: ignore[arg-type]
         1: Beat(rank=1, node="n2", pid=11, seq=4, time=0.0, state=ALIVE),
     }
     for r, b in beats.items():
@@ -115,13 +122,17 @@ def test_a_silent_rank_whose_node_refuses_while_its_peer_rescues_is_a_lost_node_
 ) -> None:
     """Not after fault.stale_s (4 s): the survivor's rescue says it lost the peer, and the
     peer's node does not answer."""
-    detection, beats, quiet = _rescuing_and_silent(tmp_path, {"n2": False})
-    record = detection.find(
-        lost=[], new_ends=[], ends=[], beats=beats, notes={}, quiet=quiet, mono=2.0, waited=30.0
-    )
-    assert record is not None
-    assert (record.kind, record.ranks, record.nodes) == ("node_fail", (1,), ("n2",))
-    assert "does not answer" in record.why
+    for saving in (True, False):
+        detection, beats, quiet = _rescuing_and_silent(
+            tmp_path / str(saving), {"n2": False}, saving=saving
+        )
+        record = detection.find(
+            lost=[], new_ends=[], ends=[], beats=beats, notes={}, quiet=quiet, mono=2.0,
+            waited=30.0,
+        )  # fmt: skip
+        assert record is not None
+        assert (record.kind, record.ranks, record.nodes) == ("node_fail", (1,), ("n2",))
+        assert "does not answer" in record.why
 
 
 def test_a_silent_rank_on_a_node_that_answers_waits_for_srun_or_stale_s(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -301,3 +302,30 @@ def test_a_peer_that_left_its_loop_early_is_found_without_a_supervisor(tmp_path:
     finally:
         [_end(p) for p in procs]
     assert read_fault(together.fault) is None
+
+
+def test_a_survivor_that_lost_a_peer_says_so_in_its_beat_while_it_waits(tmp_path: Path) -> None:
+    """It waits for the fault (it may be the one to save the last step): its beat carries the
+    lost connection meanwhile, so the supervisor can call the silent peer's node lost at once."""
+    tmp_path.mkdir(exist_ok=True)
+    survivor = Watchdog(CFG, LaunchPaths(tmp_path), Identity(0, 2, "n1"), supervised=True)
+    survivor.rescue = object()  # type: ignore[assignment]  # a rescue is armed
+    waiting = threading.Thread(
+        target=survivor.crashed, args=("RuntimeError: Connection reset by peer",)
+    )
+    waiting.start()
+    try:
+        deadline = time.monotonic() + 5
+        beat = None
+        while time.monotonic() < deadline:
+            beat = read_beat(LaunchPaths(tmp_path).beat(0))
+            if beat is not None and beat.error:
+                break
+            time.sleep(0.02)
+        assert beat is not None
+        assert (beat.exited, beat.lost_a_peer) == (False, True)
+        assert waiting.is_alive()  # still waiting for the fault
+        assert read_fault(LaunchPaths(tmp_path).fault) is None  # and claims none itself
+    finally:
+        survivor._gone.set()
+        waiting.join(timeout=5)
