@@ -357,7 +357,8 @@ def _cell(value: Any) -> str:
 
 def arrays_text(arrays: Sequence[PreparedArray]) -> str:
     """Each array's script and the command that would submit it (a dry run), headed by its
-    script's name and task range when there are several."""
+    script's name and task range when there are several, and followed by the lemon nodes it
+    leaves out and why, as ``submit --dry-run`` says them."""
     text = ""
     for a in arrays:
         if len(arrays) > 1:
@@ -365,6 +366,7 @@ def arrays_text(arrays: Sequence[PreparedArray]) -> str:
             text += f"# ---- {a.script_name}: --array={a.array}, task t runs point t+{offset}\n"
         text += a.script
         text += f"# would run: {shlex.join(a.argv)}\n"
+        text += "".join(f"# {line}\n" for line in a.lemons.lines()) if a.lemons else ""
     return text
 
 
@@ -414,7 +416,7 @@ def _values(overrides: Any) -> dict[str, Any]:
 
 
 def _array_json(a: PreparedArray) -> dict[str, Any]:
-    return {
+    shown = {
         "points": list(a.plan.points),
         "offset": a.plan.offset,
         "array": a.array,
@@ -422,6 +424,9 @@ def _array_json(a: PreparedArray) -> dict[str, Any]:
         "script": a.script,
         "command": list(a.argv),
     }
+    if a.lemons is not None and a.lemons.lemons:  # as submit --dry-run --json's
+        shown["lemons"] = a.lemons.to_dict()
+    return shown
 
 
 def resubmission_json(sweep_dir: Path, result: Resubmission, *, dry_run: bool) -> dict[str, Any]:

@@ -24,11 +24,14 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.backends.jobs import JobInfo, is_job_ref
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import RunDirError
+
+if TYPE_CHECKING:
+    from hpc_ddp.lemons.record import Exclusion
 
 ARRAYS_RECORD = "arrays.json"
 
@@ -75,6 +78,9 @@ class PreparedArray:
     script_name: str
     script: str
     argv: tuple[str, ...]
+    lemons: Exclusion | None = None
+    """What the array does with the lemon record (its script's ``--exclude``, and why), as a
+    submit does (:mod:`hpc_ddp.lemons`); None: the record was not asked, or holds nothing."""
 
 
 # --- index ranges -------------------------------------------------------------------------------

@@ -22,8 +22,10 @@ from hpc_ddp.api.job import Job
 from hpc_ddp.api.sweep import Sweep
 from hpc_ddp.backends.arrays import parse_index_ranges
 from hpc_ddp.errors import RunDirError
+from hpc_ddp.lemons.record import LemonEntry
+from hpc_ddp.lemons.store import add_entry, where
 from tests.conftest import Cluster
-from tests.e2e_util import hpc
+from tests.e2e_util import hpc, job_fields
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -231,3 +233,29 @@ def wait_for_task(cluster: Cluster, job: str, task: int, timeout_s: float = 300.
             return
         time.sleep(0.5)
     raise AssertionError(f"{job}_{task} not finished after {timeout_s} s: {tasks(cluster, [job])}")
+
+
+def test_a_sweeps_array_leaves_a_lemon_node_out(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    """A node an earlier run lost is left out of the sweep's array (``ExcNodeList``), as out of
+    a submitted job, while the partition keeps each point's nodes besides it; its task runs on
+    the other node."""
+    lost = LemonEntry("n1", "lost", "node_fail", "srun: Node failure on n1", "earlier",
+                      str(tmp_path / "earlier"), "7", time.time() - 60)  # fmt: skip
+    add_entry(where(), lost)  # the test's own record (conftest), read by the sweep
+    one_node = ("slurm.nodes=1", "slurm.extra.hold=null", "train.max_steps=3")
+    sweep = tmp_path / "sweep.yaml"
+    submitted = submit_lr_sweep(slurm_cluster, tmp_path, "", *one_node)
+    [array] = submitted["array_jobs"]
+    try:
+        shown = hpc(slurm_cluster, "sweep", str(sweep), *one_node, "--dry-run").stdout
+        assert "# lemon node n1: excluding (lost in run earlier (job 7)" in shown
+        fields = job_fields(slurm_cluster, array)
+        assert fields["ExcNodeList"] == "n1", fields
+        slurm_cluster.run("scontrol", "release", f"{array}_0")
+        wait_for_task(slurm_cluster, array, 0)
+        out = slurm_cluster.run(
+            "squeue", "-h", "-t", "all", "-j", f"{array}_0", "-o", "%T %N"
+        ).stdout
+        assert out.split() == ["COMPLETED", "n2"]
+    finally:
+        slurm_cluster.run("scancel", array, check=False)

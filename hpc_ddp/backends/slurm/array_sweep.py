@@ -2,7 +2,9 @@
 
 Task ids must stay below the cluster's ``MaxArraySize``: :func:`plan_arrays` splits the points
 into as few arrays as that allows, one per script variant (:func:`script_groups`), and
-:func:`prepare_arrays` renders each array's ``sbatch`` script.
+:func:`prepare_arrays` renders each array's ``sbatch`` script. The lemon nodes each point's
+array leaves out (``--exclude``) are decided before, as a submit decides them
+(:func:`hpc_ddp.backends.slurm.sweeps.lemon_exclusions`), and passed in.
 """
 
 from __future__ import annotations
@@ -12,12 +14,16 @@ import shlex
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpc_ddp.backends.arrays import ArrayPlan, PreparedArray
 from hpc_ddp.backends.slurm.client import SlurmClient
 from hpc_ddp.backends.slurm.render import RenderContext, load_template, render_sbatch
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.version import __version__
+
+if TYPE_CHECKING:
+    from hpc_ddp.lemons.record import Exclusion
 
 SLURM_DEFAULT_MAX_ARRAY_SIZE = 1001
 """Slurm's default ``MaxArraySize``, assumed by a dry run that cannot ask the cluster."""
@@ -57,10 +63,17 @@ def plan_arrays(
     return sorted(plans, key=lambda p: (p.points[0], p.group))
 
 
-def script_groups(configs: Sequence[JobConfig]) -> list[int]:
-    """Group index per config: one script serves every point whose rendered sections match."""
+def script_groups(
+    configs: Sequence[JobConfig], lemons: Sequence[Exclusion | None] | None = None
+) -> list[int]:
+    """Group index per config: one script serves every point whose rendered sections match,
+    and whose lemon exclusion (``lemons``, one per config) is the same."""
+    marks = lemons if lemons is not None else [None] * len(configs)
     seen: dict[tuple[object, ...], int] = {}
-    return [seen.setdefault((c.slurm, c.env, c.requeue), len(seen)) for c in configs]
+    return [
+        seen.setdefault((c.slurm, c.env, c.requeue, mark), len(seen))
+        for c, mark in zip(configs, marks, strict=True)
+    ]
 
 
 def prepare_arrays(
@@ -77,15 +90,20 @@ def prepare_arrays(
     client: SlurmClient,
     first_number: int = 0,
     now: datetime | None = None,
+    lemons: Mapping[int, Exclusion] | None = None,
 ) -> list[PreparedArray]:
-    """Plan the arrays for the points in ``configs`` and render each one's script (pure)."""
+    """Plan the arrays for the points in ``configs`` and render each one's script (pure).
+    ``lemons``: what each point's array does with the lemon record (its ``--exclude``); a
+    point not in it excludes nothing."""
     now = now or datetime.now(timezone.utc)
     points = sorted(configs)
-    groups = script_groups([configs[p] for p in points])
-    representative = {g: configs[p] for p, g in zip(points, groups, strict=True)}
+    marks = [(lemons or {}).get(p) for p in points]
+    groups = script_groups([configs[p] for p in points], marks)
+    representative = {g: (configs[p], m) for p, g, m in zip(points, groups, marks, strict=True)}
     out = []
     for number, plan in enumerate(plan_arrays(points, groups, max_array_size), first_number):
-        cfg = dataclasses.replace(representative[plan.group], name=name)
+        chosen, exclusion = representative[plan.group]
+        cfg = dataclasses.replace(chosen, name=name)
         spec = plan.spec(max_parallel)
         path = sweep_dir / script_name(number)
         argv = tuple(client.submit_command(path))
@@ -96,9 +114,10 @@ def prepare_arrays(
             submit_command=f"{shlex.join(invocation)}  ->  {shlex.join(argv)}",
             generated_at=now.isoformat(timespec="seconds"),
             version=__version__,
+            exclude=exclusion.nodes if exclusion is not None else (),
             array=spec,
             array_offset=plan.offset,
         )
         script = render_sbatch(cfg, ctx, load_template(cfg, template_dir))
-        out.append(PreparedArray(plan, spec, script_name(number), script, argv))
+        out.append(PreparedArray(plan, spec, script_name(number), script, argv, exclusion))
     return out

@@ -4,7 +4,8 @@
 Like :mod:`hpc_ddp.submission.submit`: planning and rendering the arrays are pure
 (:mod:`hpc_ddp.backends.slurm.array_sweep`: the dry run shows them),
 :mod:`hpc_ddp.sweep.sweepdir` writes the sweep directory, and :func:`schedule_arrays` is the
-one place that calls ``sbatch``.
+one place that calls ``sbatch``. Each array leaves out the lemon nodes a submit of its points
+would (:func:`lemon_exclusions`).
 
 Speed matters here (a 1,000-point sweep should submit as fast as submitit's ``map_array``), so
 the configs are dumped through :mod:`hpc_ddp.sweep.configtext` and written into one file, each
@@ -14,6 +15,8 @@ task writing its own ``config.yaml`` from it when it starts (:mod:`hpc_ddp.rundi
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
@@ -36,6 +39,7 @@ from hpc_ddp.backends.base import Cancelled
 from hpc_ddp.backends.jobs import AccountingRecord, JobInfo
 from hpc_ddp.backends.slurm.array_sweep import SLURM_DEFAULT_MAX_ARRAY_SIZE, prepare_arrays
 from hpc_ddp.backends.slurm.backend import SlurmBackend
+from hpc_ddp.config.model import JobConfig
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import SlurmError, SubmissionError, TargetError
 from hpc_ddp.rundir.layout import MANIFEST_FILE, RunPaths
@@ -47,6 +51,7 @@ from hpc_ddp.rundir.manifest import (
     write_manifest,
 )
 from hpc_ddp.rundir.taskconfig import load_task_config
+from hpc_ddp.submission.exclusion import lemon_exclusion
 from hpc_ddp.submission.submit import create_run_dir, stamp_of
 from hpc_ddp.sweep.records import read_sweep_record
 from hpc_ddp.sweep.results import array_task_words, failed_points
@@ -55,7 +60,39 @@ from hpc_ddp.sweep.sweepdir import link_offset_tasks, sweep_record_text, write_s
 
 if TYPE_CHECKING:
     from hpc_ddp.backends.slurm.client import SlurmClient
+    from hpc_ddp.lemons.record import Exclusion
     from hpc_ddp.sweep.spec import SweepSpec
+
+log = logging.getLogger(__name__)
+
+
+def lemon_exclusions(
+    configs: Mapping[int, JobConfig], client: SlurmClient, env: Mapping[str, str], now: float
+) -> dict[int, Exclusion]:
+    """What each point's array does with the lemon record of ``env``'s user, by a submit's
+    rule (:func:`~hpc_ddp.submission.exclusion.lemon_exclusion`): only the lemons of the
+    point's partition, and only while it keeps the point's smallest ``--nodes`` besides them.
+    Decided once per distinct ``slurm`` section and lemon settings (a 1,000-point sweep asks
+    ``sinfo`` once); empty without a record, which costs a sweep nothing more."""
+    backend = SlurmBackend(client)
+    decided: dict[tuple[object, ...], Exclusion | None] = {}
+    out: dict[int, Exclusion] = {}
+    for index, cfg in configs.items():
+        key = (cfg.slurm, cfg.fault.lemon_nodes, cfg.fault.lemon_window_days)
+        if key not in decided:
+            decided[key] = lemon_exclusion(cfg, backend, env, now)
+        found = decided[key]
+        if found is not None:
+            out[index] = found
+    return out
+
+
+def say_lemons(arrays: Sequence[PreparedArray]) -> None:
+    """Warn of what the arrays do with the lemon record, as a submit does (each distinct
+    line once)."""
+    lines = [line for a in arrays if a.lemons is not None for line in a.lemons.lines()]
+    for line in dict.fromkeys(lines):
+        log.warning("%s", line)
 
 
 def schedule_arrays(
@@ -159,6 +196,7 @@ def submit_sweep(
             client=client,
             now=now,
         )
+        say_lemons(arrays)
         manifest = Manifest(
             name=name,
             backend="slurm",
@@ -189,10 +227,13 @@ def prepare_sweep(
     client: SlurmClient,
     now: datetime | None = None,
 ) -> list[PreparedArray]:
-    """:func:`prepare_arrays` for every point of ``spec`` (what a dry run shows)."""
+    """:func:`prepare_arrays` for every point of ``spec`` (what a dry run shows), each array
+    leaving out the lemon nodes a submit of its points would (:func:`lemon_exclusions`)."""
+    now = now or datetime.now(timezone.utc)
     base = Path(spec.base_source)
+    configs = {p.index: p.config for p in spec.points}
     return prepare_arrays(
-        {p.index: p.config for p in spec.points},
+        configs,
         name=spec.name,
         sweep_dir=sweep_dir,
         max_parallel=spec.max_parallel,
@@ -204,6 +245,7 @@ def prepare_sweep(
         invocation=invocation,
         client=client,
         now=now,
+        lemons=lemon_exclusions(configs, client, os.environ, now.timestamp()),
     )
 
 
@@ -242,6 +284,7 @@ def _resubmit_locked(
     # A point whose task never started (cancelled while pending) has only its packed config.
     configs = {i: load_task_config(sweep_dir, i) for i in points}
     base = Path(record.base)
+    when = now or datetime.now(timezone.utc)
     arrays = prepare_arrays(
         configs,
         name=record.name,
@@ -255,9 +298,11 @@ def _resubmit_locked(
         client=client,
         first_number=len(previous),
         now=now,
+        lemons=lemon_exclusions(configs, client, os.environ, when.timestamp()),
     )
     if dry_run:
         return Resubmission(points, arrays, [], running)
+    say_lemons(arrays)
     records = schedule_arrays(
         sweep_dir, arrays, client, manifest=manifest, previous=previous, reason="resubmit-failed"
     )
