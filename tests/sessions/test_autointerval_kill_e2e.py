@@ -169,7 +169,8 @@ def test_auto_interval_covers_every_rank_killed_at_once(
     before = [s.auto for s in _periodic(dead.saves) if s.auto is not None]
     after = [s.auto for s in _periodic(again.saves) if s.auto is not None]
     assert after, again.saves
-    elapsed = time.time() - dead.started
+    # From the first launch (M counts start-ups too), before the session started.
+    elapsed = time.time() - min(dead.launched_at or dead.started, dead.started)
     _check_mtbf(before, 0, elapsed)
     _check_mtbf(after, 1, elapsed)  # the kill counted: no survivor saved
     plans = before + after
