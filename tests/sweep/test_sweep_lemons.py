@@ -17,6 +17,7 @@ import pytest
 from hpc_ddp.backends.registry import Registry
 from hpc_ddp.backends.slurm.fake import FakeSlurm
 from hpc_ddp.cli.main import main
+from hpc_ddp.lemons.store import where
 from hpc_ddp.rundir.endcause import EndCause
 from tests.submission.test_lemon_exclusion import cluster, lost
 from tests.sweep.test_submit import _ledger, set_queue, squeue_row, write_sweep
@@ -135,3 +136,27 @@ def test_resubmit_failed_excludes_the_lemon_too(tmp_path: Path) -> None:
     with contextlib.redirect_stdout(io.StringIO()):
         assert main(argv[:-1], backends=Registry(slurm.client())) == 0
     assert "#SBATCH --exclude=n3\n" in (sweep_dir / "job-1.sbatch").read_text()
+
+
+def test_a_dry_run_away_from_slurm_excludes_nothing_and_says_why(tmp_path: Path) -> None:
+    lost("n2")
+    slurm = cluster("n1", "n2", "n3")
+    slurm.fail("sinfo", times=5)
+    slurm.fail("scontrol", times=5)
+    shown = sweep(tmp_path, slurm, "--dry-run")
+    assert "--exclude" not in shown
+    assert "# lemon node n2: not excluding" in shown
+    assert "# the nodes of partition (default) are not known: " in shown
+    assert "assumed MaxArraySize=1001" in shown
+
+
+def test_a_damaged_record_warns_and_the_sweep_is_submitted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    lost("n3")
+    (where() / "123-n9-x.json").write_text('{"node": "n9", "kind": "maybe"}')
+    slurm = cluster("n1", "n2", "n3")
+    shown = json.loads(sweep(tmp_path, slurm, "--json"))
+    assert shown["array_jobs"]
+    assert "#SBATCH --exclude=n3\n" in (Path(shown["sweep_dir"]) / "job.sbatch").read_text()
+    assert any("damaged entry" in r.getMessage() for r in caplog.records)
