@@ -164,10 +164,16 @@ def _launch_ends(run_dir: Path) -> int:
         return 0
 
 
-def rank_pid(job_id: str, rank: int) -> int | None:
-    """The newest ``hpc_ddp run`` process of ``rank`` in job ``job_id`` (any launch) that is
-    not stopped (a rank an earlier fault froze may linger until its launch is ended)."""
-    running = [p for p in rank_pids(job_id, rank) if _state(p) not in ("T", None)]
+def rank_pid(job_id: str, rank: int, run_dir: Path) -> int | None:
+    """The ``hpc_ddp run`` process of ``rank`` in job ``job_id`` that trains now: of the
+    newest launch the ledger names (the next launch's standby, started early and waiting,
+    has the same rank), and not stopped (a rank an earlier fault froze may linger until its
+    launch is ended)."""
+    attempts = read_ledger(run_dir / "ledger.jsonl")
+    if not attempts:
+        return None
+    launch = attempts[-1].launch
+    running = [p for p in rank_pids(job_id, rank, launch=launch) if _state(p) not in ("T", None)]
     return running[-1] if running else None
 
 
@@ -210,7 +216,8 @@ def inject(
     """Inject ``fault``; when. A lost node is brought back in the background once the job runs
     again without it."""
     if fault.kind in ("kill", "stop"):
-        pid = wait(f"rank {fault.rank}'s process", lambda: rank_pid(job_id, fault.rank), 120)
+        pid = wait(f"rank {fault.rank}'s process",
+                   lambda: rank_pid(job_id, fault.rank, run_dir), 120)  # fmt: skip
         at = time.time()
         os.kill(pid, signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
         return at
