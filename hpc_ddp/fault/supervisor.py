@@ -126,19 +126,6 @@ class Plan:
     """Share resources with a step that has not ended yet (its lost node still holds them)."""
 
 
-class Ended(Protocol):
-    """A task that ended badly, as a launcher saw it (srun's line, ``waitpid``)."""
-
-    @property
-    def rank(self) -> int: ...
-    @property
-    def node(self) -> str: ...
-    @property
-    def reason(self) -> str: ...
-    @property
-    def exit_code(self) -> int | None: ...
-
-
 class Step(Protocol):
     """The processes of one running launch (an srun step, or local rank processes)."""
 
@@ -146,7 +133,7 @@ class Step(Protocol):
         """The launch's exit status once every process is gone (srun's), else None."""
         ...
 
-    def task_ends(self) -> Sequence[Ended]:
+    def task_ends(self) -> Sequence[TaskEnd]:
         """Tasks that ended badly so far, in the order they were seen."""
         ...
 
@@ -236,10 +223,7 @@ def _on(beats: Mapping[int, Beat | None], rank: int, nodes: set[str]) -> bool:
 
 
 def _task_ends(step: Step) -> list[TaskEnd]:
-    return [
-        e if isinstance(e, TaskEnd) else TaskEnd(e.rank, e.node, e.reason, e.exit_code)
-        for e in step.task_ends()
-    ]
+    return list(step.task_ends())
 
 
 # --- the supervisor --------------------------------------------------------------------------

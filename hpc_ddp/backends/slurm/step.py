@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from hpc_ddp.backends.base import LaunchShape
+from hpc_ddp.backends.base import LaunchShape, TaskEnd
 from hpc_ddp.backends.nodelist import parse_nodelist
 from hpc_ddp.backends.slurm.client import SlurmClient
 from hpc_ddp.backends.slurm.jobstate import DOWN_STATES
@@ -48,20 +48,10 @@ KILL_GRACE_S = 5.0
 killed itself."""
 
 
-@dataclass(frozen=True)
-class TaskEndLine:
-    """One task srun says ended badly (its exit code when it exited, None for a signal)."""
-
-    rank: int
-    node: str
-    reason: str
-    exit_code: int | None
-
-    @classmethod
-    def of(cls, failure: TaskFailure) -> TaskEndLine:
-        """srun's ``task N: REASON`` as a task end."""
-        reason = failure.reason
-        return cls(failure.rank, failure.node, reason, exit_code_of(reason))
+def task_end_of(failure: TaskFailure) -> TaskEnd:
+    """srun's ``task N: REASON`` as a task end (its exit code when it exited, None for a
+    signal)."""
+    return TaskEnd(failure.rank, failure.node, failure.reason, exit_code_of(failure.reason))
 
 
 SLURMD_PROBE_S = 1.0
@@ -70,7 +60,7 @@ SLURMD_PROBE_S = 1.0
 
 @dataclass
 class _Seen:
-    ends: list[TaskEndLine] = field(default_factory=list)
+    ends: list[TaskEnd] = field(default_factory=list)
     nodes: list[tuple[str, str]] = field(default_factory=list)
     refused: str | None = None
 
@@ -118,7 +108,7 @@ class SrunStep:
                 if isinstance(said, list):
                     for failure in said:
                         if all(e.rank != failure.rank for e in self._seen.ends):
-                            self._seen.ends.append(TaskEndLine.of(failure))
+                            self._seen.ends.append(task_end_of(failure))
                 elif isinstance(said, NodeFailure):
                     if all(n != said.node for n, _ in self._seen.nodes):
                         self._seen.nodes.append((said.node, said.reason))
@@ -133,7 +123,7 @@ class SrunStep:
         self._reader.join(timeout=2.0)  # every line srun wrote is read
         return 128 - code if code < 0 else code
 
-    def task_ends(self) -> list[TaskEndLine]:
+    def task_ends(self) -> list[TaskEnd]:
         """Tasks srun said ended badly, in order."""
         with self._lock:
             return list(self._seen.ends)
