@@ -50,8 +50,8 @@ class Layer:
 
 LAYERS: tuple[Layer, ...] = (
     Layer(
-        ("errors", "version", "exitcodes", "collector", "output", "frozen"),
-        pure=("errors", "version", "exitcodes", "output", "frozen"),
+        ("errors", "version", "exitcodes", "collector", "output", "frozen", "history"),
+        pure=("errors", "version", "exitcodes", "output", "frozen", "history"),
     ),
     Layer(("durable", "rundir.layout"), pure=("rundir.layout",)),
     Layer(("lemons",), pure=("lemons", "lemons.record")),

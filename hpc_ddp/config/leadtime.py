@@ -164,24 +164,9 @@ class SaveEntry:
 def parse_save_history(text: str) -> tuple[dict[str, SaveEntry], str | None]:
     """The history's entries by run id, and a warning when the text is damaged (its usable
     entries are kept: a damaged file never fails a submit or a run)."""
-    import json  # not at the top: every config load reads PRIOR_LEAD_S, few read the history
+    from hpc_ddp.history import parse_runs  # not at the top: few config loads read it
 
-    try:
-        doc = json.loads(text) if text.strip() else {"version": _VERSION, "runs": {}}
-    except ValueError as exc:
-        return {}, f"not JSON ({exc}); it is rewritten at the next save"
-    runs = doc.get("runs") if isinstance(doc, dict) else None
-    if not isinstance(runs, dict):
-        return {}, "no 'runs' mapping; it is rewritten at the next save"
-    out: dict[str, SaveEntry] = {}
-    bad = 0
-    for run_id, raw in runs.items():
-        entry = _entry(raw)
-        if entry is None:
-            bad += 1
-        else:
-            out[str(run_id)] = entry
-    return out, (f"{bad} damaged entr{'y' if bad == 1 else 'ies'} skipped" if bad else None)
+    return parse_runs(text, _entry, version=_VERSION, rewritten="at the next save")
 
 
 def _entry(raw: Any) -> SaveEntry | None:

@@ -27,6 +27,7 @@ from typing import Any
 
 from hpc_ddp.checkpoint.interval import Exposure
 from hpc_ddp.frozen import dataclass
+from hpc_ddp.history import parse_runs
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import parse_checkpoint_name, parse_sharded_checkpoint_name
 from hpc_ddp.rundir.ledger import Attempt
@@ -121,22 +122,7 @@ def exposure(
 def parse_history(text: str) -> tuple[dict[str, HistoryEntry], str | None]:
     """The history's entries by run id, and a warning when the text is damaged (its usable
     entries are kept; a damaged file never stops a run)."""
-    try:
-        doc = json.loads(text) if text.strip() else {"version": _VERSION, "runs": {}}
-    except ValueError as exc:
-        return {}, f"not JSON ({exc}); it is rewritten from this run on"
-    runs = doc.get("runs") if isinstance(doc, dict) else None
-    if not isinstance(runs, dict):
-        return {}, "no 'runs' mapping; it is rewritten from this run on"
-    out: dict[str, HistoryEntry] = {}
-    bad = 0
-    for run_id, raw in runs.items():
-        entry = _entry(raw)
-        if entry is None:
-            bad += 1
-        else:
-            out[str(run_id)] = entry
-    return out, (f"{bad} damaged entr{'y' if bad == 1 else 'ies'} skipped" if bad else None)
+    return parse_runs(text, _entry, version=_VERSION, rewritten="from this run on")
 
 
 def _entry(raw: Any) -> HistoryEntry | None:
