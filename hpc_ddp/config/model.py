@@ -357,8 +357,9 @@ class FaultConfig:
     checkpoint_timeout_s: int = 900
     """Longest blocking part of a checkpoint save or restore, and of an evaluation."""
     max_restarts: int = 3
-    """In-job restarts per submission after a crash, hang or lost rank: each one a new srun step
-    from the newest checkpoint, no requeue. Then ``requeue.on_crash`` decides."""
+    """In-job restarts per allocation after a crash, hang or lost rank: each one a new srun step
+    from the newest checkpoint, no requeue. Then ``requeue.on_crash`` decides; a requeued job's
+    new allocation has them anew (a crash loop stops at ``no_progress_limit``)."""
     no_progress_limit: int = 2
     """Launches in a row that end in a fault without a newer checkpoint before the run stops
     with ``no_progress`` (a crash loop); 0 never stops for that."""

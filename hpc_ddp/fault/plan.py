@@ -94,9 +94,12 @@ def no_progress_streak(history: Sequence[Attempt]) -> list[Attempt]:
     return list(reversed(streak))
 
 
-def restarts_used(history: Sequence[Attempt]) -> int:
-    """In-job restarts the submission has had (``launch_end`` said ``restart``)."""
-    return sum(1 for a in history if a.next == "restart")
+def restarts_used(history: Sequence[Attempt], restart: int | None = None) -> int:
+    """In-job restarts (``launch_end`` said ``restart``) in the allocation of Slurm's restart
+    count ``restart`` (None: the whole submission). Each requeue's allocation gets the budget
+    anew: a long run that makes progress between faults must not spend it for good (a crash
+    loop is ``fault.no_progress_limit``'s, and requeues are ``requeue.max_requeues``')."""
+    return sum(1 for a in history if a.next == "restart" and restart in (None, a.restart))
 
 
 def exclusion(
@@ -197,7 +200,7 @@ def decide_next(
                 f"(requeue {budget.restart_count + 1} of {rq.max_requeues})",
             )
         return Stop(finding.cause, 1, f"{why}; no requeue left. HINT: `hpc-ddp resume {run_dir}`")
-    used = restarts_used(history[:-1])
+    used = restarts_used(history[:-1], history[-1].restart if history else None)
     if used < f.max_restarts:
         where = f" without {', '.join(bad)}" if bad else ""
         return Restart(

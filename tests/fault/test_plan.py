@@ -131,6 +131,28 @@ def test_a_launch_starts_from_the_newer_of_the_supervisors_look_and_its_ranks_re
     assert no_progress_streak([fresh]) == [fresh]
 
 
+def test_a_requeued_allocation_gets_the_restart_budget_anew() -> None:
+    """Three faults that each made progress spent restart 0's budget; after a preemption's
+    requeue (Slurm's restart 1) the next fault restarts in the job again, not the end of a
+    run that keeps training (a crash loop is no_progress_limit's)."""
+    spent = [
+        launch(n, EndCause.CRASH, from_step=100 + 10 * n, checkpoint_step=110 + 10 * n)
+        for n in range(3)
+    ]
+    now = dataclasses.replace(
+        launch(0, EndCause.CRASH, from_step=140, checkpoint_step=150, nxt=None), restart=1
+    )
+    nxt = decide_next(finding(), [*spent, now], healthy=2, needed=2, bad=[], budget=budget(),
+                      run_dir=RUN)  # fmt: skip
+    assert isinstance(nxt, Restart)
+    assert "restart 1 of 3 (fault.max_restarts)" in nxt.message
+    same = dataclasses.replace(now, restart=0)  # the same allocation: spent
+    stop = decide_next(finding(), [*spent, same], healthy=2, needed=2, bad=[], budget=budget(),
+                       run_dir=RUN)  # fmt: skip
+    assert isinstance(stop, Stop)
+    assert "fault.max_restarts=3" in stop.message
+
+
 def test_past_the_restart_budget_on_crash_decides() -> None:
     history = [
         launch(0, EndCause.CRASH, checkpoint_step=150),
