@@ -20,13 +20,22 @@ import pytest
 from hpc_ddp.api import job
 from hpc_ddp.backends import base, registry
 from hpc_ddp.backends.slurm import render
-from hpc_ddp.config import elastic, images, loginnode, model, preflight, schema, sweepfile
+from hpc_ddp.config import (
+    elastic,
+    images,
+    leadtime,
+    loginnode,
+    model,
+    preflight,
+    schema,
+    sweepfile,
+)
 from hpc_ddp.frozen import dataclass
 from hpc_ddp.rundir import layout
 from hpc_ddp.submission import submit
 
 MODULES = (
-    model, elastic, images, loginnode, preflight, schema, sweepfile,
+    model, elastic, images, leadtime, loginnode, preflight, schema, sweepfile,
     layout, base, render, submit, registry, job,
 )  # fmt: skip
 """Every module whose dataclasses hpc_ddp.frozen makes: the config package's and the rest of

@@ -109,7 +109,7 @@ class StandbyStep(Protocol):
     def poll(self) -> int | None: ...
     def node_failures(self) -> list[tuple[str, str]]: ...
     def refused(self) -> str | None: ...
-    def kill(self, beats: Mapping[int, Beat | None]) -> None: ...
+    def abandon(self) -> None: ...
 
 
 StepT = TypeVar("StepT", bound=StandbyStep)
@@ -204,8 +204,8 @@ class Standby(Generic[StepT]):
         return step
 
     def dismiss(self) -> None:
-        """Tell the standby's processes to exit, and end its step if they have not within
-        :data:`DISMISS_WAIT_S` (in the background: a cold launch never waits for it)."""
+        """Tell the standby's processes to exit, and leave its step to srun if it has not
+        ended within :data:`DISMISS_WAIT_S` (in the background: a cold launch never waits)."""
         step, call_file = self.step, self.call_file
         self._forget()
         if step is None or call_file is None:
@@ -218,8 +218,11 @@ class Standby(Generic[StepT]):
 
 
 def _end_dismissed(step: StandbyStep) -> None:
+    # Never killed: a step that lost a node stays in srun until Slurm settles the node, and
+    # ending it by a step id guessed from the job's newest steps once killed the launch that
+    # had just started beside it. Its live processes leave on the word; the job's end reaps it.
     deadline = time.monotonic() + DISMISS_WAIT_S
     while step.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     if step.poll() is None:
-        step.kill({})
+        step.abandon()

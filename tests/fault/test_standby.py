@@ -70,7 +70,7 @@ def test_waiting_ends_on_the_word_and_ignores_slurms_warning_meanwhile(
 class _Step:
     ended: int | None = None
     lost: list[tuple[str, str]] = field(default_factory=list)
-    killed: int = 0
+    abandoned: int = 0
 
     def poll(self) -> int | None:
         return self.ended
@@ -81,9 +81,8 @@ class _Step:
     def refused(self) -> str | None:
         return None
 
-    def kill(self, beats: Mapping[int, Beat | None]) -> None:
-        self.killed += 1
-        self.ended = -9
+    def abandon(self) -> None:
+        self.abandoned += 1
 
 
 @dataclass
@@ -160,7 +159,7 @@ def test_anything_else_dismisses_it_and_starts_cold(
     assert sb.read_call(call) == "dismiss"
 
 
-def test_a_dismissed_standby_that_does_not_leave_is_ended(
+def test_a_dismissed_standby_that_does_not_end_is_left_to_srun_never_killed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sb, "DISMISS_WAIT_S", 0.2)
@@ -169,9 +168,11 @@ def test_a_dismissed_standby_that_does_not_leave_is_ended(
     standby.dismiss()
     assert sb.read_call(call) == "dismiss"
     deadline = time.monotonic() + 5
-    while launcher.steps[0].killed == 0 and time.monotonic() < deadline:
+    while launcher.steps[0].abandoned == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert launcher.steps[0].killed == 1
+    # A step that lost a node may not end until Slurm settles it: killing it "by its id" once
+    # guessed the newest step, the launch just started beside it.
+    assert launcher.steps[0].abandoned == 1
 
 
 def test_a_standby_that_cannot_start_only_turns_itself_off(tmp_path: Path) -> None:
