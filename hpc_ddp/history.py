@@ -9,8 +9,8 @@ a submit or a run: what can be read is kept, and a warning says what was not.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
 
 Entry = TypeVar("Entry")
 
@@ -37,3 +37,30 @@ def parse_runs(
         else:
             out[str(run_id)] = read
     return out, (f"{bad} damaged entr{'y' if bad == 1 else 'ies'} skipped" if bad else None)
+
+
+class Dated(Protocol):
+    """An entry that says when its run last wrote it."""
+
+    @property
+    def updated(self) -> float: ...
+
+
+DatedEntry = TypeVar("DatedEntry", bound=Dated)
+
+
+def render_runs(
+    runs: Mapping[str, DatedEntry],
+    run_id: str,
+    entry: DatedEntry,
+    as_dict: Callable[[DatedEntry], dict[str, Any]],
+    *,
+    version: int,
+    keep: int,
+) -> str:
+    """The history's text with ``run_id``'s entry replaced by ``entry`` (each written by
+    ``as_dict``); the oldest runs beyond ``keep`` dropped."""
+    merged = {**runs, run_id: entry}
+    newest = sorted(merged.items(), key=lambda kv: kv[1].updated, reverse=True)[:keep]
+    doc = {"version": version, "runs": {rid: as_dict(e) for rid, e in newest}}
+    return json.dumps(doc, indent=1, sort_keys=True) + "\n"

@@ -37,3 +37,21 @@ def test_a_file_that_is_not_json_is_no_entries_and_a_warning() -> None:
     assert warning is not None
     assert warning.startswith("not JSON (")
     assert warning.endswith("; it is rewritten soon")
+
+
+def test_a_run_s_entry_is_replaced_and_only_the_newest_are_kept() -> None:
+    from dataclasses import dataclass
+
+    from hpc_ddp.history import render_runs
+
+    @dataclass(frozen=True)
+    class E:
+        s: float
+        updated: float
+
+    def as_dict(e: E) -> dict[str, Any]:
+        return {"s": e.s, "updated": e.updated}
+
+    runs = {"a": E(1, 1.0), "b": E(2, 2.0), "c": E(3, 3.0)}
+    text = render_runs(runs, "a", E(9, 4.0), as_dict, version=1, keep=2)
+    assert parse_runs(text, _seconds, version=1, rewritten="soon") == ({"a": 9.0, "c": 3.0}, None)

@@ -202,19 +202,14 @@ def render_save_history(
 ) -> str:
     """The history's text with ``run_id``'s entry replaced by ``entry``; the oldest runs
     beyond ``keep`` dropped."""
-    import json
+    from hpc_ddp.history import render_runs  # not at the top: few config loads write it
 
-    merged = {**runs, run_id: entry}
-    newest = sorted(merged.items(), key=lambda kv: kv[1].updated, reverse=True)[:keep]
-    doc = {
-        "version": _VERSION,
-        "runs": {
-            rid: {
-                "name": e.name,
-                "durable_s": [round(w, 3) for w in e.durable_s[-RECENT:]],
-                "updated": round(e.updated, 3),
-            }
-            for rid, e in newest
-        },
+    return render_runs(runs, run_id, entry, _save_dict, version=_VERSION, keep=keep)
+
+
+def _save_dict(e: SaveEntry) -> dict[str, Any]:
+    return {
+        "name": e.name,
+        "durable_s": [round(w, 3) for w in e.durable_s[-RECENT:]],
+        "updated": round(e.updated, 3),
     }
-    return json.dumps(doc, indent=1, sort_keys=True) + "\n"

@@ -21,13 +21,12 @@ is at most one save old). No lock is taken: ``flock`` is unreliable on NFS homes
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hpc_ddp.checkpoint.interval import Exposure
 from hpc_ddp.frozen import dataclass
-from hpc_ddp.history import parse_runs
+from hpc_ddp.history import parse_runs, render_runs
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import parse_checkpoint_name, parse_sharded_checkpoint_name
 from hpc_ddp.rundir.ledger import Attempt
@@ -162,18 +161,13 @@ def render_history(
 ) -> str:
     """The history's text with ``run_id``'s entry replaced by ``entry``; the oldest runs
     beyond ``keep`` dropped."""
-    merged = {**runs, run_id: entry}
-    newest = sorted(merged.items(), key=lambda kv: kv[1].updated, reverse=True)[:keep]
-    doc = {
-        "version": _VERSION,
-        "runs": {
-            rid: {
-                "key": e.key,
-                "seconds": round(e.seconds, 3),
-                "interruptions": e.interruptions,
-                "updated": round(e.updated, 3),
-            }
-            for rid, e in newest
-        },
+    return render_runs(runs, run_id, entry, _history_dict, version=_VERSION, keep=keep)
+
+
+def _history_dict(e: HistoryEntry) -> dict[str, Any]:
+    return {
+        "key": e.key,
+        "seconds": round(e.seconds, 3),
+        "interruptions": e.interruptions,
+        "updated": round(e.updated, 3),
     }
-    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
