@@ -55,7 +55,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.cluster import rank_pids
+from benchmarks.cluster import idle, rank_pids
 from benchmarks.common import BIN, REPO, Targets
 from hpc_ddp.devcluster import cluster as devcluster
 from hpc_ddp.errors import HpcDdpError
@@ -214,23 +214,10 @@ def _first_step_after(run_dir: Path, since: float) -> float | None:
     return min(times) if times else None
 
 
-def _cpu_ticks(pid: int) -> int | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    rest = text[text.rindex(")") + 2 :].split()  # rest[N - 3] is field N
-    return int(rest[14 - 3]) + int(rest[15 - 3])
-
-
 def _standby_idle(job_id: str, launch: int) -> bool:
     """Every rank of ``launch`` waits on standby with its imports done (no CPU for 0.5 s)."""
     pids = [p for rank in (0, 1) for p in rank_pids(job_id, rank, launch=launch)[-1:]]
-    if len(pids) < 2:
-        return False
-    before = [_cpu_ticks(p) for p in pids]
-    time.sleep(0.5)
-    return None not in before and before == [_cpu_ticks(p) for p in pids]
+    return len(pids) == 2 and idle(pids)
 
 
 def _node_of(run_dir: Path, rank: int) -> str:

@@ -153,3 +153,21 @@ def send_signal(job_ref: str, signal: str = "USR2") -> float:
     sent = time.time()
     SLURM.cancel(job_ref, signal=signal)
     return sent
+
+
+def cpu_ticks(pid: int) -> int | None:
+    """utime + stime of ``pid`` (fields 14 and 15 of ``/proc/PID/stat``); None once gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    rest = text[text.rindex(")") + 2 :].split()  # rest[N - 3] is field N
+    return int(rest[14 - 3]) + int(rest[15 - 3])
+
+
+def idle(pids: list[int], over_s: float = 0.5) -> bool:
+    """Every process of ``pids`` alive and spending no CPU over ``over_s`` (a standby's imports
+    done, say)."""
+    before = [cpu_ticks(p) for p in pids]
+    time.sleep(over_s)
+    return None not in before and before == [cpu_ticks(p) for p in pids]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.cluster import idle
 from hpc_ddp.fault.watchdog import read_beat
 from hpc_ddp.rundir.endcause import EndCause
 from tests import e2e_util as e2e
@@ -40,24 +41,6 @@ fault: {{beat_s: 0.5, stale_s: 3, startup_timeout_s: 120, step_timeout_s: 10,
 """
 
 
-def _cpu_ticks(pid: int) -> int | None:
-    """utime + stime of ``pid`` (fields 14 and 15 of ``/proc/PID/stat``); None once gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    rest = text[text.rindex(")") + 2 :].split()  # rest[N - 3] is field N
-    return int(rest[14 - 3]) + int(rest[15 - 3])
-
-
-def _idle(pids: list[int]) -> bool:
-    """Every process alive and spending no CPU over half a second: its imports are done."""
-    before = [_cpu_ticks(p) for p in pids]
-    time.sleep(0.5)
-    after = [_cpu_ticks(p) for p in pids]
-    return None not in before and before == after
-
-
 def test_a_dead_ranks_restart_runs_in_the_processes_waiting_on_standby(
     slurm_cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -71,7 +54,7 @@ def test_a_dead_ranks_restart_runs_in_the_processes_waiting_on_standby(
         )[-1]
         for rank in (0, 1)
     }  # fmt: skip
-    e2e.wait_for("the standby's imports", lambda: _idle(list(standby.values())), timeout_s=60)
+    e2e.wait_for("the standby's imports", lambda: idle(list(standby.values())), timeout_s=60)
     [victim] = e2e.rank_pids(job.job_id, 1, launch=0)
     killed = time.time()
     os.kill(victim, signal.SIGKILL)
