@@ -28,7 +28,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Literal, Protocol, TypeVar, cast
 
@@ -122,15 +121,11 @@ class StandbyLauncher(Protocol[StepT_co]):
     def start(self, plan: LaunchShape, env: Mapping[str, str]) -> StepT_co: ...
 
 
-@dataclass(frozen=True)
-class Shape:
-    """The launch a standby was started for: its number and where it runs."""
+class NumberedShape(LaunchShape, Protocol):
+    """A launch's shape and its number (the supervisor's ``Plan``)."""
 
-    launch: int
-    nodes: int
-    tasks_per_node: int
-    exclude: tuple[str, ...]
-    overlap: bool = True
+    @property
+    def launch(self) -> int: ...
 
 
 class Standby(Generic[StepT]):
@@ -140,14 +135,14 @@ class Standby(Generic[StepT]):
         self.launcher = launcher
         self.enabled = enabled
         self.after_s = after_s
-        self.shape: Shape | None = None
+        self.shape: NumberedShape | None = None
         self.step: StepT | None = None
         self.call_file: Path | None = None
         self.started_at: float | None = None
-        self._armed: tuple[Shape, dict[str, str], Path] | None = None
+        self._armed: tuple[NumberedShape, dict[str, str], Path] | None = None
         self._training_since: float | None = None
 
-    def arm(self, shape: Shape, env: Mapping[str, str], call_file: Path) -> None:
+    def arm(self, shape: NumberedShape, env: Mapping[str, str], call_file: Path) -> None:
         """A launch began: its standby, when due, is ``shape`` with ``env`` (the next
         launch's), waiting on ``call_file``."""
         self._armed = (shape, dict(env), call_file)
@@ -168,7 +163,7 @@ class Standby(Generic[StepT]):
             self._armed = None
             self.start(shape, env, call_file)
 
-    def start(self, shape: Shape, env: Mapping[str, str], call_file: Path) -> None:
+    def start(self, shape: NumberedShape, env: Mapping[str, str], call_file: Path) -> None:
         """Start ``shape``'s processes with ``env`` (the next launch's), waiting on
         ``call_file``. A standby that cannot start is only logged: restarts start cold."""
         call_file.parent.mkdir(parents=True, exist_ok=True)
@@ -183,23 +178,23 @@ class Standby(Generic[StepT]):
             return
         log.info("supervisor: launch %d's processes started on standby", shape.launch)
 
-    def call(self, plan: LaunchShape, launch: int) -> StepT | None:
+    def call(self, plan: NumberedShape) -> StepT | None:
         """The standby's step, told ``go``, when it was started for this very launch and is
         intact; else None (and it is dismissed)."""
         step, shape, call_file = self.step, self.shape, self.call_file
         if step is None or shape is None or call_file is None:
             return None
         fits = (
-            shape.launch == launch and shape.nodes == plan.nodes
+            shape.launch == plan.launch and shape.nodes == plan.nodes
             and shape.tasks_per_node == plan.tasks_per_node and shape.exclude == plan.exclude
             and step.poll() is None and not step.node_failures() and step.refused() is None
         )  # fmt: skip
         if not fits:
-            log.info("supervisor: launch %d starts cold: its standby does not fit", launch)
+            log.info("supervisor: launch %d starts cold: its standby does not fit", plan.launch)
             self.dismiss()
             return None
         write_call(call_file, "go")
-        log.info("supervisor: launch %d: its standby processes called", launch)
+        log.info("supervisor: launch %d: its standby processes called", plan.launch)
         self._forget()
         return step
 

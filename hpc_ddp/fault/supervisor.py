@@ -73,7 +73,7 @@ from hpc_ddp.fault.plan import (
     with_own_words,
     with_scheduler_words,
 )
-from hpc_ddp.fault.standby import Shape, Standby, standby_fits
+from hpc_ddp.fault.standby import Standby, standby_fits
 from hpc_ddp.fault.watchdog import (
     read_beats,
     read_exit_notes,
@@ -424,11 +424,11 @@ class Supervisor:
         # checkpoint committed after it (a straggler of the launch before) or one their check
         # passes over makes them resume elsewhere, and their own start line says where.
         log.info("supervisor: %s", launch_words(plan, from_step))
-        called = self._standby.call(plan, plan.launch)
+        called = self._standby.call(plan)
         with self._lock:
             self._step = called or self.launcher.start(plan, env)
         nxt_paths, nxt_env = self._launch_env(plan.launch + 1)
-        nxt = Shape(plan.launch + 1, plan.nodes, plan.tasks_per_node, plan.exclude)
+        nxt = Plan(plan.launch + 1, plan.nodes, plan.tasks_per_node, plan.exclude, overlap=True)
         self._standby.arm(nxt, nxt_env, nxt_paths.standby_call)
         watch = self._watch(self._step, lpaths)
         return watch, launched_at, lpaths

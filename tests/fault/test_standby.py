@@ -21,6 +21,7 @@ from hpc_ddp.backends.base import LaunchShape
 from hpc_ddp.config.model import DistConfig, FaultConfig, JobConfig
 from hpc_ddp.fault import standby as sb
 from hpc_ddp.fault.blame import Beat
+from hpc_ddp.fault.supervisor import Plan
 from hpc_ddp.rundir.layout import STANDBY_ENV
 
 
@@ -104,7 +105,7 @@ def _armed(tmp_path: Path, after_s: float = 5.0) -> tuple[sb.Standby[_Step], _La
     launcher = _Launcher()
     standby = sb.Standby(launcher, enabled=True, after_s=after_s)
     call = tmp_path / "launch-1" / "standby.call"
-    standby.arm(sb.Shape(1, 2, 1, ()), {"HPC_DDP_LAUNCH": "1"}, call)
+    standby.arm(Plan(1, 2, 1, (), overlap=True), {"HPC_DDP_LAUNCH": "1"}, call)
     return standby, launcher, call
 
 
@@ -128,34 +129,30 @@ def test_it_starts_once_every_rank_has_trained_after_s_and_never_twice(tmp_path:
 def test_a_restart_of_its_shape_calls_it(tmp_path: Path) -> None:
     standby, launcher, call = _armed(tmp_path, after_s=0)
     standby.tend(_beats(1), 0.0, settled=True)
-    step = standby.call(sb.Shape(1, 2, 1, ()), 1)
+    step = standby.call(Plan(1, 2, 1, (), overlap=True))
     assert step is launcher.steps[0]
     assert sb.read_call(call) == "go"
     assert standby.step is None  # called once: the next launch arms a new one
-    assert standby.call(sb.Shape(1, 2, 1, ()), 1) is None
+    assert standby.call(Plan(1, 2, 1, (), overlap=True)) is None
 
 
 @pytest.mark.parametrize(
-    ("shape", "launch", "ended", "lost"),
+    ("plan", "ended", "lost"),
     [
-        (sb.Shape(1, 2, 1, ("n2",)), 1, None, []),  # the restart leaves a node out
-        (sb.Shape(1, 1, 1, ()), 1, None, []),  # fewer nodes
-        (sb.Shape(1, 2, 1, ()), 2, None, []),  # another launch
-        (sb.Shape(1, 2, 1, ()), 1, 1, []),  # its step ended
-        (sb.Shape(1, 2, 1, ()), 1, None, [("n2", "Node failure")]),  # it lost a node
+        (Plan(1, 2, 1, ("n2",), overlap=True), None, []),  # the restart leaves a node out
+        (Plan(1, 1, 1, (), overlap=True), None, []),  # fewer nodes
+        (Plan(2, 2, 1, (), overlap=True), None, []),  # another launch
+        (Plan(1, 2, 1, (), overlap=True), 1, []),  # its step ended
+        (Plan(1, 2, 1, (), overlap=True), None, [("n2", "Node failure")]),  # it lost a node
     ],
 )
 def test_anything_else_dismisses_it_and_starts_cold(
-    tmp_path: Path,
-    shape: sb.Shape,
-    launch: int,
-    ended: int | None,
-    lost: list[tuple[str, str]],
+    tmp_path: Path, plan: Plan, ended: int | None, lost: list[tuple[str, str]]
 ) -> None:
     standby, launcher, call = _armed(tmp_path, after_s=0)
     standby.tend(_beats(1), 0.0, settled=True)
     launcher.steps[0].ended, launcher.steps[0].lost = ended, lost
-    assert standby.call(shape, launch) is None
+    assert standby.call(plan) is None
     assert sb.read_call(call) == "dismiss"
 
 
@@ -181,10 +178,10 @@ def test_a_standby_that_cannot_start_only_turns_itself_off(tmp_path: Path) -> No
             raise OSError("srun: not found")
 
     standby = sb.Standby(Refusing(), enabled=True, after_s=0)
-    standby.arm(sb.Shape(1, 2, 1, ()), {}, tmp_path / "standby.call")
+    standby.arm(Plan(1, 2, 1, (), overlap=True), {}, tmp_path / "standby.call")
     standby.tend(_beats(1), 0.0, settled=True)
     assert (standby.enabled, standby.step) == (False, None)
-    assert standby.call(sb.Shape(1, 2, 1, ()), 1) is None
+    assert standby.call(Plan(1, 2, 1, (), overlap=True)) is None
 
 
 @pytest.mark.parametrize(
