@@ -9,7 +9,9 @@ decided here, from the finding, the submission's launches so far (the ledger) an
   it to avoid the bad nodes, when too few healthy nodes are left (or, past the restart budget,
   with ``requeue.on_crash``); or stop: ``no_progress`` after ``fault.no_progress_limit``
   launches in a row that died without a newer checkpoint (:func:`no_progress_streak`);
-- :func:`exclusion`: which nodes a fault makes bad for the rest of the submission;
+- :func:`exclusion`: which nodes a fault makes bad for the rest of the submission, and
+  :func:`likely_exclusion`: the same, guessed from the fault alone when it is found (the next
+  launch's processes start while the failed one is ended);
 - :func:`decide_refused`: what follows a step srun could not start at all;
 - :func:`with_own_words`, :func:`with_scheduler_words`, :func:`with_detected_at`: a finding
   with better evidence (the rank's own words, the scheduler's) or the time it was detected;
@@ -28,7 +30,7 @@ from typing import ClassVar
 
 from hpc_ddp.config.model import FaultConfig, RequeueConfig
 from hpc_ddp.exitcodes import NO_PROGRESS_EXIT_CODE, NOT_CURRENT_EXIT_CODE, OWN_OUTCOMES
-from hpc_ddp.fault.blame import Finding
+from hpc_ddp.fault.blame import FaultRecord, Finding, fault_cause
 from hpc_ddp.rundir.endcause import EndCause, is_restartable
 from hpc_ddp.rundir.ledger import Attempt, Blame
 
@@ -134,6 +136,32 @@ def exclusion(
     if again:
         return again
     return blame.nodes if spare else ()
+
+
+def likely_exclusion(
+    fault: FaultRecord,
+    *,
+    spare: bool,
+    previous: Blame | None,
+    enabled: bool,
+    launch_nodes: int = 0,
+) -> tuple[str, ...]:
+    """What :func:`exclusion` will most likely say once the launch ``fault`` was found in has
+    ended, guessed from the declared fault alone: its ranks and nodes, and a crash or an early
+    exit taken as the program's own error. The supervisor starts the next launch's processes
+    on it while the failed launch is still being ended and saved; a wrong guess only costs a
+    cold start (:meth:`~hpc_ddp.fault.standby.Standby.prepare`)."""
+    blame = Blame(
+        fault.ranks, fault.nodes, fault.why, fault.node_level, fault.time, fault.last_progress
+    )
+    return exclusion(
+        Finding(fault_cause(fault.kind), blame),
+        own_error=fault.kind in ("crash", "early_exit"),
+        spare=spare,
+        previous=previous,
+        enabled=enabled,
+        launch_nodes=launch_nodes,
+    )
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,17 @@ waits on the launch directory's call file (:attr:`~hpc_ddp.rundir.layout.LaunchP
 
 After a fault, a restart of the same shape (a dead, crashed or hung rank: the same nodes) is
 *called*: the file says ``go`` and the processes run on as a cold launch would, from the
-newest checkpoint (the survivor's save). Any other next step (a lost node, fewer nodes, a
-requeue, the job's end) *dismisses* them: ``dismiss``, and each exits 0 without a word. A
-standby whose step has ended or lost a node is never called.
+newest checkpoint (the survivor's save). Any other next step (fewer nodes, a requeue, the
+job's end) *dismisses* them: ``dismiss``, and each exits 0 without a word. A standby whose step
+has ended or lost a node is never called.
+
+When a fault is found the supervisor guesses the next launch's shape at once
+(:func:`~hpc_ddp.fault.plan.likely_exclusion`) and :meth:`Standby.prepare` makes the standby
+that shape: a lost node's launch on the spare node, or a launch faulted before its standby
+was due. Its processes load while the failed launch is ended and its survivors save, so a
+restart onto a spare node no longer waits for a cold start after all that. Each standby
+started for one launch has a call file of its own: a dismissed one never reads the next one's
+``go``.
 
 The call file is made (``wait``) before the standby starts and rewritten in place, one
 fixed-size record, like a beat: a reader on NFS never caches a missing file, and a rename's new
@@ -27,7 +35,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Generic, Literal, Protocol, TypeVar, cast
 
@@ -139,13 +147,15 @@ class Standby(Generic[StepT]):
         self.step: StepT | None = None
         self.call_file: Path | None = None
         self.started_at: float | None = None
-        self._armed: tuple[NumberedShape, dict[str, str], Path] | None = None
+        self._armed: NumberedShape | None = None
+        self._next: tuple[dict[str, str], Path] | None = None
+        self._starts = 0
         self._training_since: float | None = None
 
     def arm(self, shape: NumberedShape, env: Mapping[str, str], call_file: Path) -> None:
         """A launch began: its standby, when due, is ``shape`` with ``env`` (the next
         launch's), waiting on ``call_file``."""
-        self._armed = (shape, dict(env), call_file)
+        self._armed, self._next, self._starts = shape, (dict(env), call_file), 0
         self._training_since = None
 
     def tend(self, beats: Mapping[int, Beat | None], mono: float, *, settled: bool) -> None:
@@ -159,9 +169,37 @@ class Standby(Generic[StepT]):
         if self._training_since is None:
             self._training_since = mono
         if mono - self._training_since >= self.after_s:
-            shape, env, call_file = self._armed
-            self._armed = None
-            self.start(shape, env, call_file)
+            self._start_armed(self._armed)
+
+    def prepare(self, shape: NumberedShape, alloc: Sequence[str] = ()) -> None:
+        """A fault was found and the next launch will most likely be ``shape`` (``alloc``: the
+        allocation's nodes now): start its processes at once, so they load while the failed
+        launch is ended, unless the standby already has that place. One of another place is
+        dismissed first."""
+        if not self.enabled or self._next is None or self._next_launch() != shape.launch:
+            return
+        if (
+            self.step is not None
+            and self.shape is not None
+            and _same_place(self.shape, shape, alloc)
+        ):
+            return
+        self.dismiss()
+        log.info("supervisor: launch %d's processes started now, for the restart", shape.launch)
+        self._start_armed(shape)
+
+    def _next_launch(self) -> int | None:
+        armed = self._armed or self.shape
+        return armed.launch if armed is not None else None
+
+    def _start_armed(self, shape: NumberedShape) -> None:
+        assert self._next is not None
+        env, call_file = self._next
+        self._armed = None
+        self._starts += 1
+        if self._starts > 1:  # never the file a dismissed standby of this launch still reads
+            call_file = call_file.with_name(f"{call_file.stem}-{self._starts}{call_file.suffix}")
+        self.start(shape, env, call_file)
 
     def start(self, shape: NumberedShape, env: Mapping[str, str], call_file: Path) -> None:
         """Start ``shape``'s processes with ``env`` (the next launch's), waiting on
@@ -178,15 +216,15 @@ class Standby(Generic[StepT]):
             return
         log.info("supervisor: launch %d's processes started on standby", shape.launch)
 
-    def call(self, plan: NumberedShape) -> StepT | None:
-        """The standby's step, told ``go``, when it was started for this very launch and is
-        intact; else None (and it is dismissed)."""
+    def call(self, plan: NumberedShape, alloc: Sequence[str] = ()) -> StepT | None:
+        """The standby's step, told ``go``, when it was started for this very launch, in its
+        place (``alloc``: the allocation's nodes now), and is intact; else None (and it is
+        dismissed)."""
         step, shape, call_file = self.step, self.shape, self.call_file
         if step is None or shape is None or call_file is None:
             return None
         fits = (
-            shape.launch == plan.launch and shape.nodes == plan.nodes
-            and shape.tasks_per_node == plan.tasks_per_node and shape.exclude == plan.exclude
+            _same_place(shape, plan, alloc)
             and step.poll() is None and not step.node_failures() and step.refused() is None
         )  # fmt: skip
         if not fits:
@@ -210,6 +248,17 @@ class Standby(Generic[StepT]):
 
     def _forget(self) -> None:
         self.step, self.shape, self.call_file, self.started_at = None, None, None, None
+
+
+def _same_place(a: NumberedShape, b: NumberedShape, alloc: Sequence[str]) -> bool:
+    """Whether ``a`` and ``b`` are one launch in one place: the same launch, node count and
+    tasks, leaving out the same nodes of ``alloc`` (a node Slurm has dropped from the job is
+    left out either way; without ``alloc``, the same exclusions)."""
+    if (a.launch, a.nodes, a.tasks_per_node) != (b.launch, b.nodes, b.tasks_per_node):
+        return False
+    if not alloc:
+        return set(a.exclude) == set(b.exclude)
+    return {n for n in a.exclude if n in alloc} == {n for n in b.exclude if n in alloc}
 
 
 def _end_dismissed(step: StandbyStep) -> None:

@@ -68,6 +68,7 @@ from hpc_ddp.fault.plan import (
     decide_refused,
     ended_on_purpose,
     exclusion,
+    likely_exclusion,
     recorded_cause,
     with_detected_at,
     with_own_words,
@@ -327,7 +328,7 @@ class Supervisor:
                 tuple(n for n in bad if n in alloc),
                 overlap,
             )
-            watch, launched_at, lpaths = self._run_launch(plan)
+            watch, launched_at, lpaths = self._run_launch(plan, bad)
             nxt = self._conclude(plan, watch, launched_at, lpaths, bad)
             if nxt is None:
                 self._late_words()
@@ -404,7 +405,7 @@ class Supervisor:
                LAUNCH_DIR_ENV: str(lpaths.root)}  # fmt: skip
         return lpaths, env
 
-    def _run_launch(self, plan: Plan) -> tuple[_Watch, float, LaunchPaths]:
+    def _run_launch(self, plan: Plan, bad: Mapping[str, str]) -> tuple[_Watch, float, LaunchPaths]:
         lpaths, env = self._launch_env(plan.launch)
         prepare_launch(lpaths, self.world)
         from_step = newest_step(self.paths.checkpoints, run_id=recorded_run_id(self.paths))
@@ -424,16 +425,48 @@ class Supervisor:
         # checkpoint committed after it (a straggler of the launch before) or one their check
         # passes over makes them resume elsewhere, and their own start line says where.
         log.info("supervisor: %s", launch_words(plan, from_step))
-        called = self._standby.call(plan)
+        called = self._standby.call(plan, alloc)
         with self._lock:
             self._step = called or self.launcher.start(plan, env)
         nxt_paths, nxt_env = self._launch_env(plan.launch + 1)
         nxt = Plan(plan.launch + 1, plan.nodes, plan.tasks_per_node, plan.exclude, overlap=True)
         self._standby.arm(nxt, nxt_env, nxt_paths.standby_call)
-        watch = self._watch(self._step, lpaths)
+        watch = self._watch(self._step, lpaths, plan, bad)
         return watch, launched_at, lpaths
 
-    def _watch(self, step: Step, lpaths: LaunchPaths) -> _Watch:
+    def _warm_next(
+        self,
+        plan: Plan,
+        fault: FaultRecord,
+        bad: Mapping[str, str],
+        beats: Mapping[int, Beat | None],
+    ) -> None:
+        """A fault was found: start the next launch's processes now, where it will most likely
+        run (:func:`~hpc_ddp.fault.plan.likely_exclusion`), so they load while this launch is
+        ended and its survivors save. Too few nodes left: nothing (a requeue follows). Only
+        once every rank has beaten: the step's id is then known from the beats, so ending it
+        never takes the new standby's step for it."""
+        if len(beats) < self.world or any(b is None for b in beats.values()):
+            return
+        alloc = self.launcher.nodes()
+        healthy = [n for n in alloc if n not in bad]
+        newly = likely_exclusion(
+            fault,
+            spare=len(healthy) - len(fault.nodes) >= plan.nodes,
+            previous=self.ledger.previous_blame(self.ledger.attempts(), plan.launch),
+            enabled=self.cfg.fault.exclude_bad_nodes,
+            launch_nodes=plan.nodes,
+        )
+        out = [*bad, *(n for n in newly if n not in bad)]
+        left = len([n for n in alloc if n not in out])  # 0: none named (a local run)
+        if alloc and left < (self.cfg.slurm.min_nodes or plan.nodes):
+            return
+        nodes = nodes_for_launch(self.cfg.slurm, left)
+        exclude = tuple(n for n in out if n in alloc)
+        nxt = Plan(plan.launch + 1, nodes, plan.tasks_per_node, exclude, overlap=True)
+        self._standby.prepare(nxt, alloc)
+
+    def _watch(self, step: Step, lpaths: LaunchPaths, plan: Plan, bad: Mapping[str, str]) -> _Watch:
         """Follow the launch until it is over; end it once a fault is known."""
         watch = _Watch()
         detection = Detection(
@@ -478,6 +511,7 @@ class Supervisor:
                 if watch.fault is not None:
                     watch.fault_at = now
                     self._declare(lpaths, watch.fault)
+                    self._warm_next(plan, watch.fault, bad, beats)
             if watch.fault is None:
                 self._late_words()
                 time.sleep(POLL_S)

@@ -43,6 +43,10 @@ indexing a large dataset; a leader that dies is noticed at once, not after this.
 MAX_POLL_S = 0.5
 """The longest pause between two looks at the store: a waiting rank goes on at most this late."""
 _MAX_ERROR_CHARS = 4000
+TOLD_WAIT_S = 10.0
+"""How long a leader that failed in its block waits for the others to read why: a waiting
+rank looks every :data:`MAX_POLL_S` at most, and one that finds the store gone could only
+guess that rank 0 was killed."""
 
 Sleep = Callable[[float], None]
 
@@ -147,6 +151,10 @@ class Turn:
     rank: int
     """This process's global rank, for messages."""
     timeout_s: float
+    followers: int = 0
+    """How many ranks wait for the leader: a leader that fails gives them
+    :data:`TOLD_WAIT_S` to read its error before its exception may end the process (and,
+    on rank 0, the store with it)."""
 
 
 def describe(exc: BaseException) -> str:
@@ -176,8 +184,19 @@ def leader_first(store: Any, turn: Turn, *, sleep: Sleep = time.sleep) -> Iterat
         raise
     except BaseException as exc:
         _post(store, turn.key, {"error": describe(exc)})
+        _wait_until_told(store, turn, sleep)
         raise
     _post(store, turn.key, {"done": True})
+
+
+def _wait_until_told(store: Any, turn: Turn, sleep: Sleep) -> None:
+    """Wait (up to :data:`TOLD_WAIT_S`) until every follower has read the leader's error."""
+    deadline = time.monotonic() + TOLD_WAIT_S
+    with contextlib.suppress(Exception):  # the store gone: nobody is left to tell
+        while int(store.add(f"{turn.key}/told", 0)) < turn.followers:
+            if time.monotonic() >= deadline:
+                return
+            sleep(0.02)
 
 
 def _post(store: Any, key: str, value: dict[str, Any]) -> None:
@@ -203,6 +222,8 @@ def _wait_for_leader(store: Any, turn: Turn, sleep: Sleep) -> None:
         )
     word = json.loads(value.decode())
     if "error" in word:
+        with contextlib.suppress(Exception):  # the leader waits for this before it exits
+            store.add(f"{turn.key}/told", 1)
         error = str(word["error"])
         hint = "" if "HINT:" in error else " HINT: its traceback is in its own log."
         raise PeerError(

@@ -321,8 +321,12 @@ class Session:
                 "use it inside `with hpc_ddp.session() as s:`."
             )
         n = self._turns[group] = self._turns.get(group, 0) + 1
-        turn = Turn(f"{MAIN_FIRST_PREFIX}/{group}/{n}", is_leader, leader, self.rank, timeout_s)
-        alone = self.world_size == 1 or (group != "all" and self.dist.local_world_size == 1)
+        members = self.world_size if group == "all" else self.dist.local_world_size
+        turn = Turn(
+            f"{MAIN_FIRST_PREFIX}/{group}/{n}", is_leader, leader, self.rank, timeout_s,
+            followers=members - 1,
+        )  # fmt: skip
+        alone = members == 1
         # Private but stable since torch 1.8: the store the default process group was formed on.
         store = None if alone else dist.distributed_c10d._get_default_store()
         return leader_first(store, turn)

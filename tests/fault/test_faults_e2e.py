@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -313,6 +314,14 @@ def test_a_lost_node_is_replaced_by_a_spare_in_the_allocation(
     _rescued(gone, again)
     bad = json.loads((job.run_dir / "launches" / "bad_nodes.json").read_text())
     assert list(bad["nodes"]) == [node]
+    # Its processes were started on n1 and the spare once the loss was found, while the
+    # survivor saved, and called: the restart never waits for a cold start after the save.
+    batch = e2e.batch_log(job.run_dir, job.job_id)
+    assert "launch 1's processes started now, for the restart" in batch, batch[-3000:]
+    assert "launch 1: its standby processes called" in batch, batch[-3000:]
+    rank1 = (job.run_dir / "logs" / "rank-1.err").read_text(errors="replace")
+    starts = re.findall(r"start-up [\d.]+ s from (\w+) to the end of the first step", rank1)
+    assert starts == ["process", "call"], starts
     assert e2e.final_digest(three_nodes, job.run_dir) == twin
 
 

@@ -17,7 +17,7 @@ from hpc_ddp.exitcodes import (
     NOT_CURRENT_EXIT_CODE,
     REQUEUE_EXIT_CODE,
 )
-from hpc_ddp.fault.blame import Finding
+from hpc_ddp.fault.blame import FaultRecord, Finding
 from hpc_ddp.fault.plan import (
     Budget,
     Requeue,
@@ -27,6 +27,7 @@ from hpc_ddp.fault.plan import (
     decide_refused,
     ended_on_purpose,
     exclusion,
+    likely_exclusion,
     no_progress_streak,
     recorded_cause,
     started_from,
@@ -290,3 +291,24 @@ def test_a_hang_blaming_every_node_of_the_launch_leaves_none_out() -> None:
     # The same blame in a launch of 3 nodes singles out 2 of them.
     assert exclusion(both, own_error=False, spare=False, previous=before, enabled=True,
                      launch_nodes=3) == ("n1", "n2")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kind", "node_level", "spare", "expected"),
+    [
+        ("node_fail", True, True, ("n2",)),  # a lost node: always out
+        ("node_fail", True, False, ("n2",)),
+        ("hang", False, True, ("n2",)),  # a hung rank with a spare free: its node is out
+        ("hang", False, False, ()),  # no spare: retried in place
+        ("task_failed", False, True, ("n2",)),  # killed by a signal, a spare free
+        ("crash", False, True, ()),  # the program's own exception follows it anywhere
+        ("early_exit", False, True, ()),
+    ],
+)
+def test_the_restarts_place_is_guessed_from_the_fault_as_exclusion_decides_it(
+    kind: str, node_level: bool, spare: bool, expected: tuple[str, ...]
+) -> None:
+    fault = FaultRecord(kind, "supervisor", 1.0, (1,), ("n2",), "why", node_level=node_level)
+    assert likely_exclusion(fault, spare=spare, previous=None, enabled=True,
+                            launch_nodes=2) == expected  # fmt: skip
+    assert likely_exclusion(fault, spare=spare, previous=None, enabled=False) == ()

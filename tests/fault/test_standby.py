@@ -156,6 +156,58 @@ def test_anything_else_dismisses_it_and_starts_cold(
     assert sb.read_call(call) == "dismiss"
 
 
+def test_a_node_slurm_dropped_from_the_job_is_left_out_either_way(tmp_path: Path) -> None:
+    standby, launcher, _call = _armed(tmp_path, after_s=0)
+    standby.prepare(Plan(1, 2, 1, ("n2",), overlap=True), ("n1", "n2", "n3"))
+    # By the restart Slurm has dropped the lost n2 (--no-kill): srun leaves it out either way.
+    step = standby.call(Plan(1, 2, 1, (), overlap=True), ("n1", "n3"))
+    assert step is launcher.steps[0]
+    assert standby.call(Plan(1, 2, 1, (), overlap=True)) is None  # called once
+
+
+def test_a_fault_before_it_was_due_starts_it_at_once_in_the_guessed_place(
+    tmp_path: Path,
+) -> None:
+    standby, launcher, call = _armed(tmp_path, after_s=1e9)
+    standby.prepare(Plan(1, 2, 1, ("n2",), overlap=True), ("n1", "n2", "n3"))
+    [(shape, env)] = launcher.started
+    assert (getattr(shape, "launch", None), shape.exclude) == (1, ("n2",))
+    assert env[STANDBY_ENV] == str(call)
+    assert sb.read_call(call) == "wait"
+    standby.tend(_beats(9), 1e10, settled=True)  # never a second one
+    assert len(launcher.started) == 1
+    assert standby.call(Plan(1, 2, 1, ("n2",), overlap=True), ("n1", "n2", "n3")) is not None
+    assert sb.read_call(call) == "go"
+
+
+def test_a_standby_in_the_place_the_restart_will_have_is_kept(tmp_path: Path) -> None:
+    standby, launcher, call = _armed(tmp_path, after_s=0)
+    standby.tend(_beats(1), 0.0, settled=True)
+    standby.prepare(Plan(1, 2, 1, (), overlap=True), ("n1", "n2"))
+    assert len(launcher.started) == 1
+    assert sb.read_call(call) == "wait"
+    standby.prepare(Plan(2, 2, 1, (), overlap=True), ("n1", "n2"))  # not its launch: nothing
+    assert len(launcher.started) == 1
+
+
+def test_a_standby_in_another_place_is_dismissed_and_the_new_one_gets_its_own_file(
+    tmp_path: Path,
+) -> None:
+    standby, launcher, call = _armed(tmp_path, after_s=0)
+    standby.tend(_beats(1), 0.0, settled=True)
+    standby.prepare(Plan(1, 2, 1, ("n2",), overlap=True), ("n1", "n2", "n3"))
+    assert sb.read_call(call) == "dismiss"  # the one on n1, n2 (n2 was lost)
+    (_, _first), (shape, env) = launcher.started
+    second = Path(env[STANDBY_ENV])
+    # Its own file: "go" for it can never reach the dismissed one still reading the first.
+    assert second != call
+    assert second.parent == call.parent
+    assert shape.exclude == ("n2",)
+    assert sb.read_call(second) == "wait"
+    assert standby.call(Plan(1, 2, 1, ("n2",), overlap=True), ("n1", "n2", "n3")) is not None
+    assert (sb.read_call(call), sb.read_call(second)) == ("dismiss", "go")
+
+
 def test_a_dismissed_standby_that_does_not_end_is_left_to_srun_never_killed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -104,7 +104,7 @@ def test_a_relaunch_names_the_newest_checkpoint_when_it_looked_not_where_the_ran
         Identity("42", "42", 0), env={},
     )  # fmt: skip
     with caplog.at_level(logging.INFO, logger="hpc_ddp"):
-        sup._run_launch(Plan(1, 1, 1))
+        sup._run_launch(Plan(1, 1, 1), {})
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("supervisor:")]
     assert said == [
         "supervisor: launch 1 (1 node(s)); newest committed checkpoint when relaunching: step "

@@ -73,7 +73,16 @@ def main() -> None:
             elif mode == "stop":
                 stop(s, run_dir, result)
             else:
+                (run_dir / f"waiting-{s.rank}").write_text("")
                 with s.main_first(timeout_s=120):
+                    if s.is_main and mode in ("raise", "die"):
+                        # Fail only once every other rank waits on the block: one still
+                        # joining the group would see its peer vanish there instead.
+                        others = [run_dir / f"waiting-{r}" for r in range(1, s.world_size)]
+                        deadline = time.monotonic() + 60
+                        while not all(p.exists() for p in others) and time.monotonic() < deadline:
+                            time.sleep(0.05)
+                        time.sleep(0.3)
                     if s.is_main and mode == "raise":
                         raise ValueError("disk full while caching the dataset")
                     if s.is_main and mode == "die":
