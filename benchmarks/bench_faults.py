@@ -39,6 +39,7 @@ quiet machine; ``--quick`` is 3 runs of the in-job kinds, one node loss with a s
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import signal
@@ -149,6 +150,19 @@ def _job_state(job_id: str, env: Mapping[str, str]) -> str:
         text=True, check=False,
     ).stdout  # fmt: skip
     return next((f.split("=", 1)[1] for f in out.split() if f.startswith("JobState=")), "")
+
+
+def _start_time(job_id: str, env: Mapping[str, str]) -> float | None:
+    """When Slurm last started ``job_id``'s batch script (``StartTime``, whole seconds)."""
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], env=dict(env), capture_output=True,
+        text=True, check=False,
+    ).stdout  # fmt: skip
+    text = next((f.split("=", 1)[1] for f in out.split() if f.startswith("StartTime=")), "")
+    try:
+        return datetime.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
 
 
 def _submit(name: str, tmp: Path, env: Mapping[str, str], text: str) -> tuple[str, Path]:
@@ -303,6 +317,7 @@ def node_loss(
     devcluster.kill_node(state_dir, node)
     try:
         state = _finish(job_id, env)
+        began = _start_time(job_id, env)  # the last attempt's, before Slurm forgets the job
     finally:
         devcluster.revive_node(state_dir, node, env, timeout_s=120)
     attempts = _ledger(run_dir)
@@ -313,9 +328,11 @@ def node_loss(
     queued = 0.0
     if nxt is not None and nxt.restart != faulted.restart and faulted.launch_ended is not None:
         # Requeued: the new attempt's first launch came after Slurm held and restarted the job.
-        # Its supervisor's start is the end of that hold; its launch away is counted from the
-        # fault to the requeue plus from the new start to the launch.
-        queued = max(0.0, nxt.started - faulted.launch_ended) if nxt.started else 0.0
+        # The hold runs from the supervisor's requeue (the end of its launch) to the new
+        # attempt's batch start (Slurm's StartTime, whole seconds: floored, so the hold left
+        # out is never longer than it was); the launch away is the rest, from the fault to the
+        # requeue plus from the batch start to the new launch.
+        queued = max(0.0, began - faulted.launch_ended) if began is not None else 0.0
         back = nxt.launched_at
     same = state == "COMPLETED" and final_weights(run_dir, env) == twin
     fault = Fault(
