@@ -182,14 +182,23 @@ def accounting_cluster() -> Iterator[Cluster]:
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Slurm tests get the cluster fixture without naming it; the tests of the accounting
-    cluster join its ``xdist_group`` (:data:`ACCOUNTING_GROUP`)."""
+    cluster join its ``xdist_group`` (:data:`ACCOUNTING_GROUP`).
+
+    Modules with real-cluster or slow tests run first, each module's tests kept together and
+    in order (a module's fixtures, such as an uninterrupted twin's job, are set up once per
+    worker): the quick tests then fill the workers' last minutes, instead of one worker
+    finishing a two-minute job after the others ran out of tests."""
     del config
+    slow_modules: set[str] = set()
     for item in items:
         names: list[str] = item.fixturenames  # type: ignore[attr-defined]
         if item.get_closest_marker("slurm") and "slurm_cluster" not in names:
             names.insert(0, "slurm_cluster")
         if "accounting_cluster" in names:
             item.add_marker(pytest.mark.xdist_group(ACCOUNTING_GROUP))
+        if item.get_closest_marker("slurm") or item.get_closest_marker("slow"):
+            slow_modules.add(item.nodeid.split("::", 1)[0])
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in slow_modules)
 
 
 @pytest.hookimpl(wrapper=True)
