@@ -144,21 +144,22 @@ def _wait(what: str, probe: Callable[[], object], timeout_s: float = 300.0) -> o
     raise RuntimeError(f"not seen within {timeout_s:.0f} s: {what}")
 
 
-def _job_state(job_id: str, env: Mapping[str, str]) -> str:
+def _job_field(job_id: str, env: Mapping[str, str], name: str) -> str:
+    """``NAME=value`` of ``scontrol show job -o``: the value, or "" once Slurm forgot it."""
     out = subprocess.run(
         ["scontrol", "show", "job", "-o", job_id], env=dict(env), capture_output=True,
         text=True, check=False,
     ).stdout  # fmt: skip
-    return next((f.split("=", 1)[1] for f in out.split() if f.startswith("JobState=")), "")
+    return next((f.split("=", 1)[1] for f in out.split() if f.startswith(f"{name}=")), "")
+
+
+def _job_state(job_id: str, env: Mapping[str, str]) -> str:
+    return _job_field(job_id, env, "JobState")
 
 
 def _start_time(job_id: str, env: Mapping[str, str]) -> float | None:
     """When Slurm last started ``job_id``'s batch script (``StartTime``, whole seconds)."""
-    out = subprocess.run(
-        ["scontrol", "show", "job", "-o", job_id], env=dict(env), capture_output=True,
-        text=True, check=False,
-    ).stdout  # fmt: skip
-    text = next((f.split("=", 1)[1] for f in out.split() if f.startswith("StartTime=")), "")
+    text = _job_field(job_id, env, "StartTime")
     try:
         return datetime.datetime.fromisoformat(text).timestamp()
     except ValueError:

@@ -24,7 +24,7 @@ the checkpoints on disk, Slurm's restart count) comes in as an argument.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -136,6 +136,15 @@ def exclusion(
     if again:
         return again
     return blame.nodes if spare else ()
+
+
+def spare_free(
+    alloc: Sequence[str], bad: Iterable[str], blamed: Sequence[str], launch_nodes: int
+) -> bool:
+    """Whether the allocation ``alloc`` still holds ``launch_nodes`` healthy nodes once the
+    ``blamed`` ones are left out too: leaving them out then costs nothing (:func:`exclusion`)."""
+    out = set(bad)
+    return len([n for n in alloc if n not in out]) - len(blamed) >= launch_nodes
 
 
 def likely_exclusion(

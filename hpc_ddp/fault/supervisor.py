@@ -70,6 +70,7 @@ from hpc_ddp.fault.plan import (
     exclusion,
     likely_exclusion,
     recorded_cause,
+    spare_free,
     with_detected_at,
     with_own_words,
     with_scheduler_words,
@@ -317,17 +318,8 @@ class Supervisor:
             if self.stopping or self.cancelled():
                 log.info("supervisor: stopping; no new launch")
                 return 0
-            alloc = self.launcher.nodes()
-            # A slurm.min_nodes allocation may hold fewer nodes than slurm.nodes: train on them.
-            nodes = nodes_for_launch(self.cfg.slurm, len([n for n in alloc if n not in bad]))
-            self.world = nodes * self.cfg.slurm.tasks_per_node
-            plan = Plan(
-                launch,
-                nodes,
-                self.cfg.slurm.tasks_per_node,
-                tuple(n for n in bad if n in alloc),
-                overlap,
-            )
+            plan = self._plan(launch, self.launcher.nodes(), list(bad), overlap)
+            self.world = plan.nodes * plan.tasks_per_node
             watch, launched_at, lpaths = self._run_launch(plan, bad)
             nxt = self._conclude(plan, watch, launched_at, lpaths, bad)
             if nxt is None:
@@ -342,6 +334,14 @@ class Supervisor:
             if isinstance(nxt, Requeue):
                 return self._requeue(nxt)
             return nxt.exit_code
+
+    def _plan(self, launch: int, alloc: Sequence[str], bad: Sequence[str], overlap: bool) -> Plan:
+        """Launch ``launch`` on ``alloc`` without the ``bad`` nodes: a ``slurm.min_nodes``
+        allocation may hold fewer nodes than ``slurm.nodes``, and trains on them."""
+        usable = len([n for n in alloc if n not in bad])  # 0: none named (a local run)
+        nodes = nodes_for_launch(self.cfg.slurm, usable)
+        exclude = tuple(n for n in bad if n in alloc)
+        return Plan(launch, nodes, self.cfg.slurm.tasks_per_node, exclude, overlap)
 
     def _still_avoidable(self, bad: dict[str, str]) -> dict[str, str]:
         """The nodes found bad before this attempt (a requeued job), while this allocation has
@@ -449,22 +449,19 @@ class Supervisor:
         if len(beats) < self.world or any(b is None for b in beats.values()):
             return
         alloc = self.launcher.nodes()
-        healthy = [n for n in alloc if n not in bad]
         newly = likely_exclusion(
             fault,
-            spare=len(healthy) - len(fault.nodes) >= plan.nodes,
+            spare=spare_free(alloc, bad, fault.nodes, plan.nodes),
             previous=self.ledger.previous_blame(self.ledger.attempts(), plan.launch),
             enabled=self.cfg.fault.exclude_bad_nodes,
             launch_nodes=plan.nodes,
         )
         out = [*bad, *(n for n in newly if n not in bad)]
-        left = len([n for n in alloc if n not in out])  # 0: none named (a local run)
-        if alloc and left < (self.cfg.slurm.min_nodes or plan.nodes):
-            return
-        nodes = nodes_for_launch(self.cfg.slurm, left)
-        exclude = tuple(n for n in out if n in alloc)
-        nxt = Plan(plan.launch + 1, nodes, plan.tasks_per_node, exclude, overlap=True)
-        self._standby.prepare(nxt, alloc)
+        if alloc and len([n for n in alloc if n not in out]) < (
+            self.cfg.slurm.min_nodes or plan.nodes
+        ):
+            return  # too few nodes left: a requeue follows
+        self._standby.prepare(self._plan(plan.launch + 1, alloc, out, overlap=True), alloc)
 
     def _watch(self, step: Step, lpaths: LaunchPaths, plan: Plan, bad: Mapping[str, str]) -> _Watch:
         """Follow the launch until it is over; end it once a fault is known."""
@@ -651,11 +648,10 @@ class Supervisor:
         self._remember(plan, finding, own_error)
         previous = self.ledger.previous_blame(attempts, plan.launch)
         alloc = self.launcher.nodes()
-        spare = len([n for n in alloc if n not in bad]) - len(finding.blame.nodes) >= plan.nodes
         newly = exclusion(
             finding,
             own_error=own_error,
-            spare=spare,
+            spare=spare_free(alloc, bad, finding.blame.nodes, plan.nodes),
             previous=previous,
             enabled=self.cfg.fault.exclude_bad_nodes,
             launch_nodes=plan.nodes,
