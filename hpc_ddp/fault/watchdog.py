@@ -91,6 +91,8 @@ STEP_WINDOW = 200
 """Step times kept for the step timeout's percentile."""
 MIN_SAMPLES = 20
 """Step times needed before the percentile counts (until then the floor alone applies)."""
+DEADLINE_SLACK_S = 0.05
+"""How long after a phase's deadline the extra check runs, so it finds the deadline passed."""
 
 
 class StepTimes:
@@ -429,7 +431,7 @@ class Watchdog:
 
     def _run(self) -> None:
         last = self._mono()
-        while not self._stop.wait(self.cfg.beat_s):
+        while not self._stop.wait(self._next_wait()):
             now = self._mono()
             if now - last > self.cfg.stale_s:
                 self._frozen = now - last
@@ -439,6 +441,15 @@ class Watchdog:
                 self.tick(now)
             except Exception:  # the watchdog must never die of a bad file or a full disk
                 log.exception("watchdog: check failed")
+
+    def _next_wait(self) -> float:
+        """A beat's wait, or less when this rank's phase deadline falls before the next beat:
+        ticking once a beat alone finds a stuck step up to ``beat_s`` after its deadline."""
+        limit = phase_timeout(self.phase, self.cfg, self.times, self.launch_steps, self.limit)
+        left = limit - (self._clock() - self.since)
+        if 0.0 <= left < self.cfg.beat_s:
+            return left + DEADLINE_SLACK_S
+        return float(self.cfg.beat_s)
 
     def tick(self, now: float) -> None:
         """One round: beat, adopt a declared fault, check own deadline, child and ring peers."""

@@ -211,6 +211,24 @@ def test_a_rank_whose_step_overruns_its_deadline_names_itself(tmp_path: Path) ->
     assert "deadline" in record.why
 
 
+def test_the_watchdog_checks_again_just_after_a_deadline_that_falls_between_beats(
+    tmp_path: Path,
+) -> None:
+    now = [1000.0]
+    cfg = FaultConfig(beat_s=2.0, stale_s=10.0, startup_timeout_s=30, step_timeout_s=3,
+                      warmup_steps=0, checkpoint_timeout_s=20)  # fmt: skip
+    wd = Watchdog(cfg, LaunchPaths(tmp_path), Identity(0, 1, "n1"), supervised=True,
+                  clock=lambda: now[0])  # fmt: skip
+    wd.enter("step")
+    assert wd._next_wait() == 2.0  # the deadline is 3 s away: a whole beat
+    now[0] += 1.5
+    assert wd._next_wait() == pytest.approx(1.5 + 0.05)  # not 2 s: 0.05 s past the deadline
+    now[0] += 2.0
+    assert wd._next_wait() == 2.0  # already past: the next tick declares it anyway
+    wd.enter("command")  # no deadline of its own
+    assert wd._next_wait() == 2.0
+
+
 def test_a_crash_claims_the_fault_unless_the_rank_only_lost_a_peer(tmp_path: Path) -> None:
     exits: list[int] = []
 
