@@ -184,10 +184,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Slurm tests get the cluster fixture without naming it; the tests of the accounting
     cluster join its ``xdist_group`` (:data:`ACCOUNTING_GROUP`).
 
-    Modules with real-cluster or slow tests run first, each module's tests kept together and
-    in order (a module's fixtures, such as an uninterrupted twin's job, are set up once per
-    worker): the quick tests then fill the workers' last minutes, instead of one worker
-    finishing a two-minute job after the others ran out of tests."""
+    The tests of a module that share a module-scoped fixture of its own join the module's
+    ``xdist_group`` (:func:`_shares_a_module_fixture`). Modules with real-cluster or slow tests
+    run first, each module's tests kept together and in order: the quick tests then fill the
+    workers' last minutes, instead of one worker finishing a two-minute job after the others
+    ran out of tests."""
     del config
     slow_modules: set[str] = set()
     for item in items:
@@ -196,9 +197,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             names.insert(0, "slurm_cluster")
         if "accounting_cluster" in names:
             item.add_marker(pytest.mark.xdist_group(ACCOUNTING_GROUP))
+        elif item.get_closest_marker("xdist_group") is None and _shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
         if item.get_closest_marker("slurm") or item.get_closest_marker("slow"):
             slow_modules.add(item.nodeid.split("::", 1)[0])
     items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in slow_modules)
+
+
+def _shares_a_module_fixture(item: pytest.Item) -> bool:
+    """The item uses a module-scoped fixture of its own module (an uninterrupted twin's job,
+    a reference run): all such tests of a module run on one worker, so that the fixture runs
+    once a suite, not once on each worker that got one of them (up to 4 times: the twins were
+    a few % of the suite's CPU)."""
+    module = item.nodeid.split("::", 1)[0]
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(
+        d.scope == "module" and d.baseid == module
+        for defs in info.name2fixturedefs.values()
+        for d in defs
+    )
 
 
 @pytest.hookimpl(wrapper=True)

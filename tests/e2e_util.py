@@ -17,6 +17,8 @@ not depend on how busy the machine's cores are (the real time-limit test).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -45,6 +47,10 @@ FINAL_STATES = frozenset(
      "BOOT_FAIL", "DEADLINE"}
 )  # fmt: skip
 """States after which a job runs no more (unless someone requeues it by hand)."""
+
+SLURM_POLL_S = 0.5
+"""How often a wait asks Slurm (``scontrol show job``): each ask is a process and an RPC, and at
+0.2 s the suite's waits made 12,000 of them (a few % of its CPU on a 2-core machine)."""
 
 STEADY_THREADS = 'env.vars={OMP_NUM_THREADS: "1"}'
 """Override for CPU jobs: one intra-op thread per rank, so two ranks per core-pair do not spin
@@ -105,11 +111,28 @@ def status(cluster: Cluster, run_dir: Path) -> dict[str, Any]:
     return result
 
 
+def hpc_here(*args: str) -> str:
+    """``hpc-ddp ARGS`` run by the CLI's own ``main`` in this process: its stdout (a non-zero
+    exit fails the test). For the commands that only read a run's files and import torch to
+    do it (``checkpoints``): this process has torch loaded already, where a subprocess would
+    import it again for every reading (2 s of CPU, ~80 times a suite). The commands as
+    processes are their own modules' subject (:mod:`tests.cli.test_checkpoints`)."""
+    from hpc_ddp.cli.main import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(list(args))
+    assert code == 0, f"hpc-ddp {' '.join(args)} -> exit {code}\n{out.getvalue()}"
+    return out.getvalue()
+
+
 def checkpoints(cluster: Cluster, run_dir: Path) -> list[dict[str, Any]]:
-    """``hpc-ddp checkpoints RUN_DIR --json``: one dict per checkpoint, oldest first."""
-    rows: list[dict[str, Any]] = json.loads(
-        hpc(cluster, "checkpoints", str(run_dir), "--json").stdout
-    )["checkpoints"]
+    """``hpc-ddp checkpoints RUN_DIR --json`` (:func:`hpc_here`): one dict per checkpoint,
+    oldest first."""
+    del cluster  # reading files needs no Slurm
+    rows: list[dict[str, Any]] = json.loads(hpc_here("checkpoints", str(run_dir), "--json"))[
+        "checkpoints"
+    ]
     return rows
 
 
@@ -171,7 +194,7 @@ def wait_state(
             raise AssertionError(f"job {job_ref} ended {state}, not {sorted(wanted)}: {fields}")
         if release:
             release_if_held(cluster, job_ref, fields)
-        time.sleep(0.2)
+        time.sleep(SLURM_POLL_S)
     raise AssertionError(f"job {job_ref} not {sorted(wanted)} after {timeout_s} s: {fields}")
 
 
@@ -199,7 +222,7 @@ def wait_all_done(
                 final[ref] = fields
             else:
                 release_if_held(cluster, ref, fields)
-        time.sleep(0.2)
+        time.sleep(SLURM_POLL_S)
     return [final[r] for r in job_refs]
 
 
@@ -252,7 +275,8 @@ def wait_for(
     """Poll ``probe`` until it returns something truthy; that value. ``what`` names it on failure.
 
     ``release``: (cluster, job ref) of a job to let go whenever Slurm holds it after a requeue
-    meanwhile (checked every 0.25 s), so waiting for a later attempt costs no hold time.
+    meanwhile (checked every :data:`SLURM_POLL_S`), so waiting for a later attempt costs no hold
+    time.
     """
     deadline = time.monotonic() + timeout_s
     next_check = 0.0
@@ -263,7 +287,7 @@ def wait_for(
         if release is not None and time.monotonic() >= next_check:
             cluster, job_ref = release
             release_if_held(cluster, job_ref, job_fields(cluster, job_ref))
-            next_check = time.monotonic() + 0.25
+            next_check = time.monotonic() + SLURM_POLL_S
         time.sleep(poll_s)
     raise AssertionError(f"not seen within {timeout_s} s: {what}")
 

@@ -175,12 +175,12 @@ def assert_nothing_runs(run_dir: Path) -> None:
     assert live_controller(run_dir, read_manifest(run_dir).job_id) is None
 
 
-@pytest.mark.parametrize("repeat", range(5))
+@pytest.mark.parametrize("repeat", range(3))
 @pytest.mark.parametrize("group", [True, False], ids=["process-group", "submit-alone"])
 def test_ctrl_c_cancels_at_an_agreed_step_with_a_checkpoint(
     submitted: Submitted, group: bool, repeat: int
 ) -> None:
-    del repeat  # the same run again: the old failure came 2 times in 5
+    del repeat  # the same run again: the old failure came 2 times in 5 (6 runs: 95 % to see it)
     submitted.wait_training(past_step=12)
     submitted.interrupt(group=group)
     code = submitted.finish()
