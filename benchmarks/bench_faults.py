@@ -387,8 +387,8 @@ def run_kinds(
 ) -> list[Series]:
     """Each kind's series, printed as it ends."""
     # In one job: steps enough for every fault's train-and-standby wait (about 12 s of
-    # training each), and 20 s more. A job with one fault: 60 s.
-    long, short = runs * 150 + 200, 600
+    # training each), and 20 s more. A job with one fault (after TRAIN_BEFORE_S): 30 s.
+    long, short = runs * 150 + 200, 300
     results: list[Series] = []
     twins: dict[int, str] = {}
 

@@ -195,15 +195,20 @@ class SessionAttempt:
     def stop(self, signum: int) -> tuple[bool, int]:
         """The agreed stop, its checkpoint durable (:meth:`save_at_stop`): the data workers are
         let go (:func:`let_data_workers_go`), rank 0 records the stop and asks for the requeue;
-        every rank gets (requeue asked, exit code). Collective."""
+        every rank gets (requeue asked, exit code). Collective.
+
+        Timed as a ``stop`` phase on every rank, not as the step it follows: the other ranks
+        wait here while rank 0 asks Slurm (up to three ``scontrol`` calls, each of up to a
+        minute), which a busy controller can make longer than the step deadline."""
         let_data_workers_go()
-        outcome = None
-        if self.coordinator.dist.is_main:
-            step = self._progress.step
-            outcome = self.coordinator.stop(signum, step=step, checkpoint=self.checkpoint)
-        asked, code = broadcast_object(
-            (False, 0) if outcome is None else (outcome.requeue_requested, outcome.exit_code)
-        )
+        with self._watch.section("stop"):
+            outcome = None
+            if self.coordinator.dist.is_main:
+                step = self._progress.step
+                outcome = self.coordinator.stop(signum, step=step, checkpoint=self.checkpoint)
+            asked, code = broadcast_object(
+                (False, 0) if outcome is None else (outcome.requeue_requested, outcome.exit_code)
+            )
         return bool(asked), int(code)
 
     def finish(self, *, began: bool) -> None:

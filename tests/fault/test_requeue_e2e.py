@@ -226,10 +226,11 @@ def test_budget_exhausted_ends_failed_with_a_clear_message(
     assert (row["state"], row["causes"]) == ("FAILED", ["time_limit", "budget_exhausted"])
 
 
-def container_scontrol(cluster: Cluster, where: Path) -> str:
+def container_scontrol(cluster: Cluster, where: Path, *, requeue_s: float = 0.0) -> str:
     """An ``env.setup`` line that gives the job's tasks the ``scontrol`` of a container that
     has Slurm's config but not munged's socket: the real command, failing as it does there
     ("Munge encode failed: Failed to access ..."), while srun and the batch shell are unchanged.
+    ``requeue_s``: how long its ``scontrol requeue`` takes to fail (a controller far away).
     """
     real = shutil.which("scontrol", path=cluster.env["PATH"])
     assert real is not None
@@ -244,7 +245,8 @@ def container_scontrol(cluster: Cluster, where: Path) -> str:
     bin_dir = where / "container-bin"
     bin_dir.mkdir()
     wrapper = bin_dir / "scontrol"
-    wrapper.write_text(f'#!/bin/sh\nSLURM_CONF={conf} exec {real} "$@"\n')
+    slow = f'[ "$1" = requeue ] && sleep {requeue_s}\n' if requeue_s else ""
+    wrapper.write_text(f'#!/bin/sh\n{slow}SLURM_CONF={conf} exec {real} "$@"\n')
     wrapper.chmod(0o755)
     return f'env.setup=["export PATH={bin_dir}:$PATH"]'
 
@@ -254,10 +256,13 @@ def test_failed_requeue_ends_failed_with_the_checkpoint_kept(
 ) -> None:
     """Issue 11: the tasks cannot reach Slurm when the lead-time signal comes. Before, the
     failed `scontrol requeue` was taken for "Slurm requeued it": requeue_requested in the
-    ledger and the job COMPLETED with training unfinished."""
-    job = e2e.submit(
-        slurm_cluster, tmp_path, QUICKSTART, *TRAIN, container_scontrol(slurm_cluster, tmp_path)
-    )
+    ledger and the job COMPLETED with training unfinished.
+
+    Its failure takes 11 s, past the 10 s step deadline: rank 1, waiting meanwhile for rank 0's
+    word, is in the stop, not in a hung step (before, it declared a hang, and the restart in
+    the allocation trained to the end: COMPLETED)."""
+    scontrol = container_scontrol(slurm_cluster, tmp_path, requeue_s=11)
+    job = e2e.submit(slurm_cluster, tmp_path, QUICKSTART, *TRAIN, scontrol)
     seen = e2e.wait_step(job.run_dir, 10)
     e2e.signal_job(slurm_cluster, job.job_id)
     fields = e2e.wait_done(slurm_cluster, job.job_id)
