@@ -81,8 +81,10 @@ def results(cluster: Cluster, sweep_dir: str) -> list[dict[str, Any]]:
 def test_sweep_runs_as_one_throttled_array_requeues_one_task_and_ranks_results(
     slurm_cluster: Cluster, tmp_path: Path
 ) -> None:
+    # One rank per task (its subject is the array: the throttle, one task requeued alone, the
+    # results; a task of two nodes is test_requeue_e2e's array test): 64 steps an epoch.
     submitted = json.loads(
-        hpc(slurm_cluster, "sweep", "jobs/sweep-lr.yaml", "train.epochs=2",
+        hpc(slurm_cluster, "sweep", "jobs/sweep-lr.yaml", "train.epochs=1", "slurm.nodes=1",
             "train.checkpoint_every=10", "--runs-dir", str(tmp_path), "--json").stdout
     )  # fmt: skip
     sweep_dir, jobs = submitted["sweep_dir"], submitted["array_jobs"]
