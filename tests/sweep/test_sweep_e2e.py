@@ -129,7 +129,8 @@ def test_sweep_runs_as_one_throttled_array_requeues_one_task_and_ranks_results(
 def test_resubmit_failed_reruns_exactly_the_failed_task(
     slurm_cluster: Cluster, tmp_path: Path
 ) -> None:
-    submitted = submit_lr_sweep(slurm_cluster, tmp_path, "  max_parallel: 1\n", "train.epochs=1")
+    one_rank = ("train.epochs=1", "slurm.nodes=1")  # its subject is which task runs again
+    submitted = submit_lr_sweep(slurm_cluster, tmp_path, "  max_parallel: 1\n", *one_rank)
     sweep_dir = Path(submitted["sweep_dir"])
     # Task 2 runs last (one at a time): with a broken config of its own (a task writes its
     # config.yaml from task_configs.jsonl only where there is none) it fails when it starts.
