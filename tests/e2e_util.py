@@ -17,8 +17,6 @@ not depend on how busy the machine's cores are (the real time-limit test).
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import subprocess
@@ -32,6 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 from hpc_ddp.backends.slurm.jobstate import parse_scontrol_oneliner
 from hpc_ddp.devcluster.conf import releasable_early
 from hpc_ddp.rundir.ledger import Attempt, read_ledger
+from tests.helpers.cli import run_cli
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset
@@ -117,13 +116,9 @@ def hpc_here(*args: str) -> str:
     do it (``checkpoints``): this process has torch loaded already, where a subprocess would
     import it again for every reading (2 s of CPU, ~80 times a suite). The commands as
     processes are their own modules' subject (:mod:`tests.cli.test_checkpoints`)."""
-    from hpc_ddp.cli.main import main
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(list(args))
-    assert code == 0, f"hpc-ddp {' '.join(args)} -> exit {code}\n{out.getvalue()}"
-    return out.getvalue()
+    code, out = run_cli(*args)
+    assert code == 0, f"hpc-ddp {' '.join(args)} -> exit {code}\n{out}"
+    return out
 
 
 def checkpoints(cluster: Cluster, run_dir: Path) -> list[dict[str, Any]]:

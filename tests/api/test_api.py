@@ -8,8 +8,6 @@ runtime writes them. The whole loop on a real cluster is in ``test_api_e2e.py``.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
 import subprocess
@@ -35,6 +33,7 @@ from hpc_ddp.rundir.manifest import read_manifest
 from hpc_ddp.rundir.metrics import metrics_line, resume_marker
 from hpc_ddp.rundir.taskconfig import load_task_config
 from tests.cli.test_targets import write_sweep
+from tests.helpers.cli import run_cli
 from tests.ledgers import record_end, record_start
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,10 +49,8 @@ def _no_site_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def cli_json(slurm: FakeSlurm, *argv: str) -> tuple[int, Any]:
     """``hpc-ddp ARGV`` (which must print JSON) over ``slurm``: (exit code, parsed output)."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(list(argv), backends=Registry(slurm.client()))
-    return code, json.loads(out.getvalue())
+    code, out = run_cli(*argv, backends=Registry(slurm.client()))
+    return code, json.loads(out)
 
 
 def ended(job: hpc_ddp.Job, cause: EndCause, steps: int, message: str = "") -> None:
@@ -201,10 +198,8 @@ def test_status_is_the_row_status_prints(tmp_path: Path) -> None:
     assert status.reasons == (
         f"{job.run_dir}: attempt 0 ended 'crash' at step 12 (rank 1 on n2: RuntimeError: boom)",
     )
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        main(["status", str(job.run_dir)], backends=Registry(slurm.client()))
-    assert out.getvalue().endswith("\n" + "\n".join(status.reasons) + "\n")  # under the table
+    _, out = run_cli("status", str(job.run_dir), backends=Registry(slurm.client()))
+    assert out.endswith("\n" + "\n".join(status.reasons) + "\n")  # under the table
 
 
 class Stepping(FakeSlurm):

@@ -6,15 +6,13 @@ or any rank runs) and collects the controller this process started, so none is l
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
 import pytest
 
 import hpc_ddp
-from hpc_ddp.cli.main import main
+from tests.helpers.cli import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,10 +28,8 @@ def test_a_local_run_submitted_waited_on_and_read_back(tmp_path: Path) -> None:
     assert job.status().state in ("RUNNING", "COMPLETED")
     status = job.wait(timeout=300)
     assert (status.state, status.ckpt_step, status.causes) == ("COMPLETED", 10, ("finished",))
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        main(["status", str(job.run_dir), "--json"])
-    assert [status.to_dict()] == json.loads(out.getvalue())["runs"]
+    _, out = run_cli("status", str(job.run_dir), "--json")
+    assert [status.to_dict()] == json.loads(out)["runs"]
     assert [r["step"] for r in job.metrics() if "val_loss" in r] == [10]
     assert "step 10/10" in job.logs()  # rank 0's progress, on its stderr
     stat = Path(f"/proc/{job.job_id}/stat")

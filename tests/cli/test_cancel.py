@@ -23,35 +23,25 @@ import pytest
 from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.registry import Registry
 from hpc_ddp.backends.slurm.fake import FakeSlurm
-from hpc_ddp.cli.main import main
 from tests import e2e_util as e2e
 from tests.cli.test_status import command_job
 from tests.cli.test_targets import write_run, write_sweep
 from tests.conftest import Cluster
+from tests.helpers.cli import run_cli
 
 
 def cancel(slurm: FakeSlurm, *targets: str) -> tuple[int, list[dict[str, Any]]]:
     """``hpc-ddp cancel TARGETS --json``: (exit code, one dict per target)."""
-    import contextlib
-    import io
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(["cancel", *targets, "--json"], backends=Registry(slurm.client()))
-    shown = json.loads(out.getvalue())
+    code, out = run_cli("cancel", *targets, "--json", backends=Registry(slurm.client()))
+    shown = json.loads(out)
     assert shown["schema"] == "hpc-ddp.cancel/1"
     return code, shown["results"]
 
 
 def _status(slurm: FakeSlurm, *runs: Path) -> dict[str, dict[str, Any]]:
     """``hpc-ddp status RUNS --json``, by run directory name."""
-    import contextlib
-    import io
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        main(["status", *map(str, runs), "--json"], backends=Registry(slurm.client()))
-    return {Path(row["run_dir"]).name: row for row in json.loads(out.getvalue())["runs"]}
+    _, out = run_cli("status", *map(str, runs), "--json", backends=Registry(slurm.client()))
+    return {Path(row["run_dir"]).name: row for row in json.loads(out)["runs"]}
 
 
 @pytest.mark.parametrize("state", ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"])

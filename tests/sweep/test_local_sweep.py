@@ -8,8 +8,6 @@ CLI's ``--json`` is what the Python API returns.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import subprocess
@@ -22,7 +20,7 @@ import pytest
 
 import hpc_ddp
 from hpc_ddp.api.status import status_json
-from hpc_ddp.cli.main import main
+from tests.helpers.cli import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,10 +60,8 @@ def hpc(*args: str, cwd: Path, timeout_s: float = 60) -> subprocess.CompletedPro
 
 
 def cli_json(*argv: str) -> tuple[int, Any]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(list(argv))
-    return code, json.loads(out.getvalue())
+    code, out = run_cli(*argv)
+    return code, json.loads(out)
 
 
 def test_a_command_line_grid_runs_as_local_runs_and_results_has_a_row_per_point(

@@ -5,8 +5,6 @@ smallest ``--nodes`` besides them; ``sweep --dry-run`` says which and why, as ``
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import logging
 from pathlib import Path
@@ -16,9 +14,9 @@ import pytest
 
 from hpc_ddp.backends.registry import Registry
 from hpc_ddp.backends.slurm.fake import FakeSlurm
-from hpc_ddp.cli.main import main
 from hpc_ddp.lemons.store import where
 from hpc_ddp.rundir.endcause import EndCause
+from tests.helpers.cli import run_cli
 from tests.submission.test_lemon_exclusion import cluster, lost
 from tests.sweep.test_submit import _ledger, set_queue, squeue_row, write_sweep
 
@@ -37,10 +35,9 @@ def sweep(tmp_path: Path, slurm: FakeSlurm, *extra: str, grid: dict[str, Any] = 
     path = write_sweep(tmp_path, grid)  # 2 nodes a point
     argv = ["sweep", str(path), "--backend", "slurm", "--runs-dir", str(tmp_path / "runs"),
             *extra]  # fmt: skip
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main(argv, backends=Registry(slurm.client())) == 0
-    return out.getvalue()
+    code, out = run_cli(*argv, backends=Registry(slurm.client()))
+    assert code == 0
+    return out
 
 
 def test_a_clean_record_changes_nothing_and_asks_slurm_no_more(tmp_path: Path) -> None:
@@ -127,14 +124,12 @@ def test_resubmit_failed_excludes_the_lemon_too(tmp_path: Path) -> None:
     _ledger(sweep_dir, 0, EndCause.FINISHED)
     _ledger(sweep_dir, 1, EndCause.CRASH)
     set_queue(slurm, [squeue_row(101, 2, "RUNNING")])
-    out = io.StringIO()
     argv = ["sweep", "--resubmit-failed", str(sweep_dir), "--dry-run"]
-    with contextlib.redirect_stdout(out):
-        assert main(argv, backends=Registry(slurm.client())) == 0
-    assert "#SBATCH --exclude=n3\n" in out.getvalue()
-    assert "# lemon node n3: excluding" in out.getvalue()
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert main(argv[:-1], backends=Registry(slurm.client())) == 0
+    code, out = run_cli(*argv, backends=Registry(slurm.client()))
+    assert code == 0
+    assert "#SBATCH --exclude=n3\n" in out
+    assert "# lemon node n3: excluding" in out
+    assert run_cli(*argv[:-1], backends=Registry(slurm.client()))[0] == 0
     assert "#SBATCH --exclude=n3\n" in (sweep_dir / "job-1.sbatch").read_text()
 
 
