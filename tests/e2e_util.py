@@ -334,6 +334,22 @@ def causes(run_dir: Path) -> list[str | None]:
     return [a.cause.value if a.cause else None for a in ledger(run_dir)]
 
 
+def story(run_dir: Path, tail: int = 12) -> str:
+    """What a failed assertion about a run should print: each attempt's end, and the last
+    ``tail`` lines of every ``.err`` log (the batch script's and each rank's)."""
+    lines = [
+        f"attempt {a.attempt} (restart {a.restart}, launch {a.launch}): {a.cause} at step "
+        f"{a.steps_done} from {a.resumed_from_step}, next {a.next}: {a.message}"
+        + (f"; rescue: {a.rescue.words}" if a.rescue is not None else "")
+        + (f"; blame: {a.blame.describe()}" if a.blame is not None else "")
+        for a in ledger(run_dir)
+    ]
+    for log in sorted((run_dir / "logs").glob("*.err")):
+        text = log.read_text(errors="replace").splitlines()[-tail:]
+        lines += [f"--- {log.name}", *text]
+    return "\n".join(lines)
+
+
 def batch_log(run_dir: Path, job_id: str, stream: str = "err") -> str:
     """The batch script's own log (``logs/batch-<job>.<stream>``), '' when absent."""
     path = run_dir / "logs" / f"batch-{job_id}.{stream}"
@@ -444,6 +460,7 @@ __all__ = [
     "restarts",
     "signal_job",
     "status",
+    "story",
     "submit",
     "sweep",
     "wait_all_done",

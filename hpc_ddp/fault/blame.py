@@ -160,6 +160,10 @@ class Beat:
     data_wait: bool = False
     """Its main thread waits for its next batch from hpc-ddp's loader (``s.loader``): a rank
     stuck there holds up the others, which wait for it in the step's collectives."""
+    rescues: bool = False
+    """A survivor's save is armed in this rank (:mod:`hpc_ddp.fault.rescue`): after a fault
+    not its own, it takes the fault up at its next beat and either writes the last step every
+    rank completed (phase ``rescue``) or leaves."""
 
     @property
     def exited(self) -> bool:

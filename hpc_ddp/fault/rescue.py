@@ -252,7 +252,10 @@ class Rescue:
         if why is not None:
             with self._lock:
                 self._frozen = True
-            return RescueOutcome(None, None, why)
+                last = self._last
+            # The step still counts: the goodput account's steps trained again come from it,
+            # not from a beat that may be half a second behind.
+            return RescueOutcome(None if last is None else last.step, None, why)
         deadline = self._clock() + wait_s
         with self._lock:
             self._frozen = True

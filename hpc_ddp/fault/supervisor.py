@@ -105,6 +105,11 @@ DUMP_GRACE_S = 2.0
 KILL_SETTLE_S = 1.0
 """Once every rank is accounted for and the step was told to end: how long srun may take to
 return before the next launch starts beside it (``--overlap``)."""
+RESCUE_TAKEN_UP_S = 10.0
+"""After a fault: how long a rank armed for the survivor's save (its beat says so), and not
+blamed, has to take the fault up (phase ``rescue``) or leave before the step is ended under it.
+Its watchdog does so at its next beat (half a second), later only on a loaded machine: a step
+ended first would end the one rank that can save the step every rank completed."""
 STEP_GRACE_S = 10.0
 """Then: how long srun may take to end the step once told to, before the supervisor stops
 waiting for it (a lost node's tasks are never reported; Slurm settles them later)."""
@@ -538,9 +543,16 @@ class Supervisor:
         if watch.fault is not None and watch.fault.kind == "node_fail":
             lost |= set(watch.fault.nodes)
         left = self._unaccounted(beats, ends, lost)
-        # A survivor writing the step every rank completed (fault/rescue) is let finish.
+        # A survivor writing the step every rank completed (fault/rescue) is let finish, and
+        # one armed for it is let take the fault up first.
+        blamed = set(watch.fault.ranks) if watch.fault is not None else set()
         rescuing = waited < self.cfg.fault.checkpoint_timeout_s and any(
-            b is not None and b.phase == RESCUE_PHASE and not b.exited
+            b is not None
+            and not b.exited
+            and (
+                b.phase == RESCUE_PHASE
+                or (b.rescues and r not in blamed and waited < RESCUE_TAKEN_UP_S)
+            )
             for r, b in beats.items()
             if r in left
         )

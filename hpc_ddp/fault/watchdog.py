@@ -427,6 +427,7 @@ class Watchdog:
             slurm_step=self.me.slurm_step,
             fault=self._fault,
             data_wait=self.data_wait,
+            rescues=self.rescue is not None,
         )
 
     def _run(self) -> None:

@@ -266,10 +266,7 @@ def _one(
     stall = min(stall, span)
     redone = 0.0
     resumed = _resumed_step(nxt)
-    done = a.steps_done
-    if a.rescue is not None and a.rescue.checkpoint is not None and done is not None:
-        # The step in flight at the fault was never completed by every rank: not redone.
-        done = min(done, a.rescue.step if a.rescue.step is not None else done)
+    done = _steps_done(a)
     if nxt is not None and resumed is not None and done is not None:  # noqa: SIM102
         if resumed < done:  # the next launch trains these steps again
             since = _reached(steps, resumed, first, last) if resumed > _start(a) else first
@@ -283,6 +280,20 @@ def _one(
     sums.productive += productive
     if nodes is not None:
         sums.productive_node_s += nodes * productive
+
+
+def _steps_done(a: Attempt) -> int | None:
+    """The steps launch ``a`` trained: its beats' word, bounded by its survivor's."""
+    done = a.steps_done
+    rescued = a.rescue.step if a.rescue is not None else None
+    if a.rescue is None or rescued is None:
+        return done
+    if a.rescue.checkpoint is not None:
+        # The step in flight at the fault was never completed by every rank: not redone.
+        return rescued if done is None else min(done, rescued)
+    # No survivor's save, but the survivor knew the last step every rank completed; the beats
+    # the launch's steps came from may be half a second behind it.
+    return rescued if done is None else max(done, rescued)
 
 
 def _start(a: Attempt) -> int:

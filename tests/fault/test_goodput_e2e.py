@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import bench_goodput
+from tests import e2e_util as e2e
 from tests.conftest import Cluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
@@ -26,4 +27,6 @@ def test_three_faults_a_minute_apart_cost_no_step_and_end_as_the_twin(
         schedule, accounting_cluster.env, accounting_cluster.state_dir, tmp_path
     )
     targets = bench_goodput.check(outcome, short=True)
-    assert targets.missed == [], (targets.missed, outcome.goodput, outcome.attempts)
+    if targets.missed:
+        stories = [e2e.story(run, tail=30) for run in sorted((tmp_path / "runs").iterdir())]
+        raise AssertionError(f"missed {targets.missed}:\n" + "\n".join(stories))

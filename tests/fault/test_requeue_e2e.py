@@ -354,7 +354,7 @@ def test_real_time_limit_requeues_and_completes(slurm_cluster: Cluster, tmp_path
     )
     job = e2e.submit(slurm_cluster, tmp_path / "limited", QUICKSTART, *TIME_LIMITED)
     fields = e2e.wait_done(slurm_cluster, job.job_id, timeout_s=420)
-    assert fields["JobState"] == "COMPLETED"
+    assert fields["JobState"] == "COMPLETED", e2e.story(job.run_dir)
     requeues = int(fields["Restarts"])
     assert 1 <= requeues <= 3
     assert e2e.causes(job.run_dir) == ["time_limit"] * requeues + ["finished"]

@@ -177,8 +177,10 @@ def test_without_rank_0_what_only_it_holds_is_the_reason_to_fall_back() -> None:
     progress = Progress(step=1)
     _step(model, opt, 1)
     rescue.completed(progress)
-    why = rescue.save(blamed=(0,)).why
+    fallback = rescue.save(blamed=(0,))
+    why = fallback.why
     assert why is not None
+    assert (fallback.step, fallback.checkpoint) == (1, None)  # the step the account redoes
     assert "rank 0 was lost" in why
     assert "1.running_mean" in why
     assert writer.written == []

@@ -86,13 +86,14 @@ def test_without_rank_0_a_batchnorm_model_falls_back_and_the_ledger_says_why(
     assert dead.blame is not None
     assert dead.blame.ranks == (0,)
     assert dead.rescue is not None, dead
-    assert dead.rescue.checkpoint is None
+    assert (dead.rescue.step, dead.rescue.checkpoint) == (KILL_AT, None), dead.rescue
     assert dead.rescue.why is not None
     assert "rank 0 was lost" in dead.rescue.why
     assert "running_mean" in dead.rescue.why
     periodic = KILL_AT // EVERY * EVERY
     assert again.resumed_from_step == periodic
-    assert _goodput(slurm_cluster, run_dir)["redone_steps"] >= KILL_AT - periodic - 1
+    # From the survivor's step, not the beats (half a second behind: 0 in a loaded CI run).
+    assert _goodput(slurm_cluster, run_dir)["redone_steps"] >= KILL_AT - periodic
     assert e2e.final_digest(slurm_cluster, run_dir) == twins[True]
 
 

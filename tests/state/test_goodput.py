@@ -7,7 +7,7 @@ import random
 import pytest
 
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.ledger import Attempt, Blame, Save
+from hpc_ddp.rundir.ledger import Attempt, Blame, Rescue, Save
 from hpc_ddp.state.goodput import PARTS, account, describe, total
 
 
@@ -51,6 +51,30 @@ def test_a_hang_restarted_in_the_job_is_accounted_second_by_second() -> None:
     assert "ETTR 0.45" in text
     assert "hangs undetected" in text
     assert "(10 steps)" in text
+
+
+def test_a_survivors_step_bounds_the_steps_redone_either_way() -> None:
+    """The beats said step 10 (half a second behind); the survivor completed step 13. With its
+    save the restart redoes none; without one (rank 0's buffers lost) it redoes 11..13 from the
+    periodic save at 10, and the account says 3, not 0."""
+
+    def redone(rescue: Rescue, resumed: int) -> int:
+        dead = attempt(
+            0, launched_at=0.0, started=1.0, ended=20.0, cause=EndCause.CRASH, steps_done=10,
+            blame=Blame((0,), ("n1",), "dead", False, 14.0, 13.5), rescue=rescue,
+        )  # fmt: skip
+        again = attempt(
+            1, launched_at=21.0, started=22.0, ended=40.0, cause=EndCause.FINISHED,
+            steps_done=24, resumed_from_step=resumed,
+        )  # fmt: skip
+        return account([dead, again], [(10.0, 10), (13.0, 13)], now=50.0).redone_steps
+
+    saved = Rescue(rank=1, step=13, checkpoint="step-00000013.pt", why=None, took_s=0.1)
+    assert redone(saved, 13) == 0
+    lost = Rescue(rank=1, step=13, checkpoint=None, why="rank 0 was lost", took_s=0.0)
+    assert redone(lost, 10) == 3
+    unknown = Rescue(rank=1, step=None, checkpoint=None, why="rank 0 was lost", took_s=0.0)
+    assert redone(unknown, 10) == 0  # only the beats' word is left
 
 
 def test_a_requeue_wait_is_the_gap_between_slurm_attempts_and_holds_no_node() -> None:

@@ -64,12 +64,15 @@ def test_the_trainer_saves_at_the_chosen_steps_and_a_resume_keeps_choosing(
     assert (first.cause, first.steps_done) == (EndCause.TIME_LIMIT, STOP_AT)
     assert (resumed.cause, resumed.resumed_from_step) == (EndCause.FINISHED, STOP_AT)
     # A fresh run saves once right after the warm-up, to measure W; then at chosen intervals,
-    # the stop's save at the step reached.
-    measure, *periodic, stop = first.saves
+    # the stop's save at the step reached (none of its own where a chosen save fell on it: the
+    # interval follows the measured step time, so that happens on some machines).
+    measure, *periodic = first.saves
     assert (measure.auto, measure.step) == (None, 1 + WARMUP_STEPS + 1)
+    assert periodic[-1].step == STOP_AT, first.saves
+    if periodic[-1].auto is None:
+        periodic.pop()  # the stop's own save
     assert periodic, first.saves
     _spaced_as_chosen([measure, *periodic])
-    assert (stop.step, stop.auto) == (STOP_AT, None)
     # The resume chose at once from the ledger's C and W: its first save comes an interval
     # after the warm-up; the last is the final save.
     *chosen, final = resumed.saves
