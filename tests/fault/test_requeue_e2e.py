@@ -335,9 +335,11 @@ def test_a_killed_rank_fails_the_job_fast_and_is_named(
 TIME_LIMITED = [
     "slurm.time=2",
     "requeue.lead_time=60",
-    "requeue.max_requeues=4",
+    # A quiet machine trains ~140 steps an attempt (its start-up ~15 s of the 60 before the
+    # warning); a loaded one half that: 2 attempts, or 4, never the budget.
+    "requeue.max_requeues=6",
     "train.dataset=tests.e2e_util:io_bound_synthetic",
-    "train.max_steps=360",
+    "train.max_steps=240",
     "train.checkpoint_every=0",
     "train.eval_every=0",
     "train.log_every=10",
@@ -346,6 +348,7 @@ TIME_LIMITED = [
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # up to 6 attempts of 2 minutes on a loaded machine
 def test_real_time_limit_requeues_and_completes(slurm_cluster: Cluster, tmp_path: Path) -> None:
     # The uninterrupted run has no time to spare under --time=2: it gets 10 minutes, and runs
     # beside the limited job (both mostly wait for their data, so neither slows the other).
@@ -353,18 +356,19 @@ def test_real_time_limit_requeues_and_completes(slurm_cluster: Cluster, tmp_path
         slurm_cluster, tmp_path / "ref", QUICKSTART, *TIME_LIMITED, "slurm.time=10"
     )
     job = e2e.submit(slurm_cluster, tmp_path / "limited", QUICKSTART, *TIME_LIMITED)
-    fields = e2e.wait_done(slurm_cluster, job.job_id, timeout_s=420)
+    fields = e2e.wait_done(slurm_cluster, job.job_id, timeout_s=780)
     assert fields["JobState"] == "COMPLETED", e2e.story(job.run_dir)
     requeues = int(fields["Restarts"])
-    assert 1 <= requeues <= 3
+    assert 1 <= requeues <= 5, e2e.story(job.run_dir)
     assert e2e.causes(job.run_dir) == ["time_limit"] * requeues + ["finished"]
     attempts = e2e.ledger(job.run_dir)
     assert all(a.requeue_requested for a in attempts[:-1])
     first = attempts[0]
     assert first.ended is not None
-    assert 15 < first.ended - first.started < 60  # stopped by the warning, well before the kill
+    assert first.steps_done  # it trained, then was stopped by the warning, before the kill
+    assert first.ended - first.started < 60, e2e.story(job.run_dir)
     assert_resumed_in_place(job.run_dir)
     assert e2e.wait_done(slurm_cluster, ref_job.job_id, timeout_s=120)["JobState"] == "COMPLETED"
     reference = e2e.final_digest(slurm_cluster, ref_job.run_dir)
-    assert reference[0] == 360
+    assert reference[0] == 240
     assert e2e.final_digest(slurm_cluster, job.run_dir) == reference
