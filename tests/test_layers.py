@@ -67,6 +67,7 @@ LAYERS: tuple[Layer, ...] = (
         pure=(
             "backends.base",
             "backends.allocation",
+            "backends.ports",
             "backends.jobs",
             "backends.nodelist",
             "backends.slurm.render",

@@ -34,7 +34,7 @@ JOB_IDS_PER_SLOT = 1_000_000
 """Slot ``s`` numbers its jobs from about ``s * 1_000_000`` (``FirstJobId``, see
 :meth:`ClusterLayout.first_job_id`), so job ids tell the clusters apart."""
 MASTER_PORT_SLOTS = 12763
-"""``hpc_ddp.runtime.distenv.PORT_SLOTS`` (a layer above this one, so not imported): a job's
+"""``hpc_ddp.backends.ports.PORT_SLOTS`` (a layer above this one, so not imported): a job's
 derived MASTER_PORT is a permutation of its id modulo this. tests/devcluster/test_conf.py
 checks that the two agree."""
 _GOLDEN = (1 + 5**0.5) / 2

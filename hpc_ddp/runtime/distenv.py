@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hpc_ddp.backends.allocation import Allocation, Placement, check_below, env_int
+from hpc_ddp.backends.ports import PORT_BASE, PORT_SLOTS
 from hpc_ddp.errors import DistEnvError
 from hpc_ddp.rundir.layout import (
     LAUNCH_ENV,
@@ -37,17 +38,6 @@ from hpc_ddp.rundir.layout import (
 
 Origin = Literal["slurm", "torchrun", "local", "single"]
 PortSource = Literal["derived", "config", "launcher"]
-
-PORT_BASE = 20000
-PORT_SLOTS = 12763
-"""Derived ports lie in ``[PORT_BASE, PORT_BASE + PORT_SLOTS)`` = 20000-32762.
-
-Below Linux's default ephemeral range (32768-60999, ``net.ipv4.ip_local_port_range``): the
-kernel hands ephemeral ports to every outgoing connection and to every ``bind(port=0)``, which
-includes gloo's and NCCL's own peer sockets; a derived port in that range could be taken by a
-neighbouring job's transient socket between our probe and torch's bind. Above 20000 to stay
-clear of the usual fixed services (ssh, Slurm's 6817-6819, X11, Jupyter 8888, TensorBoard
-6006). The slot count is prime so any non-zero multiplier permutes the slots."""
 
 _SPREAD = 7888
 """Multiplier that scatters consecutive job ids over the whole range (about PORT_SLOTS/phi)."""

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc_ddp.backends.ports import PORT_SLOTS
 from hpc_ddp.devcluster.conf import (
     HOSTS_MARKER,
     JOB_IDS_PER_SLOT,
@@ -29,7 +30,7 @@ from hpc_ddp.devcluster.conf import (
     slot_for,
 )
 from hpc_ddp.errors import DevClusterError
-from hpc_ddp.runtime.distenv import PORT_SLOTS, derive_master_port
+from hpc_ddp.runtime.distenv import derive_master_port
 
 DEFAULT = Path("/var/lib/hpc-ddp/dev-cluster")
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,14 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from hpc_ddp.backends.local import plan as local_plan
+
 REPO = Path(__file__).resolve().parents[2]
 HELPERS = Path(__file__).resolve().parent
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """The local backend's pick (below the ephemeral range, which other tests' connections
+    take ports from)."""
+    return local_plan.free_port()
 
 
 def base_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

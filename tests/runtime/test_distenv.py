@@ -14,15 +14,10 @@ from typing import Any
 
 import pytest
 
+from hpc_ddp.backends.ports import PORT_BASE, PORT_SLOTS
 from hpc_ddp.backends.slurm.allocation import array_task_index
 from hpc_ddp.errors import DistEnvError
-from hpc_ddp.runtime.distenv import (
-    PORT_BASE,
-    PORT_SLOTS,
-    DistEnv,
-    derive_dist_env,
-    derive_master_port,
-)
+from hpc_ddp.runtime.distenv import DistEnv, derive_dist_env, derive_master_port
 
 
 @pytest.fixture(autouse=True)

@@ -10,10 +10,12 @@ a process (:mod:`hpc_ddp.backends.local.controller` does).
 from __future__ import annotations
 
 import os
+import random
 import socket
 from collections.abc import Mapping
 from pathlib import Path
 
+from hpc_ddp.backends.ports import PORT_BASE, PORT_SLOTS
 from hpc_ddp.config.model import JobConfig, SlurmConfig
 from hpc_ddp.errors import ConfigError
 from hpc_ddp.rundir.layout import RUN_DIR_ENV, RunPaths
@@ -124,9 +126,24 @@ def job_environment(cfg: JobConfig, paths: RunPaths, base: Mapping[str, str]) ->
     }
 
 
-def free_port() -> int:
-    """A TCP port that is free on loopback right now (the OS picks it): where a launch's ranks
-    meet (``MASTER_ADDR=127.0.0.1``)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+FREE_PORT_TRIES = 64
+
+
+def free_port(pick: random.Random | None = None) -> int:
+    """A TCP port that is free right now, where a launch's ranks meet (``MASTER_ADDR``
+    127.0.0.1): one of the derived ports' range (:data:`~hpc_ddp.backends.ports.PORT_BASE`),
+    below the kernel's ephemeral range. A port the kernel picks (``bind`` to port 0) lies in
+    that range, where any process's next outgoing connection (gloo makes many) may take it
+    before rank 0 listens on it: a loaded test suite saw rank 0 fail with EADDRINUSE."""
+    pick = pick or random.SystemRandom()
+    for _ in range(FREE_PORT_TRIES):
+        port = PORT_BASE + pick.randrange(PORT_SLOTS)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # all taken: the kernel's pick
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,13 @@ from typing import Any
 import pytest
 
 import hpc_ddp
-from hpc_ddp.backends.local.plan import check_local_size, job_environment, local_gpu_plan
+from hpc_ddp.backends.local.plan import (
+    check_local_size,
+    free_port,
+    job_environment,
+    local_gpu_plan,
+)
+from hpc_ddp.backends.ports import PORT_BASE, PORT_SLOTS
 from hpc_ddp.cli.main import main
 from hpc_ddp.config.model import EnvConfig, JobConfig, SlurmConfig
 from hpc_ddp.errors import ConfigError
@@ -300,3 +307,28 @@ def test_every_local_sweep_point_gets_its_own_env_vars(tmp_path: Path) -> None:
         [env] = _rank_envs(out, 1)
         assert (env["OUT_DIR"], env["KEEP"]) == (str(out), "kept")
         assert env["HPC_DDP_RUN_DIR"] == str(sweep.sweep_dir / "tasks" / str(index))
+
+
+class _Picks:
+    """A ``random.Random`` stand-in that picks the given slots in turn."""
+
+    def __init__(self, *slots: int) -> None:
+        self.slots = list(slots)
+
+    def randrange(self, stop: int) -> int:
+        return self.slots.pop(0) % stop
+
+
+def test_a_local_launch_meets_on_a_free_port_below_the_ephemeral_range() -> None:
+    """A port from ``bind(port 0)`` lies in the kernel's ephemeral range, where another test's
+    gloo connection took it before rank 0 listened (EADDRINUSE, a loaded CI run): the port comes
+    from the derived ports' range, and a taken one is passed over."""
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    low, high = int(ephemeral[0]), int(ephemeral[1])
+    for _ in range(20):
+        port = free_port()
+        assert PORT_BASE <= port < PORT_BASE + PORT_SLOTS
+        assert not low <= port <= high
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", PORT_BASE + 7))
+        assert free_port(_Picks(7, 8)) == PORT_BASE + 8  # type: ignore[arg-type]
