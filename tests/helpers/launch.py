@@ -47,9 +47,10 @@ def base_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-IMPORT_ENV = ("OMP_", "MKL_", "KMP_", "GOMP_", "TORCH", "PYTORCH", "CUDA", "PYTHON", "LD_")
+IMPORT_ENV = ("OMP_", "MKL_", "KMP_", "GOMP_", "TORCH", "PYTORCH", "PYTHON", "LD_")
 """Variables read while torch is imported (or by the interpreter at its start): a rank whose
-values differ from the zygote's starts fresh."""
+values differ from the zygote's starts fresh. (CUDA's are read when CUDA is first used, which
+the zygote never does.)"""
 
 
 class RankProcess(Protocol):
@@ -232,22 +233,30 @@ def start_ranks(
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
         )
-        zygote = _forker(rank_env)
-        named = zygote is not None  # the zygote's child opens them by name
-        files: tuple[IO[bytes], IO[bytes]] = (
-            tempfile.NamedTemporaryFile(delete=not named),  # noqa: SIM115 (Ranks closes)
-            tempfile.NamedTemporaryFile(delete=not named),  # noqa: SIM115
-        )
+        proc, files = start_process(argv, rank_env)
+        procs.append(proc)
         outputs.append(files)
-        if zygote is not None:
-            procs.append(zygote.spawn(argv, rank_env, [files[0].name, files[1].name]))
-            continue
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, *argv], env=rank_env, cwd=REPO, stdout=files[0], stderr=files[1]
-            )
-        )
     return Ranks(procs, outputs)
+
+
+def start_process(
+    argv: Sequence[str], env: Mapping[str, str]
+) -> tuple[RankProcess, tuple[IO[bytes], IO[bytes]]]:
+    """``python argv...`` with exactly ``env``, in the repository: forked from the zygote where
+    ``env`` fits it, else started fresh; its stdout and stderr files (read them with
+    :meth:`Ranks.wait`, or seek and read, then close)."""
+    zygote = _forker(env)
+    named = zygote is not None  # the zygote's child opens them by name
+    files: tuple[IO[bytes], IO[bytes]] = (
+        tempfile.NamedTemporaryFile(delete=not named),  # noqa: SIM115 (the caller closes)
+        tempfile.NamedTemporaryFile(delete=not named),  # noqa: SIM115
+    )
+    if zygote is not None:
+        return zygote.spawn(argv, env, [files[0].name, files[1].name]), files
+    popen = subprocess.Popen(
+        [sys.executable, *argv], env=dict(env), cwd=REPO, stdout=files[0], stderr=files[1]
+    )
+    return popen, files
 
 
 def run_ranks(

@@ -8,11 +8,12 @@ hundred such ranks on a 2-core machine, where CPU is its wall time.
 
 A rank forked from here is a real process running its script as ``python SCRIPT ARGS`` would:
 its own pid, environment, working directory, argv and output files, ``__main__`` run by
-:func:`runpy.run_path` (``-m MODULE`` as ``python -m`` runs it), the interpreter's own exit
-(atexit, a traceback and status 1 for an uncaught exception), real gloo connections. What it
-shares with its siblings is what the import left behind: torch's state at import, and Python's
-hash seed. The tests of the whole product (the real-cluster and local-backend suites) start
-every rank fresh, and ``HPC_DDP_TEST_FRESH_RANKS=1`` starts these fresh too.
+:func:`runpy.run_path` (``-m MODULE`` and ``-c CODE`` as ``python`` runs them), the
+interpreter's own exit (atexit, a traceback and status 1 for an uncaught exception), real gloo
+connections. What it shares with its siblings is what the import left behind: torch's state at
+import, and Python's hash seed. The tests of the whole product (the real-cluster and
+local-backend suites) start every rank fresh, and ``HPC_DDP_TEST_FRESH_RANKS=1`` starts these
+fresh too.
 
 Protocol: one JSON line per request on stdin (``argv``, ``env``, ``cwd``, ``stdout``,
 ``stderr``: paths); one JSON line per event on stdout: ``{"pid": N}`` for each request in
@@ -29,6 +30,7 @@ import runpy
 import select
 import signal
 import sys
+import types
 from typing import Any
 
 IMPORTS = ("torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel")
@@ -95,6 +97,13 @@ def become(request: dict[str, Any]) -> None:
     os.close(null)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     argv = list(request["argv"])
+    if argv[0] == "-c":  # python -c CODE ARGS
+        sys.argv = ["-c", *argv[2:]]
+        sys.path[0] = ""
+        main = types.ModuleType("__main__")
+        sys.modules["__main__"] = main
+        exec(compile(argv[1], "<string>", "exec"), main.__dict__)
+        return
     if argv[0] == "-m":  # python -m MODULE ARGS: argv[0] becomes the module's file
         sys.argv = argv[1:]
         sys.path[0] = os.getcwd()

@@ -34,6 +34,7 @@ from hpc_ddp.runtime.procgroup import (
     port_file,
     resolve_master_port,
 )
+from tests.helpers.launch import Ranks, start_process
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -299,6 +300,7 @@ def rank_env(job_id: str, procid: int, world: int) -> dict[str, str]:
             "SLURM_STEP_NODELIST": "127.0.0.1",
             "CUDA_VISIBLE_DEVICES": "",
             "PYTHONPATH": str(REPO),
+            "OMP_NUM_THREADS": "1",
         }
     )
     return env
@@ -307,27 +309,13 @@ def rank_env(job_id: str, procid: int, world: int) -> dict[str, str]:
 def run_ranks(
     run_dir: Path, method: str, envs: list[dict[str, str]], timeout_s: int = 60
 ) -> list[subprocess.CompletedProcess[str]]:
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", RANK_SCRIPT, str(run_dir), method, str(timeout_s)],
-            env=env,
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for env in envs
+    argv = ["-c", RANK_SCRIPT, str(run_dir), method, str(timeout_s)]
+    started = [start_process(argv, env) for env in envs]
+    ranks = Ranks([proc for proc, _ in started], [files for _, files in started])
+    return [
+        subprocess.CompletedProcess(argv, code, out, err)
+        for code, out, err in ranks.wait(timeout_s + 60)
     ]
-    done = []
-    for proc in procs:
-        try:
-            out, err = proc.communicate(timeout=timeout_s + 60)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise
-        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    return done
 
 
 def reports(done: list[subprocess.CompletedProcess[str]]) -> list[dict[str, Any]]:
