@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,14 @@ def scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
 def attempt(run: Path, resume: int | None, steps: range, *, loss0: float = 0.0) -> None:
     """One attempt as the session drives it: resume_at (if any), a row per step, close."""
+    if any((run / "tensorboard").glob("events.*")):
+        # TensorBoard reads a directory's event files in name order, and a name is the second
+        # it was opened, then a per-process counter: two attempts of one process (a pytest
+        # worker that opened 99 writers, then 100) in one second may sort backwards. Real
+        # attempts are processes of their own, seconds apart.
+        second = int(time.time())
+        while int(time.time()) == second:
+            time.sleep(0.02)
     writer = MetricsWriter(run / "metrics.jsonl", tensorboard_dir=run / "tensorboard")
     if resume is not None:
         writer.resume_at(resume)
