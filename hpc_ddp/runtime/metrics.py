@@ -156,6 +156,27 @@ def tensorboard_scalars(row: dict[str, Any]) -> dict[str, float]:
     return scalars
 
 
+EVENT_FILE_PREFIX = "events.out.tfevents."
+
+
+def wait_for_a_later_second(tensorboard_dir: Path) -> None:
+    """Return once an event file opened now sorts after every one in ``tensorboard_dir``.
+
+    TensorBoard reads a directory's event files in name order, and a name is
+    ``events.out.tfevents.<second>.<host>.<pid>.<n>``, ``n`` counting the writers of the
+    process: within one second, writer 10 sorts before writer 9, and an attempt's reopened
+    file (its purge, its rows) would be read before the file it follows. Waits (under a
+    second) only while a file of this very second exists."""
+    seconds = []
+    for path in tensorboard_dir.glob(EVENT_FILE_PREFIX + "*"):
+        field = path.name[len(EVENT_FILE_PREFIX) :].split(".", 1)[0]
+        if field.isdigit():
+            seconds.append(int(field))
+    newest = max(seconds, default=None)
+    while newest is not None and int(time.time()) <= newest:
+        time.sleep(0.02)
+
+
 class MetricsWriter:
     """Appends rows to ``metrics.jsonl`` (and TensorBoard, if asked); write on rank 0 only.
 
@@ -217,6 +238,8 @@ class MetricsWriter:
         if not isinstance(step, int) or isinstance(step, bool):
             return
         if self._tb is None:
+            if self.tensorboard_dir is not None:
+                wait_for_a_later_second(self.tensorboard_dir)
             self._tb = self._writer_class(
                 log_dir=str(self.tensorboard_dir), purge_step=self._purge_step
             )

@@ -32,6 +32,7 @@ from hpc_ddp.runtime.metrics import (
     MetricsWriter,
     metric_row,
     tensorboard_scalars,
+    wait_for_a_later_second,
 )
 from hpc_ddp.state.artifacts import last_metric
 from hpc_ddp.sweep.results import read_metrics
@@ -49,14 +50,6 @@ def scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
 def attempt(run: Path, resume: int | None, steps: range, *, loss0: float = 0.0) -> None:
     """One attempt as the session drives it: resume_at (if any), a row per step, close."""
-    if any((run / "tensorboard").glob("events.*")):
-        # TensorBoard reads a directory's event files in name order, and a name is the second
-        # it was opened, then a per-process counter: two attempts of one process (a pytest
-        # worker that opened 99 writers, then 100) in one second may sort backwards. Real
-        # attempts are processes of their own, seconds apart.
-        second = int(time.time())
-        while int(time.time()) == second:
-            time.sleep(0.02)
     writer = MetricsWriter(run / "metrics.jsonl", tensorboard_dir=run / "tensorboard")
     if resume is not None:
         writer.resume_at(resume)
@@ -139,6 +132,20 @@ def test_a_restart_from_scratch_drops_everything(tmp_path: Path) -> None:
     attempt(tmp_path, 0, range(0, 4), loss0=100.0)  # no checkpoint was saved
     attempt(tmp_path, 0, range(0, 3))
     assert scalars(tmp_path / "tensorboard")["loss"] == [(0, 0.0), (1, 1.0), (2, 2.0)]
+
+
+def test_a_reopened_event_file_sorts_after_the_one_before(tmp_path: Path) -> None:
+    """Writer 10 of a process sorts before writer 9 within one second: the next file waits
+    for a later second when one of this second is there (a flaky CI run read them backwards)."""
+    tb = tmp_path / "tb"
+    tb.mkdir()
+    now = int(time.time())
+    (tb / f"events.out.tfevents.{now + 1}.host.1.9").touch()
+    wait_for_a_later_second(tb)
+    assert int(time.time()) > now + 1
+    began = time.monotonic()
+    wait_for_a_later_second(tmp_path)  # no event file: no wait
+    assert time.monotonic() - began < 0.01
 
 
 def test_reopening_after_close_keeps_this_attempts_steps(tmp_path: Path) -> None:
