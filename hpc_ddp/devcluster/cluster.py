@@ -342,12 +342,23 @@ def _ready(daemon: _Daemon) -> bool:
     return daemon.port is None or _port_open(daemon.port)
 
 
-def wait_idle(layout: ClusterLayout, timeout_s: float = 60.0) -> None:
-    """Wait until every node reports idle (or mixed/allocated: it runs jobs, so it is up)."""
+def wait_idle(
+    layout: ClusterLayout, timeout_s: float = 60.0, *, resume_drained: bool = False
+) -> None:
+    """Wait until every node reports idle (or mixed/allocated: it runs jobs, so it is up);
+    ``resume_drained``: resume a node that reports drained meanwhile."""
     deadline = time.monotonic() + timeout_s
     states: dict[str, str] = {}
+    resumed: set[str] = set()
     while time.monotonic() < deadline:
         states = node_states(layout)
+        drained = {n for n, st in states.items() if st.startswith(("drain", "drng"))} - resumed
+        if resume_drained and drained:
+            subprocess.run(
+                ["scontrol", "update", f"NodeName={','.join(sorted(drained))}", "State=RESUME"],
+                env=slurm_env(layout), capture_output=True, check=False, timeout=30,
+            )  # fmt: skip
+            resumed |= drained
         up_states = ("idle", "mix", "alloc")
         if all(states.get(n, "").rstrip("*~#") in up_states for n in layout.node_names):
             return
@@ -405,7 +416,9 @@ def up(state_dir: Path, env: Mapping[str, str], spec: ClusterSpec | None = None)
         _start(name, daemon, daemon_env)
         started.append(name)
     _update_hosts(layout, present=True)
-    wait_idle(layout)
+    # A new controller's saved state may hold a node drained by an earlier run's job whose step
+    # outlived it ("Kill task failed"): a dev cluster comes up clean.
+    wait_idle(layout, resume_drained="slurmctld" in started)
     return UpResult(
         conf=layout.conf,
         started=tuple(started),
