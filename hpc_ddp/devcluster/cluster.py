@@ -352,8 +352,10 @@ def wait_idle(
     resumed: set[str] = set()
     while time.monotonic() < deadline:
         states = node_states(layout)
-        drained = {n for n, st in states.items() if st.startswith(("drain", "drng"))} - resumed
-        if resume_drained and drained:
+        drained = set()
+        if resume_drained:
+            drained = {n for n, st in states.items() if st.startswith(("drain", "drng"))} - resumed
+        if drained:
             subprocess.run(
                 ["scontrol", "update", f"NodeName={','.join(sorted(drained))}", "State=RESUME"],
                 env=slurm_env(layout), capture_output=True, check=False, timeout=30,
