@@ -347,3 +347,44 @@ def test_a_survivor_that_lost_a_peer_says_so_in_its_beat_while_it_waits(tmp_path
     finally:
         survivor._gone.set()
         waiting.join(timeout=5)
+
+
+def test_a_survivor_writing_its_save_is_not_unwound_by_the_peer_it_outlived(
+    tmp_path: Path,
+) -> None:
+    """A hang: this rank's watchdog took the fault up and is writing the survivor's save while
+    the main thread waits in a collective. The hung peer, woken to leave, dies, and the
+    collective raises on the main thread. That thread must wait for the save and the
+    watchdog's exit, not unwind and end the process under the save (the save and its ledger
+    line were lost: the step trained again)."""
+    tmp_path.mkdir(exist_ok=True)
+    exits: list[int] = []
+    saving, release = threading.Event(), threading.Event()
+    survivor = Watchdog(
+        CFG, LaunchPaths(tmp_path), Identity(0, 2, "n1"), supervised=True,
+        exit=exits.append,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+    def save(record: FaultRecord) -> None:
+        saving.set()
+        release.wait(10)
+
+    survivor.rescue = save
+    hang = FaultRecord("hang", "supervisor", time.time(), (1,), ("n2",), "stopped", False)
+    leaving = threading.Thread(target=survivor._leave, args=(hang,), kwargs={"declared": False})
+    leaving.start()
+    assert saving.wait(5)
+    main = threading.Thread(
+        target=survivor.crashed, args=("RuntimeError: Connection reset by peer",)
+    )
+    main.start()
+    try:
+        main.join(timeout=1.0)
+        assert main.is_alive(), "the main thread unwound while the save was being written"
+        assert exits == []
+    finally:
+        release.set()
+        leaving.join(timeout=5)
+        main.join(timeout=5)
+    assert not main.is_alive()
+    assert exits == [PEER_FAULT_EXIT_CODE]
