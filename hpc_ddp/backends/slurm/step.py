@@ -43,9 +43,11 @@ from hpc_ddp.errors import SlurmError
 
 log = logging.getLogger("hpc_ddp.supervisor")
 
-KILL_GRACE_S = 5.0
-"""After ``scancel --signal=KILL`` of the step, how long srun gets to return before it is
-killed itself."""
+KILL_GRACE_S = 30.0
+"""A step whose id is unknown is ended through srun (SIGINT twice); how long srun then gets to
+return before it is killed itself, the last resort."""
+INTERRUPT_GAP_S = 0.2
+"""The gap between srun's two SIGINTs (a second one within a second ends its step)."""
 
 
 def task_end_of(failure: TaskFailure) -> TaskEnd:
@@ -186,13 +188,25 @@ class SrunStep:
             log.warning("supervisor: scancel --signal=%s %s.%s: %s", name, self.job_id, step, said)
 
     def kill(self, beats: Mapping[int, Any]) -> None:
-        """End the step: SIGKILL to its tasks, then to srun itself if it does not return."""
+        """End the step: SIGKILL to its tasks (``scancel``), or, with no step id known, srun's
+        own way to end its step. srun itself is left to return."""
         step = self.step_id(beats)
         _background(self._kill, step)
 
     def _kill(self, step: int | None) -> None:
+        # srun is not killed while its step's tasks end: it waits for each task's exit
+        # message from slurmstepd, and a step whose srun is gone cannot deliver them
+        # ("Failed to send MESSAGE_TASK_EXIT"), so at the job's end slurmd drains the node
+        # ("Kill task failed"): an admin's page on a real cluster. Seen under load with srun
+        # killed 5 s after the scancel. The supervisor does not wait for srun (it abandons
+        # the step), and the next launch starts with --overlap.
         if step is not None:
             self._signal_step(step, "KILL")
+            return
+        for _ in range(2):  # a second SIGINT within a second: srun SIGKILLs every task
+            with contextlib.suppress(OSError):
+                self.proc.send_signal(signal.SIGINT)
+            time.sleep(INTERRUPT_GAP_S)
         deadline = time.monotonic() + KILL_GRACE_S
         while self.proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
