@@ -306,13 +306,10 @@ def _no_node_drained_by_an_earlier_test(request: pytest.FixtureRequest) -> None:
         if name not in request.fixturenames:
             continue
         cluster: Cluster = request.getfixturevalue(name)
-        out = cluster.run("sinfo", "-h", "-N", "-o", "%N|%T|%E", check=False).stdout
-        for line in sorted(set(out.splitlines())):  # a node shows once per partition
-            node, state, reason = [*line.split("|", 2), "", ""][:3]
-            if state.startswith("drain") and KILL_TASK_FAILED in reason:
-                cluster.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
-                print(f"{cluster.state_dir.name}: {node} was drained ({reason}) earlier; resumed",
-                      file=sys.stderr)  # fmt: skip
+        layout = devcluster.layout_for(cluster.state_dir)
+        for node, why in devcluster.resume_drained_nodes(layout, KILL_TASK_FAILED).items():
+            print(f"{cluster.state_dir.name}: {node} was drained ({why}) earlier; resumed",
+                  file=sys.stderr)  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

@@ -26,7 +26,7 @@ import socket
 import stat
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -352,15 +352,10 @@ def wait_idle(
     resumed: set[str] = set()
     while time.monotonic() < deadline:
         states = node_states(layout)
-        drained = set()
-        if resume_drained:
-            drained = {n for n, st in states.items() if st.startswith(("drain", "drng"))} - resumed
-        if drained:
-            subprocess.run(
-                ["scontrol", "update", f"NodeName={','.join(sorted(drained))}", "State=RESUME"],
-                env=slurm_env(layout), capture_output=True, check=False, timeout=30,
-            )  # fmt: skip
-            resumed |= drained
+        if resume_drained and any(
+            st.startswith(("drain", "drng")) for n, st in states.items() if n not in resumed
+        ):
+            resumed |= set(resume_drained_nodes(layout, skip=resumed))
         up_states = ("idle", "mix", "alloc")
         if all(states.get(n, "").rstrip("*~#") in up_states for n in layout.node_names):
             return
@@ -370,6 +365,34 @@ def wait_idle(
         f"HINT: see {layout.ctld_dir / 'slurmctld.log'} and "
         f"{layout.state_dir / 'nodes'}/*/slurmd.log."
     )
+
+
+def resume_drained_nodes(
+    layout: ClusterLayout, reason: str | None = None, *, skip: Iterable[str] = ()
+) -> dict[str, str]:
+    """Resume the nodes that report drained (``reason``: only those whose drain reason holds
+    it), but those in ``skip``; each resumed node's drain reason, by node.
+
+    A node of a fresh controller's saved state, or one a test's job left drained for "Kill task
+    failed" (a step that did not end in time at its job's end), would otherwise keep every
+    later job of the cluster waiting for a node that never comes."""
+    done = subprocess.run(
+        ["sinfo", "-h", "-N", "-o", "%N|%T|%E"],
+        env=slurm_env(layout), capture_output=True, text=True, check=False, timeout=30,
+    )  # fmt: skip
+    drained: dict[str, str] = {}
+    for line in done.stdout.splitlines():  # a node shows once per partition
+        node, state, why = [*line.split("|", 2), "", ""][:3]
+        if not state.startswith("drain") or node in skip:
+            continue
+        if reason is None or reason in why:
+            drained[node] = why
+    if drained:
+        subprocess.run(
+            ["scontrol", "update", f"NodeName={','.join(sorted(drained))}", "State=RESUME"],
+            env=slurm_env(layout), capture_output=True, check=False, timeout=30,
+        )  # fmt: skip
+    return drained
 
 
 def node_states(layout: ClusterLayout) -> dict[str, str]:

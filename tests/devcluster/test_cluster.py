@@ -131,3 +131,27 @@ def test_up_is_idempotent_and_down_leaves_nothing(slurm_cluster: Cluster) -> Non
         back = devcluster.up(slurm_cluster.state_dir, slurm_cluster.env)
     assert sorted(back.started) == sorted(pids)
     assert me in hosts_owners(devcluster.HOSTS_FILE.read_text())
+
+
+@pytest.mark.slurm
+def test_drained_nodes_are_resumed_by_their_drain_reason(slurm_cluster: Cluster) -> None:
+    """The suite's fixture resumes only a node that an earlier test's job drained for "Kill
+    task failed"; a fresh controller's ``wait_idle`` resumes any drain its saved state kept."""
+    layout = devcluster.layout_for(slurm_cluster.state_dir)
+
+    def drain(node: str, reason: str) -> None:
+        slurm_cluster.run(
+            "scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"
+        )
+
+    drain("n1", "Kill task failed")
+    drain("n2", "an admin's own drain")
+    try:
+        resumed = devcluster.resume_drained_nodes(layout, "Kill task failed")
+        assert resumed == {"n1": "Kill task failed"}
+        assert "DRAIN" in devcluster.node_state(layout, "n2")
+        devcluster.wait_idle(layout, 30, resume_drained=True)
+        states = devcluster.node_states(layout)  # idle* : a new controller not yet answered
+        assert {n: st.rstrip("*") for n, st in states.items()} == {"n1": "idle", "n2": "idle"}
+    finally:
+        devcluster.resume_drained_nodes(layout)
