@@ -678,16 +678,20 @@ def forget_jobs(state_dir: Path, env: Mapping[str, str]) -> None:
     "Job N already running, do not launch second copy", the new job requeued and held)."""
     layout = layout_for(state_dir)
     _cancel_all_jobs(layout)
-    _stop_pid(layout.ctld_pid, signal.SIGTERM, timeout_s=30)
-    # The jobs' state files, the last job id with them (`slurmctld -c` would keep that id, and
-    # lose the nodes' state too: they are not idle again for 5 s).
-    saved = layout.ctld_dir / "state"
-    for path in saved.glob("job_state*"):
-        path.unlink()
-    for path in saved.glob("hash.*"):
-        shutil.rmtree(path)
     daemon_env = {**env, "SLURM_CONF": str(layout.conf)}
-    _start("slurmctld", _daemons(layout)["slurmctld"], daemon_env)
+    # Under the hosts lock: another cluster that comes up or goes down meanwhile takes a
+    # cluster whose controller is not running for a dead one, and drops its node names from
+    # /etc/hosts (seen: the accounting cluster's names gone for the rest of a suite run).
+    with _locked_hosts():
+        _stop_pid(layout.ctld_pid, signal.SIGTERM, timeout_s=30)
+        # The jobs' state files, the last job id with them (`slurmctld -c` would keep that
+        # id, and lose the nodes' state too: they are not idle again for 5 s).
+        saved = layout.ctld_dir / "state"
+        for path in saved.glob("job_state*"):
+            path.unlink()
+        for path in saved.glob("hash.*"):
+            shutil.rmtree(path)
+        _start("slurmctld", _daemons(layout)["slurmctld"], daemon_env)
     # The nodes register again at once when asked (else at the controller's next ping, ~5 s).
     subprocess.run(
         ["scontrol", "reconfigure"], env=daemon_env, capture_output=True, check=False, timeout=30

@@ -4,6 +4,7 @@ node away as a crash would, :func:`~hpc_ddp.devcluster.cluster.revive_node` brin
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,3 +148,28 @@ def _sacct_runs(cluster: Cluster, job: str, since: str) -> list[tuple[str, str]]
         if submitted >= since:  # ISO times compare as text
             runs.append((state, nodes))
     return runs
+
+
+def test_a_controller_restart_keeps_the_clusters_names_in_etc_hosts(
+    accounting_cluster: Cluster, tmp_path: Path
+) -> None:
+    """``forget_jobs`` restarts the controller. Another cluster that goes down (or comes up)
+    meanwhile keeps only the names of clusters whose controller runs: it must not find this
+    one's stopped, and drop its names for the rest of the suite."""
+    me = str(accounting_cluster.state_dir)
+    stop = threading.Event()
+
+    def churn() -> None:  # a cluster of nothing, taken down over and over
+        while not stop.is_set():
+            devcluster.down(tmp_path / "elsewhere")
+            time.sleep(0.02)
+
+    other = threading.Thread(target=churn)
+    other.start()
+    try:
+        devcluster.forget_jobs(accounting_cluster.state_dir, accounting_cluster.env)
+    finally:
+        stop.set()
+        other.join(timeout=30)
+    owners = hosts_owners(devcluster.HOSTS_FILE.read_text())
+    assert owners.get(me) == devcluster.layout_for(accounting_cluster.state_dir).node_names
