@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from hpc_ddp.backends.slurm.jobstate import parse_scontrol_oneliner
 from hpc_ddp.devcluster.conf import releasable_early
-from hpc_ddp.rundir.ledger import Attempt, read_ledger
+from hpc_ddp.rundir.attempt import Attempt
+from hpc_ddp.rundir.ledger import read_ledger
 from tests.helpers.cli import run_cli
 
 if TYPE_CHECKING:

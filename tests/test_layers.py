@@ -58,7 +58,13 @@ LAYERS: tuple[Layer, ...] = (
     Layer(("config",), pure=("config.*",), impure=("preflight", "loginnode", "programs", "images")),
     Layer(
         ("rundir",),
-        pure=("rundir.endcause", "rundir.ledger", "rundir.ledger_events", "rundir.live_progress"),
+        pure=(
+            "rundir.attempt",
+            "rundir.endcause",
+            "rundir.ledger",
+            "rundir.ledger_events",
+            "rundir.live_progress",
+        ),
     ),
     Layer(("doctor.judgement",), pure=("doctor.judgement",)),
     Layer(("devcluster",), pure=("devcluster.conf",)),

@@ -412,7 +412,7 @@ class TaskEnd:
 
 
 StepT_co = TypeVar("StepT_co", covariant=True)
-"""The launcher's running launch (the supervisor's :class:`~hpc_ddp.fault.supervisor.Step`)."""
+"""The launcher's running launch (the supervisor's :class:`~hpc_ddp.fault.launch_watch.Step`)."""
 
 
 class Launcher(Protocol[StepT_co]):

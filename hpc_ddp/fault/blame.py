@@ -34,8 +34,8 @@ from typing import Any
 
 from hpc_ddp.backends.base import TaskEnd
 from hpc_ddp.exitcodes import FAULT_EXIT_CODE, OWN_OUTCOMES, PEER_FAULT_EXIT_CODE
+from hpc_ddp.rundir.attempt import Blame
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.ledger import Blame
 
 BEAT_BYTES = 1024
 """Every beat is exactly this long (JSON padded with spaces, then a newline), rewritten in

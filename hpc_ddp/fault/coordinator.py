@@ -56,10 +56,11 @@ from hpc_ddp.fault.requeue import (
     signal_number,
     unconfirmed_message,
 )
+from hpc_ddp.rundir.attempt import Attempt, AutoInterval
 from hpc_ddp.rundir.checkpoints import checkpoint_on_disk
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.ledger import Attempt, AutoInterval, attempt_number, read_ledger
+from hpc_ddp.rundir.ledger import attempt_number, read_ledger
 from hpc_ddp.rundir.ledger_events import (
     LaunchId,
     checkpoint_event,

@@ -27,9 +27,9 @@ from typing import Any
 from hpc_ddp.checkpoint.interval import Exposure
 from hpc_ddp.frozen import dataclass
 from hpc_ddp.history import parse_runs, render_runs
+from hpc_ddp.rundir.attempt import Attempt
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import parse_checkpoint_name, parse_sharded_checkpoint_name
-from hpc_ddp.rundir.ledger import Attempt
 
 __all__ = [
     "HISTORY_FILE",

@@ -16,9 +16,10 @@ from dataclasses import dataclass, replace
 from hpc_ddp.durable import append_line
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.fault.blame import Finding
+from hpc_ddp.rundir.attempt import Attempt, Blame
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import Checkpoint, RunPaths
-from hpc_ddp.rundir.ledger import Attempt, Blame, attempt_number, read_ledger
+from hpc_ddp.rundir.ledger import attempt_number, read_ledger
 from hpc_ddp.rundir.ledger_events import (
     LaunchId,
     launch_end_event,

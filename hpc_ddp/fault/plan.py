@@ -31,8 +31,8 @@ from typing import ClassVar
 from hpc_ddp.config.model import FaultConfig, RequeueConfig
 from hpc_ddp.exitcodes import NO_PROGRESS_EXIT_CODE, NOT_CURRENT_EXIT_CODE, OWN_OUTCOMES
 from hpc_ddp.fault.blame import FaultRecord, Finding, fault_cause
+from hpc_ddp.rundir.attempt import Attempt, Blame
 from hpc_ddp.rundir.endcause import EndCause, is_restartable
-from hpc_ddp.rundir.ledger import Attempt, Blame
 
 
 @dataclass(frozen=True)

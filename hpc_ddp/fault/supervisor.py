@@ -38,9 +38,8 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from types import FrameType
-from typing import Protocol
 
 from hpc_ddp.backends.base import Launcher, TaskEnd
 from hpc_ddp.config.elastic import nodes_for_launch
@@ -49,7 +48,6 @@ from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import BackendError
 from hpc_ddp.fault.blame import (
     BEAT_BYTES,
-    RESCUE_PHASE,
     Beat,
     ExitNote,
     FaultRecord,
@@ -57,8 +55,9 @@ from hpc_ddp.fault.blame import (
     StaleWatch,
     assign_blame,
 )
-from hpc_ddp.fault.detection import SILENT_GRACE_BEATS, Detection
+from hpc_ddp.fault.detection import Detection
 from hpc_ddp.fault.launch_ledger import Identity, LaunchLedger
+from hpc_ddp.fault.launch_watch import LaunchWatch, Step
 from hpc_ddp.fault.plan import (
     Budget,
     Next,
@@ -82,6 +81,7 @@ from hpc_ddp.fault.watchdog import (
     read_fault,
     write_beat,
 )
+from hpc_ddp.rundir.attempt import Attempt
 from hpc_ddp.rundir.checkpoints import newest_checkpoint, newest_step
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import (
@@ -93,26 +93,12 @@ from hpc_ddp.rundir.layout import (
     RunPaths,
     launch_key,
 )
-from hpc_ddp.rundir.ledger import Attempt
 from hpc_ddp.rundir.run_id import recorded_run_id
 
 log = logging.getLogger("hpc_ddp.supervisor")
 
 POLL_S = 0.25
 """How often the supervisor looks at srun's words, the fault record and the step."""
-DUMP_GRACE_S = 2.0
-"""After a fault: how long the ranks have to write their stacks and leave by themselves."""
-KILL_SETTLE_S = 1.0
-"""Once every rank is accounted for and the step was told to end: how long srun may take to
-return before the next launch starts beside it (``--overlap``)."""
-RESCUE_TAKEN_UP_S = 10.0
-"""After a fault: how long a rank armed for the survivor's save (its beat says so), and not
-blamed, has to take the fault up (phase ``rescue``) or leave before the step is ended under it.
-Its watchdog does so at its next beat (half a second), later only on a loaded machine: a step
-ended first would end the one rank that can save the step every rank completed."""
-STEP_GRACE_S = 10.0
-"""Then: how long srun may take to end the step once told to, before the supervisor stops
-waiting for it (a lost node's tasks are never reported; Slurm settles them later)."""
 
 
 # --- what a launch runs on -------------------------------------------------------------------
@@ -131,48 +117,6 @@ class Plan:
     """Nodes of the allocation it must not use (found bad)."""
     overlap: bool = False
     """Share resources with a step that has not ended yet (its lost node still holds them)."""
-
-
-class Step(Protocol):
-    """The processes of one running launch (an srun step, or local rank processes)."""
-
-    def poll(self) -> int | None:
-        """The launch's exit status once every process is gone (srun's), else None."""
-        ...
-
-    def task_ends(self) -> Sequence[TaskEnd]:
-        """Tasks that ended badly so far, in the order they were seen."""
-        ...
-
-    def node_failures(self) -> list[tuple[str, str]]:
-        """(node, evidence) of nodes lost under the step, so far."""
-        ...
-
-    def refused(self) -> str | None:
-        """Why the step could not start at all (no task ran), if so."""
-        ...
-
-    def node_answers(self, node: str) -> bool | None:
-        """Whether ``node`` answers now, asked of it directly (False: it is lost; None: not
-        known)."""
-        ...
-
-    def signal(self, name: str, beats: Mapping[int, Beat | None]) -> None:
-        """Send signal ``name`` (``CONT``, ``URG``) to every task; never blocks for long."""
-        ...
-
-    def kill(self, beats: Mapping[int, Beat | None]) -> None:
-        """End every task now (in the background: a lost node may keep Slurm busy)."""
-        ...
-
-    def forward(self, signum: int) -> None:
-        """Pass a stop signal the supervisor got on to the ranks (local), or not (Slurm
-        signals its steps itself)."""
-        ...
-
-    def abandon(self) -> None:
-        """Stop waiting for a step that cannot end (a lost node); reaped at exit."""
-        ...
 
 
 def launch_words(plan: Plan, newest: int | None) -> str:
@@ -223,30 +167,11 @@ def prepare_launch(launch: LaunchPaths, world: int) -> None:
             os.close(fd)
 
 
-def _on(beats: Mapping[int, Beat | None], rank: int, nodes: set[str]) -> bool:
-    """Rank ``rank`` ran on one of ``nodes`` (by its beat)."""
-    beat = beats.get(rank)
-    return beat is not None and beat.node in nodes
-
-
 def _task_ends(step: Step) -> list[TaskEnd]:
     return list(step.task_ends())
 
 
 # --- the supervisor --------------------------------------------------------------------------
-
-
-@dataclass
-class _Watch:
-    """What the supervisor saw of one launch."""
-
-    fault: FaultRecord | None = None
-    fault_at: float | None = None
-    signalled: bool = False
-    killed_at: float | None = None
-    abandoned: bool = False
-    silent: list[int] = field(default_factory=list)
-    code: int | None = None
 
 
 class Supervisor:
@@ -410,7 +335,9 @@ class Supervisor:
                LAUNCH_DIR_ENV: str(lpaths.root)}  # fmt: skip
         return lpaths, env
 
-    def _run_launch(self, plan: Plan, bad: Mapping[str, str]) -> tuple[_Watch, float, LaunchPaths]:
+    def _run_launch(
+        self, plan: Plan, bad: Mapping[str, str]
+    ) -> tuple[LaunchWatch, float, LaunchPaths]:
         lpaths, env = self._launch_env(plan.launch)
         prepare_launch(lpaths, self.world)
         from_step = newest_step(self.paths.checkpoints, run_id=recorded_run_id(self.paths))
@@ -468,9 +395,11 @@ class Supervisor:
             return  # too few nodes left: a requeue follows
         self._standby.prepare(self._plan(plan.launch + 1, alloc, out, overlap=True), alloc)
 
-    def _watch(self, step: Step, lpaths: LaunchPaths, plan: Plan, bad: Mapping[str, str]) -> _Watch:
+    def _watch(
+        self, step: Step, lpaths: LaunchPaths, plan: Plan, bad: Mapping[str, str]
+    ) -> LaunchWatch:
         """Follow the launch until it is over; end it once a fault is known."""
-        watch = _Watch()
+        watch = LaunchWatch()
         detection = Detection(
             lpaths, self.world, self.cfg.fault, self._clock, answers=step.node_answers
         )
@@ -518,88 +447,13 @@ class Supervisor:
                 self._late_words()
                 time.sleep(POLL_S)
                 continue
-            if self._ended_step(step, watch, beats, ends, now, lpaths):
+            if watch.end_step(step, beats, ends, now, world=self.world, cfg=self.cfg.fault):
+                reported = {n for n, _ in step.node_failures()}
+                self._abandoned.append((self._launch_of(lpaths), step, reported))
                 return watch
             time.sleep(POLL_S)
 
-    def _ended_step(
-        self,
-        step: Step,
-        watch: _Watch,
-        beats: Mapping[int, Beat | None],
-        ends: Sequence[TaskEnd],
-        now: float,
-        lpaths: LaunchPaths,
-    ) -> bool:
-        """After a fault: wake and dump, end the step, and say when to stop waiting for it."""
-        if not watch.signalled:
-            # A frozen rank must be woken to act on anything, its stack dump included.
-            step.signal("CONT", beats)
-            step.signal("URG", beats)
-            watch.signalled = True
-        assert watch.fault_at is not None
-        waited = now - watch.fault_at
-        lost = {n for n, _ in step.node_failures()}
-        if watch.fault is not None and watch.fault.kind == "node_fail":
-            lost |= set(watch.fault.nodes)
-        left = self._unaccounted(beats, ends, lost)
-        # A survivor writing the step every rank completed (fault/rescue) is let finish, and
-        # one armed for it is let take the fault up first.
-        blamed = set(watch.fault.ranks) if watch.fault is not None else set()
-        rescuing = waited < self.cfg.fault.checkpoint_timeout_s and any(
-            b is not None
-            and not b.exited
-            and (
-                b.phase == RESCUE_PHASE
-                or (b.rescues and r not in blamed and waited < RESCUE_TAKEN_UP_S)
-            )
-            for r, b in beats.items()
-            if r in left
-        )
-        if (waited >= DUMP_GRACE_S or not left) and watch.killed_at is None and not rescuing:
-            step.kill(beats)  # every rank that could write its stacks has
-            watch.killed_at = now
-        if not self._done_waiting(watch, left, waited, now):
-            return False
-        watch.silent = [r for r in range(self.world) if r in left or _on(beats, r, lost)]
-        step.abandon()
-        watch.abandoned = True
-        reported = {n for n, _ in step.node_failures()}
-        self._abandoned.append((self._launch_of(lpaths), step, reported))
-        return True
-
-    def _done_waiting(self, watch: _Watch, left: Sequence[int], waited: float, now: float) -> bool:
-        """Whether to stop waiting for srun: every rank is accounted for (srun may still wait
-        for Slurm to settle a lost node), only silent ranks are left (gone with a node nobody
-        reported yet), or srun took too long."""
-        if watch.killed_at is None:
-            return False
-        if not left:
-            return now - watch.killed_at >= KILL_SETTLE_S
-        beat_s = self.cfg.fault.beat_s
-        return waited >= DUMP_GRACE_S + STEP_GRACE_S or self._only_silent_left(left, waited, beat_s)
-
-    def _unaccounted(
-        self, beats: Mapping[int, Beat | None], ends: Sequence[TaskEnd], lost: set[str]
-    ) -> list[int]:
-        """Ranks neither known gone (their last beat, srun's word of a death by signal, their
-        node lost) nor accounted for: still running, frozen, or silent with a lost node."""
-        dead = {e.rank for e in ends if e.exit_code is None}
-        return [
-            r
-            for r in range(self.world)
-            if r not in dead
-            and not _on(beats, r, lost)
-            and not ((b := beats.get(r)) is not None and b.exited)
-        ]
-
-    def _only_silent_left(self, left: Sequence[int], waited: float, beat_s: float) -> bool:
-        """Every rank has left but some that went silent (gone with a lost node): srun may wait
-        for Slurm to notice the node (SlurmdTimeout); the supervisor need not."""
-        gone = len(left) < self.world
-        return gone and bool(left) and waited >= DUMP_GRACE_S + SILENT_GRACE_BEATS * beat_s
-
-    def _gone(self, watch: _Watch, detection: Detection) -> None:
+    def _gone(self, watch: LaunchWatch, detection: Detection) -> None:
         """Every process of the launch is gone: a fault none was found for yet
         (:meth:`~hpc_ddp.fault.detection.Detection.after_exit`), unless the job is stopping."""
         if watch.fault is not None or self.stopping:
@@ -626,7 +480,7 @@ class Supervisor:
     def _conclude(
         self,
         plan: Plan,
-        watch: _Watch,
+        watch: LaunchWatch,
         launched_at: float,
         lpaths: LaunchPaths,
         bad: dict[str, str],
@@ -696,7 +550,7 @@ class Supervisor:
         log.error("supervisor: %s", nxt.message)
         return nxt
 
-    def _own_error(self, watch: _Watch, finding: Finding) -> bool:
+    def _own_error(self, watch: LaunchWatch, finding: Finding) -> bool:
         """The program failed on its own (an exception, a non-zero exit): not its node's
         fault, unlike a death by signal or a hang."""
         if finding.cause is not EndCause.CRASH:
@@ -710,7 +564,7 @@ class Supervisor:
 
     def _blame(
         self,
-        watch: _Watch,
+        watch: LaunchWatch,
         beats: Mapping[int, Beat | None],
         lpaths: LaunchPaths,
         entry: Attempt | None,
@@ -796,7 +650,6 @@ class Supervisor:
 
 __all__ = [
     "Plan",
-    "Step",
     "Supervisor",
     "launch_words",
     "prepare_launch",

@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from hpc_ddp.fault.blame import FaultRecord
     from hpc_ddp.fault.coordinator import Coordinator
     from hpc_ddp.fault.watchdog import Watchdog
-    from hpc_ddp.rundir.ledger import Attempt
+    from hpc_ddp.rundir.attempt import Attempt
     from hpc_ddp.runtime.distenv import DistEnv
 
 log = logging.getLogger(__name__)

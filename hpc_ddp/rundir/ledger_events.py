@@ -70,9 +70,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpc_ddp.config.elastic import Resize
+from hpc_ddp.rundir.attempt import Attempt, AutoInterval, Blame, LostStop
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import Checkpoint
-from hpc_ddp.rundir.ledger import Attempt, AutoInterval, Blame, LostStop, lost_stop
+from hpc_ddp.rundir.ledger import lost_stop
 
 __all__ = [
     "LaunchId",

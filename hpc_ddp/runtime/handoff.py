@@ -157,6 +157,24 @@ class Turn:
     on rank 0, the store with it)."""
 
 
+class Turns:
+    """The "rank 0 first" blocks of one session, numbered per group (``all``, ``node<k>``):
+    the number is in the store key, so every rank must enter the same blocks in the same
+    order."""
+
+    def __init__(self) -> None:
+        self._taken: dict[str, int] = {}
+
+    def next(
+        self, group: str, *, is_leader: bool, leader: str, rank: int, members: int, timeout_s: float
+    ) -> Turn:
+        """The group's next turn for ``rank`` among ``members`` ranks, led by ``leader`` (as
+        messages name it)."""
+        n = self._taken[group] = self._taken.get(group, 0) + 1
+        key = f"{MAIN_FIRST_PREFIX}/{group}/{n}"
+        return Turn(key, is_leader, leader, rank, timeout_s, followers=members - 1)
+
+
 def describe(exc: BaseException) -> str:
     """``ValueError: boom`` (bounded): what the others are told of the leader's failure."""
     text = str(exc).strip() or "(no message)"

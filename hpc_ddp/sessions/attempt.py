@@ -30,8 +30,8 @@ from hpc_ddp.fault.blame import FaultRecord
 from hpc_ddp.fault.coordinator import Coordinator
 from hpc_ddp.fault.rankwatch import RankWatch
 from hpc_ddp.fault.rescue import Rescue, RescueOutcome, writer_rank
+from hpc_ddp.rundir.attempt import AutoInterval
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.ledger import AutoInterval
 from hpc_ddp.rundir.savetimes import SaveTimes, history_path
 from hpc_ddp.runtime.procgroup import unwrap
 from hpc_ddp.runtime.progress import Progress

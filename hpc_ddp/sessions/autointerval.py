@@ -46,7 +46,8 @@ from hpc_ddp.fault.interruptions import (
     parse_history,
     render_history,
 )
-from hpc_ddp.rundir.ledger import Attempt, AutoInterval, read_ledger
+from hpc_ddp.rundir.attempt import Attempt, AutoInterval
+from hpc_ddp.rundir.ledger import read_ledger
 
 log = logging.getLogger("hpc_ddp")
 

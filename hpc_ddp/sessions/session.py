@@ -69,7 +69,7 @@ from hpc_ddp.fault.rankwatch import RankWatch
 from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.run_id import read_run_id
 from hpc_ddp.runtime.distenv import DistEnv
-from hpc_ddp.runtime.handoff import MAIN_FIRST_PREFIX, MAIN_FIRST_TIMEOUT_S, Turn, leader_first
+from hpc_ddp.runtime.handoff import MAIN_FIRST_TIMEOUT_S, Turns, leader_first
 from hpc_ddp.runtime.metrics import MetricsWriter, metric_row
 from hpc_ddp.runtime.procgroup import wrap_model
 from hpc_ddp.runtime.progress import Progress
@@ -166,7 +166,7 @@ class Session:
         self._rank: Rank | None = None  # what start() set up, and close() takes down
         self._attempt: SessionAttempt | None = None  # its checkpoints and ledger (at start)
         self._began = time.time()  # before any peer of this attempt can write its start
-        self._turns: dict[str, int] = {}  # main_first calls so far, per group: the store keys
+        self._turns = Turns()  # main_first calls so far, per group: the store keys
         self._watch = RankWatch.off()  # the rank's watchdog and exit note (at start)
         self._training_data = False  # s.loader() called: its Progress is the data position
         self._progress_log = ProgressLog(self.config.train.log_every, self.paths.live_progress)
@@ -320,15 +320,13 @@ class Session:
                 f"main_first needs a started session (this one is {self.phase.value}). HINT: "
                 "use it inside `with hpc_ddp.session() as s:`."
             )
-        n = self._turns[group] = self._turns.get(group, 0) + 1
         members = self.world_size if group == "all" else self.dist.local_world_size
-        turn = Turn(
-            f"{MAIN_FIRST_PREFIX}/{group}/{n}", is_leader, leader, self.rank, timeout_s,
-            followers=members - 1,
+        turn = self._turns.next(
+            group, is_leader=is_leader, leader=leader, rank=self.rank, members=members,
+            timeout_s=timeout_s,
         )  # fmt: skip
-        alone = members == 1
         # Private but stable since torch 1.8: the store the default process group was formed on.
-        store = None if alone else dist.distributed_c10d._get_default_store()
+        store = None if members == 1 else dist.distributed_c10d._get_default_store()
         return leader_first(store, turn)
 
     def broadcast_object(self, obj: Any) -> Any:

@@ -36,8 +36,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from hpc_ddp.backends.nodelist import parse_nodelist
+from hpc_ddp.rundir.attempt import Attempt, AutoInterval
 from hpc_ddp.rundir.endcause import Bucket, meaning
-from hpc_ddp.rundir.ledger import Attempt, AutoInterval
 
 PARTS = (
     ("productive", "productive"),

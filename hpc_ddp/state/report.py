@@ -20,10 +20,11 @@ from hpc_ddp.backends.base import Backend, Backends, Postmortem
 from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.durable import append_line
 from hpc_ddp.errors import BackendError, RunDirError
+from hpc_ddp.rundir.attempt import Attempt
 from hpc_ddp.rundir.checkpoints import newest_step
 from hpc_ddp.rundir.endcause import EndCause, is_failure
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.ledger import Attempt, lost_stop, read_ledger
+from hpc_ddp.rundir.ledger import lost_stop, read_ledger
 from hpc_ddp.rundir.ledger_events import lost_stop_lines
 from hpc_ddp.rundir.live_progress import read_live_progress
 from hpc_ddp.rundir.manifest import Manifest, read_manifest

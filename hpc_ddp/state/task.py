@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from enum import Enum
 
 from hpc_ddp.backends.jobs import JobInfo, JobState
+from hpc_ddp.rundir.attempt import Attempt
 from hpc_ddp.rundir.endcause import END_CAUSES, EndCause
-from hpc_ddp.rundir.ledger import Attempt
 from hpc_ddp.state.verdict import Source, judge, ledger_word
 
 

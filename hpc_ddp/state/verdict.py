@@ -25,8 +25,8 @@ from enum import Enum
 from typing import Any
 
 from hpc_ddp.backends.jobs import AccountingRecord, JobInfo, JobState
+from hpc_ddp.rundir.attempt import Attempt
 from hpc_ddp.rundir.endcause import EndCause, is_failure, meaning
-from hpc_ddp.rundir.ledger import Attempt
 
 
 class Source(str, Enum):

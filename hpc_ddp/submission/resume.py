@@ -44,9 +44,10 @@ from hpc_ddp.config.loginnode import LoginNode, this_machine
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.config.preflight import preflight_job
 from hpc_ddp.errors import ConfigError, TargetError
+from hpc_ddp.rundir.attempt import Attempt
 from hpc_ddp.rundir.checkpoints import checkpoint_files, shard_dirs
 from hpc_ddp.rundir.layout import MANIFEST_FILE, RunPaths
-from hpc_ddp.rundir.ledger import Attempt, read_ledger
+from hpc_ddp.rundir.ledger import read_ledger
 from hpc_ddp.rundir.manifest import Manifest, read_manifest, record_lock
 from hpc_ddp.state.report import ask_backend, newest_checkpoint, run_status
 from hpc_ddp.state.resumable import check_resumable

@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 from hpc_ddp.backends.arrays import current_refs, live_task, read_arrays
 from hpc_ddp.backends.jobs import AccountingRecord, JobInfo, JobState
 from hpc_ddp.errors import RunDirError
+from hpc_ddp.rundir.attempt import Attempt
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.ledger import Attempt, read_ledger
+from hpc_ddp.rundir.ledger import read_ledger
 from hpc_ddp.rundir.metrics import NOT_METRICS, drop_replayed
 from hpc_ddp.state.task import RESUBMITTABLE, TaskState, task_state
 from hpc_ddp.state.verdict import current_attempts

@@ -31,9 +31,9 @@ from hpc_ddp.backends.slurm.jobstate import CompletedCommand, parse_job_state
 from hpc_ddp.backends.slurm.postmortem import has_logs, startup_failure
 from hpc_ddp.cli.main import main
 from hpc_ddp.errors import RunDirError
+from hpc_ddp.rundir.attempt import Attempt
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.ledger import Attempt
 from hpc_ddp.rundir.manifest import Manifest, write_manifest
 from hpc_ddp.state.verdict import Source, judge
 from hpc_ddp.submission import wait

@@ -27,8 +27,8 @@ import pytest
 from hpc_ddp.backends.local.process import live_ranks
 from hpc_ddp.devcluster import cluster as devcluster
 from hpc_ddp.exitcodes import NO_PROGRESS_EXIT_CODE
+from hpc_ddp.rundir.attempt import Attempt
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.ledger import Attempt
 from tests import e2e_util as e2e
 from tests.conftest import REPO, Cluster
 

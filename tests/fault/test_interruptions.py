@@ -15,8 +15,8 @@ from hpc_ddp.fault.interruptions import (
     parse_history,
     render_history,
 )
+from hpc_ddp.rundir.attempt import Attempt, Rescue, Save
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.ledger import Attempt, Rescue, Save
 
 
 def _attempt(

@@ -33,8 +33,8 @@ from hpc_ddp.fault.plan import (
     started_from,
     with_own_words,
 )
+from hpc_ddp.rundir.attempt import Attempt, Blame
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.ledger import Attempt, Blame
 
 RUN = "/runs/r"
 

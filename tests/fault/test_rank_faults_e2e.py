@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.backends.local.process import live_ranks
+from hpc_ddp.rundir.attempt import Attempt
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.ledger import Attempt
 from tests import e2e_util as e2e
 from tests.conftest import REPO, Cluster
 from tests.helpers.launch import base_env

@@ -33,8 +33,9 @@ from hpc_ddp.fault.requeue import (
     decide_requeue,
     signal_number,
 )
+from hpc_ddp.rundir.attempt import Attempt
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.ledger import Attempt, read_ledger
+from hpc_ddp.rundir.ledger import read_ledger
 from hpc_ddp.runtime.distenv import derive_dist_env
 from tests.runtime.array_task import REF, TASK
 

@@ -17,7 +17,7 @@ import pytest
 
 from hpc_ddp.backends.base import TaskEnd
 from hpc_ddp.config.model import JobConfig, SlurmConfig
-from hpc_ddp.fault import supervisor
+from hpc_ddp.fault import launch_watch, supervisor
 from hpc_ddp.fault.blame import ALIVE, BEAT_BYTES, RESCUE_PHASE, Beat, FaultRecord
 from hpc_ddp.fault.launch_ledger import Identity
 from hpc_ddp.fault.supervisor import (
@@ -171,8 +171,8 @@ class _Step(_Gone):
     [
         (False, "step", (1,), 2.5, 1),  # nothing to wait for past the dump's grace
         (True, "step", (1,), 2.5, 0),  # a loaded survivor not yet at its next beat
-        (True, "step", (1,), supervisor.RESCUE_TAKEN_UP_S + 0.1, 1),  # it never took it up
-        (True, RESCUE_PHASE, (1,), supervisor.RESCUE_TAKEN_UP_S + 0.1, 0),  # still saving
+        (True, "step", (1,), launch_watch.RESCUE_TAKEN_UP_S + 0.1, 1),  # it never took it up
+        (True, RESCUE_PHASE, (1,), launch_watch.RESCUE_TAKEN_UP_S + 0.1, 0),  # still saving
         (True, "step", (0, 1), 2.5, 1),  # blamed itself: it saves nothing
     ],
 )
@@ -182,16 +182,11 @@ def test_a_survivor_armed_to_save_is_let_take_the_fault_up_before_the_step_ends(
     """The CI run where a loaded survivor's watchdog had not reached its next beat by the dump's
     2 s grace: the step was ended under it and the one rank that could save the step every rank
     completed was gone (1 step trained twice)."""
-    sup = Supervisor(
-        RunPaths(tmp_path), JobConfig(name="t"), _Nodes(("n1", "n2")),  # type: ignore[arg-type]
-        Identity("42", "42", 0), env={},
-    )  # fmt: skip
-    sup.world = 2
     record = FaultRecord("crash", "srun", 100.0, (1,), ("n2",), "Killed")
-    watch = supervisor._Watch(fault=replace(record, ranks=blamed), fault_at=100.0)
+    watch = launch_watch.LaunchWatch(fault=replace(record, ranks=blamed), fault_at=100.0)
     watch.signalled = True
     beats = {0: Beat(0, "n1", 10, 5, 100.0, step=13, phase=phase, state=ALIVE, rescues=armed)}
     step = _Step()
-    lpaths = RunPaths(tmp_path).launch("42.0.0")
-    sup._ended_step(step, watch, beats, step.task_ends(), 100.0 + waited, lpaths)
+    cfg = JobConfig(name="t").fault
+    watch.end_step(step, beats, step.task_ends(), 100.0 + waited, world=2, cfg=cfg)
     assert step.kills == kills

@@ -14,9 +14,9 @@ from hpc_ddp.fault.launch_ledger import Identity
 from hpc_ddp.fault.supervisor import Plan, Supervisor
 from hpc_ddp.lemons.record import LemonEntry
 from hpc_ddp.lemons.store import add_entry, read_record, where
+from hpc_ddp.rundir.attempt import Blame
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.ledger import Blame
 
 
 class _Nodes:

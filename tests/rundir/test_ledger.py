@@ -13,9 +13,10 @@ import pytest
 
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.fault.requeue import RequeueDecision, decide_requeue
+from hpc_ddp.rundir.attempt import Attempt, Blame
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import Checkpoint, checkpoint_name
-from hpc_ddp.rundir.ledger import Attempt, Blame, attempt_number, read_ledger
+from hpc_ddp.rundir.ledger import attempt_number, read_ledger
 from hpc_ddp.rundir.ledger_events import (
     LaunchId,
     checkpoint_event,

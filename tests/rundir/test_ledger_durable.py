@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.rundir.ledger import AutoInterval, read_ledger
+from hpc_ddp.rundir.attempt import AutoInterval
+from hpc_ddp.rundir.ledger import read_ledger
 from hpc_ddp.rundir.ledger_events import LaunchId, checkpoint_event, launch_event, start_event
 
 JOB: dict[str, Any] = {"job_id": "42", "job_ref": "42"}

@@ -14,7 +14,7 @@ from hpc_ddp.checkpoint.checkpointer import SavedNote
 from hpc_ddp.checkpoint.interval import Mtbf, SaveCost, choose_interval, interval_steps
 from hpc_ddp.config.model import TrainConfig
 from hpc_ddp.fault.interruptions import HISTORY_FILE, parse_history
-from hpc_ddp.rundir.ledger import AutoInterval
+from hpc_ddp.rundir.attempt import AutoInterval
 from hpc_ddp.sessions.autointerval import WARMUP_STEPS, AutoCheckpoints, state_dir
 
 

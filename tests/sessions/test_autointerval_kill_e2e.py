@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.checkpoint.interval import Mtbf, SaveCost, choose_interval
+from hpc_ddp.rundir.attempt import Attempt, AutoInterval, Save
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.ledger import Attempt, AutoInterval, Save
 from hpc_ddp.rundir.metrics import RESUME_EVENT
 from tests import e2e_util as e2e
 from tests.conftest import Cluster

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
+from hpc_ddp.rundir.attempt import Attempt, Blame, Rescue, Save
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.ledger import Attempt, Blame, Rescue, Save
 from hpc_ddp.state.goodput import PARTS, account, describe, total
 
 

@@ -3,8 +3,8 @@ M and where it came from (hpc_ddp.state.goodput)."""
 
 from __future__ import annotations
 
+from hpc_ddp.rundir.attempt import Attempt, AutoInterval, Save
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.ledger import Attempt, AutoInterval, Save
 from hpc_ddp.state.goodput import account, checkpoint_costs, describe
 
 AUTO = AutoInterval(95.25, 381, 0.25, 28800.0, "run+history", 12.0)

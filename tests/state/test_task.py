@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from hpc_ddp.backends.jobs import JobInfo, JobState
+from hpc_ddp.rundir.attempt import Attempt
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.ledger import Attempt
 from hpc_ddp.state.task import RESUBMITTABLE, TaskState, task_source, task_state
 from hpc_ddp.state.verdict import Source, judge
 

@@ -21,9 +21,9 @@ from hpc_ddp.backends.local.process import identify_started, mark_cancelled, wri
 from hpc_ddp.backends.registry import Registry
 from hpc_ddp.backends.slurm.fake import FakeSlurm
 from hpc_ddp.cli.main import main
+from hpc_ddp.rundir.attempt import Attempt
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.ledger import Attempt
 from hpc_ddp.rundir.manifest import BackendName, Manifest, write_manifest
 from hpc_ddp.state.report import reason_lines, run_status
 from hpc_ddp.state.resumable import check_resumable

@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 
 from hpc_ddp.backends.local.process import live_controller, live_ranks, signal_if_same
+from hpc_ddp.rundir.attempt import Attempt
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.ledger import Attempt, read_ledger
+from hpc_ddp.rundir.ledger import read_ledger
 from hpc_ddp.rundir.manifest import read_manifest
 from hpc_ddp.sweep.results import read_metrics
 from tests.conftest import REPO

@@ -22,8 +22,8 @@ from hpc_ddp.backends.arrays import (
 from hpc_ddp.backends.jobs import JobInfo, JobState
 from hpc_ddp.backends.registry import Registry
 from hpc_ddp.errors import RunDirError, TargetError
+from hpc_ddp.rundir.attempt import Attempt
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.ledger import Attempt
 from hpc_ddp.state.task import TaskState, task_state
 from hpc_ddp.sweep.records import read_sweep_record
 from hpc_ddp.sweep.results import (

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.config.model import TrainConfig
+from hpc_ddp.rundir.attempt import Save
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.ledger import Save, read_ledger
+from hpc_ddp.rundir.ledger import read_ledger
 from hpc_ddp.sessions.autointerval import WARMUP_STEPS
 from tests.helpers.train_ranks import SMALL_RUN, train_ranks
 
