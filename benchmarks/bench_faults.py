@@ -60,7 +60,8 @@ from benchmarks.cluster import idle, rank_pids
 from benchmarks.common import BIN, REPO, Targets
 from hpc_ddp.devcluster import cluster as devcluster
 from hpc_ddp.errors import HpcDdpError
-from hpc_ddp.rundir.ledger import Attempt, read_ledger
+from hpc_ddp.rundir.attempt import Attempt
+from hpc_ddp.rundir.ledger import read_ledger
 
 STATE_DIR_SUFFIX = "-faults"
 """The benchmark's cluster lives beside the default dev cluster, in its own state dir."""

@@ -61,7 +61,8 @@ from benchmarks.cluster import poll, rank_pids
 from benchmarks.common import BIN, REPO, Targets
 from hpc_ddp.devcluster import cluster as devcluster
 from hpc_ddp.errors import HpcDdpError
-from hpc_ddp.rundir.ledger import Attempt, read_ledger
+from hpc_ddp.rundir.attempt import Attempt
+from hpc_ddp.rundir.ledger import read_ledger
 
 KINDS = ("kill", "stop", "node", "preempt", "requeue")
 SHORT_KINDS = ("node", "kill", "stop")
