@@ -279,6 +279,18 @@ TASK_ENV_KEYS = (
 )  # fmt: skip
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _suite_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The suite's ``$XDG_STATE_HOME``, for what runs before a test's own
+    (:func:`_own_state_dir`): a module-scoped fixture's job (a twin's) would otherwise write
+    its save times, or a lemon record, into the developer's ``~/.local/state/hpc-ddp`` (seen:
+    13 save-time entries a suite run)."""
+    state = tmp_path_factory.mktemp("xdg-state-suite")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_STATE_HOME", str(state))
+        yield state
+
+
 @pytest.fixture(autouse=True)
 def _own_state_dir(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
