@@ -362,14 +362,6 @@ class Watchdog:
     def crashed(self, error: str) -> None:
         """This rank raised ``error``: unless it only lost a peer, that is the launch's fault
         (claimed now, so the others leave at their next beat instead of blocking)."""
-        if self.leaving and self.rescue is not None:
-            # This thread has the fault already and may be writing the survivor's save: the
-            # peer it froze out of the collective died meanwhile (a hung rank woken to leave),
-            # and the collective raised here. Unwinding would end the process under the save,
-            # and the step every rank completed would be trained again. The watchdog ends the
-            # process when it is done.
-            self._gone.wait(self.cfg.checkpoint_timeout_s + EXIT_GRACE_S)
-            return
         if PEER_ERROR.search(error) and self._fault is None and self.rescue is not None:
             # A lost peer: the fault is about to be declared (by the supervisor, a peer or
             # this thread), and this process may be the survivor that saves the step every
@@ -380,8 +372,13 @@ class Watchdog:
             with contextlib.suppress(OSError):
                 write_beat(self.launch.beat(self.me.rank), self._beat())
             self._gone.wait(self.cfg.stale_s + 3 * self.cfg.beat_s)
-            if self.leaving and not self._gone.is_set():  # the save began meanwhile
-                self._gone.wait(self.cfg.checkpoint_timeout_s + EXIT_GRACE_S)
+        if self.leaving and self.rescue is not None:
+            # The watchdog has the fault (before this raise, or while this thread waited for
+            # it) and may be writing the survivor's save: a hung peer woken to leave died, and
+            # the collective raised here. Unwinding would end the process under the save, and
+            # the step every rank completed would be trained again. The watchdog ends the
+            # process when it is done.
+            self._gone.wait(self.cfg.checkpoint_timeout_s + EXIT_GRACE_S)
             return
         if PEER_ERROR.search(error) or self._fault is not None:
             return
