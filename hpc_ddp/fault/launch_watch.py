@@ -98,7 +98,6 @@ class LaunchWatch:
     fault_at: float | None = None
     signalled: bool = False
     killed_at: float | None = None
-    abandoned: bool = False
     silent: list[int] = field(default_factory=list)
     code: int | None = None
 
@@ -145,7 +144,6 @@ class LaunchWatch:
             return False
         self.silent = [r for r in range(world) if r in left or _on(beats, r, lost)]
         step.abandon()
-        self.abandoned = True
         return True
 
     def _done_waiting(
