@@ -72,6 +72,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+STOP_LAG_S = 2.0
+"""How long a task whose child died of SIGTERM waits for its own stop signal (see
+:func:`_await_own_stop`)."""
 COMMAND_STOP_GRACE_S = 30.0
 """Seconds a ``command`` program without a session has, after the SIGTERM it gets for the
 requeue signal, to end by itself (finish writing its snapshot) before SIGKILL; at most half of
@@ -272,6 +275,7 @@ def run_command(
     for sig in forwarded:
         signal.signal(sig, forward)
     code = _wait_child(proc, watchdog)
+    _await_own_stop(forward, code)
     forward.cancel()
     _claim_torchrun_failure(cfg, watchdog, code, program, stopped=bool(forward.stops))
     if dist.is_main:
@@ -280,6 +284,20 @@ def run_command(
         record_child_end(coordinator, code, program, began)
         return exit_status(code)
     return _record_stopped(forward, code, program)
+
+
+def _await_own_stop(forward: _Forwarder, code: int, lag_s: float | None = None) -> None:
+    """The child died of SIGTERM and no stop signal came here: wait up to ``lag_s``
+    (:data:`STOP_LAG_S`) for this process's own copy before the end is taken for a crash.
+
+    A cancel or a requeue signals every process of the step, but not at once: under load the
+    child's SIGTERM ended it, and this process reaped it, before this process's own arrived,
+    and a cancel was recorded as the program's crash (seen once in a suite run)."""
+    if forward.stops or code != -signal.SIGTERM:
+        return
+    deadline = time.monotonic() + (STOP_LAG_S if lag_s is None else lag_s)
+    while not forward.stops and time.monotonic() < deadline:
+        time.sleep(0.02)  # the handler runs on this (the main) thread between sleeps
 
 
 def _claim_torchrun_failure(

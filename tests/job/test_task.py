@@ -664,3 +664,30 @@ def test_a_torchrun_command_records_its_ranks_and_its_script(tmp_path: Path) -> 
     [code] = read_code_runs(run_dir / "ledger.jsonl")
     assert code.file == str(script.resolve())
     assert json.loads((run_dir / "manifest.json").read_text())["code_file"] == code.file
+
+
+def test_a_child_killed_by_sigterm_waits_for_the_tasks_own_stop_signal() -> None:
+    """A cancel signals every process of the step, but not at once: the child's SIGTERM can
+    end it before its task's own arrives. The task waits for that signal (a real one, here
+    0.3 s late) before it takes the end for the program's crash; any other end is not held."""
+    import threading
+
+    from hpc_ddp.job.task import _await_own_stop, _Forwarder
+
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    forward = _Forwarder(done, None, 0.0, signal.SIGUSR2, 1.0)  # type: ignore[arg-type]
+    forward.plain = False  # a session's child: the signal is only passed on (to no one)
+    before = signal.signal(signal.SIGUSR1, forward)
+    try:
+        began = time.monotonic()
+        _await_own_stop(forward, 1, lag_s=5.0)  # an exit status: no wait
+        assert time.monotonic() - began < 0.5
+        late = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1))
+        late.start()
+        _await_own_stop(forward, -signal.SIGTERM, lag_s=5.0)
+        late.join()
+        assert forward.stops == [signal.SIGUSR1]
+        assert time.monotonic() - began < 3.0
+    finally:
+        signal.signal(signal.SIGUSR1, before)
