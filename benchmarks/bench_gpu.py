@@ -473,7 +473,11 @@ def exactness(work: Path, gpus: int, total: int, amp: bool) -> dict[str, Any]:
     time.sleep(1)
     with (work / "resume.log").open("wb") as out:
         resume = _cli("resume", str(cut), "--wait", stdout=out, stderr=subprocess.STDOUT)
-        _wait_step(cut, max(stopped, total // 4) + total // 3, 300)
+        target = max(stopped, total // 4) + total // 3
+        if target >= total:  # the kill must land before the end: say so, not wait 300 s
+            resume.wait(600)
+            raise SystemExit(f"the cancel landed at step {stopped} of {total}: no room to kill")
+        _wait_step(cut, target, 300)
         pid = _rank_pid(cut)
         if pid is None:
             raise SystemExit(f"{cut}: no rank 0 process to kill")
@@ -539,7 +543,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_exact:
             print("(e) exactness: cancel, resume, SIGKILL vs an uninterrupted twin", flush=True)
             try:
-                e = exactness(work / "e", gpus, 800 if gpus else 60, amp=bool(gpus))
+                # A CPU's mlp steps take ~1 ms: a cancel (~1 s) needs a longer run to land in.
+                e = exactness(work / "e", gpus, 800 if gpus else 3000, amp=bool(gpus))
             except (SystemExit, Exception) as exc:  # the rest of the report still counts
                 print(f"(e) failed: {exc}", flush=True)
                 e = {"error": str(exc)}

@@ -1,0 +1,213 @@
+"""The survivor's save on a real GPU: its copy to host memory waits for the completed step's
+kernels, and never for what is queued after them.
+
+Under NCCL, a peer that hangs leaves the survivor's next collective on the GPU forever, and
+every kernel queued behind it (the next step's backward, its update) waits with it. The rescue
+copies the state on a side stream behind an event recorded as the step ended
+(:func:`hpc_ddp.fault.rescue._to_host`); a copy on the training stream, or a device-wide
+synchronize, would never return. One GPU cannot hold two NCCL ranks, so the hung collective is
+stood in for by a kernel that spins on the training stream (``torch.cuda._sleep``) for longer
+than the test allows the save, followed by the next step's update.
+
+These tests need a CUDA GPU (run on a lent one; CI has none and skips them). The CPU path of the
+same code is ``test_rescue.py``; the whole path on CPU ranks, ``test_faults_e2e.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from hpc_ddp.checkpoint.tracked import Tracked
+from hpc_ddp.fault.rescue import Rescue
+from hpc_ddp.rundir.layout import Checkpoint
+from hpc_ddp.runtime.progress import Progress
+
+pytestmark = [
+    pytest.mark.torch,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+HUNG_S = 12.0
+"""How long the stand-in for a hung collective holds the training stream."""
+SAVE_LIMIT_S = 3.0
+"""The rescue's copy must be done well before that (a few ms are expected)."""
+
+
+class Writer:
+    """A checkpointer that keeps what it is given on the host (the real one writes a file)."""
+
+    def __init__(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        self.model, self.opt = model, opt
+        self.written: list[tuple[dict[str, Any], Progress]] = []
+
+    def newest_saved(self) -> Checkpoint | None:
+        return None
+
+    def live_state(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "scheduler": None,
+            "scaler": None,
+            "objects": {},
+        }
+
+    def write_now(self, state: Mapping[str, Any], progress: Progress, rng: list[Any]) -> Path:
+        del rng
+        self.written.append((dict(state), progress))
+        return Path(f"step-{progress.step:08d}.pt")
+
+
+def _cycles_per_second() -> float:
+    """The spin kernel's cycles per second on this GPU (its clock, measured)."""
+    torch.cuda._sleep(200_000_000)  # type: ignore[no-untyped-call]  # warm-up, clocks up
+    torch.cuda.synchronize()
+    cycles = 1_000_000_000
+    start = time.perf_counter()
+    torch.cuda._sleep(cycles)  # type: ignore[no-untyped-call]
+    torch.cuda.synchronize()
+    return cycles / (time.perf_counter() - start)
+
+
+def _hang(seconds: float, rate: float) -> None:
+    """Queue a kernel that holds the current stream for ``seconds``, as a collective whose
+    peer never comes holds it."""
+    torch.cuda._sleep(int(seconds * rate))  # type: ignore[no-untyped-call]
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 256), nn.BatchNorm1d(256), nn.Linear(256, 8)).cuda()
+
+
+def _step(model: nn.Module, opt: torch.optim.Optimizer, seed: int) -> None:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(32, 64, device="cuda", generator=g)
+    model(x).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def _on_host(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu() for k, v in state.items()}
+
+
+def test_the_save_waits_for_the_step_and_not_for_the_hung_collective_behind_it() -> None:
+    rate = _cycles_per_second()
+    model, twin = _model(), _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    twin_opt = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
+    writer = Writer(model, opt)
+    tracked = Tracked(model=model, optimizer=opt, objects={})
+    rescue = Rescue(
+        tracked, writer, seed=7, rank=0, world=2, device=torch.device("cuda"), model=model
+    )
+    progress = Progress()
+    for step in (1, 2):
+        progress.step = step
+        _step(model, opt, step)
+        _step(twin, twin_opt, step)
+        rescue.completed(progress)
+    # Step 3's own kernels are slow (1 s): the save must wait for them, not take step 2.
+    _step(twin, twin_opt, 3)
+    expected = _on_host(twin.state_dict())
+    torch.cuda.synchronize()
+    _hang(1.0, rate)
+    progress.step = 3
+    _step(model, opt, 3)
+    rescue.completed(progress)
+    # Step 4: its forward moves BatchNorm's running stats, then its all-reduce hangs, and its
+    # update waits behind it.
+    model(torch.randn(32, 64, device="cuda"))
+    _hang(HUNG_S, rate)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+
+    start = time.perf_counter()
+    outcome = rescue.save(blamed=(1,))
+    took = time.perf_counter() - start
+    still_hung = not torch.cuda.current_stream().query()
+    torch.cuda.synchronize()  # let the stand-in end before the test does
+
+    assert (outcome.step, outcome.why) == (3, None)
+    assert still_hung, "the stand-in for the hung collective ended before the save did"
+    assert took < SAVE_LIMIT_S, f"the rescue's copy took {took:.2f} s: it waited for the hang"
+    [(state, saved)] = writer.written
+    assert saved.step == 3
+    for name, value in expected.items():
+        got = state["model"][name]
+        assert got.device.type == "cpu", name
+        torch.testing.assert_close(got, value, rtol=0, atol=1e-6, msg=name)
+    momentum = state["optimizer"]["state"][0]["momentum_buffer"]
+    assert momentum.device.type == "cpu"
+    torch.testing.assert_close(
+        momentum, twin_opt.state_dict()["state"][0]["momentum_buffer"].cpu(), rtol=0, atol=1e-6
+    )
+    print(f"rescue copy with the stream hung: {took * 1000:.1f} ms (spin {rate / 1e9:.2f} GHz)")
+
+
+def test_rank_0_lost_is_told_from_the_buffers_without_waiting_for_the_hang() -> None:
+    """Rank 1 writes when rank 0 is lost; whether a step changed rank 0's buffers is read from
+    its own copy on the GPU, behind the same event."""
+    rate = _cycles_per_second()
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rescue = Rescue(
+        Tracked(model=model, optimizer=opt, objects={}),
+        Writer(model, opt),
+        seed=7,
+        rank=1,
+        world=2,
+        device=torch.device("cuda"),
+        model=model,
+    )
+    progress = Progress()
+    progress.step = 1
+    _step(model, opt, 1)
+    rescue.completed(progress)
+    _hang(HUNG_S, rate)
+
+    start = time.perf_counter()
+    outcome = rescue.save(blamed=(0,))
+    took = time.perf_counter() - start
+    torch.cuda.synchronize()
+
+    assert outcome.checkpoint is None
+    assert outcome.why is not None
+    assert "buffers a step changes" in outcome.why
+    assert took < SAVE_LIMIT_S, f"telling rank 0's loss took {took:.2f} s"
+
+
+def test_publishing_a_step_costs_microseconds_and_no_host_read() -> None:
+    """``completed`` runs on the training thread every step: an event and a buffer copy
+    queued, nothing waited for."""
+    rate = _cycles_per_second()
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rescue = Rescue(
+        Tracked(model=model, optimizer=opt, objects={}),
+        Writer(model, opt),
+        seed=7,
+        rank=0,
+        world=2,
+        device=torch.device("cuda"),
+        model=model,
+    )
+    progress = Progress()
+    _hang(2.0, rate)  # a host read would wait for this
+    start = time.perf_counter()
+    for step in range(1, 201):
+        progress.step = step
+        rescue.completed(progress)
+    each = (time.perf_counter() - start) / 200
+    torch.cuda.synchronize()
+    assert each < 0.005, f"publishing a step took {each * 1e6:.0f} us: it waited on the GPU"
+    print(f"publishing a step on the GPU: {each * 1e6:.1f} us")
