@@ -23,9 +23,16 @@ finished. The rescue runs on the watchdog's thread (the training thread may be b
 collective until the process-group timeout). It freezes the training thread at its next update
 or step boundary, then writes the published step if nothing has changed since (no update begun
 after it), or waits for the next boundary if an update already began, or falls back. On a GPU
-the copy to host memory is made on a side stream behind an event recorded at the boundary: the
-next step's kernels may be queued behind a collective that never ends, and the process ends
-without aborting the communicator, so they never run.
+the next step's kernels may be queued behind a collective that never ends (the process ends
+without aborting the communicator, so they never run), so nothing the rescue does may wait for
+the device: it waits, at most :data:`GPU_STEP_WAIT_S`, on the host for the event recorded as
+the published step ended, then copies on a side stream made when the launch started. Both
+measured on an H200 (torch 2.11), with a spin kernel queued as the hung collective: a process's
+first ``torch.cuda.Stream()`` waited for it (4 s behind a 4 s spin), and so did a copy to
+pageable host memory issued on a side stream waiting on an event not yet reached (13 s behind
+1 + 12 s); a copy on a stream made earlier, after the event, took 0.4 ms. A published step whose
+event is not reached in time (the host ran a step ahead of a GPU now stuck) is not written: the
+newest periodic checkpoint stands, and the ledger says why.
 
 An FSDP model's shard of a lost rank exists nowhere else: a sharded run is never rescued (its
 restart resumes from the newest committed shard set).
@@ -55,6 +62,10 @@ log = logging.getLogger("hpc_ddp.rescue")
 NEXT_BOUNDARY_WAIT_S = 2.0
 """How long the rescue waits for a training thread that is past an optimizer update to reach
 the end of that step (the scheduler's step, the scaler's update: local work, milliseconds)."""
+GPU_STEP_WAIT_S = 2.0
+"""How long a GPU rank's rescue waits on the host for the published step's work to end on the
+device before it gives the step up (a fault is found seconds after the step ended, so its
+work has long ended unless it never will)."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +136,13 @@ class Rescue:
     ) -> None:
         self.tracked, self.writer = tracked, writer
         self.seed, self.rank, self.world, self.device = seed, rank, world, device
+        # The rescue's side stream is made here, on the training thread as the launch starts:
+        # a process's first torch.cuda.Stream() waits for the kernels queued on its device
+        # (seen on an H200, torch 2.11: 13 s, behind a 12 s stand-in for a hung collective),
+        # and in a rescue those may never end.
+        self._side: Any = (
+            torch.cuda.Stream(device) if device.type == "cuda" else None  # type: ignore[no-untyped-call]
+        )
         self._clock = clock
         self._lock = threading.Lock()
         self._frozen = False
@@ -224,7 +242,9 @@ class Rescue:
         lost = []
         last = self._last
         # This rank's own buffers: a buffer a step changes differs from its start by now.
-        now = _to_host(self._sources, None if last is None else last.event)
+        if last is not None and not _reached(last.event, self._clock, GPU_STEP_WAIT_S):
+            return f"rank {self.rank}'s GPU did not end step {last.step}: {_STUCK}"
+        now = _to_host(self._sources, None if last is None else last.event, self._side)
         changed = [
             name
             for (name, _), value, first in zip(self._buffers, now, self._initial, strict=True)
@@ -289,6 +309,12 @@ class Rescue:
                 return RescueOutcome(
                     newest.step, newest.name, f"step {newest.step} is saved already"
                 )
+            if not _reached(last.event, self._clock, GPU_STEP_WAIT_S):
+                return RescueOutcome(
+                    last.step,
+                    None,
+                    f"rank {self.rank}'s GPU did not end step {last.step}: {_STUCK}",
+                )
             state = self._state(last)
             progress = Progress()
             progress.update_from(last.progress, last.extra)
@@ -306,17 +332,35 @@ class Rescue:
             model[name] = kept  # rank 0's, as the step ended, before the next forward
         state["model"] = model
         if self.device.type == "cuda":
-            state = _to_host(state, last.event)
+            state = _to_host(state, last.event, self._side)
         return state
 
 
-def _to_host(state: Any, event: Any) -> Any:
-    """``state`` with every GPU tensor copied to host memory on a side stream that waits only
-    for ``event`` (the completed step's work), never for what is queued after it."""
-    initialized = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
-    if not initialized:
+_STUCK = (
+    f"its work was not done {GPU_STEP_WAIT_S:.0f} s after the fault (queued behind a collective "
+    "that never ends): the newest periodic checkpoint stands"
+)
+
+
+def _reached(event: Any, clock: Callable[[], float], wait_s: float) -> bool:
+    """Whether the device has done the work recorded before ``event`` (None: no device), asked
+    on the host every 5 ms for at most ``wait_s``: never a wait for the device itself."""
+    if event is None:
+        return True
+    deadline = clock() + wait_s
+    while not event.query():
+        if clock() >= deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def _to_host(state: Any, event: Any, side: Any) -> Any:
+    """``state`` with every GPU tensor copied to host memory on the ``side`` stream (made
+    before any fault), which waits only for ``event`` (the completed step's work), never for
+    what is queued after it."""
+    if side is None:
         return state
-    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     if event is not None:
         side.wait_event(event)
     with torch.cuda.stream(side):

@@ -9,8 +9,14 @@ synchronize, would never return. One GPU cannot hold two NCCL ranks, so the hung
 stood in for by a kernel that spins on the training stream (``torch.cuda._sleep``) for longer
 than the test allows the save, followed by the next step's update.
 
-These tests need a CUDA GPU (run on a lent one; CI has none and skips them). The CPU path of the
-same code is ``test_rescue.py``; the whole path on CPU ranks, ``test_faults_e2e.py``.
+Their first run on an H200 (torch 2.11) found the save waiting for the stand-in: a process's
+first ``torch.cuda.Stream()`` waits for the device's queued kernels, and so does a copy to
+pageable host memory issued behind an event not yet reached. The rescue now makes its stream
+when the launch starts and waits on the host, bounded, for the step's event before it copies.
+
+These tests need a CUDA GPU (``bash benchmarks/device_check.sh`` on a lent one; CI has none and
+skips them). The CPU path of the same code is ``test_rescue.py``; the whole path on CPU ranks,
+``test_faults_e2e.py``.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import torch
 from torch import nn
 
 from hpc_ddp.checkpoint.tracked import Tracked
-from hpc_ddp.fault.rescue import Rescue
+from hpc_ddp.fault.rescue import GPU_STEP_WAIT_S, Rescue
 from hpc_ddp.rundir.layout import Checkpoint
 from hpc_ddp.runtime.progress import Progress
 
@@ -66,20 +72,36 @@ class Writer:
 
 
 def _cycles_per_second() -> float:
-    """The spin kernel's cycles per second on this GPU (its clock, measured)."""
-    torch.cuda._sleep(200_000_000)  # type: ignore[no-untyped-call]  # warm-up, clocks up
-    torch.cuda.synchronize()
-    cycles = 1_000_000_000
-    start = time.perf_counter()
-    torch.cuda._sleep(cycles)  # type: ignore[no-untyped-call]
-    torch.cuda.synchronize()
-    return cycles / (time.perf_counter() - start)
+    """The spin kernel's cycles per second on this GPU (its clock, measured once it is up: an
+    idle H200 clocks at 345 MHz, a busy one at ~1980)."""
+    rate = 0.0
+    for _ in range(2):
+        cycles = 1_000_000_000
+        start = time.perf_counter()
+        torch.cuda._sleep(cycles)  # type: ignore[no-untyped-call]
+        torch.cuda.synchronize()
+        rate = cycles / (time.perf_counter() - start)
+    return rate
 
 
-def _hang(seconds: float, rate: float) -> None:
-    """Queue a kernel that holds the current stream for ``seconds``, as a collective whose
-    peer never comes holds it."""
-    torch.cuda._sleep(int(seconds * rate))  # type: ignore[no-untyped-call]
+class Hang:
+    """A kernel that holds the current stream for about ``seconds``, as a collective whose peer
+    never comes holds it; timed on the GPU itself (:attr:`lasted_s`, once it ended)."""
+
+    def __init__(self, seconds: float, rate: float) -> None:
+        self._start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        self._end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        self._start.record()
+        torch.cuda._sleep(int(seconds * rate))  # type: ignore[no-untyped-call]
+        self._end.record()
+
+    def running(self) -> bool:
+        return bool(self._start.query()) and not self._end.query()  # type: ignore[no-untyped-call]
+
+    @property
+    def lasted_s(self) -> float:
+        self._end.synchronize()
+        return float(self._start.elapsed_time(self._end)) / 1000
 
 
 def _model() -> nn.Module:
@@ -119,14 +141,14 @@ def test_the_save_waits_for_the_step_and_not_for_the_hung_collective_behind_it()
     _step(twin, twin_opt, 3)
     expected = _on_host(twin.state_dict())
     torch.cuda.synchronize()
-    _hang(1.0, rate)
+    slow = Hang(1.0, rate)
     progress.step = 3
     _step(model, opt, 3)
     rescue.completed(progress)
     # Step 4: its forward moves BatchNorm's running stats, then its all-reduce hangs, and its
     # update waits behind it.
     model(torch.randn(32, 64, device="cuda"))
-    _hang(HUNG_S, rate)
+    hung = Hang(HUNG_S, rate)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)
@@ -134,12 +156,17 @@ def test_the_save_waits_for_the_step_and_not_for_the_hung_collective_behind_it()
     start = time.perf_counter()
     outcome = rescue.save(blamed=(1,))
     took = time.perf_counter() - start
-    still_hung = not torch.cuda.current_stream().query()
+    still_hung = hung.running()
+    print(
+        f"rescue copy: {took * 1000:.1f} ms, behind step 3's {slow.lasted_s:.2f} s and before "
+        f"the hang's {hung.lasted_s:.2f} s ended (still hung then: {still_hung}; spin "
+        f"{rate / 1e9:.2f} GHz)"
+    )
     torch.cuda.synchronize()  # let the stand-in end before the test does
 
     assert (outcome.step, outcome.why) == (3, None)
-    assert still_hung, "the stand-in for the hung collective ended before the save did"
     assert took < SAVE_LIMIT_S, f"the rescue's copy took {took:.2f} s: it waited for the hang"
+    assert still_hung, "the stand-in for the hung collective ended before the save did"
     [(state, saved)] = writer.written
     assert saved.step == 3
     for name, value in expected.items():
@@ -151,7 +178,45 @@ def test_the_save_waits_for_the_step_and_not_for_the_hung_collective_behind_it()
     torch.testing.assert_close(
         momentum, twin_opt.state_dict()["state"][0]["momentum_buffer"].cpu(), rtol=0, atol=1e-6
     )
-    print(f"rescue copy with the stream hung: {took * 1000:.1f} ms (spin {rate / 1e9:.2f} GHz)")
+
+
+def test_a_step_whose_work_never_ends_on_the_gpu_is_given_up_not_waited_for() -> None:
+    """The host ran a step ahead of a GPU now stuck: the published step's own work waits
+    behind the hung collective. The rescue gives it up after GPU_STEP_WAIT_S and says why."""
+    rate = _cycles_per_second()
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    writer = Writer(model, opt)
+    rescue = Rescue(
+        Tracked(model=model, optimizer=opt, objects={}),
+        writer,
+        seed=7,
+        rank=0,
+        world=2,
+        device=torch.device("cuda"),
+        model=model,
+    )
+    progress = Progress()
+    progress.step = 1
+    _step(model, opt, 1)
+    rescue.completed(progress)
+    hung = Hang(HUNG_S, rate)  # step 2's all-reduce never ends; its update waits behind it
+    progress.step = 2
+    _step(model, opt, 2)
+    rescue.completed(progress)
+
+    start = time.perf_counter()
+    outcome = rescue.save(blamed=(1,))
+    took = time.perf_counter() - start
+    still_hung = hung.running()
+    torch.cuda.synchronize()
+
+    assert outcome.checkpoint is None
+    assert outcome.why is not None
+    assert "GPU did not end step 2" in outcome.why
+    assert writer.written == []
+    assert still_hung
+    assert GPU_STEP_WAIT_S <= took < GPU_STEP_WAIT_S + 1.0
 
 
 def test_rank_0_lost_is_told_from_the_buffers_without_waiting_for_the_hang() -> None:
@@ -173,12 +238,15 @@ def test_rank_0_lost_is_told_from_the_buffers_without_waiting_for_the_hang() -> 
     progress.step = 1
     _step(model, opt, 1)
     rescue.completed(progress)
-    _hang(HUNG_S, rate)
+    hung = Hang(HUNG_S, rate)
 
     start = time.perf_counter()
     outcome = rescue.save(blamed=(0,))
     took = time.perf_counter() - start
+    still_hung = hung.running()
+    print(f"rank 0's loss told in {took * 1000:.1f} ms, the hang {hung.lasted_s:.2f} s")
     torch.cuda.synchronize()
+    assert still_hung
 
     assert outcome.checkpoint is None
     assert outcome.why is not None
@@ -202,7 +270,7 @@ def test_publishing_a_step_costs_microseconds_and_no_host_read() -> None:
         model=model,
     )
     progress = Progress()
-    _hang(2.0, rate)  # a host read would wait for this
+    Hang(2.0, rate)  # a host read would wait for this
     start = time.perf_counter()
     for step in range(1, 201):
         progress.step = step
