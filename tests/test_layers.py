@@ -53,7 +53,10 @@ LAYERS: tuple[Layer, ...] = (
         ("errors", "version", "exitcodes", "collector", "output", "frozen", "history"),
         pure=("errors", "version", "exitcodes", "output", "frozen", "history"),
     ),
-    Layer(("durable", "rundir.layout"), pure=("rundir.layout",)),
+    Layer(
+        ("durable", "rundir.layout", "backends.catalog"),
+        pure=("rundir.layout", "backends.catalog"),
+    ),
     Layer(("lemons",), pure=("lemons", "lemons.record")),
     Layer(("config",), pure=("config.*",), impure=("preflight", "loginnode", "programs", "images")),
     Layer(
@@ -103,7 +106,7 @@ LAYERS: tuple[Layer, ...] = (
     Layer(("submission",)),
     Layer(("sweep",), pure=("sweep.spec",)),
     Layer(("backends.slurm.sweeps", "backends.local.sweeps", "backends.local.sweep_controller")),
-    Layer(("backends.registry",)),
+    Layer(("backends.registry", "backends.slurm.login_face", "backends.local.login_face")),
     Layer(("api",)),
     Layer(("cli",)),
     Layer(("__init__", "__main__")),
@@ -137,6 +140,8 @@ LOGIN: tuple[str, ...] = (
     "backends.slurm.sweeps",
     "backends.local.sweeps",
     "backends.local.sweep_controller",
+    "backends.slurm.login_face",
+    "backends.local.login_face",
     "backends.registry",
     "state",
     "submission",
@@ -323,11 +328,15 @@ BACKEND_PACKAGES = tuple(
 """Each backend's own package under ``hpc_ddp/backends/`` (``local``, ``slurm``)."""
 BACKEND_PICKERS: dict[str, str] = {
     "hpc_ddp.backends.registry": "the login side's registry: each backend's login face and its "
-    "sweep runner, made by name",
+    "sweep runner, made by name (and the type of the API's deprecated slurm=)",
     "hpc_ddp.backends.node_registry": "the node side's: each backend's node face (allocation, "
-    "launcher), picked by the environment; the node side may not import the login side's",
+    "launcher), picked by the environment; the node side may not import the login side's; "
+    "and the local backend's own tasks' launcher",
 }
-"""The modules outside a backend's package that import it, one per side, each with its reason."""
+"""The modules outside a backend's package that import it, one per side, each with its reason.
+Both reach each backend's faces through the module its catalog row names
+(:data:`hpc_ddp.backends.catalog.CATALOG`), which no import statement shows: see
+:func:`test_each_catalog_row_names_faces_its_registry_may_import`."""
 SEAM_PENDING: dict[str, str] = {}
 """Modules outside a backend's package still reaching it directly, each with its reason (none:
 the local tasks reach theirs through the node registry too)."""
@@ -373,6 +382,28 @@ def test_the_backend_check_sees_a_reach_and_every_pending_entry_is_one() -> None
         assert backend_reaches(module), f"{module} no longer reaches a backend: drop its entry"
 
 
+def test_each_catalog_row_names_faces_its_registry_may_import() -> None:
+    """A row names its faces by dotted path, imported by name (as entry points are): each
+    must be a module of the backend's own package, at or below the layer of the registry that
+    imports it, and a node face on no login side."""
+    from hpc_ddp.backends.catalog import CATALOG
+
+    assert [row.name for row in CATALOG][-1:] == ["local"]  # this machine takes what is left
+    for row in CATALOG:
+        for face, picker in (
+            (row.login_face, "hpc_ddp.backends.registry"),
+            (row.node_face, "hpc_ddp.backends.node_registry"),
+        ):
+            assert face in MODULES, (row.name, face)
+            assert face.startswith(f"hpc_ddp.backends.{row.name}."), (row.name, face)
+            assert layer_of(face) <= layer_of(picker), (face, picker)
+            importlib.import_module(face)
+        assert side_of(row.node_face) != "login", row.node_face
+    assert layer_of("hpc_ddp.backends.slurm.login_face") > layer_of(
+        "hpc_ddp.backends.node_registry"
+    )  # the check can fail: a login face named as a node face would be refused
+
+
 CLI_OWN_WAY: dict[str, str] = {
     "cli.cmd_run": "a node verb: the task on each node",
     "cli.cmd_supervise": "a node verb: the supervisor in the allocation",
@@ -385,6 +416,10 @@ CLI_BASE = ("hpc_ddp.api", "hpc_ddp.cli", "hpc_ddp.errors", "hpc_ddp.output",
 """What every other CLI module imports from hpc-ddp: the API, the CLI itself, and the ground."""
 CLI_DATA: dict[tuple[str, str], tuple[str, str]] = {
     ("*", "hpc_ddp.rundir.layout.RUNS_DIR_ENV"): ("data", "the variable's name, in --help"),
+    ("cli.options", "hpc_ddp.backends.catalog.backend_names"): (
+        "data",
+        "the backends' names, --backend's choices, read from the catalog (not a second list)",
+    ),
     ("cli.main", "hpc_ddp.backends.registry.Registry"): (
         "injection point",
         "main(argv, backends=) takes the registry tests pass; it makes the real one",
@@ -699,6 +734,12 @@ MUTUAL_PACKAGES: dict[tuple[str, str], str] = {
         f"the bottom and each backend's faces above {other}/, which they drive"
     )
     for other in ("job", "state", "submission", "sweep")
+} | {
+    ("backends", "rundir"): (
+        "a manifest's backend is checked against the catalog (backends/catalog: names and dotted "
+        "paths, importing nothing, in the ground layer below rundir/), as backends/ reads run "
+        "directories above it"
+    )
 }
 """Pairs of packages that import each other, each with its reason; any other pair fails."""
 

@@ -36,11 +36,12 @@ from hpc_ddp.api.targets import (
     sweep_task_of,
 )
 from hpc_ddp.backends.base import Cancel, Outcome
+from hpc_ddp.backends.catalog import BackendName
 from hpc_ddp.backends.jobs import is_job_ref
 from hpc_ddp.backends.registry import Registry, registry_of
 from hpc_ddp.errors import TargetError
 from hpc_ddp.rundir.layout import MANIFEST_FILE
-from hpc_ddp.rundir.manifest import BackendName, read_manifest
+from hpc_ddp.rundir.manifest import read_manifest
 
 
 def check_targets(targets: Sequence[str]) -> None:

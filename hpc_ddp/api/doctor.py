@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import os
 import secrets
-import shutil
 import socket
 import sys
 from collections.abc import Sequence
@@ -119,8 +118,7 @@ def start_doctor(
     registry = registry_of(backends)
     cfg, config_path = _load(config, list(overrides), site)
     cfg = doctor_config(cfg, nodes=nodes, timeout_s=timeout_s)
-    sbatch = shutil.which("sbatch") if backend == "auto" else None
-    chosen = choose_backend(backend, sbatch)
+    chosen = choose_backend(backend)
     prepared = prepare(
         cfg,
         backend=registry.backend(chosen),

@@ -46,10 +46,10 @@ if TYPE_CHECKING:
     from hpc_ddp.api.cancel import CancelResult
     from hpc_ddp.api.status import RunStatus, SweepStatus
     from hpc_ddp.backends.base import Backend
+    from hpc_ddp.backends.catalog import BackendName
     from hpc_ddp.backends.registry import SlurmClient
     from hpc_ddp.config.leadtime import LeadTime
     from hpc_ddp.lemons.record import Exclusion
-    from hpc_ddp.rundir.manifest import BackendName
     from hpc_ddp.submission.resume import ResumePlan
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,10 @@ log = logging.getLogger(__name__)
 # Reading runs back (api.status, api.targets, api.cancel, api.logs, the manifest) and resuming
 # them are imported where they are used: a submit, on a login node, pays for none of it.
 
-BackendChoice = Literal["auto", "slurm", "local"]
+BackendChoice = str
+"""``auto`` or a backend's name (:func:`hpc_ddp.backends.catalog.backend_names`): where a
+run's processes go; ``auto``: the first backend whose login command is on PATH (``sbatch``:
+Slurm), else processes of this machine."""
 
 PYTHON_CONFIG = "<JobConfig from Python>"
 """What a run submitted from a :class:`JobConfig` object records as its config's source; a
@@ -262,6 +265,7 @@ def plan_submit(
     :func:`sbatch_test_only` (which asks Slurm, so a local backend is refused). ``backends``
     (or, deprecated, ``slurm``) plans it and is asked nothing: planning is pure.
     """
+    from hpc_ddp.backends.catalog import is_scheduler
     from hpc_ddp.config.preflight import preflight_job
     from hpc_ddp.submission.submit import choose_backend, prepare, runs_dir_from
 
@@ -269,8 +273,8 @@ def plan_submit(
     args = override_args(overrides)
     cfg, config_path = _job_config(config, args, site)
     preflight_job(cfg, str(config_path))  # what would fail on the nodes, checked from here
-    chosen = choose_backend(backend, _sbatch_on_path() if backend == "auto" else None)
-    if chosen == "local" and for_test_only:
+    chosen = choose_backend(backend)
+    if for_test_only and not is_scheduler(chosen):
         raise ConfigError("--test-only asks Slurm; HINT: use --backend slurm on a Slurm cluster.")
     shown = str(config) if not isinstance(config, JobConfig) else PYTHON_CONFIG
     planned_runs = runs_dir_from(None if runs_dir is None else str(runs_dir), os.environ)
@@ -349,12 +353,6 @@ def _job_config(
     path = Path(path_arg("config", config) or "")
     profile = find_site_profile(path_arg("site", site), os.environ, Path.home())
     return load_job_config(path, overrides, site_profile=profile), path
-
-
-def _sbatch_on_path() -> str | None:
-    import shutil  # not at the top: shutil loads the compression modules, ~3 ms of every submit
-
-    return shutil.which("sbatch")
 
 
 def launch(

@@ -33,6 +33,7 @@ from hpc_ddp.api.job import BackendChoice, Job
 from hpc_ddp.api.status import SweepStatus, collect_status, wait_until_ended
 from hpc_ddp.api.targets import require_dir
 from hpc_ddp.backends.arrays import ArrayRecord, PreparedArray, read_arrays
+from hpc_ddp.backends.catalog import BackendName
 from hpc_ddp.backends.jobs import AccountingRecord, JobInfo
 from hpc_ddp.backends.registry import Registry, registry_of
 from hpc_ddp.errors import (
@@ -43,7 +44,7 @@ from hpc_ddp.errors import (
     RunsDirError,
 )
 from hpc_ddp.rundir.layout import MANIFEST_FILE, RUNS_DIR_ENV
-from hpc_ddp.rundir.manifest import BackendName, read_manifest
+from hpc_ddp.rundir.manifest import read_manifest
 from hpc_ddp.sweep.records import SweepRecord, read_sweep_record
 from hpc_ddp.sweep.results import ResultRow
 from hpc_ddp.sweep.runner import Resubmission
@@ -452,11 +453,9 @@ def resubmission_json(sweep_dir: Path, result: Resubmission, *, dry_run: bool) -
 
 def choose_sweep_backend(backend: BackendChoice) -> BackendName:
     """``auto``: Slurm when ``sbatch`` is on PATH, else local processes (as for a run)."""
-    import shutil
-
     from hpc_ddp.submission.submit import choose_backend
 
-    return choose_backend(backend, shutil.which("sbatch") if backend == "auto" else None)
+    return choose_backend(backend)
 
 
 def launch_sweep(

@@ -8,8 +8,9 @@ restart count (:class:`JobIdentity`), the sweep point an array task runs; and, b
 scheduler, what it says of the running job at a stop (:class:`JobStanding`), the job's own
 requeue, and which nodes it holds down. Each backend implements it in its own package
 (:class:`hpc_ddp.backends.slurm.allocation.SlurmAllocation`,
-:class:`hpc_ddp.backends.local.allocation.LocalAllocation`);
-:func:`hpc_ddp.backends.node_registry.allocation_for` picks the one an environment belongs to.
+:class:`hpc_ddp.backends.local.allocation.LocalAllocation`), in the module its catalog row names
+(a :class:`NodeFace`); :func:`hpc_ddp.backends.node_registry.allocation_for` picks the one an
+environment belongs to.
 
 The supervisor's launches come from the other node face, a
 :class:`~hpc_ddp.backends.base.Launcher` (:func:`hpc_ddp.backends.node_registry.launcher_for`).
@@ -20,12 +21,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hpc_ddp.errors import DistEnvError
 
-Scheduler = Literal["slurm", "local"]
-"""Which backend's allocation a process runs in (``local``: this machine, no scheduler)."""
+if TYPE_CHECKING:
+    from hpc_ddp.backends.base import Launcher
+    from hpc_ddp.backends.catalog import BackendName
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,9 @@ class Allocation(Protocol):
     """The node face of a backend (see the module docstring)."""
 
     @property
-    def name(self) -> Scheduler:
-        """The backend's name (a task it started itself has this launcher)."""
+    def name(self) -> BackendName:
+        """The backend's name, as its catalog row gives it (a task it started itself has this
+        launcher); ``local``: this machine, no scheduler."""
         ...
 
     def placement(self) -> Placement | None:
@@ -128,6 +131,29 @@ class Allocation(Protocol):
 
     def down(self, nodes: Sequence[str]) -> dict[str, str]:
         """Of ``nodes``, those the scheduler holds down or not responding, with their state."""
+        ...
+
+
+class NodeFace(Protocol):
+    """A backend's node face: the module its catalog row names
+    (:attr:`hpc_ddp.backends.catalog.Row.node_face`), which
+    :mod:`hpc_ddp.backends.node_registry` imports when it asks."""
+
+    def owns_env(self, env: Mapping[str, str]) -> bool:
+        """Whether ``env`` is a job of this backend's (it carries the scheduler's variables)."""
+        ...
+
+    def allocation_of(self, env: Mapping[str, str], client: object | None = None) -> Allocation:
+        """The allocation ``env`` belongs to; ``client``: what the backend asks its scheduler
+        through (tests inject a fake), None: the real commands, made when first needed."""
+        ...
+
+    def supervise_launcher(
+        self, env: Mapping[str, str], argv: Sequence[str], client: object | None = None
+    ) -> tuple[Allocation, Launcher[Any]]:
+        """The allocation of ``hpc-ddp supervise``'s batch script and the launcher that runs
+        ``argv`` as each launch in it. Raises :class:`~hpc_ddp.errors.BackendError` where no
+        batch script runs it, or ``argv`` is not this backend's launch command."""
         ...
 
 

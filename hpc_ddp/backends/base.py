@@ -30,8 +30,9 @@ from hpc_ddp.frozen import dataclass
 from hpc_ddp.rundir.layout import Checkpoint, RunPaths
 
 if TYPE_CHECKING:  # types only: loading this module loads no reader of files, nor Slurm's parsers
+    from hpc_ddp.backends.catalog import BackendName
     from hpc_ddp.backends.jobs import AccountingRecord, JobInfo
-    from hpc_ddp.rundir.manifest import BackendName, Manifest
+    from hpc_ddp.rundir.manifest import Manifest
 
 # --- the login face ---------------------------------------------------------------------------
 

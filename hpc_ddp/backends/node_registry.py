@@ -5,48 +5,66 @@ backend's tasks, which its controller runs (:mod:`hpc_ddp.job.local_task`), ask 
 :func:`local_launcher` and :func:`record_local_rank`.
 
 Like Lightning's cluster environments, each backend says whether an environment is its own
-from its own variables; the first that does is picked, and this machine with no scheduler
-(:class:`~hpc_ddp.backends.local.allocation.LocalAllocation`) is what is left. Each backend's
-module is imported only when picked.
+from its own variables (:meth:`~hpc_ddp.backends.allocation.NodeFace.owns_env`), asked in the
+catalog's order (:data:`~hpc_ddp.backends.catalog.CATALOG`); this machine with no scheduler
+(:class:`~hpc_ddp.backends.local.allocation.LocalAllocation`) comes last and takes what is
+left. Each node face is the module its catalog row names, imported when asked.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from hpc_ddp.backends.allocation import Allocation
+from hpc_ddp.backends import catalog
+from hpc_ddp.backends.allocation import Allocation, NodeFace
+from hpc_ddp.backends.catalog import BackendName
 
 if TYPE_CHECKING:
     from hpc_ddp.backends.base import Launcher
-    from hpc_ddp.backends.slurm.client import SlurmClient
+
+Clients = Callable[[BackendName], object | None]
+"""The client each backend asks its scheduler through, by the backend's name
+(:meth:`hpc_ddp.backends.registry.Registry.client`); None for a backend's real commands."""
 
 
-def allocation_for(env: Mapping[str, str], *, slurm: SlurmClient | None = None) -> Allocation:
-    """The allocation ``env`` belongs to: Slurm's when it carries Slurm's variables, else this
-    machine's. ``slurm``: the client Slurm's face asks through (tests inject a fake); None:
-    the real commands, made when first needed."""
-    from hpc_ddp.backends.slurm.allocation import SlurmAllocation, is_slurm_env
+def _no_clients(name: BackendName) -> object | None:
+    del name
+    return None
 
-    if is_slurm_env(env):
-        return SlurmAllocation(env, slurm)
-    from hpc_ddp.backends.local.allocation import LocalAllocation
 
-    return LocalAllocation()
+def node_face_for(env: Mapping[str, str]) -> tuple[BackendName, NodeFace]:
+    """The backend whose job ``env`` belongs to, and its node face: the first in the catalog
+    that owns ``env`` (the last, this machine, owns every one)."""
+    for row in catalog.CATALOG:  # read when asked: tests add a row
+        face = cast(NodeFace, importlib.import_module(row.node_face))
+        if face.owns_env(env):
+            return row.name, face
+    raise LookupError("no backend owns this environment: the catalog lacks its last row")
+
+
+def allocation_for(env: Mapping[str, str], *, clients: Clients = _no_clients) -> Allocation:
+    """The allocation ``env`` belongs to: the first backend's in the catalog whose variables
+    it carries (Slurm's ``SLURM_*``), else this machine's. ``clients``: what each backend's
+    face asks its scheduler through, by name (tests inject a fake); None for a backend: its
+    real commands, made when first needed."""
+    name, face = node_face_for(env)
+    return face.allocation_of(env, clients(name))
 
 
 def launcher_for(
-    env: Mapping[str, str], argv: Sequence[str], *, slurm: SlurmClient | None = None
+    env: Mapping[str, str], argv: Sequence[str], *, clients: Clients = _no_clients
 ) -> tuple[Allocation, Launcher[Any]]:
     """The allocation of ``hpc-ddp supervise``'s batch script and the launcher that runs
-    ``argv`` (``srun ...``) as each launch in it: srun steps of a Slurm job. The local
-    backend's supervisor asks for its own (:func:`local_launcher`).
-    Raises :class:`~hpc_ddp.errors.SlurmError` for an ``argv`` that is no srun command."""
-    from hpc_ddp.backends.slurm.allocation import SlurmAllocation
-
-    allocation = SlurmAllocation(env, slurm)
-    return allocation, allocation.launcher(argv)
+    ``argv`` (``srun ...``) as each launch in it (srun steps of a Slurm job), from the node
+    face of the backend whose job ``env`` is. The local backend's supervisor asks for its own
+    (:func:`local_launcher`). Raises
+    :class:`~hpc_ddp.errors.BackendError` for an ``argv`` that is not the backend's launch
+    command, or an environment no scheduler's job owns."""
+    name, face = node_face_for(env)
+    return face.supervise_launcher(env, argv, clients(name))
 
 
 def local_launcher(

@@ -1,54 +1,84 @@
 """The backends by name: the login side's one registry, and its one injection point.
 
-A run's manifest records its backend's name (``slurm``, ``local``); everything the login side
-does that depends on it is a method of the backend's login face
-(:class:`~hpc_ddp.backends.base.Backend`), of what its logs say of a job's end
-(:class:`~hpc_ddp.backends.base.Postmortem`), of a job this process holds on this machine
-(:class:`~hpc_ddp.backends.base.Held`) or, for a sweep, of its sweep runner
-(:class:`~hpc_ddp.sweep.runner.SweepRunner`). :class:`Registry` makes each by name. The CLI
-(``main(argv, backends=)``) and the API (``backends=``) take one; code below them is handed it
-as :class:`~hpc_ddp.backends.base.Backends`. Each backend's module is imported only when
-picked: a Slurm user's ``status`` never loads the local backend (ctypes, pickle, sockets), nor
-a local run the Slurm client.
+A run's manifest records its backend's name (``slurm``, ``local``: the catalog's,
+:mod:`hpc_ddp.backends.catalog`); everything the login side does that depends on it is a method
+of the backend's login face (:class:`~hpc_ddp.backends.base.Backend`), of what its logs say of a
+job's end (:class:`~hpc_ddp.backends.base.Postmortem`), of a job this process holds on this
+machine (:class:`~hpc_ddp.backends.base.Held`) or, for a sweep, of its sweep runner
+(:class:`~hpc_ddp.sweep.runner.SweepRunner`). :class:`Registry` makes each by name, from the
+module the backend's catalog row names (a :class:`LoginFace`). The CLI (``main(argv,
+backends=)``) and the API (``backends=``) take one; code below them is handed it as
+:class:`~hpc_ddp.backends.base.Backends`. Each backend's module is imported only when picked: a
+Slurm user's ``status`` never loads the local backend (ctypes, pickle, sockets), nor a local run
+the Slurm client.
 
-A new backend adds its package under ``hpc_ddp/backends/`` and one entry to :data:`_ENTRIES`.
+A new backend adds its package under ``hpc_ddp/backends/`` and one row to the catalog.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Mapping
 from dataclasses import field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol, cast
 
+from hpc_ddp.backends.catalog import BackendName, row_of
 from hpc_ddp.frozen import dataclass
 from hpc_ddp.rundir.layout import MANIFEST_FILE
 
 if TYPE_CHECKING:
-    from hpc_ddp.backends.base import Backend, Forced, Held, Postmortem, Waited
+    from hpc_ddp.backends.base import Backend, Held, Postmortem
 
     # Named for the API's deprecated `slurm=` (its type), which may not import Slurm's own.
     from hpc_ddp.backends.slurm.client import SlurmClient as SlurmClient  # noqa: PLC0414
-    from hpc_ddp.rundir.manifest import BackendName, Manifest
+    from hpc_ddp.rundir.manifest import Manifest
     from hpc_ddp.sweep.runner import SweepRunner
+
+
+class LoginFace(Protocol):
+    """A backend's login faces: the module its catalog row names
+    (:attr:`hpc_ddp.backends.catalog.Row.login_face`), each face made when asked for. A backend
+    whose jobs run under the submitting process also has ``held(handle, run_dir, job_id) ->
+    Held`` and ``kill_wait_s() -> float``."""
+
+    def backend(self, registry: Registry) -> Backend:
+        """Its login face, over the registry's client for it."""
+        ...
+
+    def sweeps(self, registry: Registry) -> SweepRunner:
+        """Its sweep runner."""
+        ...
+
+    def postmortem(self) -> Postmortem:
+        """What its logs say of a job's end."""
+        ...
 
 
 @dataclass(frozen=True)
 class Registry:
-    """Every backend, by name (a :class:`~hpc_ddp.backends.base.Backends`). ``slurm``: the
-    client the Slurm backend runs its commands through (tests pass one over
-    :class:`~hpc_ddp.backends.slurm.fake.FakeSlurm`); None: the real commands, made when first
-    needed (a dry run makes none)."""
+    """Every backend, by name (a :class:`~hpc_ddp.backends.base.Backends`). ``clients``: the
+    client each backend runs its scheduler's commands through, by its name (tests pass a Slurm
+    one over :class:`~hpc_ddp.backends.slurm.fake.FakeSlurm`); a backend without one: the real
+    commands, made when first needed (a dry run makes none). ``slurm``: Slurm's, as
+    ``Registry(client)`` has always said it."""
 
     slurm: SlurmClient | None = field(default=None, compare=False)
+    clients: Mapping[BackendName, object] = field(default_factory=dict, compare=False)
+
+    def client(self, name: BackendName) -> object | None:
+        """The client the backend ``name`` runs its commands through (None: the real ones)."""
+        if name == "slurm" and self.slurm is not None:
+            return self.slurm
+        return self.clients.get(name)
 
     def backend(self, which: Manifest | BackendName) -> Backend:
         """The backend a run's manifest names (or the one named ``which``)."""
-        return _ENTRIES[_name(which)].backend(self)
+        return _login_face(_name(which)).backend(self)
 
     def sweeps(self, which: BackendName) -> SweepRunner:
         """The sweep runner of a new sweep on the backend named ``which``."""
-        return _ENTRIES[which].sweeps(self)
+        return _login_face(which).sweeps(self)
 
     def sweeps_of(self, sweep_dir: Path) -> SweepRunner:
         """The sweep runner of the backend a sweep directory's manifest names; a sweep
@@ -61,13 +91,13 @@ class Registry:
 
     def postmortem(self, which: Manifest | BackendName) -> Postmortem:
         """What the logs of that backend's jobs say of their end, beside the ledger."""
-        return _ENTRIES[_name(which)].postmortem()
+        return _login_face(_name(which)).postmortem()
 
     def held(self, which: BackendName, handle: object, run_dir: Path, job_id: str) -> Held:
         """The job ``job_id`` of ``run_dir`` this process started on ``which`` and holds
         (``handle``: what its start returned); a backend whose jobs a scheduler holds has none
         (:class:`ValueError`)."""
-        made = _ENTRIES[which].held
+        made: _MakeHeld | None = getattr(_login_face(which), "held", None)
         if made is None:
             raise ValueError(f"a {which} job is held by its scheduler, not by this process")
         return made(handle, run_dir, job_id)
@@ -76,7 +106,7 @@ class Registry:
         """How long a cancel of a ``which`` job gives its processes after the SIGTERM before
         it SIGKILLs those left, unless told (a local run's, as Slurm's ``KillWait``); None
         where the scheduler's own setting decides."""
-        wait = _ENTRIES[which].kill_wait_s
+        wait: _KillWait | None = getattr(_login_face(which), "kill_wait_s", None)
         return None if wait is None else wait()
 
 
@@ -84,130 +114,18 @@ def _name(which: Manifest | BackendName) -> BackendName:
     return which if isinstance(which, str) else which.backend
 
 
-class _Entry:
-    """One backend's faces, each made (and its module imported) only when asked for. A plain
-    class, not a dataclass: every command makes the table, and a dataclass costs a dry run
-    ~0.3 ms to define."""
-
-    __slots__ = ("backend", "held", "kill_wait_s", "postmortem", "sweeps")
-
-    def __init__(
-        self,
-        backend: Callable[[Registry], Backend],
-        sweeps: Callable[[Registry], SweepRunner],
-        postmortem: Callable[[], Postmortem],
-        *,
-        held: Callable[[object, Path, str], Held] | None = None,
-        kill_wait_s: Callable[[], float] | None = None,
-    ) -> None:
-        self.backend = backend
-        self.sweeps = sweeps
-        self.postmortem = postmortem
-        self.held = held
-        """Its jobs that run under this process (None: a scheduler holds them)."""
-        self.kill_wait_s = kill_wait_s
+def _login_face(name: BackendName) -> LoginFace:
+    """The login-face module of the backend ``name`` (a :class:`KeyError` for a name the
+    catalog lacks: a manifest's was checked when it was read)."""
+    return cast(LoginFace, importlib.import_module(row_of(name).login_face))
 
 
-# --- Slurm ------------------------------------------------------------------------------------
+class _MakeHeld(Protocol):
+    def __call__(self, handle: object, run_dir: Path, job_id: str) -> Held: ...
 
 
-def _slurm(registry: Registry) -> Backend:
-    from hpc_ddp.backends.slurm.backend import SlurmBackend
-
-    return SlurmBackend(registry.slurm)
-
-
-def _slurm_sweeps(registry: Registry) -> SweepRunner:
-    from hpc_ddp.backends.slurm.backend import SlurmBackend
-    from hpc_ddp.backends.slurm.sweeps import ArraySweeps
-
-    return ArraySweeps(SlurmBackend(registry.slurm))
-
-
-def _srun_postmortem() -> Postmortem:
-    from hpc_ddp.backends.slurm.postmortem import SrunPostmortem
-
-    return SrunPostmortem()
-
-
-# --- local ------------------------------------------------------------------------------------
-
-
-def _local(registry: Registry) -> Backend:
-    del registry  # no scheduler's command runs for a local run
-    from hpc_ddp.backends.local.backend import LocalBackend
-
-    return LocalBackend()
-
-
-def _local_sweeps(registry: Registry) -> SweepRunner:
-    from hpc_ddp.backends.local.sweeps import ControllerSweeps
-
-    return ControllerSweeps(registry)
-
-
-def _rank_logs_only() -> Postmortem:
-    # A local run's tasks report in their result files (LocalBackend.startup_failure reads
-    # them); no launcher of its own writes a log.
-    from hpc_ddp.backends.ranklogs import RankLogsOnly
-
-    return RankLogsOnly()
-
-
-class _LocalHeld:
-    """A local run this process started (:class:`~hpc_ddp.backends.local.controller.LocalJob`):
-    waited on through its processes and rank 0's log, stopped by signals."""
-
-    def __init__(self, job: Any, run_dir: Path, job_id: str) -> None:
-        self._job = job
-        self._run_dir = run_dir
-        self._job_id = job_id
-
-    @property
-    def started(self) -> float:
-        started: float = self._job.started
-        return started
-
-    def ended(self) -> bool:
-        return bool(self._job.ended())
-
-    def wait(
-        self,
-        *,
-        follow: Path | None = None,
-        follow_from: int = 0,
-        on_poll: Callable[[], None] | None = None,
-    ) -> Waited:
-        from hpc_ddp.backends.local.controller import wait_local
-
-        return wait_local(self._job, follow=follow, follow_from=follow_from, on_poll=on_poll)
-
-    def stop(self) -> None:
-        from hpc_ddp.backends.local.process import cancel_local
-
-        cancel_local(self._run_dir, self._job_id)
-
-    def force(self) -> Forced:
-        from hpc_ddp.backends.local.process import mark_cancelled
-        from hpc_ddp.backends.local.stop import force_stop
-
-        mark_cancelled(self._run_dir)  # a person stopped it: `status` says CANCELLED
-        return force_stop(self._run_dir, self._job_id, self.started)
-
-
-def _local_kill_wait() -> float:
-    from hpc_ddp.backends.local.process import KILL_WAIT_S
-
-    return KILL_WAIT_S
-
-
-_ENTRIES: dict[BackendName, _Entry] = {
-    "slurm": _Entry(_slurm, _slurm_sweeps, _srun_postmortem),
-    "local": _Entry(
-        _local, _local_sweeps, _rank_logs_only, held=_LocalHeld, kill_wait_s=_local_kill_wait
-    ),
-}
-"""Each backend by the name its manifests record (:data:`~hpc_ddp.rundir.manifest.BACKENDS`)."""
+class _KillWait(Protocol):
+    def __call__(self) -> float: ...
 
 
 def registry_of(backends: Registry | None, slurm: SlurmClient | None = None) -> Registry:

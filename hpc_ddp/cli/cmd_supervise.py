@@ -3,8 +3,8 @@
 The rendered ``job.sbatch`` ``exec``s it with the step's srun command after ``--``; it runs that
 command as one launch after another (:class:`~hpc_ddp.fault.supervisor.Supervisor`), each an srun
 step of this allocation (the launcher and the job's identity come from the node side's registry,
-:func:`~hpc_ddp.backends.node_registry.launcher_for`, over the Slurm client of the registry
-every verb is handed, ``args.backends``). Not for people to type."""
+:func:`~hpc_ddp.backends.node_registry.launcher_for`, over the clients of the registry every
+verb is handed, ``args.backends``). Not for people to type."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     write_task_config(run_dir, task_dir)
     logging.getLogger("hpc_ddp").setLevel(logging.INFO)
     cfg = load_resolved_config(RunPaths(task_dir).config)
-    allocation, launcher = launcher_for(env, argv, slurm=args.backends.slurm)
+    allocation, launcher = launcher_for(env, argv, clients=args.backends.client)
     job = allocation.identity()
     me = Identity(job.job_id, job.job_ref, job.restart_count)
     supervisor = Supervisor(RunPaths(task_dir), cfg, launcher, me, env=env)

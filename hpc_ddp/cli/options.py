@@ -6,10 +6,12 @@ import argparse
 
 
 def add_backend_option(parser: argparse.ArgumentParser) -> None:
-    """``--backend auto|slurm|local``: where the job's processes run."""
+    """``--backend auto|slurm|local`` (the catalog's backends): where the job's processes run."""
+    from hpc_ddp.backends.catalog import backend_names
+
     parser.add_argument(
         "--backend",
-        choices=["auto", "slurm", "local"],
+        choices=["auto", *backend_names()],
         default="auto",
         help="auto: Slurm when sbatch is on PATH, else local processes (default)",
     )

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 from hpc_ddp import collector
 from hpc_ddp.backends.arrays import ARRAYS_RECORD, current_refs, read_arrays
+from hpc_ddp.backends.catalog import is_scheduler
 from hpc_ddp.backends.node_registry import allocation_for
 from hpc_ddp.config.exactness import DETERMINISTIC_ENV
 from hpc_ddp.config.model import JobConfig
@@ -224,8 +225,9 @@ def run_command(
         RUN_DIR_ENV: str(paths.root),
         RUN_ID_ENV: read_run_id(paths),
     }
-    if dist.launcher == "slurm":
-        child_env[TASK_LAUNCHER_ENV] = "slurm"  # its RANK is this task's, not a torchrun's
+    if is_scheduler(dist.launcher):
+        # Its RANK is this task's, as the scheduler's launcher placed it, not a torchrun's.
+        child_env[TASK_LAUNCHER_ENV] = dist.launcher
     watchdog = current()
     if watchdog is not None:
         child_env[WATCHDOG_OWNER_ENV] = "1"  # this process beats for the child

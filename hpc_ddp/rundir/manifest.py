@@ -24,17 +24,16 @@ from contextlib import contextmanager
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from hpc_ddp.backends.catalog import BackendName, backend_names, is_backend, unknown_backend
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import RunDirError
 from hpc_ddp.rundir.layout import MANIFEST_FILE, SUBMIT_LOCK_FILE, RunPaths
 
 __all__ = [
-    "BACKENDS",
     "MANIFEST_VERSION",
     "RECORD_LOCK_TIMEOUT_S",
-    "BackendName",
     "Manifest",
     "read_manifest",
     "record_lock",
@@ -120,19 +119,11 @@ def read_manifest(run_dir: Path) -> Manifest:
     missing = [f.name for f in fields(Manifest) if _required(f) and f.name not in data]
     if missing:
         raise _damaged(path, f"no {', '.join(map(repr, missing))} key", _hint_for(missing[0]))
-    if data["backend"] not in BACKENDS:
-        raise _damaged(
-            path, f"backend is {data['backend']!r:.80}, not one of {BACKENDS}", _hint_for("backend")
-        )
+    if not is_backend(data["backend"]):
+        raise _damaged(path, unknown_backend(data["backend"]), _hint_for("backend"))
     known = {f.name for f in fields(Manifest)}
     # keys a newer hpc-ddp added are left out, not fatal
     return Manifest(**{k: v for k, v in data.items() if k in known})
-
-
-BackendName = Literal["slurm", "local"]
-"""Where a run's jobs go: Slurm, or processes on this machine."""
-BACKENDS: tuple[BackendName, ...] = ("slurm", "local")
-"""The backends a run can have been submitted to (``backend``)."""
 
 
 def _required(f: Field[Any]) -> bool:
@@ -142,8 +133,8 @@ def _required(f: Field[Any]) -> bool:
 def _hint_for(key: str) -> str | None:
     if key == "backend":
         return (
-            'set "backend" to "slurm" or "local", whichever ran the run (a Slurm run has '
-            "logs/batch-<job>.out, a local one local.json)"
+            f'set "backend" to one of {", ".join(backend_names())}, whichever ran the run (a '
+            "Slurm run has logs/batch-<job>.out, a local one local.json)"
         )
     return None
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hpc_ddp.backends.allocation import Allocation, Placement, check_below, env_int
+from hpc_ddp.backends.catalog import is_scheduler
 from hpc_ddp.backends.ports import PORT_BASE, PORT_SLOTS
 from hpc_ddp.errors import DistEnvError
 from hpc_ddp.rundir.layout import (
@@ -36,7 +37,10 @@ from hpc_ddp.rundir.layout import (
     TASK_LAUNCHER_ENV,
 )
 
-Origin = Literal["slurm", "torchrun", "local", "single"]
+Origin = str
+"""Who placed this process: a backend's name (the catalog's: ``slurm``, whose srun started one
+task per rank; ``local``, whose processes got their ranks from it), ``torchrun`` (also any other
+launcher that sets ``RANK``/``WORLD_SIZE``), or ``single`` (one lone process)."""
 PortSource = Literal["derived", "config", "launcher"]
 
 _SPREAD = 7888
@@ -169,11 +173,13 @@ def derive_dist_env(env: Mapping[str, str], *, port: int | None = None) -> DistE
 
 def _launcher_of(env: Mapping[str, str]) -> Origin:
     """Who set RANK and WORLD_SIZE: the local backend, ``hpc-ddp run`` for its command child
-    (the task's own place, under Slurm), or a torchrun (also any other launcher)."""
+    (the task's own place, as a scheduler's launcher gave it), or a torchrun (also any other
+    launcher)."""
     if env.get(LOCAL_JOB_ENV):
         return "local"
-    if env.get(TASK_LAUNCHER_ENV) == "slurm" and "TORCHELASTIC_RUN_ID" not in env:
-        return "slurm"
+    placed = env.get(TASK_LAUNCHER_ENV, "")
+    if is_scheduler(placed) and "TORCHELASTIC_RUN_ID" not in env:
+        return placed
     return "torchrun"
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from hpc_ddp.backends.catalog import is_scheduler
 from hpc_ddp.config.elastic import planned_accum
 from hpc_ddp.config.load import load_resolved_config
 from hpc_ddp.config.model import DistConfig, JobConfig
@@ -131,10 +132,11 @@ def start_rank(
     watch = RankWatch.start(config.fault, run_dir, env, dist)
     requeue_signal = signal_number(config.requeue.signal)
     signals = [requeue_signal, signal.SIGTERM]
-    # A person at a terminal (srun handles ^C itself). A SIGINT this process was started
-    # with ignored stays ignored, as Python leaves it: whoever started it answers Ctrl-C
-    # (the local backend's `submit --wait` turns it into a cancel), or nobody should (nohup).
-    if dist.launcher != "slurm" and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+    # A person at a terminal (a scheduler's launcher, srun, handles ^C itself). A SIGINT this
+    # process was started with ignored stays ignored, as Python leaves it: whoever started it
+    # answers Ctrl-C (the local backend's `submit --wait` turns it into a cancel), or nobody
+    # should (nohup).
+    if not is_scheduler(dist.launcher) and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signals.append(signal.SIGINT)
     stop_flag = StopFlag(signals).install()
     handler = setup_rank_logging(log, dist.rank, every_rank=env.get(PER_RANK_LOGS_ENV) == "1")

@@ -23,13 +23,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.backends.base import Backend, PlanRequest, SubmitPlan
+from hpc_ddp.backends.catalog import BackendName, auto_backend, is_backend, unknown_backend
 from hpc_ddp.config.load import dump_job_config
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.durable import write_text_atomic
@@ -40,7 +41,7 @@ from hpc_ddp.rundir.layout import RUNS_DIR_ENV, STAMP_FORMAT, RunPaths, run_dir_
 if TYPE_CHECKING:
     from hpc_ddp.config.leadtime import LeadTime
     from hpc_ddp.lemons.record import Exclusion
-    from hpc_ddp.rundir.manifest import BackendName, Manifest
+    from hpc_ddp.rundir.manifest import Manifest
 
 # What only a start needs (the manifest's reader and writer, the run id) is imported where it
 # is used: a dry run (`prepare`) loads none of it.
@@ -131,18 +132,22 @@ def make_run_dir(paths: RunPaths) -> None:
     ensure_run_id(paths.root)
 
 
-def choose_backend(requested: str, sbatch_path: str | None) -> BackendName:
-    """``auto`` means Slurm when ``sbatch`` is on PATH (``sbatch_path``), else local."""
+def choose_backend(
+    requested: str, on_path: Callable[[str], str | None] | None = None
+) -> BackendName:
+    """The backend ``requested`` names; ``auto``: the first whose login command ``on_path``
+    finds (``sbatch`` for Slurm; default: ``shutil.which``), else processes of this machine."""
     if requested == "auto":
-        return "slurm" if sbatch_path else "local"
-    if requested in ("slurm", "local"):  # rundir.manifest.BACKENDS, named here: see below
-        return "slurm" if requested == "slurm" else "local"
-    # Imported for the message alone: a dry run loads no manifest reader.
-    from hpc_ddp.rundir.manifest import BACKENDS
+        return auto_backend(on_path or _which)
+    if is_backend(requested):
+        return requested
+    raise ConfigError(f"{unknown_backend(requested, auto=True)}. HINT: use auto.")
 
-    raise ConfigError(
-        f"backend {requested!r} is not one of auto, {', '.join(BACKENDS)}. HINT: use auto."
-    )
+
+def _which(command: str) -> str | None:
+    import shutil  # not at the top: shutil loads the compression modules, ~3 ms of every submit
+
+    return shutil.which(command)
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from hpc_ddp.backends.arrays import ArrayRecord, PreparedArray
     from hpc_ddp.backends.base import Cancelled
+    from hpc_ddp.backends.catalog import BackendName
     from hpc_ddp.backends.jobs import AccountingRecord, JobInfo
     from hpc_ddp.errors import TargetError
     from hpc_ddp.rundir.attempt import Attempt
-    from hpc_ddp.rundir.manifest import BackendName
     from hpc_ddp.state.task import TaskState
     from hpc_ddp.sweep.spec import SweepSpec
 

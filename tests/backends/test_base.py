@@ -13,8 +13,9 @@ from hpc_ddp.backends.base import Backend, Cancel, Held, Launcher, PlanRequest, 
 from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.local.backend import LocalBackend
 from hpc_ddp.backends.local.launcher import LocalLauncher
+from hpc_ddp.backends.local.login_face import LocalHeld
 from hpc_ddp.backends.ranklogs import RankLogsOnly
-from hpc_ddp.backends.registry import Registry, _LocalHeld, registry_of
+from hpc_ddp.backends.registry import Registry, registry_of
 from hpc_ddp.backends.slurm.backend import SlurmBackend
 from hpc_ddp.backends.slurm.fake import FakeSlurm
 from hpc_ddp.backends.slurm.postmortem import SrunPostmortem
@@ -49,7 +50,7 @@ def _parameters(member: object) -> list[str]:
         (Backend, {"plan", "start", "states", "cancel", "name"}, (SlurmBackend, LocalBackend)),
         (Launcher, {"start", "nodes", "down", "requeue"}, (SrunLauncher, LocalLauncher)),
         (Postmortem, {"failed_rank", "no_log"}, (SrunPostmortem, RankLogsOnly)),
-        (Held, {"started", "ended", "wait", "stop", "force"}, (_LocalHeld,)),
+        (Held, {"started", "ended", "wait", "stop", "force"}, (LocalHeld,)),
     ],
 )
 def test_each_backend_implements_each_face_member_by_member(
@@ -69,7 +70,7 @@ def test_each_backend_implements_each_face_member_by_member(
 
 def _manifest(backend: str, job_id: str | None = "123", **more: object) -> Manifest:
     return Manifest(
-        name="demo", backend=backend, job_id=job_id, submitted_at="", command=[],  # type: ignore[arg-type]
+        name="demo", backend=backend, job_id=job_id, submitted_at="", command=[],
         config_source="jobs/quickstart.yaml", run_dir="/nowhere", **more,  # type: ignore[arg-type]
     )  # fmt: skip
 
@@ -102,7 +103,7 @@ def test_the_registry_picks_what_each_backends_logs_say_and_what_it_holds(tmp_pa
     assert failed.describe() == "rank 1 on n2: Killed"
     assert registry.postmortem("local").failed_rank(tmp_path) is None
     assert registry.postmortem("local").no_log(tmp_path) is None
-    assert isinstance(registry.held("local", object(), tmp_path, "1"), _LocalHeld)
+    assert isinstance(registry.held("local", object(), tmp_path, "1"), LocalHeld)
     with pytest.raises(ValueError, match="held by its scheduler"):
         registry.held("slurm", None, tmp_path, "1")
     assert registry.kill_wait_s("local") == 30.0  # as Slurm's KillWait

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,17 +27,24 @@ def _in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
     [("auto", "/usr/bin/sbatch", "slurm"), ("auto", None, "local"), ("local", "/x", "local")],
 )
 def test_choose_backend(requested: str, sbatch: str | None, expected: str) -> None:
-    assert choose_backend(requested, sbatch) == expected
+    asked: list[str] = []
+
+    def on_path(command: str) -> str | None:
+        asked.append(command)
+        return sbatch
+
+    assert choose_backend(requested, on_path) == expected
+    assert asked == (["sbatch"] if requested == "auto" else [])  # a named one looks for nothing
 
 
 def test_choose_backend_knows_every_backend_a_manifest_may_name() -> None:
-    """It names them itself (a dry run loads no manifest reader): the same ones."""
+    """Both ask the catalog: the same names."""
+    from hpc_ddp.backends.catalog import backend_names
     from hpc_ddp.errors import ConfigError
-    from hpc_ddp.rundir.manifest import BACKENDS
 
-    assert [choose_backend(name, None) for name in BACKENDS] == list(BACKENDS)
+    assert [choose_backend(name) for name in backend_names()] == list(backend_names())
     with pytest.raises(ConfigError, match=r"'pbs' is not one of auto, slurm, local\. HINT"):
-        choose_backend("pbs", None)
+        choose_backend("pbs")
 
 
 def test_dry_run_prints_script_and_command_and_writes_nothing(
@@ -384,8 +392,10 @@ def test_supervise_asks_the_node_registry_through_the_registry_it_was_handed(
         monkeypatch.delenv(key)
     asked: list[object] = []
 
-    def launcher_for(env: object, argv: list[str], *, slurm: object = None) -> None:
-        asked.append((argv, slurm))
+    def launcher_for(
+        env: object, argv: list[str], *, clients: Callable[[str], object | None]
+    ) -> None:
+        asked.append((argv, clients("slurm")))
         raise BackendError("asked")
 
     monkeypatch.setattr(node_registry, "launcher_for", launcher_for)

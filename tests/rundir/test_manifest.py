@@ -96,8 +96,8 @@ WHOLE = {"name": "j", "backend": "slurm", "job_id": "1", "submitted_at": "", "co
 @pytest.mark.parametrize(
     ("change", "says"),
     [({"backend": None}, "no 'backend' key"),
-     ({"backend": "pbs"}, "backend is 'pbs', not one of ('slurm', 'local')"),
-     ({"backend": ""}, "backend is '', not one of"),
+     ({"backend": "pbs"}, "backend 'pbs' is not one of slurm, local"),
+     ({"backend": ""}, "backend '' is not one of"),
      ({"submitted_at": None}, "no 'submitted_at' key")],
 )  # fmt: skip
 def test_a_missing_key_or_unknown_backend_is_named_with_a_hint(
@@ -114,7 +114,7 @@ def test_a_missing_key_or_unknown_backend_is_named_with_a_hint(
     assert "__init__" not in message
     assert "positional argument" not in message
     if "backend" in change:
-        assert 'HINT: set "backend" to "slurm" or "local", whichever ran the run' in message
+        assert 'HINT: set "backend" to one of slurm, local, whichever ran the run' in message
     else:
         assert "HINT:" in message
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from hpc_ddp.backends.catalog import BackendName
 from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.local.process import identify_started, mark_cancelled, write_rank_identity
 from hpc_ddp.backends.registry import Registry
@@ -24,7 +25,7 @@ from hpc_ddp.cli.main import main
 from hpc_ddp.rundir.attempt import Attempt
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.manifest import BackendName, Manifest, write_manifest
+from hpc_ddp.rundir.manifest import Manifest, write_manifest
 from hpc_ddp.state.report import reason_lines, run_status
 from hpc_ddp.state.resumable import check_resumable
 from hpc_ddp.state.verdict import BackendView, Source, current_attempts, describe_attempt, judge

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from hpc_ddp.backends.arrays import read_arrays
+from hpc_ddp.backends.catalog import BackendName
 from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.registry import Registry
 from hpc_ddp.backends.slurm.fake import FakeSlurm
@@ -41,7 +42,6 @@ from hpc_ddp.job.task import not_current_refusal, run_job
 from hpc_ddp.rundir.endcause import EndCause
 from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.rundir.manifest import (
-    BackendName,
     Manifest,
     read_manifest,
     record_lock,

@@ -22,7 +22,7 @@ from tests.sweep.test_results import fabricate
 def _manifest(path: Path, backend: str, job_id: str | None) -> None:
     write_manifest(
         RunPaths(path),
-        Manifest(name="demo", backend=backend, job_id=job_id, submitted_at="2026-01-01T00:00:00",  # type: ignore[arg-type]
+        Manifest(name="demo", backend=backend, job_id=job_id, submitted_at="2026-01-01T00:00:00",
                  command=[], config_source="/x/sweep.yaml", run_dir=str(path)),
     )  # fmt: skip
 

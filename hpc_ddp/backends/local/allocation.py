@@ -10,10 +10,15 @@ hand, one plain process).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from hpc_ddp.backends.allocation import NO_JOB, JobIdentity, JobStanding, Placement, Scheduler
+from hpc_ddp.backends.allocation import NO_JOB, JobIdentity, JobStanding, Placement
 from hpc_ddp.errors import BackendError
+
+if TYPE_CHECKING:
+    from hpc_ddp.backends.base import Launcher
+    from hpc_ddp.backends.catalog import BackendName
 
 _NO_SCHEDULER = "not a Slurm job: nothing requeues a local run (`hpc-ddp resume` does)"
 
@@ -22,7 +27,7 @@ class LocalAllocation:
     """This machine, no scheduler (see the module docstring)."""
 
     @property
-    def name(self) -> Scheduler:
+    def name(self) -> BackendName:
         """``local``."""
         return "local"
 
@@ -59,3 +64,37 @@ class LocalAllocation:
         """None: this machine is up."""
         del nodes
         return {}
+
+
+# --- the node face, as the catalog names it -----------------------------------------------
+
+
+def owns_env(env: Mapping[str, str]) -> bool:
+    """True: this machine takes every environment no scheduler's variables claim (it comes
+    last in the catalog)."""
+    del env
+    return True
+
+
+def allocation_of(env: Mapping[str, str], client: object | None = None) -> LocalAllocation:
+    """This machine (no scheduler to ask, so no client)."""
+    del env, client
+    return LocalAllocation()
+
+
+def supervise_launcher(
+    env: Mapping[str, str], argv: Sequence[str], client: object | None = None
+) -> tuple[LocalAllocation, Launcher[Any]]:
+    """Never: ``hpc-ddp supervise`` runs in a scheduler's batch script (a local run's
+    supervisor gets its launcher from its controller); raises
+    :class:`~hpc_ddp.errors.BackendError`."""
+    del env, client
+    _refuse(argv)
+
+
+def _refuse(argv: Sequence[str]) -> NoReturn:
+    raise BackendError(
+        f"no scheduler's job here to run {' '.join(argv[:1]) or 'the launches'} in: hpc-ddp "
+        "supervise runs in the batch script a scheduler started. HINT: submit the job "
+        "(hpc-ddp submit), which renders the script that calls it."
+    )

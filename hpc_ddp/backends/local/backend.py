@@ -25,6 +25,7 @@ from hpc_ddp.backends.base import (
     SubmitPlan,
     Word,
 )
+from hpc_ddp.backends.catalog import BackendName
 from hpc_ddp.backends.local.controller import submit_local
 from hpc_ddp.backends.local.outcome import local_failure
 from hpc_ddp.backends.local.plan import check_local_job, describe_local_plan
@@ -41,7 +42,7 @@ from hpc_ddp.backends.ranklogs import rank_error, rank_logs
 from hpc_ddp.config.model import JobConfig
 from hpc_ddp.errors import ConfigError, RunDirError
 from hpc_ddp.rundir.layout import RunPaths
-from hpc_ddp.rundir.manifest import BackendName, Manifest
+from hpc_ddp.rundir.manifest import Manifest
 
 if TYPE_CHECKING:
     from hpc_ddp.backends.jobs import AccountingRecord, JobInfo

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from hpc_ddp.backends.arrays import format_index_ranges
 from hpc_ddp.backends.base import Cancelled
+from hpc_ddp.backends.catalog import BackendName
 from hpc_ddp.backends.local.backend import LocalBackend
 from hpc_ddp.backends.local.process import unmark_cancelled, was_cancelled
 from hpc_ddp.backends.local.sweep_controller import (
@@ -26,7 +27,6 @@ from hpc_ddp.backends.local.sweep_controller import (
 from hpc_ddp.errors import TargetError
 from hpc_ddp.rundir.layout import MANIFEST_FILE, RunPaths
 from hpc_ddp.rundir.manifest import (
-    BackendName,
     Manifest,
     read_manifest,
     record_lock,

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from hpc_ddp.backends.allocation import (
     JobIdentity,
     JobStanding,
     Placement,
-    Scheduler,
     check_below,
     env_int,
 )
@@ -34,6 +33,7 @@ from hpc_ddp.errors import DistEnvError
 from hpc_ddp.rundir.layout import ARRAY_OFFSET_ENV
 
 if TYPE_CHECKING:
+    from hpc_ddp.backends.catalog import BackendName
     from hpc_ddp.backends.slurm.client import SlurmClient
     from hpc_ddp.backends.slurm.step import SrunLauncher
 
@@ -55,9 +55,25 @@ _VARIABLES = (
 _RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "SUSPENDED"})
 
 
-def is_slurm_env(env: Mapping[str, str]) -> bool:
-    """Whether ``env`` carries any variable Slurm's face reads."""
+def owns_env(env: Mapping[str, str]) -> bool:
+    """Whether ``env`` is a Slurm job's: it carries any variable Slurm's face reads (the node
+    face's question, :class:`~hpc_ddp.backends.allocation.NodeFace`)."""
     return any(name in env for name in _VARIABLES)
+
+
+def allocation_of(env: Mapping[str, str], client: object | None = None) -> SlurmAllocation:
+    """The Slurm job ``env`` belongs to, asked about through ``client`` (a
+    :class:`~hpc_ddp.backends.slurm.client.SlurmClient`; None: the real commands)."""
+    return SlurmAllocation(env, cast("SlurmClient | None", client))
+
+
+def supervise_launcher(
+    env: Mapping[str, str], argv: Sequence[str], client: object | None = None
+) -> tuple[SlurmAllocation, SrunLauncher]:
+    """The batch script's allocation and the launcher that runs ``argv`` (``srun ...``) as
+    each launch in it: one srun step each."""
+    allocation = allocation_of(env, client)
+    return allocation, allocation.launcher(argv)
 
 
 def slurm_identity(env: Mapping[str, str]) -> JobIdentity:
@@ -261,7 +277,7 @@ class SlurmAllocation:
         self._client = client
 
     @property
-    def name(self) -> Scheduler:
+    def name(self) -> BackendName:
         """``slurm``."""
         return "slurm"
 

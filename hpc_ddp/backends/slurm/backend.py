@@ -35,9 +35,10 @@ from hpc_ddp.rundir.layout import RunPaths
 from hpc_ddp.version import __version__
 
 if TYPE_CHECKING:  # a dry run never loads the client, its parsers nor the manifest's reader
+    from hpc_ddp.backends.catalog import BackendName
     from hpc_ddp.backends.jobs import AccountingRecord, JobInfo
     from hpc_ddp.backends.slurm.client import SlurmClient
-    from hpc_ddp.rundir.manifest import BackendName, Manifest
+    from hpc_ddp.rundir.manifest import Manifest
 
 
 class SlurmBackend:

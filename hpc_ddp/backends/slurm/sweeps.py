@@ -36,6 +36,7 @@ from hpc_ddp.backends.arrays import (
     write_arrays,
 )
 from hpc_ddp.backends.base import Cancelled
+from hpc_ddp.backends.catalog import BackendName
 from hpc_ddp.backends.jobs import AccountingRecord, JobInfo
 from hpc_ddp.backends.slurm.array_sweep import SLURM_DEFAULT_MAX_ARRAY_SIZE, prepare_arrays
 from hpc_ddp.backends.slurm.backend import SlurmBackend
@@ -44,7 +45,6 @@ from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import SlurmError, SubmissionError, TargetError
 from hpc_ddp.rundir.layout import MANIFEST_FILE, RunPaths
 from hpc_ddp.rundir.manifest import (
-    BackendName,
     Manifest,
     read_manifest,
     record_lock,
