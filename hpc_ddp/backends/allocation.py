@@ -55,6 +55,8 @@ class JobIdentity:
     """0 on the job's first attempt, +1 per requeue."""
     node_name: str | None
     """The node this task runs on, by the scheduler's name for it."""
+    step_id: str | None = None
+    """The scheduler's step this task runs in (Slurm's ``SLURM_STEP_ID``), where it has one."""
 
     @property
     def job_ref(self) -> str | None:
@@ -69,6 +71,33 @@ class JobIdentity:
 
 NO_JOB = JobIdentity(None, None, None, 0, None)
 """No scheduler's job: a local run, torchrun by hand, one plain process."""
+
+
+@dataclass(frozen=True)
+class GpuGrant:
+    """The GPUs this task was given, as far as its scheduler's variables tell
+    (:meth:`Allocation.gpu_grant`)."""
+
+    asked: bool | None
+    """True: the job asked for GPUs; False: it asked for none (a Slurm job, or a local run,
+    without GPUs); None: no launcher says (torchrun, a plain process): visible CUDA decides."""
+    per_task: int | None
+    """GPUs each rank has to itself (``--gpus-per-task``: seen from ``cuda:0``); None when the
+    ranks of a node share them, or nobody says."""
+    given: int | None
+    """How many GPUs the launcher gave this rank, where it says (the local backend)."""
+    source: str
+    """What says so, for messages (``SLURM_GPUS_ON_NODE=2``)."""
+
+
+NO_GRANT = GpuGrant(None, None, None, "no launcher says")
+"""No scheduler says what GPUs a task has: the devices it sees decide."""
+
+
+def gpu_count(text: str) -> int | None:
+    """``2`` or ``a100:2`` (a scheduler's ``[type:]count``) -> 2; anything else -> None."""
+    count = text.strip().rpartition(":")[2]
+    return int(count) if count.isdigit() else None
 
 
 @dataclass(frozen=True)
@@ -117,6 +146,21 @@ class Allocation(Protocol):
 
     def array_point(self) -> int | None:
         """The sweep point an array task runs; None outside a job array."""
+        ...
+
+    def gpu_grant(self, rank: int, world: int) -> GpuGrant:
+        """The GPUs the scheduler gave this task (``rank`` of ``world``: whether the ranks are
+        the scheduler's own tasks, or a launcher's inside one)."""
+        ...
+
+    def cpus_per_task(self) -> int | None:
+        """The CPUs the scheduler gave each task (Slurm's ``--cpus-per-task``); None where it
+        does not say (each rank then takes its share of what it may run on)."""
+        ...
+
+    def pool(self) -> str | None:
+        """The pool of nodes the job runs in (Slurm's partition, PBS's queue); None on this
+        machine."""
         ...
 
     def standing(self, job_ref: str) -> JobStanding:

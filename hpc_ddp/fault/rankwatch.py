@@ -63,7 +63,7 @@ class RankWatch:
             place = task_place(env.get(TASK_PLACE_ENV), dist.rank, dist.world_size)
             if place is not None:
                 task, tasks = place
-                me = Identity(task, tasks, node, env.get("SLURM_STEP_ID") or None)
+                me = Identity(task, tasks, node, dist.step_id)
                 paths = launch_paths(run_dir, env, dist)
                 listener = FaultListener(
                     cfg, paths, me, supervised=dist.supervised, per_task=dist.world_size // tasks

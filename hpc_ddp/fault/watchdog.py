@@ -722,8 +722,6 @@ def start_watchdog(
         return running, False
     if not wanted(cfg, env, dist):
         return None, False
-    me = Identity(
-        dist.rank, dist.world_size, dist.node_name or "local", env.get("SLURM_STEP_ID") or None
-    )
+    me = Identity(dist.rank, dist.world_size, dist.node_name or "local", dist.step_id)
     paths = launch_paths(run_dir, env, dist)
     return Watchdog(cfg, paths, me, supervised=dist.supervised).start(), True

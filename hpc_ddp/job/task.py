@@ -726,9 +726,9 @@ def _enter_code(
 def _set_torch_env(cfg: JobConfig, env: Mapping[str, str]) -> None:
     """What torch reads once, set before it is imported (here, or by a ``command:`` child that
     inherits it)."""
-    # One intra-op thread per CPU Slurm gave this task, not one per core of the node (which
-    # oversubscribes a shared node and slows every rank).
-    os.environ.setdefault("OMP_NUM_THREADS", env.get("SLURM_CPUS_PER_TASK", "1"))
+    # One intra-op thread per CPU the scheduler gave this task, not one per core of the node
+    # (which oversubscribes a shared node and slows every rank).
+    os.environ.setdefault("OMP_NUM_THREADS", str(allocation_for(env).cpus_per_task() or 1))
     if cfg.train.deterministic:  # cuBLAS reads its workspace setting once, at its first call
         for name, value in DETERMINISTIC_ENV:
             os.environ.setdefault(name, value)

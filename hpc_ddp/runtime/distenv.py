@@ -79,6 +79,8 @@ class DistEnv:
     start launch 1, 2, ... inside the same Slurm attempt."""
     supervised: bool = False
     """``HPC_DDP_SUPERVISED=1``: a supervisor decides what follows a fault (never this rank)."""
+    step_id: str | None = None
+    """The scheduler's step this task runs in (Slurm's ``SLURM_STEP_ID``), where it has one."""
 
     @property
     def attempt_key(self) -> str:
@@ -221,6 +223,7 @@ def _make(
         port_source=source,
         launch=launch,
         supervised=env.get(SUPERVISED_ENV) == "1",
+        step_id=job.step_id,
     )
 
 

@@ -53,10 +53,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpc_ddp.backends.allocation import GpuGrant
 from hpc_ddp.config.model import DistConfig
 from hpc_ddp.durable import write_text_atomic
 from hpc_ddp.errors import DistEnvError
-from hpc_ddp.rundir.layout import LOCAL_GPUS_ENV, LOCAL_GPUS_PER_TASK_ENV
 from hpc_ddp.runtime.distenv import DistEnv, derive_master_port
 
 if TYPE_CHECKING:
@@ -109,75 +109,13 @@ def choose_backend(requested: str, cuda_available: bool, gpus_asked: bool | None
     return requested
 
 
-SLURM_GPU_VARS = (
-    "SLURM_STEP_GPUS",
-    "SLURM_GPUS_ON_NODE",
-    "SLURM_GPUS_PER_TASK",
-    "SLURM_GPUS_PER_NODE",
-    "SLURM_GPUS",
-)
-"""What Slurm sets in a task whose job asked for GPUs (by ``--gpus*`` or ``--gres=gpu``).
-
-Not ``SLURM_JOB_GPUS``: an ``--exclusive`` job on a GPU node gets every GPU of the node without
-asking, and its batch shell's ``SLURM_JOB_GPUS=0,1`` is inherited by the tasks of a step that
-was given none (seen on Slurm 22.05: no ``CUDA_VISIBLE_DEVICES``, no ``SLURM_STEP_GPUS``)."""
-
-
-@dataclass(frozen=True)
-class GpuGrant:
-    """The GPUs this task was given, as far as its environment tells (:func:`gpu_grant`)."""
-
-    asked: bool | None
-    """True: the job asked for GPUs; False: it asked for none (a Slurm job, or a local run,
-    without GPUs); None: no launcher says (torchrun, a plain process): visible CUDA decides."""
-    per_task: int | None
-    """GPUs each rank has to itself (``--gpus-per-task``: seen from ``cuda:0``); None when the
-    ranks of a node share them, or nobody says."""
-    given: int | None
-    """How many GPUs the launcher gave this rank, where it says (the local backend)."""
-    source: str
-    """What says so, for messages (``SLURM_GPUS_ON_NODE=2``)."""
-
-
 def gpu_grant(dist: DistEnv, env: Mapping[str, str]) -> GpuGrant:
-    """What GPUs this task was given, from its environment (pure).
+    """What GPUs this task was given, as the scheduler whose job ``env`` is says
+    (:meth:`~hpc_ddp.backends.allocation.Allocation.gpu_grant`: Slurm's ``SLURM_GPU*``
+    variables, the local backend's ``HPC_DDP_LOCAL_GPUS``; nobody's: the devices it sees)."""
+    from hpc_ddp.backends.node_registry import allocation_for
 
-    The local backend says it in :data:`~hpc_ddp.rundir.layout.LOCAL_GPUS_ENV`; a Slurm task has
-    :data:`SLURM_GPU_VARS` exactly when its job was allocated GPUs. A Slurm task has GPUs of its
-    own when ``SLURM_GPUS_PER_TASK`` says so (set in a batch job's steps), or when it sees
-    fewer than ``SLURM_GPUS_ON_NODE`` (a bare ``srun --gpus-per-task`` binds each task to its
-    own without setting the variable); only when the ranks are Slurm's tasks, though: under
-    torchrun inside a task, its processes share the task's GPUs.
-    """
-    if LOCAL_GPUS_ENV in env:
-        given = _gpu_count(env[LOCAL_GPUS_ENV]) or 0
-        per_task = _gpu_count(env.get(LOCAL_GPUS_PER_TASK_ENV, ""))
-        return GpuGrant(given > 0, per_task, given, f"{LOCAL_GPUS_ENV}={env[LOCAL_GPUS_ENV]}")
-    if "SLURM_JOB_ID" not in env:
-        return GpuGrant(None, None, None, "no launcher says")
-    found = [f"{name}={env[name]}" for name in SLURM_GPU_VARS if env.get(name)]
-    if not found:
-        return GpuGrant(False, None, None, f"Slurm job {env['SLURM_JOB_ID']} has no GPUs")
-    slurm_rank = (env.get("SLURM_PROCID"), env.get("SLURM_NTASKS"))
-    ranks_are_tasks = slurm_rank == (str(dist.rank), str(dist.world_size))
-    per_task = None
-    if ranks_are_tasks:
-        per_task = _gpu_count(env.get("SLURM_GPUS_PER_TASK", "")) or _bound_to_task(env)
-    return GpuGrant(True, per_task, None, found[0])
-
-
-def _bound_to_task(env: Mapping[str, str]) -> int | None:
-    """How many GPUs Slurm bound this task to, when it sees fewer than the step has on its
-    node (the others are its neighbours'); None when it sees them all."""
-    seen = len([d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()])
-    on_node = _gpu_count(env.get("SLURM_GPUS_ON_NODE", ""))
-    return seen if seen > 0 and on_node is not None and seen < on_node else None
-
-
-def _gpu_count(text: str) -> int | None:
-    """``2`` or ``a100:2`` (Slurm's ``[type:]count``) -> 2; anything else -> None."""
-    count = text.strip().rpartition(":")[2]
-    return int(count) if count.isdigit() else None
+    return allocation_for(env).gpu_grant(dist.rank, dist.world_size)
 
 
 def check_grant(grant: GpuGrant, count: int, visible: str | None, cuda_build: str | None) -> None:

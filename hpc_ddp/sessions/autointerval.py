@@ -85,8 +85,11 @@ def state_dir(env: Mapping[str, str]) -> Path:
 
 
 def history_key(env: Mapping[str, str]) -> str:
-    """Where the run trains, for the history: its Slurm partition, else ``local``."""
-    return env.get("SLURM_JOB_PARTITION") or "local"
+    """Where the run trains, for the history: its scheduler's pool of nodes (Slurm's
+    partition), else ``local``."""
+    from hpc_ddp.backends.node_registry import allocation_for
+
+    return allocation_for(env).pool() or "local"
 
 
 def _last_cost(attempts: list[Attempt]) -> tuple[float, float] | None:

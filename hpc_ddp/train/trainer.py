@@ -163,11 +163,14 @@ def resolve_num_workers(setting: int | str, device_type: str, cpus: int) -> int:
 
 
 def task_cpus(env: Mapping[str, str], local_world_size: int) -> int:
-    """The CPUs this rank may use: Slurm's ``cpus_per_task``, else its share of the CPUs this
-    process may run on (its affinity, shared with the other ranks of the node)."""
-    slurm = env.get("SLURM_CPUS_PER_TASK", "")
-    if slurm.isdigit() and int(slurm) > 0:
-        return int(slurm)
+    """The CPUs this rank may use: what its scheduler gave each task (Slurm's
+    ``cpus_per_task``), else its share of the CPUs this process may run on (its affinity,
+    shared with the other ranks of the node)."""
+    from hpc_ddp.backends.node_registry import allocation_for
+
+    given = allocation_for(env).cpus_per_task()
+    if given is not None:
+        return given
     return max(1, len(os.sched_getaffinity(0)) // max(1, local_world_size))
 
 

@@ -45,7 +45,7 @@ def postmortem():
 """
 
 TOY_NODE = """
-from hpc_ddp.backends.allocation import JobIdentity, Placement, env_int
+from hpc_ddp.backends.allocation import NO_GRANT, JobIdentity, Placement, env_int
 
 def owns_env(env):
     return "TOY_JOB_ID" in env
@@ -80,6 +80,15 @@ class ToyAllocation:
 
     def array_point(self):
         return None
+
+    def gpu_grant(self, rank, world):
+        return NO_GRANT
+
+    def cpus_per_task(self):
+        return int(self.env.get("TOY_CPUS", 0)) or None
+
+    def pool(self):
+        return self.env.get("TOY_QUEUE")
 
     def standing(self, job_ref):
         raise NotImplementedError
@@ -223,6 +232,21 @@ def test_a_task_it_placed_derives_its_place_and_passes_it_to_its_command(toy: Ro
     child = {"TOY_JOB_ID": "7", **dist.as_environ(), TASK_LAUNCHER_ENV: "toy"}
     assert derive_dist_env(child).launcher == "toy"
     assert derive_dist_env({**child, TASK_LAUNCHER_ENV: "pbs"}).launcher == "torchrun"
+
+
+def test_what_a_rank_asks_its_scheduler_comes_from_its_face(toy: Row) -> None:
+    """The CPUs a task may use, the pool the save-time history is keyed by, the GPUs granted:
+    each asked of the backend whose job it is, never read from Slurm's variables directly."""
+    from hpc_ddp.runtime.distenv import derive_dist_env
+    from hpc_ddp.runtime.procgroup import gpu_grant
+    from hpc_ddp.sessions.autointerval import history_key
+    from hpc_ddp.train.trainer import task_cpus
+
+    env = {"TOY_JOB_ID": "7", "TOY_CPUS": "5", "TOY_QUEUE": "gpuq"}
+    assert task_cpus(env, 1) == 5
+    assert history_key(env) == "gpuq"
+    assert gpu_grant(derive_dist_env(env), env).source == "no launcher says"
+    assert history_key({"TOY_JOB_ID": "7"}) == "local"
 
 
 def test_supervise_outside_any_schedulers_job_is_refused_with_a_hint() -> None:

@@ -156,10 +156,11 @@ def test_auto_data_loader_workers_per_device(
 def test_a_rank_counts_slurms_cpus_else_its_share_of_its_affinity() -> None:
     import os
 
-    assert task_cpus({"SLURM_CPUS_PER_TASK": "6"}, 4) == 6
+    assert task_cpus({"SLURM_JOB_ID": "1", "SLURM_CPUS_PER_TASK": "6"}, 4) == 6
     mine = len(os.sched_getaffinity(0))
     assert task_cpus({}, 1) == mine
-    assert task_cpus({"SLURM_CPUS_PER_TASK": ""}, 1_000_000) == 1
+    assert task_cpus({"SLURM_JOB_ID": "1", "SLURM_CPUS_PER_TASK": ""}, 1_000_000) == 1
+    assert task_cpus({"SLURM_JOB_ID": "1", "SLURM_CPUS_PER_TASK": "0"}, 1) == mine
 
 
 @pytest.mark.parametrize(

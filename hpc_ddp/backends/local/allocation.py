@@ -13,8 +13,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from hpc_ddp.backends.allocation import NO_JOB, JobIdentity, JobStanding, Placement
+from hpc_ddp.backends.allocation import (
+    NO_GRANT,
+    NO_JOB,
+    GpuGrant,
+    JobIdentity,
+    JobStanding,
+    Placement,
+    gpu_count,
+)
 from hpc_ddp.errors import BackendError
+from hpc_ddp.rundir.layout import LOCAL_GPUS_ENV, LOCAL_GPUS_PER_TASK_ENV
 
 if TYPE_CHECKING:
     from hpc_ddp.backends.base import Launcher
@@ -24,7 +33,11 @@ _NO_SCHEDULER = "not a Slurm job: nothing requeues a local run (`hpc-ddp resume`
 
 
 class LocalAllocation:
-    """This machine, no scheduler (see the module docstring)."""
+    """This machine, no scheduler (see the module docstring); ``env``: the task's environment,
+    where the local backend says which GPUs it gave the task."""
+
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        self.env: Mapping[str, str] = env if env is not None else {}
 
     @property
     def name(self) -> BackendName:
@@ -50,6 +63,25 @@ class LocalAllocation:
 
     def array_point(self) -> int | None:
         """None: a local sweep runs no job array."""
+        return None
+
+    def gpu_grant(self, rank: int, world: int) -> GpuGrant:
+        """What the local backend gave this rank (:data:`~hpc_ddp.rundir.layout.LOCAL_GPUS_ENV`:
+        the GPUs the rank may use, ``LOCAL_GPUS_PER_TASK_ENV``: each rank's own); else
+        :data:`~hpc_ddp.backends.allocation.NO_GRANT` (torchrun by hand, one plain process)."""
+        del rank, world
+        if LOCAL_GPUS_ENV not in self.env:
+            return NO_GRANT
+        given = gpu_count(self.env[LOCAL_GPUS_ENV]) or 0
+        per_task = gpu_count(self.env.get(LOCAL_GPUS_PER_TASK_ENV, ""))
+        return GpuGrant(given > 0, per_task, given, f"{LOCAL_GPUS_ENV}={self.env[LOCAL_GPUS_ENV]}")
+
+    def cpus_per_task(self) -> int | None:
+        """None: each rank takes its share of the CPUs it may run on."""
+        return None
+
+    def pool(self) -> str | None:
+        """None: this machine."""
         return None
 
     def standing(self, job_ref: str) -> JobStanding:
@@ -78,8 +110,8 @@ def owns_env(env: Mapping[str, str]) -> bool:
 
 def allocation_of(env: Mapping[str, str], client: object | None = None) -> LocalAllocation:
     """This machine (no scheduler to ask, so no client)."""
-    del env, client
-    return LocalAllocation()
+    del client
+    return LocalAllocation(env)
 
 
 def supervise_launcher(

@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from hpc_ddp.backends.allocation import (
+    GpuGrant,
     JobIdentity,
     JobStanding,
     Placement,
     check_below,
     env_int,
+    gpu_count,
 )
 from hpc_ddp.backends.nodelist import parse_nodelist
 from hpc_ddp.backends.slurm.jobstate import DOWN_STATES
@@ -53,6 +55,47 @@ _VARIABLES = (
 """The variables Slurm's face reads: any of them makes an environment Slurm's."""
 
 _RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "SUSPENDED"})
+
+
+SLURM_GPU_VARS = (
+    "SLURM_STEP_GPUS",
+    "SLURM_GPUS_ON_NODE",
+    "SLURM_GPUS_PER_TASK",
+    "SLURM_GPUS_PER_NODE",
+    "SLURM_GPUS",
+)
+"""What Slurm sets in a task whose job asked for GPUs (by ``--gpus*`` or ``--gres=gpu``).
+
+Not ``SLURM_JOB_GPUS``: an ``--exclusive`` job on a GPU node gets every GPU of the node without
+asking, and its batch shell's ``SLURM_JOB_GPUS=0,1`` is inherited by the tasks of a step that
+was given none (seen on Slurm 22.05: no ``CUDA_VISIBLE_DEVICES``, no ``SLURM_STEP_GPUS``)."""
+
+
+def slurm_gpu_grant(env: Mapping[str, str], rank: int, world: int) -> GpuGrant:
+    """What GPUs a Slurm task was given (pure). A Slurm task has :data:`SLURM_GPU_VARS` exactly
+    when its job was allocated GPUs. It has GPUs of its own when ``SLURM_GPUS_PER_TASK`` says
+    so (set in a batch job's steps), or when it sees fewer than ``SLURM_GPUS_ON_NODE`` (a bare
+    ``srun --gpus-per-task`` binds each task to its own without setting the variable); only
+    when the ranks (``rank`` of ``world``) are Slurm's tasks, though: under torchrun inside a
+    task, its processes share the task's GPUs."""
+    if "SLURM_JOB_ID" not in env:
+        return GpuGrant(None, None, None, "no launcher says")
+    found = [f"{name}={env[name]}" for name in SLURM_GPU_VARS if env.get(name)]
+    if not found:
+        return GpuGrant(False, None, None, f"Slurm job {env['SLURM_JOB_ID']} has no GPUs")
+    ranks_are_tasks = (env.get("SLURM_PROCID"), env.get("SLURM_NTASKS")) == (str(rank), str(world))
+    per_task = None
+    if ranks_are_tasks:
+        per_task = gpu_count(env.get("SLURM_GPUS_PER_TASK", "")) or _bound_to_task(env)
+    return GpuGrant(True, per_task, None, found[0])
+
+
+def _bound_to_task(env: Mapping[str, str]) -> int | None:
+    """How many GPUs Slurm bound this task to, when it sees fewer than the step has on its
+    node (the others are its neighbours'); None when it sees them all."""
+    seen = len([d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()])
+    on_node = gpu_count(env.get("SLURM_GPUS_ON_NODE", ""))
+    return seen if seen > 0 and on_node is not None and seen < on_node else None
 
 
 def owns_env(env: Mapping[str, str]) -> bool:
@@ -84,6 +127,7 @@ def slurm_identity(env: Mapping[str, str]) -> JobIdentity:
         array_task_id=env.get("SLURM_ARRAY_TASK_ID") or None,
         restart_count=env_int(env, "SLURM_RESTART_COUNT", default=0),
         node_name=env.get("SLURMD_NODENAME") or None,
+        step_id=env.get("SLURM_STEP_ID") or None,
     )
 
 
@@ -297,6 +341,19 @@ class SlurmAllocation:
     def nodes(self) -> tuple[str, ...]:
         """The step's nodes, else the job's."""
         return slurm_nodes(self.env)[1]
+
+    def gpu_grant(self, rank: int, world: int) -> GpuGrant:
+        """:func:`slurm_gpu_grant` of this task's variables."""
+        return slurm_gpu_grant(self.env, rank, world)
+
+    def cpus_per_task(self) -> int | None:
+        """``SLURM_CPUS_PER_TASK`` (set when the job asked ``--cpus-per-task``)."""
+        count = self.env.get("SLURM_CPUS_PER_TASK", "").strip()
+        return int(count) if count.isdigit() and int(count) > 0 else None
+
+    def pool(self) -> str | None:
+        """``SLURM_JOB_PARTITION``."""
+        return self.env.get("SLURM_JOB_PARTITION") or None
 
     def check_launcher(self, placement: Placement) -> None:
         """See :func:`check_launcher_inside_slurm`."""
