@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -32,8 +30,8 @@ from torch import nn
 
 from hpc_ddp.checkpoint.tracked import Tracked
 from hpc_ddp.fault.rescue import GPU_STEP_WAIT_S, Rescue
-from hpc_ddp.rundir.layout import Checkpoint
 from hpc_ddp.runtime.progress import Progress
+from tests.fault.test_rescue import Writer
 
 pytestmark = [
     pytest.mark.torch,
@@ -46,29 +44,23 @@ SAVE_LIMIT_S = 3.0
 """The rescue's copy must be done well before that (a few ms are expected)."""
 
 
-class Writer:
-    """A checkpointer that keeps what it is given on the host (the real one writes a file)."""
-
-    def __init__(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
-        self.model, self.opt = model, opt
-        self.written: list[tuple[dict[str, Any], Progress]] = []
-
-    def newest_saved(self) -> Checkpoint | None:
-        return None
-
-    def live_state(self) -> dict[str, Any]:
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.opt.state_dict(),
-            "scheduler": None,
-            "scaler": None,
-            "objects": {},
-        }
-
-    def write_now(self, state: Mapping[str, Any], progress: Progress, rng: list[Any]) -> Path:
-        del rng
-        self.written.append((dict(state), progress))
-        return Path(f"step-{progress.step:08d}.pt")
+def _rescue(
+    momentum: float = 0.0, rank: int = 0
+) -> tuple[nn.Module, torch.optim.Optimizer, Writer, Rescue]:
+    """A model on the GPU, its optimizer, the rescue of rank ``rank`` of 2 and its writer."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+    writer = Writer(model, opt)
+    rescue = Rescue(
+        Tracked(model=model, optimizer=opt, objects={}),
+        writer,
+        seed=7,
+        rank=rank,
+        world=2,
+        device=torch.device("cuda"),
+        model=model,
+    )
+    return model, opt, writer, rescue
 
 
 def _cycles_per_second() -> float:
@@ -123,14 +115,9 @@ def _on_host(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def test_the_save_waits_for_the_step_and_not_for_the_hung_collective_behind_it() -> None:
     rate = _cycles_per_second()
-    model, twin = _model(), _model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, opt, writer, rescue = _rescue(momentum=0.9)
+    twin = _model()
     twin_opt = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
-    writer = Writer(model, opt)
-    tracked = Tracked(model=model, optimizer=opt, objects={})
-    rescue = Rescue(
-        tracked, writer, seed=7, rank=0, world=2, device=torch.device("cuda"), model=model
-    )
     progress = Progress()
     for step in (1, 2):
         progress.step = step
@@ -167,7 +154,7 @@ def test_the_save_waits_for_the_step_and_not_for_the_hung_collective_behind_it()
     assert (outcome.step, outcome.why) == (3, None)
     assert took < SAVE_LIMIT_S, f"the rescue's copy took {took:.2f} s: it waited for the hang"
     assert still_hung, "the stand-in for the hung collective ended before the save did"
-    [(state, saved)] = writer.written
+    [(state, saved, _)] = writer.written
     assert saved.step == 3
     for name, value in expected.items():
         got = state["model"][name]
@@ -184,18 +171,7 @@ def test_a_step_whose_work_never_ends_on_the_gpu_is_given_up_not_waited_for() ->
     """The host ran a step ahead of a GPU now stuck: the published step's own work waits
     behind the hung collective. The rescue gives it up after GPU_STEP_WAIT_S and says why."""
     rate = _cycles_per_second()
-    model = _model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    writer = Writer(model, opt)
-    rescue = Rescue(
-        Tracked(model=model, optimizer=opt, objects={}),
-        writer,
-        seed=7,
-        rank=0,
-        world=2,
-        device=torch.device("cuda"),
-        model=model,
-    )
+    model, opt, writer, rescue = _rescue()
     progress = Progress()
     progress.step = 1
     _step(model, opt, 1)
@@ -223,17 +199,7 @@ def test_rank_0_lost_is_told_from_the_buffers_without_waiting_for_the_hang() -> 
     """Rank 1 writes when rank 0 is lost; whether a step changed rank 0's buffers is read from
     its own copy on the GPU, behind the same event."""
     rate = _cycles_per_second()
-    model = _model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    rescue = Rescue(
-        Tracked(model=model, optimizer=opt, objects={}),
-        Writer(model, opt),
-        seed=7,
-        rank=1,
-        world=2,
-        device=torch.device("cuda"),
-        model=model,
-    )
+    model, opt, _, rescue = _rescue(rank=1)
     progress = Progress()
     progress.step = 1
     _step(model, opt, 1)
@@ -258,17 +224,7 @@ def test_publishing_a_step_costs_microseconds_and_no_host_read() -> None:
     """``completed`` runs on the training thread every step: an event and a buffer copy
     queued, nothing waited for."""
     rate = _cycles_per_second()
-    model = _model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    rescue = Rescue(
-        Tracked(model=model, optimizer=opt, objects={}),
-        Writer(model, opt),
-        seed=7,
-        rank=0,
-        world=2,
-        device=torch.device("cuda"),
-        model=model,
-    )
+    _, _, _, rescue = _rescue()
     progress = Progress()
     Hang(2.0, rate)  # a host read would wait for this
     start = time.perf_counter()
