@@ -525,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
     targets = Targets()
     with tempfile.TemporaryDirectory(prefix="bench-gpu-", dir=args.dir) as tmp:
         work = Path(tmp)
+        # The runs' save times and lemons stay the benchmark's: a developer's own history
+        # (~/.local/state/hpc-ddp) would otherwise size their next real run's auto interval.
+        os.environ["XDG_STATE_HOME"] = str(work / "state")
         timeout = 300.0
         print(f"(a) trainer vs hand loop, {world} rank(s): {shape}", flush=True)
         a = compare(shape, TRAINER, args.rounds, world, work / "a", timeout)
