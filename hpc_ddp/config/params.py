@@ -174,7 +174,7 @@ def _lookup(params: Params, name: str, key: str) -> object:
 
 PYTHON_NAMES = frozenset({"python", "python3"})
 """A ``command`` whose first item is exactly one of these runs the task's own interpreter
-(:func:`hpc_ddp.job.task.command_argv`); the login node's preflight does not look it up."""
+(:func:`hpc_ddp.job.command.command_argv`); the login node's preflight does not look it up."""
 
 
 def resolve_command(command: tuple[str, ...], params: Params) -> tuple[str, ...]:

@@ -8,7 +8,7 @@
   be found from here, searched for without importing anything;
 - the program of ``command`` exists (on PATH, or as a file), and so does the script or module
   a ``python`` command runs (``python``/``python3`` themselves are the task's own interpreter,
-  see :func:`hpc_ddp.job.task.command_argv`, so they need no PATH);
+  see :func:`hpc_ddp.job.command.command_argv`, so they need no PATH);
 - ``train.data_root`` exists here, ``~`` and ``$VARS`` expanded with this shell's environment
   (:func:`expand_path`); only a warning when missing, since the data may be staged on a file
   system only the compute nodes mount.

@@ -19,7 +19,7 @@ signal global rank 0; after a crash with ``requeue.on_crash`` the first rank to 
 an exclusive create (:func:`claim_crash_requeue`): a crash needs no agreement between the ranks
 (the others are typically stuck in a collective, or die of the lost connection). The
 ``hpc_ddp run`` process above a ``command`` child races for the same claim when its child dies
-(:func:`hpc_ddp.job.task.record_child_crash`), so a crash its child's session already claimed
+(:func:`hpc_ddp.job.command.record_child_crash`), so a crash its child's session already claimed
 is never requeued twice. The texts of the failure paths (``*_message``) name what failed, which
 checkpoint is kept, and what a person does next.
 

@@ -4,7 +4,7 @@ classic script that takes its local rank as an argument (``dist.local_rank_arg``
 One torchrun per node, as pytorch/examples' ``slurm/sbatch_run.sh`` starts it, but with
 nothing left to the node's PATH or a shell: torchrun is ``<interpreter> -m
 torch.distributed.run`` with the interpreter a ``python`` command runs
-(:func:`hpc_ddp.job.task.command_argv`), and its rendezvous is the allocation's: static, on
+(:func:`hpc_ddp.job.command.command_argv`), and its rendezvous is the allocation's: static, on
 rank 0's node at the job's derived port, each node's rank its Slurm node index. Restarts stay
 with hpc-ddp's supervisor (``--max-restarts=0``): a torchrun that restarted its workers by
 itself would replay steps from its own idea of the newest state.

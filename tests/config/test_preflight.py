@@ -254,7 +254,7 @@ def test_ch_run_missing_here_is_a_warning(node: LoginNode) -> None:
 
 
 def test_python_and_python3_need_no_python_on_path(node: LoginNode, tmp_path: Path) -> None:
-    """They run the task's own interpreter (job.task.command_argv), not PATH's: a login
+    """They run the task's own interpreter (job.command.command_argv), not PATH's: a login
     shell without any python on PATH is no reason to refuse them. Their scripts still count."""
     bare = dataclasses.replace(node, path=str(tmp_path / "empty"))
     for program in ("python", "python3"):

@@ -18,18 +18,14 @@ import pytest
 from hpc_ddp.backends.jobs import JobState
 from hpc_ddp.backends.slurm.allocation import SlurmAllocation
 from hpc_ddp.backends.slurm.fake import FakeSlurm
-from hpc_ddp.config.load import dump_job_config, job_config_from_dict, load_resolved_config
-from hpc_ddp.config.model import ContainerConfig, EnvConfig, JobConfig, RequeueConfig, TrainConfig
+from hpc_ddp.config.load import dump_job_config, load_resolved_config
+from hpc_ddp.config.model import JobConfig, RequeueConfig, TrainConfig
 from hpc_ddp.errors import ConfigError, RunDirError
 from hpc_ddp.fault.coordinator import Coordinator
+from hpc_ddp.job.command import record_child_end
 from hpc_ddp.job.task import (
-    child_failure,
-    command_argv,
-    exit_status,
-    record_child_end,
     resolve_entrypoint,
     run_job,
-    task_interpreter,
     task_run_dir,
 )
 from hpc_ddp.rundir.endcause import EndCause
@@ -174,61 +170,6 @@ def test_an_entry_points_session_takes_the_config_the_task_loaded(
 # --- `command:` jobs: the interpreter, and the parent of a child that crashes -------------------
 
 
-@pytest.mark.parametrize(
-    ("command", "expected"),
-    [
-        (
-            ["python", "train.py", "--lr", "{params.lr}"],
-            ["/venv/bin/python", "train.py", "--lr", "0.5"],
-        ),
-        (["python3", "-m", "pkg"], ["/venv/bin/python", "-m", "pkg"]),
-        (["python3.11", "x.py"], ["python3.11", "x.py"]),  # exactly python or python3 only
-        (["/usr/bin/python", "x.py"], ["/usr/bin/python", "x.py"]),  # a path is run as written
-        (["torchrun", "python"], ["torchrun", "python"]),  # only the program itself
-    ],
-)
-def test_python_in_a_command_is_the_tasks_interpreter(
-    command: list[str], expected: list[str]
-) -> None:
-    cfg = job_config_from_dict({"name": "x", "command": command, "params": {"lr": 0.5}}, "t")
-    assert command_argv(cfg, "/venv/bin/python") == expected
-
-
-def test_the_tasks_interpreter_is_the_one_running_hpc_ddp(monkeypatch: pytest.MonkeyPatch) -> None:
-    container = EnvConfig(container=ContainerConfig("apptainer", "/i.sif", python="/opt/py"))
-    assert task_interpreter(JobConfig("x")) == sys.executable
-    assert task_interpreter(JobConfig("x", env=container)) == sys.executable  # in the image
-    monkeypatch.setattr(sys, "executable", "")  # Python could not tell its own path
-    assert task_interpreter(JobConfig("x", env=container)) == "/opt/py"
-    assert task_interpreter(JobConfig("x")) == ""
-    assert command_argv(JobConfig("x", command=("python", "t.py")), "") == ["python", "t.py"]
-
-
-@pytest.mark.parametrize(
-    ("code", "expected", "status"),
-    [
-        (-9, "command `p x` was killed by SIGKILL", 137),
-        (-11, "command `p x` was killed by SIGSEGV", 139),
-        (-6, "command `p x` was killed by SIGABRT", 134),
-        (1, "command `p x` exited with status 1", 1),
-        (137, "command `p x` exited with status 137", 137),
-        (0, None, 0),  # finished, or stopped and requeued by its session
-        (3, None, 3),  # its session's requeue budget ran out: recorded by the session
-        (4, None, 4),  # its session's requeue request failed: recorded by the session
-    ],
-)
-def test_which_child_exits_are_crashes(code: int, expected: str | None, status: int) -> None:
-    assert child_failure(code, "p x") == expected
-    assert exit_status(code) == status
-
-
-@pytest.mark.parametrize("code", [3, 4])
-def test_hpc_ddps_own_codes_are_a_plain_programs_failures(code: int) -> None:
-    """Without a session nothing of hpc-ddp's ran in the child: 3 and 4 are its own errors."""
-    assert child_failure(code, "p x", session=False) == f"command `p x` exited with status {code}"
-    assert child_failure(0, "p x", session=False) is None
-
-
 KILL_SELF = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
 
 
@@ -355,25 +296,6 @@ def test_hpc_ddps_own_exit_codes_are_not_crashes(tmp_path: Path, code: int) -> N
     assert slurm.calls == []
     [attempt] = read_ledger(run / "ledger.jsonl")
     assert attempt.is_open  # only the session's own start: nothing added here
-
-
-@pytest.mark.usefixtures("_own_signal_handlers")
-def test_a_plain_command_that_exits_0_finished(tmp_path: Path) -> None:
-    """No session in the child: its exit status is the verdict, recorded by the parent with
-    the attempt's start, so `status` says COMPLETED rather than INCOMPLETE."""
-    run, env, slurm = _command_run(tmp_path, "print('done')", on_crash=True)
-    assert run_job(run, env, allocation=SlurmAllocation(env, slurm.client())) == 0
-    assert slurm.calls == []
-    [attempt] = read_ledger(run / "ledger.jsonl")
-    assert (attempt.attempt, attempt.job_id, attempt.job_ref) == (0, "78", REF)
-    assert (attempt.cause, attempt.steps_done) == (EndCause.FINISHED, None)
-    assert attempt.message == f"command `{sys.executable} -c` exited 0"
-    # Another rank's parent: its child's exit 0 adds nothing (rank 0 speaks for the attempt).
-    other = derive_dist_env({**env, "SLURM_PROCID": "1", "SLURM_NTASKS": "2"})
-    fresh = tmp_path / "fresh" / "ledger.jsonl"
-    face = SlurmAllocation(env, slurm.client())
-    record_child_end(Coordinator(other, fresh, RequeueConfig(), face), 0, "p x", 0.0)
-    assert not fresh.exists()
 
 
 @pytest.mark.usefixtures("_own_signal_handlers")
@@ -548,45 +470,6 @@ def test_a_local_plain_command_gets_one_verdict_from_its_exit_status(
     assert attempt.cause is (EndCause.FINISHED if code == 0 else EndCause.CRASH)
 
 
-@pytest.mark.parametrize(
-    ("launcher", "command", "ranks"),
-    [
-        (None, ["python", "train.py"], 2),
-        ("torchrun", ["python", "train.py"], 2 * 4),
-        (None, ["torchrun", "--nnodes=2", "--nproc-per-node=3", "train.py"], 6),
-        (
-            None,
-            [
-                "python",
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc_per_node",
-                "2",
-                "train.py",
-            ],
-            2,
-        ),
-        (None, ["torchrun", "--nproc-per-node=gpu", "train.py"], 2),  # not known: the tasks
-        (None, ["torchrun", "--nnodes=1:4", "--nproc-per-node=2", "train.py"], 2),
-    ],
-)
-def test_the_ranks_a_command_runs(launcher: str | None, command: list[str], ranks: int) -> None:
-    """Issue 39 (Low): a torchrun task showed `ranks 1`. What `hpc-ddp run` records for its
-    program counts torchrun's workers (2 Slurm tasks here, 4 workers each under the launcher)."""
-    from hpc_ddp.job.task import program_ranks
-
-    dist = {"launcher": launcher, "procs_per_node": 4} if launcher else {}
-    cfg = job_config_from_dict(
-        {"name": "r", "command": command, "dist": dist,
-         "slurm": {"nodes": 2, "tasks_per_node": 1}}, "test",
-    )  # fmt: skip
-    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_NODEID": "0", "SLURM_LOCALID": "0",
-           "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "1(x2)",
-           "SLURM_STEP_ID": "0"}  # fmt: skip
-    assert program_ranks(cfg, command, derive_dist_env(env)) == ranks
-
-
 def _hpc(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "hpc_ddp", *args],
@@ -666,28 +549,20 @@ def test_a_torchrun_command_records_its_ranks_and_its_script(tmp_path: Path) -> 
     assert json.loads((run_dir / "manifest.json").read_text())["code_file"] == code.file
 
 
-def test_a_child_killed_by_sigterm_waits_for_the_tasks_own_stop_signal() -> None:
-    """A cancel signals every process of the step, but not at once: the child's SIGTERM can
-    end it before its task's own arrives. The task waits for that signal (a real one, here
-    0.3 s late) before it takes the end for the program's crash; any other end is not held."""
-    import threading
-
-    from hpc_ddp.job.task import _await_own_stop, _Forwarder
-
-    done = subprocess.Popen([sys.executable, "-c", "pass"])
-    done.wait()
-    forward = _Forwarder(done, None, 0.0, signal.SIGUSR2, 1.0)  # type: ignore[arg-type]
-    forward.plain = False  # a session's child: the signal is only passed on (to no one)
-    before = signal.signal(signal.SIGUSR1, forward)
-    try:
-        began = time.monotonic()
-        _await_own_stop(forward, 1, lag_s=5.0)  # an exit status: no wait
-        assert time.monotonic() - began < 0.5
-        late = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1))
-        late.start()
-        _await_own_stop(forward, -signal.SIGTERM, lag_s=5.0)
-        late.join()
-        assert forward.stops == [signal.SIGUSR1]
-        assert time.monotonic() - began < 3.0
-    finally:
-        signal.signal(signal.SIGUSR1, before)
+@pytest.mark.usefixtures("_own_signal_handlers")
+def test_a_plain_command_that_exits_0_finished(tmp_path: Path) -> None:
+    """No session in the child: its exit status is the verdict, recorded by the parent with
+    the attempt's start, so `status` says COMPLETED rather than INCOMPLETE."""
+    run, env, slurm = _command_run(tmp_path, "print('done')", on_crash=True)
+    assert run_job(run, env, allocation=SlurmAllocation(env, slurm.client())) == 0
+    assert slurm.calls == []
+    [attempt] = read_ledger(run / "ledger.jsonl")
+    assert (attempt.attempt, attempt.job_id, attempt.job_ref) == (0, "78", REF)
+    assert (attempt.cause, attempt.steps_done) == (EndCause.FINISHED, None)
+    assert attempt.message == f"command `{sys.executable} -c` exited 0"
+    # Another rank's parent: its child's exit 0 adds nothing (rank 0 speaks for the attempt).
+    other = derive_dist_env({**env, "SLURM_PROCID": "1", "SLURM_NTASKS": "2"})
+    fresh = tmp_path / "fresh" / "ledger.jsonl"
+    face = SlurmAllocation(env, slurm.client())
+    record_child_end(Coordinator(other, fresh, RequeueConfig(), face), 0, "p x", 0.0)
+    assert not fresh.exists()
