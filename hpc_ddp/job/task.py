@@ -4,11 +4,11 @@ It finds this task's run directory (a sweep task's own under ``tasks/<index>``, 
 ``config.yaml`` it first writes from the sweep's packed configs: :mod:`hpc_ddp.rundir.taskconfig`),
 reads the resolved config, and hands over to the job: the built-in trainer, a Python entry
 point, or a user command. All three go through the same session for signals, checkpoints and
-requeue; for a command, this process stays its parent (:mod:`hpc_ddp.job.command`): it forwards
-stop signals, and a child
-that crashes (killed by a signal, or a non-zero exit that is not one of hpc-ddp's own) takes
-the session's crash path from here, ``requeue.on_crash`` included. A command that opened no
-session is judged by its exit status, which this process records in the ledger for it.
+requeue; for a command, this process stays its parent (:mod:`hpc_ddp.job.command`): it
+forwards stop signals, and a child that crashes (killed by a signal, or a non-zero exit that is
+not one of hpc-ddp's own) takes the session's crash path from here, ``requeue.on_crash``
+included. A command that opened no session is judged by its exit status, which this process
+records in the ledger for it.
 
 With ``fault.enabled`` the rank's watchdog (:mod:`hpc_ddp.fault.watchdog`) starts here, just
 after torch is imported (its C libraries load holding the GIL, which would stop the beat of a
