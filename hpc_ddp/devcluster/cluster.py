@@ -658,13 +658,21 @@ def kill_node(state_dir: Path, node: str) -> list[int]:
     return killed + victims
 
 
-def revive_node(state_dir: Path, node: str, env: Mapping[str, str], timeout_s: float = 60) -> None:
-    """Start ``node``'s slurmd again and wait until the controller has it back (idle)."""
+def revive_node(
+    state_dir: Path,
+    node: str,
+    env: Mapping[str, str],
+    timeout_s: float = 60,
+    *,
+    resume_drained: bool = False,
+) -> None:
+    """Start ``node``'s slurmd again and wait until the controller has it back (idle);
+    ``resume_drained``: resume a node that reports drained meanwhile (:func:`wait_idle`)."""
     layout = layout_for(state_dir)
     daemon = _daemons(layout)[f"slurmd-{node}"]
     if pid_alive(daemon.pid_file) is None:
         _start(f"slurmd-{node}", daemon, {**env, "SLURM_CONF": str(layout.conf)})
-    wait_idle(layout, timeout_s)
+    wait_idle(layout, timeout_s, resume_drained=resume_drained)
 
 
 def forget_jobs(state_dir: Path, env: Mapping[str, str]) -> None:

@@ -28,7 +28,7 @@ import pytest
 from hpc_ddp.checkpoint.interval import Mtbf, SaveCost, choose_interval
 from hpc_ddp.rundir.attempt import Attempt, AutoInterval, Save
 from hpc_ddp.rundir.endcause import EndCause
-from hpc_ddp.rundir.metrics import RESUME_EVENT
+from hpc_ddp.rundir.metrics import RESUME_EVENT, last_logged_step
 from tests import e2e_util as e2e
 from tests.conftest import Cluster
 
@@ -88,19 +88,28 @@ def _seed_history(state: Path) -> None:
 
 
 def _kill_every_rank_mid_interval(job: e2e.Submitted) -> float:
-    """Once 2 saves came at the chosen interval, and half an interval more was trained,
-    SIGKILL both ranks of the first launch together; when."""
+    """Once 2 saves came at the chosen interval, and half an interval more was trained past the
+    newest save, SIGKILL both ranks of the first launch together; when."""
 
     def two_periodic() -> list[Save] | None:
         attempts = e2e.ledger(job.run_dir)
         saves = _periodic(attempts[0].saves) if attempts else []
         return saves if len(saves) >= 2 else None
 
-    saves = e2e.wait_for(f"{job.run_dir}: 2 periodic saves", two_periodic, timeout_s=120)
-    newest = saves[-1]
-    assert newest.auto is not None
-    half = max(1, newest.auto.interval_steps // 2)
-    e2e.wait_step(job.run_dir, newest.step + half, timeout_s=30)
+    e2e.wait_for(f"{job.run_dir}: 2 periodic saves", two_periodic, timeout_s=120)
+
+    def mid_interval() -> bool | None:
+        # Asked again each time: on a loaded machine a newer save may have come meanwhile, and
+        # a kill just after it would leave nothing to redo (seen once in the last 8 full runs).
+        newest = (two_periodic() or [])[-1:]
+        if not newest or newest[0].auto is None:
+            return None
+        interval = newest[0].auto.interval_steps
+        since = (last_logged_step(job.run_dir / "metrics.jsonl") or 0) - newest[0].step
+        half = max(1, interval // 2)
+        return True if half <= since < max(interval - 1, half + 1) else None
+
+    e2e.wait_for(f"{job.run_dir}: half an interval past a save", mid_interval, timeout_s=60)
     pids = [pid for rank in (0, 1) for pid in e2e.rank_pids(job.job_id, rank, launch=0)]
     assert len(pids) >= 2, pids
     killed = time.time()
