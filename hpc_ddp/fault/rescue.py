@@ -242,8 +242,9 @@ class Rescue:
         lost = []
         last = self._last
         # This rank's own buffers: a buffer a step changes differs from its start by now.
-        if last is not None and not _reached(last.event, self._clock, GPU_STEP_WAIT_S):
-            return f"rank {self.rank}'s GPU did not end step {last.step}: {_STUCK}"
+        behind = None if last is None else self._gpu_behind(last)
+        if behind is not None:
+            return behind
         now = _to_host(self._sources, None if last is None else last.event, self._side)
         changed = [
             name
@@ -309,12 +310,9 @@ class Rescue:
                 return RescueOutcome(
                     newest.step, newest.name, f"step {newest.step} is saved already"
                 )
-            if not _reached(last.event, self._clock, GPU_STEP_WAIT_S):
-                return RescueOutcome(
-                    last.step,
-                    None,
-                    f"rank {self.rank}'s GPU did not end step {last.step}: {_STUCK}",
-                )
+            behind = self._gpu_behind(last)
+            if behind is not None:
+                return RescueOutcome(last.step, None, behind)
             state = self._state(last)
             progress = Progress()
             progress.update_from(last.progress, last.extra)
@@ -325,21 +323,25 @@ class Rescue:
             return RescueOutcome(last.step, None, f"the write failed: {type(exc).__name__}: {exc}")
         return RescueOutcome(last.step, path.name, None)
 
+    def _gpu_behind(self, last: CompletedStep) -> str | None:
+        """Why ``last`` cannot be copied: its work never ended on this rank's GPU within
+        :data:`GPU_STEP_WAIT_S`, asked on the host (None: it ended, or there is no GPU)."""
+        if _reached(last.event, self._clock, GPU_STEP_WAIT_S):
+            return None
+        return (
+            f"rank {self.rank}'s GPU did not end step {last.step}: its work was not done "
+            f"{GPU_STEP_WAIT_S:.0f} s after the fault (queued behind a collective that never "
+            "ends): the newest periodic checkpoint stands"
+        )
+
     def _state(self, last: CompletedStep) -> dict[str, Any]:
         state = self.writer.live_state()
         model = dict(state["model"])
         for (name, _), kept in zip(self._buffers, self._kept, strict=False):
             model[name] = kept  # rank 0's, as the step ended, before the next forward
         state["model"] = model
-        if self.device.type == "cuda":
-            state = _to_host(state, last.event, self._side)
-        return state
-
-
-_STUCK = (
-    f"its work was not done {GPU_STEP_WAIT_S:.0f} s after the fault (queued behind a collective "
-    "that never ends): the newest periodic checkpoint stands"
-)
+        on_host: dict[str, Any] = _to_host(state, last.event, self._side)  # the CPU's: as is
+        return on_host
 
 
 def _reached(event: Any, clock: Callable[[], float], wait_s: float) -> bool:

@@ -11,7 +11,7 @@ hand, one plain process).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.backends.allocation import (
     NO_GRANT,
@@ -121,10 +121,6 @@ def supervise_launcher(
     supervisor gets its launcher from its controller); raises
     :class:`~hpc_ddp.errors.BackendError`."""
     del env, client
-    _refuse(argv)
-
-
-def _refuse(argv: Sequence[str]) -> NoReturn:
     raise BackendError(
         f"no scheduler's job here to run {' '.join(argv[:1]) or 'the launches'} in: hpc-ddp "
         "supervise runs in the batch script a scheduler started. HINT: submit the job "

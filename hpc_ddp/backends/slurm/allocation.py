@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from hpc_ddp.backends.allocation import (
+    NO_GRANT,
     GpuGrant,
     JobIdentity,
     JobStanding,
@@ -79,7 +80,7 @@ def slurm_gpu_grant(env: Mapping[str, str], rank: int, world: int) -> GpuGrant:
     when the ranks (``rank`` of ``world``) are Slurm's tasks, though: under torchrun inside a
     task, its processes share the task's GPUs."""
     if "SLURM_JOB_ID" not in env:
-        return GpuGrant(None, None, None, "no launcher says")
+        return NO_GRANT
     found = [f"{name}={env[name]}" for name in SLURM_GPU_VARS if env.get(name)]
     if not found:
         return GpuGrant(False, None, None, f"Slurm job {env['SLURM_JOB_ID']} has no GPUs")
